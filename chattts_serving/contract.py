@@ -1,0 +1,205 @@
+"""The one source of truth for names, dtypes and audio geometry.
+
+Every Triton model, the clients, the load tests and the tests import their tensor names,
+dtypes, model names and audio constants from here, so that the server and its users cannot
+drift apart. Nothing in this module imports Triton, torch or onnxruntime.
+
+Audio geometry (ChatTTS 0.2.5, ``ChatTTS/config/config.py`` and ``vocos`` head config):
+one GPT step emits one token = 4 codes; the Decoder/DVAE upsample each token to 2 mel frames;
+Vocos' iSTFT has a hop of 256 samples, so one token is 512 samples of 24 kHz mono audio,
+46.875 tokens per second of audio.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final
+
+import numpy as np
+
+# --- audio -----------------------------------------------------------------------------
+SAMPLE_RATE_HZ: Final = 24000
+"""Output sample rate of every audio tensor, in Hz (mono, float32 in [-1, 1])."""
+HOP_SAMPLES: Final = 256
+"""Vocos iSTFT hop length, samples per mel frame."""
+MEL_FRAMES_PER_TOKEN: Final = 2
+SAMPLES_PER_TOKEN: Final = HOP_SAMPLES * MEL_FRAMES_PER_TOKEN
+"""Samples of audio per GPT step (512)."""
+N_FFT: Final = 1024
+"""Vocos iSTFT frame size in samples."""
+N_MELS: Final = 100
+
+# --- GPT codes ---------------------------------------------------------------------------
+NUM_VQ: Final = 4
+"""Codes per GPT step (one per code head)."""
+NUM_AUDIO_TOKENS: Final = 626
+"""Code vocabulary per head: 0..624 are audio codes, 625 ends the sequence."""
+EOS_CODE: Final = 625
+TEXT_VOCAB_SIZE: Final = 21178
+"""bert-base-chinese (21128) plus ChatTTS' 50 added tokens (ids 21128..21177)."""
+BERT_VOCAB_SIZE: Final = 21128
+SPECIAL_TOKEN_IDS: Final = {"[Stts]": 21131, "[Ebreak]": 21136, "[laugh]": 21142, "[spk_emb]": 21143,
+                            "[break_0]": 21147}
+"""Special-token ids of ChatTTS' published tokenizer that the project relies on."""
+
+# --- Triton model names ------------------------------------------------------------------
+MODEL_STREAM: Final = "chattts"
+"""Decoupled BLS entry point: text in, audio chunks streamed out."""
+MODEL_OFFLINE: Final = "chattts_offline"
+"""Non-decoupled entry point for HTTP ``/v2/models/chattts_offline/infer``: the whole utterance."""
+MODEL_FRONTEND: Final = "chattts_frontend"
+MODEL_ENGINE: Final = "chattts_gpt"
+MODEL_VOCODER: Final = "chattts_vocoder"
+"""hidden (T, H) -> Decoder -> Vocos -> waveform (ChatTTS' default path)."""
+MODEL_VOCODER_CODES: Final = "chattts_dvae_vocoder"
+"""codes (T, 4) -> DVAE -> Vocos -> waveform (about half the cost)."""
+ALL_MODELS: Final = (MODEL_FRONTEND, MODEL_ENGINE, MODEL_VOCODER, MODEL_VOCODER_CODES, MODEL_STREAM,
+                     MODEL_OFFLINE)
+
+VOCODER_PATHS: Final = {"hidden": MODEL_VOCODER, "codes": MODEL_VOCODER_CODES}
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One tensor of a Triton model's interface.
+
+    ``dims`` excludes the batch dimension for models with ``max_batch_size > 0``; ``-1`` is a
+    variable dimension. ``triton_dtype`` is the config.pbtxt spelling, ``np_dtype`` the numpy
+    dtype the tensor has on the wire (``object`` for TYPE_STRING, bytes items).
+    """
+
+    name: str
+    triton_dtype: str
+    dims: tuple[int, ...]
+    optional: bool = False
+    doc: str = ""
+
+    @property
+    def np_dtype(self) -> np.dtype:
+        return np.dtype(_NP_OF[self.triton_dtype])
+
+    @property
+    def client_dtype(self) -> str:
+        """The tritonclient datatype string ("FP32", "BYTES", ...)."""
+        return self.triton_dtype.removeprefix("TYPE_").replace("STRING", "BYTES")
+
+
+_NP_OF: Final = {"TYPE_FP32": "float32", "TYPE_INT32": "int32", "TYPE_INT64": "int64",
+                 "TYPE_STRING": "object", "TYPE_BOOL": "bool"}
+
+
+# --- request parameters (entry points) ---------------------------------------------------
+@dataclass(frozen=True)
+class ParamSpec:
+    """A numeric request parameter of the entry points, with ChatTTS' default and valid range.
+
+    Defaults are ChatTTS 0.2.5's ``InferCodeParams`` (temperature 0.3, top_p 0.7, top_k 20,
+    repetition penalty 1.05 over the last 16 steps); ``max_new_tokens`` is lowered from
+    ChatTTS' 2048 to a serving default and capped by the deployment profile.
+    """
+
+    name: str
+    triton_dtype: str
+    default: float
+    low: float
+    high: float
+    low_inclusive: bool = True
+    doc: str = ""
+
+    def tensor(self) -> TensorSpec:
+        return TensorSpec(self.name, self.triton_dtype, (1,), optional=True, doc=self.doc)
+
+
+SAMPLING_PARAMS: Final = (
+    ParamSpec("temperature", "TYPE_FP32", 0.3, 0.0, 5.0, low_inclusive=False,
+              doc="softmax temperature, > 0"),
+    ParamSpec("top_p", "TYPE_FP32", 0.7, 0.0, 1.0, low_inclusive=False, doc="nucleus mass, (0, 1]"),
+    ParamSpec("top_k", "TYPE_INT32", 20, 1, NUM_AUDIO_TOKENS, doc="candidates kept per head"),
+    ParamSpec("repetition_penalty", "TYPE_FP32", 1.05, 1.0, 10.0,
+              doc="ChatTTS' penalty over the last 16 steps, >= 1"),
+    ParamSpec("max_new_tokens", "TYPE_INT32", 1024, 1, 4096,
+              doc="cap on generated tokens (1 token = 512 samples)"),
+    ParamSpec("min_new_tokens", "TYPE_INT32", 0, 0, 4096, doc="end-of-sequence suppressed before this"),
+    ParamSpec("seed", "TYPE_INT64", 0, 0, 2**63 - 1, doc="seed of this request's sampler"),
+)
+SAMPLING_DEFAULTS: Final = {p.name: p.default for p in SAMPLING_PARAMS}
+REPETITION_WINDOW: Final = 16
+"""ChatTTS' repetition-penalty window in steps (``gen_logits``)."""
+MIN_TOKENS_TO_KEEP: Final = 3
+"""ChatTTS' top-p/top-k warpers keep at least 3 candidates (``min_tokens_to_keep=3``)."""
+
+STREAM_PARAMS: Final = (
+    ParamSpec("lookahead_tokens", "TYPE_INT32", -1, -1, 256,
+              doc="right context per chunk in tokens; -1 = the profile's default"),
+)
+
+# entry-point inputs (models chattts and chattts_offline, max_batch_size 0)
+IN_TEXT: Final = TensorSpec("text", "TYPE_STRING", (1,), doc="UTF-8 text, Chinese and/or English")
+IN_VOICE: Final = TensorSpec("voice", "TYPE_STRING", (1,), optional=True,
+                             doc="speaker: integer seed, ChatTTS spk_emb string, or empty for the default")
+IN_VOCODER: Final = TensorSpec("vocoder", "TYPE_STRING", (1,), optional=True,
+                               doc="'hidden' (Decoder, ChatTTS' default) or 'codes' (DVAE)")
+ENTRY_INPUTS: Final = (IN_TEXT, IN_VOICE, IN_VOCODER,
+                       *(p.tensor() for p in SAMPLING_PARAMS), *(p.tensor() for p in STREAM_PARAMS))
+OUT_AUDIO: Final = TensorSpec("audio", "TYPE_FP32", (-1,),
+                              doc="mono waveform samples at SAMPLE_RATE_HZ, float32 in [-1, 1]")
+ENTRY_OUTPUTS: Final = (OUT_AUDIO,)
+
+# front end
+FE_INPUT_IDS: Final = TensorSpec("input_ids", "TYPE_INT32", (-1,), doc="prompt token ids (T,)")
+FE_SPK_EMB: Final = TensorSpec("spk_emb", "TYPE_FP32", (-1,), doc="L2-normalised speaker vector (H,)")
+FE_NORMALIZED: Final = TensorSpec("normalized_text", "TYPE_STRING", (1,), doc="text after normalisation")
+FRONTEND_INPUTS: Final = (IN_TEXT, IN_VOICE)
+FRONTEND_OUTPUTS: Final = (FE_INPUT_IDS, FE_SPK_EMB, FE_NORMALIZED)
+
+# GPT engine (decoupled)
+EN_EMIT_TOKENS: Final = TensorSpec("emit_tokens", "TYPE_INT32", (1,), optional=True,
+                                   doc="tokens per streamed response (default 1)")
+ENGINE_INPUTS: Final = (FE_INPUT_IDS, FE_SPK_EMB, *(p.tensor() for p in SAMPLING_PARAMS), EN_EMIT_TOKENS)
+EN_CODES: Final = TensorSpec("codes", "TYPE_INT32", (-1, NUM_VQ), doc="codes of the new tokens (N, 4)")
+EN_HIDDEN: Final = TensorSpec("hidden", "TYPE_FP32", (-1, -1), doc="GPT last hidden state per token (N, H)")
+EN_STOP: Final = TensorSpec("stop_reason", "TYPE_STRING", (1,),
+                            doc="'' while running, then 'eos' or 'max_new_tokens'")
+ENGINE_OUTPUTS: Final = (EN_CODES, EN_HIDDEN, EN_STOP)
+
+# vocoders (max_batch_size > 0: dims exclude the batch dimension)
+VO_HIDDEN: Final = TensorSpec("hidden", "TYPE_FP32", (-1, -1), doc="token window of GPT hidden states (T, H)")
+VO_CODES: Final = TensorSpec("codes", "TYPE_INT32", (-1, NUM_VQ), doc="token window of codes (T, 4)")
+VO_AUDIO: Final = TensorSpec("audio", "TYPE_FP32", (-1,), doc="waveform of the window, 512*T-256 samples")
+
+STOP_EOS: Final = "eos"
+STOP_MAX_TOKENS: Final = "max_new_tokens"
+
+# --- ONNX graphs ---------------------------------------------------------------------------
+GPT_GRAPH: Final = "gpt_step.onnx"
+VOCODER_HIDDEN_GRAPH: Final = "vocoder_hidden.onnx"
+VOCODER_CODES_GRAPH: Final = "vocoder_codes.onnx"
+MANIFEST: Final = "manifest.json"
+EMBED_FILE: Final = "embed.npz"
+SPEAKER_FILE: Final = "speaker_stats.npz"
+TOKENIZER_DIR: Final = "tokenizer"
+
+G_EMBEDS: Final = "inputs_embeds"
+G_MASK: Final = "attention_mask"
+G_LOGITS: Final = "logits"
+G_HIDDEN: Final = "hidden"
+
+
+def past_names(layer: int) -> tuple[str, str]:
+    """Names of layer ``layer``'s KV-cache inputs: (B, heads, P, head_dim) float32 each."""
+    return f"past_key_{layer}", f"past_value_{layer}"
+
+
+def present_names(layer: int) -> tuple[str, str]:
+    """Names of layer ``layer``'s KV-cache outputs: (B, heads, P+T, head_dim) float32 each."""
+    return f"present_key_{layer}", f"present_value_{layer}"
+
+
+def samples_for_tokens(n_tokens: int) -> int:
+    """Samples the vocoder returns for a window of ``n_tokens`` tokens.
+
+    ``torch.istft(center=True)`` over ``2*n`` mel frames yields ``hop*(2n-1)`` samples, i.e. the
+    last half token (256 samples) of an utterance is never produced; offline ChatTTS has the
+    same length. Returns 0 for an empty window.
+    """
+    return max(0, SAMPLES_PER_TOKEN * n_tokens - HOP_SAMPLES)

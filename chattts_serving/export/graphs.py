@@ -1,0 +1,220 @@
+"""Torch wrappers around ChatTTS' own modules, shaped for ONNX export.
+
+Each wrapper calls the ``ChatTTS``/``vocos``/``transformers`` module it was given; the only
+computation written here is what ONNX cannot take as-is:
+
+- :class:`GptStep`: the LlamaModel with an explicit per-layer KV cache, position ids computed
+  from the attention mask as ChatTTS does (``cumsum(mask) - 1``, padded slots set to 1), and
+  the 4 weight-normed code heads folded to plain matrices.
+- :class:`InverseSTFT`: ``torch.istft(center=True)`` (what Vocos' ISTFTHead calls, and which
+  does not export) as one ConvTranspose1d with a windowed inverse-DFT basis, divided by the
+  window envelope.
+- :class:`CodeDequantizer`: ``GroupedResidualFSQ.get_output_from_indices`` (which does not
+  export with dynamic shapes) folded into 4 lookup tables, exact because the dequantiser and
+  its ``project_out`` are affine in each code.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import nn
+
+from .. import contract
+
+
+class GptStep(nn.Module):
+    """One GPT forward over ``T`` new positions given a KV cache of ``P`` positions.
+
+    Serves prefill (``P = 0``, ``T`` = prompt length) and decode (``T = 1``) alike.
+
+    Inputs:
+        inputs_embeds: (B, T, H) float32.
+        attention_mask: (B, P+T) int64, 1 for real positions, 0 for padding (left padding).
+        past_key_i, past_value_i: (B, heads, P, head_dim) float32 for each layer i.
+    Outputs:
+        logits: (B, 4, 626) float32, code-head logits at the last position.
+        hidden: (B, H) float32, last hidden state at the last position (the Decoder's input).
+        present_key_i, present_value_i: (B, heads, P+T, head_dim) float32.
+    """
+
+    def __init__(self, llama: nn.Module, head_weights: torch.Tensor) -> None:
+        super().__init__()
+        self.llama = llama
+        self.num_layers = int(llama.config.num_hidden_layers)
+        self.register_buffer("head_w", head_weights.detach().clone())  # (4, 626, H)
+
+    def forward(self, inputs_embeds: torch.Tensor, attention_mask: torch.Tensor,
+                *past: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        from transformers.cache_utils import DynamicCache
+
+        cache = DynamicCache()
+        for i in range(self.num_layers):
+            cache.update(past[2 * i], past[2 * i + 1], i)
+        t = inputs_embeds.shape[1]
+        pos = attention_mask.cumsum(-1) - 1
+        pos = pos.masked_fill(attention_mask == 0, 1)[:, -t:]
+        out = self.llama(inputs_embeds=inputs_embeds, attention_mask=attention_mask, position_ids=pos,
+                         past_key_values=cache, use_cache=True)
+        hidden = out.last_hidden_state[:, -1]
+        logits = torch.einsum("bh,qvh->bqv", hidden, self.head_w)
+        present: list[torch.Tensor] = []
+        kv = out.past_key_values
+        for i in range(self.num_layers):
+            layer = kv.layers[i]
+            present += [layer.keys, layer.values]
+        return (logits, hidden, *present)
+
+
+def folded_code_heads(embed: Any) -> torch.Tensor:
+    """The 4 weight-normed code heads of ChatTTS' ``Embed`` as one (4, 626, H) float32 tensor."""
+    with torch.no_grad():
+        return torch.stack([h.weight.detach().float() for h in embed.head_code])
+
+
+class InverseSTFT(nn.Module):
+    """``torch.istft(spec, n_fft, hop, window=hann(n_fft), center=True)`` from real/imag parts.
+
+    Inputs: real, imag: (B, n_fft//2+1, F) float32. Output: (B, hop*(F-1)) float32.
+    As in ``torch.fft.irfft``, the imaginary parts of the DC and Nyquist bins are ignored.
+    """
+
+    def __init__(self, n_fft: int, hop: int, window: torch.Tensor) -> None:
+        super().__init__()
+        self.n_fft, self.hop = n_fft, hop
+        bins = n_fft // 2 + 1
+        k = torch.arange(bins, dtype=torch.float64)[:, None]
+        n = torch.arange(n_fft, dtype=torch.float64)[None, :]
+        ang = 2.0 * math.pi * k * n / n_fft
+        scale = torch.full((bins, 1), 2.0, dtype=torch.float64)
+        scale[0] = scale[-1] = 1.0
+        w = window.to(torch.float64)[None, :]
+        cos_b = scale * torch.cos(ang) / n_fft * w
+        sin_b = -scale * torch.sin(ang) / n_fft * w
+        sin_b[0] = 0.0
+        sin_b[-1] = 0.0
+        self.register_buffer("basis", torch.cat([cos_b, sin_b], 0)[:, None, :].float())
+        self.register_buffer("win_sq", (window.float() ** 2)[None, None, :])
+
+    def forward(self, real: torch.Tensor, imag: torch.Tensor) -> torch.Tensor:
+        x = torch.cat([real, imag], dim=1)
+        y = nn.functional.conv_transpose1d(x, self.basis, stride=self.hop)
+        ones = torch.ones_like(real[:1, :1, :])
+        env = nn.functional.conv_transpose1d(ones, self.win_sq, stride=self.hop)
+        half = self.n_fft // 2
+        y = y / env
+        return y[:, 0, half:-half]
+
+
+class VocosTail(nn.Module):
+    """Vocos' backbone and ISTFT head (mel (B, 100, 2T) -> waveform (B, 512T-256))."""
+
+    def __init__(self, vocos: Any) -> None:
+        super().__init__()
+        self.backbone = vocos.backbone
+        head = vocos.head
+        self.out = head.out
+        self.istft = InverseSTFT(head.istft.n_fft, head.istft.hop_length, head.istft.window)
+
+    def forward(self, mel: torch.Tensor) -> torch.Tensor:
+        x = self.backbone(mel)
+        x = self.out(x).transpose(1, 2)
+        mag, p = x.chunk(2, dim=1)
+        mag = torch.clip(torch.exp(mag), max=1e2)
+        return self.istft(mag * torch.cos(p), mag * torch.sin(p))
+
+
+def _dvae_decode(dvae: Any, feats: torch.Tensor) -> torch.Tensor:
+    """ChatTTS ``DVAE.forward`` decode path after dequantisation: (B, C, T) -> mel (B, 100, 2T)."""
+    b, c, t = feats.shape
+    x = feats.view(b, 2, c // 2, t).permute(0, 2, 3, 1).flatten(2)
+    return dvae.out_conv(dvae.decoder(x)) * dvae.coef
+
+
+class VocoderFromHidden(nn.Module):
+    """ChatTTS' default path: hidden (B, T, H) -> Decoder -> mel -> Vocos -> audio (B, 512T-256)."""
+
+    def __init__(self, decoder: Any, vocos: Any) -> None:
+        super().__init__()
+        self.decoder = decoder
+        self.tail = VocosTail(vocos)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.tail(_dvae_decode(self.decoder, hidden.transpose(1, 2)))
+
+
+class CodeDequantizer(nn.Module):
+    """codes (B, T, 4) int -> DVAE features (B, T, C), as ``GFSQ._embed`` computes them.
+
+    ``table[c, i]`` is the change of the dequantised output when code channel ``c`` is ``i``
+    instead of 0 and ``base`` the output for all-zero codes; the output is
+    ``base + sum_c table[c, codes[..., c]]``, exact up to float rounding because FSQ's
+    dequantisation and ``project_out`` are affine per code (checked by the parity test).
+    """
+
+    def __init__(self, gfsq: Any) -> None:
+        super().__init__()
+        levels = 625
+        with torch.no_grad():
+            zero = torch.zeros(1, 1, contract.NUM_VQ, dtype=torch.long)
+            base = self._embed(gfsq, zero)[0, 0]
+            tables = []
+            for c in range(contract.NUM_VQ):
+                idx = torch.zeros(1, levels, contract.NUM_VQ, dtype=torch.long)
+                idx[0, :, c] = torch.arange(levels)
+                tables.append(self._embed(gfsq, idx)[0] - base)
+        self.register_buffer("tables", torch.stack(tables).float())  # (4, 625, C)
+        self.register_buffer("base", base.float())
+
+    @staticmethod
+    def _embed(gfsq: Any, codes_btq: torch.Tensor) -> torch.Tensor:
+        """ChatTTS' ``GFSQ._embed`` on (B, T, 4) codes -> (B, T, C)."""
+        b, t, _ = codes_btq.shape
+        x = codes_btq.view(b, t, gfsq.G, gfsq.R).permute(2, 0, 1, 3)
+        return gfsq.quantizer.get_output_from_indices(x)
+
+    def forward(self, codes: torch.Tensor) -> torch.Tensor:
+        codes = codes.long().clamp(0, 624)
+        out = self.base
+        for c in range(contract.NUM_VQ):
+            out = out + self.tables[c][codes[..., c]]
+        return out
+
+
+class VocoderFromCodes(nn.Module):
+    """ChatTTS' cheaper path: codes (B, T, 4) int32 -> DVAE -> mel -> Vocos -> audio (B, 512T-256)."""
+
+    def __init__(self, dvae: Any, vocos: Any) -> None:
+        super().__init__()
+        self.deq = CodeDequantizer(dvae.vq_layer)
+        self.dvae = dvae
+        self.tail = VocosTail(vocos)
+
+    def forward(self, codes: torch.Tensor) -> torch.Tensor:
+        feats = self.deq(codes).transpose(1, 2)
+        return self.tail(_dvae_decode(self.dvae, feats))
+
+
+def conv_radius_frames(module: nn.Module) -> int:
+    """Half-width, in input frames, of the receptive field of a stack of 'same' Conv1d layers.
+
+    Sums ``dilation * (kernel - 1) // 2`` over every stride-1 Conv1d in ``module`` (the Decoder,
+    the DVAE and Vocos' backbone are sequential stacks of such convolutions; pointwise
+    Linear/LayerNorm layers add nothing).
+    """
+    r = 0
+    for m in module.modules():
+        if isinstance(m, nn.Conv1d) and m.stride[0] == 1:
+            r += m.dilation[0] * (m.kernel_size[0] - 1) // 2
+    return r
+
+
+def receptive_field_tokens(mel_stack: list[nn.Module], vocos: Any) -> int:
+    """Tokens of context on each side that fully determine a token's samples: the mel-rate
+    convolutions of ``mel_stack`` (Decoder or DVAE decoder and out_conv), Vocos' backbone and
+    the iSTFT's overlap of n_fft/2 samples, rounded up to whole tokens."""
+    frames = sum(conv_radius_frames(m) for m in mel_stack) + conv_radius_frames(vocos.backbone)
+    frames += math.ceil((contract.N_FFT // 2) / contract.HOP_SAMPLES)
+    return math.ceil(frames / contract.MEL_FRAMES_PER_TOKEN)

@@ -1,0 +1,119 @@
+"""Parity of the exported graphs against ChatTTS' own torch modules, on the same inputs.
+
+The references are computed only with what a loaded ``ChatTTS.Chat`` holds (its tokenizer,
+``Speaker``, ``Embed``, the LlamaModel, ``Decoder``, ``DVAE`` and ``Vocos``), never with the
+export wrappers, so a wrapper bug shows up as a parity error.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .. import contract
+from ..runtime import Artifacts, Embeddings, GptStepRunner, VocoderRunner
+from ..speaker import normalize_speaker
+
+PARITY_TEXTS = ("你好，欢迎使用流式语音合成服务。", "ChatTTS 在 Triton 上。")
+
+
+def _artifacts_for(chat: Any, root: Path) -> Artifacts:
+    cfg = chat.gpt.gpt.config
+    heads = int(getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads)
+    return Artifacts(Path(root), {"config": {
+        "num_layers": int(cfg.num_hidden_layers), "hidden_size": int(cfg.hidden_size), "num_heads": heads,
+        "head_dim": int(getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)}})
+
+
+def chattts_prompt(chat: Any, texts: list[str], spk: str | None) -> tuple[Any, Any, Any]:
+    """ChatTTS' prompt for ``texts``: (input_ids (B, T, 4), attention_mask (B, T), emb (B, T, H)),
+    built by its tokenizer, ``Speaker.decorate_code_prompts``, ``Embed`` and ``Speaker.apply``."""
+    import torch
+
+    prompts = chat.speaker.decorate_code_prompts(list(texts), "[speed_5]", None, spk)
+    input_ids, attn, text_mask = chat.tokenizer.encode(prompts, contract.NUM_VQ)
+    emb = chat.embed(input_ids, text_mask).clone()
+    if spk is not None:
+        chat.speaker.apply(emb, spk, input_ids, chat.tokenizer.spk_emb_ids, torch.device("cpu"))
+    return input_ids, attn, emb
+
+
+def parity_report(chat: Any, root: Path) -> dict[str, float]:
+    """Max absolute error per stage between ChatTTS' modules and the graphs in ``root``.
+
+    Stages: ``gpt_prefill_logits``, ``gpt_prefill_hidden`` (batch of 2, left-padded, with a
+    speaker), ``gpt_decode_logits``, ``gpt_decode_hidden`` (one step after it),
+    ``embed_prompt`` (numpy lookups vs ``Embed`` + ``Speaker.apply``), ``vocoder_hidden``
+    and ``vocoder_codes`` (batch of 2, 40 tokens).
+    """
+    import torch
+
+    art = _artifacts_for(chat, root)
+    report: dict[str, float] = {}
+    torch.manual_seed(1234)
+    spk = chat.speaker.sample_random()
+    input_ids, attn, emb = chattts_prompt(chat, list(PARITY_TEXTS), spk)
+    llama = chat.gpt.gpt
+
+    def heads(h: Any) -> Any:
+        return torch.stack([chat.embed.head_code[q](h) for q in range(contract.NUM_VQ)], 1)
+
+    with torch.no_grad():
+        pos = attn.long().cumsum(-1) - 1
+        pos.masked_fill_(attn == 0, 1)
+        out = llama(inputs_embeds=emb, attention_mask=attn, position_ids=pos, use_cache=True)
+        h_ref = out.last_hidden_state[:, -1]
+        logits_ref = heads(h_ref)
+
+    # ORT prefill with the numpy embedding path (speaker vector as the front end sends it).
+    emb_np = Embeddings(art)
+    spk_vec = np.frombuffer(_decode_spk(chat, spk), dtype=np.float16).astype(np.float32)
+    ids = input_ids[:, :, 0].numpy().astype(np.int64)
+    mask = attn.numpy().astype(np.int64)
+    rows = [emb_np.prompt(row, normalize_speaker(spk_vec)) for row in ids]
+    embeds = np.stack(rows).astype(np.float32)
+    real = mask.astype(bool)
+    report["embed_prompt"] = float(np.abs(embeds[real] - emb.numpy()[real]).max())
+    runner = GptStepRunner(art)
+    logits, hidden, present = runner.run(embeds, mask, runner.empty_past(len(ids)))
+    report["gpt_prefill_logits"] = float(np.abs(logits - logits_ref.numpy()).max())
+    report["gpt_prefill_hidden"] = float(np.abs(hidden - h_ref.numpy()).max())
+
+    # One decode step on the argmax codes.
+    codes = logits_ref.argmax(-1)  # (B, 4)
+    with torch.no_grad():
+        step_emb = torch.stack([chat.embed.emb_code[q](codes[:, q]) for q in range(contract.NUM_VQ)], 2).sum(2)
+        attn2 = torch.cat([attn, torch.ones(attn.shape[0], 1, dtype=attn.dtype)], 1)
+        pos2 = (attn2.long().cumsum(-1) - 1)[:, -1:]
+        out2 = llama(inputs_embeds=step_emb[:, None], attention_mask=attn2, position_ids=pos2,
+                     past_key_values=out.past_key_values, use_cache=True)
+        h2_ref = out2.last_hidden_state[:, -1]
+        logits2_ref = heads(h2_ref)
+    step_np = emb_np.codes(codes.numpy().astype(np.int64))[:, None, :]
+    mask2 = np.concatenate([mask, np.ones((len(ids), 1), np.int64)], 1)
+    logits2, hidden2, _ = runner.run(step_np.astype(np.float32), mask2, present)
+    report["gpt_decode_logits"] = float(np.abs(logits2 - logits2_ref.numpy()).max())
+    report["gpt_decode_hidden"] = float(np.abs(hidden2 - h2_ref.numpy()).max())
+
+    # Vocoders.
+    hidden_size = art.hidden_size
+    g = torch.Generator().manual_seed(7)
+    hid = torch.randn(2, 40, hidden_size, generator=g)
+    cds = torch.randint(0, 625, (2, 40, contract.NUM_VQ), generator=g, dtype=torch.int32)
+    with torch.no_grad():
+        wav_h = chat.vocos.decode(chat.decoder(hid.transpose(1, 2).contiguous())).numpy()
+        wav_c = chat.vocos.decode(chat.dvae(cds.permute(0, 2, 1).contiguous())).numpy()
+    got_h = VocoderRunner(art, "hidden").run(hid.numpy())
+    got_c = VocoderRunner(art, "codes").run(cds.numpy())
+    if got_h.shape != wav_h.shape or got_c.shape != wav_c.shape:
+        raise RuntimeError(f"vocoder output shapes differ: {got_h.shape} vs {wav_h.shape}, "
+                           f"{got_c.shape} vs {wav_c.shape}")
+    report["vocoder_hidden"] = float(np.abs(got_h - wav_h).max())
+    report["vocoder_codes"] = float(np.abs(got_c - wav_c).max())
+    return report
+
+
+def _decode_spk(chat: Any, spk: str) -> bytes:
+    return chat.speaker._decode(spk).tobytes()

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Create the project's virtual environment and install the serving stack, idempotently.
+#
+#   scripts/setup.sh            CPU host (default): onnxruntime, torch 2.13.0 CPU build
+#   CHATTTS_ONNX=gpu scripts/setup.sh   GPU host: onnxruntime-gpu instead of onnxruntime
+#
+# Why each step exists (measured facts in ../shared/NOTES.md):
+# - torch==2.13.0 is installed first and repeated on every pip line, so no resolver swaps it
+#   for a multi-gigabyte CUDA build.
+# - torchaudio's compiled extensions are CUDA builds; on a host without libcudart they make
+#   `import torchaudio` (and so `import ChatTTS`) fail, so they are removed there and
+#   torchaudio falls back to pure Python.
+# - ChatTTS imports `requests` without declaring it (listed in pyproject.toml).
+# - The bundled tritonserver's Python backend stub links the system libpython3.11.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${VENV:-.venv}
+PY=${PYTHON:-python3}
+ONNX_FLAVOUR=${CHATTTS_ONNX:-cpu}
+case "$ONNX_FLAVOUR" in cpu|gpu) ;; *) echo "setup: CHATTTS_ONNX must be cpu or gpu, not '$ONNX_FLAVOUR'" >&2; exit 2;; esac
+
+if ! ldconfig -p 2>/dev/null | grep -q 'libpython3.11.so.1.0'; then
+  echo "setup: installing libpython3.11 (needed by Triton's Python backend stub)"
+  if command -v apt-get >/dev/null; then
+    (apt-get install -y -q libpython3.11 >/dev/null 2>&1 || (apt-get update -q >/dev/null && apt-get install -y -q libpython3.11 >/dev/null))
+  else
+    echo "setup: no apt-get; install the shared libpython3.11 by hand" >&2
+  fi
+fi
+
+[ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
+PIP=("$VENV/bin/python" -m pip install -q --disable-pip-version-check)
+"${PIP[@]}" torch==2.13.0
+"${PIP[@]}" torch==2.13.0 -e ".[$ONNX_FLAVOUR,dev,bench]"
+
+# torchaudio: drop the CUDA-only extensions where the CUDA runtime is absent.
+"$VENV/bin/python" - <<'PYEOF'
+import ctypes.util, importlib.util, pathlib, sys
+spec = importlib.util.find_spec("torchaudio")
+if spec is None or not spec.submodule_search_locations:
+    sys.exit(0)
+lib = pathlib.Path(spec.submodule_search_locations[0]) / "lib"
+try:
+    ctypes.CDLL("libcudart.so.12")
+    have_cuda = True
+except OSError:
+    have_cuda = False
+if not have_cuda:
+    for name in ("libtorchaudio.so", "_torchaudio.so"):
+        p = lib / name
+        if p.exists():
+            p.unlink()
+            print(f"setup: removed CUDA-only {p.name} (no libcudart on this host)")
+PYEOF
+"$VENV/bin/python" -c "import ChatTTS, onnxruntime, tritonclient.grpc; print('setup: ok, onnxruntime', onnxruntime.__version__, onnxruntime.get_available_providers())"
