@@ -1,0 +1,368 @@
+"""The GPT engine: in-flight batching of ChatTTS decode steps with a resident KV cache.
+
+One :class:`Engine` owns one ONNX Runtime GPT session and runs a scheduling loop on its own
+thread. Each iteration:
+
+1. drops sequences whose client went away (cancelled) or whose deadline passed;
+2. admits waiting sequences (highest priority first, then arrival order) while the batch
+   has room, and prefills them together in one padded GPT call, sampling their first token;
+3. merges the newcomers into the running batch and removes finished rows, in one rebuild of
+   the batch KV cache (rows right-aligned, left padding masked out);
+4. runs one decode step for every running sequence in one batched GPT call, samples each
+   row with its own sampler, and streams tokens to each sequence's sink.
+
+Between rebuilds the KV cache never leaves the engine and is never copied by it: each step's
+``present`` outputs are the next step's ``past`` inputs. Nothing here imports Triton: the
+Triton model binds a :class:`TokenSink` to its response sender.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from . import contract
+from .runtime import Embeddings, GptStepRunner
+from .sampling import RequestSampler, SamplingParams, sample_batch
+
+log = logging.getLogger("chattts_serving.engine")
+
+
+class EngineBusy(RuntimeError):
+    """The engine's admission limit is reached; the request was not accepted."""
+
+
+class TokenSink(Protocol):
+    """Where a sequence's output goes. Called from the engine thread only."""
+
+    def tokens(self, codes: np.ndarray, hidden: np.ndarray, stop_reason: str) -> None:
+        """New tokens: codes (N, 4) int32, hidden (N, H) float32; ``stop_reason`` is '' while
+        the sequence runs and ``contract.STOP_EOS``/``STOP_MAX_TOKENS`` on its last call."""
+
+    def error(self, message: str) -> None:
+        """The sequence ended with an error; no further calls follow."""
+
+    def cancelled(self) -> bool:
+        """True once the client no longer wants output."""
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Scheduling knobs (from the deployment profile).
+
+    max_batch_size: running sequences decoded together per step.
+    max_waiting: sequences queued for admission; beyond it :meth:`Engine.submit` raises
+        :class:`EngineBusy`.
+    max_prefill_tokens: padded prompt tokens prefilled together in one call.
+    max_context_tokens: prompt + generated tokens allowed per sequence (the model's
+        position limit).
+    """
+
+    max_batch_size: int = 16
+    max_waiting: int = 64
+    max_prefill_tokens: int = 1024
+    max_context_tokens: int = 4096
+
+
+@dataclass(eq=False)
+class Sequence:
+    """One request inside the engine.
+
+    prompt_ids: (T,) int prompt token ids; spk_emb: (H,) float32 normalised speaker vector or
+    None; emit_tokens: tokens per sink call; priority: lower runs first (0 = realtime);
+    deadline_s: ``time.monotonic()`` after which the sequence is dropped with an error.
+    """
+
+    prompt_ids: np.ndarray
+    spk_emb: np.ndarray | None
+    params: SamplingParams
+    sink: TokenSink
+    emit_tokens: int = 1
+    priority: int = 0
+    deadline_s: float | None = None
+    request_id: str = ""
+    sampler: RequestSampler = field(init=False)
+    length: int = 0  # tokens in this sequence's KV cache
+    generated: int = 0
+    last_codes: np.ndarray | None = None
+    pending_codes: list[np.ndarray] = field(default_factory=list)
+    pending_hidden: list[np.ndarray] = field(default_factory=list)
+    done: bool = False
+    submitted_s: float = field(default_factory=time.monotonic)
+    prefill_kv: list[np.ndarray] | None = None  # this row's prefill KV until it joins the batch
+    prefill_width: int = 0
+
+    def __post_init__(self) -> None:
+        self.sampler = RequestSampler(self.params)
+
+
+@dataclass
+class EngineStats:
+    """Counters since start: steps, prefills, tokens, and how many rows each decode step had."""
+
+    decode_steps: int = 0
+    prefill_calls: int = 0
+    tokens: int = 0
+    batch_sizes: Counter[int] = field(default_factory=Counter)
+    finished: int = 0
+    cancelled: int = 0
+    errors: int = 0
+    rebuilds: int = 0
+
+    def snapshot(self) -> dict[str, object]:
+        return {"decode_steps": self.decode_steps, "prefill_calls": self.prefill_calls,
+                "tokens": self.tokens, "finished": self.finished, "cancelled": self.cancelled,
+                "errors": self.errors, "rebuilds": self.rebuilds,
+                "batch_sizes": {str(k): v for k, v in sorted(self.batch_sizes.items())}}
+
+
+class Engine:
+    """In-flight batching engine over ``gpt_step.onnx``.
+
+    Thread-safety: :meth:`submit`, :meth:`stats` and :meth:`live_count` may be called from
+    any thread; everything else runs on the engine thread (or, in tests, the caller's, via
+    :meth:`run_once`).
+    """
+
+    def __init__(self, runner: GptStepRunner, embeddings: Embeddings, config: EngineConfig) -> None:
+        self.runner = runner
+        self.emb = embeddings
+        self.config = config
+        self._cv = threading.Condition()
+        self._waiting: list[tuple[int, int, Sequence]] = []  # heap of (priority, order, seq)
+        self._order = itertools.count()
+        self._running: list[Sequence] = []
+        self._kv: list[np.ndarray] = []
+        self._mask = np.zeros((0, 0), np.int64)
+        self._stop = False
+        self._thread: threading.Thread | None = None
+        self.stats_data = EngineStats()
+        self._stats_lock = threading.Lock()
+
+    # ---- public API ---------------------------------------------------------------------
+    def submit(self, seq: Sequence) -> None:
+        """Queue a sequence. Raises :class:`EngineBusy` when the waiting queue is full and
+        ValueError when its prompt is empty or cannot fit the context."""
+        if seq.prompt_ids.size == 0:
+            raise ValueError("empty prompt")
+        if seq.prompt_ids.size + seq.params.max_new_tokens > self.config.max_context_tokens:
+            raise ValueError(f"prompt ({seq.prompt_ids.size} tokens) + max_new_tokens "
+                             f"({seq.params.max_new_tokens}) exceeds the context of "
+                             f"{self.config.max_context_tokens} tokens")
+        with self._cv:
+            if len(self._waiting) >= self.config.max_waiting:
+                raise EngineBusy(f"server busy: {len(self._waiting)} requests already waiting")
+            heapq.heappush(self._waiting, (seq.priority, next(self._order), seq))
+            self._cv.notify()
+
+    def live_count(self) -> int:
+        """Sequences waiting or running."""
+        with self._cv:
+            return len(self._waiting) + len(self._running)
+
+    def stats(self) -> dict[str, object]:
+        with self._stats_lock:
+            snap = self.stats_data.snapshot()
+        with self._cv:
+            snap["waiting"] = len(self._waiting)
+            snap["running"] = len(self._running)
+        return snap
+
+    def start(self) -> None:
+        """Start the scheduling thread."""
+        self._thread = threading.Thread(target=self._loop, name="chattts-engine", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Stop the thread; sequences still live end with an error."""
+        with self._cv:
+            self._stop = True
+            self._cv.notify()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+        with self._cv:
+            leftovers = [s for _, _, s in self._waiting] + self._running
+            self._waiting.clear()
+            self._running = []
+        for s in leftovers:
+            self._fail(s, "server is shutting down")
+
+    # ---- loop ---------------------------------------------------------------------------
+    def _loop(self) -> None:
+        while True:
+            with self._cv:
+                while not self._stop and not self._waiting and not self._running:
+                    self._cv.wait()
+                if self._stop:
+                    return
+            try:
+                self.run_once()
+            except Exception as exc:  # keep serving: fail what was in flight, not the engine
+                log.exception("engine iteration failed")
+                with self._cv:
+                    victims = self._running
+                    self._running = []
+                    self._kv, self._mask = [], np.zeros((0, 0), np.int64)
+                for s in victims:
+                    self._fail(s, f"engine step failed: {type(exc).__name__}")
+
+    def run_once(self) -> None:
+        """One scheduling iteration (admit + prefill, rebuild, one decode step)."""
+        now = time.monotonic()
+        for s in self._running:
+            if s.done:
+                continue
+            if s.sink.cancelled():
+                s.done = True
+                with self._stats_lock:
+                    self.stats_data.cancelled += 1
+            elif s.deadline_s is not None and now > s.deadline_s:
+                self._fail(s, "deadline exceeded")
+        newcomers = self._admit()
+        if newcomers:
+            self._prefill(newcomers)
+        if any(s.done for s in self._running) or newcomers:
+            self._rebuild([s for s in newcomers if not s.done])
+        if self._running:
+            self._decode()
+
+    def _admit(self) -> list[Sequence]:
+        out: list[Sequence] = []
+        tokens = 0
+        with self._cv:
+            room = self.config.max_batch_size - sum(1 for s in self._running if not s.done)
+            while self._waiting and len(out) < room:
+                seq = self._waiting[0][2]
+                if seq.sink.cancelled():
+                    heapq.heappop(self._waiting)
+                    with self._stats_lock:
+                        self.stats_data.cancelled += 1
+                    continue
+                width = max([len(s.prompt_ids) for s in out] + [len(seq.prompt_ids)])
+                if out and width * (len(out) + 1) > self.config.max_prefill_tokens:
+                    break
+                heapq.heappop(self._waiting)
+                out.append(seq)
+                tokens = width * len(out)
+        del tokens
+        return out
+
+    def _prefill(self, seqs: list[Sequence]) -> None:
+        width = max(len(s.prompt_ids) for s in seqs)
+        h = self.emb.emb_text.shape[1]
+        embeds = np.zeros((len(seqs), width, h), np.float32)
+        mask = np.zeros((len(seqs), width), np.int64)
+        for i, s in enumerate(seqs):
+            n = len(s.prompt_ids)
+            embeds[i, width - n:] = self.emb.prompt(s.prompt_ids, s.spk_emb)
+            mask[i, width - n:] = 1
+        logits, hidden, present = self.runner.run(embeds, mask, self.runner.empty_past(len(seqs)))
+        with self._stats_lock:
+            self.stats_data.prefill_calls += 1
+        for i, s in enumerate(seqs):
+            s.length = len(s.prompt_ids)
+            s.prefill_kv = [p[i:i + 1] for p in present]
+            s.prefill_width = width
+        codes = sample_batch(logits, [s.sampler for s in seqs])
+        self._accept(seqs, codes, hidden)
+
+    def _rebuild(self, newcomers: list[Sequence]) -> None:
+        """New batch KV from surviving rows and newcomers; rows right-aligned to a common
+        width equal to the longest sequence."""
+        old_rows = {id(s): i for i, s in enumerate(self._running)}
+        old_width = self._mask.shape[1]
+        keep = [s for s in self._running if not s.done] + newcomers
+        with self._cv:
+            self._running = keep
+        with self._stats_lock:
+            self.stats_data.rebuilds += 1
+        if not keep:
+            self._kv, self._mask = [], np.zeros((0, 0), np.int64)
+            return
+        width = max(s.length for s in keep)
+        n_layers2 = 2 * self.runner.layers
+        heads, hd = self.runner.art.num_heads, self.runner.art.head_dim
+        kv = [np.zeros((len(keep), heads, width, hd), np.float32) for _ in range(n_layers2)]
+        mask = np.zeros((len(keep), width), np.int64)
+        for r, s in enumerate(keep):
+            n = s.length
+            mask[r, width - n:] = 1
+            if id(s) in old_rows:
+                src_row, src, src_w = old_rows[id(s)], self._kv, old_width
+            else:
+                assert s.prefill_kv is not None
+                src_row, src, src_w = 0, s.prefill_kv, s.prefill_width
+            for j in range(n_layers2):
+                kv[j][r, :, width - n:] = src[j][src_row, :, src_w - n:src_w]
+            s.prefill_kv = None
+        self._kv, self._mask = kv, mask
+
+    def _decode(self) -> None:
+        seqs = self._running
+        codes_in = np.stack([s.last_codes for s in seqs])  # type: ignore[misc]
+        embeds = self.emb.codes(codes_in)[:, None, :].astype(np.float32)
+        mask = np.concatenate([self._mask, np.ones((len(seqs), 1), np.int64)], axis=1)
+        logits, hidden, present = self.runner.run(embeds, mask, self._kv)
+        self._kv, self._mask = present, mask
+        for s in seqs:
+            s.length += 1
+        with self._stats_lock:
+            self.stats_data.decode_steps += 1
+            self.stats_data.batch_sizes[len(seqs)] += 1
+        codes = sample_batch(logits, [s.sampler for s in seqs])
+        self._accept(seqs, codes, hidden)
+
+    def _accept(self, seqs: list[Sequence], codes: np.ndarray, hidden: np.ndarray) -> None:
+        """Record one sampled step per sequence, stream it, and mark ends."""
+        for i, s in enumerate(seqs):
+            if s.done:
+                continue
+            c = codes[i]
+            s.sampler.record(c)
+            if (c == contract.EOS_CODE).any():
+                self._finish(s, contract.STOP_EOS)
+                continue
+            s.generated += 1
+            s.last_codes = c
+            s.pending_codes.append(c.astype(np.int32))
+            s.pending_hidden.append(hidden[i])
+            with self._stats_lock:
+                self.stats_data.tokens += 1
+            if s.generated >= s.params.max_new_tokens:
+                self._finish(s, contract.STOP_MAX_TOKENS)
+            elif len(s.pending_codes) >= s.emit_tokens:
+                self._flush(s, "")
+
+    def _flush(self, s: Sequence, reason: str) -> None:
+        h = self.emb.emb_text.shape[1]
+        codes = np.stack(s.pending_codes) if s.pending_codes else np.zeros((0, contract.NUM_VQ), np.int32)
+        hidden = np.stack(s.pending_hidden) if s.pending_hidden else np.zeros((0, h), np.float32)
+        s.pending_codes, s.pending_hidden = [], []
+        try:
+            s.sink.tokens(codes, hidden.astype(np.float32, copy=False), reason)
+        except Exception:  # a broken sink must not stop the other sequences
+            log.exception("sink of %s failed; dropping the sequence", s.request_id)
+            s.done = True
+
+    def _finish(self, s: Sequence, reason: str) -> None:
+        s.done = True
+        with self._stats_lock:
+            self.stats_data.finished += 1
+        self._flush(s, reason)
+
+    def _fail(self, s: Sequence, message: str) -> None:
+        s.done = True
+        with self._stats_lock:
+            self.stats_data.errors += 1
+        try:
+            s.sink.error(message)
+        except Exception:
+            log.exception("error sink of %s failed", s.request_id)

@@ -1,0 +1,125 @@
+"""Deployment profiles: every serving knob, typed and validated, from ``profiles/<name>.toml``.
+
+Unknown keys are errors (``extra="forbid"``), so a typo in a profile fails at render time
+instead of being silently ignored.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from .chunking import ChunkSchedule
+from .engine import EngineConfig
+from .runtime import OrtOptions
+
+PROFILES_DIR = Path(__file__).resolve().parent.parent / "profiles"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class EngineProfile(_Strict):
+    max_batch_size: int = Field(ge=1, le=256)
+    max_waiting: int = Field(ge=1)
+    max_prefill_tokens: int = Field(ge=16)
+    max_context_tokens: int = Field(ge=64, le=4096)
+    max_new_tokens_cap: int = Field(ge=1, le=4096)
+    intra_op_threads: int = Field(ge=0)
+    allow_spinning: bool
+
+    def engine_config(self) -> EngineConfig:
+        return EngineConfig(self.max_batch_size, self.max_waiting, self.max_prefill_tokens,
+                            self.max_context_tokens)
+
+
+class VocoderProfile(_Strict):
+    instance_count: int = Field(ge=1)
+    max_batch_size: int = Field(ge=1, le=256)
+    max_queue_delay_microseconds: int = Field(ge=0)
+    intra_op_threads: int = Field(ge=0)
+    allow_spinning: bool
+
+
+class FrontendProfile(_Strict):
+    instance_count: int = Field(ge=1)
+    max_text_chars: int = Field(ge=1)
+    default_voice_seed: int = Field(ge=0)
+
+
+class StreamProfile(_Strict):
+    first_chunk_tokens: int = Field(ge=1)
+    growth: float = Field(ge=1.0)
+    max_chunk_tokens: int = Field(ge=1)
+    left_context_tokens: int = Field(ge=0)
+    lookahead_tokens: int = Field(ge=1)
+    crossfade_samples: int = Field(ge=0)
+    emit_tokens: int = Field(ge=1)
+    default_vocoder: Literal["hidden", "codes"]
+
+    def schedule(self) -> ChunkSchedule:
+        return ChunkSchedule(self.first_chunk_tokens, self.growth, self.max_chunk_tokens,
+                             self.left_context_tokens, self.lookahead_tokens, self.crossfade_samples).validate()
+
+
+class EntryProfile(_Strict):
+    max_concurrent_streams: int = Field(ge=1)
+    max_queue_size: int = Field(ge=1)
+    priority_levels: int = Field(ge=1, le=8)
+    default_priority_level: int = Field(ge=1)
+    offline_instance_count: int = Field(ge=1)
+
+
+class Profile(_Strict):
+    """A deployment profile (see ``profiles/cpu.toml`` for every key and its unit)."""
+
+    name: str
+    instance_kind: Literal["KIND_CPU", "KIND_GPU"]
+    gpu_ids: list[int]
+    onnx_providers: list[str]
+    engine: EngineProfile
+    vocoder: VocoderProfile
+    frontend: FrontendProfile
+    stream: StreamProfile
+    entry: EntryProfile
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Profile:
+        if self.instance_kind == "KIND_GPU" and not self.gpu_ids:
+            raise ValueError("instance_kind KIND_GPU needs gpu_ids")
+        if self.entry.default_priority_level > self.entry.priority_levels:
+            raise ValueError("entry.default_priority_level exceeds entry.priority_levels")
+        self.stream.schedule()
+        return self
+
+    def ort(self, stage: Literal["engine", "vocoder"]) -> OrtOptions:
+        """ONNX Runtime options for a stage."""
+        p = self.engine if stage == "engine" else self.vocoder
+        return OrtOptions(p.intra_op_threads, p.allow_spinning, tuple(self.onnx_providers))
+
+
+class ProfileError(ValueError):
+    """A profile that does not exist or does not validate (message names the problem)."""
+
+
+def load_profile(name_or_path: str | Path) -> Profile:
+    """Load ``profiles/<name>.toml`` or a TOML file path. Raises :class:`ProfileError`."""
+    p = Path(name_or_path)
+    if not p.suffix:
+        p = PROFILES_DIR / f"{name_or_path}.toml"
+    if not p.is_file():
+        known = sorted(x.stem for x in PROFILES_DIR.glob("*.toml"))
+        raise ProfileError(f"no profile {name_or_path!r} (known: {', '.join(known)})")
+    try:
+        return Profile.model_validate(tomllib.loads(p.read_text()))
+    except (ValidationError, tomllib.TOMLDecodeError, ValueError) as exc:
+        raise ProfileError(f"profile {p}: {exc}") from None
+
+
+def profile_from_json(text: str) -> Profile:
+    """The profile as the renderer wrote it into the model repository."""
+    return Profile.model_validate_json(text)

@@ -1,0 +1,150 @@
+"""Per-request sampling of ChatTTS codes, vectorised over a batch.
+
+Reproduces ChatTTS 0.2.5's ``GPT.generate`` logits pipeline (``ChatTTS/model/gpt.py`` and
+``processors.py``), per row of 626 logits (one row per request and code head):
+
+1. divide by the temperature;
+2. ChatTTS' repetition penalty: for each code seen ``n`` times in the last 16 steps of that
+   head, ``alpha = penalty ** n``; negative logits are multiplied by alpha, others divided;
+3. top-p (transformers' ``TopPLogitsWarper``, ``min_tokens_to_keep=3``): sort ascending, drop
+   tokens whose cumulative softmax mass is ``<= 1 - top_p``, always keeping the top 3;
+4. top-k (``TopKLogitsWarper``, ``min_tokens_to_keep=3``): keep logits ``>=`` the
+   ``max(top_k, 3)``-th largest;
+5. before ``min_new_tokens`` steps, the end code (625) is set to -inf;
+6. softmax, then one draw per row from the request's own ``numpy.random.Generator``
+   (PCG64 seeded with the request's seed), by inverse CDF.
+
+The only difference from ChatTTS is the random source (ChatTTS draws with torch.multinomial
+from a generator it re-seeds every step); with a temperature near 0 both pick the argmax, which
+the greedy-equality test relies on.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import contract
+
+
+class ParamError(ValueError):
+    """A request parameter outside its documented range (message names it)."""
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Sampling parameters of one request (defaults: ChatTTS' ``InferCodeParams``).
+
+    Raises :class:`ParamError` from :meth:`validate` for values outside
+    ``contract.SAMPLING_PARAMS``' ranges.
+    """
+
+    temperature: float = float(contract.SAMPLING_DEFAULTS["temperature"])
+    top_p: float = float(contract.SAMPLING_DEFAULTS["top_p"])
+    top_k: int = int(contract.SAMPLING_DEFAULTS["top_k"])
+    repetition_penalty: float = float(contract.SAMPLING_DEFAULTS["repetition_penalty"])
+    max_new_tokens: int = int(contract.SAMPLING_DEFAULTS["max_new_tokens"])
+    min_new_tokens: int = int(contract.SAMPLING_DEFAULTS["min_new_tokens"])
+    seed: int = int(contract.SAMPLING_DEFAULTS["seed"])
+
+    def validate(self, max_new_tokens_cap: int | None = None) -> SamplingParams:
+        """Return self if every field is in range, else raise :class:`ParamError`."""
+        for spec in contract.SAMPLING_PARAMS:
+            v = getattr(self, spec.name)
+            if not np.isfinite(v):
+                raise ParamError(f"{spec.name} must be a finite number, got {v}")
+            low_ok = v >= spec.low if spec.low_inclusive else v > spec.low
+            if not low_ok or v > spec.high:
+                lo = "[" if spec.low_inclusive else "("
+                raise ParamError(f"{spec.name}={v} is out of range {lo}{spec.low:g}, {spec.high:g}]: {spec.doc}")
+        if max_new_tokens_cap is not None and self.max_new_tokens > max_new_tokens_cap:
+            raise ParamError(f"max_new_tokens={self.max_new_tokens} exceeds this deployment's cap "
+                             f"of {max_new_tokens_cap}")
+        if self.min_new_tokens > self.max_new_tokens:
+            raise ParamError(f"min_new_tokens={self.min_new_tokens} exceeds max_new_tokens={self.max_new_tokens}")
+        return self
+
+
+class RequestSampler:
+    """The sampling state of one request: its generator and its last 16 steps of codes."""
+
+    def __init__(self, params: SamplingParams) -> None:
+        self.params = params
+        self.rng = np.random.default_rng(params.seed)
+        self.history: deque[np.ndarray] = deque(maxlen=contract.REPETITION_WINDOW)
+        self.steps = 0
+
+    def record(self, codes: np.ndarray) -> None:
+        """Remember the codes (4,) chosen at this step."""
+        self.history.append(codes.copy())
+        self.steps += 1
+
+
+def sample_batch(logits: np.ndarray, samplers: list[RequestSampler]) -> np.ndarray:
+    """Sample one step's codes for a batch.
+
+    Args:
+        logits: (B, 4, 626) float32 code-head logits; row b belongs to ``samplers[b]``.
+        samplers: one per row; each draws from its own generator.
+
+    Returns:
+        codes: (B, 4) int64 in [0, 625]; 625 (EOS) on any head ends that sequence.
+    """
+    b = logits.shape[0]
+    n = contract.NUM_AUDIO_TOKENS
+    x = logits.reshape(b * contract.NUM_VQ, n).astype(np.float32, copy=True)
+    temp = np.repeat(np.array([s.params.temperature for s in samplers], np.float32), contract.NUM_VQ)
+    x /= temp[:, None]
+
+    # repetition penalty over each head's last 16 codes
+    for i, s in enumerate(samplers):
+        if s.params.repetition_penalty == 1.0 or not s.history:
+            continue
+        hist = np.stack(s.history)  # (steps, 4)
+        rows = x[i * contract.NUM_VQ:(i + 1) * contract.NUM_VQ]
+        for q in range(contract.NUM_VQ):
+            freq = np.bincount(hist[:, q], minlength=n)[:n]
+            alpha = np.power(np.float32(s.params.repetition_penalty), freq.astype(np.float32))
+            row = rows[q]
+            rows[q] = np.where(row < 0, row * alpha, row / alpha)
+
+    keep = contract.MIN_TOKENS_TO_KEEP
+    # top-p
+    top_p = np.repeat(np.array([s.params.top_p for s in samplers], np.float32), contract.NUM_VQ)
+    order = np.argsort(x, axis=1, kind="stable")
+    sorted_x = np.take_along_axis(x, order, axis=1)
+    probs = _softmax(sorted_x)
+    cum = np.cumsum(probs, axis=1)
+    remove_sorted = cum <= (1.0 - top_p)[:, None]
+    remove_sorted[:, -keep:] = False
+    remove = np.zeros_like(remove_sorted)
+    np.put_along_axis(remove, order, remove_sorted, axis=1)
+    x[remove] = -np.inf
+    # top-k
+    top_k = np.repeat(np.array([max(s.params.top_k, keep) for s in samplers]), contract.NUM_VQ)
+    top_k = np.minimum(top_k, n)
+    kth = -np.partition(-x, top_k - 1, axis=1)[np.arange(x.shape[0]), top_k - 1]
+    x[x < kth[:, None]] = -np.inf
+    # min_new_tokens
+    for i, s in enumerate(samplers):
+        if s.steps < s.params.min_new_tokens:
+            x[i * contract.NUM_VQ:(i + 1) * contract.NUM_VQ, contract.EOS_CODE] = -np.inf
+
+    p = _softmax(x)
+    cdf = np.cumsum(p, axis=1)
+    u = np.concatenate([s.rng.random(contract.NUM_VQ) for s in samplers]) * cdf[:, -1]
+    codes = (cdf <= u[:, None]).sum(axis=1)
+    codes = np.minimum(codes, n - 1)
+    # never pick a token of zero probability (guards float round-off at the top of the CDF)
+    bad = p[np.arange(len(codes)), codes] == 0
+    if bad.any():
+        codes[bad] = np.argmax(p[bad], axis=1)
+    return codes.reshape(b, contract.NUM_VQ).astype(np.int64)
+
+
+def _softmax(x: np.ndarray) -> np.ndarray:
+    m = np.max(x, axis=1, keepdims=True)
+    e = np.exp(x - m)
+    return e / e.sum(axis=1, keepdims=True)

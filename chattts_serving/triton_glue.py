@@ -1,0 +1,239 @@
+"""Binding of the package to Triton's Python backend, shared by every ``model.py``.
+
+``triton_python_backend_utils`` exists only inside a Python-backend stub process, so every
+function here takes that module (``pb``) as an argument instead of importing it; the
+adapters in ``model_repository/*/1/model.py`` stay a few lines each.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from . import contract
+from .pipeline import INTERNAL, INVALID, UNAVAILABLE, RequestError, TokenBatch, _scalar
+from .profile import Profile, profile_from_json
+from .runtime import Artifacts
+from .sampling import ParamError, SamplingParams
+
+log = logging.getLogger("chattts_serving.triton")
+
+
+@dataclass(frozen=True)
+class ModelSetup:
+    """What a model needs from ``initialize(args)``: its config, artifacts and profile."""
+
+    name: str
+    config: dict[str, Any]
+    artifacts: Artifacts
+    profile: Profile
+    parameters: dict[str, str]
+
+    @classmethod
+    def from_args(cls, pb: Any, args: dict[str, Any], decoupled: bool) -> ModelSetup:
+        """Parse Triton's ``initialize`` args. Raises RuntimeError when the config's transaction
+        policy does not match what the model implements, or its artifacts are missing."""
+        logging.basicConfig(level=os.environ.get("CHATTTS_LOG_LEVEL", "INFO"),
+                            format="%(asctime)s %(name)s %(levelname)s %(message)s")
+        config = json.loads(args["model_config"])
+        name = config["name"]
+        if pb.using_decoupled_model_transaction_policy(config) != decoupled:
+            raise RuntimeError(f"{name}: model_transaction_policy decoupled must be {decoupled}")
+        params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
+        artifacts = Artifacts.load(params["artifacts_dir"])
+        profile = profile_from_json(Path(params["profile_path"]).read_text())
+        return cls(name, config, artifacts, profile, params)
+
+
+def request_inputs(pb: Any, request: Any, specs: Sequence[contract.TensorSpec]) -> dict[str, np.ndarray]:
+    """The request's tensors among ``specs`` as numpy arrays (absent optional ones omitted)."""
+    out = {}
+    for spec in specs:
+        t = pb.get_input_tensor_by_name(request, spec.name)
+        if t is not None:
+            out[spec.name] = t.as_numpy()
+    return out
+
+
+_CODES = {INVALID: "INVALID_ARG", UNAVAILABLE: "UNAVAILABLE", INTERNAL: "INTERNAL", "cancelled": "CANCELLED"}
+
+
+def triton_error(pb: Any, exc: RequestError) -> Any:
+    """A ``pb_utils.TritonError`` with the code that matches ``exc.kind``."""
+    code = getattr(pb.TritonError, _CODES.get(exc.kind, "INTERNAL"), None)
+    return pb.TritonError(str(exc), code) if code is not None else pb.TritonError(str(exc))
+
+
+def error_kind(pb: Any, error: Any) -> str:
+    """RequestError kind of a ``TritonError`` received from a BLS call."""
+    code_fn = getattr(error, "code", None)
+    code = code_fn() if callable(code_fn) else None
+    if code is not None and code == getattr(pb.TritonError, "UNAVAILABLE", object()):
+        return UNAVAILABLE
+    if code is not None and code == getattr(pb.TritonError, "INVALID_ARG", object()):
+        return INVALID
+    return INTERNAL
+
+
+def string_tensor(pb: Any, name: str, value: str) -> Any:
+    return pb.Tensor(name, np.array([value.encode("utf-8")], dtype=np.object_))
+
+
+def send_final_error(pb: Any, sender: Any, exc: RequestError) -> None:
+    """End a decoupled stream with an error (final flag set, so the client never hangs)."""
+    sender.send(pb.InferenceResponse(error=triton_error(pb, exc)),
+                flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+
+
+# --------------------------------------------------------------------------------------
+# GPT engine side
+# --------------------------------------------------------------------------------------
+class SenderSink:
+    """Engine :class:`~chattts_serving.engine.TokenSink` writing to a decoupled response sender."""
+
+    def __init__(self, pb: Any, sender: Any) -> None:
+        self.pb, self.sender = pb, sender
+        self.closed = False
+
+    def tokens(self, codes: np.ndarray, hidden: np.ndarray, stop_reason: str) -> None:
+        pb = self.pb
+        outs = [pb.Tensor(contract.EN_CODES.name, np.ascontiguousarray(codes, np.int32)),
+                pb.Tensor(contract.EN_HIDDEN.name, np.ascontiguousarray(hidden, np.float32)),
+                string_tensor(pb, contract.EN_STOP.name, stop_reason)]
+        self.sender.send(pb.InferenceResponse(output_tensors=outs))
+        if stop_reason:
+            self.closed = True
+            self.sender.send(flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+
+    def error(self, message: str) -> None:
+        self.closed = True
+        send_final_error(self.pb, self.sender, RequestError(message, INTERNAL))
+
+    def cancelled(self) -> bool:
+        return bool(self.sender.is_cancelled())
+
+
+def engine_sequence_args(inputs: dict[str, np.ndarray], hidden_size: int,
+                         max_new_tokens_cap: int) -> tuple[np.ndarray, np.ndarray | None, SamplingParams, int]:
+    """Validate a GPT-engine request: (prompt ids (T,), spk_emb (H,) or None, params, emit_tokens).
+    Raises RequestError."""
+    ids = inputs.get(contract.FE_INPUT_IDS.name)
+    if ids is None:
+        raise RequestError("missing required input 'input_ids'")
+    if ids.dtype != np.int32 or ids.ndim != 1 or ids.size == 0:
+        raise RequestError("input_ids must be a non-empty 1-D INT32 tensor")
+    if ids.min() < 0 or ids.max() >= contract.TEXT_VOCAB_SIZE:
+        raise RequestError(f"input_ids must be in [0, {contract.TEXT_VOCAB_SIZE})")
+    spk = inputs.get(contract.FE_SPK_EMB.name)
+    if spk is not None and (spk.dtype != np.float32 or spk.shape != (hidden_size,) or not np.isfinite(spk).all()):
+        raise RequestError(f"spk_emb must be a finite FP32 tensor of shape [{hidden_size}]")
+    values = {}
+    for spec in contract.SAMPLING_PARAMS:
+        v = _scalar(inputs, spec)
+        if v is not None:
+            values[spec.name] = v
+    try:
+        params = SamplingParams(**values).validate(max_new_tokens_cap)  # type: ignore[arg-type]
+    except ParamError as exc:
+        raise RequestError(str(exc)) from None
+    emit = inputs.get(contract.EN_EMIT_TOKENS.name)
+    emit_tokens = int(emit.reshape(-1)[0]) if emit is not None and emit.size == 1 else 1
+    if not 1 <= emit_tokens <= 4096:
+        raise RequestError("emit_tokens must be in [1, 4096]")
+    return ids.astype(np.int64), spk, params, emit_tokens
+
+
+# --------------------------------------------------------------------------------------
+# BLS side: the Stages the entry models run against
+# --------------------------------------------------------------------------------------
+class BlsStages:
+    """:class:`~chattts_serving.pipeline.Stages` over BLS calls to the other models."""
+
+    def __init__(self, pb: Any) -> None:
+        self.pb = pb
+
+    def _raise_if_error(self, response: Any, stage: str) -> None:
+        if response.has_error():
+            err = response.error()
+            raise RequestError(err.message(), error_kind(self.pb, err))
+
+    def frontend(self, text: str, voice: str) -> tuple[np.ndarray, np.ndarray]:
+        pb = self.pb
+        req = pb.InferenceRequest(
+            model_name=contract.MODEL_FRONTEND,
+            inputs=[string_tensor(pb, contract.IN_TEXT.name, text), string_tensor(pb, contract.IN_VOICE.name, voice)],
+            requested_output_names=[contract.FE_INPUT_IDS.name, contract.FE_SPK_EMB.name])
+        resp = req.exec()
+        self._raise_if_error(resp, "frontend")
+        ids = pb.get_output_tensor_by_name(resp, contract.FE_INPUT_IDS.name).as_numpy()
+        spk = pb.get_output_tensor_by_name(resp, contract.FE_SPK_EMB.name).as_numpy()
+        return ids, spk
+
+    def generate(self, input_ids: np.ndarray, spk_emb: np.ndarray, params: SamplingParams,
+                 emit_tokens: int) -> Iterator[TokenBatch]:
+        pb = self.pb
+        inputs = [pb.Tensor(contract.FE_INPUT_IDS.name, input_ids.astype(np.int32)),
+                  pb.Tensor(contract.FE_SPK_EMB.name, spk_emb.astype(np.float32)),
+                  pb.Tensor(contract.EN_EMIT_TOKENS.name, np.array([emit_tokens], np.int32))]
+        for spec in contract.SAMPLING_PARAMS:
+            dtype = contract.TensorSpec(spec.name, spec.triton_dtype, (1,)).np_dtype
+            inputs.append(pb.Tensor(spec.name, np.array([getattr(params, spec.name)], dtype=dtype)))
+        req = pb.InferenceRequest(model_name=contract.MODEL_ENGINE, inputs=inputs,
+                                  requested_output_names=[t.name for t in contract.ENGINE_OUTPUTS])
+        responses = req.exec(decoupled=True)
+        for resp in responses:
+            self._raise_if_error(resp, "engine")
+            codes_t = pb.get_output_tensor_by_name(resp, contract.EN_CODES.name)
+            if codes_t is None:
+                continue  # the empty response that carries only the final flag
+            hidden = pb.get_output_tensor_by_name(resp, contract.EN_HIDDEN.name).as_numpy()
+            stop = pb.get_output_tensor_by_name(resp, contract.EN_STOP.name).as_numpy().reshape(-1)[0]
+            batch = TokenBatch(codes_t.as_numpy(), hidden, stop.decode() if isinstance(stop, bytes) else str(stop))
+            if batch.stop_reason:
+                # Drain the final-flag response before handing over the last batch: an
+                # iterator left unfinished keeps the model from unloading at shutdown.
+                for _ in responses:
+                    pass
+            yield batch
+
+    def vocode(self, path: str, window: np.ndarray) -> np.ndarray:
+        pb = self.pb
+        spec = contract.VO_HIDDEN if path == "hidden" else contract.VO_CODES
+        arr = np.ascontiguousarray(window[None], dtype=spec.np_dtype)
+        req = pb.InferenceRequest(model_name=contract.VOCODER_PATHS[path], inputs=[pb.Tensor(spec.name, arr)],
+                                  requested_output_names=[contract.VO_AUDIO.name])
+        resp = req.exec()
+        self._raise_if_error(resp, "vocoder")
+        return pb.get_output_tensor_by_name(resp, contract.VO_AUDIO.name).as_numpy()[0]
+
+
+class StreamSlots:
+    """Admission limit of the streaming entry model: at most ``limit`` live streams.
+
+    A decoupled model that hands requests to threads empties Triton's queue at once, so the
+    queue policy cannot bound live streams; this counter does (../shared/TRITON.md).
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.live = 0
+        self._lock = threading.Lock()
+
+    def acquire(self) -> bool:
+        with self._lock:
+            if self.live >= self.limit:
+                return False
+            self.live += 1
+            return True
+
+    def release(self) -> None:
+        with self._lock:
+            self.live -= 1

@@ -1,0 +1,36 @@
+"""chattts_frontend: text (BYTES [1]) + voice (BYTES [1], optional) -> input_ids (INT32 [T]),
+spk_emb (FP32 [H], L2-normalised), normalized_text (BYTES [1]). Logic: chattts_serving.frontend."""
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+from chattts_serving import contract
+from chattts_serving import triton_glue as glue
+from chattts_serving.frontend import FrontEnd, FrontendError
+from chattts_serving.pipeline import RequestError, _string
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        setup = glue.ModelSetup.from_args(pb_utils, args, decoupled=False)
+        fp = setup.profile.frontend
+        self.frontend = FrontEnd(setup.artifacts, fp.max_text_chars, fp.default_voice_seed)
+
+    def execute(self, requests):
+        return [self._one(r) for r in requests]
+
+    def _one(self, request):
+        try:
+            inputs = glue.request_inputs(pb_utils, request, contract.FRONTEND_INPUTS)
+            text = _string(inputs, contract.IN_TEXT.name, required=True)
+            voice = _string(inputs, contract.IN_VOICE.name, required=False) or ""
+            try:
+                p = self.frontend.prepare(text, voice)
+            except FrontendError as exc:
+                raise RequestError(str(exc)) from None
+        except RequestError as exc:
+            return pb_utils.InferenceResponse(error=glue.triton_error(pb_utils, exc))
+        return pb_utils.InferenceResponse(output_tensors=[
+            pb_utils.Tensor(contract.FE_INPUT_IDS.name, p.input_ids),
+            pb_utils.Tensor(contract.FE_SPK_EMB.name, p.spk_emb.astype(np.float32)),
+            glue.string_tensor(pb_utils, contract.FE_NORMALIZED.name, p.normalized)])

@@ -1,0 +1,42 @@
+"""chattts_gpt (decoupled): the in-flight batching GPT engine. input_ids (INT32 [T]), spk_emb
+(FP32 [H]), sampling parameters, emit_tokens -> a stream of codes (INT32 [N, 4]), hidden
+(FP32 [N, H]), stop_reason (BYTES [1]). KV caches stay inside. Logic: chattts_serving.engine."""
+
+import triton_python_backend_utils as pb_utils
+
+from chattts_serving import contract
+from chattts_serving import triton_glue as glue
+from chattts_serving.engine import Engine, EngineBusy, Sequence
+from chattts_serving.pipeline import UNAVAILABLE, RequestError
+from chattts_serving.runtime import Embeddings, GptStepRunner
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        setup = glue.ModelSetup.from_args(pb_utils, args, decoupled=True)
+        self.profile = setup.profile
+        self.hidden_size = setup.artifacts.hidden_size
+        runner = GptStepRunner(setup.artifacts, setup.profile.ort("engine"))
+        self.engine = Engine(runner, Embeddings(setup.artifacts), setup.profile.engine.engine_config())
+        self.engine.start()
+
+    def execute(self, requests):
+        for request in requests:
+            sender = request.get_response_sender()
+            try:
+                inputs = glue.request_inputs(pb_utils, request, contract.ENGINE_INPUTS)
+                ids, spk, params, emit = glue.engine_sequence_args(
+                    inputs, self.hidden_size, self.profile.engine.max_new_tokens_cap)
+                try:
+                    self.engine.submit(Sequence(ids, spk, params, glue.SenderSink(pb_utils, sender),
+                                                emit_tokens=emit, request_id=request.request_id()))
+                except EngineBusy as exc:
+                    raise RequestError(str(exc), UNAVAILABLE) from None
+                except ValueError as exc:
+                    raise RequestError(str(exc)) from None
+            except RequestError as exc:
+                glue.send_final_error(pb_utils, sender, exc)
+        return None
+
+    def finalize(self):
+        self.engine.stop()
