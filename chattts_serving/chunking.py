@@ -59,11 +59,13 @@ class ChunkSchedule:
         return self
 
     def with_lookahead(self, lookahead_tokens: int) -> ChunkSchedule:
-        """The same schedule with another lookahead (crossfade shrunk to fit if needed)."""
+        """The same schedule with another lookahead; the left context grows to at least the
+        lookahead (so a lookahead of the receptive field gives exact offline audio) and the
+        crossfade shrinks to fit if needed."""
         room = 2 * (contract.SAMPLES_PER_TOKEN * lookahead_tokens - contract.HOP_SAMPLES)
         fade = min(self.crossfade_samples, max(0, room) // 2 * 2)
         return ChunkSchedule(self.first_chunk_tokens, self.growth, self.max_chunk_tokens,
-                             self.left_context_tokens, lookahead_tokens, fade).validate()
+                             max(self.left_context_tokens, lookahead_tokens), lookahead_tokens, fade).validate()
 
 
 @dataclass(frozen=True)
@@ -100,21 +102,24 @@ class StreamChunker:
     def next_window(self, available: int, finished: bool) -> Window | None:
         """The next window to decode, or None until more tokens arrive.
 
-        ``available``: tokens generated so far; ``finished``: no more will come.
+        ``available``: tokens generated so far; ``finished``: no more will come. Context is
+        counted from the edges of the samples the window contributes (its chunk widened by
+        the crossfade's half on each side).
         """
         if self.done:
             return None
+        edge = -(-(self.s.crossfade_samples // 2) // contract.SAMPLES_PER_TOKEN)  # ceil, in tokens
+        start = max(0, self.boundary - edge - self.s.left_context_tokens)
         end = self.boundary + self.size
-        if finished and end + self.s.lookahead_tokens > available:
+        need = end + edge + self.s.lookahead_tokens
+        if finished and need > available:
             if available <= self.boundary and self.emitted >= contract.samples_for_tokens(available):
                 self.done = True
                 return None
-            return Window(max(0, self.boundary - self.s.left_context_tokens), available,
-                          self.boundary, available, True)
-        if available < end + self.s.lookahead_tokens:
+            return Window(start, available, self.boundary, available, True)
+        if available < need:
             return None
-        return Window(max(0, self.boundary - self.s.left_context_tokens), end + self.s.lookahead_tokens,
-                      self.boundary, end, False)
+        return Window(start, need, self.boundary, end, False)
 
     def emit(self, w: Window, audio: np.ndarray) -> np.ndarray:
         """Samples to send for window ``w`` given its decoded ``audio`` (1-D float32)."""

@@ -54,6 +54,25 @@ class TokenSink(Protocol):
         """True once the client no longer wants output."""
 
 
+class EngineObserver(Protocol):
+    """Receives the engine's per-step measurements (e.g. Prometheus metrics). Engine thread."""
+
+    def step(self, batch_size: int, live: int, kv_tokens: int) -> None:
+        """One decode step ran over ``batch_size`` rows; ``live`` sequences are waiting or
+        running; ``kv_tokens`` = rows x KV width now resident."""
+
+    def idle(self) -> None:
+        """The batch became empty (nothing running, KV cache released)."""
+
+
+class _NoObserver:
+    def step(self, batch_size: int, live: int, kv_tokens: int) -> None:
+        pass
+
+    def idle(self) -> None:
+        pass
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """Scheduling knobs (from the deployment profile).
@@ -132,8 +151,10 @@ class Engine:
     :meth:`run_once`).
     """
 
-    def __init__(self, runner: GptStepRunner, embeddings: Embeddings, config: EngineConfig) -> None:
+    def __init__(self, runner: GptStepRunner, embeddings: Embeddings, config: EngineConfig,
+                 observer: EngineObserver | None = None) -> None:
         self.runner = runner
+        self.observer: EngineObserver = observer or _NoObserver()
         self.emb = embeddings
         self.config = config
         self._cv = threading.Condition()
@@ -286,6 +307,7 @@ class Engine:
             self.stats_data.rebuilds += 1
         if not keep:
             self._kv, self._mask = [], np.zeros((0, 0), np.int64)
+            self.observer.idle()
             return
         width = max(s.length for s in keep)
         n_layers2 = 2 * self.runner.layers
@@ -319,6 +341,9 @@ class Engine:
             self.stats_data.batch_sizes[len(seqs)] += 1
         codes = sample_batch(logits, [s.sampler for s in seqs])
         self._accept(seqs, codes, hidden)
+        with self._cv:
+            live = len(self._waiting) + len(self._running)
+        self.observer.step(len(seqs), live, int(mask.shape[0] * mask.shape[1]))
 
     def _accept(self, seqs: list[Sequence], codes: np.ndarray, hidden: np.ndarray) -> None:
         """Record one sampled step per sequence, stream it, and mark ends."""

@@ -6,11 +6,16 @@ instead of being silently ignored.
 
 from __future__ import annotations
 
-import tomllib
+import sys
 from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # Triton 24.10's Python backend stub is Python 3.10
+    import tomli as tomllib
 
 from .chunking import ChunkSchedule
 from .engine import EngineConfig

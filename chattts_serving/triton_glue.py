@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -66,30 +67,37 @@ def request_inputs(pb: Any, request: Any, specs: Sequence[contract.TensorSpec]) 
 _CODES = {INVALID: "INVALID_ARG", UNAVAILABLE: "UNAVAILABLE", INTERNAL: "INTERNAL", "cancelled": "CANCELLED"}
 
 
-def triton_error(pb: Any, exc: RequestError) -> Any:
-    """A ``pb_utils.TritonError`` with the code that matches ``exc.kind``."""
+_KIND_TAG = re.compile(r"^\[(invalid|unavailable|internal|cancelled)\] ")
+
+
+def triton_error(pb: Any, exc: RequestError, tag_kind: bool = False) -> Any:
+    """A ``pb_utils.TritonError`` with the code that matches ``exc.kind``.
+
+    ``tag_kind`` prefixes the message with ``[kind]``: Triton 2.51 hands BLS callers every
+    error as INTERNAL, so the stage models (front end, engine) that entry models call tag
+    their messages and :func:`error_from_bls` recovers the kind and strips the tag.
+    """
     code = getattr(pb.TritonError, _CODES.get(exc.kind, "INTERNAL"), None)
-    return pb.TritonError(str(exc), code) if code is not None else pb.TritonError(str(exc))
+    msg = f"[{exc.kind}] {exc}" if tag_kind else str(exc)
+    return pb.TritonError(msg, code) if code is not None else pb.TritonError(msg)
 
 
-def error_kind(pb: Any, error: Any) -> str:
-    """RequestError kind of a ``TritonError`` received from a BLS call."""
-    code_fn = getattr(error, "code", None)
-    code = code_fn() if callable(code_fn) else None
-    if code is not None and code == getattr(pb.TritonError, "UNAVAILABLE", object()):
-        return UNAVAILABLE
-    if code is not None and code == getattr(pb.TritonError, "INVALID_ARG", object()):
-        return INVALID
-    return INTERNAL
+def error_from_bls(error: Any) -> RequestError:
+    """The :class:`RequestError` behind a ``TritonError`` received from a BLS call."""
+    msg = str(error.message())
+    m = _KIND_TAG.match(msg)
+    if m:
+        return RequestError(msg[m.end():], m.group(1))
+    return RequestError(msg, INTERNAL)
 
 
 def string_tensor(pb: Any, name: str, value: str) -> Any:
     return pb.Tensor(name, np.array([value.encode("utf-8")], dtype=np.object_))
 
 
-def send_final_error(pb: Any, sender: Any, exc: RequestError) -> None:
+def send_final_error(pb: Any, sender: Any, exc: RequestError, tag_kind: bool = False) -> None:
     """End a decoupled stream with an error (final flag set, so the client never hangs)."""
-    sender.send(pb.InferenceResponse(error=triton_error(pb, exc)),
+    sender.send(pb.InferenceResponse(error=triton_error(pb, exc, tag_kind)),
                 flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 
 
@@ -115,7 +123,7 @@ class SenderSink:
 
     def error(self, message: str) -> None:
         self.closed = True
-        send_final_error(self.pb, self.sender, RequestError(message, INTERNAL))
+        send_final_error(self.pb, self.sender, RequestError(message, INTERNAL), tag_kind=True)
 
     def cancelled(self) -> bool:
         return bool(self.sender.is_cancelled())
@@ -162,8 +170,7 @@ class BlsStages:
 
     def _raise_if_error(self, response: Any, stage: str) -> None:
         if response.has_error():
-            err = response.error()
-            raise RequestError(err.message(), error_kind(self.pb, err))
+            raise error_from_bls(response.error())
 
     def frontend(self, text: str, voice: str) -> tuple[np.ndarray, np.ndarray]:
         pb = self.pb

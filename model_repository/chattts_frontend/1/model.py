@@ -29,7 +29,7 @@ class TritonPythonModel:
             except FrontendError as exc:
                 raise RequestError(str(exc)) from None
         except RequestError as exc:
-            return pb_utils.InferenceResponse(error=glue.triton_error(pb_utils, exc))
+            return pb_utils.InferenceResponse(error=glue.triton_error(pb_utils, exc, tag_kind=True))
         return pb_utils.InferenceResponse(output_tensors=[
             pb_utils.Tensor(contract.FE_INPUT_IDS.name, p.input_ids),
             pb_utils.Tensor(contract.FE_SPK_EMB.name, p.spk_emb.astype(np.float32)),

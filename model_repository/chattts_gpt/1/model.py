@@ -7,6 +7,7 @@ import triton_python_backend_utils as pb_utils
 from chattts_serving import contract
 from chattts_serving import triton_glue as glue
 from chattts_serving.engine import Engine, EngineBusy, Sequence
+from chattts_serving.metrics import EngineMetrics
 from chattts_serving.pipeline import UNAVAILABLE, RequestError
 from chattts_serving.runtime import Embeddings, GptStepRunner
 
@@ -17,7 +18,9 @@ class TritonPythonModel:
         self.profile = setup.profile
         self.hidden_size = setup.artifacts.hidden_size
         runner = GptStepRunner(setup.artifacts, setup.profile.ort("engine"))
-        self.engine = Engine(runner, Embeddings(setup.artifacts), setup.profile.engine.engine_config())
+        ep = setup.profile.engine
+        self.metrics = EngineMetrics(pb_utils, setup.name, ep.max_batch_size * ep.max_context_tokens)
+        self.engine = Engine(runner, Embeddings(setup.artifacts), ep.engine_config(), self.metrics)
         self.engine.start()
 
     def execute(self, requests):
@@ -35,7 +38,7 @@ class TritonPythonModel:
                 except ValueError as exc:
                     raise RequestError(str(exc)) from None
             except RequestError as exc:
-                glue.send_final_error(pb_utils, sender, exc)
+                glue.send_final_error(pb_utils, sender, exc, tag_kind=True)
         return None
 
     def finalize(self):

@@ -1,0 +1,126 @@
+"""``chattts-client``: synthesise one text against a running deployment and write a WAV file.
+
+Exit status: 0 on success, 1 when the server refuses or fails the request (or the WAV
+cannot be written), 2 on usage errors and when the server cannot be reached, 130 on
+Ctrl-C. Errors are one line on stderr, ``chattts-client: error: <message>``, never a
+traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from .. import contract
+from .common import ClientError, SynthesisRequest, SynthesisResult, write_wav
+
+PROG = "chattts-client"
+DEFAULT_URLS = {"grpc": "127.0.0.1:8001", "http": "127.0.0.1:8000", "sse": "127.0.0.1:8000"}
+DEFAULT_TIMEOUT_S = 300.0
+
+_PARAM_DOCS = {p.name: p for p in (*contract.SAMPLING_PARAMS, *contract.STREAM_PARAMS)}
+
+
+def _param_help(name: str) -> str:
+    p = _PARAM_DOCS[name]
+    return f"{p.doc} (server default {p.default:g})"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command-line parser (request flags mirror :class:`SynthesisRequest`)."""
+    ap = argparse.ArgumentParser(prog=PROG,
+                                 description="Synthesise speech with the ChatTTS Triton deployment.")
+    ap.add_argument("--url", help="host:port of the server (default 127.0.0.1:8001 for grpc, "
+                                  "127.0.0.1:8000 for http and sse)")
+    ap.add_argument("--protocol", choices=sorted(DEFAULT_URLS), default="grpc",
+                    help=f"grpc: stream from '{contract.MODEL_STREAM}'; http: one '/infer' call to "
+                         f"'{contract.MODEL_OFFLINE}'; sse: stream over HTTP generate_stream (default grpc)")
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument("--text", help="text to speak (Chinese and/or English)")
+    src.add_argument("--text-file", type=Path, help="UTF-8 file holding the text to speak")
+    ap.add_argument("--out", type=Path, default=Path("out.wav"), help="output WAV path (default out.wav)")
+    ap.add_argument("--voice", help="speaker: integer seed or ChatTTS spk_emb string (default: server's)")
+    ap.add_argument("--seed", type=int, help=_param_help("seed"))
+    ap.add_argument("--temperature", type=float, help=_param_help("temperature"))
+    ap.add_argument("--top-p", type=float, help=_param_help("top_p"))
+    ap.add_argument("--top-k", type=int, help=_param_help("top_k"))
+    ap.add_argument("--repetition-penalty", type=float, help=_param_help("repetition_penalty"))
+    ap.add_argument("--max-new-tokens", type=int, help=_param_help("max_new_tokens"))
+    ap.add_argument("--min-new-tokens", type=int, help=_param_help("min_new_tokens"))
+    ap.add_argument("--vocoder", choices=sorted(contract.VOCODER_PATHS),
+                    help="'hidden' (Decoder, ChatTTS' default) or 'codes' (DVAE, faster)")
+    ap.add_argument("--lookahead-tokens", type=int, help=_param_help("lookahead_tokens"))
+    ap.add_argument("--timeout-s", type=float, default=DEFAULT_TIMEOUT_S,
+                    help=f"deadline of the whole request in seconds (default {DEFAULT_TIMEOUT_S:g})")
+    ap.add_argument("--json", action="store_true",
+                    help="print one JSON object (ttfa_s, total_s, audio_s, rtf, chunks, sample_rate_hz)")
+    return ap
+
+
+def _one_line(message: str) -> str:
+    return " ".join(message.split()) or "unknown error"
+
+
+def _fail(message: str, code: int) -> int:
+    print(f"{PROG}: error: {_one_line(message)}", file=sys.stderr)
+    return code
+
+
+def _synthesizer(protocol: str) -> Callable[[str, SynthesisRequest, float], SynthesisResult]:
+    if protocol == "grpc":
+        from .grpc_stream import synthesize_stream
+        return synthesize_stream
+    if protocol == "http":
+        from .http_infer import synthesize_offline
+        return synthesize_offline
+    from .sse import synthesize_sse
+    return synthesize_sse
+
+
+def human_summary(result: SynthesisResult, out: Path) -> str:
+    """The result as a few human-readable lines."""
+    return (f"wrote {out} ({result.audio.size} samples, {result.sample_rate_hz} Hz)\n"
+            f"TTFA {result.ttfa_s * 1000:.1f} ms | total {result.total_s:.3f} s"
+            f" | audio {result.audio_s:.3f} s | RTF {result.rtf:.3f} | chunks {result.chunks}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command; returns the exit status (see the module docstring)."""
+    args = build_parser().parse_args(argv)
+    if args.text_file is not None:
+        try:
+            text = args.text_file.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            return _fail(f"cannot read --text-file {args.text_file}: {exc}", 2)
+    else:
+        text = args.text
+    request = SynthesisRequest(
+        text=text, voice=args.voice, seed=args.seed, temperature=args.temperature, top_p=args.top_p,
+        top_k=args.top_k, repetition_penalty=args.repetition_penalty, max_new_tokens=args.max_new_tokens,
+        min_new_tokens=args.min_new_tokens, vocoder=args.vocoder, lookahead_tokens=args.lookahead_tokens)
+    url = args.url or DEFAULT_URLS[args.protocol]
+    try:
+        result = _synthesizer(args.protocol)(url, request, args.timeout_s)
+    except ClientError as exc:
+        if exc.connection:
+            return _fail(f"{exc.message} (protocol {args.protocol}; is the server running?)", 2)
+        return _fail(exc.message, 1)
+    except KeyboardInterrupt:
+        return _fail("interrupted", 130)
+    except Exception as exc:  # a client-side bug must still not print a traceback
+        return _fail(f"unexpected {type(exc).__name__}: {exc}", 1)
+    try:
+        write_wav(args.out, result.audio, result.sample_rate_hz)
+    except (OSError, ValueError) as exc:
+        return _fail(f"cannot write {args.out}: {exc}", 1)
+    if args.json:
+        print(result.to_json_str())
+    else:
+        print(human_summary(result, args.out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,161 @@
+"""Protocol-independent pieces of the clients: the request, the result, errors and WAV output.
+
+Tensor names, dtypes and the sample rate come from :mod:`chattts_serving.contract`; nothing
+here talks to a server.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import wave
+from collections.abc import Iterator
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+import numpy as np
+
+from .. import contract
+
+_SPECS: dict[str, contract.TensorSpec] = {spec.name: spec for spec in contract.ENTRY_INPUTS}
+
+
+class ClientError(Exception):
+    """A request the server refused or failed, or a transport failure.
+
+    ``message`` is the server's own message (or the transport's); ``status`` is the HTTP
+    status code (int), the gRPC status name (str, e.g. ``"StatusCode.INVALID_ARGUMENT"``) or
+    None when unknown. ``connection`` is True when the server could not be reached at all.
+    """
+
+    def __init__(self, message: str, status: int | str | None = None, connection: bool = False) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+        self.connection = connection
+
+    def __str__(self) -> str:
+        return self.message
+
+
+@dataclass(frozen=True)
+class SynthesisRequest:
+    """One text-to-speech request for the entry models (``chattts`` / ``chattts_offline``).
+
+    Every field but ``text`` is optional; None leaves it to the server's default (see
+    ``contract.SAMPLING_PARAMS`` and ``contract.STREAM_PARAMS`` for defaults and ranges).
+
+    text: UTF-8 text, Chinese and/or English. voice: integer seed as a string, a ChatTTS
+    spk_emb string, or '' for the default voice. seed: sampler seed (INT64).
+    temperature, top_p, repetition_penalty: FP32. top_k, max_new_tokens, min_new_tokens:
+    INT32 (tokens; 1 token = ``contract.SAMPLES_PER_TOKEN`` samples). vocoder: 'hidden' or
+    'codes'. lookahead_tokens: right context per streamed chunk in tokens (INT32, streaming
+    only; -1 = server default).
+    """
+
+    text: str
+    voice: str | None = None
+    seed: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    repetition_penalty: float | None = None
+    max_new_tokens: int | None = None
+    min_new_tokens: int | None = None
+    vocoder: str | None = None
+    lookahead_tokens: int | None = None
+
+    def tensors(self) -> Iterator[tuple[str, np.ndarray, str]]:
+        """Yield ``(input name, numpy array of shape [1], client datatype)`` for each field
+        that is set, with the dtype the contract declares (object/bytes for BYTES).
+
+        Raises KeyError if a field has no matching entry input in the contract (a contract
+        change the client has not followed).
+        """
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value is None:
+                continue
+            spec = _SPECS[f.name]
+            if spec.np_dtype == np.dtype(object):
+                arr = np.array([str(value).encode("utf-8")], dtype=np.object_)
+            else:
+                arr = np.array([value], dtype=spec.np_dtype)
+            yield spec.name, arr, spec.client_dtype
+
+    def json_inputs(self) -> dict[str, str | int | float]:
+        """The set fields as a JSON object for ``generate_stream``: strings plain, INT32/INT64
+        as JSON integers, FP32 as JSON floats."""
+        out: dict[str, str | int | float] = {}
+        for name, arr, _ in self.tensors():
+            v = arr[0]
+            if isinstance(v, bytes):
+                out[name] = v.decode("utf-8")
+            elif arr.dtype.kind in "iu":
+                out[name] = int(v)
+            else:
+                out[name] = float(v)
+        return out
+
+
+@dataclass
+class SynthesisResult:
+    """A finished synthesis.
+
+    audio: (N,) float32 mono samples in [-1, 1] at ``sample_rate_hz``. ttfa_s: seconds from
+    sending the request to the first non-empty audio chunk. total_s: seconds from sending
+    the request to the end of the response stream. chunks: non-empty audio chunks received.
+    chunk_samples: samples per chunk, in order.
+    """
+
+    audio: np.ndarray
+    sample_rate_hz: int = contract.SAMPLE_RATE_HZ
+    ttfa_s: float = 0.0
+    total_s: float = 0.0
+    chunks: int = 0
+    chunk_samples: list[int] = field(default_factory=list)
+
+    @property
+    def audio_s(self) -> float:
+        """Duration of the audio in seconds."""
+        return float(self.audio.size) / float(self.sample_rate_hz)
+
+    @property
+    def rtf(self) -> float:
+        """Real-time factor: total_s / audio_s (lower is faster; inf for empty audio)."""
+        return self.total_s / self.audio_s if self.audio_s > 0 else float("inf")
+
+    def to_json(self) -> dict[str, float | int]:
+        """The timing summary: keys ttfa_s, total_s, audio_s, rtf, chunks, sample_rate_hz."""
+        return {"ttfa_s": self.ttfa_s, "total_s": self.total_s, "audio_s": self.audio_s,
+                "rtf": self.rtf, "chunks": self.chunks, "sample_rate_hz": self.sample_rate_hz}
+
+    def to_json_str(self) -> str:
+        """:meth:`to_json` as a JSON string (an infinite RTF is written as null)."""
+        d = self.to_json()
+        return json.dumps({k: (None if isinstance(v, float) and not math.isfinite(v) else v)
+                           for k, v in d.items()})
+
+
+def concat_chunks(chunks: list[np.ndarray]) -> np.ndarray:
+    """Concatenate 1-D audio chunks into one (N,) float32 array (empty list -> empty array)."""
+    if not chunks:
+        return np.zeros(0, np.float32)
+    return np.concatenate([np.asarray(c, np.float32).reshape(-1) for c in chunks])
+
+
+def write_wav(path: str | Path, audio: np.ndarray, sample_rate_hz: int = contract.SAMPLE_RATE_HZ) -> None:
+    """Write ``audio`` ((N,) float, nominally in [-1, 1]) as 16-bit PCM mono WAV.
+
+    Samples are clipped to [-1, 1] and scaled by 32767. Raises OSError if the file cannot
+    be written and ValueError if ``audio`` is not 1-D.
+    """
+    a = np.asarray(audio, dtype=np.float32)
+    if a.ndim != 1:
+        raise ValueError(f"audio must be 1-D, got shape {list(a.shape)}")
+    pcm = np.round(np.clip(np.nan_to_num(a), -1.0, 1.0) * 32767.0).astype("<i2")
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(int(sample_rate_hz))
+        w.writeframes(pcm.tobytes())

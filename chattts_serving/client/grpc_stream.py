@@ -1,0 +1,134 @@
+"""Streaming client for the decoupled entry model over gRPC (``contract.MODEL_STREAM``).
+
+One bidirectional gRPC stream per request: the request is sent with
+``enable_empty_final_response=True`` and audio chunks arrive as they are synthesised until
+a response carries the ``triton_final_response`` parameter.
+"""
+
+from __future__ import annotations
+
+import queue
+import time
+from collections.abc import Generator
+from typing import Any
+
+import numpy as np
+import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException
+
+from .. import contract
+from .common import ClientError, SynthesisRequest, SynthesisResult, concat_chunks
+
+DEFAULT_TIMEOUT_S = 300.0
+"""Default deadline of a whole stream, in seconds."""
+
+_CONNECTION_STATUSES = ("StatusCode.UNAVAILABLE",)
+_EARLY_ERROR_WAIT_S = 5.0
+
+
+def _client_error(exc: InferenceServerException, url: str) -> ClientError:
+    """Map a tritonclient exception to :class:`ClientError`.
+
+    Errors sent by the model inside the stream carry no status; transport failures carry the
+    gRPC status name (``StatusCode.UNAVAILABLE`` when the server cannot be reached).
+    """
+    status = exc.status()
+    message = exc.message() or str(exc)
+    if status in _CONNECTION_STATUSES:
+        return ClientError(f"cannot connect to {url}: {message}", status, connection=True)
+    return ClientError(message, status)
+
+
+def _inputs(request: SynthesisRequest) -> list[grpcclient.InferInput]:
+    out = []
+    for name, arr, dtype in request.tensors():
+        inp = grpcclient.InferInput(name, list(arr.shape), dtype)
+        inp.set_data_from_numpy(arr)
+        out.append(inp)
+    return out
+
+
+def _is_final(result: Any) -> bool:
+    params = result.get_response().parameters
+    return "triton_final_response" in params and bool(params["triton_final_response"].bool_param)
+
+
+def iter_chunks(url: str, request: SynthesisRequest,
+                timeout_s: float = DEFAULT_TIMEOUT_S) -> Generator[np.ndarray, None, None]:
+    """Stream ``request`` to ``contract.MODEL_STREAM`` at ``url`` (``host:port`` of Triton's
+    gRPC endpoint) and yield each audio chunk as it arrives.
+
+    Yields (n,) float32 arrays of mono samples at ``contract.SAMPLE_RATE_HZ`` (empty
+    responses are skipped). Closing the generator early cancels the request on the server
+    (``stop_stream(cancel_requests=True)``).
+
+    Raises :class:`ClientError` when the server returns an error for the request (the
+    server's message, status None), cannot be reached (``connection=True``), or the stream
+    does not finish within ``timeout_s`` seconds.
+    """
+    client = grpcclient.InferenceServerClient(url)
+    responses: queue.Queue[tuple[Any, InferenceServerException | None]] = queue.Queue()
+
+    def callback(result: Any = None, error: InferenceServerException | None = None) -> None:
+        responses.put((result, error))
+
+    finished = False
+    try:
+        try:
+            client.start_stream(callback=callback, stream_timeout=timeout_s)
+        except InferenceServerException as exc:
+            finished = True
+            raise _client_error(exc, url) from None
+        try:
+            client.async_stream_infer(contract.MODEL_STREAM, _inputs(request),
+                                      enable_empty_final_response=True)
+        except InferenceServerException as exc:
+            # A stream that failed at once (server unreachable) refuses new requests; the
+            # reason itself is handed to the callback, usually a moment later.
+            finished = True
+            try:
+                _, early = responses.get(timeout=_EARLY_ERROR_WAIT_S)
+            except queue.Empty:
+                early = None
+            raise _client_error(early if early is not None else exc, url) from None
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                result, error = responses.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                raise ClientError(f"no response from {url} within {timeout_s:g} s", "timeout") from None
+            if error is not None:
+                finished = True  # the server has ended this request
+                raise _client_error(error, url)
+            audio = result.as_numpy(contract.OUT_AUDIO.name)
+            if audio is not None and audio.size:
+                yield np.asarray(audio, dtype=np.float32).reshape(-1)
+            if _is_final(result):
+                finished = True
+                return
+    finally:
+        try:
+            client.stop_stream(cancel_requests=not finished)
+        finally:
+            client.close()
+
+
+def synthesize_stream(url: str, request: SynthesisRequest,
+                      timeout_s: float = DEFAULT_TIMEOUT_S) -> SynthesisResult:
+    """Run one streamed synthesis over gRPC and collect it.
+
+    ``ttfa_s`` is the time from sending to the first non-empty chunk, ``total_s`` to the
+    final response (both ``time.perf_counter`` seconds, including connection setup).
+    Raises :class:`ClientError` as :func:`iter_chunks` does.
+    """
+    chunks: list[np.ndarray] = []
+    t0 = time.perf_counter()
+    ttfa: float | None = None
+    for chunk in iter_chunks(url, request, timeout_s=timeout_s):
+        if ttfa is None:
+            ttfa = time.perf_counter() - t0
+        chunks.append(chunk)
+    total = time.perf_counter() - t0
+    return SynthesisResult(audio=concat_chunks(chunks), sample_rate_hz=contract.SAMPLE_RATE_HZ,
+                           ttfa_s=total if ttfa is None else ttfa, total_s=total, chunks=len(chunks),
+                           chunk_samples=[c.size for c in chunks])

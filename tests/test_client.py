@@ -1,0 +1,214 @@
+"""The clients against a real tritonserver: gRPC streaming, HTTP offline, SSE, and the CLI.
+
+With ``lookahead_tokens`` at least the vocoder's receptive field, the streamed chunks must
+equal the offline decode of the same tokens; with the default (smaller) lookahead the seams
+are crossfaded and only close, and the SNR is reported.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import socket
+import subprocess
+import sys
+import time
+import wave
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from chattts_serving import contract
+from chattts_serving.client import (
+    ClientError,
+    SynthesisRequest,
+    SynthesisResult,
+    iter_chunks,
+    synthesize_offline,
+    synthesize_sse,
+    synthesize_stream,
+)
+from chattts_serving.client.sse import iter_events
+
+ROOT = Path(__file__).resolve().parent.parent
+TEXT_ZH = "你好，欢迎使用流式语音合成服务。"
+SEED = 7
+MAX_NEW_TOKENS = 100
+TIMEOUT_S = 60.0
+
+
+def _request(**overrides: object) -> SynthesisRequest:
+    fields: dict[str, object] = {"text": TEXT_ZH, "seed": SEED, "max_new_tokens": MAX_NEW_TOKENS}
+    fields.update(overrides)
+    return SynthesisRequest(**fields)  # type: ignore[arg-type]
+
+
+def _cli(*args: str, timeout_s: float = 60.0) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "chattts_serving.client", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=timeout_s, check=False)
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def snr_db(reference: np.ndarray, test: np.ndarray) -> float:
+    """Signal-to-noise ratio of ``test`` against ``reference`` (same length), in dB."""
+    noise = float(np.sum((test.astype(np.float64) - reference) ** 2))
+    signal = float(np.sum(reference.astype(np.float64) ** 2))
+    return math.inf if noise == 0.0 else 10.0 * math.log10(signal / noise)
+
+
+@pytest.fixture(scope="module")
+def offline(triton_server: Any) -> SynthesisResult:
+    """The reference: the whole utterance from chattts_offline over HTTP."""
+    return synthesize_offline(triton_server.http_url, _request(), timeout_s=TIMEOUT_S)
+
+
+@pytest.mark.server
+def test_grpc_stream_arrives_in_growing_chunks(triton_server: Any) -> None:
+    result = synthesize_stream(triton_server.grpc_url, _request(), timeout_s=TIMEOUT_S)
+    assert result.chunks >= 2
+    assert len(result.chunk_samples) == result.chunks
+    assert result.chunk_samples[0] < result.chunk_samples[-1]
+    assert result.audio.dtype == np.float32 and result.audio.ndim == 1
+    assert result.audio.size == sum(result.chunk_samples)
+    assert result.sample_rate_hz == contract.SAMPLE_RATE_HZ
+    assert 0 < result.ttfa_s <= result.total_s
+    assert result.rtf == pytest.approx(result.total_s / result.audio_s)
+
+
+@pytest.mark.server
+def test_offline_has_whole_token_length(offline: SynthesisResult) -> None:
+    n = offline.audio.size
+    assert offline.chunks == 1 and offline.ttfa_s == offline.total_s
+    assert (n + contract.HOP_SAMPLES) % contract.SAMPLES_PER_TOKEN == 0
+    assert np.isfinite(offline.audio).all() and np.abs(offline.audio).max() > 0
+
+
+@pytest.mark.server
+def test_grpc_stream_equals_offline_with_full_lookahead(triton_server: Any, offline: SynthesisResult) -> None:
+    rf = triton_server.artifacts.receptive_field_tokens("hidden")
+    streamed = synthesize_stream(triton_server.grpc_url, _request(lookahead_tokens=rf), timeout_s=TIMEOUT_S)
+    assert streamed.chunks >= 2
+    assert streamed.audio.size == offline.audio.size
+    assert float(np.max(np.abs(streamed.audio - offline.audio))) < 1e-4
+
+
+@pytest.mark.server
+def test_sse_stream_equals_offline_with_full_lookahead(triton_server: Any, offline: SynthesisResult) -> None:
+    rf = triton_server.artifacts.receptive_field_tokens("hidden")
+    streamed = synthesize_sse(triton_server.http_url, _request(lookahead_tokens=rf), timeout_s=TIMEOUT_S)
+    assert streamed.chunks >= 2
+    assert streamed.audio.size == offline.audio.size
+    assert float(np.max(np.abs(streamed.audio - offline.audio))) < 1e-4
+
+
+@pytest.mark.server
+def test_default_lookahead_stream_is_close_to_offline(triton_server: Any, offline: SynthesisResult) -> None:
+    streamed = synthesize_stream(triton_server.grpc_url, _request(), timeout_s=TIMEOUT_S)
+    assert streamed.audio.size == offline.audio.size
+    snr = snr_db(offline.audio, streamed.audio)
+    print(f"default-lookahead stream vs offline: SNR {snr:.1f} dB over {streamed.chunks} chunks")
+    assert math.isfinite(snr) and snr > 10.0
+
+
+@pytest.mark.server
+def test_closing_the_generator_early_cancels_and_frees_the_stream(triton_server: Any) -> None:
+    chunks = iter_chunks(triton_server.grpc_url, _request(max_new_tokens=400), timeout_s=TIMEOUT_S)
+    first = next(chunks)
+    assert first.size > 0
+    t0 = time.perf_counter()
+    chunks.close()  # stop_stream(cancel_requests=True): returns without waiting for the utterance
+    assert time.perf_counter() - t0 < 2.0
+    # the server still serves the next stream
+    again = synthesize_stream(triton_server.grpc_url, _request(max_new_tokens=20), timeout_s=TIMEOUT_S)
+    assert again.audio.size > 0
+
+
+@pytest.mark.server
+def test_server_error_is_client_error_with_message(triton_server: Any) -> None:
+    bad = _request(top_k=0)
+    calls = ((synthesize_stream, triton_server.grpc_url), (synthesize_offline, triton_server.http_url),
+             (synthesize_sse, triton_server.http_url))
+    for call, url in calls:
+        with pytest.raises(ClientError, match="top_k"):
+            call(url, bad, timeout_s=TIMEOUT_S)
+    with pytest.raises(ClientError) as info:
+        synthesize_offline(triton_server.http_url, bad, timeout_s=TIMEOUT_S)
+    assert info.value.status == 400
+
+
+@pytest.mark.server
+def test_cli_writes_wav_and_json(triton_server: Any, tmp_path: Path) -> None:
+    out = tmp_path / "out.wav"
+    proc = _cli("--url", triton_server.grpc_url, "--text", TEXT_ZH, "--seed", str(SEED),
+                "--max-new-tokens", "60", "--out", str(out), "--json")
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(proc.stdout)
+    assert set(summary) == {"ttfa_s", "total_s", "audio_s", "rtf", "chunks", "sample_rate_hz"}
+    assert summary["sample_rate_hz"] == contract.SAMPLE_RATE_HZ
+    with wave.open(str(out), "rb") as w:
+        assert w.getnchannels() == 1
+        assert w.getsampwidth() == 2
+        assert w.getframerate() == contract.SAMPLE_RATE_HZ
+        frames = w.getnframes()
+    assert frames > 0
+    assert frames == round(summary["audio_s"] * contract.SAMPLE_RATE_HZ)
+
+
+@pytest.mark.server
+@pytest.mark.parametrize("protocol", ["grpc", "http", "sse"])
+def test_cli_against_closed_port_exits_2_without_traceback(protocol: str) -> None:
+    proc = _cli("--protocol", protocol, "--url", f"127.0.0.1:{_closed_port()}", "--text", "hello", "--json",
+                timeout_s=30.0)
+    assert proc.returncode == 2
+    assert proc.stdout == ""
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("chattts-client: error: ")
+    assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.server
+@pytest.mark.parametrize("protocol", ["grpc", "http", "sse"])
+def test_cli_empty_text_reports_server_error(triton_server: Any, protocol: str, tmp_path: Path) -> None:
+    url = triton_server.grpc_url if protocol == "grpc" else triton_server.http_url
+    out = tmp_path / "never.wav"
+    proc = _cli("--protocol", protocol, "--url", url, "--text", "", "--out", str(out))
+    assert proc.returncode == 1
+    assert "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0] == "chattts-client: error: text is empty"
+    assert not out.exists()
+
+
+def test_sse_parser_handles_split_events_and_long_lines() -> None:
+    long_audio = [0.25] * 200_000  # about 1 MB on one line: quadratic parsing would take seconds
+    head = b": comment\n\n" + b"data: " + json.dumps({"audio": [1.0, 2.0]}).encode() + b"\n\n"
+    body = (b"data: " + json.dumps({"audio": long_audio}).encode() + b"\r\n\r\n"
+            + b'data: {"error": "boom"}\n\n')
+    for size in (1, 3, 7):  # separators split across reads, then the long event in 4 KiB reads
+        pieces = [head[i:i + size] for i in range(len(head))[::size]]
+        pieces += [body[i:i + 4096] for i in range(len(body))[::4096]]
+        t0 = time.perf_counter()
+        events = list(iter_events(iter(pieces)))
+        assert time.perf_counter() - t0 < 2.0
+        assert [sorted(e) for e in events] == [["audio"], ["audio"], ["error"]]
+        assert events[0]["audio"] == [1.0, 2.0] and len(events[1]["audio"]) == len(long_audio)
+        assert events[2]["error"] == "boom"
+
+
+def test_request_tensors_follow_the_contract() -> None:
+    req = SynthesisRequest("hi", voice="3", seed=5, temperature=0.5, top_k=10, lookahead_tokens=4)
+    got = {name: (arr, dtype) for name, arr, dtype in req.tensors()}
+    specs = {s.name: s for s in contract.ENTRY_INPUTS}
+    assert set(got) == {"text", "voice", "seed", "temperature", "top_k", "lookahead_tokens"}
+    for name, (arr, dtype) in got.items():
+        assert arr.shape == (1,) and arr.dtype == specs[name].np_dtype and dtype == specs[name].client_dtype
+    assert got["text"][0][0] == b"hi"
+    assert req.json_inputs() == {"text": "hi", "voice": "3", "seed": 5, "temperature": 0.5, "top_k": 10,
+                                 "lookahead_tokens": 4}

@@ -1,0 +1,205 @@
+"""The engine and its sampler, without a server: ChatTTS' logits pipeline, per-request
+determinism, batch invariance, in-flight joins and leaves, cancellation, admission."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from chattts_serving import contract
+from chattts_serving.engine import Engine, EngineBusy, EngineConfig, Sequence
+from chattts_serving.runtime import Artifacts, Embeddings, GptStepRunner
+from chattts_serving.sampling import ParamError, RequestSampler, SamplingParams, sample_batch
+
+
+def _chattts_filtered_logits(logits: np.ndarray, history: np.ndarray, p: SamplingParams) -> np.ndarray:
+    """ChatTTS' own processors (gen_logits) on (4, 626) logits with (steps, 4) history."""
+    from ChatTTS.model.processors import gen_logits
+
+    warpers, processors = gen_logits(num_code=625, top_P=p.top_p, top_K=p.top_k,
+                                     repetition_penalty=p.repetition_penalty)
+    x = torch.from_numpy(logits.copy()) / p.temperature
+    tokens = torch.from_numpy(history.T.copy())  # (4, steps)
+    for proc in (*processors, *warpers):
+        x = proc(tokens, x)
+    return x.numpy()
+
+
+@pytest.mark.parametrize("params", [
+    SamplingParams(),
+    SamplingParams(temperature=0.7, top_p=0.9, top_k=50, repetition_penalty=1.3),
+    SamplingParams(temperature=1.0, top_p=0.2, top_k=1, repetition_penalty=1.0),
+])
+def test_sampler_keeps_exactly_the_tokens_chattts_keeps(params: SamplingParams) -> None:
+    rng = np.random.default_rng(0)
+    for trial in range(20):
+        logits = rng.normal(0, 3, (1, contract.NUM_VQ, contract.NUM_AUDIO_TOKENS)).astype(np.float32)
+        history = rng.integers(0, 625, (trial % 17, contract.NUM_VQ))
+        ref = _chattts_filtered_logits(logits[0], history, params)
+        allowed = np.isfinite(ref)
+        for draw in range(30):
+            s = RequestSampler(SamplingParams(**{**params.__dict__, "seed": draw}))
+            for h in history:
+                s.record(h)
+            s.steps = 10**6  # past min_new_tokens
+            codes = sample_batch(logits, [s])[0]
+            for q in range(contract.NUM_VQ):
+                assert allowed[q, codes[q]], f"head {q} picked a token ChatTTS filters out"
+
+
+def test_sampler_probabilities_follow_chattts_softmax() -> None:
+    """With a fixed logits row, the empirical distribution of draws matches ChatTTS'
+    post-filter softmax (chi-square-free check: total variation < 0.05 over 4000 draws)."""
+    rng = np.random.default_rng(1)
+    logits = rng.normal(0, 1.0, (1, contract.NUM_VQ, contract.NUM_AUDIO_TOKENS)).astype(np.float32)
+    params = SamplingParams(temperature=0.5, top_p=0.7, top_k=20, repetition_penalty=1.0)
+    ref = _chattts_filtered_logits(logits[0], np.zeros((0, 4), np.int64), params)
+    p_ref = torch.softmax(torch.from_numpy(ref), -1).numpy()
+    s = RequestSampler(params)
+    s.steps = 10**6
+    counts = np.zeros_like(p_ref)
+    for _ in range(4000):
+        c = sample_batch(logits, [s])[0]
+        counts[np.arange(4), c] += 1
+    tv = 0.5 * np.abs(counts / 4000 - p_ref).sum(axis=1)
+    assert (tv < 0.05).all(), tv
+
+
+def test_min_new_tokens_suppresses_end_code() -> None:
+    logits = np.full((1, contract.NUM_VQ, contract.NUM_AUDIO_TOKENS), -10.0, np.float32)
+    logits[..., contract.EOS_CODE] = 10.0
+    s = RequestSampler(SamplingParams(min_new_tokens=3, seed=1))
+    for step in range(5):
+        c = sample_batch(logits, [s])[0]
+        assert (c == contract.EOS_CODE).any() == (step >= 3)
+        s.record(c)
+
+
+@pytest.mark.parametrize("bad", [dict(temperature=0.0), dict(temperature=-1.0), dict(top_p=0.0), dict(top_p=1.5),
+                                 dict(top_k=0), dict(max_new_tokens=0), dict(max_new_tokens=-5),
+                                 dict(repetition_penalty=0.5), dict(min_new_tokens=5, max_new_tokens=4),
+                                 dict(temperature=float("nan"))])
+def test_out_of_range_parameters_are_refused(bad: dict) -> None:
+    with pytest.raises(ParamError):
+        SamplingParams(**bad).validate()
+
+
+class Sink:
+    def __init__(self, cancel_after: int | None = None) -> None:
+        self.codes: list[np.ndarray] = []
+        self.reason = ""
+        self.errors: list[str] = []
+        self.cancel_after = cancel_after
+
+    def tokens(self, codes: np.ndarray, hidden: np.ndarray, stop_reason: str) -> None:
+        assert hidden.shape[0] == codes.shape[0]
+        self.codes.append(codes)
+        self.reason = stop_reason or self.reason
+
+    def error(self, message: str) -> None:
+        self.errors.append(message)
+
+    def cancelled(self) -> bool:
+        return self.cancel_after is not None and sum(len(c) for c in self.codes) >= self.cancel_after
+
+    @property
+    def all_codes(self) -> np.ndarray:
+        return np.concatenate(self.codes) if self.codes else np.zeros((0, 4), np.int32)
+
+
+def _prompt(n: int, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(200, 7000, n)
+    ids[0], ids[1], ids[-1] = 21131, contract.SPECIAL_TOKEN_IDS["[spk_emb]"], 21132
+    return ids
+
+
+@pytest.fixture(scope="module")
+def parts(small_artifacts: Artifacts) -> tuple[GptStepRunner, Embeddings]:
+    return GptStepRunner(small_artifacts), Embeddings(small_artifacts)
+
+
+def _spk(art: Artifacts, seed: int) -> np.ndarray:
+    v = np.random.default_rng(seed).normal(size=art.hidden_size).astype(np.float32)
+    return v / np.linalg.norm(v)
+
+
+def _solo(parts, art: Artifacts, ids: np.ndarray, spk: np.ndarray, params: SamplingParams) -> Sink:
+    eng = Engine(*parts, EngineConfig())
+    sink = Sink()
+    eng.submit(Sequence(ids, spk, params, sink, emit_tokens=3))
+    while eng.live_count():
+        eng.run_once()
+    return sink
+
+
+def test_each_sequence_in_a_batch_gets_what_it_gets_alone(parts, small_artifacts: Artifacts) -> None:
+    """8 requests (different prompts, speakers, seeds, sampling at temperature 0.3) joining a
+    running batch at different steps produce exactly their solo codes: no mixing."""
+    reqs = [(_prompt(20 + 3 * i, i), _spk(small_artifacts, i),
+             SamplingParams(seed=100 + i, max_new_tokens=30 + 5 * i, min_new_tokens=30 + 5 * i)) for i in range(8)]
+    solo = [_solo(parts, small_artifacts, *r).all_codes for r in reqs]
+    eng = Engine(*parts, EngineConfig(max_batch_size=8))
+    sinks = [Sink() for _ in reqs]
+    for i, (r, sink) in enumerate(zip(reqs, sinks)):
+        eng.submit(Sequence(r[0], r[1], r[2], sink, emit_tokens=1 + i % 4))
+        for _ in range(i % 3):
+            eng.run_once()
+    while eng.live_count():
+        eng.run_once()
+    for i, sink in enumerate(sinks):
+        np.testing.assert_array_equal(sink.all_codes, solo[i], err_msg=f"request {i} differs from its solo run")
+        assert sink.reason == contract.STOP_MAX_TOKENS
+    sizes = {int(k) for k in eng.stats()["batch_sizes"]}  # type: ignore[attr-defined]
+    assert max(sizes) >= 6, sizes
+
+
+def test_cancelled_sequence_leaves_at_the_next_step(parts, small_artifacts: Artifacts) -> None:
+    eng = Engine(*parts, EngineConfig())
+    stay, leave = Sink(), Sink(cancel_after=4)
+    eng.submit(Sequence(_prompt(20, 1), None, SamplingParams(max_new_tokens=40, min_new_tokens=40), stay))
+    eng.submit(Sequence(_prompt(25, 2), None, SamplingParams(max_new_tokens=40, min_new_tokens=40), leave))
+    steps = 0
+    while eng.live_count():
+        eng.run_once()
+        steps += 1
+        if len(leave.all_codes) >= 4:
+            eng.run_once()
+            assert eng.stats()["running"] == 1
+            break
+    assert len(leave.all_codes) <= 5
+    while eng.live_count():
+        eng.run_once()
+    assert len(stay.all_codes) == 40
+    assert eng.stats()["cancelled"] == 1
+    assert eng._kv == [] and eng.stats()["running"] == 0
+
+
+def test_admission_limit_raises_busy_and_accepted_requests_complete(parts) -> None:
+    eng = Engine(*parts, EngineConfig(max_batch_size=2, max_waiting=3))
+    sinks = [Sink() for _ in range(3)]
+    for s in sinks:
+        eng.submit(Sequence(_prompt(12, 5), None, SamplingParams(max_new_tokens=6, min_new_tokens=6), s))
+    with pytest.raises(EngineBusy):
+        eng.submit(Sequence(_prompt(12, 5), None, SamplingParams(max_new_tokens=6), Sink()))
+    while eng.live_count():
+        eng.run_once()
+    assert all(len(s.all_codes) == 6 and s.reason == contract.STOP_MAX_TOKENS for s in sinks)
+
+
+def test_eos_ends_a_sequence_without_emitting_the_end_code(parts) -> None:
+    eng = Engine(*parts, EngineConfig())
+    sink = Sink()
+    eng.submit(Sequence(_prompt(15, 9), None, SamplingParams(temperature=3.0, top_p=1.0, top_k=626,
+                                                             max_new_tokens=2000, seed=4), sink, emit_tokens=7))
+    while eng.live_count():
+        eng.run_once()
+    assert sink.reason in (contract.STOP_EOS, contract.STOP_MAX_TOKENS)
+    assert (sink.all_codes < contract.EOS_CODE).all()
+
+
+def test_prompt_longer_than_context_is_refused(parts) -> None:
+    eng = Engine(*parts, EngineConfig(max_context_tokens=64))
+    with pytest.raises(ValueError, match="context"):
+        eng.submit(Sequence(_prompt(40, 1), None, SamplingParams(max_new_tokens=30), Sink()))

@@ -1,0 +1,76 @@
+"""The model repository renderer: profiles, strict templates, Triton config validation."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import jinja2
+import pytest
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2
+
+from chattts_serving import contract, render
+from chattts_serving.profile import ProfileError, load_profile
+from chattts_serving.runtime import Artifacts
+
+
+@pytest.mark.parametrize("name", ["cpu", "gpu"])
+def test_profiles_render_every_model_into_valid_configs(name: str, tmp_path: Path,
+                                                         small_artifacts: Artifacts) -> None:
+    written = render.render_repository(load_profile(name), small_artifacts.root, tmp_path / "repo")
+    assert sorted(p.parent.name for p in written) == sorted(contract.ALL_MODELS)
+    for p in written:
+        cfg = model_config_pb2.ModelConfig()
+        text_format.Parse(p.read_text(), cfg)
+        assert (p.parent / "1" / "model.py").is_file()
+        assert cfg.parameters["artifacts_dir"].string_value == str(small_artifacts.root.resolve())
+        kind = cfg.instance_group[0].kind
+        if cfg.name in (contract.MODEL_ENGINE, contract.MODEL_VOCODER, contract.MODEL_VOCODER_CODES):
+            want = "KIND_GPU" if name == "gpu" else "KIND_CPU"
+            assert model_config_pb2.ModelInstanceGroup.Kind.Name(kind) == want
+            if name == "gpu":
+                assert list(cfg.instance_group[0].gpus) == [0]
+        else:
+            assert model_config_pb2.ModelInstanceGroup.Kind.Name(kind) == "KIND_CPU"
+    stream = text_format.Parse((tmp_path / "repo" / contract.MODEL_STREAM / "config.pbtxt").read_text(),
+                               model_config_pb2.ModelConfig())
+    assert stream.model_transaction_policy.decoupled
+    assert [i.name for i in stream.input] == [t.name for t in contract.ENTRY_INPUTS]
+    assert stream.dynamic_batching.default_queue_policy.max_queue_size > 0
+    voc = text_format.Parse((tmp_path / "repo" / contract.MODEL_VOCODER / "config.pbtxt").read_text(),
+                            model_config_pb2.ModelConfig())
+    assert voc.max_batch_size > 0 and voc.input[0].allow_ragged_batch
+
+
+def test_unknown_profile_key_is_an_error(tmp_path: Path) -> None:
+    text = (render.REPO_SRC.parent / "profiles" / "cpu.toml").read_text()
+    bad = tmp_path / "bad.toml"
+    bad.write_text(text.replace("[engine]\n", "[engine]\nmax_batchsize = 4\n"))
+    with pytest.raises(ProfileError, match="max_batchsize"):
+        load_profile(bad)
+
+
+def test_missing_profile_names_the_known_ones() -> None:
+    with pytest.raises(ProfileError, match="cpu"):
+        load_profile("nosuchprofile")
+
+
+def test_unfilled_template_variable_fails_at_render_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    loader = jinja2.DictLoader({render.TEMPLATE: 'name: "{{ m.name }}"\nmax_batch_size: {{ m.no_such_key }}\n'})
+    monkeypatch.setattr(render, "_environment", lambda: jinja2.Environment(
+        loader=loader, undefined=jinja2.StrictUndefined))
+    spec = render.ModelSpec("x", (), ())
+    with pytest.raises(render.RenderError, match="unfilled"):
+        render.render_config(spec, "cpu")
+
+
+@pytest.mark.parametrize("text, cause", [
+    ('name: "m"\nbogus_field: 3\n', "not a valid"),
+    ('name: "m"\ninput { name: "a" data_type: TYPE_NOPE dims: [1] }\n', "not a valid"),
+    ('name: "other"\n', "names the model"),
+    ('name: "m"\nmax_batch_size: 4\nmodel_transaction_policy { decoupled: true }\n', "decoupled"),
+    ('name: "m"\ninstance_group { kind: KIND_GPU }\n', "without gpus"),
+])
+def test_validator_rejects_bad_configs(text: str, cause: str) -> None:
+    with pytest.raises(render.RenderError, match=cause):
+        render.validate_config(text, "m")

@@ -1,0 +1,178 @@
+"""Against a real tritonserver: streaming, no mixing between concurrent streams, batched
+engine steps, and clear errors for bad input with the server staying healthy."""
+
+from __future__ import annotations
+
+import queue
+import re
+import threading
+import urllib.request
+from typing import Any
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+
+from chattts_serving import contract
+
+pytestmark = pytest.mark.server
+
+TEXTS = ["你好，欢迎使用流式语音合成服务。", "今天天气很好，我们去公园散步吧。", "ChatTTS 在 Triton 上流式输出。",
+         "请稍等，正在为您查询订单。", "这是第五个并发请求。", "语音合成需要低延迟。", "第七句话比较短。",
+         "最后一句，谢谢大家的耐心。"]
+
+
+def _input(name: str, value: Any, datatype: str | None = None) -> grpcclient.InferInput:
+    spec = {t.name: t for t in contract.ENTRY_INPUTS}.get(name)
+    if isinstance(value, np.ndarray):
+        arr = value
+    elif spec is not None and spec.triton_dtype == "TYPE_STRING":
+        arr = np.array([value.encode() if isinstance(value, str) else value], dtype=np.object_)
+    else:
+        assert spec is not None
+        arr = np.array([value], dtype=spec.np_dtype)
+    dt = datatype or (spec.client_dtype if spec else "BYTES")
+    i = grpcclient.InferInput(name, list(arr.shape), dt)
+    i.set_data_from_numpy(arr)
+    return i
+
+
+def stream(url: str, inputs: list[grpcclient.InferInput], timeout_s: float = 120.0
+           ) -> tuple[list[np.ndarray], str | None]:
+    """Run one stream on ``chattts``; returns (chunks, error message or None)."""
+    client = grpcclient.InferenceServerClient(url)
+    q: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    client.start_stream(callback=lambda result, error: q.put((result, error)))
+    chunks: list[np.ndarray] = []
+    err = None
+    try:
+        client.async_stream_infer(contract.MODEL_STREAM, inputs, enable_empty_final_response=True)
+        while True:
+            result, error = q.get(timeout=timeout_s)
+            if error is not None:
+                err = str(error)
+                break
+            audio = result.as_numpy(contract.OUT_AUDIO.name)
+            if audio is not None and audio.size:
+                chunks.append(audio)
+            if result.get_response().parameters["triton_final_response"].bool_param:
+                break
+    finally:
+        client.stop_stream()
+        client.close()
+    return chunks, err
+
+
+def _request(text: str, seed: int, tokens: int = 40) -> list[grpcclient.InferInput]:
+    return [_input("text", text), _input("seed", seed), _input("max_new_tokens", tokens),
+            _input("min_new_tokens", tokens), _input("voice", str(seed))]
+
+
+def _metric(metrics_port: int, name: str) -> dict[str, float]:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).read().decode()
+    out = {}
+    for line in text.splitlines():
+        if line.startswith(name):
+            key, val = line.rsplit(" ", 1)
+            out[key] = float(val)
+    return out
+
+
+def test_sentence_streams_in_several_chunks(triton_server) -> None:
+    chunks, err = stream(triton_server.grpc_url, _request(TEXTS[0], 1, 60))
+    assert err is None
+    assert len(chunks) >= 2
+    assert chunks[0].size < chunks[-1].size or len(chunks) > 2
+    assert all(c.dtype == np.float32 and c.ndim == 1 for c in chunks)
+    assert sum(c.size for c in chunks) == contract.samples_for_tokens(60)
+
+
+def test_concurrent_streams_each_get_their_solo_audio(triton_server) -> None:
+    reqs = [(t, 10 + i, 30 + 4 * i) for i, t in enumerate(TEXTS)]
+    solo = []
+    for text, seed, n in reqs:
+        chunks, err = stream(triton_server.grpc_url, _request(text, seed, n))
+        assert err is None
+        solo.append(np.concatenate(chunks))
+    before = _metric(triton_server.metrics_port, "tts_engine_batch_size")
+    results: list[tuple[list[np.ndarray], str | None] | None] = [None] * len(reqs)
+
+    def run(i: int) -> None:
+        results[i] = stream(triton_server.grpc_url, _request(*reqs[i]))
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(reqs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    for i, res in enumerate(results):
+        assert res is not None and res[1] is None, res
+        got = np.concatenate(res[0])
+        assert got.shape == solo[i].shape, f"stream {i}: {got.shape} vs solo {solo[i].shape}"
+        np.testing.assert_allclose(got, solo[i], atol=1e-3, err_msg=f"stream {i} differs from its solo run")
+    after = _metric(triton_server.metrics_port, "tts_engine_batch_size")
+
+    def delta(suffix: str) -> float:
+        keys = [k for k in after if k.startswith("tts_engine_batch_size" + suffix)]
+        return sum(after[k] - before.get(k, 0.0) for k in keys)
+
+    steps = delta("_count")
+    single = sum(after[k] - before.get(k, 0.0) for k in after if k.startswith("tts_engine_batch_size_bucket")
+                 and 'le="1"' in k)
+    assert steps > 0
+    assert single < steps, "no decode step batched more than one request"
+    assert delta("_sum") / steps > 1.5, "decode steps were hardly batched"
+
+
+BAD_INPUTS = [
+    ("empty text", [_input("text", "")], "empty"),
+    ("whitespace only", [_input("text", "   \n\t ")], "empty"),
+    ("punctuation only", [_input("text", "，。！")], "nothing speakable"),
+    ("missing text", [_input("seed", 3)], "missing required input 'text'"),
+    ("invalid utf-8", [_input("text", b"\xff\xfe\xfa")], "UTF-8"),
+    ("wrong dtype", [_input("text", "你好"), _input("temperature", np.array([0.3], np.float64), "FP64")], "expects 'FP32'"),
+    ("wrong shape", [_input("text", np.array([b"a", b"b"], dtype=np.object_))], "shape"),
+    ("unknown voice", [_input("text", "你好"), _input("voice", "not-a-voice!")], "unknown voice"),
+    ("voice seed out of range", [_input("text", "你好"), _input("voice", "99999999999999")], "out of range"),
+    ("max_new_tokens zero", [_input("text", "你好"), _input("max_new_tokens", 0)], "max_new_tokens"),
+    ("max_new_tokens negative", [_input("text", "你好"), _input("max_new_tokens", -3)], "max_new_tokens"),
+    ("max_new_tokens huge", [_input("text", "你好"), _input("max_new_tokens", 10**9)], "max_new_tokens"),
+    ("temperature negative", [_input("text", "你好"), _input("temperature", -0.5)], "temperature"),
+    ("top_p above one", [_input("text", "你好"), _input("top_p", 1.5)], "top_p"),
+    ("unknown vocoder", [_input("text", "你好"), _input("vocoder", "wavenet")], "vocoder"),
+    ("lookahead zero", [_input("text", "你好"), _input("lookahead_tokens", 0)], "lookahead"),
+    ("text too long", [_input("text", "好" * 5000)], "limit"),
+]
+
+
+@pytest.mark.parametrize("case, inputs, fragment", BAD_INPUTS, ids=[c[0] for c in BAD_INPUTS])
+def test_bad_input_gets_a_clear_error_and_server_stays_healthy(triton_server, case: str, inputs: list,
+                                                              fragment: str) -> None:
+    try:
+        chunks, err = stream(triton_server.grpc_url, inputs, timeout_s=60)
+    except grpcclient.InferenceServerException as exc:  # rejected before streaming
+        chunks, err = [], str(exc)
+    assert err, f"{case}: accepted"
+    assert chunks == []
+    assert "Traceback" not in err and 'File "' not in err
+    assert fragment.lower() in err.lower(), err
+    client = httpclient.InferenceServerClient(triton_server.http_url)
+    assert client.is_server_live() and client.is_server_ready()
+    for model in contract.ALL_MODELS:
+        assert client.is_model_ready(model)
+
+
+def test_offline_http_errors_use_http_status(triton_server) -> None:
+    client = httpclient.InferenceServerClient(triton_server.http_url)
+    text = httpclient.InferInput("text", [1], "BYTES")
+    text.set_data_from_numpy(np.array(["，。！".encode()], dtype=np.object_))
+    with pytest.raises(httpclient.InferenceServerException) as info:
+        client.infer(contract.MODEL_OFFLINE, [text])
+    assert "nothing speakable" in str(info.value)
+    assert re.search(r"\b400\b", str(info.value.status())) or info.value.status() in ("400", 400, None)
+
+
+def test_server_still_streams_after_bad_inputs(triton_server) -> None:
+    chunks, err = stream(triton_server.grpc_url, _request(TEXTS[1], 5, 30))
+    assert err is None and sum(c.size for c in chunks) == contract.samples_for_tokens(30)
