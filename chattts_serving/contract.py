@@ -146,7 +146,7 @@ OUT_AUDIO: Final = TensorSpec("audio", "TYPE_FP32", (-1,),
 ENTRY_OUTPUTS: Final = (OUT_AUDIO,)
 
 # front end
-FE_INPUT_IDS: Final = TensorSpec("input_ids", "TYPE_INT32", (-1,), doc="prompt token ids (T,)")
+FE_INPUT_IDS: Final = TensorSpec("input_ids", "TYPE_INT32", (-1,), optional=True, doc="prompt token ids (T,)")
 FE_SPK_EMB: Final = TensorSpec("spk_emb", "TYPE_FP32", (-1,), doc="L2-normalised speaker vector (H,)")
 FE_NORMALIZED: Final = TensorSpec("normalized_text", "TYPE_STRING", (1,), doc="text after normalisation")
 FRONTEND_INPUTS: Final = (IN_TEXT, IN_VOICE)
@@ -155,11 +155,16 @@ FRONTEND_OUTPUTS: Final = (FE_INPUT_IDS, FE_SPK_EMB, FE_NORMALIZED)
 # GPT engine (decoupled)
 EN_EMIT_TOKENS: Final = TensorSpec("emit_tokens", "TYPE_INT32", (1,), optional=True,
                                    doc="tokens per streamed response (default 1)")
-ENGINE_INPUTS: Final = (FE_INPUT_IDS, FE_SPK_EMB, *(p.tensor() for p in SAMPLING_PARAMS), EN_EMIT_TOKENS)
+EN_STREAM_ID: Final = TensorSpec("stream_id", "TYPE_STRING", (1,), optional=True,
+                                 doc="caller's handle for this sequence, used by a later cancel request")
+EN_CONTROL: Final = TensorSpec("control", "TYPE_STRING", (1,), optional=True,
+                               doc="'cancel': end the live sequence named by stream_id (no other inputs)")
+ENGINE_INPUTS: Final = (FE_INPUT_IDS, FE_SPK_EMB, *(p.tensor() for p in SAMPLING_PARAMS), EN_EMIT_TOKENS,
+                        EN_STREAM_ID, EN_CONTROL)
 EN_CODES: Final = TensorSpec("codes", "TYPE_INT32", (-1, NUM_VQ), doc="codes of the new tokens (N, 4)")
 EN_HIDDEN: Final = TensorSpec("hidden", "TYPE_FP32", (-1, -1), doc="GPT last hidden state per token (N, H)")
 EN_STOP: Final = TensorSpec("stop_reason", "TYPE_STRING", (1,),
-                            doc="'' while running, then 'eos' or 'max_new_tokens'")
+                            doc="'' while running, then 'eos', 'max_new_tokens' or 'cancelled'")
 ENGINE_OUTPUTS: Final = (EN_CODES, EN_HIDDEN, EN_STOP)
 
 # vocoders (max_batch_size > 0: dims exclude the batch dimension)
@@ -169,6 +174,7 @@ VO_AUDIO: Final = TensorSpec("audio", "TYPE_FP32", (-1,), doc="waveform of the w
 
 STOP_EOS: Final = "eos"
 STOP_MAX_TOKENS: Final = "max_new_tokens"
+STOP_CANCELLED: Final = "cancelled"
 
 # --- ONNX graphs ---------------------------------------------------------------------------
 GPT_GRAPH: Final = "gpt_step.onnx"

@@ -118,6 +118,7 @@ class Sequence:
     submitted_s: float = field(default_factory=time.monotonic)
     prefill_kv: list[np.ndarray] | None = None  # this row's prefill KV until it joins the batch
     prefill_width: int = 0
+    cancel_requested: bool = False
 
     def __post_init__(self) -> None:
         self.sampler = RequestSampler(self.params)
@@ -184,6 +185,18 @@ class Engine:
             heapq.heappush(self._waiting, (seq.priority, next(self._order), seq))
             self._cv.notify()
 
+    def cancel(self, request_id: str) -> bool:
+        """Ask the engine to end the live sequence ``request_id`` at its next step (it then
+        gets a last ``tokens`` call with stop reason ``cancelled``). Returns False when no
+        such sequence is live."""
+        with self._cv:
+            for s in [q[2] for q in self._waiting] + self._running:
+                if s.request_id == request_id and not s.done:
+                    s.cancel_requested = True
+                    self._cv.notify()
+                    return True
+        return False
+
     def live_count(self) -> int:
         """Sequences waiting or running."""
         with self._cv:
@@ -241,10 +254,8 @@ class Engine:
         for s in self._running:
             if s.done:
                 continue
-            if s.sink.cancelled():
-                s.done = True
-                with self._stats_lock:
-                    self.stats_data.cancelled += 1
+            if s.cancel_requested or s.sink.cancelled():
+                self._cancelled(s)
             elif s.deadline_s is not None and now > s.deadline_s:
                 self._fail(s, "deadline exceeded")
         newcomers = self._admit()
@@ -262,10 +273,9 @@ class Engine:
             room = self.config.max_batch_size - sum(1 for s in self._running if not s.done)
             while self._waiting and len(out) < room:
                 seq = self._waiting[0][2]
-                if seq.sink.cancelled():
+                if seq.cancel_requested or seq.sink.cancelled():
                     heapq.heappop(self._waiting)
-                    with self._stats_lock:
-                        self.stats_data.cancelled += 1
+                    self._cancelled(seq)
                     continue
                 width = max([len(s.prompt_ids) for s in out] + [len(seq.prompt_ids)])
                 if out and width * (len(out) + 1) > self.config.max_prefill_tokens:
@@ -382,6 +392,15 @@ class Engine:
         with self._stats_lock:
             self.stats_data.finished += 1
         self._flush(s, reason)
+
+    def _cancelled(self, s: Sequence) -> None:
+        """End a cancelled sequence: it leaves at the next rebuild; its sink hears ``cancelled``
+        (a sink whose client is gone may fail to deliver that, which is fine)."""
+        s.done = True
+        with self._stats_lock:
+            self.stats_data.cancelled += 1
+        s.pending_codes, s.pending_hidden = [], []
+        self._flush(s, contract.STOP_CANCELLED)
 
     def _fail(self, s: Sequence, message: str) -> None:
         s.done = True

@@ -17,6 +17,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -52,7 +53,7 @@ class FrontEnd:
     """Stateless text -> prompt conversion for one artifact directory."""
 
     def __init__(self, artifacts: Artifacts, max_text_chars: int, default_voice_seed: int) -> None:
-        from transformers import BertTokenizerFast
+        from transformers import BertTokenizerFast  # type: ignore[attr-defined]
 
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         self.tokenizer = BertTokenizerFast.from_pretrained(str(artifacts.root / "tokenizer"))
@@ -101,7 +102,7 @@ class FrontEnd:
         return Prepared(np.asarray(ids, dtype=np.int32), spk, normalized, dropped)
 
 
-def _chattts_normalizer() -> object:
+def _chattts_normalizer() -> Any:
     """ChatTTS' own ``Normalizer`` with its homophones map, logging quietly."""
     import ChatTTS
     from ChatTTS.norm import Normalizer

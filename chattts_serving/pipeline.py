@@ -52,6 +52,14 @@ class TokenBatch:
     stop_reason: str
 
 
+class TokenStream(Protocol):
+    """Tokens of one sequence: iterate for batches; ``cancel()`` ends it early and drains."""
+
+    def __iter__(self) -> Iterator[TokenBatch]: ...
+
+    def cancel(self) -> None: ...
+
+
 class Stages(Protocol):
     """The three stages the entry models call (BLS in the server)."""
 
@@ -59,9 +67,8 @@ class Stages(Protocol):
         """-> (input_ids (T,) int32, spk_emb (H,) float32). Raises RequestError."""
 
     def generate(self, input_ids: np.ndarray, spk_emb: np.ndarray, params: SamplingParams,
-                 emit_tokens: int) -> Iterator[TokenBatch]:
-        """Stream the engine's tokens; closing the iterator abandons the sequence.
-        Raises RequestError."""
+                 emit_tokens: int) -> TokenStream:
+        """Start a sequence on the engine. Iterating raises RequestError on engine errors."""
 
     def vocode(self, path: str, window: np.ndarray) -> np.ndarray:
         """Window (T, H) float32 or (T, 4) int32 -> audio (512T-256,) float32. Raises RequestError."""
@@ -183,11 +190,13 @@ def stream_audio(req: EntryRequest, stages: Stages, schedule: ChunkSchedule, emi
     store = _TokenStore()
     result = StreamResult()
     tokens = stages.generate(input_ids, spk_emb, req.params, emit_tokens)
+    ended = False
     try:
         for batch in tokens:
             store.add(batch)
             finished = bool(batch.stop_reason)
             if finished:
+                ended = True
                 result.stop_reason = batch.stop_reason
             if cancelled():
                 result.stop_reason = CANCELLED
@@ -205,9 +214,8 @@ def stream_audio(req: EntryRequest, stages: Stages, schedule: ChunkSchedule, emi
             if finished:
                 break
     finally:
-        close = getattr(tokens, "close", None)
-        if close is not None:
-            close()
+        if not ended:
+            tokens.cancel()
     result.tokens = store.n
     if not result.stop_reason:
         raise RequestError("the GPT engine ended the stream without a stop reason", INTERNAL)
@@ -227,7 +235,6 @@ def offline_audio(req: EntryRequest, stages: Stages, emit_tokens: int = 64) -> t
         store.add(batch)
         if batch.stop_reason:
             reason = batch.stop_reason
-            break
     if not reason:
         raise RequestError("the GPT engine ended the stream without a stop reason", INTERNAL)
     if store.n == 0:

@@ -37,7 +37,7 @@ def bundled_triton() -> Path:
     spec = importlib.util.find_spec("pytriton")
     if spec is None or not spec.submodule_search_locations:
         raise ServerError("nvidia-pytriton is not installed: run `make setup`")
-    root = Path(list(spec.submodule_search_locations)[0]) / "tritonserver"
+    root = Path(next(iter(spec.submodule_search_locations))) / "tritonserver"
     if not (root / "bin" / "tritonserver").is_file():
         raise ServerError(f"no tritonserver binary under {root}")
     return root
@@ -59,6 +59,16 @@ def backend_dir(build_dir: Path) -> Path:
             link.unlink()
         link.symlink_to(src)
     return build_dir / "backends"
+
+
+def _region_in_use(path: str) -> bool:
+    """True when some live process maps or holds the shared-memory file ``path``."""
+    name = os.path.basename(path)
+    for proc in glob.glob("/proc/[0-9]*"):
+        with contextlib.suppress(OSError):
+            if name in Path(proc, "cmdline").read_bytes().decode(errors="replace"):
+                return True
+    return False
 
 
 def _ready(http_port: int) -> bool:
@@ -143,9 +153,14 @@ class TritonServer:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
-                for f in glob.glob("/dev/shm/triton_python_backend_shm_region_*"):
-                    with contextlib.suppress(OSError):
-                        os.unlink(f)
+        # A server that hit its exit timeout leaves stub processes behind in its process
+        # group (and their shared-memory regions): end them too.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        for f in glob.glob("/dev/shm/triton_python_backend_shm_region_*"):
+            if not _region_in_use(f):
+                with contextlib.suppress(OSError):
+                    os.unlink(f)
         if self._log is not None:
             self._log.close()  # type: ignore[attr-defined]
         self.proc = None

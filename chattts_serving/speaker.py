@@ -71,6 +71,6 @@ def normalize_speaker(v: np.ndarray) -> np.ndarray:
     ChatTTS'. Input and output: (H,) float32.
     """
     v16 = np.asarray(v, dtype=np.float16)
-    norm = np.float16(np.linalg.norm(v16.astype(np.float32)))
-    norm = max(np.float32(norm), np.float32(1e-12))
-    return (v16.astype(np.float32) / norm).astype(np.float16).astype(np.float32)
+    norm = float(np.float16(np.linalg.norm(v16.astype(np.float32))))
+    norm = max(norm, 1e-12)
+    return (v16.astype(np.float32) / np.float32(norm)).astype(np.float16).astype(np.float32)

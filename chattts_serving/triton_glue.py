@@ -12,6 +12,7 @@ import logging
 import os
 import re
 import threading
+import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -113,6 +114,9 @@ class SenderSink:
 
     def tokens(self, codes: np.ndarray, hidden: np.ndarray, stop_reason: str) -> None:
         pb = self.pb
+        if stop_reason == contract.STOP_CANCELLED and self.sender.is_cancelled():
+            self.closed = True  # the client is gone: nobody to tell
+            return
         outs = [pb.Tensor(contract.EN_CODES.name, np.ascontiguousarray(codes, np.int32)),
                 pb.Tensor(contract.EN_HIDDEN.name, np.ascontiguousarray(hidden, np.float32)),
                 string_tensor(pb, contract.EN_STOP.name, stop_reason)]
@@ -127,6 +131,20 @@ class SenderSink:
 
     def cancelled(self) -> bool:
         return bool(self.sender.is_cancelled())
+
+
+def engine_control(inputs: dict[str, np.ndarray]) -> tuple[str, str]:
+    """(control, stream_id) of a GPT-engine request; control is '' for a new sequence.
+    Raises RequestError for an unknown control word or a control request without stream_id."""
+    from .pipeline import _string
+
+    control = (_string(inputs, contract.EN_CONTROL.name, required=False) or "").strip()
+    stream_id = _string(inputs, contract.EN_STREAM_ID.name, required=False) or ""
+    if control not in ("", "cancel"):
+        raise RequestError(f"unknown control {control!r}; the only control is 'cancel'")
+    if control and not stream_id:
+        raise RequestError("a control request needs stream_id")
+    return control, stream_id
 
 
 def engine_sequence_args(inputs: dict[str, np.ndarray], hidden_size: int,
@@ -185,31 +203,8 @@ class BlsStages:
         return ids, spk
 
     def generate(self, input_ids: np.ndarray, spk_emb: np.ndarray, params: SamplingParams,
-                 emit_tokens: int) -> Iterator[TokenBatch]:
-        pb = self.pb
-        inputs = [pb.Tensor(contract.FE_INPUT_IDS.name, input_ids.astype(np.int32)),
-                  pb.Tensor(contract.FE_SPK_EMB.name, spk_emb.astype(np.float32)),
-                  pb.Tensor(contract.EN_EMIT_TOKENS.name, np.array([emit_tokens], np.int32))]
-        for spec in contract.SAMPLING_PARAMS:
-            dtype = contract.TensorSpec(spec.name, spec.triton_dtype, (1,)).np_dtype
-            inputs.append(pb.Tensor(spec.name, np.array([getattr(params, spec.name)], dtype=dtype)))
-        req = pb.InferenceRequest(model_name=contract.MODEL_ENGINE, inputs=inputs,
-                                  requested_output_names=[t.name for t in contract.ENGINE_OUTPUTS])
-        responses = req.exec(decoupled=True)
-        for resp in responses:
-            self._raise_if_error(resp, "engine")
-            codes_t = pb.get_output_tensor_by_name(resp, contract.EN_CODES.name)
-            if codes_t is None:
-                continue  # the empty response that carries only the final flag
-            hidden = pb.get_output_tensor_by_name(resp, contract.EN_HIDDEN.name).as_numpy()
-            stop = pb.get_output_tensor_by_name(resp, contract.EN_STOP.name).as_numpy().reshape(-1)[0]
-            batch = TokenBatch(codes_t.as_numpy(), hidden, stop.decode() if isinstance(stop, bytes) else str(stop))
-            if batch.stop_reason:
-                # Drain the final-flag response before handing over the last batch: an
-                # iterator left unfinished keeps the model from unloading at shutdown.
-                for _ in responses:
-                    pass
-            yield batch
+                 emit_tokens: int) -> EngineStream:
+        return EngineStream(self.pb, input_ids, spk_emb, params, emit_tokens)
 
     def vocode(self, path: str, window: np.ndarray) -> np.ndarray:
         pb = self.pb
@@ -220,6 +215,58 @@ class BlsStages:
         resp = req.exec()
         self._raise_if_error(resp, "vocoder")
         return pb.get_output_tensor_by_name(resp, contract.VO_AUDIO.name).as_numpy()[0]
+
+
+class EngineStream:
+    """One sequence on the GPT engine over a decoupled BLS call: iterate for
+    :class:`TokenBatch` es; :meth:`cancel` ends it early (Triton 2.51's BLS cannot cancel a
+    request it sent, so a control request names the sequence by its ``stream_id``)."""
+
+    def __init__(self, pb: Any, input_ids: np.ndarray, spk_emb: np.ndarray, params: SamplingParams,
+                 emit_tokens: int) -> None:
+        self.pb = pb
+        self.stream_id = uuid.uuid4().hex
+        inputs = [pb.Tensor(contract.FE_INPUT_IDS.name, input_ids.astype(np.int32)),
+                  pb.Tensor(contract.FE_SPK_EMB.name, spk_emb.astype(np.float32)),
+                  pb.Tensor(contract.EN_EMIT_TOKENS.name, np.array([emit_tokens], np.int32)),
+                  string_tensor(pb, contract.EN_STREAM_ID.name, self.stream_id)]
+        for spec in contract.SAMPLING_PARAMS:
+            dtype = contract.TensorSpec(spec.name, spec.triton_dtype, (1,)).np_dtype
+            inputs.append(pb.Tensor(spec.name, np.array([getattr(params, spec.name)], dtype=dtype)))
+        req = pb.InferenceRequest(model_name=contract.MODEL_ENGINE, inputs=inputs,
+                                  requested_output_names=[t.name for t in contract.ENGINE_OUTPUTS])
+        self._responses = req.exec(decoupled=True)
+
+    def __iter__(self) -> Iterator[TokenBatch]:
+        pb = self.pb
+        for resp in self._responses:
+            if resp.has_error():
+                raise error_from_bls(resp.error())
+            codes_t = pb.get_output_tensor_by_name(resp, contract.EN_CODES.name)
+            if codes_t is None:
+                continue  # the empty response that carries only the final flag
+            hidden = pb.get_output_tensor_by_name(resp, contract.EN_HIDDEN.name).as_numpy()
+            stop = pb.get_output_tensor_by_name(resp, contract.EN_STOP.name).as_numpy().reshape(-1)[0]
+            batch = TokenBatch(codes_t.as_numpy(), hidden, stop.decode() if isinstance(stop, bytes) else str(stop))
+            if batch.stop_reason:
+                # Consume the final-flag response before handing over the last batch: an
+                # unfinished iterator keeps the calling model from unloading at shutdown.
+                for _ in self._responses:
+                    pass
+            yield batch
+
+    def cancel(self) -> None:
+        """End the sequence in the engine and drain its responses (an unfinished BLS
+        iterator would keep the calling model from unloading)."""
+        pb = self.pb
+        req = pb.InferenceRequest(model_name=contract.MODEL_ENGINE,
+                                  inputs=[string_tensor(pb, contract.EN_STREAM_ID.name, self.stream_id),
+                                          string_tensor(pb, contract.EN_CONTROL.name, "cancel")],
+                                  requested_output_names=[t.name for t in contract.ENGINE_OUTPUTS])
+        for _ in req.exec(decoupled=True):
+            pass
+        for _ in self._responses:
+            pass
 
 
 class StreamSlots:

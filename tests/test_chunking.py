@@ -96,7 +96,7 @@ def test_real_vocoder_full_receptive_field_equals_offline(real) -> None:
 def test_real_vocoder_smaller_lookahead_stays_close(real) -> None:
     """A lookahead below the receptive field is an approximation; its SNR against the
     offline decode is reported in the README (measured on the full-size model)."""
-    art, hidden, voc, offline = real
+    _, hidden, voc, offline = real
     snrs = []
     for lookahead in (2, 4, 8):
         sched = ChunkSchedule(8, 2.0, 64, 24, lookahead, 512).with_lookahead(lookahead)

@@ -203,3 +203,21 @@ def test_prompt_longer_than_context_is_refused(parts) -> None:
     eng = Engine(*parts, EngineConfig(max_context_tokens=64))
     with pytest.raises(ValueError, match="context"):
         eng.submit(Sequence(_prompt(40, 1), None, SamplingParams(max_new_tokens=30), Sink()))
+
+
+def test_cancel_by_request_id_ends_the_sequence_with_a_cancelled_reason(parts) -> None:
+    eng = Engine(*parts, EngineConfig())
+    a, b = Sink(), Sink()
+    eng.submit(Sequence(_prompt(20, 1), None, SamplingParams(max_new_tokens=50, min_new_tokens=50), a,
+                        request_id="keep"))
+    eng.submit(Sequence(_prompt(20, 2), None, SamplingParams(max_new_tokens=50, min_new_tokens=50), b,
+                        request_id="drop"))
+    for _ in range(3):
+        eng.run_once()
+    assert eng.cancel("drop") and not eng.cancel("nobody")
+    eng.run_once()
+    assert b.reason == contract.STOP_CANCELLED
+    assert eng.stats()["running"] == 1
+    while eng.live_count():
+        eng.run_once()
+    assert a.reason == contract.STOP_MAX_TOKENS and len(a.all_codes) == 50

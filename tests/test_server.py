@@ -131,7 +131,8 @@ BAD_INPUTS = [
     ("punctuation only", [_input("text", "，。！")], "nothing speakable"),
     ("missing text", [_input("seed", 3)], "missing required input 'text'"),
     ("invalid utf-8", [_input("text", b"\xff\xfe\xfa")], "UTF-8"),
-    ("wrong dtype", [_input("text", "你好"), _input("temperature", np.array([0.3], np.float64), "FP64")], "expects 'FP32'"),
+    ("wrong dtype", [_input("text", "你好"), _input("temperature", np.array([0.3], np.float64), "FP64")],
+     "expects 'FP32'"),
     ("wrong shape", [_input("text", np.array([b"a", b"b"], dtype=np.object_))], "shape"),
     ("unknown voice", [_input("text", "你好"), _input("voice", "not-a-voice!")], "unknown voice"),
     ("voice seed out of range", [_input("text", "你好"), _input("voice", "99999999999999")], "out of range"),
@@ -158,9 +159,12 @@ def test_bad_input_gets_a_clear_error_and_server_stays_healthy(triton_server, ca
     assert "Traceback" not in err and 'File "' not in err
     assert fragment.lower() in err.lower(), err
     client = httpclient.InferenceServerClient(triton_server.http_url)
-    assert client.is_server_live() and client.is_server_ready()
-    for model in contract.ALL_MODELS:
-        assert client.is_model_ready(model)
+    try:
+        assert client.is_server_live() and client.is_server_ready()
+        for model in contract.ALL_MODELS:
+            assert client.is_model_ready(model)
+    finally:
+        client.close()
 
 
 def test_offline_http_errors_use_http_status(triton_server) -> None:
@@ -168,9 +172,12 @@ def test_offline_http_errors_use_http_status(triton_server) -> None:
     text = httpclient.InferInput("text", [1], "BYTES")
     text.set_data_from_numpy(np.array(["，。！".encode()], dtype=np.object_))
     with pytest.raises(httpclient.InferenceServerException) as info:
-        client.infer(contract.MODEL_OFFLINE, [text])
+        try:
+            client.infer(contract.MODEL_OFFLINE, [text])
+        finally:
+            client.close()
     assert "nothing speakable" in str(info.value)
-    assert re.search(r"\b400\b", str(info.value.status())) or info.value.status() in ("400", 400, None)
+    assert str(info.value.status()) == "400"
 
 
 def test_server_still_streams_after_bad_inputs(triton_server) -> None:

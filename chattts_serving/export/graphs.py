@@ -40,7 +40,9 @@ class GptStep(nn.Module):
         present_key_i, present_value_i: (B, heads, P+T, head_dim) float32.
     """
 
-    def __init__(self, llama: nn.Module, head_weights: torch.Tensor) -> None:
+    head_w: torch.Tensor
+
+    def __init__(self, llama: Any, head_weights: torch.Tensor) -> None:
         super().__init__()
         self.llama = llama
         self.num_layers = int(llama.config.num_hidden_layers)
@@ -80,6 +82,9 @@ class InverseSTFT(nn.Module):
     Inputs: real, imag: (B, n_fft//2+1, F) float32. Output: (B, hop*(F-1)) float32.
     As in ``torch.fft.irfft``, the imaginary parts of the DC and Nyquist bins are ignored.
     """
+
+    basis: torch.Tensor
+    win_sq: torch.Tensor
 
     def __init__(self, n_fft: int, hop: int, window: torch.Tensor) -> None:
         super().__init__()
@@ -153,6 +158,9 @@ class CodeDequantizer(nn.Module):
     ``base + sum_c table[c, codes[..., c]]``, exact up to float rounding because FSQ's
     dequantisation and ``project_out`` are affine per code (checked by the parity test).
     """
+
+    tables: torch.Tensor
+    base: torch.Tensor
 
     def __init__(self, gfsq: Any) -> None:
         super().__init__()

@@ -291,7 +291,7 @@ def generate_tokenizer(out_dir: Path) -> None:
     """Write a BertTokenizerFast compatible with ChatTTS' (21178 tokens, same special ids)."""
     from tokenizers import Tokenizer, decoders, normalizers, pre_tokenizers
     from tokenizers.models import WordPiece
-    from transformers import BertTokenizerFast
+    from transformers import BertTokenizerFast  # type: ignore[attr-defined]
 
     vocab: dict[str, int] = {}
     for tok in _vocab():
@@ -372,11 +372,12 @@ def generate_checkpoint(root: Path, size: str, seed: int) -> Path:
                 elif isinstance(m, VocosBlock) and m.gamma is not None:
                     m.gamma.fill_(LAYER_SCALE)
 
-    llama_cfg = LlamaConfig(hidden_size=sizes.hidden, intermediate_size=sizes.ffn,
-                            num_attention_heads=sizes.heads, num_key_value_heads=sizes.heads,
-                            num_hidden_layers=sizes.gpt_layers, max_position_embeddings=4096,
-                            vocab_size=8, rope_theta=10000.0, rms_norm_eps=1e-6,
-                            attention_bias=False, mlp_bias=False, tie_word_embeddings=False)
+    llama_kwargs: dict[str, Any] = dict(
+        hidden_size=sizes.hidden, intermediate_size=sizes.ffn, num_attention_heads=sizes.heads,
+        num_key_value_heads=sizes.heads, num_hidden_layers=sizes.gpt_layers, max_position_embeddings=4096,
+        vocab_size=8, rope_theta=10000.0, rms_norm_eps=1e-6, attention_bias=False, mlp_bias=False,
+        tie_word_embeddings=False)
+    llama_cfg = LlamaConfig(**llama_kwargs)
     gpt = LlamaModel(llama_cfg).eval()
     gpt.save_pretrained(str(asset / "gpt"), safe_serialization=True)
 

@@ -28,11 +28,16 @@ class TritonPythonModel:
             sender = request.get_response_sender()
             try:
                 inputs = glue.request_inputs(pb_utils, request, contract.ENGINE_INPUTS)
+                control, stream_id = glue.engine_control(inputs)
+                if control == "cancel":
+                    self.engine.cancel(stream_id)
+                    sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                    continue
                 ids, spk, params, emit = glue.engine_sequence_args(
                     inputs, self.hidden_size, self.profile.engine.max_new_tokens_cap)
                 try:
                     self.engine.submit(Sequence(ids, spk, params, glue.SenderSink(pb_utils, sender),
-                                                emit_tokens=emit, request_id=request.request_id()))
+                                                emit_tokens=emit, request_id=stream_id or request.request_id()))
                 except EngineBusy as exc:
                     raise RequestError(str(exc), UNAVAILABLE) from None
                 except ValueError as exc:

@@ -1,0 +1,65 @@
+# ChatTTS on Triton: every entry point of the project. `make help` lists them.
+PY        ?= .venv/bin/python
+PROFILE   ?= cpu
+ARTIFACTS ?= artifacts/small
+ASSETS    ?=
+SIZE      ?= full
+HTTP_PORT ?= 8000
+GRPC_PORT ?= 8001
+METRICS_PORT ?= 8002
+PYTEST_ARGS ?=
+
+.PHONY: help setup export export-small export-full serve demo test lint typecheck unit bench bench-smoke loadtest clean
+
+help:  ## list targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
+
+setup:  ## venv + CPU stack (CHATTTS_ONNX=gpu for onnxruntime-gpu); idempotent
+	bash scripts/setup.sh
+
+export: setup  ## ONNX artifacts: from ASSETS=<snapshot> if given, else generated small + full
+ifneq ($(strip $(ASSETS)),)
+	$(PY) -m chattts_serving.export --assets $(ASSETS) --out artifacts/chattts
+else
+	$(PY) -m chattts_serving.export --synthetic --size small
+	$(PY) -m chattts_serving.export --synthetic --size full
+endif
+
+export-small: setup  ## generated small-config artifacts only (seconds)
+	$(PY) -m chattts_serving.export --synthetic --size small
+
+export-full: setup  ## generated full-size artifacts only
+	$(PY) -m chattts_serving.export --synthetic --size full
+
+serve:  ## render the repository for PROFILE over ARTIFACTS and serve until Ctrl-C
+	$(PY) -m chattts_serving.server --profile $(PROFILE) --artifacts $(ARTIFACTS) \
+	  --http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT)
+
+demo: setup  ## fresh clone -> export -> tritonserver -> Chinese sentence streamed to out/demo.wav
+	$(PY) -m chattts_serving.demo --size $(SIZE) --profile $(PROFILE) $(if $(ASSETS),--assets $(ASSETS),) \
+	  --http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT)
+
+lint:  ## ruff
+	$(PY) -m ruff check .
+
+typecheck:  ## mypy
+	$(PY) -m mypy chattts_serving
+
+test: setup lint typecheck  ## lint, type-check and the whole test suite (real tritonserver included)
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+unit:  ## tests that need no server
+	$(PY) -m pytest -q -m "not server" $(PYTEST_ARGS)
+
+bench: setup  ## side-by-side benchmark vs synchronous ChatTTS -> results/bench.{json,md,png}
+	$(PY) -m chattts_serving.export --synthetic --size full --quiet
+	$(PY) -m chattts_serving.bench --out results
+
+bench-smoke:  ## seconds-long version of the benchmark (CI runs it through the tests)
+	$(PY) -m chattts_serving.bench --smoke --out results/smoke
+
+loadtest:  ## Locust headless against a running server (USERS, SPAWN_RATE, DURATION)
+	bash loadtest/run.sh
+
+clean:  ## remove build outputs (keeps the venv)
+	rm -rf build results out
