@@ -86,7 +86,8 @@ def main() -> None:
     print("| path | lookahead (tokens) | lookahead (ms) | SNR vs offline (dB) | max abs error |")
     print("|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['path']} | {r['lookahead_tokens']} | {r['lookahead_ms']} | {r['snr_db']} | {r['max_abs_error']:.2e} |")
+        print(f"| {r['path']} | {r['lookahead_tokens']} | {r['lookahead_ms']} | {r['snr_db']} "
+              f"| {r['max_abs_error']:.2e} |")
 
 
 if __name__ == "__main__":

@@ -4,7 +4,6 @@ engine steps, and clear errors for bad input with the server staying healthy."""
 from __future__ import annotations
 
 import queue
-import re
 import threading
 import urllib.request
 from typing import Any
