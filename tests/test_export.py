@@ -180,3 +180,17 @@ def test_help_lists_the_three_sources() -> None:
     assert proc.returncode == 0
     for flag in ("--assets", "--download", "--synthetic", "--size", "--seed"):
         assert flag in proc.stdout
+
+
+def test_assets_snapshot_exports_through_the_cli(tmp_path: Path, small_weights: Path,
+                                                 small_artifacts: Artifacts) -> None:
+    """The real-weights path (--assets) on a checkpoint in the published layout gives the
+    same graphs as the synthetic path (same weights, same exporter)."""
+    snap = tmp_path / "ChatTTS"
+    shutil.copytree(small_weights, snap)
+    proc = _cli("--assets", str(snap), "--out", str(tmp_path / "art"), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    man = json.loads((tmp_path / "art" / "manifest.json").read_text())
+    assert man["source"] == {"kind": "assets", "path": str(snap.resolve())}
+    assert man["files"][contract.GPT_GRAPH] == small_artifacts.manifest["files"][contract.GPT_GRAPH]
+    assert max(man["parity_max_abs_error"].values()) <= PARITY_TOLERANCE
