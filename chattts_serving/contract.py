@@ -133,6 +133,17 @@ STREAM_PARAMS: Final = (
               doc="right context per chunk in tokens; -1 = the profile's default"),
 )
 
+# request parameters of the entry points (Triton request-level ``parameters``, not tensors)
+PARAM_PRIORITY: Final = "priority"
+"""'realtime' (default) or 'batch'; also send Triton's own ``priority`` (REALTIME/BATCH level)."""
+PARAM_TIMEOUT_S: Final = "timeout_s"
+"""Deadline for the whole request in seconds; expiry ends the stream with an error."""
+PRIORITIES: Final = {"realtime": 0, "batch": 1}
+"""Priority class -> engine scheduling class (lower first)."""
+TRITON_PRIORITY_LEVEL: Final = {"realtime": 1, "batch": 2}
+"""Priority class -> Triton priority level of the entry models' queue (1 is served first)."""
+REQUEST_PARAMS: Final = (PARAM_PRIORITY, PARAM_TIMEOUT_S)
+
 # entry-point inputs (models chattts and chattts_offline, max_batch_size 0)
 IN_TEXT: Final = TensorSpec("text", "TYPE_STRING", (1,), doc="UTF-8 text, Chinese and/or English")
 IN_VOICE: Final = TensorSpec("voice", "TYPE_STRING", (1,), optional=True,
@@ -159,8 +170,12 @@ EN_STREAM_ID: Final = TensorSpec("stream_id", "TYPE_STRING", (1,), optional=True
                                  doc="caller's handle for this sequence, used by a later cancel request")
 EN_CONTROL: Final = TensorSpec("control", "TYPE_STRING", (1,), optional=True,
                                doc="'cancel': end the live sequence named by stream_id (no other inputs)")
+EN_PRIORITY: Final = TensorSpec("priority", "TYPE_INT32", (1,), optional=True,
+                                doc="scheduling class: 0 realtime (admitted first), 1 batch")
+EN_TIMEOUT_MS: Final = TensorSpec("timeout_ms", "TYPE_INT64", (1,), optional=True,
+                                  doc="the sequence ends with an error this many ms after submission")
 ENGINE_INPUTS: Final = (FE_INPUT_IDS, FE_SPK_EMB, *(p.tensor() for p in SAMPLING_PARAMS), EN_EMIT_TOKENS,
-                        EN_STREAM_ID, EN_CONTROL)
+                        EN_STREAM_ID, EN_CONTROL, EN_PRIORITY, EN_TIMEOUT_MS)
 EN_CODES: Final = TensorSpec("codes", "TYPE_INT32", (-1, NUM_VQ), doc="codes of the new tokens (N, 4)")
 EN_HIDDEN: Final = TensorSpec("hidden", "TYPE_FP32", (-1, -1), doc="GPT last hidden state per token (N, H)")
 EN_STOP: Final = TensorSpec("stop_reason", "TYPE_STRING", (1,),

@@ -45,3 +45,69 @@ class EngineMetrics:
     def idle(self) -> None:
         self.active.set(0.0)
         self.kv.set(0.0)
+
+
+LATENCY_BUCKETS_S = [0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 20.0, 60.0]
+
+
+def process_rss_bytes() -> int:
+    """Resident set size of this process in bytes (Linux /proc; 0 where unavailable)."""
+    import os
+
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+class EntryMetrics:
+    """Request-level metrics of an entry model (``chattts``, ``chattts_offline``).
+
+    tts_request_total{status,priority}; tts_request_duration_seconds and
+    tts_time_to_first_audio_seconds (histograms, from our own clocks: Triton's durations stop
+    when a decoupled ``execute`` returns); tts_audio_seconds_total; tts_rejected_total{reason};
+    tts_request_queue_size (accepted streams not yet producing audio); tts_degraded_mode;
+    tts_process_resident_memory_bytes{model}.
+    """
+
+    def __init__(self, pb: Any, model: str) -> None:
+        self.pb, self.model = pb, model
+        m = pb.MetricFamily
+        self._fam = {
+            "requests": m("tts_request_total", "Finished requests by status and priority", m.COUNTER),
+            "duration": m("tts_request_duration_seconds", "Request duration, arrival to last audio", m.HISTOGRAM),
+            "ttfa": m("tts_time_to_first_audio_seconds", "Arrival to first audio chunk", m.HISTOGRAM),
+            "audio": m("tts_audio_seconds_total", "Seconds of audio sent", m.COUNTER),
+            "rejected": m("tts_rejected_total", "Requests refused before any work, by reason", m.COUNTER),
+            "queue": m("tts_request_queue_size", "Accepted requests that have not produced audio yet", m.GAUGE),
+            "degraded": m("tts_degraded_mode", "1 while the service runs in its cheaper mode", m.GAUGE),
+            "rss": m("tts_process_resident_memory_bytes", "Resident memory of the model's process", m.GAUGE),
+        }
+        labels = {"model": model}
+        self._counters: dict[tuple[object, ...], Any] = {}
+        self.duration = self._fam["duration"].Metric(labels=labels, buckets=LATENCY_BUCKETS_S)
+        self.ttfa = self._fam["ttfa"].Metric(labels=labels, buckets=LATENCY_BUCKETS_S)
+        self.audio = self._fam["audio"].Metric(labels=labels)
+        self.queue = self._fam["queue"].Metric(labels=labels)
+        self.degraded = self._fam["degraded"].Metric(labels=labels)
+        self.rss = self._fam["rss"].Metric(labels=labels)
+
+    def _counter(self, family: str, **labels: str) -> Any:
+        key = (family, *sorted(labels.items()))
+        if key not in self._counters:
+            self._counters[key] = self._fam[family].Metric(labels={"model": self.model, **labels})
+        return self._counters[key]
+
+    def finished(self, status: str, priority: str, duration_s: float, audio_s: float,
+                 ttfa_s: float | None) -> None:
+        self._counter("requests", status=status, priority=priority).increment(1.0)
+        self.duration.observe(duration_s)
+        if ttfa_s is not None:
+            self.ttfa.observe(ttfa_s)
+        if audio_s > 0:
+            self.audio.increment(audio_s)
+        self.rss.set(float(process_rss_bytes()))
+
+    def rejected(self, reason: str) -> None:
+        self._counter("rejected", reason=reason).increment(1.0)

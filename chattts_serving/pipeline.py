@@ -8,6 +8,7 @@ the vocoder models; in unit tests, the same package objects called in-process.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -34,13 +35,20 @@ class RequestError(Exception):
 
 @dataclass(frozen=True)
 class EntryRequest:
-    """A validated entry-point request."""
+    """A validated entry-point request.
+
+    ``priority``: 'realtime' or 'batch'; ``timeout_s``: deadline for the whole request from
+    its arrival, or None; ``request_id``: the client's id (or a generated one) for logs.
+    """
 
     text: str
     voice: str
     vocoder: str
     params: SamplingParams
     lookahead_tokens: int | None
+    priority: str = "realtime"
+    timeout_s: float | None = None
+    request_id: str = ""
 
 
 @dataclass(frozen=True)
@@ -67,8 +75,9 @@ class Stages(Protocol):
         """-> (input_ids (T,) int32, spk_emb (H,) float32). Raises RequestError."""
 
     def generate(self, input_ids: np.ndarray, spk_emb: np.ndarray, params: SamplingParams,
-                 emit_tokens: int) -> TokenStream:
-        """Start a sequence on the engine. Iterating raises RequestError on engine errors."""
+                 emit_tokens: int, priority: int = 0, timeout_s: float | None = None) -> TokenStream:
+        """Start a sequence on the engine (``priority`` 0 realtime / 1 batch; ``timeout_s``
+        after which the engine ends it with an error). Iterating raises RequestError."""
 
     def vocode(self, path: str, window: np.ndarray) -> np.ndarray:
         """Window (T, H) float32 or (T, 4) int32 -> audio (512T-256,) float32. Raises RequestError."""
@@ -106,11 +115,41 @@ def _string(inputs: Mapping[str, np.ndarray], name: str, required: bool) -> str 
         raise RequestError(f"input '{name}' is not valid UTF-8 (byte {exc.start})") from None
 
 
-def parse_entry(inputs: Mapping[str, np.ndarray], max_new_tokens_cap: int,
-                default_vocoder: str) -> EntryRequest:
-    """Validate an entry request's tensors (name -> numpy array). Raises RequestError."""
+def parse_request_params(params: Mapping[str, object]) -> tuple[str, float | None]:
+    """Validate Triton request parameters: -> (priority class, timeout in s or None).
+
+    Known keys are ``contract.REQUEST_PARAMS``; any other key is refused, so that a typo
+    (``priorty``) is an error instead of being ignored. Raises RequestError.
+    """
+    unknown = sorted(k for k in params if k not in contract.REQUEST_PARAMS)
+    if unknown:
+        raise RequestError(f"unknown request parameter(s) {unknown}; known: {list(contract.REQUEST_PARAMS)}")
+    priority = params.get(contract.PARAM_PRIORITY, "realtime")
+    if priority not in contract.PRIORITIES:
+        raise RequestError(f"priority must be one of {sorted(contract.PRIORITIES)}, got {priority!r}")
+    timeout = params.get(contract.PARAM_TIMEOUT_S)
+    if timeout is not None:
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float, str)):
+            raise RequestError("timeout_s must be a number of seconds")
+        try:
+            timeout = float(timeout)
+        except ValueError:
+            raise RequestError(f"timeout_s must be a number of seconds, got {timeout!r}") from None
+        if not 0.0 < timeout <= 3600.0:
+            raise RequestError(f"timeout_s={timeout} is out of range (0, 3600]")
+    return str(priority), timeout
+
+
+def parse_entry(inputs: Mapping[str, np.ndarray], max_new_tokens_cap: int, default_vocoder: str,
+                request_params: Mapping[str, object] | None = None, request_id: str = "",
+                max_text_chars: int = 4096) -> EntryRequest:
+    """Validate an entry request's tensors (name -> numpy array) and request parameters.
+    Raises RequestError."""
+    priority, timeout_s = parse_request_params(request_params or {})
     text = _string(inputs, contract.IN_TEXT.name, required=True)
     assert text is not None
+    if len(text) > max_text_chars:
+        raise RequestError(f"text has {len(text)} characters; the limit is {max_text_chars}")
     voice = _string(inputs, contract.IN_VOICE.name, required=False) or ""
     vocoder = (_string(inputs, contract.IN_VOCODER.name, required=False) or default_vocoder).strip()
     if vocoder not in contract.VOCODER_PATHS:
@@ -133,7 +172,7 @@ def parse_entry(inputs: Mapping[str, np.ndarray], max_new_tokens_cap: int,
             lookahead = int(v)
         elif spec.name == "lookahead_tokens" and v == 0:
             raise RequestError("lookahead_tokens must be >= 1 (or -1 for the default)")
-    return EntryRequest(text, voice, vocoder, params, lookahead)
+    return EntryRequest(text, voice, vocoder, params, lookahead, priority, timeout_s, request_id)
 
 
 @dataclass
@@ -146,6 +185,9 @@ class StreamResult:
     stop_reason: str = ""
     first_audio_s: float | None = None
     chunk_samples: list[int] = field(default_factory=list)
+    segments: int = 0
+    capped_segments: list[int] = field(default_factory=list)
+    """Indices of segments that hit max_new_tokens (their sentence may be cut short)."""
 
 
 class _TokenStore:
@@ -175,32 +217,96 @@ class _TokenStore:
         return self.hidden[start:end] if path == "hidden" else self.codes[start:end]
 
 
+_SENTENCE_END = re.compile(r"(?<=[。！？!?；;\n])|(?<=[.](?=\s))")
+MAX_SEGMENT_CHARS = 120
+"""Longest text segment generated as one GPT sequence (ChatTTS splits its input at 。 too)."""
+
+
+def split_segments(text: str, max_chars: int = MAX_SEGMENT_CHARS) -> list[str]:
+    """Split text at sentence ends into segments of at most ``max_chars`` characters, in order,
+    nothing dropped (whitespace-only pieces are merged away). A sentence longer than
+    ``max_chars`` is cut at a comma when it has one, else hard."""
+    pieces = [p for p in _SENTENCE_END.split(text) if p]
+    out: list[str] = []
+    for piece in pieces:
+        while len(piece) > max_chars:
+            cut = max(piece.rfind(c, 0, max_chars) for c in "，,、 ")
+            cut = cut + 1 if cut > 0 else max_chars
+            out.append(piece[:cut])
+            piece = piece[cut:]
+        if out and (not piece.strip() or len(out[-1]) + len(piece) <= max_chars // 4):
+            out[-1] += piece
+        else:
+            out.append(piece)
+    return [seg for seg in out if seg.strip()] or [text]
+
+
+class DeadlineExceeded(RequestError):
+    """The request's ``timeout_s`` passed."""
+
+    def __init__(self, timeout_s: float) -> None:
+        super().__init__(f"deadline exceeded: the request did not finish within timeout_s={timeout_s:g}",
+                         UNAVAILABLE)
+
+
+def _check_deadline(req: EntryRequest, t0: float) -> float | None:
+    """Seconds left before the deadline (None without one). Raises DeadlineExceeded."""
+    if req.timeout_s is None:
+        return None
+    left = req.timeout_s - (time.monotonic() - t0)
+    if left <= 0:
+        raise DeadlineExceeded(req.timeout_s)
+    return left
+
+
 def stream_audio(req: EntryRequest, stages: Stages, schedule: ChunkSchedule, emit_tokens: int,
-                 send: Callable[[np.ndarray], None], cancelled: Callable[[], bool]) -> StreamResult:
+                 send: Callable[[np.ndarray], None], cancelled: Callable[[], bool],
+                 t0: float | None = None) -> StreamResult:
     """Run one streaming request: send each audio chunk (1-D float32, 24 kHz) as it is ready.
 
-    Returns a :class:`StreamResult`; raises RequestError (the caller sends it as the stream's
-    error). Stops early, without error, when ``cancelled()`` turns true.
+    Text is split into sentence segments (:func:`split_segments`) generated one after the
+    other and streamed in order. Returns a :class:`StreamResult`; raises RequestError (the
+    caller sends it as the stream's error), DeadlineExceeded past ``req.timeout_s`` (counted
+    from ``t0``, the request's arrival). Stops early, without error, when ``cancelled()``.
     """
-    t0 = time.monotonic()
+    t0 = time.monotonic() if t0 is None else t0
     if req.lookahead_tokens is not None:
         schedule = schedule.with_lookahead(req.lookahead_tokens)
-    input_ids, spk_emb = stages.frontend(req.text, req.voice)
+    result = StreamResult()
+    segments = split_segments(req.text)
+    prepared = [stages.frontend(seg, req.voice) for seg in segments]
+    for index, (input_ids, spk_emb) in enumerate(prepared):
+        result.segments += 1
+        reason, n = _stream_segment(req, stages, schedule, emit_tokens, send, cancelled, t0, input_ids,
+                                    spk_emb, result)
+        result.tokens += n
+        result.stop_reason = reason
+        if reason == CANCELLED:
+            return result
+        if reason == contract.STOP_MAX_TOKENS:
+            result.capped_segments.append(index)
+    return result
+
+
+def _stream_segment(req: EntryRequest, stages: Stages, schedule: ChunkSchedule, emit_tokens: int,
+                    send: Callable[[np.ndarray], None], cancelled: Callable[[], bool], t0: float,
+                    input_ids: np.ndarray, spk_emb: np.ndarray, result: StreamResult) -> tuple[str, int]:
     chunker = StreamChunker(schedule)
     store = _TokenStore()
-    result = StreamResult()
-    tokens = stages.generate(input_ids, spk_emb, req.params, emit_tokens)
+    left = _check_deadline(req, t0)
+    tokens = stages.generate(input_ids, spk_emb, req.params, emit_tokens, contract.PRIORITIES[req.priority], left)
     ended = False
+    reason = ""
     try:
         for batch in tokens:
             store.add(batch)
             finished = bool(batch.stop_reason)
             if finished:
                 ended = True
-                result.stop_reason = batch.stop_reason
+                reason = batch.stop_reason
             if cancelled():
-                result.stop_reason = CANCELLED
-                return result
+                return CANCELLED, store.n
+            _check_deadline(req, t0)
             while (w := chunker.next_window(store.n, finished)) is not None:
                 audio = stages.vocode(req.vocoder, store.window(req.vocoder, w.start, w.end))
                 out = chunker.emit(w, audio)
@@ -216,28 +322,43 @@ def stream_audio(req: EntryRequest, stages: Stages, schedule: ChunkSchedule, emi
     finally:
         if not ended:
             tokens.cancel()
-    result.tokens = store.n
-    if not result.stop_reason:
-        raise RequestError("the GPT engine ended the stream without a stop reason", INTERNAL)
-    if store.n == 0:
-        raise RequestError("the model ended the utterance before producing any audio; "
-                           "try another seed or set min_new_tokens", INTERNAL)
-    return result
-
-
-def offline_audio(req: EntryRequest, stages: Stages, emit_tokens: int = 64) -> tuple[np.ndarray, str]:
-    """Run one request to the end and vocode the whole utterance in one window (ChatTTS'
-    offline decode). Returns (audio (512N-256,) float32, stop_reason). Raises RequestError."""
-    input_ids, spk_emb = stages.frontend(req.text, req.voice)
-    store = _TokenStore()
-    reason = ""
-    for batch in stages.generate(input_ids, spk_emb, req.params, emit_tokens):
-        store.add(batch)
-        if batch.stop_reason:
-            reason = batch.stop_reason
     if not reason:
         raise RequestError("the GPT engine ended the stream without a stop reason", INTERNAL)
     if store.n == 0:
         raise RequestError("the model ended the utterance before producing any audio; "
                            "try another seed or set min_new_tokens", INTERNAL)
-    return stages.vocode(req.vocoder, store.window(req.vocoder, 0, store.n)), reason
+    return reason, store.n
+
+
+def offline_audio(req: EntryRequest, stages: Stages, emit_tokens: int = 64,
+                  t0: float | None = None) -> tuple[np.ndarray, StreamResult]:
+    """Run one request to the end and vocode each segment in one window (ChatTTS' offline
+    decode). Returns (audio (sum of 512N-256 per segment,) float32, result). Raises RequestError."""
+    t0 = time.monotonic() if t0 is None else t0
+    result = StreamResult()
+    pieces = []
+    for index, seg in enumerate(split_segments(req.text)):
+        input_ids, spk_emb = stages.frontend(seg, req.voice)
+        store = _TokenStore()
+        reason = ""
+        left = _check_deadline(req, t0)
+        for batch in stages.generate(input_ids, spk_emb, req.params, emit_tokens,
+                                     contract.PRIORITIES[req.priority], left):
+            store.add(batch)
+            if batch.stop_reason:
+                reason = batch.stop_reason
+        if not reason:
+            raise RequestError("the GPT engine ended the stream without a stop reason", INTERNAL)
+        if store.n == 0:
+            raise RequestError("the model ended the utterance before producing any audio; "
+                               "try another seed or set min_new_tokens", INTERNAL)
+        _check_deadline(req, t0)
+        pieces.append(stages.vocode(req.vocoder, store.window(req.vocoder, 0, store.n)))
+        result.segments += 1
+        result.tokens += store.n
+        result.stop_reason = reason
+        if reason == contract.STOP_MAX_TOKENS:
+            result.capped_segments.append(index)
+    audio = np.concatenate(pieces).astype(np.float32, copy=False)
+    result.samples, result.chunks = int(audio.size), 1
+    return audio, result

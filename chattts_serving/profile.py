@@ -77,6 +77,20 @@ class EntryProfile(_Strict):
     priority_levels: int = Field(ge=1, le=8)
     default_priority_level: int = Field(ge=1)
     offline_instance_count: int = Field(ge=1)
+    breaker_failures: int = Field(ge=1)
+    breaker_cooldown_s: float = Field(gt=0)
+
+
+class DegradeProfile(_Strict):
+    """Thresholds of :class:`~chattts_serving.resilience.Degrader` and the degraded token cap."""
+
+    live_high: int = Field(ge=1)
+    live_low: int = Field(ge=0)
+    ttfa_p95_high_s: float = Field(gt=0)
+    ttfa_p95_low_s: float = Field(gt=0)
+    window: int = Field(ge=1)
+    min_dwell_s: float = Field(ge=0)
+    max_new_tokens: int = Field(ge=1)
 
 
 class Profile(_Strict):
@@ -91,6 +105,7 @@ class Profile(_Strict):
     frontend: FrontendProfile
     stream: StreamProfile
     entry: EntryProfile
+    degrade: DegradeProfile
 
     @model_validator(mode="after")
     def _consistent(self) -> Profile:
@@ -98,6 +113,9 @@ class Profile(_Strict):
             raise ValueError("instance_kind KIND_GPU needs gpu_ids")
         if self.entry.default_priority_level > self.entry.priority_levels:
             raise ValueError("entry.default_priority_level exceeds entry.priority_levels")
+        d = self.degrade
+        if d.live_low >= d.live_high or d.ttfa_p95_low_s > d.ttfa_p95_high_s:
+            raise ValueError("degrade: the recover thresholds must be below the degrade thresholds")
         self.stream.schedule()
         return self
 

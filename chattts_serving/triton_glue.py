@@ -23,6 +23,7 @@ import numpy as np
 from . import contract
 from .pipeline import INTERNAL, INVALID, UNAVAILABLE, RequestError, TokenBatch, _scalar
 from .profile import Profile, profile_from_json
+from .resilience import CircuitBreaker, CircuitOpen
 from .runtime import Artifacts
 from .sampling import ParamError, SamplingParams
 
@@ -147,10 +148,21 @@ def engine_control(inputs: dict[str, np.ndarray]) -> tuple[str, str]:
     return control, stream_id
 
 
-def engine_sequence_args(inputs: dict[str, np.ndarray], hidden_size: int,
-                         max_new_tokens_cap: int) -> tuple[np.ndarray, np.ndarray | None, SamplingParams, int]:
-    """Validate a GPT-engine request: (prompt ids (T,), spk_emb (H,) or None, params, emit_tokens).
-    Raises RequestError."""
+@dataclass(frozen=True)
+class EngineArgs:
+    """A validated GPT-engine request: prompt ids (T,) int64, spk_emb (H,) float32 or None,
+    sampling parameters, tokens per response, scheduling class, timeout in s or None."""
+
+    input_ids: np.ndarray
+    spk_emb: np.ndarray | None
+    params: SamplingParams
+    emit_tokens: int
+    priority: int
+    timeout_s: float | None
+
+
+def engine_sequence_args(inputs: dict[str, np.ndarray], hidden_size: int, max_new_tokens_cap: int) -> EngineArgs:
+    """Validate a GPT-engine request. Raises RequestError."""
     ids = inputs.get(contract.FE_INPUT_IDS.name)
     if ids is None:
         raise RequestError("missing required input 'input_ids'")
@@ -170,11 +182,22 @@ def engine_sequence_args(inputs: dict[str, np.ndarray], hidden_size: int,
         params = SamplingParams(**values).validate(max_new_tokens_cap)  # type: ignore[arg-type]
     except ParamError as exc:
         raise RequestError(str(exc)) from None
-    emit = inputs.get(contract.EN_EMIT_TOKENS.name)
-    emit_tokens = int(emit.reshape(-1)[0]) if emit is not None and emit.size == 1 else 1
-    if not 1 <= emit_tokens <= 4096:
-        raise RequestError("emit_tokens must be in [1, 4096]")
-    return ids.astype(np.int64), spk, params, emit_tokens
+    emit_tokens = _int_input(inputs, contract.EN_EMIT_TOKENS.name, 1, 1, 4096)
+    priority = _int_input(inputs, contract.EN_PRIORITY.name, 0, 0, max(contract.PRIORITIES.values()))
+    timeout_ms = _int_input(inputs, contract.EN_TIMEOUT_MS.name, 0, 0, 3_600_000)
+    return EngineArgs(ids.astype(np.int64), spk, params, emit_tokens, priority, timeout_ms / 1000 or None)
+
+
+def _int_input(inputs: dict[str, np.ndarray], name: str, default: int, low: int, high: int) -> int:
+    arr = inputs.get(name)
+    if arr is None:
+        return default
+    if arr.size != 1 or arr.dtype.kind not in "iu":
+        raise RequestError(f"{name} must be one integer")
+    v = int(arr.reshape(-1)[0])
+    if not low <= v <= high:
+        raise RequestError(f"{name}={v} is out of range [{low}, {high}]")
+    return v
 
 
 # --------------------------------------------------------------------------------------
@@ -183,15 +206,25 @@ def engine_sequence_args(inputs: dict[str, np.ndarray], hidden_size: int,
 class BlsStages:
     """:class:`~chattts_serving.pipeline.Stages` over BLS calls to the other models."""
 
-    def __init__(self, pb: Any) -> None:
+    def __init__(self, pb: Any, failure_threshold: int = 5, cooldown_s: float = 10.0) -> None:
         self.pb = pb
+        self.breakers = {stage: GuardedBreaker(CircuitBreaker(stage, failure_threshold, cooldown_s))
+                         for stage in ("frontend", "engine", "vocoder")}
 
     def _raise_if_error(self, response: Any, stage: str) -> None:
+        breaker = self.breakers[stage]
         if response.has_error():
-            raise error_from_bls(response.error())
+            err = error_from_bls(response.error())
+            if err.kind == INTERNAL:
+                breaker.failure()
+            else:
+                breaker.success()
+            raise err
+        breaker.success()
 
     def frontend(self, text: str, voice: str) -> tuple[np.ndarray, np.ndarray]:
         pb = self.pb
+        self.breakers["frontend"].before_or_raise()
         req = pb.InferenceRequest(
             model_name=contract.MODEL_FRONTEND,
             inputs=[string_tensor(pb, contract.IN_TEXT.name, text), string_tensor(pb, contract.IN_VOICE.name, voice)],
@@ -203,11 +236,14 @@ class BlsStages:
         return ids, spk
 
     def generate(self, input_ids: np.ndarray, spk_emb: np.ndarray, params: SamplingParams,
-                 emit_tokens: int) -> EngineStream:
-        return EngineStream(self.pb, input_ids, spk_emb, params, emit_tokens)
+                 emit_tokens: int, priority: int = 0, timeout_s: float | None = None) -> EngineStream:
+        self.breakers["engine"].before_or_raise()
+        return EngineStream(self.pb, input_ids, spk_emb, params, emit_tokens, priority, timeout_s,
+                            self.breakers["engine"])
 
     def vocode(self, path: str, window: np.ndarray) -> np.ndarray:
         pb = self.pb
+        self.breakers["vocoder"].before_or_raise()
         spec = contract.VO_HIDDEN if path == "hidden" else contract.VO_CODES
         arr = np.ascontiguousarray(window[None], dtype=spec.np_dtype)
         req = pb.InferenceRequest(model_name=contract.VOCODER_PATHS[path], inputs=[pb.Tensor(spec.name, arr)],
@@ -217,19 +253,43 @@ class BlsStages:
         return pb.get_output_tensor_by_name(resp, contract.VO_AUDIO.name).as_numpy()[0]
 
 
+class GuardedBreaker:
+    """A :class:`CircuitBreaker` whose open state surfaces as an UNAVAILABLE RequestError."""
+
+    def __init__(self, breaker: CircuitBreaker) -> None:
+        self.breaker = breaker
+
+    def before_or_raise(self) -> None:
+        try:
+            self.breaker.before()
+        except CircuitOpen as exc:
+            raise RequestError(f"server unavailable: {exc}", UNAVAILABLE) from None
+
+    def success(self) -> None:
+        self.breaker.success()
+
+    def failure(self) -> None:
+        self.breaker.failure()
+
+
 class EngineStream:
     """One sequence on the GPT engine over a decoupled BLS call: iterate for
     :class:`TokenBatch` es; :meth:`cancel` ends it early (Triton 2.51's BLS cannot cancel a
     request it sent, so a control request names the sequence by its ``stream_id``)."""
 
     def __init__(self, pb: Any, input_ids: np.ndarray, spk_emb: np.ndarray, params: SamplingParams,
-                 emit_tokens: int) -> None:
+                 emit_tokens: int, priority: int = 0, timeout_s: float | None = None,
+                 breaker: GuardedBreaker | None = None) -> None:
         self.pb = pb
+        self.breaker = breaker
         self.stream_id = uuid.uuid4().hex
         inputs = [pb.Tensor(contract.FE_INPUT_IDS.name, input_ids.astype(np.int32)),
                   pb.Tensor(contract.FE_SPK_EMB.name, spk_emb.astype(np.float32)),
                   pb.Tensor(contract.EN_EMIT_TOKENS.name, np.array([emit_tokens], np.int32)),
-                  string_tensor(pb, contract.EN_STREAM_ID.name, self.stream_id)]
+                  string_tensor(pb, contract.EN_STREAM_ID.name, self.stream_id),
+                  pb.Tensor(contract.EN_PRIORITY.name, np.array([priority], np.int32))]
+        if timeout_s is not None:
+            inputs.append(pb.Tensor(contract.EN_TIMEOUT_MS.name, np.array([int(timeout_s * 1000) + 1], np.int64)))
         for spec in contract.SAMPLING_PARAMS:
             dtype = contract.TensorSpec(spec.name, spec.triton_dtype, (1,)).np_dtype
             inputs.append(pb.Tensor(spec.name, np.array([getattr(params, spec.name)], dtype=dtype)))
@@ -241,7 +301,10 @@ class EngineStream:
         pb = self.pb
         for resp in self._responses:
             if resp.has_error():
-                raise error_from_bls(resp.error())
+                err = error_from_bls(resp.error())
+                if self.breaker is not None and err.kind == INTERNAL:
+                    self.breaker.failure()
+                raise err
             codes_t = pb.get_output_tensor_by_name(resp, contract.EN_CODES.name)
             if codes_t is None:
                 continue  # the empty response that carries only the final flag
@@ -249,6 +312,8 @@ class EngineStream:
             stop = pb.get_output_tensor_by_name(resp, contract.EN_STOP.name).as_numpy().reshape(-1)[0]
             batch = TokenBatch(codes_t.as_numpy(), hidden, stop.decode() if isinstance(stop, bytes) else str(stop))
             if batch.stop_reason:
+                if self.breaker is not None:
+                    self.breaker.success()
                 # Consume the final-flag response before handing over the last batch: an
                 # unfinished iterator keeps the calling model from unloading at shutdown.
                 for _ in self._responses:

@@ -2,6 +2,8 @@
 (FP32 [H]), sampling parameters, emit_tokens -> a stream of codes (INT32 [N, 4]), hidden
 (FP32 [N, H]), stop_reason (BYTES [1]). KV caches stay inside. Logic: chattts_serving.engine."""
 
+import time
+
 import triton_python_backend_utils as pb_utils
 
 from chattts_serving import contract
@@ -33,11 +35,12 @@ class TritonPythonModel:
                     self.engine.cancel(stream_id)
                     sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
                     continue
-                ids, spk, params, emit = glue.engine_sequence_args(
-                    inputs, self.hidden_size, self.profile.engine.max_new_tokens_cap)
+                a = glue.engine_sequence_args(inputs, self.hidden_size, self.profile.engine.max_new_tokens_cap)
+                deadline = time.monotonic() + a.timeout_s if a.timeout_s else None
                 try:
-                    self.engine.submit(Sequence(ids, spk, params, glue.SenderSink(pb_utils, sender),
-                                                emit_tokens=emit, request_id=stream_id or request.request_id()))
+                    self.engine.submit(Sequence(a.input_ids, a.spk_emb, a.params, glue.SenderSink(pb_utils, sender),
+                                                emit_tokens=a.emit_tokens, priority=a.priority, deadline_s=deadline,
+                                                request_id=stream_id or request.request_id()))
                 except EngineBusy as exc:
                     raise RequestError(str(exc), UNAVAILABLE) from None
                 except ValueError as exc:

@@ -1,6 +1,6 @@
-"""chattts_offline (HTTP/gRPC infer): same inputs as chattts -> the whole utterance as one
-audio tensor (FP32 [512*N-256], 24 kHz mono), vocoded in one window like offline ChatTTS.
-Logic: chattts_serving.pipeline.offline_audio over BLS calls."""
+"""chattts_offline (HTTP/gRPC infer): same inputs and request parameters as chattts -> the
+whole utterance as one audio tensor (FP32 [n], 24 kHz mono), each sentence vocoded in one
+window like offline ChatTTS. Logic: chattts_serving.entry and .pipeline.offline_audio."""
 
 from concurrent.futures import ThreadPoolExecutor
 
@@ -8,14 +8,14 @@ import triton_python_backend_utils as pb_utils
 
 from chattts_serving import contract
 from chattts_serving import triton_glue as glue
-from chattts_serving.pipeline import INTERNAL, RequestError, offline_audio, parse_entry
+from chattts_serving.entry import EntryService
+from chattts_serving.pipeline import INTERNAL, RequestError, offline_audio
 
 
 class TritonPythonModel:
     def initialize(self, args):
         setup = glue.ModelSetup.from_args(pb_utils, args, decoupled=False)
-        self.profile = setup.profile
-        self.stages = glue.BlsStages(pb_utils)
+        self.service = EntryService(pb_utils, setup.name, setup.profile)
         self.pool = ThreadPoolExecutor(8, thread_name_prefix="offline")
 
     def execute(self, requests):
@@ -23,13 +23,18 @@ class TritonPythonModel:
 
     def _one(self, request):
         try:
-            inputs = glue.request_inputs(pb_utils, request, contract.ENTRY_INPUTS)
-            req = parse_entry(inputs, self.profile.engine.max_new_tokens_cap, self.profile.stream.default_vocoder)
-            audio, _ = offline_audio(req, self.stages)
+            adm = self.service.admit(request)
         except RequestError as exc:
             return pb_utils.InferenceResponse(error=glue.triton_error(pb_utils, exc))
+        result, error, audio = None, None, None
+        try:
+            audio, result = offline_audio(adm.req, self.service.stages, t0=adm.arrival_s)
+        except RequestError as exc:
+            error = exc
         except Exception as exc:
             glue.log.exception("offline request failed")
-            return pb_utils.InferenceResponse(
-                error=glue.triton_error(pb_utils, RequestError(f"internal error: {type(exc).__name__}", INTERNAL)))
+            error = RequestError(f"internal error: {type(exc).__name__}", INTERNAL)
+        self.service.finish(adm, result, error)
+        if error is not None:
+            return pb_utils.InferenceResponse(error=glue.triton_error(pb_utils, error))
         return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(contract.OUT_AUDIO.name, audio)])
