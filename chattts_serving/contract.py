@@ -133,16 +133,13 @@ STREAM_PARAMS: Final = (
               doc="right context per chunk in tokens; -1 = the profile's default"),
 )
 
-# request parameters of the entry points (Triton request-level ``parameters``, not tensors)
-PARAM_PRIORITY: Final = "priority"
-"""'realtime' (default) or 'batch'; also send Triton's own ``priority`` (REALTIME/BATCH level)."""
-PARAM_TIMEOUT_S: Final = "timeout_s"
-"""Deadline for the whole request in seconds; expiry ends the stream with an error."""
+# priorities: the ``priority`` input of the entry points ("priority" itself is a reserved
+# Triton request-parameter name, and Python models cannot read Triton's request priority)
 PRIORITIES: Final = {"realtime": 0, "batch": 1}
-"""Priority class -> engine scheduling class (lower first)."""
+"""Priority class -> engine scheduling class (lower is admitted first)."""
 TRITON_PRIORITY_LEVEL: Final = {"realtime": 1, "batch": 2}
-"""Priority class -> Triton priority level of the entry models' queue (1 is served first)."""
-REQUEST_PARAMS: Final = (PARAM_PRIORITY, PARAM_TIMEOUT_S)
+"""Priority class -> Triton priority level for ``chattts_offline``'s queue (1 is served first);
+clients send it as the request's Triton ``priority`` alongside the ``priority`` input."""
 
 # entry-point inputs (models chattts and chattts_offline, max_batch_size 0)
 IN_TEXT: Final = TensorSpec("text", "TYPE_STRING", (1,), doc="UTF-8 text, Chinese and/or English")
@@ -150,7 +147,11 @@ IN_VOICE: Final = TensorSpec("voice", "TYPE_STRING", (1,), optional=True,
                              doc="speaker: integer seed, ChatTTS spk_emb string, or empty for the default")
 IN_VOCODER: Final = TensorSpec("vocoder", "TYPE_STRING", (1,), optional=True,
                                doc="'hidden' (Decoder, ChatTTS' default) or 'codes' (DVAE)")
-ENTRY_INPUTS: Final = (IN_TEXT, IN_VOICE, IN_VOCODER,
+IN_PRIORITY: Final = TensorSpec("priority", "TYPE_STRING", (1,), optional=True,
+                                doc="'realtime' (default) or 'batch': realtime requests are scheduled first")
+IN_TIMEOUT: Final = TensorSpec("timeout_s", "TYPE_FP32", (1,), optional=True,
+                               doc="deadline for the whole request in seconds, (0, 3600]; expiry ends it with an error")
+ENTRY_INPUTS: Final = (IN_TEXT, IN_VOICE, IN_VOCODER, IN_PRIORITY, IN_TIMEOUT,
                        *(p.tensor() for p in SAMPLING_PARAMS), *(p.tensor() for p in STREAM_PARAMS))
 OUT_AUDIO: Final = TensorSpec("audio", "TYPE_FP32", (-1,),
                               doc="mono waveform samples at SAMPLE_RATE_HZ, float32 in [-1, 1]")

@@ -61,11 +61,20 @@ class TokenBatch:
 
 
 class TokenStream(Protocol):
-    """Tokens of one sequence: iterate for batches; ``cancel()`` ends it early and drains."""
+    """Tokens of one sequence: iterate for batches; ``cancel()`` ends it early and drains;
+    ``request_cancel()`` (any thread) asks the engine to end it, the iterator then ends with
+    a ``cancelled`` batch."""
 
     def __iter__(self) -> Iterator[TokenBatch]: ...
 
     def cancel(self) -> None: ...
+
+    def request_cancel(self) -> None: ...
+
+
+Watch = Callable[[Callable[[], None]], Callable[[], None]]
+"""``watch(on_cancel)`` arranges for ``on_cancel()`` to run as soon as the client cancels and
+returns a function that stops watching."""
 
 
 class Stages(Protocol):
@@ -115,29 +124,24 @@ def _string(inputs: Mapping[str, np.ndarray], name: str, required: bool) -> str 
         raise RequestError(f"input '{name}' is not valid UTF-8 (byte {exc.start})") from None
 
 
-def parse_request_params(params: Mapping[str, object]) -> tuple[str, float | None]:
-    """Validate Triton request parameters: -> (priority class, timeout in s or None).
-
-    Known keys are ``contract.REQUEST_PARAMS``; any other key is refused, so that a typo
-    (``priorty``) is an error instead of being ignored. Raises RequestError.
-    """
-    unknown = sorted(k for k in params if k not in contract.REQUEST_PARAMS)
+def parse_request_params(params: Mapping[str, object]) -> None:
+    """Refuse Triton request parameters: the entry points take none (their knobs are input
+    tensors), so a parameter is a client mistake that must not be silently ignored.
+    Names starting with ``triton_`` (set by Triton itself) are allowed. Raises RequestError."""
+    unknown = sorted(k for k in params if not k.startswith("triton_"))
     if unknown:
-        raise RequestError(f"unknown request parameter(s) {unknown}; known: {list(contract.REQUEST_PARAMS)}")
-    priority = params.get(contract.PARAM_PRIORITY, "realtime")
+        raise RequestError(f"unknown request parameter(s) {unknown}: this model's options are input tensors "
+                           f"({', '.join(t.name for t in contract.ENTRY_INPUTS)})")
+
+
+def _priority_and_timeout(inputs: Mapping[str, np.ndarray]) -> tuple[str, float | None]:
+    priority = _string(inputs, contract.IN_PRIORITY.name, required=False) or "realtime"
     if priority not in contract.PRIORITIES:
         raise RequestError(f"priority must be one of {sorted(contract.PRIORITIES)}, got {priority!r}")
-    timeout = params.get(contract.PARAM_TIMEOUT_S)
-    if timeout is not None:
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float, str)):
-            raise RequestError("timeout_s must be a number of seconds")
-        try:
-            timeout = float(timeout)
-        except ValueError:
-            raise RequestError(f"timeout_s must be a number of seconds, got {timeout!r}") from None
-        if not 0.0 < timeout <= 3600.0:
-            raise RequestError(f"timeout_s={timeout} is out of range (0, 3600]")
-    return str(priority), timeout
+    timeout = _scalar(inputs, contract.ParamSpec(contract.IN_TIMEOUT.name, "TYPE_FP32", 0, 0, 3600))
+    if timeout is not None and not (np.isfinite(timeout) and 0.0 < timeout <= 3600.0):
+        raise RequestError(f"timeout_s={timeout} is out of range (0, 3600]")
+    return priority, (float(timeout) if timeout is not None else None)
 
 
 def parse_entry(inputs: Mapping[str, np.ndarray], max_new_tokens_cap: int, default_vocoder: str,
@@ -145,7 +149,8 @@ def parse_entry(inputs: Mapping[str, np.ndarray], max_new_tokens_cap: int, defau
                 max_text_chars: int = 4096) -> EntryRequest:
     """Validate an entry request's tensors (name -> numpy array) and request parameters.
     Raises RequestError."""
-    priority, timeout_s = parse_request_params(request_params or {})
+    parse_request_params(request_params or {})
+    priority, timeout_s = _priority_and_timeout(inputs)
     text = _string(inputs, contract.IN_TEXT.name, required=True)
     assert text is not None
     if len(text) > max_text_chars:
@@ -261,13 +266,15 @@ def _check_deadline(req: EntryRequest, t0: float) -> float | None:
 
 def stream_audio(req: EntryRequest, stages: Stages, schedule: ChunkSchedule, emit_tokens: int,
                  send: Callable[[np.ndarray], None], cancelled: Callable[[], bool],
-                 t0: float | None = None) -> StreamResult:
+                 t0: float | None = None, watch: Watch | None = None) -> StreamResult:
     """Run one streaming request: send each audio chunk (1-D float32, 24 kHz) as it is ready.
 
     Text is split into sentence segments (:func:`split_segments`) generated one after the
-    other and streamed in order. Returns a :class:`StreamResult`; raises RequestError (the
-    caller sends it as the stream's error), DeadlineExceeded past ``req.timeout_s`` (counted
-    from ``t0``, the request's arrival). Stops early, without error, when ``cancelled()``.
+    other and streamed in order. ``watch`` (optional) reports a client cancel between token
+    batches, so the engine drops the sequence at its next step. Returns a
+    :class:`StreamResult`; raises RequestError (the caller sends it as the stream's error),
+    DeadlineExceeded past ``req.timeout_s`` (counted from ``t0``, the request's arrival).
+    Stops early, without error, when ``cancelled()``.
     """
     t0 = time.monotonic() if t0 is None else t0
     if req.lookahead_tokens is not None:
@@ -278,7 +285,7 @@ def stream_audio(req: EntryRequest, stages: Stages, schedule: ChunkSchedule, emi
     for index, (input_ids, spk_emb) in enumerate(prepared):
         result.segments += 1
         reason, n = _stream_segment(req, stages, schedule, emit_tokens, send, cancelled, t0, input_ids,
-                                    spk_emb, result)
+                                    spk_emb, result, watch)
         result.tokens += n
         result.stop_reason = reason
         if reason == CANCELLED:
@@ -290,11 +297,13 @@ def stream_audio(req: EntryRequest, stages: Stages, schedule: ChunkSchedule, emi
 
 def _stream_segment(req: EntryRequest, stages: Stages, schedule: ChunkSchedule, emit_tokens: int,
                     send: Callable[[np.ndarray], None], cancelled: Callable[[], bool], t0: float,
-                    input_ids: np.ndarray, spk_emb: np.ndarray, result: StreamResult) -> tuple[str, int]:
+                    input_ids: np.ndarray, spk_emb: np.ndarray, result: StreamResult,
+                    watch: Watch | None) -> tuple[str, int]:
     chunker = StreamChunker(schedule)
     store = _TokenStore()
     left = _check_deadline(req, t0)
     tokens = stages.generate(input_ids, spk_emb, req.params, emit_tokens, contract.PRIORITIES[req.priority], left)
+    unwatch = watch(tokens.request_cancel) if watch is not None else None
     ended = False
     reason = ""
     try:
@@ -304,7 +313,7 @@ def _stream_segment(req: EntryRequest, stages: Stages, schedule: ChunkSchedule, 
             if finished:
                 ended = True
                 reason = batch.stop_reason
-            if cancelled():
+            if reason == contract.STOP_CANCELLED or cancelled():
                 return CANCELLED, store.n
             _check_deadline(req, t0)
             while (w := chunker.next_window(store.n, finished)) is not None:
@@ -320,6 +329,8 @@ def _stream_segment(req: EntryRequest, stages: Stages, schedule: ChunkSchedule, 
             if finished:
                 break
     finally:
+        if unwatch is not None:
+            unwatch()
         if not ended:
             tokens.cancel()
     if not reason:

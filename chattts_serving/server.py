@@ -27,6 +27,8 @@ from types import TracebackType
 from .profile import ProfileError, load_profile
 from .render import RenderError, render_repository
 
+SHM_GLOB = "/dev/shm/triton_python_backend_shm_region_*"
+
 
 class ServerError(RuntimeError):
     """tritonserver could not be found, started, or did not become ready."""
@@ -97,6 +99,7 @@ class TritonServer:
         self.extra_args = extra_args
         self.proc: subprocess.Popen[bytes] | None = None
         self._log: object | None = None
+        self._shm_before: set[str] = set()
 
     def command(self) -> list[str]:
         root = bundled_triton()
@@ -121,6 +124,7 @@ class TritonServer:
             env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (libdir, env.get("LD_LIBRARY_PATH")) if p)
         out = open(self.log_path, "wb") if self.log_path else None  # noqa: SIM115
         self._log = out
+        self._shm_before = set(glob.glob(SHM_GLOB))
         self.proc = subprocess.Popen(self.command(), stdout=out, stderr=subprocess.STDOUT, env=env,
                                      start_new_session=True)
         deadline = time.monotonic() + ready_timeout_s
@@ -157,7 +161,7 @@ class TritonServer:
         # group (and their shared-memory regions): end them too.
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.proc.pid, signal.SIGKILL)
-        for f in glob.glob("/dev/shm/triton_python_backend_shm_region_*"):
+        for f in set(glob.glob(SHM_GLOB)) - self._shm_before:
             if not _region_in_use(f):
                 with contextlib.suppress(OSError):
                     os.unlink(f)

@@ -7,11 +7,13 @@ adapters in ``model_repository/*/1/model.py`` stay a few lines each.
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import os
 import re
 import threading
+import time
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -320,9 +322,9 @@ class EngineStream:
                     pass
             yield batch
 
-    def cancel(self) -> None:
-        """End the sequence in the engine and drain its responses (an unfinished BLS
-        iterator would keep the calling model from unloading)."""
+    def request_cancel(self) -> None:
+        """Ask the engine to end the sequence (any thread); iteration then ends with a
+        ``cancelled`` batch."""
         pb = self.pb
         req = pb.InferenceRequest(model_name=contract.MODEL_ENGINE,
                                   inputs=[string_tensor(pb, contract.EN_STREAM_ID.name, self.stream_id),
@@ -330,8 +332,55 @@ class EngineStream:
                                   requested_output_names=[t.name for t in contract.ENGINE_OUTPUTS])
         for _ in req.exec(decoupled=True):
             pass
+
+    def cancel(self) -> None:
+        """End the sequence in the engine and drain its responses (an unfinished BLS
+        iterator would keep the calling model from unloading)."""
+        self.request_cancel()
         for _ in self._responses:
             pass
+
+
+class CancelWatcher:
+    """Polls the live streams' ``is_cancelled()`` every ``interval_s`` on one thread and runs
+    their ``on_cancel`` once, so that a client's cancel reaches the engine within about one
+    decode step even while the stream's own thread waits for tokens."""
+
+    def __init__(self, interval_s: float = 0.005) -> None:
+        self.interval_s = interval_s
+        self._watched: dict[int, tuple[Any, Any]] = {}
+        self._ids = itertools.count()
+        self._lock = threading.Lock()
+        threading.Thread(target=self._loop, name="cancel-watch", daemon=True).start()
+
+    def watcher(self, is_cancelled: Any) -> Any:
+        """A ``pipeline.Watch`` for one stream whose client is asked with ``is_cancelled()``."""
+        def watch(on_cancel: Any) -> Any:
+            key = next(self._ids)
+            with self._lock:
+                self._watched[key] = (is_cancelled, on_cancel)
+
+            def unwatch() -> None:
+                with self._lock:
+                    self._watched.pop(key, None)
+            return unwatch
+        return watch
+
+    def _loop(self) -> None:
+        while True:
+            time.sleep(self.interval_s)
+            with self._lock:
+                items = list(self._watched.items())
+            for key, (is_cancelled, on_cancel) in items:
+                try:
+                    if not is_cancelled():
+                        continue
+                    with self._lock:
+                        if self._watched.pop(key, None) is None:
+                            continue
+                    on_cancel()
+                except Exception:  # a failing check must not stop the watcher
+                    log.exception("cancel watcher")
 
 
 class StreamSlots:

@@ -36,7 +36,11 @@ def test_profiles_render_every_model_into_valid_configs(name: str, tmp_path: Pat
                                model_config_pb2.ModelConfig())
     assert stream.model_transaction_policy.decoupled
     assert [i.name for i in stream.input] == [t.name for t in contract.ENTRY_INPUTS]
-    assert stream.dynamic_batching.default_queue_policy.max_queue_size > 0
+    assert not stream.HasField("dynamic_batching")  # see render.model_specs: it stalls decoupled models
+    offline = text_format.Parse((tmp_path / "repo" / contract.MODEL_OFFLINE / "config.pbtxt").read_text(),
+                                model_config_pb2.ModelConfig())
+    assert offline.dynamic_batching.default_queue_policy.max_queue_size > 0
+    assert offline.dynamic_batching.priority_levels == 2
     voc = text_format.Parse((tmp_path / "repo" / contract.MODEL_VOCODER / "config.pbtxt").read_text(),
                             model_config_pb2.ModelConfig())
     assert voc.max_batch_size > 0 and voc.input[0].allow_ragged_batch

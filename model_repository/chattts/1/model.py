@@ -19,6 +19,7 @@ class TritonPythonModel:
         self.service = EntryService(pb_utils, setup.name, setup.profile)
         self.emit_tokens = setup.profile.stream.emit_tokens
         self.pool = ThreadPoolExecutor(setup.profile.entry.max_concurrent_streams, thread_name_prefix="stream")
+        self.watcher = glue.CancelWatcher()
 
     def execute(self, requests):
         for request in requests:
@@ -43,7 +44,7 @@ class TritonPythonModel:
         result, error = None, None
         try:
             result = stream_audio(adm.req, self.service.stages, adm.schedule, self.emit_tokens, send,
-                                  sender.is_cancelled, adm.arrival_s)
+                                  sender.is_cancelled, adm.arrival_s, self.watcher.watcher(sender.is_cancelled))
             sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
         except RequestError as exc:
             error = exc

@@ -1,0 +1,294 @@
+"""Overload, cancellation, priorities, deadlines and degradation against a real tritonserver
+whose profile has small limits (small generated model)."""
+
+from __future__ import annotations
+
+import json
+import queue
+import threading
+import time
+import tomllib
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import psutil
+import pytest
+import tritonclient.grpc as grpcclient
+
+from chattts_serving import contract
+from chattts_serving.profile import PROFILES_DIR, Profile
+from chattts_serving.render import render_repository
+from chattts_serving.runtime import Artifacts
+from chattts_serving.server import TritonServer
+
+from conftest import free_port
+
+pytestmark = pytest.mark.server
+
+MAX_STREAMS = 4
+ENGINE_BATCH = 2
+
+
+def _serve(artifacts: Artifacts, work: Path, **changes: dict[str, Any]) -> TritonServer:
+    data = tomllib.loads((PROFILES_DIR / "cpu.toml").read_text())
+    for table, values in changes.items():
+        data[table].update(values)
+    render_repository(Profile.model_validate(data), artifacts.root, work / "repo")
+    ports = free_port(), free_port(), free_port()
+    srv = TritonServer(work / "repo", http_port=ports[0], grpc_port=ports[1], metrics_port=ports[2],
+                       log_path=work / "tritonserver.log", build_dir=work / "build")
+    return srv.start()
+
+
+def _info(srv: TritonServer) -> dict[str, Any]:
+    return {"grpc": f"127.0.0.1:{srv.grpc_port}", "metrics": srv.metrics_port, "log": srv.log_path, "server": srv}
+
+
+@pytest.fixture(scope="module")
+def tight(small_artifacts: Artifacts, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """A server whose entry model admits 4 streams and whose engine decodes 2 at a time."""
+    srv = _serve(small_artifacts, tmp_path_factory.mktemp("tight"),
+                 entry={"max_concurrent_streams": MAX_STREAMS}, engine={"max_batch_size": ENGINE_BATCH})
+    try:
+        yield _info(srv)
+    finally:
+        srv.stop()
+
+
+@pytest.fixture(scope="module")
+def degrading(small_artifacts: Artifacts, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """A server whose degradation thresholds are forced low: on at 3 live streams, off at 1."""
+    srv = _serve(small_artifacts, tmp_path_factory.mktemp("degrading"),
+                 degrade={"live_high": 3, "live_low": 1, "ttfa_p95_high_s": 1000.0, "ttfa_p95_low_s": 999.0,
+                          "min_dwell_s": 0.0})
+    try:
+        yield _info(srv)
+    finally:
+        srv.stop()
+
+
+class Stream:
+    """One gRPC stream on ``chattts`` in a background thread, recording times (s since start)."""
+
+    def __init__(self, url: str, text: str, seed: int, tokens: int, parameters: dict | None = None,
+                 priority: str | None = None, timeout_s: float | None = None) -> None:
+        self.url, self.chunks, self.error = url, [], None  # type: ignore[var-annotated]
+        self.text, self.seed, self.tokens = text, seed, tokens
+        self.parameters, self.priority, self.timeout_s = parameters, priority, timeout_s
+        self.first_audio_s: float | None = None
+        self.end_s: float | None = None
+        self.first_chunk = threading.Event()
+        self.done = threading.Event()
+        self.client = grpcclient.InferenceServerClient(url)
+        self.q: queue.Queue[tuple[Any, Any]] = queue.Queue()
+        self.t0 = 0.0
+
+    def inputs(self) -> list[grpcclient.InferInput]:
+        out = []
+        for name, value, dt in (("text", np.array([self.text.encode()], np.object_), "BYTES"),
+                                ("seed", np.array([self.seed], np.int64), "INT64"),
+                                ("max_new_tokens", np.array([self.tokens], np.int32), "INT32"),
+                                ("min_new_tokens", np.array([self.tokens], np.int32), "INT32"),
+                                *([("priority", np.array([self.priority.encode()], np.object_), "BYTES")]
+                                  if self.priority else []),
+                                *([("timeout_s", np.array([self.timeout_s], np.float32), "FP32")]
+                                  if self.timeout_s else [])):
+            i = grpcclient.InferInput(name, list(value.shape), dt)
+            i.set_data_from_numpy(value)
+            out.append(i)
+        return out
+
+    def start(self) -> Stream:
+        self.client.start_stream(callback=lambda result, error: self.q.put((result, error)))
+        self.t0 = time.perf_counter()
+        self.client.async_stream_infer(contract.MODEL_STREAM, self.inputs(), enable_empty_final_response=True,
+                                       parameters=self.parameters)
+        threading.Thread(target=self._read, daemon=True).start()
+        return self
+
+    def _read(self) -> None:
+        while True:
+            try:
+                result, error = self.q.get(timeout=120)
+            except queue.Empty:
+                self.error = "timeout"
+                break
+            now = time.perf_counter() - self.t0
+            if error is not None:
+                self.error, self.end_s = str(error), now
+                break
+            audio = result.as_numpy(contract.OUT_AUDIO.name)
+            if audio is not None and audio.size:
+                self.chunks.append(audio)
+                if self.first_audio_s is None:
+                    self.first_audio_s = now
+                    self.first_chunk.set()
+            if result.get_response().parameters["triton_final_response"].bool_param:
+                self.end_s = now
+                break
+        self.first_chunk.set()  # wake waiters on error or end too; they check .error / .chunks
+        self.done.set()
+
+    def cancel(self) -> None:
+        self.client.stop_stream(cancel_requests=True)
+
+    def close(self) -> None:
+        if not self.done.is_set():
+            self.cancel()
+        self.done.wait(30)
+        self.client.stop_stream()
+        self.client.close()
+
+    @property
+    def audio(self) -> np.ndarray:
+        return np.concatenate(self.chunks) if self.chunks else np.zeros(0, np.float32)
+
+
+def metrics(port: int) -> dict[str, float]:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("tts_") or line.startswith("nv_inference_count"):
+            key, val = line.rsplit(" ", 1)
+            out[key] = float(val)
+    return out
+
+
+def gauge(port: int, name: str) -> float:
+    return sum(v for k, v in metrics(port).items() if k.startswith(name + "{"))
+
+
+def wait_for(pred, timeout_s: float = 30.0) -> bool:  # type: ignore[no-untyped-def]
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        if pred():
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def tree_rss(server: TritonServer) -> int:
+    assert server.proc is not None
+    root = psutil.Process(server.proc.pid)
+    return sum(p.memory_info().rss for p in [root, *root.children(recursive=True)])
+
+
+def test_overload_rejects_the_excess_at_once_and_completes_the_accepted(tight) -> None:
+    n = 3 * MAX_STREAMS
+    solo = Stream(tight["grpc"], "过载测试的句子。", 100, 300).start()
+    solo.done.wait(60)
+    solo.close()
+    assert solo.error is None
+    streams = [Stream(tight["grpc"], "过载测试的句子。", 100, 300) for _ in range(n)]
+    for s in streams:  # connect first, then send all requests together
+        s.client.start_stream(callback=lambda result, error, q=s.q: q.put((result, error)))
+    for s in streams:
+        s.t0 = time.perf_counter()
+        s.client.async_stream_infer(contract.MODEL_STREAM, s.inputs(), enable_empty_final_response=True)
+        threading.Thread(target=s._read, daemon=True).start()
+    for s in streams:
+        assert s.done.wait(120)
+        s.close()
+    busy = [s for s in streams if s.error]
+    ok = [s for s in streams if not s.error]
+    assert len(ok) == MAX_STREAMS and len(busy) == n - MAX_STREAMS
+    assert all("server busy" in (s.error or "") for s in busy), [s.error for s in busy]
+    # every accepted stream completes with its solo audio; rejections come before any audio
+    for s in ok:
+        np.testing.assert_allclose(s.audio, solo.audio, atol=1e-3)
+    first_audio = min(s.first_audio_s for s in ok if s.first_audio_s is not None)
+    slowest_reject = max(s.end_s for s in busy if s.end_s is not None)
+    print(f"\nbusy errors after at most {slowest_reject * 1000:.1f} ms; first audio after {first_audio * 1000:.1f} ms")
+    assert slowest_reject < first_audio
+    assert gauge(tight["metrics"], "tts_engine_active_sequences") == 0
+    m = metrics(tight["metrics"])
+    assert sum(v for k, v in m.items() if k.startswith("tts_rejected_total") and 'reason="busy"' in k) >= len(busy)
+
+
+def test_cancelled_streams_leave_the_engine_and_leak_nothing(tight) -> None:
+    port = tight["metrics"]
+    s = Stream(tight["grpc"], "取消测试。", 7, 400).start()
+    assert s.first_chunk.wait(60) and s.error is None, s.error
+    assert gauge(port, "tts_engine_active_sequences") == 1
+    steps_at_cancel = gauge(port, "tts_engine_decode_steps_total")
+    s.cancel()
+    assert wait_for(lambda: gauge(port, "tts_engine_active_sequences") == 0)
+    steps_after = gauge(port, "tts_engine_decode_steps_total")
+    assert steps_after - steps_at_cancel <= 3, "the engine kept decoding a cancelled stream"
+    s.close()
+
+    def burst(k: int) -> None:
+        for i in range(k):
+            st = Stream(tight["grpc"], "取消测试。", i, 400).start()
+            st.first_chunk.wait(60)
+            st.close()
+
+    burst(20)  # warm-up: allocator high-water marks
+    assert wait_for(lambda: gauge(port, "tts_engine_active_sequences") == 0)
+    rss_before = tree_rss(tight["server"])
+    burst(200)
+    assert wait_for(lambda: gauge(port, "tts_engine_active_sequences") == 0)
+    rss_after = tree_rss(tight["server"])
+    growth_mb = (rss_after - rss_before) / 2**20
+    print(f"\nRSS of the server tree: {rss_before / 2**20:.0f} MB -> {rss_after / 2**20:.0f} MB after 200 cancels")
+    assert growth_mb < 0.05 * rss_before / 2**20, f"RSS grew by {growth_mb:.1f} MB"
+
+
+def test_realtime_requests_get_audio_before_batch_requests_under_saturation(tight) -> None:
+    """Both engine slots are busy (one short, one long job); a batch request arrives, then a
+    realtime one: when the short job ends, the realtime request takes the free slot first."""
+    hogs = [Stream(tight["grpc"], "长时间占用。", 9, n, priority="batch") for n in (100, 800)]
+    for s in hogs:
+        s.start()
+    for s in hogs:
+        assert s.first_chunk.wait(60)
+    batch = Stream(tight["grpc"], "批量请求。", 1, 40, priority="batch").start()
+    time.sleep(0.05)
+    realtime = Stream(tight["grpc"], "实时请求。", 2, 40, priority="realtime").start()
+    for s in [*hogs, batch, realtime]:
+        assert s.done.wait(120)
+        s.close()
+    assert realtime.error is None and batch.error is None
+    assert realtime.first_audio_s is not None and batch.first_audio_s is not None
+    rt_at = realtime.t0 + realtime.first_audio_s
+    batch_at = batch.t0 + batch.first_audio_s
+    print(f"\nTTFA realtime {realtime.first_audio_s * 1000:.0f} ms, batch {batch.first_audio_s * 1000:.0f} ms")
+    assert rt_at < batch_at
+    assert realtime.first_audio_s < batch.first_audio_s
+
+
+def test_deadline_ends_the_stream_with_an_explicit_error(tight) -> None:
+    s = Stream(tight["grpc"], "超时测试。", 3, 2000, timeout_s=0.3).start()
+    assert s.done.wait(60)
+    s.close()
+    assert s.error is not None and "deadline exceeded" in s.error
+
+
+def test_unknown_request_parameter_is_refused(tight) -> None:
+    s = Stream(tight["grpc"], "参数测试。", 3, 20, {"priorty": "batch"}).start()
+    assert s.done.wait(60)
+    s.close()
+    assert s.error is not None and "unknown request parameter" in s.error
+
+
+def test_degradation_switches_on_under_load_and_back_off(degrading) -> None:
+    port = degrading["metrics"]
+    streams = [Stream(degrading["grpc"], "降级测试。", i, 80) for i in range(4)]
+    for s in streams:
+        s.start()
+        time.sleep(0.05)
+    seen_on = wait_for(lambda: gauge(port, "tts_degraded_mode") == 1.0, 30)
+    for s in streams:
+        s.done.wait(120)
+        s.close()
+    after = Stream(degrading["grpc"], "恢复。", 1, 10).start()
+    after.done.wait(60)
+    after.close()
+    assert seen_on
+    assert wait_for(lambda: gauge(port, "tts_degraded_mode") == 0.0, 10)
+    events = [json.loads(line[line.index("{"):]) for line in Path(degrading["log"]).read_text().splitlines()
+              if '"event":"degraded_mode"' in line]
+    assert [e["degraded"] for e in events][-2:] == [True, False]

@@ -1,0 +1,112 @@
+"""Circuit breaker, degradation switch, sentence segments and request parameters, without a server."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from chattts_serving.pipeline import RequestError, parse_entry, parse_request_params, split_segments
+from chattts_serving.resilience import CircuitBreaker, CircuitOpen, Degrader, DegradeThresholds
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_breaker_opens_after_consecutive_failures_and_recovers_after_cooldown() -> None:
+    clock = Clock()
+    b = CircuitBreaker("vocoder", failure_threshold=3, cooldown_s=10.0, clock=clock)
+    for _ in range(2):
+        b.before()
+        b.failure()
+    b.before()
+    b.success()  # a success resets the count
+    for _ in range(3):
+        b.before()
+        b.failure()
+    assert b.state == "open"
+    with pytest.raises(CircuitOpen, match="vocoder"):
+        b.before()
+    clock.t = 10.5
+    assert b.state == "half-open"
+    b.before()  # the one trial call
+    with pytest.raises(CircuitOpen):
+        b.before()  # others still fail fast while the trial runs
+    b.failure()  # trial failed: open again for a full cool-down
+    clock.t = 15.0
+    with pytest.raises(CircuitOpen):
+        b.before()
+    clock.t = 21.0
+    b.before()
+    b.success()
+    assert b.state == "closed" and b.opened_total == 1
+
+
+def test_degrader_switches_on_load_and_back_with_hysteresis() -> None:
+    clock = Clock()
+    switches: list[bool] = []
+    d = Degrader(DegradeThresholds(live_high=10, live_low=4, ttfa_p95_high_s=2.0, ttfa_p95_low_s=1.0,
+                                   window=10, min_dwell_s=5.0), on_switch=switches.append, clock=clock)
+    assert d.update(5) is False
+    assert d.update(10) is True
+    clock.t = 1.0
+    assert d.update(0) is True  # dwell time not over
+    clock.t = 6.0
+    assert d.update(6) is True  # above the recover threshold
+    assert d.update(4) is False
+    clock.t = 20.0
+    for _ in range(10):
+        d.record_ttfa(3.0)
+    assert d.update(0) is True  # slow first audio alone degrades
+    assert switches == [True, False, True] and d.switches == 3
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("你好。", ["你好。"]),
+    ("第一句话比较长一些，对吧。第二句话也比较长一些，是的。第三句。", None),
+    ("Hello there. How are you? Fine!", None),
+    ("没有标点的一段很长的文字" * 30, None),
+])
+def test_segments_keep_every_character_in_order(text: str, expected: list[str] | None) -> None:
+    segs = split_segments(text, max_chars=40)
+    assert "".join(segs) == text
+    assert all(len(s) <= 40 for s in segs)
+    if expected is not None:
+        assert segs == expected
+
+
+def test_short_sentences_are_merged_not_split_into_tiny_segments() -> None:
+    assert len(split_segments("好。对。是。", max_chars=120)) == 1
+
+
+@pytest.mark.parametrize("inputs, error", [
+    ({"priority": np.array([b"urgent"], np.object_)}, "priority"),
+    ({"timeout_s": np.array([-1.0], np.float32)}, "timeout_s"),
+    ({"timeout_s": np.array([np.inf], np.float32)}, "timeout_s"),
+    ({"timeout_s": np.array([1.0], np.float64)}, "timeout_s"),
+])
+def test_bad_priority_or_timeout_is_refused(inputs: dict, error: str) -> None:
+    with pytest.raises(RequestError, match=error):
+        parse_entry({"text": np.array([b"hi"], np.object_), **inputs}, 1024, "hidden")
+
+
+def test_request_parameters_are_refused_but_triton_ones_pass() -> None:
+    with pytest.raises(RequestError, match="unknown request parameter"):
+        parse_request_params({"priorty": "batch"})
+    parse_request_params({"triton_enable_empty_final_response": True})
+
+
+def test_priority_and_timeout_are_parsed() -> None:
+    req = parse_entry({"text": np.array([b"hi"], np.object_), "priority": np.array([b"batch"], np.object_),
+                       "timeout_s": np.array([2.5], np.float32)}, 1024, "hidden")
+    assert (req.priority, req.timeout_s) == ("batch", 2.5)
+
+
+def test_text_over_the_limit_is_refused_before_any_work() -> None:
+    text = np.array(["好".encode() * 50], dtype=np.object_)
+    with pytest.raises(RequestError, match="limit is 10"):
+        parse_entry({"text": text}, 1024, "hidden", max_text_chars=10)
