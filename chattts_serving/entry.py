@@ -54,7 +54,7 @@ class EntryService:
         self._lock = threading.Lock()
 
     def _on_switch(self, degraded: bool) -> None:
-        self.metrics.degraded.set(1.0 if degraded else 0.0)
+        self.metrics.set_gauge(self.metrics.degraded, 1.0 if degraded else 0.0)
         log_event("degraded_mode", level="warning", model=self.model, degraded=degraded,
                   live_streams=self.slots.live, ttfa_p95_s=round(self.degrader.ttfa_p95_s(), 3))
 
@@ -93,7 +93,7 @@ class EntryService:
                                max_chunk_tokens=schedule.max_chunk_tokens * 2)
         with self._lock:
             self._waiting += 1
-            self.metrics.queue.set(float(self._waiting))
+            self.metrics.set_gauge(self.metrics.queue, float(self._waiting))
         log_event("request_accepted", model=self.model, request_id=request_id, priority=req.priority,
                   degraded=degraded, text_chars=len(req.text), vocoder=req.vocoder)
         return Admitted(req, schedule, arrival, degraded)
@@ -102,7 +102,7 @@ class EntryService:
         """The request produced its first audio: it no longer counts as queued."""
         with self._lock:
             self._waiting = max(0, self._waiting - 1)
-            self.metrics.queue.set(float(self._waiting))
+            self.metrics.set_gauge(self.metrics.queue, float(self._waiting))
 
     def finish(self, adm: Admitted, result: StreamResult | None, error: RequestError | None) -> None:
         """Record the end of an accepted request (exactly once)."""

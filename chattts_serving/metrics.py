@@ -6,6 +6,7 @@ created once per model instance and must stay referenced for the model's lifetim
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 BATCH_BUCKETS = [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0]
@@ -92,6 +93,9 @@ class EntryMetrics:
         self.queue = self._fam["queue"].Metric(labels=labels)
         self.degraded = self._fam["degraded"].Metric(labels=labels)
         self.rss = self._fam["rss"].Metric(labels=labels)
+        # The Python backend's metric calls are not safe from several threads at once (Triton
+        # 2.51 crashed under concurrent streams): every metric update takes this lock.
+        self.lock = threading.Lock()
 
     def _counter(self, family: str, **labels: str) -> Any:
         key = (family, *sorted(labels.items()))
@@ -101,13 +105,19 @@ class EntryMetrics:
 
     def finished(self, status: str, priority: str, duration_s: float, audio_s: float,
                  ttfa_s: float | None) -> None:
-        self._counter("requests", status=status, priority=priority).increment(1.0)
-        self.duration.observe(duration_s)
-        if ttfa_s is not None:
-            self.ttfa.observe(ttfa_s)
-        if audio_s > 0:
-            self.audio.increment(audio_s)
-        self.rss.set(float(process_rss_bytes()))
+        with self.lock:
+            self._counter("requests", status=status, priority=priority).increment(1.0)
+            self.duration.observe(duration_s)
+            if ttfa_s is not None:
+                self.ttfa.observe(ttfa_s)
+            if audio_s > 0:
+                self.audio.increment(audio_s)
+            self.rss.set(float(process_rss_bytes()))
 
     def rejected(self, reason: str) -> None:
-        self._counter("rejected", reason=reason).increment(1.0)
+        with self.lock:
+            self._counter("rejected", reason=reason).increment(1.0)
+
+    def set_gauge(self, gauge: Any, value: float) -> None:
+        with self.lock:
+            gauge.set(value)

@@ -369,17 +369,23 @@ class CancelWatcher:
     def _loop(self) -> None:
         while True:
             time.sleep(self.interval_s)
+            fire = []
+            # is_cancelled() runs under the lock that unwatch() takes: once a stream has
+            # unwatched (before it sends its final response) it is never polled again. Polling
+            # a sender whose request has completed crashes Triton 2.51 (use after free in
+            # TRITONBACKEND_ResponseFactoryIsCancelled).
             with self._lock:
-                items = list(self._watched.items())
-            for key, (is_cancelled, on_cancel) in items:
+                for key, (is_cancelled, on_cancel) in list(self._watched.items()):
+                    try:
+                        if is_cancelled():
+                            del self._watched[key]
+                            fire.append(on_cancel)
+                    except Exception:  # a failing check must not stop the watcher
+                        log.exception("cancel watcher")
+            for on_cancel in fire:
                 try:
-                    if not is_cancelled():
-                        continue
-                    with self._lock:
-                        if self._watched.pop(key, None) is None:
-                            continue
                     on_cancel()
-                except Exception:  # a failing check must not stop the watcher
+                except Exception:
                     log.exception("cancel watcher")
 
 
