@@ -9,7 +9,7 @@ GRPC_PORT ?= 8001
 METRICS_PORT ?= 8002
 PYTEST_ARGS ?=
 
-.PHONY: help setup export export-small export-full serve demo test lint typecheck unit bench bench-smoke loadtest soak clean
+.PHONY: help setup export export-small export-full serve demo test lint typecheck unit bench bench-smoke loadtest soak gateway clean
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -60,6 +60,9 @@ bench-smoke:  ## seconds-long version of the benchmark (CI runs it through the t
 
 loadtest:  ## Locust headless against a running server (USERS, SPAWN_RATE, DURATION)
 	bash loadtest/run.sh
+
+gateway:  ## OpenAI-compatible /v1/audio/speech on :8080 over a running server's gRPC (GRPC_PORT)
+	$(PY) -m chattts_serving.gateway --triton-url 127.0.0.1:$(GRPC_PORT) --port 8080
 
 soak: setup  ## N minutes at concurrency K (MINUTES, CONCURRENCY, ARTIFACTS) -> results/soak.json; lost must be 0
 	$(PY) scripts/soak.py --artifacts $(ARTIFACTS) --minutes $(or $(MINUTES),30) --concurrency $(or $(CONCURRENCY),8)

@@ -136,11 +136,12 @@ class EngineStats:
     cancelled: int = 0
     errors: int = 0
     rebuilds: int = 0
+    row_reuses: int = 0
 
     def snapshot(self) -> dict[str, object]:
         return {"decode_steps": self.decode_steps, "prefill_calls": self.prefill_calls,
                 "tokens": self.tokens, "finished": self.finished, "cancelled": self.cancelled,
-                "errors": self.errors, "rebuilds": self.rebuilds,
+                "errors": self.errors, "rebuilds": self.rebuilds, "row_reuses": self.row_reuses,
                 "batch_sizes": {str(k): v for k, v in sorted(self.batch_sizes.items())}}
 
 
@@ -200,15 +201,28 @@ class Engine:
     def live_count(self) -> int:
         """Sequences waiting or running."""
         with self._cv:
-            return len(self._waiting) + len(self._running)
+            return len(self._waiting) + sum(1 for s in self._running if not s.done)
 
     def stats(self) -> dict[str, object]:
         with self._stats_lock:
             snap = self.stats_data.snapshot()
         with self._cv:
             snap["waiting"] = len(self._waiting)
-            snap["running"] = len(self._running)
+            snap["running"] = sum(1 for s in self._running if not s.done)
         return snap
+
+    def warm_up(self, batch_sizes: tuple[int, ...] = (1, 4, 16), prompt_tokens: int = 48,
+                past_tokens: int = 96) -> None:
+        """Run the GPT step once per shape class before serving, so that the first requests do
+        not pay ONNX Runtime's first-run allocations (about 1 s on the full model here)."""
+        h = self.emb.emb_text.shape[1]
+        self.runner.run(np.zeros((1, prompt_tokens, h), np.float32), np.ones((1, prompt_tokens), np.int64),
+                        self.runner.empty_past(1))
+        heads, hd = self.runner.art.num_heads, self.runner.art.head_dim
+        for b in batch_sizes:
+            b = min(b, self.config.max_batch_size)
+            past = [np.zeros((b, heads, past_tokens, hd), np.float32) for _ in range(2 * self.runner.layers)]
+            self.runner.run(np.zeros((b, 1, h), np.float32), np.ones((b, past_tokens + 1), np.int64), past)
 
     def start(self) -> None:
         """Start the scheduling thread."""
@@ -223,7 +237,7 @@ class Engine:
         if self._thread is not None:
             self._thread.join(timeout_s)
         with self._cv:
-            leftovers = [s for _, _, s in self._waiting] + self._running
+            leftovers = [s for _, _, s in self._waiting] + [s for s in self._running if not s.done]
             self._waiting.clear()
             self._running = []
         for s in leftovers:
@@ -233,7 +247,7 @@ class Engine:
     def _loop(self) -> None:
         while True:
             with self._cv:
-                while not self._stop and not self._waiting and not self._running:
+                while not self._stop and not self._waiting and not any(not s.done for s in self._running):
                     self._cv.wait()
                 if self._stop:
                     return
@@ -242,7 +256,7 @@ class Engine:
             except Exception as exc:  # keep serving: fail what was in flight, not the engine
                 log.exception("engine iteration failed")
                 with self._cv:
-                    victims = self._running
+                    victims = [s for s in self._running if not s.done]
                     self._running = []
                     self._kv, self._mask = [], np.zeros((0, 0), np.int64)
                 for s in victims:
@@ -261,10 +275,45 @@ class Engine:
         newcomers = self._admit()
         if newcomers:
             self._prefill(newcomers)
-        if any(s.done for s in self._running) or newcomers:
-            self._rebuild([s for s in newcomers if not s.done])
-        if self._running:
+        self._place([s for s in newcomers if not s.done])
+        if any(not s.done for s in self._running):
             self._decode()
+        if self._running and all(s.done for s in self._running):
+            self._rebuild([])  # the batch emptied: release its KV cache now
+
+    def _place(self, newcomers: list[Sequence]) -> None:
+        """Put newcomers into the batch. A finished row stays in the batch as a dead row (its
+        mask ignored, its output discarded) until a newcomer takes its slot: then only the
+        newcomer's KV is copied into that row, O(prompt) instead of rebuilding the whole batch
+        cache, O(batch x width) (measured: the full copy cost about one decode step per join at
+        batch 16). The batch is compacted by a full rebuild only when a newcomer does not fit
+        (no dead row, or a prompt longer than the batch width), when more than half the rows
+        are dead, or when every row is dead (then the cache is released)."""
+        rows = self._running
+        dead = [i for i, s in enumerate(rows) if s.done]
+        width = self._mask.shape[1]
+        leftover = []
+        for s in newcomers:
+            if dead and s.length <= width:
+                self._fill_row(dead.pop(), s)
+            else:
+                leftover.append(s)
+        if leftover or len(dead) * 2 > len(rows) or (rows and len(dead) == len(rows)):
+            self._rebuild(leftover)
+
+    def _fill_row(self, r: int, s: Sequence) -> None:
+        """Copy newcomer ``s``'s prefill KV right-aligned into dead row ``r``."""
+        assert s.prefill_kv is not None
+        width, n, pw = self._mask.shape[1], s.length, s.prefill_width
+        self._mask[r] = 0
+        self._mask[r, width - n:] = 1
+        for j, src in enumerate(s.prefill_kv):
+            self._kv[j][r, :, width - n:] = src[0, :, pw - n:pw]
+        s.prefill_kv = None
+        with self._cv:
+            self._running[r] = s
+        with self._stats_lock:
+            self.stats_data.row_reuses += 1
 
     def _admit(self) -> list[Sequence]:
         out: list[Sequence] = []
@@ -276,6 +325,10 @@ class Engine:
                 if seq.cancel_requested or seq.sink.cancelled():
                     heapq.heappop(self._waiting)
                     self._cancelled(seq)
+                    continue
+                if seq.deadline_s is not None and time.monotonic() > seq.deadline_s:
+                    heapq.heappop(self._waiting)
+                    self._fail(seq, "deadline exceeded while waiting for a slot")
                     continue
                 width = max([len(s.prompt_ids) for s in out] + [len(seq.prompt_ids)])
                 if out and width * (len(out) + 1) > self.config.max_prefill_tokens:
@@ -339,21 +392,24 @@ class Engine:
 
     def _decode(self) -> None:
         seqs = self._running
-        codes_in = np.stack([s.last_codes for s in seqs])  # type: ignore[misc]
+        zero = np.zeros(contract.NUM_VQ, np.int64)
+        codes_in = np.stack([zero if s.done or s.last_codes is None else s.last_codes for s in seqs])
         embeds = self.emb.codes(codes_in)[:, None, :].astype(np.float32)
         mask = np.concatenate([self._mask, np.ones((len(seqs), 1), np.int64)], axis=1)
         logits, hidden, present = self.runner.run(embeds, mask, self._kv)
         self._kv, self._mask = present, mask
-        for s in seqs:
-            s.length += 1
+        live_rows = [i for i, s in enumerate(seqs) if not s.done]
+        for i in live_rows:
+            seqs[i].length += 1
         with self._stats_lock:
             self.stats_data.decode_steps += 1
-            self.stats_data.batch_sizes[len(seqs)] += 1
-        codes = sample_batch(logits, [s.sampler for s in seqs])
-        self._accept(seqs, codes, hidden)
+            self.stats_data.batch_sizes[len(live_rows)] += 1
+        live = [seqs[i] for i in live_rows]
+        codes = sample_batch(logits[live_rows], [s.sampler for s in live])
+        self._accept(live, codes, hidden[live_rows])
         with self._cv:
-            live = len(self._waiting) + len(self._running)
-        self.observer.step(len(seqs), live, int(mask.shape[0] * mask.shape[1]))
+            queued = len(self._waiting) + sum(1 for s in self._running if not s.done)
+        self.observer.step(len(live_rows), queued, int(mask.shape[0] * mask.shape[1]))
 
     def _accept(self, seqs: list[Sequence], codes: np.ndarray, hidden: np.ndarray) -> None:
         """Record one sampled step per sequence, stream it, and mark ends."""

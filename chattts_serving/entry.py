@@ -110,13 +110,17 @@ class EntryService:
         if result is None or result.first_audio_s is None:
             self.first_audio(adm)
         self.slots.release()
-        status = "error" if error else ("cancelled" if result and result.stop_reason == CANCELLED else "ok")
+        if error is not None and error.kind == INVALID:
+            status = "invalid"  # client input refused by a stage (e.g. nothing speakable): not a server error
+            self.metrics.rejected("invalid")
+        else:
+            status = "error" if error else ("cancelled" if result and result.stop_reason == CANCELLED else "ok")
         audio_s = (result.samples / contract.SAMPLE_RATE_HZ) if result else 0.0
         ttfa = result.first_audio_s if result else None
         self.metrics.finished(status, adm.req.priority, duration, audio_s, ttfa)
         if ttfa is not None:
             self.degrader.record_ttfa(ttfa)
-        log_event("request_finished", level="error" if error else "info", model=self.model,
+        log_event("request_finished", level="error" if status == "error" else "info", model=self.model,
                   request_id=adm.req.request_id, priority=adm.req.priority, status=status,
                   duration_ms=round(duration * 1000, 1),
                   ttfa_ms=round(ttfa * 1000, 1) if ttfa is not None else None,

@@ -1,38 +1,49 @@
-"""Text front end: ChatTTS' normaliser, the tokenizer, prompt building and speaker selection.
+"""Text front end: text normalisation, ChatTTS' normaliser, prompt building and voices.
 
-The prompt is ChatTTS' ``Speaker.decorate_code_prompts`` form::
+``FrontEnd.prepare(text, voice)`` runs, in order:
 
-    [Stts][spk_emb][speed_5]{normalised text}[Ptts]
+1. :func:`chattts_serving.textnorm.normalize`: numbers, dates, times, phone numbers, money,
+   percentages, units and symbols verbalised per Chinese/English segment, punctuation mapped,
+   control tokens kept, unspeakable characters reported (never dropped silently);
+2. ChatTTS' own ``Normalizer`` (its homophone replacement and full-width marks for Chinese),
+   which then finds nothing to delete;
+3. the prompt, ChatTTS' ``Speaker.decorate_code_prompts`` form::
 
-tokenised without special tokens; the ``[spk_emb]`` position later receives the speaker
-vector. ChatTTS' ``Normalizer`` (without a registered number normaliser) deletes characters
-it cannot speak, digits among them; the front end never drops text silently: it reports
-those characters, and refuses text with nothing speakable left.
+       [Stts][spk_emb][speed_N]{normalised text}[Ptts]
+
+   with N from the first ``[speed_N]`` token in the text (default 5), tokenised without
+   special tokens; the ``[spk_emb]`` position later receives the speaker vector;
+4. the voice (:mod:`chattts_serving.voices`): seed, name or spk_emb string, through a bounded
+   LRU cache of speaker vectors.
+
+The same text and voice always give the same ids and the same speaker-vector bytes.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from . import textnorm
 from .runtime import Artifacts
-from .speaker import SpeakerError, decode_spk_emb, normalize_speaker, speaker_from_seed
+from .voices import DEFAULT_CACHE_ENTRIES, MAX_VOICE_SEED, SpeakerCache, VoiceBook, VoiceError
 
 log = logging.getLogger("chattts_serving.frontend")
 
-_SPEAKABLE = re.compile(r"[\u4e00-\u9fffA-Za-z]")
-_PROMPT_TAGS = ("[Stts]", "[spk_emb]", "[empty_spk]", "[Ptts]")
-MAX_VOICE_SEED = 2**32 - 1
+__all__ = ["MAX_VOICE_SEED", "FrontEnd", "FrontendError", "Prepared"]
+
+RAW_LENGTH_FACTOR = 2
+"""Text may be this many times ``max_text_chars`` long counting control tokens."""
 
 
 class FrontendError(ValueError):
-    """Input the front end refuses (empty text, nothing speakable, unknown voice, too long)."""
+    """Input the front end refuses (empty text, nothing speakable, unknown voice, too long, a
+    control token out of range); the message is meant for the client."""
 
 
 @dataclass(frozen=True)
@@ -40,19 +51,32 @@ class Prepared:
     """A request ready for the engine.
 
     input_ids: (T,) int32 prompt ids; spk_emb: (H,) float32 normalised speaker vector;
-    normalized: the text actually spoken; dropped: characters ChatTTS' normaliser removed.
+    normalized: the text actually spoken (control tokens included, ``[speed_N]`` moved into
+    the prompt); dropped: characters that could not be spoken and reserved tokens that were
+    removed, each once in order of appearance; speed: N of the prompt's ``[speed_N]`` (0..9).
     """
 
     input_ids: np.ndarray
     spk_emb: np.ndarray
     normalized: str
     dropped: tuple[str, ...]
+    speed: int = textnorm.DEFAULT_SPEED
 
 
 class FrontEnd:
-    """Stateless text -> prompt conversion for one artifact directory."""
+    """Text -> prompt conversion for one artifact directory.
 
-    def __init__(self, artifacts: Artifacts, max_text_chars: int, default_voice_seed: int) -> None:
+    ``max_text_chars``: the longest text accepted, in characters, control tokens not counted
+    (with them, at most ``RAW_LENGTH_FACTOR`` times as many). ``default_voice_seed``: the
+    voice of requests without one. ``voices``: the voice book (default: built-in names plus
+    the voices file of :func:`chattts_serving.voices.default_voices_path`).
+    ``speaker_cache_entries``: size of the speaker-vector LRU cache.
+
+    Raises :class:`FrontendError` at construction when the voices file is malformed.
+    """
+
+    def __init__(self, artifacts: Artifacts, max_text_chars: int, default_voice_seed: int,
+                 voices: VoiceBook | None = None, speaker_cache_entries: int = DEFAULT_CACHE_ENTRIES) -> None:
         from transformers import BertTokenizerFast  # type: ignore[attr-defined]
 
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -62,44 +86,55 @@ class FrontEnd:
         self.dim = int(self.std.shape[0])
         self.max_text_chars = max_text_chars
         self.default_voice_seed = default_voice_seed
+        try:
+            self.voices = voices if voices is not None else VoiceBook.load()
+            self.voices.validate(self.dim)
+        except VoiceError as exc:
+            raise FrontendError(str(exc)) from None
+        self.speakers = SpeakerCache(self.std, self.mean, speaker_cache_entries)
         self.normalizer = _chattts_normalizer()
 
     def speaker(self, voice: str) -> np.ndarray:
-        """(H,) normalised speaker vector for ``voice``: '' (default voice), an integer seed
-        in [0, 2**32-1], or a ChatTTS spk_emb string. Raises :class:`FrontendError`."""
-        voice = voice.strip()
-        if not voice:
-            raw = speaker_from_seed(self.default_voice_seed, self.std, self.mean)
-        elif re.fullmatch(r"[+-]?\d+", voice):
-            seed = int(voice)
-            if not 0 <= seed <= MAX_VOICE_SEED:
-                raise FrontendError(f"voice seed {seed} is out of range [0, {MAX_VOICE_SEED}]")
-            raw = speaker_from_seed(seed, self.std, self.mean)
-        else:
-            try:
-                raw = decode_spk_emb(voice, self.dim)
-            except SpeakerError as exc:
-                raise FrontendError(f"unknown voice: {exc}") from None
-        return normalize_speaker(raw)
+        """(H,) normalised speaker vector (read-only) for ``voice``: '' (default voice), an
+        integer seed in [0, 2**32-1], a voice name, or a ChatTTS spk_emb string.
+
+        Raises:
+            FrontendError: seed out of range, unknown name, or an invalid spk_emb string.
+        """
+        try:
+            return self.speakers.get(self.voices.resolve(voice, self.default_voice_seed))
+        except VoiceError as exc:
+            msg = str(exc)
+            raise FrontendError(msg if msg.startswith(("unknown voice", "voice seed")) else
+                                f"unknown voice: {msg}") from None
 
     def prepare(self, text: str, voice: str = "") -> Prepared:
-        """Normalise, build the prompt and tokenize. Raises :class:`FrontendError`."""
-        if len(text) > self.max_text_chars:
-            raise FrontendError(f"text has {len(text)} characters; the limit is {self.max_text_chars}")
-        for tag in _PROMPT_TAGS:
-            text = text.replace(tag, "")
-        text = text.strip()
-        if not text:
+        """Normalise ``text``, build the prompt and tokenize it, and resolve ``voice``.
+
+        Raises:
+            FrontendError: text too long, empty, without anything speakable, or with a control
+                token out of range; or a voice that cannot be resolved.
+        """
+        spoken_chars = len(textnorm.CONTROL_TOKEN.sub("", text))
+        if spoken_chars > self.max_text_chars or len(text) > RAW_LENGTH_FACTOR * self.max_text_chars:
+            raise FrontendError(f"text has {spoken_chars} characters; the limit is {self.max_text_chars}")
+        if not text.strip():
             raise FrontendError("text is empty")
+        try:
+            norm = textnorm.normalize(text)
+        except textnorm.TextNormError as exc:
+            raise FrontendError(str(exc)) from None
         spk = self.speaker(voice)
-        dropped = tuple(sorted(self.normalizer._count_invalid_characters(text)))
-        normalized = self.normalizer(text, do_text_normalization=True, do_homophone_replacement=True).strip()
-        if not _SPEAKABLE.search(re.sub(r"\[[\w_]+\]", "", normalized)):
-            raise FrontendError("text has nothing speakable after normalisation "
-                                f"(only punctuation, symbols or unsupported characters: {''.join(dropped)!r})")
-        prompt = f"[Stts][spk_emb][speed_5]{normalized}[Ptts]"
+        normalized = self.normalizer(norm.text, do_text_normalization=True, do_homophone_replacement=True).strip()
+        if not textnorm.SPOKEN_CHARS.search(textnorm.CONTROL_TOKEN.sub("", normalized)):
+            raise FrontendError("text has nothing speakable after normalisation (only punctuation, symbols or "
+                                f"unsupported characters: {''.join(norm.dropped)!r})")
+        speed = norm.speed if norm.speed is not None else textnorm.DEFAULT_SPEED
+        prompt = f"[Stts][spk_emb][speed_{speed}]{normalized}[Ptts]"
         ids = self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
-        return Prepared(np.asarray(ids, dtype=np.int32), spk, normalized, dropped)
+        if norm.dropped:
+            log.info("characters not spoken: %r", "".join(norm.dropped))
+        return Prepared(np.asarray(ids, dtype=np.int32), spk, normalized, norm.dropped, speed)
 
 
 def _chattts_normalizer() -> Any:

@@ -19,6 +19,7 @@ import numpy as np
 from . import contract
 from .chunking import ChunkSchedule, StreamChunker
 from .sampling import ParamError, SamplingParams
+from .textnorm import carry_speed
 
 INVALID, UNAVAILABLE, INTERNAL, CANCELLED = "invalid", "unavailable", "internal", "cancelled"
 
@@ -235,7 +236,8 @@ def split_segments(text: str, max_chars: int = MAX_SEGMENT_CHARS) -> list[str]:
     out: list[str] = []
     for piece in pieces:
         while len(piece) > max_chars:
-            cut = max(piece.rfind(c, 0, max_chars) for c in "，,、 ")
+            # cut after a full-width pause or ", " (never inside "1,234" or "3 km")
+            cut = max(max(piece.rfind(c, 0, max_chars) for c in "，、；"), piece.rfind(", ", 0, max_chars - 1))
             cut = cut + 1 if cut > 0 else max_chars
             out.append(piece[:cut])
             piece = piece[cut:]
@@ -280,7 +282,7 @@ def stream_audio(req: EntryRequest, stages: Stages, schedule: ChunkSchedule, emi
     if req.lookahead_tokens is not None:
         schedule = schedule.with_lookahead(req.lookahead_tokens)
     result = StreamResult()
-    segments = split_segments(req.text)
+    segments = carry_speed(split_segments(req.text))
     prepared = [stages.frontend(seg, req.voice) for seg in segments]
     for index, (input_ids, spk_emb) in enumerate(prepared):
         result.segments += 1
@@ -348,7 +350,7 @@ def offline_audio(req: EntryRequest, stages: Stages, emit_tokens: int = 64,
     t0 = time.monotonic() if t0 is None else t0
     result = StreamResult()
     pieces = []
-    for index, seg in enumerate(split_segments(req.text)):
+    for index, seg in enumerate(carry_speed(split_segments(req.text))):
         input_ids, spk_emb = stages.frontend(seg, req.voice)
         store = _TokenStore()
         reason = ""

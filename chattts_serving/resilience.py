@@ -91,6 +91,9 @@ class DegradeThresholds:
     ttfa_p95_low_s: float = 1.0
     window: int = 50
     min_dwell_s: float = 5.0
+    min_samples: int = 10
+    """TTFA samples needed before the TTFA criterion counts (one cold request must not
+    switch the service into degraded mode)."""
 
 
 class Degrader:
@@ -117,9 +120,10 @@ class Degrader:
             self._ttfa.append(seconds)
 
     def ttfa_p95_s(self) -> float:
+        """p95 of the recent TTFA samples in s; 0 while fewer than ``min_samples``."""
         with self._lock:
             data = sorted(self._ttfa)
-        if not data:
+        if len(data) < self.t.min_samples:
             return 0.0
         return data[min(len(data) - 1, int(0.95 * len(data)))]
 

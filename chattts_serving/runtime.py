@@ -153,6 +153,12 @@ class VocoderRunner:
         self.input_name = "hidden" if path == "hidden" else "codes"
         self.session = make_session(artifacts.root / graph, opts)
 
+    def warm_up(self, hidden_size: int, lengths: tuple[int, ...] = (17, 48, 96)) -> None:
+        """Decode one window of each length before serving (first-run allocations)."""
+        for n in lengths:
+            shape = (1, n, hidden_size) if self.path == "hidden" else (1, n, contract.NUM_VQ)
+            self.run(np.zeros(shape, np.float32 if self.path == "hidden" else np.int32))
+
     def run(self, windows: np.ndarray) -> np.ndarray:
         dtype = np.float32 if self.path == "hidden" else np.int32
         return self.session.run(["audio"], {self.input_name: np.ascontiguousarray(windows, dtype=dtype)})[0]

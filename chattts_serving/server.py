@@ -107,6 +107,7 @@ class TritonServer:
                 f"--backend-directory={backend_dir(self.build_dir)}",
                 f"--http-port={self.http_port}", f"--grpc-port={self.grpc_port}",
                 f"--metrics-port={self.metrics_port}", "--allow-metrics=true", "--allow-gpu-metrics=false",
+                "--metrics-config=summary_latencies=true",
                 "--disable-auto-complete-config", f"--exit-timeout-secs={self.exit_timeout_s}",
                 "--log-verbose=0", *self.extra_args]
 

@@ -298,11 +298,13 @@ class EngineStream:
         req = pb.InferenceRequest(model_name=contract.MODEL_ENGINE, inputs=inputs,
                                   requested_output_names=[t.name for t in contract.ENGINE_OUTPUTS])
         self._responses = req.exec(decoupled=True)
+        self.finished = False  # the engine's last response for this sequence has been read
 
     def __iter__(self) -> Iterator[TokenBatch]:
         pb = self.pb
         for resp in self._responses:
             if resp.has_error():
+                self.finished = True  # the engine's errors are final responses
                 err = error_from_bls(resp.error())
                 if self.breaker is not None and err.kind == INTERNAL:
                     self.breaker.failure()
@@ -320,7 +322,9 @@ class EngineStream:
                 # unfinished iterator keeps the calling model from unloading at shutdown.
                 for _ in self._responses:
                     pass
+                self.finished = True
             yield batch
+        self.finished = True
 
     def request_cancel(self) -> None:
         """Ask the engine to end the sequence (any thread); iteration then ends with a
@@ -335,10 +339,14 @@ class EngineStream:
 
     def cancel(self) -> None:
         """End the sequence in the engine and drain its responses (an unfinished BLS
-        iterator would keep the calling model from unloading)."""
+        iterator would keep the calling model from unloading). A no-op once the engine's last
+        response was read: asking a finished BLS iterator for more blocks forever."""
+        if self.finished:
+            return
         self.request_cancel()
         for _ in self._responses:
             pass
+        self.finished = True
 
 
 class CancelWatcher:

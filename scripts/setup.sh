@@ -31,7 +31,7 @@ fi
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
 PIP=("$VENV/bin/python" -m pip install -q --disable-pip-version-check)
 "${PIP[@]}" torch==2.13.0
-"${PIP[@]}" torch==2.13.0 -e ".[$ONNX_FLAVOUR,dev,bench]" -r docker/requirements-validate.txt
+"${PIP[@]}" torch==2.13.0 -e ".[$ONNX_FLAVOUR,dev,bench,gateway]" -r docker/requirements-validate.txt
 
 # torchaudio: drop the CUDA-only extensions where the CUDA runtime is absent.
 "$VENV/bin/python" - <<'PYEOF'

@@ -221,3 +221,22 @@ def test_cancel_by_request_id_ends_the_sequence_with_a_cancelled_reason(parts) -
     while eng.live_count():
         eng.run_once()
     assert a.reason == contract.STOP_MAX_TOKENS and len(a.all_codes) == 50
+
+
+def test_finished_rows_are_reused_by_newcomers_without_mixing(parts, small_artifacts: Artifacts) -> None:
+    """With 2 slots and 6 requests of different lengths, newcomers take over the rows of
+    finished sequences (row reuse, no full rebuild) and still get exactly their solo codes."""
+    reqs = [(_prompt(18 + 5 * i, 40 + i), _spk(small_artifacts, i),
+             SamplingParams(seed=7 * i, max_new_tokens=12 + 9 * i, min_new_tokens=12 + 9 * i)) for i in range(6)]
+    solo = [_solo(parts, small_artifacts, *r).all_codes for r in reqs]
+    eng = Engine(*parts, EngineConfig(max_batch_size=2))
+    sinks = [Sink() for _ in reqs]
+    for r, sink in zip(reqs, sinks):
+        eng.submit(Sequence(r[0], r[1], r[2], sink, emit_tokens=2))
+    while eng.live_count():
+        eng.run_once()
+    for i, sink in enumerate(sinks):
+        np.testing.assert_array_equal(sink.all_codes, solo[i], err_msg=f"request {i}")
+    stats = eng.stats()
+    assert stats["row_reuses"] >= 2, stats
+    assert eng._kv == []

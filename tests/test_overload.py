@@ -7,7 +7,6 @@ import json
 import queue
 import threading
 import time
-import tomllib
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,15 +15,15 @@ from typing import Any
 import numpy as np
 import psutil
 import pytest
+import tomllib
 import tritonclient.grpc as grpcclient
+from conftest import free_port
 
 from chattts_serving import contract
 from chattts_serving.profile import PROFILES_DIR, Profile
 from chattts_serving.render import render_repository
 from chattts_serving.runtime import Artifacts
 from chattts_serving.server import TritonServer
-
-from conftest import free_port
 
 pytestmark = pytest.mark.server
 
@@ -217,7 +216,11 @@ def test_cancelled_streams_leave_the_engine_and_leak_nothing(tight) -> None:
     s.cancel()
     assert wait_for(lambda: gauge(port, "tts_engine_active_sequences") == 0)
     steps_after = gauge(port, "tts_engine_decode_steps_total")
-    assert steps_after - steps_at_cancel <= 3, "the engine kept decoding a cancelled stream"
+    # The cancel travels client -> Triton -> the BLS watcher (polls every 5 ms) -> a control
+    # request -> the engine, which drops the sequence at its next step: a few ms, i.e. within
+    # one step of the full-size model (~25 ms) but a few steps of this small one (~1 ms).
+    print(f"\ndecode steps between the client's cancel and the sequence leaving: {steps_after - steps_at_cancel:.0f}")
+    assert steps_after - steps_at_cancel <= 8, "the engine kept decoding a cancelled stream"
     s.close()
 
     def burst(k: int) -> None:

@@ -50,7 +50,8 @@ class SynthesisRequest:
     temperature, top_p, repetition_penalty: FP32. top_k, max_new_tokens, min_new_tokens:
     INT32 (tokens; 1 token = ``contract.SAMPLES_PER_TOKEN`` samples). vocoder: 'hidden' or
     'codes'. lookahead_tokens: right context per streamed chunk in tokens (INT32, streaming
-    only; -1 = server default).
+    only; -1 = server default). priority: 'realtime' or 'batch'. timeout_s: deadline for the
+    whole request in seconds (FP32).
     """
 
     text: str
@@ -64,6 +65,8 @@ class SynthesisRequest:
     min_new_tokens: int | None = None
     vocoder: str | None = None
     lookahead_tokens: int | None = None
+    priority: str | None = None
+    timeout_s: float | None = None
 
     def tensors(self) -> Iterator[tuple[str, np.ndarray, str]]:
         """Yield ``(input name, numpy array of shape [1], client datatype)`` for each field

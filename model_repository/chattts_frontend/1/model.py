@@ -15,6 +15,7 @@ class TritonPythonModel:
         setup = glue.ModelSetup.from_args(pb_utils, args, decoupled=False)
         fp = setup.profile.frontend
         self.frontend = FrontEnd(setup.artifacts, fp.max_text_chars, fp.default_voice_seed)
+        self.frontend.prepare("你好，世界。Hello 123.", "")  # warm-up: normaliser JIT, tokenizer, voice
 
     def execute(self, requests):
         return [self._one(r) for r in requests]

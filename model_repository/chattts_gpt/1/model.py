@@ -23,6 +23,7 @@ class TritonPythonModel:
         ep = setup.profile.engine
         self.metrics = EngineMetrics(pb_utils, setup.name, ep.max_batch_size * ep.max_context_tokens)
         self.engine = Engine(runner, Embeddings(setup.artifacts), ep.engine_config(), self.metrics)
+        self.engine.warm_up()
         self.engine.start()
 
     def execute(self, requests):

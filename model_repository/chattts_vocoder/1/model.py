@@ -14,6 +14,7 @@ class TritonPythonModel:
     def initialize(self, args):
         setup = glue.ModelSetup.from_args(pb_utils, args, decoupled=False)
         self.runner = VocoderRunner(setup.artifacts, setup.parameters["vocoder_path"], setup.profile.ort("vocoder"))
+        self.runner.warm_up(setup.artifacts.hidden_size)
 
     def execute(self, requests):
         windows = [pb_utils.get_input_tensor_by_name(r, self.runner.input_name).as_numpy() for r in requests]

@@ -1,0 +1,48 @@
+"""The hardware ceiling: the exported GPT decode step alone in ONNX Runtime, no server.
+
+One decode step of batch B over a past of P positions yields B tokens; tokens/s = B / step
+time. The engine's efficiency is its in-server decode rate over this number at the same batch.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from ..runtime import Artifacts, GptStepRunner, OrtOptions
+
+
+def measure_raw_step(artifacts_dir: Path, opts: OrtOptions, batches: Sequence[int], *, past_tokens: int,
+                     repeats: int, warmup: int = 3, seed: int = 0) -> dict[str, object]:
+    """Median wall time of one decode step (T = 1) per batch size, on random inputs.
+
+    Inputs: embeddings (B, 1, H) float32, an all-ones int64 mask (B, P+1), and a random past of
+    ``past_tokens`` positions per layer (B, heads, P, head_dim) float32. ``repeats`` timed steps
+    follow ``warmup`` untimed ones. Returns {"past_tokens", "intra_op_threads",
+    "allow_spinning", "batches": {str(B): {"step_ms_p50", "step_ms_min", "tokens_per_s"}}}
+    (tokens_per_s = B / median step seconds).
+    """
+    art = Artifacts.load(artifacts_dir)
+    runner = GptStepRunner(art, opts)
+    rng = np.random.default_rng(seed)
+    out: dict[str, dict[str, float]] = {}
+    for b in batches:
+        embeds = rng.standard_normal((b, 1, art.hidden_size), dtype=np.float32)
+        mask = np.ones((b, past_tokens + 1), np.int64)
+        past = [rng.standard_normal((b, art.num_heads, past_tokens, art.head_dim), dtype=np.float32)
+                for _ in range(2 * art.num_layers)]
+        for _ in range(warmup):
+            runner.run(embeds, mask, past)
+        times = []
+        for _ in range(repeats):
+            t = time.perf_counter()
+            runner.run(embeds, mask, past)
+            times.append(time.perf_counter() - t)
+        med = float(np.median(times))
+        out[str(b)] = {"step_ms_p50": med * 1e3, "step_ms_min": float(np.min(times)) * 1e3,
+                       "tokens_per_s": b / med}
+    return {"past_tokens": past_tokens, "intra_op_threads": opts.intra_op_threads,
+            "allow_spinning": opts.allow_spinning, "repeats": repeats, "batches": out}

@@ -1,0 +1,187 @@
+"""Pure helpers of the benchmark: percentiles, per-request records, Prometheus text diffs.
+
+Nothing here talks to a server or loads a model; everything is unit-testable.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """The ``q``-th percentile (0..100, linear interpolation) of ``values``; None if empty."""
+    if not values:
+        return None
+    return float(np.percentile(np.asarray(values, dtype=np.float64), q))
+
+
+def mean(values: Sequence[float]) -> float | None:
+    """Arithmetic mean of ``values``; None if empty."""
+    return float(np.mean(np.asarray(values, dtype=np.float64))) if values else None
+
+
+def ratio(num: float | None, den: float | None) -> float | None:
+    """``num / den``, or None when either is unknown or ``den`` is zero."""
+    if num is None or den is None or den == 0 or not math.isfinite(num) or not math.isfinite(den):
+        return None
+    return num / den
+
+
+@dataclass(frozen=True)
+class RequestRecord:
+    """One benchmark request as the client saw it.
+
+    start_s: seconds from the level's start to sending. ttfa_s: seconds from sending to the
+    first non-empty audio chunk (None if none came). total_s: seconds from sending to the end
+    of the response. audio_s: seconds of audio received. tokens: GPT tokens asked for
+    (min = max = the budget). error: the failure's message, None on success.
+    """
+
+    index: int
+    text: str
+    start_s: float
+    ttfa_s: float | None
+    total_s: float
+    audio_s: float
+    chunks: int
+    tokens: int
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    def to_json(self) -> dict[str, object]:
+        return asdict(self)
+
+
+def summarize(records: Sequence[RequestRecord], wall_s: float) -> dict[str, float | int | None]:
+    """Latency, throughput and RTF of the successful requests of one run of ``wall_s`` seconds.
+
+    Keys: requests, ok, failed, wall_s; ttfa_p50_s, ttfa_p95_s, ttfa_mean_s; latency_p50_s,
+    latency_p95_s, latency_p99_s, latency_mean_s; requests_per_s (successful requests per wall
+    second); audio_s_total; audio_s_per_s (audio seconds per wall second); rtf_mean (mean of
+    total_s / audio_s per request; < 1 is faster than real time); tokens_per_s (tokens asked
+    for by successful requests per wall second).
+    """
+    ok = [r for r in records if r.ok]
+    ttfa = [r.ttfa_s for r in ok if r.ttfa_s is not None]
+    lat = [r.total_s for r in ok]
+    audio = sum(r.audio_s for r in ok)
+    rtfs = [r.total_s / r.audio_s for r in ok if r.audio_s > 0]
+    return {
+        "requests": len(records), "ok": len(ok), "failed": len(records) - len(ok), "wall_s": wall_s,
+        "ttfa_p50_s": percentile(ttfa, 50), "ttfa_p95_s": percentile(ttfa, 95), "ttfa_mean_s": mean(ttfa),
+        "latency_p50_s": percentile(lat, 50), "latency_p95_s": percentile(lat, 95),
+        "latency_p99_s": percentile(lat, 99), "latency_mean_s": mean(lat),
+        "requests_per_s": ratio(len(ok), wall_s), "audio_s_total": audio,
+        "audio_s_per_s": ratio(audio, wall_s), "rtf_mean": mean(rtfs),
+        "tokens_per_s": ratio(sum(r.tokens for r in ok), wall_s),
+    }
+
+
+# --- Prometheus text exposition ------------------------------------------------------------
+_SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)')
+_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+
+MetricKey = tuple[str, tuple[tuple[str, str], ...]]
+"""(metric name, sorted (label, value) pairs)."""
+
+
+def parse_prometheus(text: str) -> dict[MetricKey, float]:
+    """Samples of a Prometheus text exposition: {(name, sorted labels): value}.
+
+    Comment lines and unparsable values are skipped.
+    """
+    out: dict[MetricKey, float] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        m = _SAMPLE.match(line)
+        if not m:
+            continue
+        try:
+            value = float(m.group(3))
+        except ValueError:
+            continue
+        labels = tuple(sorted(_LABEL.findall(m.group(2) or "")))
+        out[(m.group(1), labels)] = value
+    return out
+
+
+def diff_samples(before: Mapping[MetricKey, float],
+                 after: Mapping[MetricKey, float]) -> dict[MetricKey, float]:
+    """``after - before`` per sample (a sample absent before counts from 0)."""
+    return {k: v - before.get(k, 0.0) for k, v in after.items()}
+
+
+def _by_label(delta: Mapping[MetricKey, float], name: str, label: str) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for (n, labels), v in delta.items():
+        if n == name:
+            key = dict(labels).get(label, "")
+            out[key] = out.get(key, 0.0) + v
+    return out
+
+
+def model_stats(delta: Mapping[MetricKey, float]) -> dict[str, dict[str, float | None]]:
+    """Per Triton model, from a diff of Triton's built-in metrics over one level.
+
+    Per model: requests (``nv_inference_count``), executions (``nv_inference_exec_count``),
+    mean_batch (requests per execution), compute_s (``nv_inference_compute_infer_duration_us``
+    in seconds; for decoupled models it stops when ``execute`` returns, not at stream end),
+    queue_s (``nv_inference_queue_duration_us`` in seconds). Models with no request are left out.
+    """
+    count = _by_label(delta, "nv_inference_count", "model")
+    execs = _by_label(delta, "nv_inference_exec_count", "model")
+    compute = _by_label(delta, "nv_inference_compute_infer_duration_us", "model")
+    queue = _by_label(delta, "nv_inference_queue_duration_us", "model")
+    out: dict[str, dict[str, float | None]] = {}
+    for model, n in sorted(count.items()):
+        if n <= 0:
+            continue
+        out[model] = {"requests": n, "executions": execs.get(model, 0.0),
+                      "mean_batch": ratio(n, execs.get(model)), "compute_s": compute.get(model, 0.0) / 1e6,
+                      "queue_s": queue.get(model, 0.0) / 1e6}
+    return out
+
+
+def engine_batches(delta: Mapping[MetricKey, float]) -> dict[str, object] | None:
+    """The GPT engine's decode-step batch sizes over one level, from the ``tts_engine_batch_size``
+    histogram and ``tts_engine_decode_steps_total`` counter (chattts_serving.metrics); None if
+    the server does not export them.
+
+    Keys: decode_steps, rows (sequences decoded, summed over steps), mean_batch (rows per
+    step), histogram ({"<=le": steps whose batch size falls in (previous le, le]}).
+    """
+    count = sum(v for (n, _), v in delta.items() if n == "tts_engine_batch_size_count")
+    total = sum(v for (n, _), v in delta.items() if n == "tts_engine_batch_size_sum")
+    steps = sum(v for (n, _), v in delta.items() if n == "tts_engine_decode_steps_total")
+    buckets: dict[float, float] = {}
+    for (n, labels), v in delta.items():
+        if n == "tts_engine_batch_size_bucket":
+            le = dict(labels).get("le", "+Inf")
+            bound = math.inf if le in ("+Inf", "Inf") else float(le)
+            buckets[bound] = buckets.get(bound, 0.0) + v
+    if not buckets and not steps:
+        return None
+    hist: dict[str, int] = {}
+    prev = 0.0
+    for bound in sorted(buckets):
+        in_bucket = buckets[bound] - prev
+        prev = buckets[bound]
+        if in_bucket > 0:
+            hist["<=inf" if math.isinf(bound) else f"<={bound:g}"] = round(in_bucket)
+    return {"decode_steps": round(steps or count), "rows": round(total), "mean_batch": ratio(total, count),
+            "histogram": hist}
+
+
+def cdf(values: Iterable[float]) -> tuple[np.ndarray, np.ndarray]:
+    """(sorted values, cumulative fraction in (0, 1]) for an empirical CDF plot."""
+    v = np.sort(np.asarray(list(values), dtype=np.float64))
+    return v, np.arange(1, v.size + 1, dtype=np.float64) / max(1, v.size)

@@ -1,0 +1,1061 @@
+"""Text normalisation for ChatTTS: Chinese and English text turned into words, per language.
+
+ChatTTS' GPT reads Chinese characters, Latin letters and a few pause marks (``，。、,.``);
+everything else (digits, ``%``, ``$``, ``:``, ``?``, emoji, ...) is deleted by its own
+``Normalizer`` before tokenisation, so "3月5日" or "$12.50" would be spoken as "月日" and "".
+:func:`normalize` runs before that ``Normalizer`` and rewrites the text so that nothing it
+would delete carries meaning:
+
+* Numbers, dates, times, phone numbers, money, percentages, ranges, fractions, ordinals, units
+  and spoken symbols are verbalised in the language of their context: each match is read in
+  Chinese (with ``cn2an`` for cardinals) or in English (with ``num2words``), whichever script
+  surrounds it (see :func:`context_language`), so that mixed text reads each part in its own
+  language. ``split_segments`` shows the resulting Chinese and English runs.
+* Full-width letters, digits and punctuation are folded to half-width first; punctuation is
+  then mapped to ChatTTS' pause marks in the segment's language (``，``/``。`` in Chinese,
+  ``,``/``.`` in English); quotes are removed.
+* ChatTTS' control tokens (``[uv_break]``, ``[laugh]``, ``[break_N]``, ``[oral_N]``, ...) are
+  kept verbatim and never read aloud; a ``[speed_N]`` token is taken out of the text and
+  returned as :attr:`NormalizedText.speed` (it belongs in the prompt). Prompt-structure tokens
+  (``[Stts]``, ``[spk_emb]``, ...) are removed and reported.
+* Nothing is dropped silently: every character that cannot be spoken (emoji, other scripts,
+  unknown symbols) and every removed reserved token is listed in :attr:`NormalizedText.dropped`.
+
+The output holds only characters ChatTTS' ``Normalizer`` keeps (``[一-鿿A-Za-z，。、,. ]``)
+plus control tokens. Nothing here imports torch or Triton; ``cn2an`` and ``num2words`` are
+imported on first use.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from collections.abc import Callable
+from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
+from typing import Final, Literal
+
+Lang = Literal["zh", "en"]
+
+DEFAULT_SPEED: Final = 5
+"""ChatTTS' default speed token is ``[speed_5]``."""
+
+CONTROL_WORDS: Final = ("uv_break", "v_break", "lbreak", "llbreak", "laugh")
+"""Control tokens without a number, kept in the text."""
+CONTROL_NUMBERED: Final = {"break": 8, "laugh": 3, "oral": 10, "speed": 10}
+"""Numbered control tokens ``[name_N]`` and how many N each has (N in 0..count-1), as in
+ChatTTS' tokenizer (``[break_0..7]``, ``[laugh_0..2]``, ``[oral_0..9]``, ``[speed_0..9]``)."""
+RESERVED_TOKENS: Final = ("Sbreak", "Pbreak", "Sasr", "Stts", "Ptts", "Pasr", "Easr", "Etts", "Ebreak",
+                          "undefine", "spk_emb", "empty_spk", "music", "pure")
+"""Tokens of ChatTTS' tokenizer that structure the prompt: removed from user text and reported."""
+
+SPOKEN_CHARS: Final = re.compile(r"[\u4e00-\u9fffA-Za-z]")
+"""A character that is spoken (Chinese character or Latin letter)."""
+CONTROL_TOKEN: Final = re.compile(
+    r"\[(?:" + "|".join(CONTROL_WORDS) + r"|(?:" + "|".join(CONTROL_NUMBERED) + r")_\d+)\]")
+"""A control token as it appears in normalised text."""
+
+
+class TextNormError(ValueError):
+    """Text that cannot be normalised: a control token out of its range (message says which)."""
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A run of normalised text in one language; neutral characters (spaces, pause marks,
+    control tokens) belong to the run they follow."""
+
+    lang: Lang
+    text: str
+
+
+@dataclass(frozen=True)
+class NormalizedText:
+    """Result of :func:`normalize`.
+
+    text: the text to speak, with control tokens in place and without ``[speed_N]``.
+    speed: N of the first ``[speed_N]`` token in the input (0..9), or None.
+    dropped: characters that could not be spoken and reserved tokens that were removed,
+    each once, in order of first appearance.
+    segments: ``text`` split into Chinese and English runs (:func:`split_segments`).
+    """
+
+    text: str
+    speed: int | None
+    dropped: tuple[str, ...]
+    segments: tuple[Segment, ...]
+
+
+# --- character classes --------------------------------------------------------------------
+
+def _is_cjk(c: str) -> bool:
+    return "\u4e00" <= c <= "\u9fff"
+
+
+def _is_latin(c: str) -> bool:
+    return ("a" <= c <= "z") or ("A" <= c <= "Z")
+
+
+def _script(c: str) -> Lang | None:
+    if _is_cjk(c):
+        return "zh"
+    if _is_latin(c):
+        return "en"
+    return None
+
+
+_LIGATURES: Final = {"ß": "ss", "æ": "ae", "Æ": "AE", "œ": "oe", "Œ": "OE", "ø": "o", "Ø": "O", "đ": "d", "Đ": "D",
+                     "ł": "l", "Ł": "L", "ı": "i", "…": "...", "−": "-", "﹣": "-", "‐": "-", "‑": "-",
+                     "\u00a0": " ", "\t": " ", "\r": "", "·": " ", "・": " "}
+
+
+def fold_width(text: str) -> str:
+    """Full-width ASCII (U+FF01..U+FF5E) to half-width, the ideographic space to a space, ``￥``
+    to ``¥``, accented Latin letters to their base letter (``é`` -> ``e``), circled, subscript
+    and fraction digits to ASCII (``①`` -> 1, ``½`` -> 1/2), a few ligatures and dashes to
+    ASCII. Chinese punctuation outside the full-width block (``。、「」``) is kept."""
+    out: list[str] = []
+    for c in unicodedata.normalize("NFC", text):
+        o = ord(c)
+        if 0xFF01 <= o <= 0xFF5E:
+            c = chr(o - 0xFEE0)
+        elif o == 0x3000:
+            c = " "
+        elif o == 0xFFE5:
+            c = "¥"
+        elif c in _LIGATURES:
+            c = _LIGATURES[c]
+        elif 0xC0 <= o < 0x250 and c.isalpha():
+            base = unicodedata.normalize("NFKD", c)[0]
+            if _is_latin(base):
+                c = base
+        elif unicodedata.category(c) == "No" and c not in "¹²³":
+            # circled, subscript and fraction digits (①, ₂, ½) -> plain digits; superscripts
+            # stay for units (m², km³)
+            plain = unicodedata.normalize("NFKC", c).replace("⁄", "/")
+            if plain and all(ch.isdigit() or ch == "/" for ch in plain) and plain.isascii():
+                c = (" " if out and out[-1][-1:].isdigit() else "") + plain
+        out.append(c)
+    return "".join(out)
+
+
+# --- number words -----------------------------------------------------------------------
+
+_ZH_DIGITS: Final = "零一二三四五六七八九"
+_EN_DIGITS: Final = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
+_ZH_LIANG_BEFORE: Final = (set("个位只本次件条天年点岁倍种台辆张把棵名块斤周项家间层份分米克秒")
+                           | {"公里", "公斤", "千克", "小时", "分钟"})
+"""Measure words after which a lone 2 is read 两 rather than 二."""
+_MAX_CARDINAL_DIGITS: Final = 16
+
+
+def zh_digits(s: str, one: str = "一") -> str:
+    """Read digits one by one in Chinese (``'2024'`` -> 二零二四); ``one`` replaces 一 (幺 in phone
+    numbers). Non-digits are skipped."""
+    return "".join(one if d == "1" else _ZH_DIGITS[int(d)] for d in s if d.isdigit())
+
+
+def en_digits(s: str) -> str:
+    """Read digits one by one in English (``'007'`` -> zero zero seven). Non-digits are skipped."""
+    return " ".join(_EN_DIGITS[int(d)] for d in s if d.isdigit())
+
+
+def _split_number(num: str) -> tuple[bool, str, str]:
+    s = num.replace(",", "").replace("−", "-").strip()
+    neg = s.startswith("-")
+    s = s.lstrip("+-")
+    whole, _, frac = s.partition(".")
+    return neg, whole or "0", frac
+
+
+def zh_number(num: str) -> str:
+    """A decimal number as Chinese words: ``'-1,234.5'`` -> 负一千二百三十四点五.
+
+    Integers with a leading zero (``'007'``) or more than 16 digits are read digit by digit;
+    decimals are read digit by digit after 点; a leading 二千/二万/二亿 becomes 两.
+    """
+    import cn2an
+
+    neg, whole, frac = _split_number(num)
+    if (len(whole) > 1 and whole.startswith("0")) or len(whole) > _MAX_CARDINAL_DIGITS:
+        words = zh_digits(whole)
+    else:
+        words = str(cn2an.an2cn(whole, "low"))
+        if words[:2] in ("二千", "二万", "二亿"):
+            words = "两" + words[1:]
+    if frac:
+        words += "点" + zh_digits(frac)
+    return ("负" if neg else "") + words
+
+
+def _clean_en(words: str) -> str:
+    return re.sub(r"\s+", " ", words.replace("-", " ").replace(",", "")).strip()
+
+
+def en_int(n: int) -> str:
+    """A whole number in English words without hyphens or commas (1234 -> one thousand two
+    hundred and thirty four)."""
+    from num2words import num2words
+
+    return _clean_en(str(num2words(n)))
+
+
+def en_number(num: str) -> str:
+    """A decimal number as English words: ``'-3.14'`` -> minus three point one four.
+
+    Integers with a leading zero or more than 21 digits are read digit by digit.
+    """
+    neg, whole, frac = _split_number(num)
+    digit_by_digit = (len(whole) > 1 and whole.startswith("0")) or len(whole) > 21
+    words = en_digits(whole) if digit_by_digit else en_int(int(whole))
+    if frac:
+        words += " point " + en_digits(frac)
+    return ("minus " if neg else "") + words
+
+
+def en_ordinal(n: int) -> str:
+    """21 -> twenty first."""
+    from num2words import num2words
+
+    return _clean_en(str(num2words(n, to="ordinal")))
+
+
+def en_year(y: int) -> str:
+    """A year as spoken in English: 2024 -> twenty twenty four, 1905 -> nineteen oh five."""
+    from num2words import num2words
+
+    return _clean_en(str(num2words(y, to="year")))
+
+
+def _decimal(num: str) -> Decimal:
+    try:
+        return Decimal(num.replace(",", ""))
+    except InvalidOperation:  # the patterns only hand over digits; kept for safety
+        return Decimal(0)
+
+
+def _plain_decimal(d: Decimal) -> str:
+    """A Decimal without exponent or trailing zeros: 1.50E+6 -> '1500000'."""
+    return format(d.normalize(), "f")
+
+
+# --- tables -----------------------------------------------------------------------------
+
+_MONTHS_EN: Final = ("January", "February", "March", "April", "May", "June", "July", "August", "September",
+                     "October", "November", "December")
+_MONTH_ABBR: Final = {m[:3]: i + 1 for i, m in enumerate(_MONTHS_EN)} | {"Sept": 9}
+_MONTH_RE: Final = ("(?:" + "|".join(sorted([*_MONTHS_EN, *_MONTH_ABBR], key=len, reverse=True)) + r")\b")
+
+
+@dataclass(frozen=True)
+class Unit:
+    """A unit symbol's readings: Chinese, English singular and plural; ``liang``: a count of 2
+    before it reads 两."""
+
+    zh: str
+    en_one: str
+    en_many: str
+    liang: bool = True
+
+
+UNITS: Final[dict[str, Unit]] = {
+    "km/h": Unit("公里每小时", "kilometer per hour", "kilometers per hour"),
+    "m/s": Unit("米每秒", "meter per second", "meters per second"),
+    "mph": Unit("英里每小时", "mile per hour", "miles per hour"),
+    "km²": Unit("平方公里", "square kilometer", "square kilometers"),
+    "m²": Unit("平方米", "square meter", "square meters"),
+    "cm²": Unit("平方厘米", "square centimeter", "square centimeters"),
+    "m³": Unit("立方米", "cubic meter", "cubic meters"),
+    "km": Unit("公里", "kilometer", "kilometers"), "cm": Unit("厘米", "centimeter", "centimeters"),
+    "mm": Unit("毫米", "millimeter", "millimeters"), "nm": Unit("纳米", "nanometer", "nanometers"),
+    "mi": Unit("英里", "mile", "miles"), "ft": Unit("英尺", "foot", "feet"),
+    "kg": Unit("千克", "kilogram", "kilograms"), "mg": Unit("毫克", "milligram", "milligrams"),
+    "lbs": Unit("磅", "pound", "pounds"), "lb": Unit("磅", "pound", "pounds"),
+    "oz": Unit("盎司", "ounce", "ounces"),
+    "ml": Unit("毫升", "milliliter", "milliliters"), "mL": Unit("毫升", "milliliter", "milliliters"),
+    "°C": Unit("摄氏度", "degree Celsius", "degrees Celsius", liang=False),
+    "℃": Unit("摄氏度", "degree Celsius", "degrees Celsius", liang=False),
+    "°F": Unit("华氏度", "degree Fahrenheit", "degrees Fahrenheit", liang=False),
+    "℉": Unit("华氏度", "degree Fahrenheit", "degrees Fahrenheit", liang=False),
+    "°": Unit("度", "degree", "degrees", liang=False),
+    "hrs": Unit("小时", "hour", "hours"), "hr": Unit("小时", "hour", "hours"),
+    "min": Unit("分钟", "minute", "minutes"), "sec": Unit("秒", "second", "seconds"),
+    "ms": Unit("毫秒", "millisecond", "milliseconds"),
+    "kHz": Unit("千赫兹", "kilohertz", "kilohertz"), "MHz": Unit("兆赫兹", "megahertz", "megahertz"),
+    "GHz": Unit("吉赫兹", "gigahertz", "gigahertz"), "Hz": Unit("赫兹", "hertz", "hertz"),
+    "KB": Unit("KB", "kilobyte", "kilobytes"), "MB": Unit("MB", "megabyte", "megabytes"),
+    "GB": Unit("GB", "gigabyte", "gigabytes"), "TB": Unit("TB", "terabyte", "terabytes"),
+    "kWh": Unit("千瓦时", "kilowatt hour", "kilowatt hours"), "kW": Unit("千瓦", "kilowatt", "kilowatts"),
+    "mAh": Unit("毫安时", "milliamp hour", "milliamp hours"),
+}
+"""Unit symbols read after a number; they may follow the number after one space."""
+GLUED_UNITS: Final[dict[str, Unit]] = {
+    "m": Unit("米", "meter", "meters"), "g": Unit("克", "gram", "grams"), "L": Unit("升", "liter", "liters"),
+    "h": Unit("小时", "hour", "hours"), "s": Unit("秒", "second", "seconds"), "W": Unit("瓦", "watt", "watts"),
+    "V": Unit("伏", "volt", "volts"),
+}
+"""One-letter unit symbols, read as units only when written right after the number (5m, 10s)."""
+
+
+@dataclass(frozen=True)
+class Currency:
+    """A currency's readings; ``minor``: English name of the hundredth (None: read decimals)."""
+
+    zh: str
+    en_one: str
+    en_many: str
+    minor_one: str | None = None
+    minor_many: str | None = None
+
+
+CURRENCIES: Final[dict[str, Currency]] = {
+    "USD": Currency("美元", "dollar", "dollars", "cent", "cents"),
+    "EUR": Currency("欧元", "euro", "euros", "cent", "cents"),
+    "GBP": Currency("英镑", "pound", "pounds", "penny", "pence"),
+    "HKD": Currency("港元", "Hong Kong dollar", "Hong Kong dollars", "cent", "cents"),
+    "CNY": Currency("元", "yuan", "yuan"),
+    "JPY": Currency("日元", "yen", "yen"),
+}
+_CURRENCY_OF: Final = {"$": "USD", "US$": "USD", "HK$": "HKD", "¥": "CNY", "€": "EUR", "£": "GBP",
+                       "RMB": "CNY", "CNY": "CNY", "USD": "USD", "EUR": "EUR", "GBP": "GBP", "HKD": "HKD",
+                       "JPY": "JPY"}
+_MULTIPLIERS: Final = {"k": (Decimal(10**3), "thousand"), "m": (Decimal(10**6), "million"),
+                       "mn": (Decimal(10**6), "million"), "million": (Decimal(10**6), "million"),
+                       "b": (Decimal(10**9), "billion"), "bn": (Decimal(10**9), "billion"),
+                       "billion": (Decimal(10**9), "billion"), "thousand": (Decimal(10**3), "thousand"),
+                       "t": (Decimal(10**12), "trillion"), "tn": (Decimal(10**12), "trillion"),
+                       "trillion": (Decimal(10**12), "trillion"),
+                       "万": (Decimal(10**4), "ten thousand"), "亿": (Decimal(10**8), "hundred million")}
+
+SYMBOL_WORDS: Final[dict[str, tuple[str, str]]] = {
+    "&": ("和", "and"), "@": ("艾特", "at"), "+": ("加", "plus"), "=": ("等于", "equals"),
+    "×": ("乘以", "times"), "÷": ("除以", "divided by"), "±": ("正负", "plus or minus"),
+    "≈": ("约等于", "approximately"), "≠": ("不等于", "is not equal to"),
+    "≤": ("小于等于", "less than or equal to"), "≥": ("大于等于", "greater than or equal to"),
+    "%": ("百分号", "percent"), "‰": ("千分号", "per mille"), "°": ("度", "degrees"),
+    "℃": ("摄氏度", "degrees Celsius"), "℉": ("华氏度", "degrees Fahrenheit"),
+    "$": ("美元", "dollars"), "¥": ("元", "yuan"), "€": ("欧元", "euros"), "£": ("英镑", "pounds"),
+    "#": ("井号", "hash"), "№": ("编号", "number"),
+}
+"""Symbols read as words wherever they stand (Chinese, English)."""
+_BETWEEN_NUMBERS: Final[dict[str, tuple[str, str]]] = {
+    "<": ("小于", "less than"), ">": ("大于", "greater than"), "*": ("乘", "times"), "/": ("除以", "divided by"),
+    "^": ("的次方", "to the power of"),
+}
+"""Symbols read as operators only between two numbers (3 < 5, 4*2); elsewhere they are
+pauses (``<`` ``>`` ``/``) or unspeakable (``*`` ``^``)."""
+
+_COMMA_MARKS: Final = set(",;:()[]{}<>|~、，；：（）【】《》〈〉「」『』〔〕—–-/")
+_END_MARKS: Final = set(".!?。！？")
+_SILENT_MARKS: Final = set("\"'`“”‘’«»‹›")
+"""Quotes: no sound and no pause."""
+
+
+# --- the scanner --------------------------------------------------------------------------
+
+_NUM: Final = r"(?:\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?)"
+_SIGN: Final = r"(?:(?<![A-Za-z0-9.])[-+−])"
+
+
+def _alt(units: dict[str, Unit]) -> str:
+    return "|".join(re.escape(u) for u in sorted(units, key=len, reverse=True))
+
+
+_RULES: Final = [
+    ("tag", r"\[(?P<tag>[A-Za-z]+(?:_[A-Za-z]+)*(?:_\d+)?)\]"),
+    ("email", r"(?<![A-Za-z0-9._%+-])(?P<email>[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,})"),
+    ("url", r"(?P<url>(?:https?://|www\.)[A-Za-z0-9\-._~/?#=&%+:]*[A-Za-z0-9/])"),
+    ("ymd", r"(?<![\d.])(?P<ymd_y>\d{4})(?P<ymd_sep>[-/.])(?P<ymd_m>1[0-2]|0?[1-9])(?P=ymd_sep)"
+            r"(?P<ymd_d>3[01]|[12]\d|0?[1-9])(?![\d.])"),
+    ("mdy", r"(?<![\d/])(?P<mdy_m>1[0-2]|0?[1-9])/(?P<mdy_d>3[01]|[12]\d|0?[1-9])/(?P<mdy_y>\d{4})(?![\d/])"),
+    ("md", rf"\b(?P<md_mon>{_MONTH_RE})\.?\s+(?P<md_d>3[01]|[12]\d|0?[1-9])(?:st|nd|rd|th)?(?![\dA-Za-z])"
+           r"(?:,?\s+(?P<md_y>\d{4})(?!\d))?"),
+    ("dm", rf"\b(?P<dm_d>3[01]|[12]\d|0?[1-9])(?:st|nd|rd|th)?\s+(?:of\s+)?(?P<dm_mon>{_MONTH_RE})\.?"
+           r"(?:,?\s+(?P<dm_y>\d{4})(?!\d))?"),
+    ("time", r"(?<![\d:.])(?P<t_h>[01]?\d|2[0-3]):(?P<t_m>[0-5]\d)(?::(?P<t_s>[0-5]\d))?(?![\d:])"
+             r"(?:\s?(?P<t_ap>[AaPp])\.?[Mm](?:\.(?=\S))?(?![A-Za-z]))?"),
+    ("hap", r"(?<![\d:.])(?P<hap_h>1[0-2]|0?[1-9])\s?(?P<hap_ap>[AaPp])\.?[Mm](?:\.(?=\S))?(?![A-Za-z])"),
+    ("phone", r"(?P<phone>(?<![\d+])(?:\+?86[-\s]?)?1[3-9]\d(?:[-\s]?\d{4}){2}(?!\d)"
+              r"|(?<!\d)0\d{2,3}-\d{7,8}(?!\d)"
+              r"|(?<![\d+])(?:\+?1[-.\s])?(?:\(\d{3}\)\s?|\d{3}[-.])\d{3}[-.]\d{4}(?!\d)"
+              r"|\+\d{1,3}(?:[-\s]\d{1,4}){2,5}(?!\d))"),
+    ("money", r"(?P<mp_neg>(?<![A-Za-z0-9.])-)?(?P<mp_cur>US\$|HK\$|[$¥€£]|(?:USD|CNY|RMB|EUR|GBP|HKD|JPY)\s?)"
+              rf"(?P<mp_amt>{_NUM})(?:\s?(?P<mp_mult>万|亿|(?:thousand|million|billion|trillion)(?![A-Za-z])"
+              r"|(?:[kKmMbBtT]|[mMbBtT]n)(?![A-Za-z])))?"),
+    ("yuan", rf"(?P<ms_amt>{_NUM})\s?(?P<ms_cur>元(?![素旦首宵件老气帅])|块(?![头状]))"),
+    ("decade", r"(?<![\d.])(?P<dec>\d{3}0)s(?![A-Za-z])|(?<![A-Za-z0-9])'(?P<dec2>\d0)s(?![A-Za-z])"),
+    ("range", rf"(?<![\d.])(?P<r_a>{_NUM})(?P<r_pa>[%‰])?(?:\s?[~～–—]\s?|-)(?P<r_b>{_NUM})(?![\d])"
+              rf"(?P<r_suf>\s?[%‰]|\s?(?:{_alt(UNITS)})(?![A-Za-z0-9])|(?:{_alt(GLUED_UNITS)})(?![A-Za-z0-9]))?"),
+    ("percent", rf"(?P<pc_sign>{_SIGN})?(?P<pc_num>{_NUM})\s?(?P<pc_sym>[%‰])"),
+    ("unit", rf"(?P<u_sign>{_SIGN})?(?P<u_num>{_NUM})(?:\s?(?P<u_unit>{_alt(UNITS)})"
+             rf"|(?P<u_glued>{_alt(GLUED_UNITS)}))(?![A-Za-z0-9])"),
+    ("fraction", r"(?<![\d/.])(?P<fr_a>\d+)/(?P<fr_b>\d+)(?![\d/])"),
+    ("ordinal", r"(?<![\d.])(?P<ord>\d+)(?:st|nd|rd|th)(?![A-Za-z])"),
+    ("dotted", r"(?<![\d.])(?P<dot>\d+(?:\.\d+){2,})(?![\d])"),
+    ("number", rf"(?P<n_sign>{_SIGN})?(?P<n_num>{_NUM})"),
+]
+_SCANNER: Final = re.compile("|".join(f"(?P<k_{kind}>{pattern})" for kind, pattern in _RULES))
+_INTRINSIC: Final[dict[str, Lang]] = {"md": "en", "dm": "en", "ordinal": "en", "hap": "en", "yuan": "zh"}
+"""Kinds whose language is fixed by their own words (English month names, 3rd, 5pm; 元)."""
+
+
+@dataclass
+class _Context:
+    """The folded text being normalised, the same text with tag-shaped spans blanked (so that
+    the letters of ``[laugh]`` do not count as English), and the fallback language."""
+
+    text: str
+    default: Lang
+    view: str = ""
+
+    def __post_init__(self) -> None:
+        self.view = re.sub(r"\[[A-Za-z_0-9]+\]", lambda m: " " * len(m.group(0)), self.text)
+
+    def lang(self, start: int, end: int, counts: bool = False) -> Lang:
+        return context_language(self.view, start, end, self.default, counts)
+
+
+def dominant_language(text: str) -> Lang:
+    """'zh' when the text has at least as many Chinese characters as English words (also when
+    it has neither), else 'en'."""
+    cjk = sum(1 for c in text if _is_cjk(c))
+    words = len(re.findall(r"[A-Za-z]+", text))
+    return "zh" if cjk >= words else "en"
+
+
+CONTEXT_CHARS: Final = 80
+"""How far :func:`context_language` looks for a Chinese character or Latin letter, each side."""
+_CLAUSE_BREAKS: Final = set(",;:!?。，；：！？\n") | {"."}
+
+
+def context_language(text: str, start: int, end: int, default: Lang, counts: bool = False) -> Lang:
+    """The language in which to read ``text[start:end]`` (a number, a symbol, a mark).
+
+    Latin letters glued to the span (the ``G`` of ``5G``, the ``mp`` of ``mp3``) are skipped,
+    then the nearest Chinese character or Latin letter on each side decides:
+
+    1. a Chinese character right after the span (``3个``) makes it Chinese;
+    2. else, for a count (``counts``: a plain number), a word right after it or after one
+       space in the same clause decides: a number is read in the language of what it counts
+       (``和5 pears`` reads "five pears");
+    3. else a Chinese character right before it (``第3``) makes it Chinese;
+    4. else the nearer one within the same clause (no ``,;:!?。`` in between; ties go right);
+    5. else the nearer one anywhere (ties go left);
+    6. else ``default``.
+
+    Each side is searched up to ``CONTEXT_CHARS`` characters away.
+    """
+    i = start - 1
+    while i >= 0 and _is_latin(text[i]):
+        i -= 1
+    j = end
+    while j < len(text) and _is_latin(text[j]):
+        j += 1
+
+    def scan(pos: int, step: int) -> tuple[Lang | None, int, bool]:
+        gap, crossed = 0, False
+        while 0 <= pos < len(text) and gap < CONTEXT_CHARS:
+            c = text[pos]
+            s = _script(c)
+            if s is not None:
+                return s, gap, crossed
+            if c in _CLAUSE_BREAKS and not (c == "." and 0 < pos < len(text) - 1
+                                            and text[pos - 1].isdigit() and text[pos + 1].isdigit()):
+                crossed = True
+            gap += 1
+            pos += step
+        return None, gap, crossed
+
+    left, lgap, lcross = scan(i, -1)
+    right, rgap, rcross = scan(j, 1)
+    if right == "zh" and rgap == 0:
+        return "zh"
+    if counts and right is not None and not rcross and rgap <= 1:
+        return right
+    if left == "zh" and lgap == 0:
+        return "zh"
+    same = [(g, 0 if side == "right" else 1, lang) for side, lang, g, crossed in
+            (("left", left, lgap, lcross), ("right", right, rgap, rcross)) if lang is not None and not crossed]
+    if same:
+        return min(same)[2]
+    anywhere = [(g, 0 if side == "left" else 1, lang) for side, lang, g in
+                (("left", left, lgap), ("right", right, rgap)) if lang is not None]
+    if anywhere:
+        return min(anywhere)[2]
+    return default
+
+
+# --- verbalisers ----------------------------------------------------------------------------
+
+def _liang(words: str, after: str) -> str:
+    """二 -> 两 before a measure word (2个 -> 两个)."""
+    if words == "二" and any(after.startswith(w) for w in _ZH_LIANG_BEFORE):
+        return "两"
+    return words
+
+
+def _zh_int_plain(n: int) -> str:
+    return zh_number(str(n))
+
+
+def _zh_date(y: str | None, m: int, d: int | None) -> str:
+    out = (zh_digits(y) + "年") if y else ""
+    out += _zh_int_plain(m) + "月"
+    if d is not None:
+        out += _zh_int_plain(d) + "日"
+    return out
+
+
+def _en_date(y: str | None, m: int, d: int | None) -> str:
+    out = _MONTHS_EN[m - 1]
+    if d is not None:
+        out += " " + en_ordinal(d)
+    if y:
+        out += ", " + en_year(int(y))
+    return out
+
+
+def _month_number(name: str) -> int:
+    if name in _MONTHS_EN:
+        return _MONTHS_EN.index(name) + 1
+    return _MONTH_ABBR[name]
+
+
+def _time(lang: Lang, h: int, m: int, s: int | None, ap: str | None) -> str:
+    ap = ap.lower() if ap else None
+    if lang == "zh":
+        out = ("上午" if ap == "a" else "下午" if ap == "p" and h < 12 else "")
+        out += ("两" if h == 2 else _zh_int_plain(h)) + "点"
+        if m == 0 and s is None:
+            return out + "整"
+        out += ("零分" if m == 0 else ("零" if m < 10 else "") + _zh_int_plain(m) + "分")
+        if s is not None:
+            out += ("零" if s < 10 else "") + _zh_int_plain(s) + "秒"
+        return out
+    out = en_int(h)
+    if m == 0 and s is None:
+        out += "" if ap else " o clock"
+    elif m < 10:
+        out += " oh " + en_int(m)
+    else:
+        out += " " + en_int(m)
+    if s is not None:
+        out += " and " + en_int(s) + (" second" if s == 1 else " seconds")
+    if ap:
+        out += " AM" if ap == "a" else " PM"
+    return out
+
+
+def _phone(lang: Lang, raw: str) -> str:
+    plus = raw.lstrip().startswith("+")
+    groups = [g for g in re.split(r"[^\d]+", raw) if g]
+    if len(groups) == 1 and len(groups[0]) == 11 and groups[0].startswith("1"):
+        g = groups[0]
+        groups = [g[:3], g[3:7], g[7:]]
+    elif len(groups) == 2 and groups[0] == "86" and len(groups[1]) == 11:
+        g = groups[1]
+        groups = ["86", g[:3], g[3:7], g[7:]]
+    if lang == "zh":
+        body = "，".join(zh_digits(g, one="幺") for g in groups)
+        return ("加" if plus else "") + body
+    body = ", ".join(en_digits(g) for g in groups)
+    return ("plus " if plus else "") + body
+
+
+def _money(lang: Lang, neg: bool, code: str, amount: str, mult: str | None) -> str:
+    cur = CURRENCIES[code]
+    value = _decimal(amount)
+    scale = _MULTIPLIERS.get(mult.lower() if mult.isascii() else mult) if mult else None
+    if lang == "zh":
+        if scale is not None:
+            total = value * scale[0]
+            words = zh_number(_plain_decimal(total))
+            out = words + cur.zh
+        elif code == "CNY" and "." in amount:
+            out = _yuan_jiao_fen(amount, "元", "角")
+        else:
+            out = zh_number(_plain_decimal(value) if "." in amount else amount) + cur.zh
+        return ("负" if neg else "") + out
+    if scale is not None and mult in ("万", "亿"):  # Chinese myriads have no English word
+        out = f"{en_number(_plain_decimal(value * scale[0]))} {cur.en_many}"
+    elif scale is not None:
+        out = f"{en_number(amount)} {scale[1]} {cur.en_many}"
+    else:
+        whole, _, frac = amount.replace(",", "").partition(".")
+        major = int(whole)
+        if cur.minor_one is not None and (frac == "" or len(frac) == 2):
+            minor = int(frac) if frac else 0
+            parts = []
+            if major or not minor:
+                parts.append(f"{en_int(major)} {cur.en_one if major == 1 else cur.en_many}")
+            if minor:
+                parts.append(f"{en_int(minor)} {cur.minor_one if minor == 1 else cur.minor_many}")
+            out = " and ".join(parts)
+        else:
+            out = f"{en_number(amount)} {cur.en_one if value == 1 else cur.en_many}"
+    return ("minus " if neg else "") + out
+
+
+def _yuan_jiao_fen(amount: str, major_word: str, tenth_word: str) -> str:
+    """12.50 -> 十二元五角, 3.05 -> 三元零五分, 0.5 -> 五角 (CNY with at most two decimals)."""
+    whole, _, frac = amount.replace(",", "").partition(".")
+    if len(frac) > 2:
+        return zh_number(amount) + major_word
+    frac = (frac + "00")[:2]
+    jiao, fen = int(frac[0]), int(frac[1])
+    out = ""
+    if int(whole) or (not jiao and not fen):
+        out += zh_number(whole) + major_word
+    if jiao:
+        out += _ZH_DIGITS[jiao] + tenth_word
+    elif fen and out:
+        out += "零"
+    if fen:
+        out += _ZH_DIGITS[fen] + "分"
+    return out
+
+
+def _fraction(lang: Lang, a: int, b: int) -> str:
+    if lang == "zh":
+        return f"{_zh_int_plain(b)}分之{_zh_int_plain(a)}"
+    if b == 0:
+        return f"{en_int(a)} over zero"
+    if b == 2:
+        return "one half" if a == 1 else f"{en_int(a)} halves"
+    if b == 4:
+        return "one quarter" if a == 1 else f"{en_int(a)} quarters"
+    if b <= 100 and a <= 100 and b > 2:
+        return f"{en_int(a)} {en_ordinal(b)}" + ("" if a == 1 else "s")
+    return f"{en_int(a)} over {en_int(b)}"
+
+
+def _unit_reading(lang: Lang, unit: Unit, num: str) -> str:
+    if lang == "zh":
+        words = zh_number(num)
+        return (_liang(words, "个") if unit.liang else words) + unit.zh
+    value = _decimal(num)
+    return f"{en_number(num)} {unit.en_one if value == 1 else unit.en_many}"
+
+
+def _decade(lang: Lang, year: str) -> str:
+    if lang == "zh":
+        return zh_digits(year) + "年代"
+    words = en_int(int(year)) if len(year) == 2 else en_year(int(year))
+    return words[:-1] + "ies" if words.endswith("y") else words + "s"
+
+
+def _email(lang: Lang, raw: str) -> str:
+    words = {"zh": {".": "点", "@": "艾特", "_": "下划线", "-": "杠", "+": "加", "%": "百分号"},
+             "en": {".": "dot", "@": "at", "_": "underscore", "-": "dash", "+": "plus", "%": "percent"}}[lang]
+    out: list[str] = []
+    for part in re.findall(r"[A-Za-z]+|\d+|.", raw):
+        if part.isdigit():
+            out.append(zh_digits(part) if lang == "zh" else en_digits(part))
+        elif part in words:
+            out.append(words[part])
+        elif part.isalpha():
+            out.append(part)
+    return " ".join(out)
+
+
+def _url(lang: Lang, raw: str) -> str:
+    body = re.sub(r"^https?://", "", raw)
+    words = {"zh": {".": "点", "/": "斜杠", "-": "杠", "_": "下划线", ":": "冒号", "?": "问号", "=": "等于",
+                    "&": "和", "#": "井号", "~": "波浪号", "%": "百分号", "+": "加"},
+             "en": {".": "dot", "/": "slash", "-": "dash", "_": "underscore", ":": "colon", "?": "question mark",
+                    "=": "equals", "&": "and", "#": "hash", "~": "tilde", "%": "percent", "+": "plus"}}[lang]
+    out: list[str] = []
+    for part in re.findall(r"[A-Za-z]+|\d+|.", body):
+        if part.isdigit():
+            out.append(zh_digits(part) if lang == "zh" else en_digits(part))
+        elif part.isalpha():
+            out.append(part)
+        elif part in words:
+            out.append(words[part])
+    return " ".join(out)
+
+
+# --- the normaliser -------------------------------------------------------------------------
+
+@dataclass
+class _Out:
+    """Output pieces and the bookkeeping of one :func:`normalize` call."""
+
+    pieces: list[str]
+    dropped: list[str]
+    speed: int | None = None
+    last_lang: Lang | None = None
+    """Language of the last spoken output, which punctuation after it follows."""
+
+    def drop(self, item: str) -> None:
+        if item not in self.dropped:
+            self.dropped.append(item)
+
+    def words(self, lang: Lang, text: str) -> None:
+        self.pieces.append(text if lang == "zh" else f" {text} ")
+        self.last_lang = lang
+
+    def letter(self, c: str) -> None:
+        self.pieces.append(c)
+        self.last_lang = _script(c)
+
+
+def normalize(text: str) -> NormalizedText:
+    """Verbalise ``text`` for ChatTTS (see the module docstring).
+
+    Returns a :class:`NormalizedText` whose ``text`` holds only Chinese characters, Latin
+    letters, spaces, ``，。、,.`` and control tokens.
+
+    Raises:
+        TextNormError: a numbered control token outside its range (``[break_9]``).
+    """
+    folded = fold_width(text)
+    ctx = _Context(folded, dominant_language(folded))
+    out = _Out([], [])
+    pos = 0
+    for m in _SCANNER.finditer(folded):
+        if m.start() > pos:
+            _plain(ctx, pos, m.start(), out)
+        kind = (m.lastgroup or "k_").removeprefix("k_")
+        _entity(ctx, kind, m, out)
+        pos = m.end()
+    if pos < len(folded):
+        _plain(ctx, pos, len(folded), out)
+    result = _tidy("".join(out.pieces))
+    return NormalizedText(result, out.speed, tuple(out.dropped), split_segments(result))
+
+
+def _entity(ctx: _Context, kind: str, m: re.Match[str], out: _Out) -> None:
+    g = m.group
+    if kind == "tag":
+        _tag(ctx, m, out)
+        return
+    lang = _INTRINSIC.get(kind) or ctx.lang(m.start(), m.end(), counts=kind == "number")
+    before, after = ctx.text[max(0, m.start() - 12):m.start()], ctx.text[m.end():m.end() + 4]
+    handler = _HANDLERS.get(kind)
+    if handler is not None:
+        out.words(lang, handler(lang, g, before, after))
+    else:  # pragma: no cover - every rule has a handler
+        raise AssertionError(f"no handler for {kind}")
+
+
+def _tag(ctx: _Context, m: re.Match[str], out: _Out) -> None:
+    name = m.group("tag")
+    if name in CONTROL_WORDS:
+        out.pieces.append(f"[{name}]")
+        return
+    if name in RESERVED_TOKENS:
+        out.drop(f"[{name}]")
+        out.pieces.append(" ")
+        return
+    base, _, num = name.rpartition("_")
+    if base in CONTROL_NUMBERED and num.isdigit():
+        n, count = int(num), CONTROL_NUMBERED[base]
+        if not 0 <= n < count:
+            raise TextNormError(f"control token [{name}] is out of range: [{base}_N] takes N in 0..{count - 1}")
+        if base == "speed":
+            if out.speed is None:
+                out.speed = n
+            out.pieces.append(" ")
+        else:
+            out.pieces.append(f"[{base}_{n}]")
+        return
+    # not a ChatTTS token: brackets are pauses, the word inside is read
+    _plain(ctx, m.start(), m.end(), out)
+
+
+def _h_ymd(lang: Lang, g: Callable[[str], str], before: str, after: str) -> str:
+    y, mo, d = g("ymd_y"), int(g("ymd_m")), int(g("ymd_d"))
+    return _zh_date(y, mo, d) if lang == "zh" else _en_date(y, mo, d)
+
+
+def _h_mdy(lang: Lang, g: Callable[[str], str], before: str, after: str) -> str:
+    y, mo, d = g("mdy_y"), int(g("mdy_m")), int(g("mdy_d"))
+    return _zh_date(y, mo, d) if lang == "zh" else _en_date(y, mo, d)
+
+
+def _h_md(lang: Lang, g: Callable[[str], str], before: str, after: str) -> str:
+    return _en_date(g("md_y"), _month_number(g("md_mon")), int(g("md_d")))
+
+
+def _h_dm(lang: Lang, g: Callable[[str], str], before: str, after: str) -> str:
+    article = "" if re.search(r"\bthe\s*$", before, re.IGNORECASE) else "the "
+    out = f"{article}{en_ordinal(int(g('dm_d')))} of {_MONTHS_EN[_month_number(g('dm_mon')) - 1]}"
+    return out + (f", {en_year(int(g('dm_y')))}" if g("dm_y") else "")
+
+
+def _h_time(lang: Lang, g: Callable[[str], str], before: str, after: str) -> str:
+    s = g("t_s")
+    return _time(lang, int(g("t_h")), int(g("t_m")), int(s) if s else None, g("t_ap"))
+
+
+def _h_hap(lang: Lang, g: Callable[[str], str], before: str, after: str) -> str:
+    return _time("en", int(g("hap_h")), 0, None, g("hap_ap"))
+
+
+def _h_phone(lang: Lang, g: Callable[[str], str], before: str, after: str) -> str:
+    return _phone(lang, g("phone"))
+
+
+def _h_money(lang: Lang, g: Callable[[str], str], before: str, after: str) -> str:
+    code = _CURRENCY_OF[g("mp_cur").strip()]
+    words = _money(lang, bool(g("mp_neg")), code, g("mp_amt"), g("mp_mult"))
+    if lang == "zh" and code == "CNY" and after.lstrip().startswith(("元", "块")) and words.endswith("元"):
+        words = words[:-1]  # ¥100元: the unit is written twice, read once
+    return words
+
+
+def _h_yuan(lang: Lang, g: Callable[[str], str], before: str, after: str) -> str:
+    amount, word = g("ms_amt"), g("ms_cur")
+    if "." in amount:
+        return _yuan_jiao_fen(amount, word, "角" if word == "元" else "毛")
+    return _liang(zh_number(amount), "个") + word
+
+
+def _h_decade(lang: Lang, g: Callable[[str], str], before: str, after: str) -> str:
+    return _decade(lang, g("dec") or g("dec2"))
+
+
+def _range_side(lang: Lang, num: str, year: bool) -> str:
+    if year:
+        return zh_digits(num) if lang == "zh" else en_year(int(num))
+    return zh_number(num) if lang == "zh" else en_number(num)
+
+
+def _h_range(lang: Lang, g: Callable[[str], str], before: str, after: str) -> str:
+    a, b, suf = g("r_a"), g("r_b"), (g("r_suf") or "").strip()
+    pct = suf in ("%", "‰") or g("r_pa") is not None
+    sym = suf if suf in ("%", "‰") else g("r_pa") or "%"
+    four = len(a) == 4 and len(b) == 4 and a.isdigit() and b.isdigit()
+    year = four and not suf and (after.startswith("年") if lang == "zh" else 1000 <= int(a) <= 2099)
+    unit = UNITS.get(suf) or GLUED_UNITS.get(suf)
+    if lang == "zh":
+        if pct:
+            head = "百分之" if sym == "%" else "千分之"
+            return f"{head}{zh_number(a)}到{head}{zh_number(b)}"
+        out = f"{_range_side(lang, a, year)}到{_range_side(lang, b, year)}"
+        return out + (unit.zh if unit else "")
+    out = f"{_range_side(lang, a, year)} to {_range_side(lang, b, year)}"
+    if pct:
+        return out + (" percent" if sym == "%" else " per mille")
+    return out + (f" {unit.en_many}" if unit else "")
+
+
+def _h_percent(lang: Lang, g: Callable[[str], str], before: str, after: str) -> str:
+    sign = (g("pc_sign") or "").replace("−", "-")
+    num = g("pc_num")
+    if lang == "zh":
+        head = "百分之" if g("pc_sym") == "%" else "千分之"
+        return ("负" if sign == "-" else "正" if sign == "+" else "") + head + zh_number(num)
+    tail = " percent" if g("pc_sym") == "%" else " per mille"
+    return ("minus " if sign == "-" else "plus " if sign == "+" else "") + en_number(num) + tail
+
+
+def _h_unit(lang: Lang, g: Callable[[str], str], before: str, after: str) -> str:
+    sign = (g("u_sign") or "").replace("−", "-")
+    unit = UNITS[g("u_unit")] if g("u_unit") else GLUED_UNITS[g("u_glued")]
+    words = _unit_reading(lang, unit, g("u_num"))
+    if sign == "-":
+        words = ("负" if lang == "zh" else "minus ") + words
+    elif sign == "+":
+        words = ("正" if lang == "zh" else "plus ") + words
+    return words
+
+
+def _h_fraction(lang: Lang, g: Callable[[str], str], before: str, after: str) -> str:
+    return _fraction(lang, int(g("fr_a")), int(g("fr_b")))
+
+
+def _h_ordinal(lang: Lang, g: Callable[[str], str], before: str, after: str) -> str:
+    return en_ordinal(int(g("ord")))
+
+
+def _h_dotted(lang: Lang, g: Callable[[str], str], before: str, after: str) -> str:
+    parts = g("dot").split(".")
+    if len(parts) == 4 and all(len(p) <= 3 and int(p) <= 255 for p in parts):  # an IPv4 address
+        if lang == "zh":
+            return "点".join(zh_digits(p) for p in parts)
+        return " dot ".join(en_digits(p) for p in parts)
+    if lang == "zh":
+        return "点".join(zh_number(p) for p in parts)
+    return " point ".join(en_number(p) for p in parts)
+
+
+def _h_number(lang: Lang, g: Callable[[str], str], before: str, after: str) -> str:
+    sign = (g("n_sign") or "").replace("−", "-")
+    num = g("n_num")
+    if lang == "zh":
+        if len(num) == 4 and num.isdigit() and after.lstrip().startswith("年"):
+            words = zh_digits(num)
+        else:
+            words = _liang(zh_number(num), after.lstrip())
+        return ("负" if sign == "-" else "正" if sign == "+" else "") + words
+    if not sign and len(num) == 4 and num.isdigit() and 1100 <= int(num) <= 2099 and _year_context(before):
+        return en_year(int(num))
+    return ("minus " if sign == "-" else "plus " if sign == "+" else "") + en_number(num)
+
+
+_YEAR_WORDS: Final = {"in", "since", "by", "until", "till", "from", "year", "of", "during", "before", "after",
+                      "early", "late", "mid", *_MONTHS_EN, *_MONTH_ABBR}
+
+
+def _year_context(before: str) -> bool:
+    """English: a 4-digit number after 'in', 'since', a month name, ... is a year."""
+    words = re.findall(r"[A-Za-z]+", before)
+    return bool(words) and before.rstrip(" ,").endswith(words[-1]) and (
+        words[-1] in _YEAR_WORDS or words[-1].lower() in _YEAR_WORDS)
+
+
+def _h_email(lang: Lang, g: Callable[[str], str], before: str, after: str) -> str:
+    return _email(lang, g("email"))
+
+
+def _h_url(lang: Lang, g: Callable[[str], str], before: str, after: str) -> str:
+    return _url(lang, g("url"))
+
+
+_HANDLERS: Final[dict[str, Callable[[Lang, Callable[[str], str], str, str], str]]] = {
+    "ymd": _h_ymd, "mdy": _h_mdy, "md": _h_md, "dm": _h_dm, "time": _h_time, "hap": _h_hap, "phone": _h_phone,
+    "money": _h_money, "yuan": _h_yuan, "decade": _h_decade, "range": _h_range, "percent": _h_percent,
+    "unit": _h_unit, "fraction": _h_fraction, "ordinal": _h_ordinal, "dotted": _h_dotted, "number": _h_number,
+    "email": _h_email, "url": _h_url,
+}
+
+
+def _neighbour(text: str, pos: int, step: int) -> str:
+    while 0 <= pos < len(text) and text[pos] == " ":
+        pos += step
+    return text[pos] if 0 <= pos < len(text) else ""
+
+
+def _plain(ctx: _Context, start: int, end: int, out: _Out) -> None:
+    """Text between matches: letters and Chinese characters kept, punctuation mapped to pauses
+    in the local language, spoken symbols read, the rest reported as dropped."""
+    text = ctx.text
+    for i in range(start, end):
+        c = text[i]
+        if _is_cjk(c) or _is_latin(c):
+            out.letter(c)
+        elif c == "\n":
+            out.pieces.append("。" if _mark_lang(ctx, i, out) == "zh" else ".")
+        elif c.isspace():
+            out.pieces.append(" ")
+        elif c in _SILENT_MARKS:
+            continue
+        elif c in _BETWEEN_NUMBERS and _neighbour(text, i - 1, -1).isdigit() and _neighbour(text, i + 1, 1).isdigit():
+            zh, en = _BETWEEN_NUMBERS[c]
+            out.words(ctx.lang(i, i + 1), zh if ctx.lang(i, i + 1) == "zh" else en)
+        elif c in ("-", "_") and 0 < i < len(text) - 1 and text[i - 1].isalnum() and text[i + 1].isalnum():
+            out.pieces.append(" ")  # e-mail, snake_case: a word break
+        elif c == "#" and i + 1 < len(text) and text[i + 1].isdigit():
+            lang = ctx.lang(i, i + 1)
+            out.words(lang, "井号" if lang == "zh" else "number")
+        elif c in SYMBOL_WORDS:
+            lang = ctx.lang(i, i + 1)
+            zh, en = SYMBOL_WORDS[c]
+            out.words(lang, zh if lang == "zh" else en)
+        elif c in _END_MARKS:
+            out.pieces.append("。" if _mark_lang(ctx, i, out) == "zh" else ".")
+        elif c in _COMMA_MARKS:
+            if c == "、" and _mark_lang(ctx, i, out) == "zh":
+                out.pieces.append("、")
+            else:
+                out.pieces.append("，" if _mark_lang(ctx, i, out) == "zh" else ",")
+        elif unicodedata.category(c) in ("Mn", "Me", "Cf"):
+            continue  # variation selectors, joiners, combining marks: part of the character before
+        else:
+            out.drop(c)
+            out.pieces.append(" ")
+
+
+def _mark_lang(ctx: _Context, i: int, out: _Out) -> Lang:
+    """Punctuation belongs to the clause it closes: the language of the last spoken output
+    decides (the context's when nothing was spoken yet)."""
+    return out.last_lang or ctx.lang(i, i + 1)
+
+
+_PUNCT_RUN: Final = re.compile(r"[，。、,.](?:[ ]*[，。、,.])+")
+_CJK_OR_MARK: Final = "\u4e00-\u9fff，。、"
+
+
+def _collapse_marks(m: re.Match[str]) -> str:
+    run = m.group(0).replace(" ", "")
+    zh = any(c in "，。、" for c in run)
+    if any(c in "。." for c in run):
+        return "。" if zh else "."
+    return "，" if zh else ","
+
+
+def _tidy(text: str) -> str:
+    """Collapse spaces and repeated pause marks, drop spaces inside Chinese, strip edges."""
+    text = _PUNCT_RUN.sub(_collapse_marks, text)
+    text = re.sub(r"[ ]+", " ", text)
+    text = re.sub(rf"(?<=[{_CJK_OR_MARK}]) (?=[{_CJK_OR_MARK}])", "", text)
+    text = re.sub(r" (?=[，。、,.])", "", text)
+    text = re.sub(r"(?<=[，。、]) ", "", text)
+    text = re.sub(r"([,.])(?=[A-Za-z])", r"\1 ", text)
+    text = re.sub(r"^[\s，。、,.]+", "", text)
+    text = re.sub(r"[\s，、,]+$", "", text)
+    text = re.sub(r"(?<=\]) (?=[\u4e00-\u9fff])|(?<=[\u4e00-\u9fff]) (?=\[)", "", text)
+    return text.strip()
+
+
+def split_segments(text: str) -> tuple[Segment, ...]:
+    """Split text into runs of Chinese (``zh``) and English (``en``).
+
+    Chinese characters start or continue a ``zh`` run, Latin letters an ``en`` run; everything
+    else (spaces, digits, marks, control tokens) joins the current run, or the first run when
+    it comes before any letter. Text without letters is one ``zh`` run; ``''`` gives ``()``.
+    """
+    segments: list[list[str]] = []
+    langs: list[Lang] = []
+    pending = ""
+    i = 0
+    while i < len(text):
+        tag = CONTROL_TOKEN.match(text, i)
+        if tag:
+            piece, i = tag.group(0), tag.end()
+            lang = None
+        else:
+            piece, i = text[i], i + 1
+            lang = _script(piece)
+        if lang is None:
+            if segments:
+                segments[-1].append(piece)
+            else:
+                pending += piece
+            continue
+        if not langs or langs[-1] != lang:
+            langs.append(lang)
+            segments.append([pending + piece])
+            pending = ""
+        else:
+            segments[-1].append(piece)
+    if pending:  # no letter at all
+        return (Segment("zh", pending),)
+    return tuple(Segment(lang, "".join(parts)) for lang, parts in zip(langs, segments))
+
+
+_SPEED_TOKEN: Final = re.compile(r"\[speed_(\d)\]")
+
+
+def speed_of(text: str) -> int | None:
+    """N of the first valid ``[speed_N]`` token (N in 0..9) in ``text``, or None."""
+    m = _SPEED_TOKEN.search(text)
+    return int(m.group(1)) if m else None
+
+
+def carry_speed(segments: list[str]) -> list[str]:
+    """Give every sentence segment of one text the speed of that text's first ``[speed_N]``.
+
+    :func:`normalize` moves the first ``[speed_N]`` of the text it sees into the prompt; when a
+    long text is split into segments that are prepared one by one, a token written (or
+    prepended by the gateway for OpenAI's ``speed``) at the start would otherwise only reach
+    the first segment. Returns new segments, each prefixed with that token (unchanged when the
+    text has none).
+    """
+    for seg in segments:
+        n = speed_of(seg)
+        if n is not None:
+            return [f"[speed_{n}]{s}" for s in segments]
+    return list(segments)

@@ -1,0 +1,210 @@
+"""Locust load test of a running chattts-serving Triton server.
+
+Three user classes, each a closed loop of whole utterances (weights 1:1:1; pick classes by
+naming them on Locust's command line, e.g. ``GrpcStreamUser``):
+
+- ``GrpcStreamUser``: the decoupled ``chattts`` model over a gRPC stream. Reports two request
+  types per stream: ``grpc:ttfa`` (send to first audio chunk) and ``grpc:total`` (send to the
+  final response).
+- ``SseStreamUser``: the same model over HTTP server-sent events
+  (``/v2/models/chattts/generate_stream``): ``sse:ttfa`` and ``sse:total``.
+- ``HttpOfflineUser``: ``chattts_offline`` over HTTP ``/infer`` (whole utterance, binary output):
+  ``http:infer``.
+
+Response lengths are audio bytes (float32 PCM: 4 bytes per sample at
+``contract.SAMPLE_RATE_HZ``). Chunks and audio seconds per request type are counted and, at
+test stop, printed and written to ``$CHATTTS_AUDIO_SUMMARY`` (JSON) when that is set.
+
+Environment: CHATTTS_HOST (127.0.0.1), CHATTTS_GRPC_PORT (8001), CHATTTS_HTTP_PORT (8000; the
+HTTP users' host unless Locust's --host is given), CHATTTS_TEXT (one fixed text; default: cycle
+through chattts_serving/bench/sentences.txt), CHATTTS_MAX_NEW_TOKENS (100) and
+CHATTTS_MIN_NEW_TOKENS (= max: a fixed budget per request), CHATTTS_VOICE (2),
+CHATTTS_TIMEOUT_S (300, per request), CHATTTS_WAIT_S (0, pause between a user's requests).
+"""
+
+# gRPC must cooperate with gevent before anything imports it: without this a gRPC user never
+# sends a request and Locust ignores -t and SIGTERM (../shared/TRITON.md).
+import grpc.experimental.gevent as grpc_gevent
+
+grpc_gevent.init_gevent()
+
+import itertools  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import threading  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
+
+from locust import User, constant, events, task  # noqa: E402
+from locust.contrib.fasthttp import FastHttpUser  # noqa: E402
+
+from chattts_serving import contract  # noqa: E402
+from chattts_serving.bench import load_sentences  # noqa: E402
+from chattts_serving.client.common import ClientError, SynthesisRequest  # noqa: E402
+from chattts_serving.client.grpc_stream import iter_chunks  # noqa: E402
+from chattts_serving.client.sse import iter_events  # noqa: E402
+
+HOST = os.environ.get("CHATTTS_HOST", "127.0.0.1")
+GRPC_PORT = int(os.environ.get("CHATTTS_GRPC_PORT", "8001"))
+HTTP_PORT = int(os.environ.get("CHATTTS_HTTP_PORT", "8000"))
+MAX_NEW_TOKENS = int(os.environ.get("CHATTTS_MAX_NEW_TOKENS", "100"))
+MIN_NEW_TOKENS = int(os.environ.get("CHATTTS_MIN_NEW_TOKENS", str(MAX_NEW_TOKENS)))
+VOICE = os.environ.get("CHATTTS_VOICE", "2")
+TIMEOUT_S = float(os.environ.get("CHATTTS_TIMEOUT_S", "300"))
+WAIT_S = float(os.environ.get("CHATTTS_WAIT_S", "0"))
+TEXTS = [os.environ["CHATTTS_TEXT"]] if os.environ.get("CHATTTS_TEXT") else load_sentences()
+BYTES_PER_SAMPLE = 4
+"""float32 PCM."""
+
+_texts = itertools.cycle(enumerate(TEXTS))
+_seq = itertools.count()
+_lock = threading.Lock()
+AUDIO: dict[str, dict[str, float]] = {}
+"""Per reporting prefix ('grpc', 'sse', 'http'): requests, chunks, audio_s (seconds), ok."""
+
+
+def next_request() -> SynthesisRequest:
+    """The next request: texts cycle, every request gets its own sampler seed."""
+    with _lock:
+        _, text = next(_texts)
+        seed = next(_seq)
+    return SynthesisRequest(text, voice=VOICE, seed=seed, max_new_tokens=MAX_NEW_TOKENS,
+                            min_new_tokens=MIN_NEW_TOKENS)
+
+
+def count_audio(kind: str, chunks: int, samples: int) -> None:
+    """Add one finished request's chunks and samples to :data:`AUDIO`."""
+    with _lock:
+        a = AUDIO.setdefault(kind, {"requests": 0, "chunks": 0, "audio_s": 0.0})
+        a["requests"] += 1
+        a["chunks"] += chunks
+        a["audio_s"] += samples / contract.SAMPLE_RATE_HZ
+
+
+@events.test_stop.add_listener
+def _write_audio_summary(environment: Any, **_kw: Any) -> None:
+    with _lock:
+        summary = {k: dict(v) for k, v in AUDIO.items()}
+    print("chattts audio: " + json.dumps(summary), flush=True)
+    path = os.environ.get("CHATTTS_AUDIO_SUMMARY")
+    if path:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(json.dumps({"sample_rate_hz": contract.SAMPLE_RATE_HZ, "per_type": summary},
+                                         indent=1) + "\n")
+
+
+class GrpcStreamUser(User):
+    """Streams ``contract.MODEL_STREAM`` over gRPC; reports ``grpc:ttfa`` and ``grpc:total``."""
+
+    wait_time = constant(WAIT_S)
+    weight = 1
+
+    def _fire(self, request_type: str, t_ms: float, length: int, exc: Exception | None) -> None:
+        self.environment.events.request.fire(request_type=request_type, name=contract.MODEL_STREAM,
+                                             response_time=t_ms, response_length=length, exception=exc,
+                                             context={})
+
+    @task
+    def stream(self) -> None:
+        req = next_request()
+        chunks = samples = 0
+        t0 = time.perf_counter()
+        try:
+            for chunk in iter_chunks(f"{HOST}:{GRPC_PORT}", req, timeout_s=TIMEOUT_S):
+                if chunks == 0:
+                    self._fire("grpc:ttfa", (time.perf_counter() - t0) * 1e3, chunk.size * BYTES_PER_SAMPLE, None)
+                chunks += 1
+                samples += chunk.size
+        except ClientError as exc:
+            self._fire("grpc:total", (time.perf_counter() - t0) * 1e3, samples * BYTES_PER_SAMPLE, exc)
+            return
+        err = None if chunks else ClientError("stream ended without audio")
+        self._fire("grpc:total", (time.perf_counter() - t0) * 1e3, samples * BYTES_PER_SAMPLE, err)
+        count_audio("grpc", chunks, samples)
+
+
+class SseStreamUser(FastHttpUser):
+    """Streams ``contract.MODEL_STREAM`` over HTTP SSE; reports ``sse:ttfa`` and ``sse:total``."""
+
+    wait_time = constant(WAIT_S)
+    weight = 1
+    host = f"http://{HOST}:{HTTP_PORT}"
+    network_timeout = TIMEOUT_S
+    connection_timeout = TIMEOUT_S
+
+    @task
+    def stream(self) -> None:
+        req = next_request()
+        chunks = samples = 0
+        t0 = time.perf_counter()
+        with self.client.request("POST", f"/v2/models/{contract.MODEL_STREAM}/generate_stream",
+                                 json=req.json_inputs(), stream=True, catch_response=True,
+                                 headers={"Accept": "text/event-stream"}) as resp:
+            resp.request_meta["request_type"] = "sse:total"
+            resp.request_meta["name"] = contract.MODEL_STREAM
+            try:
+                if resp.status_code != 200:
+                    resp.failure(f"HTTP {resp.status_code}: {(resp.text or '')[:200]}")
+                    return
+                for event in iter_events(resp.iter_content(chunk_size=1 << 16, decode_content=False)):
+                    if "error" in event:
+                        resp.failure(f"stream error: {event['error']}")
+                        return
+                    audio = event.get(contract.OUT_AUDIO.name)
+                    n = len(audio) if isinstance(audio, list) else 0
+                    if n:
+                        if chunks == 0:
+                            self.environment.events.request.fire(
+                                request_type="sse:ttfa", name=contract.MODEL_STREAM,
+                                response_time=(time.perf_counter() - t0) * 1e3,
+                                response_length=n * BYTES_PER_SAMPLE, exception=None, context={})
+                        chunks += 1
+                        samples += n
+                if not chunks:
+                    resp.failure("stream ended without audio")
+                    return
+                resp.success()
+                count_audio("sse", chunks, samples)
+            except (ClientError, OSError) as exc:
+                resp.failure(f"stream failed: {exc}")
+            finally:
+                resp.request_meta["response_time"] = (time.perf_counter() - t0) * 1e3
+                resp.request_meta["response_length"] = samples * BYTES_PER_SAMPLE
+
+
+class HttpOfflineUser(FastHttpUser):
+    """Whole utterances from ``contract.MODEL_OFFLINE`` over HTTP ``/infer``; reports ``http:infer``."""
+
+    wait_time = constant(WAIT_S)
+    weight = 1
+    host = f"http://{HOST}:{HTTP_PORT}"
+    network_timeout = TIMEOUT_S
+    connection_timeout = TIMEOUT_S
+
+    @task
+    def infer(self) -> None:
+        req = next_request()
+        body = {"inputs": [{"name": name, "shape": list(arr.shape), "datatype": dtype,
+                            "data": [v.decode("utf-8") if isinstance(v, bytes) else v.item() for v in arr]}
+                           for name, arr, dtype in req.tensors()],
+                "outputs": [{"name": contract.OUT_AUDIO.name, "parameters": {"binary_data": True}}]}
+        with self.client.request("POST", f"/v2/models/{contract.MODEL_OFFLINE}/infer", json=body,
+                                 catch_response=True) as resp:
+            resp.request_meta["request_type"] = "http:infer"
+            resp.request_meta["name"] = contract.MODEL_OFFLINE
+            if resp.status_code != 200:
+                resp.failure(f"HTTP {resp.status_code}: {(resp.text or '')[:200]}")
+                return
+            content = resp.content or b""
+            header_len = resp.headers.get("Inference-Header-Content-Length") \
+                or resp.headers.get("inference-header-content-length")
+            if header_len is None:
+                resp.failure("response has no binary audio (Inference-Header-Content-Length missing)")
+                return
+            samples = (len(content) - int(header_len)) // BYTES_PER_SAMPLE
+            if samples <= 0:
+                resp.failure("response holds no audio")
+                return
+            resp.success()
+            count_audio("http", 1, samples)
