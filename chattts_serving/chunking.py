@@ -40,23 +40,36 @@ class ChunkSchedule:
     left_context_tokens: int = 52
     lookahead_tokens: int = 8
     crossfade_samples: int = 512
+    first_lookahead_tokens: int = 0
+    """Lookahead of the first chunk only (0 = ``lookahead_tokens``): the latency knob of
+    time to first audio, at the cost of one less exact seam."""
 
     def validate(self) -> ChunkSchedule:
         if self.first_chunk_tokens < 1 or self.max_chunk_tokens < self.first_chunk_tokens:
             raise ValueError("need 1 <= first_chunk_tokens <= max_chunk_tokens")
         if self.growth < 1.0:
             raise ValueError("growth must be >= 1")
-        if self.lookahead_tokens < 1 or self.left_context_tokens < 0:
-            raise ValueError("lookahead_tokens must be >= 1 and left_context_tokens >= 0")
+        if self.lookahead_tokens < 1 or self.left_context_tokens < 0 or self.first_lookahead_tokens < 0:
+            raise ValueError("lookahead_tokens must be >= 1, left_context_tokens and first_lookahead_tokens >= 0")
         f = self.crossfade_samples
         if f < 0 or f % 2:
             raise ValueError("crossfade_samples must be even and >= 0")
-        if f // 2 > contract.SAMPLES_PER_TOKEN * self.lookahead_tokens - contract.HOP_SAMPLES:
-            raise ValueError(f"crossfade of {f} samples needs more lookahead than {self.lookahead_tokens} tokens")
+        shortest = min(self.lookahead_tokens, self.first_lookahead)
+        if f // 2 > contract.SAMPLES_PER_TOKEN * shortest - contract.HOP_SAMPLES:
+            raise ValueError(f"crossfade of {f} samples needs more lookahead than {self.first_lookahead} tokens")
         if f // 2 > contract.SAMPLES_PER_TOKEN * self.left_context_tokens:
             raise ValueError(f"crossfade of {f} samples needs more left context than "
                              f"{self.left_context_tokens} tokens")
         return self
+
+    @property
+    def first_lookahead(self) -> int:
+        return self.first_lookahead_tokens or self.lookahead_tokens
+
+    def tokens_before_first_chunk(self) -> int:
+        """Tokens that must exist before the first window can be decoded."""
+        edge = -(-(self.crossfade_samples // 2) // contract.SAMPLES_PER_TOKEN)
+        return self.first_chunk_tokens + edge + self.first_lookahead
 
     def with_lookahead(self, lookahead_tokens: int) -> ChunkSchedule:
         """The same schedule with another lookahead; the left context grows to at least the
@@ -65,7 +78,8 @@ class ChunkSchedule:
         room = 2 * (contract.SAMPLES_PER_TOKEN * lookahead_tokens - contract.HOP_SAMPLES)
         fade = min(self.crossfade_samples, max(0, room) // 2 * 2)
         return ChunkSchedule(self.first_chunk_tokens, self.growth, self.max_chunk_tokens,
-                             max(self.left_context_tokens, lookahead_tokens), lookahead_tokens, fade).validate()
+                             max(self.left_context_tokens, lookahead_tokens), lookahead_tokens, fade,
+                             first_lookahead_tokens=0).validate()
 
 
 @dataclass(frozen=True)
@@ -111,7 +125,8 @@ class StreamChunker:
         edge = -(-(self.s.crossfade_samples // 2) // contract.SAMPLES_PER_TOKEN)  # ceil, in tokens
         start = max(0, self.boundary - edge - self.s.left_context_tokens)
         end = self.boundary + self.size
-        need = end + edge + self.s.lookahead_tokens
+        lookahead = self.s.first_lookahead if self.boundary == 0 else self.s.lookahead_tokens
+        need = end + edge + lookahead
         if finished and need > available:
             if available <= self.boundary and self.emitted >= contract.samples_for_tokens(available):
                 self.done = True

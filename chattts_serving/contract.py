@@ -167,6 +167,8 @@ FRONTEND_OUTPUTS: Final = (FE_INPUT_IDS, FE_SPK_EMB, FE_NORMALIZED)
 # GPT engine (decoupled)
 EN_EMIT_TOKENS: Final = TensorSpec("emit_tokens", "TYPE_INT32", (1,), optional=True,
                                    doc="tokens per streamed response (default 1)")
+EN_FIRST_EMIT: Final = TensorSpec("first_emit_tokens", "TYPE_INT32", (1,), optional=True,
+                                  doc="also send a response when exactly this many tokens exist (0: off)")
 EN_STREAM_ID: Final = TensorSpec("stream_id", "TYPE_STRING", (1,), optional=True,
                                  doc="caller's handle for this sequence, used by a later cancel request")
 EN_CONTROL: Final = TensorSpec("control", "TYPE_STRING", (1,), optional=True,
@@ -176,7 +178,7 @@ EN_PRIORITY: Final = TensorSpec("priority", "TYPE_INT32", (1,), optional=True,
 EN_TIMEOUT_MS: Final = TensorSpec("timeout_ms", "TYPE_INT64", (1,), optional=True,
                                   doc="the sequence ends with an error this many ms after submission")
 ENGINE_INPUTS: Final = (FE_INPUT_IDS, FE_SPK_EMB, *(p.tensor() for p in SAMPLING_PARAMS), EN_EMIT_TOKENS,
-                        EN_STREAM_ID, EN_CONTROL, EN_PRIORITY, EN_TIMEOUT_MS)
+                        EN_STREAM_ID, EN_CONTROL, EN_PRIORITY, EN_TIMEOUT_MS, EN_FIRST_EMIT)
 EN_CODES: Final = TensorSpec("codes", "TYPE_INT32", (-1, NUM_VQ), doc="codes of the new tokens (N, 4)")
 EN_HIDDEN: Final = TensorSpec("hidden", "TYPE_FP32", (-1, -1), doc="GPT last hidden state per token (N, H)")
 EN_STOP: Final = TensorSpec("stop_reason", "TYPE_STRING", (1,),
@@ -213,8 +215,9 @@ def past_names(layer: int) -> tuple[str, str]:
 
 
 def present_names(layer: int) -> tuple[str, str]:
-    """Names of layer ``layer``'s KV-cache outputs: (B, heads, P+T, head_dim) float32 each."""
-    return f"present_key_{layer}", f"present_value_{layer}"
+    """Names of layer ``layer``'s new KV outputs: (B, heads, T, head_dim) float32 each (the
+    keys/values of the T new positions; the engine writes them into its cache in place)."""
+    return f"new_key_{layer}", f"new_value_{layer}"
 
 
 def samples_for_tokens(n_tokens: int) -> int:

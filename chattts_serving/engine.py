@@ -11,9 +11,11 @@ thread. Each iteration:
 4. runs one decode step for every running sequence in one batched GPT call, samples each
    row with its own sampler, and streams tokens to each sequence's sink.
 
-Between rebuilds the KV cache never leaves the engine and is never copied by it: each step's
-``present`` outputs are the next step's ``past`` inputs. Nothing here imports Triton: the
-Triton model binds a :class:`TokenSink` to its response sender.
+The KV cache lives in per-layer buffers of the engine, (rows, heads, capacity, head_dim),
+rows right-aligned and advancing together: each step the graph reads the buffers (unused
+columns masked) and returns only the new position's keys and values, which are written into
+the next column in place; the buffers grow by ``KV_GROWTH`` columns when full. Nothing here
+imports Triton: the Triton model binds a :class:`TokenSink` to its response sender.
 """
 
 from __future__ import annotations
@@ -34,6 +36,11 @@ from .runtime import Embeddings, GptStepRunner
 from .sampling import RequestSampler, SamplingParams, sample_batch
 
 log = logging.getLogger("chattts_serving.engine")
+
+KV_GROWTH = 16
+"""Columns added to the KV buffers when full: one copy per 16 steps, and on average 8 masked
+columns of wasted attention (64 spare columns cost more in attention reads than the copies).
+"""
 
 
 class EngineBusy(RuntimeError):
@@ -105,6 +112,7 @@ class Sequence:
     params: SamplingParams
     sink: TokenSink
     emit_tokens: int = 1
+    first_emit_tokens: int = 0  # also flush when exactly this many tokens exist (the first chunk's need)
     priority: int = 0
     deadline_s: float | None = None
     request_id: str = ""
@@ -164,7 +172,8 @@ class Engine:
         self._order = itertools.count()
         self._running: list[Sequence] = []
         self._kv: list[np.ndarray] = []
-        self._mask = np.zeros((0, 0), np.int64)
+        self._mask = np.zeros((0, 0), np.int64)  # (rows, capacity); columns >= _width unused
+        self._width = 0
         self._stop = False
         self._thread: threading.Thread | None = None
         self.stats_data = EngineStats()
@@ -258,7 +267,7 @@ class Engine:
                 with self._cv:
                     victims = [s for s in self._running if not s.done]
                     self._running = []
-                    self._kv, self._mask = [], np.zeros((0, 0), np.int64)
+                    self._kv, self._mask, self._width = [], np.zeros((0, 0), np.int64), 0
                 for s in victims:
                     self._fail(s, f"engine step failed: {type(exc).__name__}")
 
@@ -291,7 +300,7 @@ class Engine:
         are dead, or when every row is dead (then the cache is released)."""
         rows = self._running
         dead = [i for i, s in enumerate(rows) if s.done]
-        width = self._mask.shape[1]
+        width = self._width
         leftover = []
         for s in newcomers:
             if dead and s.length <= width:
@@ -304,11 +313,11 @@ class Engine:
     def _fill_row(self, r: int, s: Sequence) -> None:
         """Copy newcomer ``s``'s prefill KV right-aligned into dead row ``r``."""
         assert s.prefill_kv is not None
-        width, n, pw = self._mask.shape[1], s.length, s.prefill_width
+        width, n, pw = self._width, s.length, s.prefill_width
         self._mask[r] = 0
-        self._mask[r, width - n:] = 1
+        self._mask[r, width - n:width] = 1
         for j, src in enumerate(s.prefill_kv):
-            self._kv[j][r, :, width - n:] = src[0, :, pw - n:pw]
+            self._kv[j][r, :, width - n:width] = src[0, :, pw - n:pw]
         s.prefill_kv = None
         with self._cv:
             self._running[r] = s
@@ -359,45 +368,64 @@ class Engine:
         self._accept(seqs, codes, hidden)
 
     def _rebuild(self, newcomers: list[Sequence]) -> None:
-        """New batch KV from surviving rows and newcomers; rows right-aligned to a common
-        width equal to the longest sequence."""
+        """New KV buffers from surviving rows and newcomers; rows right-aligned to a common
+        width equal to the longest sequence, with ``KV_GROWTH`` spare columns."""
         old_rows = {id(s): i for i, s in enumerate(self._running)}
-        old_width = self._mask.shape[1]
+        old_width = self._width
         keep = [s for s in self._running if not s.done] + newcomers
         with self._cv:
             self._running = keep
         with self._stats_lock:
             self.stats_data.rebuilds += 1
         if not keep:
-            self._kv, self._mask = [], np.zeros((0, 0), np.int64)
+            self._kv, self._mask, self._width = [], np.zeros((0, 0), np.int64), 0
             self.observer.idle()
             return
         width = max(s.length for s in keep)
+        cap = width + KV_GROWTH
         n_layers2 = 2 * self.runner.layers
         heads, hd = self.runner.art.num_heads, self.runner.art.head_dim
-        kv = [np.zeros((len(keep), heads, width, hd), np.float32) for _ in range(n_layers2)]
-        mask = np.zeros((len(keep), width), np.int64)
+        kv = [np.zeros((len(keep), heads, cap, hd), np.float32) for _ in range(n_layers2)]
+        mask = np.zeros((len(keep), cap), np.int64)
         for r, s in enumerate(keep):
             n = s.length
-            mask[r, width - n:] = 1
+            mask[r, width - n:width] = 1
             if id(s) in old_rows:
                 src_row, src, src_w = old_rows[id(s)], self._kv, old_width
             else:
                 assert s.prefill_kv is not None
                 src_row, src, src_w = 0, s.prefill_kv, s.prefill_width
             for j in range(n_layers2):
-                kv[j][r, :, width - n:] = src[j][src_row, :, src_w - n:src_w]
+                kv[j][r, :, width - n:width] = src[j][src_row, :, src_w - n:src_w]
             s.prefill_kv = None
-        self._kv, self._mask = kv, mask
+        self._kv, self._mask, self._width = kv, mask, width
+
+    def _grow(self) -> None:
+        """Add ``KV_GROWTH`` columns to the full KV buffers (one copy)."""
+        rows, heads, cap, hd = self._kv[0].shape
+        grown = []
+        for buf in self._kv:
+            g = np.zeros((rows, heads, cap + KV_GROWTH, hd), np.float32)
+            g[:, :, :cap] = buf
+            grown.append(g)
+        mask = np.zeros((rows, cap + KV_GROWTH), np.int64)
+        mask[:, :cap] = self._mask
+        self._kv, self._mask = grown, mask
 
     def _decode(self) -> None:
         seqs = self._running
+        if self._width >= self._mask.shape[1]:
+            self._grow()
         zero = np.zeros(contract.NUM_VQ, np.int64)
         codes_in = np.stack([zero if s.done or s.last_codes is None else s.last_codes for s in seqs])
         embeds = self.emb.codes(codes_in)[:, None, :].astype(np.float32)
         mask = np.concatenate([self._mask, np.ones((len(seqs), 1), np.int64)], axis=1)
-        logits, hidden, present = self.runner.run(embeds, mask, self._kv)
-        self._kv, self._mask = present, mask
+        logits, hidden, new_kv = self.runner.run(embeds, mask, self._kv)
+        w = self._width
+        for buf, new in zip(self._kv, new_kv):
+            buf[:, :, w] = new[:, :, 0]
+        self._mask[:, w] = 1
+        self._width = w + 1
         live_rows = [i for i, s in enumerate(seqs) if not s.done]
         for i in live_rows:
             seqs[i].length += 1
@@ -409,7 +437,7 @@ class Engine:
         self._accept(live, codes, hidden[live_rows])
         with self._cv:
             queued = len(self._waiting) + sum(1 for s in self._running if not s.done)
-        self.observer.step(len(live_rows), queued, int(mask.shape[0] * mask.shape[1]))
+        self.observer.step(len(live_rows), queued, int(len(seqs) * self._width))
 
     def _accept(self, seqs: list[Sequence], codes: np.ndarray, hidden: np.ndarray) -> None:
         """Record one sampled step per sequence, stream it, and mark ends."""
@@ -429,7 +457,7 @@ class Engine:
                 self.stats_data.tokens += 1
             if s.generated >= s.params.max_new_tokens:
                 self._finish(s, contract.STOP_MAX_TOKENS)
-            elif len(s.pending_codes) >= s.emit_tokens:
+            elif len(s.pending_codes) >= s.emit_tokens or s.generated == s.first_emit_tokens:
                 self._flush(s, "")
 
     def _flush(self, s: Sequence, reason: str) -> None:

@@ -85,7 +85,8 @@ class Stages(Protocol):
         """-> (input_ids (T,) int32, spk_emb (H,) float32). Raises RequestError."""
 
     def generate(self, input_ids: np.ndarray, spk_emb: np.ndarray, params: SamplingParams,
-                 emit_tokens: int, priority: int = 0, timeout_s: float | None = None) -> TokenStream:
+                 emit_tokens: int, priority: int = 0, timeout_s: float | None = None,
+                 first_emit_tokens: int = 0) -> TokenStream:
         """Start a sequence on the engine (``priority`` 0 realtime / 1 batch; ``timeout_s``
         after which the engine ends it with an error). Iterating raises RequestError."""
 
@@ -304,7 +305,8 @@ def _stream_segment(req: EntryRequest, stages: Stages, schedule: ChunkSchedule, 
     chunker = StreamChunker(schedule)
     store = _TokenStore()
     left = _check_deadline(req, t0)
-    tokens = stages.generate(input_ids, spk_emb, req.params, emit_tokens, contract.PRIORITIES[req.priority], left)
+    tokens = stages.generate(input_ids, spk_emb, req.params, emit_tokens, contract.PRIORITIES[req.priority], left,
+                             schedule.tokens_before_first_chunk())
     unwatch = watch(tokens.request_cancel) if watch is not None else None
     ended = False
     reason = ""

@@ -65,10 +65,12 @@ class StreamProfile(_Strict):
     crossfade_samples: int = Field(ge=0)
     emit_tokens: int = Field(ge=1)
     default_vocoder: Literal["hidden", "codes"]
+    first_lookahead_tokens: int = Field(ge=0)
 
     def schedule(self) -> ChunkSchedule:
         return ChunkSchedule(self.first_chunk_tokens, self.growth, self.max_chunk_tokens,
-                             self.left_context_tokens, self.lookahead_tokens, self.crossfade_samples).validate()
+                             self.left_context_tokens, self.lookahead_tokens, self.crossfade_samples,
+                             self.first_lookahead_tokens).validate()
 
 
 class EntryProfile(_Strict):

@@ -118,7 +118,7 @@ class GptStepRunner:
 
     :meth:`run` takes embeddings (B, T, H) float32, an int64 mask (B, P+T) and the per-layer
     past KV list (2*layers arrays of (B, heads, P, head_dim)); returns logits (B, 4, 626),
-    hidden (B, H) and the present KV list (B, heads, P+T, head_dim).
+    hidden (B, H) and the new positions' KV list (B, heads, T, head_dim).
     """
 
     def __init__(self, artifacts: Artifacts, opts: OrtOptions = OrtOptions()) -> None:

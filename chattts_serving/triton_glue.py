@@ -161,6 +161,7 @@ class EngineArgs:
     emit_tokens: int
     priority: int
     timeout_s: float | None
+    first_emit_tokens: int = 0
 
 
 def engine_sequence_args(inputs: dict[str, np.ndarray], hidden_size: int, max_new_tokens_cap: int) -> EngineArgs:
@@ -185,9 +186,11 @@ def engine_sequence_args(inputs: dict[str, np.ndarray], hidden_size: int, max_ne
     except ParamError as exc:
         raise RequestError(str(exc)) from None
     emit_tokens = _int_input(inputs, contract.EN_EMIT_TOKENS.name, 1, 1, 4096)
+    first_emit = _int_input(inputs, contract.EN_FIRST_EMIT.name, 0, 0, 4096)
     priority = _int_input(inputs, contract.EN_PRIORITY.name, 0, 0, max(contract.PRIORITIES.values()))
     timeout_ms = _int_input(inputs, contract.EN_TIMEOUT_MS.name, 0, 0, 3_600_000)
-    return EngineArgs(ids.astype(np.int64), spk, params, emit_tokens, priority, timeout_ms / 1000 or None)
+    return EngineArgs(ids.astype(np.int64), spk, params, emit_tokens, priority, timeout_ms / 1000 or None,
+                      first_emit)
 
 
 def _int_input(inputs: dict[str, np.ndarray], name: str, default: int, low: int, high: int) -> int:
@@ -238,10 +241,11 @@ class BlsStages:
         return ids, spk
 
     def generate(self, input_ids: np.ndarray, spk_emb: np.ndarray, params: SamplingParams,
-                 emit_tokens: int, priority: int = 0, timeout_s: float | None = None) -> EngineStream:
+                 emit_tokens: int, priority: int = 0, timeout_s: float | None = None,
+                 first_emit_tokens: int = 0) -> EngineStream:
         self.breakers["engine"].before_or_raise()
         return EngineStream(self.pb, input_ids, spk_emb, params, emit_tokens, priority, timeout_s,
-                            self.breakers["engine"])
+                            self.breakers["engine"], first_emit_tokens)
 
     def vocode(self, path: str, window: np.ndarray) -> np.ndarray:
         pb = self.pb
@@ -281,7 +285,7 @@ class EngineStream:
 
     def __init__(self, pb: Any, input_ids: np.ndarray, spk_emb: np.ndarray, params: SamplingParams,
                  emit_tokens: int, priority: int = 0, timeout_s: float | None = None,
-                 breaker: GuardedBreaker | None = None) -> None:
+                 breaker: GuardedBreaker | None = None, first_emit_tokens: int = 0) -> None:
         self.pb = pb
         self.breaker = breaker
         self.stream_id = uuid.uuid4().hex
@@ -289,7 +293,8 @@ class EngineStream:
                   pb.Tensor(contract.FE_SPK_EMB.name, spk_emb.astype(np.float32)),
                   pb.Tensor(contract.EN_EMIT_TOKENS.name, np.array([emit_tokens], np.int32)),
                   string_tensor(pb, contract.EN_STREAM_ID.name, self.stream_id),
-                  pb.Tensor(contract.EN_PRIORITY.name, np.array([priority], np.int32))]
+                  pb.Tensor(contract.EN_PRIORITY.name, np.array([priority], np.int32)),
+                  pb.Tensor(contract.EN_FIRST_EMIT.name, np.array([first_emit_tokens], np.int32))]
         if timeout_s is not None:
             inputs.append(pb.Tensor(contract.EN_TIMEOUT_MS.name, np.array([int(timeout_s * 1000) + 1], np.int64)))
         for spec in contract.SAMPLING_PARAMS:

@@ -66,8 +66,9 @@ def main() -> None:
         n = len(x)
         offline = voc.run(x[None])[0]
         rf = art.receptive_field_tokens(path)
-        for lookahead in sorted({1, 2, 4, 8, 12, 16, 24, rf}):
-            sched = base.with_lookahead(lookahead)
+        for lookahead in [0, *sorted({1, 2, 4, 8, 12, 16, 24, rf})]:
+            # 0 = the profile's own schedule (its first-chunk lookahead and left context)
+            sched = base if lookahead == 0 else base.with_lookahead(lookahead)
             ch, out, avail = StreamChunker(sched), [], 0
             while not ch.done:
                 avail = min(n, avail + 3)
@@ -76,8 +77,10 @@ def main() -> None:
             got = np.concatenate(out)
             err = got - offline
             snr = float(10 * np.log10((offline ** 2).sum() / max(float((err ** 2).sum()), 1e-30)))
-            rows.append({"path": path, "lookahead_tokens": lookahead,
-                         "lookahead_ms": round(lookahead * contract.SAMPLES_PER_TOKEN / contract.SAMPLE_RATE_HZ * 1000),
+            rows.append({"path": path, "lookahead_tokens": lookahead or f"profile ({base.first_lookahead}/"
+                         f"{base.lookahead_tokens}, left {base.left_context_tokens})",
+                         "lookahead_ms": round((lookahead or base.lookahead_tokens) * contract.SAMPLES_PER_TOKEN
+                                               / contract.SAMPLE_RATE_HZ * 1000),
                          "snr_db": round(snr, 1), "max_abs_error": float(np.abs(err).max()),
                          "receptive_field_tokens": rf})
     args.out.parent.mkdir(parents=True, exist_ok=True)

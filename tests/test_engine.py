@@ -240,3 +240,23 @@ def test_finished_rows_are_reused_by_newcomers_without_mixing(parts, small_artif
     stats = eng.stats()
     assert stats["row_reuses"] >= 2, stats
     assert eng._kv == []
+
+
+def test_kv_buffers_grow_in_place_without_changing_results(parts, small_artifacts: Artifacts,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """With 3 spare columns the KV buffers grow every few steps; outputs stay the solo ones."""
+    import chattts_serving.engine as engine_mod
+
+    reqs = [(_prompt(20, 60 + i), _spk(small_artifacts, i),
+             SamplingParams(seed=i, max_new_tokens=25, min_new_tokens=25)) for i in range(3)]
+    solo = [_solo(parts, small_artifacts, *r).all_codes for r in reqs]
+    monkeypatch.setattr(engine_mod, "KV_GROWTH", 3)
+    eng = Engine(*parts, EngineConfig())
+    sinks = [Sink() for _ in reqs]
+    for r, sink in zip(reqs, sinks):
+        eng.submit(Sequence(r[0], r[1], r[2], sink))
+        eng.run_once()
+    while eng.live_count():
+        eng.run_once()
+    for i, sink in enumerate(sinks):
+        np.testing.assert_array_equal(sink.all_codes, solo[i])

@@ -32,7 +32,7 @@ import numpy as np
 from .. import contract
 from .weights import WeightsError, check_asset_dir, load_chat, read_sizes
 
-EXPORTER_VERSION = 1
+EXPORTER_VERSION = 2
 OPSET = 17
 PARITY_TOLERANCE = 1e-4
 """Maximum absolute error allowed between a torch module and its exported graph."""
@@ -176,7 +176,7 @@ def _export_into(chat: Any, weights_root: Path, tmp: Path, say: Progress) -> dic
             dyn[n] = {0: "batch", 2: "past"}
         for n in contract.present_names(i):
             out_names.append(n)
-            dyn[n] = {0: "batch", 2: "total"}
+            dyn[n] = {0: "batch", 2: "new"}
     _onnx_export(step, (emb, mask, *past), tmp / contract.GPT_GRAPH, in_names, out_names, dyn)
     timings["gpt_s"] = time.perf_counter() - t0
 

@@ -45,6 +45,7 @@ def parity_report(chat: Any, root: Path) -> dict[str, float]:
 
     Stages: ``gpt_prefill_logits``, ``gpt_prefill_hidden`` (batch of 2, left-padded, with a
     speaker), ``gpt_decode_logits``, ``gpt_decode_hidden`` (one step after it),
+    ``gpt_decode_spare_columns_logits`` (that step over a cache with masked unused columns),
     ``embed_prompt`` (numpy lookups vs ``Embed`` + ``Speaker.apply``), ``vocoder_hidden``
     and ``vocoder_codes`` (batch of 2, 40 tokens).
     """
@@ -96,6 +97,15 @@ def parity_report(chat: Any, root: Path) -> dict[str, float]:
     logits2, hidden2, _ = runner.run(step_np.astype(np.float32), mask2, present)
     report["gpt_decode_logits"] = float(np.abs(logits2 - logits2_ref.numpy()).max())
     report["gpt_decode_hidden"] = float(np.abs(hidden2 - h2_ref.numpy()).max())
+    # The same step over a cache with unused (masked) columns of garbage after the real ones,
+    # as the engine's preallocated buffers have.
+    spare = 5
+    rng = np.random.default_rng(3)
+    padded = [np.concatenate([p_, rng.normal(size=(*p_.shape[:2], spare, p_.shape[3])).astype(np.float32)], axis=2)
+              for p_ in present]
+    mask3 = np.concatenate([mask, np.zeros((len(ids), spare), np.int64), np.ones((len(ids), 1), np.int64)], 1)
+    logits3, _, _ = runner.run(step_np.astype(np.float32), mask3, padded)
+    report["gpt_decode_spare_columns_logits"] = float(np.abs(logits3 - logits2_ref.numpy()).max())
 
     # Vocoders.
     hidden_size = art.hidden_size

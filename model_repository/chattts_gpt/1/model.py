@@ -40,7 +40,8 @@ class TritonPythonModel:
                 deadline = time.monotonic() + a.timeout_s if a.timeout_s else None
                 try:
                     self.engine.submit(Sequence(a.input_ids, a.spk_emb, a.params, glue.SenderSink(pb_utils, sender),
-                                                emit_tokens=a.emit_tokens, priority=a.priority, deadline_s=deadline,
+                                                emit_tokens=a.emit_tokens, first_emit_tokens=a.first_emit_tokens,
+                                                priority=a.priority, deadline_s=deadline,
                                                 request_id=stream_id or request.request_id()))
                 except EngineBusy as exc:
                     raise RequestError(str(exc), UNAVAILABLE) from None
