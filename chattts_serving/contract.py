@@ -193,6 +193,10 @@ VO_AUDIO: Final = TensorSpec("audio", "TYPE_FP32", (-1,), doc="waveform of the w
 STOP_EOS: Final = "eos"
 STOP_MAX_TOKENS: Final = "max_new_tokens"
 STOP_CANCELLED: Final = "cancelled"
+STOP_ERROR_PREFIX: Final = "error:"
+"""The engine ends a failed sequence with stop_reason ``error:<kind>:<message>`` and the final
+flag, not with an error response: Triton 2.51 never delivers an error response of a decoupled
+model to a BLS caller's response iterator (the caller then waits forever)."""
 
 # --- ONNX graphs ---------------------------------------------------------------------------
 GPT_GRAPH: Final = "gpt_step.onnx"

@@ -99,6 +99,17 @@ def string_tensor(pb: Any, name: str, value: str) -> Any:
     return pb.Tensor(name, np.array([value.encode("utf-8")], dtype=np.object_))
 
 
+def send_engine_error(pb: Any, sender: Any, exc: RequestError) -> None:
+    """End a GPT-engine sequence with an error its BLS caller can receive: an empty response
+    whose stop_reason is ``error:<kind>:<message>``, then the final flag (see
+    ``contract.STOP_ERROR_PREFIX``)."""
+    outs = [pb.Tensor(contract.EN_CODES.name, np.zeros((0, contract.NUM_VQ), np.int32)),
+            pb.Tensor(contract.EN_HIDDEN.name, np.zeros((0, 0), np.float32)),
+            string_tensor(pb, contract.EN_STOP.name, f"{contract.STOP_ERROR_PREFIX}{exc.kind}:{exc}")]
+    sender.send(pb.InferenceResponse(output_tensors=outs))
+    sender.send(flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+
+
 def send_final_error(pb: Any, sender: Any, exc: RequestError, tag_kind: bool = False) -> None:
     """End a decoupled stream with an error (final flag set, so the client never hangs)."""
     sender.send(pb.InferenceResponse(error=triton_error(pb, exc, tag_kind)),
@@ -130,7 +141,7 @@ class SenderSink:
 
     def error(self, message: str) -> None:
         self.closed = True
-        send_final_error(self.pb, self.sender, RequestError(message, INTERNAL), tag_kind=True)
+        send_engine_error(self.pb, self.sender, RequestError(message, INTERNAL))
 
     def cancelled(self) -> bool:
         return bool(self.sender.is_cancelled())
@@ -320,6 +331,14 @@ class EngineStream:
             hidden = pb.get_output_tensor_by_name(resp, contract.EN_HIDDEN.name).as_numpy()
             stop = pb.get_output_tensor_by_name(resp, contract.EN_STOP.name).as_numpy().reshape(-1)[0]
             batch = TokenBatch(codes_t.as_numpy(), hidden, stop.decode() if isinstance(stop, bytes) else str(stop))
+            if batch.stop_reason.startswith(contract.STOP_ERROR_PREFIX):
+                for _ in self._responses:
+                    pass
+                self.finished = True
+                kind, _, message = batch.stop_reason[len(contract.STOP_ERROR_PREFIX):].partition(":")
+                if self.breaker is not None and kind == INTERNAL:
+                    self.breaker.failure()
+                raise RequestError(message, kind)
             if batch.stop_reason:
                 if self.breaker is not None:
                     self.breaker.success()

@@ -279,7 +279,7 @@ def test_unknown_request_parameter_is_refused(tight) -> None:
 
 def test_degradation_switches_on_under_load_and_back_off(degrading) -> None:
     port = degrading["metrics"]
-    streams = [Stream(degrading["grpc"], "降级测试。", i, 80) for i in range(4)]
+    streams = [Stream(degrading["grpc"], "降级测试。", i, 400) for i in range(4)]
     for s in streams:
         s.start()
         time.sleep(0.05)

@@ -48,7 +48,7 @@ class TritonPythonModel:
                 except ValueError as exc:
                     raise RequestError(str(exc)) from None
             except RequestError as exc:
-                glue.send_final_error(pb_utils, sender, exc, tag_kind=True)
+                glue.send_engine_error(pb_utils, sender, exc)
         return None
 
     def finalize(self):
