@@ -143,7 +143,25 @@ BAD_INPUTS = [
     ("unknown vocoder", [_input("text", "你好"), _input("vocoder", "wavenet")], "vocoder"),
     ("lookahead zero", [_input("text", "你好"), _input("lookahead_tokens", 0)], "lookahead"),
     ("text too long", [_input("text", "好" * 5000)], "limit"),
+    ("24000 characters", [_input("text", "语音合成。" * 4800)], "limit"),
+    ("emoji only", [_input("text", "😀🎉")], "nothing speakable"),
+    ("negative top_k", [_input("text", "你好"), _input("top_k", -4)], "top_k"),
+    ("huge seed voice", [_input("text", "你好"), _input("voice", "-1")], "out of range"),
 ]
+
+ACCEPTED_INPUTS = [
+    ("leading punctuation", "，。你好，世界。"),
+    ("emoji inside text", "你好😀，世界🎉。"),
+    ("mixed Chinese and English", "ChatTTS 是一个 text-to-speech 模型。"),
+]
+
+
+@pytest.mark.parametrize("case, text", ACCEPTED_INPUTS, ids=[c[0] for c in ACCEPTED_INPUTS])
+def test_unusual_but_speakable_text_streams(triton_server, case: str, text: str) -> None:
+    chunks, err = stream(triton_server.grpc_url, [_input("text", text), _input("max_new_tokens", 20),
+                                                  _input("min_new_tokens", 20), _input("seed", 1)])
+    assert err is None, f"{case}: {err}"
+    assert sum(c.size for c in chunks) > 0
 
 
 @pytest.mark.parametrize("case, inputs, fragment", BAD_INPUTS, ids=[c[0] for c in BAD_INPUTS])
