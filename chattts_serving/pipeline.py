@@ -94,7 +94,9 @@ class Stages(Protocol):
         """Window (T, H) float32 or (T, 4) int32 -> audio (512T-256,) float32. Raises RequestError."""
 
 
-def _scalar(inputs: Mapping[str, np.ndarray], spec: contract.ParamSpec) -> float | int | None:
+def scalar_input(inputs: Mapping[str, np.ndarray], spec: contract.ParamSpec) -> float | int | None:
+    """The one value of input ``spec.name`` (int or float per its dtype), None when absent.
+    Raises RequestError for a wrong dtype or not exactly one value."""
     arr = inputs.get(spec.name)
     if arr is None:
         return None
@@ -107,7 +109,9 @@ def _scalar(inputs: Mapping[str, np.ndarray], spec: contract.ParamSpec) -> float
     return int(v) if spec.triton_dtype.startswith("TYPE_INT") else float(v)
 
 
-def _string(inputs: Mapping[str, np.ndarray], name: str, required: bool) -> str | None:
+def string_input(inputs: Mapping[str, np.ndarray], name: str, required: bool) -> str | None:
+    """The one UTF-8 string of BYTES input ``name``, None when absent and optional.
+    Raises RequestError when missing and required, not BYTES, not one value, or not UTF-8."""
     arr = inputs.get(name)
     if arr is None:
         if required:
@@ -126,6 +130,20 @@ def _string(inputs: Mapping[str, np.ndarray], name: str, required: bool) -> str 
         raise RequestError(f"input '{name}' is not valid UTF-8 (byte {exc.start})") from None
 
 
+def sampling_input(inputs: Mapping[str, np.ndarray], max_new_tokens_cap: int) -> SamplingParams:
+    """The request's sampling parameters (``contract.SAMPLING_PARAMS`` inputs, defaults for the
+    absent ones), validated. Raises RequestError."""
+    values = {}
+    for spec in contract.SAMPLING_PARAMS:
+        v = scalar_input(inputs, spec)
+        if v is not None:
+            values[spec.name] = v
+    try:
+        return SamplingParams(**values).validate(max_new_tokens_cap)  # type: ignore[arg-type]
+    except ParamError as exc:
+        raise RequestError(str(exc)) from None
+
+
 def parse_request_params(params: Mapping[str, object]) -> None:
     """Refuse Triton request parameters: the entry points take none (their knobs are input
     tensors), so a parameter is a client mistake that must not be silently ignored.
@@ -137,10 +155,10 @@ def parse_request_params(params: Mapping[str, object]) -> None:
 
 
 def _priority_and_timeout(inputs: Mapping[str, np.ndarray]) -> tuple[str, float | None]:
-    priority = _string(inputs, contract.IN_PRIORITY.name, required=False) or "realtime"
+    priority = string_input(inputs, contract.IN_PRIORITY.name, required=False) or "realtime"
     if priority not in contract.PRIORITIES:
         raise RequestError(f"priority must be one of {sorted(contract.PRIORITIES)}, got {priority!r}")
-    timeout = _scalar(inputs, contract.ParamSpec(contract.IN_TIMEOUT.name, "TYPE_FP32", 0, 0, 3600))
+    timeout = scalar_input(inputs, contract.ParamSpec(contract.IN_TIMEOUT.name, "TYPE_FP32", 0, 0, 3600))
     if timeout is not None and not (np.isfinite(timeout) and 0.0 < timeout <= 3600.0):
         raise RequestError(f"timeout_s={timeout} is out of range (0, 3600]")
     return priority, (float(timeout) if timeout is not None else None)
@@ -153,26 +171,18 @@ def parse_entry(inputs: Mapping[str, np.ndarray], max_new_tokens_cap: int, defau
     Raises RequestError."""
     parse_request_params(request_params or {})
     priority, timeout_s = _priority_and_timeout(inputs)
-    text = _string(inputs, contract.IN_TEXT.name, required=True)
+    text = string_input(inputs, contract.IN_TEXT.name, required=True)
     assert text is not None
     if len(text) > max_text_chars:
         raise RequestError(f"text has {len(text)} characters; the limit is {max_text_chars}")
-    voice = _string(inputs, contract.IN_VOICE.name, required=False) or ""
-    vocoder = (_string(inputs, contract.IN_VOCODER.name, required=False) or default_vocoder).strip()
+    voice = string_input(inputs, contract.IN_VOICE.name, required=False) or ""
+    vocoder = (string_input(inputs, contract.IN_VOCODER.name, required=False) or default_vocoder).strip()
     if vocoder not in contract.VOCODER_PATHS:
         raise RequestError(f"vocoder must be one of {sorted(contract.VOCODER_PATHS)}, got {vocoder!r}")
-    values = {}
-    for spec in contract.SAMPLING_PARAMS:
-        v = _scalar(inputs, spec)
-        if v is not None:
-            values[spec.name] = v
-    try:
-        params = SamplingParams(**values).validate(max_new_tokens_cap)  # type: ignore[arg-type]
-    except ParamError as exc:
-        raise RequestError(str(exc)) from None
+    params = sampling_input(inputs, max_new_tokens_cap)
     lookahead = None
     for spec in contract.STREAM_PARAMS:
-        v = _scalar(inputs, spec)
+        v = scalar_input(inputs, spec)
         if v is not None and not (spec.low <= v <= spec.high):
             raise RequestError(f"{spec.name}={v} is out of range [{spec.low:g}, {spec.high:g}]")
         if spec.name == "lookahead_tokens" and v is not None and v >= 1:

@@ -23,11 +23,11 @@ from typing import Any
 import numpy as np
 
 from . import contract
-from .pipeline import INTERNAL, INVALID, UNAVAILABLE, RequestError, TokenBatch, _scalar
+from .pipeline import INTERNAL, INVALID, UNAVAILABLE, RequestError, TokenBatch, sampling_input, string_input
 from .profile import Profile, profile_from_json
 from .resilience import CircuitBreaker, CircuitOpen
 from .runtime import Artifacts
-from .sampling import ParamError, SamplingParams
+from .sampling import SamplingParams
 
 log = logging.getLogger("chattts_serving.triton")
 
@@ -150,10 +150,8 @@ class SenderSink:
 def engine_control(inputs: dict[str, np.ndarray]) -> tuple[str, str]:
     """(control, stream_id) of a GPT-engine request; control is '' for a new sequence.
     Raises RequestError for an unknown control word or a control request without stream_id."""
-    from .pipeline import _string
-
-    control = (_string(inputs, contract.EN_CONTROL.name, required=False) or "").strip()
-    stream_id = _string(inputs, contract.EN_STREAM_ID.name, required=False) or ""
+    control = (string_input(inputs, contract.EN_CONTROL.name, required=False) or "").strip()
+    stream_id = string_input(inputs, contract.EN_STREAM_ID.name, required=False) or ""
     if control not in ("", "cancel"):
         raise RequestError(f"unknown control {control!r}; the only control is 'cancel'")
     if control and not stream_id:
@@ -187,15 +185,7 @@ def engine_sequence_args(inputs: dict[str, np.ndarray], hidden_size: int, max_ne
     spk = inputs.get(contract.FE_SPK_EMB.name)
     if spk is not None and (spk.dtype != np.float32 or spk.shape != (hidden_size,) or not np.isfinite(spk).all()):
         raise RequestError(f"spk_emb must be a finite FP32 tensor of shape [{hidden_size}]")
-    values = {}
-    for spec in contract.SAMPLING_PARAMS:
-        v = _scalar(inputs, spec)
-        if v is not None:
-            values[spec.name] = v
-    try:
-        params = SamplingParams(**values).validate(max_new_tokens_cap)  # type: ignore[arg-type]
-    except ParamError as exc:
-        raise RequestError(str(exc)) from None
+    params = sampling_input(inputs, max_new_tokens_cap)
     emit_tokens = _int_input(inputs, contract.EN_EMIT_TOKENS.name, 1, 1, 4096)
     first_emit = _int_input(inputs, contract.EN_FIRST_EMIT.name, 0, 0, 4096)
     priority = _int_input(inputs, contract.EN_PRIORITY.name, 0, 0, max(contract.PRIORITIES.values()))

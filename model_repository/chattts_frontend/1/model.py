@@ -7,7 +7,7 @@ import triton_python_backend_utils as pb_utils
 from chattts_serving import contract
 from chattts_serving import triton_glue as glue
 from chattts_serving.frontend import FrontEnd, FrontendError
-from chattts_serving.pipeline import RequestError, _string
+from chattts_serving.pipeline import RequestError, string_input
 
 
 class TritonPythonModel:
@@ -23,8 +23,8 @@ class TritonPythonModel:
     def _one(self, request):
         try:
             inputs = glue.request_inputs(pb_utils, request, contract.FRONTEND_INPUTS)
-            text = _string(inputs, contract.IN_TEXT.name, required=True)
-            voice = _string(inputs, contract.IN_VOICE.name, required=False) or ""
+            text = string_input(inputs, contract.IN_TEXT.name, required=True)
+            voice = string_input(inputs, contract.IN_VOICE.name, required=False) or ""
             try:
                 p = self.frontend.prepare(text, voice)
             except FrontendError as exc:
