@@ -195,6 +195,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     server = TritonServer(args.repo, http_port=args.http_port, grpc_port=args.grpc_port,
                           metrics_port=args.metrics_port, log_path=args.log)
+
+    def _interrupt(signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt
+
+    # SIGTERM (systemd, docker stop, kill) and SIGINT stop the server like Ctrl-C; a shell
+    # starts background jobs with SIGINT ignored, so restore its handler explicitly.
+    signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGINT, _interrupt)
     try:
         server.start()
         print(f"chattts-serve: ready (HTTP {args.http_port}, gRPC {args.grpc_port}, metrics {args.metrics_port});"
