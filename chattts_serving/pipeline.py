@@ -279,12 +279,14 @@ def _check_deadline(req: EntryRequest, t0: float) -> float | None:
 
 def stream_audio(req: EntryRequest, stages: Stages, schedule: ChunkSchedule, emit_tokens: int,
                  send: Callable[[np.ndarray], None], cancelled: Callable[[], bool],
-                 t0: float | None = None, watch: Watch | None = None) -> StreamResult:
+                 t0: float | None = None, watch: Watch | None = None,
+                 progress: Callable[[], None] | None = None) -> StreamResult:
     """Run one streaming request: send each audio chunk (1-D float32, 24 kHz) as it is ready.
 
     Text is split into sentence segments (:func:`split_segments`) generated one after the
     other and streamed in order. ``watch`` (optional) reports a client cancel between token
-    batches, so the engine drops the sequence at its next step. Returns a
+    batches, so the engine drops the sequence at its next step; ``progress()`` (optional) is
+    called on every token batch (a stall watchdog's heartbeat). Returns a
     :class:`StreamResult`; raises RequestError (the caller sends it as the stream's error),
     DeadlineExceeded past ``req.timeout_s`` (counted from ``t0``, the request's arrival).
     Stops early, without error, when ``cancelled()``.
@@ -298,7 +300,7 @@ def stream_audio(req: EntryRequest, stages: Stages, schedule: ChunkSchedule, emi
     for index, (input_ids, spk_emb) in enumerate(prepared):
         result.segments += 1
         reason, n = _stream_segment(req, stages, schedule, emit_tokens, send, cancelled, t0, input_ids,
-                                    spk_emb, result, watch)
+                                    spk_emb, result, watch, progress)
         result.tokens += n
         result.stop_reason = reason
         if reason == CANCELLED:
@@ -311,7 +313,7 @@ def stream_audio(req: EntryRequest, stages: Stages, schedule: ChunkSchedule, emi
 def _stream_segment(req: EntryRequest, stages: Stages, schedule: ChunkSchedule, emit_tokens: int,
                     send: Callable[[np.ndarray], None], cancelled: Callable[[], bool], t0: float,
                     input_ids: np.ndarray, spk_emb: np.ndarray, result: StreamResult,
-                    watch: Watch | None) -> tuple[str, int]:
+                    watch: Watch | None, progress: Callable[[], None] | None = None) -> tuple[str, int]:
     chunker = StreamChunker(schedule)
     store = _TokenStore()
     left = _check_deadline(req, t0)
@@ -322,6 +324,8 @@ def _stream_segment(req: EntryRequest, stages: Stages, schedule: ChunkSchedule, 
     reason = ""
     try:
         for batch in tokens:
+            if progress is not None:
+                progress()
             store.add(batch)
             finished = bool(batch.stop_reason)
             if finished:

@@ -81,6 +81,7 @@ class EntryProfile(_Strict):
     offline_instance_count: int = Field(ge=1)
     breaker_failures: int = Field(ge=1)
     breaker_cooldown_s: float = Field(gt=0)
+    stall_timeout_s: float = Field(gt=0)
 
 
 class DegradeProfile(_Strict):

@@ -363,17 +363,86 @@ class EngineStream:
         self.finished = True
 
 
+class StreamGuard:
+    """The client side of one stream: chunks, then exactly one final response (or error).
+
+    ``touch()`` records progress; a :class:`CancelWatcher` with a stall limit ends a stream
+    that made none for that long (the GPT engine's process died: Triton 2.51 then never
+    answers the BLS iterator) with an explicit error, and the stream's own thread, should it
+    ever wake, finds the stream closed and sends nothing more.
+    """
+
+    def __init__(self, pb: Any, sender: Any) -> None:
+        self.pb, self.sender = pb, sender
+        self.last_activity = time.monotonic()
+        self.closed = False
+        self.closed_by_watchdog = False
+        self._lock = threading.Lock()
+
+    def touch(self) -> None:
+        self.last_activity = time.monotonic()
+
+    def is_cancelled(self) -> bool:
+        """The client cancelled; False once the stream is closed. Asking Triton about a
+        request that has completed crashes it (2.51), so the check and the closing of the
+        stream exclude each other."""
+        with self._lock:
+            return False if self.closed else bool(self.sender.is_cancelled())
+
+    def send_chunk(self, tensor_name: str, chunk: np.ndarray) -> None:
+        with self._lock:
+            if not self.closed:
+                self.sender.send(self.pb.InferenceResponse(output_tensors=[self.pb.Tensor(tensor_name, chunk)]))
+        self.touch()
+
+    def finish(self) -> bool:
+        """Send the final flag unless the stream is already closed; True if this call closed it."""
+        with self._lock:
+            if self.closed:
+                return False
+            self.closed = True
+            self.sender.send(flags=self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            return True
+
+    def fail(self, exc: RequestError, by_watchdog: bool = False) -> bool:
+        """End the stream with ``exc`` unless already closed; True if this call closed it."""
+        with self._lock:
+            if self.closed:
+                return False
+            self.closed = True
+            self.closed_by_watchdog = by_watchdog
+            send_final_error(self.pb, self.sender, exc)
+            return True
+
+
 class CancelWatcher:
     """Polls the live streams' ``is_cancelled()`` every ``interval_s`` on one thread and runs
     their ``on_cancel`` once, so that a client's cancel reaches the engine within about one
-    decode step even while the stream's own thread waits for tokens."""
+    decode step even while the stream's own thread waits for tokens. With ``stall_s`` it also
+    ends streams whose guard saw no progress for that long (see :class:`StreamGuard`)."""
 
-    def __init__(self, interval_s: float = 0.005) -> None:
+    def __init__(self, interval_s: float = 0.005, stall_s: float | None = None,
+                 on_stall: Any = None) -> None:
         self.interval_s = interval_s
+        self.stall_s = stall_s
+        self.on_stall = on_stall
         self._watched: dict[int, tuple[Any, Any]] = {}
+        self._guards: dict[int, Any] = {}
         self._ids = itertools.count()
         self._lock = threading.Lock()
         threading.Thread(target=self._loop, name="cancel-watch", daemon=True).start()
+
+    def guard(self, guard: StreamGuard, context: Any) -> Any:
+        """Watch ``guard`` for stalls; returns a function that stops watching it.
+        ``on_stall(guard, context)`` runs (on the watcher thread) when it stalls."""
+        key = next(self._ids)
+        with self._lock:
+            self._guards[key] = (guard, context)
+
+        def unguard() -> None:
+            with self._lock:
+                self._guards.pop(key, None)
+        return unguard
 
     def watcher(self, is_cancelled: Any) -> Any:
         """A ``pipeline.Watch`` for one stream whose client is asked with ``is_cancelled()``."""
@@ -409,6 +478,18 @@ class CancelWatcher:
                     on_cancel()
                 except Exception:
                     log.exception("cancel watcher")
+            if self.stall_s is None:
+                continue
+            now = time.monotonic()
+            with self._lock:
+                stalled = [(k, g, c) for k, (g, c) in self._guards.items() if now - g.last_activity > self.stall_s]
+                for k, _, _ in stalled:
+                    del self._guards[k]
+            for _, g, c in stalled:
+                try:
+                    self.on_stall(g, c)
+                except Exception:
+                    log.exception("stall watcher")
 
 
 class StreamSlots:

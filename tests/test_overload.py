@@ -243,7 +243,7 @@ def test_cancelled_streams_leave_the_engine_and_leak_nothing(tight) -> None:
 def test_realtime_requests_get_audio_before_batch_requests_under_saturation(tight) -> None:
     """Both engine slots are busy (one short, one long job); a batch request arrives, then a
     realtime one: when the short job ends, the realtime request takes the free slot first."""
-    hogs = [Stream(tight["grpc"], "长时间占用。", 9, n, priority="batch") for n in (100, 800)]
+    hogs = [Stream(tight["grpc"], "长时间占用。", 9, n, priority="batch") for n in (300, 1500)]
     for s in hogs:
         s.start()
     for s in hogs:
@@ -295,3 +295,43 @@ def test_degradation_switches_on_under_load_and_back_off(degrading) -> None:
     events = [json.loads(line[line.index("{"):]) for line in Path(degrading["log"]).read_text().splitlines()
               if '"event":"degraded_mode"' in line]
     assert [e["degraded"] for e in events][-2:] == [True, False]
+
+
+@pytest.fixture()
+def fragile(small_artifacts: Artifacts, tmp_path: Path) -> Iterator[dict[str, Any]]:
+    """A server whose streams give up after 3 s without progress (function-scoped: the test
+    kills one of its model processes)."""
+    srv = _serve(small_artifacts, tmp_path, entry={"stall_timeout_s": 3.0})
+    try:
+        yield _info(srv)
+    finally:
+        srv.stop()
+
+
+def test_engine_process_death_ends_streams_with_errors_not_hangs(fragile) -> None:
+    """Kill the GPT engine's stub mid-stream: the stream ends with an explicit error after the
+    stall limit, later requests get an explicit error at once (Triton: "Stub process ... is not
+    healthy"), and a restarted server serves again (recovery, as documented in the README)."""
+    import os
+    import signal as sig
+    import subprocess as sp
+
+    s = Stream(fragile["grpc"], "故障测试。", 1, 2000).start()
+    assert s.first_chunk.wait(60) and s.error is None, s.error
+    repo = fragile["server"].repo
+    pid = int(sp.check_output(["pgrep", "-f", f"{repo}/chattts_gpt/1/model.py"]).split()[0])
+    os.kill(pid, sig.SIGKILL)
+    assert s.done.wait(30), "the stream hung after the engine died"
+    s.close()
+    assert s.error is not None and "stopped responding" in s.error, s.error
+    after = Stream(fragile["grpc"], "之后的请求。", 2, 20).start()
+    assert after.done.wait(30), "a request after the crash hung"
+    after.close()
+    assert after.error is not None and "not healthy" in after.error, after.error
+    srv = fragile["server"]
+    srv.stop()
+    srv.start()
+    again = Stream(fragile["grpc"], "重启之后。", 3, 20).start()
+    assert again.done.wait(60)
+    again.close()
+    assert again.error is None and again.chunks

@@ -1,7 +1,7 @@
-"""chattts (decoupled BLS entry point): text (BYTES [1]) and optional voice, vocoder, sampling
-and lookahead_tokens, request parameters priority/timeout_s -> a stream of audio chunks
-(FP32 [n], 24 kHz mono), small first chunk, larger ones after; the stream ends with an empty
-final response or an explicit error. Logic: chattts_serving.entry and .pipeline."""
+"""chattts (decoupled BLS entry point): text (BYTES [1]) and optional voice, vocoder, sampling,
+lookahead_tokens, priority and timeout_s -> a stream of audio chunks (FP32 [n], 24 kHz mono),
+small first chunk, larger ones after; the stream ends with an empty final response or an
+explicit error. Logic: chattts_serving.entry and .pipeline."""
 
 from concurrent.futures import ThreadPoolExecutor
 
@@ -10,7 +10,7 @@ import triton_python_backend_utils as pb_utils
 from chattts_serving import contract
 from chattts_serving import triton_glue as glue
 from chattts_serving.entry import EntryService
-from chattts_serving.pipeline import INTERNAL, RequestError, stream_audio
+from chattts_serving.pipeline import INTERNAL, UNAVAILABLE, RequestError, stream_audio
 
 
 class TritonPythonModel:
@@ -19,7 +19,7 @@ class TritonPythonModel:
         self.service = EntryService(pb_utils, setup.name, setup.profile)
         self.emit_tokens = setup.profile.stream.emit_tokens
         self.pool = ThreadPoolExecutor(setup.profile.entry.max_concurrent_streams, thread_name_prefix="stream")
-        self.watcher = glue.CancelWatcher()
+        self.watcher = glue.CancelWatcher(stall_s=setup.profile.entry.stall_timeout_s, on_stall=self._stalled)
 
     def execute(self, requests):
         for request in requests:
@@ -32,28 +32,37 @@ class TritonPythonModel:
             self.pool.submit(self._run, adm, sender)
         return None
 
+    def _stalled(self, guard, adm):
+        exc = RequestError("server unavailable: the GPT engine stopped responding", UNAVAILABLE)
+        if guard.fail(exc, by_watchdog=True):
+            self.service.finish(adm, None, exc)
+
     def _run(self, adm, sender):
+        guard = glue.StreamGuard(pb_utils, sender)
+        unguard = self.watcher.guard(guard, adm)
         first = []
 
         def send(chunk):
             if not first:
                 first.append(True)
                 self.service.first_audio(adm)
-            sender.send(pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(contract.OUT_AUDIO.name, chunk)]))
+            guard.send_chunk(contract.OUT_AUDIO.name, chunk)
 
         result, error = None, None
         try:
             result = stream_audio(adm.req, self.service.stages, adm.schedule, self.emit_tokens, send,
-                                  sender.is_cancelled, adm.arrival_s, self.watcher.watcher(sender.is_cancelled))
-            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                                  guard.is_cancelled, adm.arrival_s, self.watcher.watcher(guard.is_cancelled),
+                                  progress=guard.touch)
         except RequestError as exc:
             error = exc
         except Exception as exc:  # never leave a client waiting: end every stream explicitly
             glue.log.exception("stream failed")
             error = RequestError(f"internal error: {type(exc).__name__}", INTERNAL)
-        if error is not None:
-            glue.send_final_error(pb_utils, sender, error)
-        self.service.finish(adm, result, error)
+        finally:
+            unguard()
+        closed = guard.fail(error) if error is not None else guard.finish()
+        if closed:
+            self.service.finish(adm, result, error)
 
     def finalize(self):
-        self.pool.shutdown(wait=True, cancel_futures=False)
+        self.pool.shutdown(wait=False, cancel_futures=True)
