@@ -6,8 +6,9 @@ thread. Each iteration:
 1. drops sequences whose client went away (cancelled) or whose deadline passed;
 2. admits waiting sequences (highest priority first, then arrival order) while the batch
    has room, and prefills them together in one padded GPT call, sampling their first token;
-3. merges the newcomers into the running batch and removes finished rows, in one rebuild of
-   the batch KV cache (rows right-aligned, left padding masked out);
+3. places each newcomer into the row of a finished sequence (copying only its own prompt KV)
+   or, when none fits, compacts the batch in one rebuild of the KV buffers (rows
+   right-aligned, left padding masked out);
 4. runs one decode step for every running sequence in one batched GPT call, samples each
    row with its own sampler, and streams tokens to each sequence's sink.
 
