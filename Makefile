@@ -58,11 +58,13 @@ bench: setup  ## side-by-side benchmark vs synchronous ChatTTS -> results/bench.
 bench-smoke:  ## seconds-long version of the benchmark (CI runs it through the tests)
 	$(PY) -m chattts_serving.bench --smoke --out results/smoke
 
-loadtest:  ## Locust headless against a running server (USERS, SPAWN_RATE, DURATION)
-	bash loadtest/run.sh
+loadtest:  ## Locust headless against a running server (USERS, SPAWN_RATE, DURATION, HTTP_PORT, GRPC_PORT)
+	CHATTTS_HTTP_PORT=$(HTTP_PORT) CHATTTS_GRPC_PORT=$(GRPC_PORT) bash loadtest/run.sh
 
-gateway:  ## OpenAI-compatible /v1/audio/speech on :8080 over a running server's gRPC (GRPC_PORT)
-	$(PY) -m chattts_serving.gateway --triton-url 127.0.0.1:$(GRPC_PORT) --port 8080
+GATEWAY_PORT ?= 8080
+
+gateway:  ## OpenAI-compatible /v1/audio/speech on GATEWAY_PORT over a running server's gRPC (GRPC_PORT)
+	$(PY) -m chattts_serving.gateway --triton-url 127.0.0.1:$(GRPC_PORT) --port $(GATEWAY_PORT)
 
 soak: setup  ## N minutes at concurrency K (MINUTES, CONCURRENCY, ARTIFACTS) -> results/soak.json; lost must be 0
 	$(PY) scripts/soak.py --artifacts $(ARTIFACTS) --minutes $(or $(MINUTES),30) --concurrency $(or $(CONCURRENCY),8)

@@ -127,8 +127,9 @@ class FrontEnd:
         spk = self.speaker(voice)
         normalized = self.normalizer(norm.text, do_text_normalization=True, do_homophone_replacement=True).strip()
         if not textnorm.SPOKEN_CHARS.search(textnorm.CONTROL_TOKEN.sub("", normalized)):
+            what = f": {''.join(norm.dropped)!r}" if norm.dropped else ""
             raise FrontendError("text has nothing speakable after normalisation (only punctuation, symbols or "
-                                f"unsupported characters: {''.join(norm.dropped)!r})")
+                                f"unsupported characters{what})")
         speed = norm.speed if norm.speed is not None else textnorm.DEFAULT_SPEED
         prompt = f"[Stts][spk_emb][speed_{speed}]{normalized}[Ptts]"
         ids = self.tokenizer(prompt, add_special_tokens=False)["input_ids"]

@@ -16,6 +16,7 @@ import glob
 import importlib.util
 import os
 import signal
+import socket
 import subprocess
 import sys
 import sysconfig
@@ -112,7 +113,15 @@ class TritonServer:
                 "--log-verbose=0", *self.extra_args]
 
     def start(self, ready_timeout_s: float = 180.0) -> TritonServer:
-        """Start and wait until ready. Raises ServerError with the log's tail on failure."""
+        """Start and wait until ready. Raises ServerError with the log's tail on failure, and at
+        once when a port is already taken."""
+        for port in (self.http_port, self.grpc_port, self.metrics_port):
+            with socket.socket() as s:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                try:
+                    s.bind(("0.0.0.0", port))
+                except OSError:
+                    raise ServerError(f"port {port} is already in use (another server?)") from None
         env = dict(os.environ)
         env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
         env.setdefault("OMP_NUM_THREADS", "1")
@@ -188,6 +197,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--metrics-port", type=int, default=8002)
     ap.add_argument("--log", type=Path, default=None, help="server log file (default: this terminal)")
     args = ap.parse_args(argv)
+    if not (args.artifacts / "manifest.json").is_file():
+        print(f"chattts-serve: error: no exported artifacts in {args.artifacts} (no manifest.json): run "
+              "`make export` or pass --artifacts DIR", file=sys.stderr)
+        return 2
     try:
         render_repository(load_profile(args.profile), args.artifacts, args.repo)
     except (ProfileError, RenderError, FileNotFoundError) as exc:

@@ -41,7 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--text", help="text to speak (Chinese and/or English)")
     src.add_argument("--text-file", type=Path, help="UTF-8 file holding the text to speak")
     ap.add_argument("--out", type=Path, default=Path("out.wav"), help="output WAV path (default out.wav)")
-    ap.add_argument("--voice", help="speaker: integer seed or ChatTTS spk_emb string (default: server's)")
+    ap.add_argument("--voice", help="speaker: integer seed, a voice name (alloy, nova, ... or from the server's "
+                    "voices file) or a ChatTTS spk_emb string (default: the server's)")
     ap.add_argument("--seed", type=int, help=_param_help("seed"))
     ap.add_argument("--temperature", type=float, help=_param_help("temperature"))
     ap.add_argument("--top-p", type=float, help=_param_help("top_p"))

@@ -157,7 +157,9 @@ def write_wav(path: str | Path, audio: np.ndarray, sample_rate_hz: int = contrac
     if a.ndim != 1:
         raise ValueError(f"audio must be 1-D, got shape {list(a.shape)}")
     pcm = np.round(np.clip(np.nan_to_num(a), -1.0, 1.0) * 32767.0).astype("<i2")
-    with wave.open(str(path), "wb") as w:
+    # Open the file first: wave.open(path) on an unwritable path leaves a half-built writer
+    # whose __del__ prints a traceback on Python 3.11.
+    with open(path, "wb") as f, wave.open(f, "wb") as w:
         w.setnchannels(1)
         w.setsampwidth(2)
         w.setframerate(int(sample_rate_hz))
