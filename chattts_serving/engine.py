@@ -38,6 +38,12 @@ from .sampling import RequestSampler, SamplingParams, sample_batch
 
 log = logging.getLogger("chattts_serving.engine")
 
+KV_TRIM = 64
+"""Compact the batch when this many leading KV columns are padding for every live row. Rows
+advance together, so with newcomers taking finished rows the batch never empties and its
+width would otherwise grow without bound (found by a 30-minute soak: memory and step time
+kept rising)."""
+
 KV_GROWTH = 16
 """Columns added to the KV buffers when full: one copy per 16 steps, and on average 8 masked
 columns of wasted attention (64 spare columns cost more in attention reads than the copies).
@@ -290,6 +296,8 @@ class Engine:
             self._decode()
         if self._running and all(s.done for s in self._running):
             self._rebuild([])  # the batch emptied: release its KV cache now
+        elif self._running and self._width - max(s.length for s in self._running if not s.done) >= KV_TRIM:
+            self._rebuild([])  # drop the columns that are padding for every live row
 
     def _place(self, newcomers: list[Sequence]) -> None:
         """Put newcomers into the batch. A finished row stays in the batch as a dead row (its

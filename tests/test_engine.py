@@ -260,3 +260,22 @@ def test_kv_buffers_grow_in_place_without_changing_results(parts, small_artifact
         eng.run_once()
     for i, sink in enumerate(sinks):
         np.testing.assert_array_equal(sink.all_codes, solo[i])
+
+
+def test_batch_width_stays_bounded_under_continuous_arrivals(parts, small_artifacts: Artifacts) -> None:
+    """Newcomers keep taking finished rows, so the batch never empties; its KV width must
+    still stay near the longest live sequence instead of growing with every step."""
+    eng = Engine(*parts, EngineConfig(max_batch_size=4))
+    sinks: list[Sink] = []
+    widths = []
+    for i in range(40):
+        sink = Sink()
+        sinks.append(sink)
+        eng.submit(Sequence(_prompt(20, i), None, SamplingParams(seed=i, max_new_tokens=30, min_new_tokens=30), sink))
+        for _ in range(8):
+            eng.run_once()
+            widths.append(eng._width)
+    while eng.live_count():
+        eng.run_once()
+    assert all(len(s.all_codes) == 30 for s in sinks)
+    assert max(widths) <= 20 + 30 + 64, max(widths)  # prompt + generated + KV_TRIM; 320 steps ran
