@@ -297,7 +297,7 @@ class Engine:
         if self._running and all(s.done for s in self._running):
             self._rebuild([])  # the batch emptied: release its KV cache now
         elif self._running and self._width - max(s.length for s in self._running if not s.done) >= KV_TRIM:
-            self._rebuild([])  # drop the columns that are padding for every live row
+            self._trim()
 
     def _place(self, newcomers: list[Sequence]) -> None:
         """Put newcomers into the batch. A finished row stays in the batch as a dead row (its
@@ -408,6 +408,23 @@ class Engine:
                 kv[j][r, :, width - n:width] = src[j][src_row, :, src_w - n:src_w]
             s.prefill_kv = None
         self._kv, self._mask, self._width = kv, mask, width
+
+    def _trim(self) -> None:
+        """Drop the leading KV columns that are padding for every live row (one copy). Rows,
+        dead ones included, keep their places, so newcomers can still take finished rows."""
+        keep = max(s.length for s in self._running if not s.done)
+        start = self._width - keep
+        rows, heads, _, hd = self._kv[0].shape
+        trimmed = []
+        for buf in self._kv:
+            t = np.zeros((rows, heads, keep + KV_GROWTH, hd), np.float32)
+            t[:, :, :keep] = buf[:, :, start:self._width]
+            trimmed.append(t)
+        mask = np.zeros((rows, keep + KV_GROWTH), np.int64)
+        mask[:, :keep] = self._mask[:, start:self._width]
+        self._kv, self._mask, self._width = trimmed, mask, keep
+        with self._stats_lock:
+            self.stats_data.rebuilds += 1
 
     def _grow(self) -> None:
         """Add ``KV_GROWTH`` columns to the full KV buffers (one copy)."""
