@@ -147,6 +147,24 @@ def concat_chunks(chunks: list[np.ndarray]) -> np.ndarray:
     return np.concatenate([np.asarray(c, np.float32).reshape(-1) for c in chunks])
 
 
+def collect_stream(chunks: Iterator[np.ndarray], t0: float) -> SynthesisResult:
+    """Drain a stream of audio chunks ((n,) float32 at ``contract.SAMPLE_RATE_HZ``) into a
+    :class:`SynthesisResult`; ``t0`` is the ``time.perf_counter()`` at which the request was
+    sent: TTFA is taken at the first chunk, total time at the stream's end (seconds)."""
+    import time
+
+    got: list[np.ndarray] = []
+    ttfa: float | None = None
+    for chunk in chunks:
+        if ttfa is None:
+            ttfa = time.perf_counter() - t0
+        got.append(chunk)
+    total = time.perf_counter() - t0
+    return SynthesisResult(audio=concat_chunks(got), sample_rate_hz=contract.SAMPLE_RATE_HZ,
+                           ttfa_s=total if ttfa is None else ttfa, total_s=total, chunks=len(got),
+                           chunk_samples=[c.size for c in got])
+
+
 def write_wav(path: str | Path, audio: np.ndarray, sample_rate_hz: int = contract.SAMPLE_RATE_HZ) -> None:
     """Write ``audio`` ((N,) float, nominally in [-1, 1]) as 16-bit PCM mono WAV.
 

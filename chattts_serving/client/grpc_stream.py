@@ -17,7 +17,7 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from .. import contract
-from .common import ClientError, SynthesisRequest, SynthesisResult, concat_chunks
+from .common import ClientError, SynthesisRequest, SynthesisResult, collect_stream
 
 DEFAULT_TIMEOUT_S = 300.0
 """Default deadline of a whole stream, in seconds."""
@@ -121,14 +121,5 @@ def synthesize_stream(url: str, request: SynthesisRequest,
     final response (both ``time.perf_counter`` seconds, including connection setup).
     Raises :class:`ClientError` as :func:`iter_chunks` does.
     """
-    chunks: list[np.ndarray] = []
     t0 = time.perf_counter()
-    ttfa: float | None = None
-    for chunk in iter_chunks(url, request, timeout_s=timeout_s):
-        if ttfa is None:
-            ttfa = time.perf_counter() - t0
-        chunks.append(chunk)
-    total = time.perf_counter() - t0
-    return SynthesisResult(audio=concat_chunks(chunks), sample_rate_hz=contract.SAMPLE_RATE_HZ,
-                           ttfa_s=total if ttfa is None else ttfa, total_s=total, chunks=len(chunks),
-                           chunk_samples=[c.size for c in chunks])
+    return collect_stream(iter_chunks(url, request, timeout_s=timeout_s), t0)

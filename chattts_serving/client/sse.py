@@ -18,7 +18,7 @@ import requests
 import urllib3
 
 from .. import contract
-from .common import ClientError, SynthesisRequest, SynthesisResult, concat_chunks
+from .common import ClientError, SynthesisRequest, SynthesisResult, collect_stream
 
 DEFAULT_TIMEOUT_S = 300.0
 """Default deadline of a whole stream, in seconds."""
@@ -166,14 +166,5 @@ def synthesize_sse(url: str, request: SynthesisRequest,
     of the event stream (``time.perf_counter`` seconds). Raises :class:`ClientError` as
     :func:`iter_sse_chunks` does.
     """
-    chunks: list[np.ndarray] = []
     t0 = time.perf_counter()
-    ttfa: float | None = None
-    for chunk in iter_sse_chunks(url, request, timeout_s=timeout_s):
-        if ttfa is None:
-            ttfa = time.perf_counter() - t0
-        chunks.append(chunk)
-    total = time.perf_counter() - t0
-    return SynthesisResult(audio=concat_chunks(chunks), sample_rate_hz=contract.SAMPLE_RATE_HZ,
-                           ttfa_s=total if ttfa is None else ttfa, total_s=total, chunks=len(chunks),
-                           chunk_samples=[c.size for c in chunks])
+    return collect_stream(iter_sse_chunks(url, request, timeout_s=timeout_s), t0)
