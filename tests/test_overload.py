@@ -270,7 +270,8 @@ def test_realtime_requests_get_audio_before_batch_requests_under_saturation(tigh
     assert realtime.first_audio_s is not None and batch.first_audio_s is not None
     rt_at = realtime.t0 + realtime.first_audio_s
     batch_at = batch.t0 + batch.first_audio_s
-    print(f"\nfirst audio: realtime {rt_at - batch.t0:.3f} s, batch {batch_at - batch.t0:.3f} s after the batch request")
+    print(f"\nfirst audio after the batch request: realtime {rt_at - batch.t0:.3f} s, "
+          f"batch {batch_at - batch.t0:.3f} s")
     assert rt_at < batch_at
 
 
