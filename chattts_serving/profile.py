@@ -96,6 +96,22 @@ class DegradeProfile(_Strict):
     max_new_tokens: int = Field(ge=1)
 
 
+class HealthProfile(_Strict):
+    """Self-healing of ``chattts-serve --restart-on-failure`` (:class:`~chattts_serving.server.Supervisor`)
+    and the deep probe's deadline (:func:`~chattts_serving.probe.probe`).
+
+    Every ``interval_s`` seconds the supervisor checks that every Python-backend stub process
+    the server started is alive; every ``probe_every`` checks (0: never) it also runs the deep
+    probe (live, ready, every model READY, a 2-token synthesis) with a deadline of
+    ``probe_timeout_s`` seconds. ``failures`` consecutive failed checks restart the server.
+    """
+
+    interval_s: float = Field(gt=0)
+    failures: int = Field(ge=1)
+    probe_every: int = Field(ge=0)
+    probe_timeout_s: float = Field(gt=0, le=3600)
+
+
 class Profile(_Strict):
     """A deployment profile (see ``profiles/cpu.toml`` for every key and its unit)."""
 
@@ -109,6 +125,7 @@ class Profile(_Strict):
     stream: StreamProfile
     entry: EntryProfile
     degrade: DegradeProfile
+    health: HealthProfile
 
     @model_validator(mode="after")
     def _consistent(self) -> Profile:
