@@ -6,6 +6,10 @@ next to ``libtriton_python.so``), puts this virtual environment's ``bin/`` first
 server's PATH (the stub runs ``python3`` from there, so it sees this venv's site-packages),
 starts the server, waits for ``/v2/health/ready`` and stops it with SIGINT (then SIGKILL).
 See ../shared/TRITON.md for why each step is needed.
+
+:class:`Supervisor` (``chattts-serve --restart-on-failure``) restarts the server when one of
+its model processes dies or the deep probe (:mod:`chattts_serving.probe`) keeps failing:
+Triton 2.51 neither restarts a dead Python-backend stub nor reports it in its health.
 """
 
 from __future__ import annotations
@@ -20,15 +24,24 @@ import socket
 import subprocess
 import sys
 import sysconfig
+import threading
 import time
 import urllib.request
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
-from .profile import ProfileError, load_profile
+import psutil
+
+from .logs import log_event
+from .probe import ProbeResult, probe
+from .profile import HealthProfile, ProfileError, load_profile
 from .render import RenderError, render_repository
 
 SHM_GLOB = "/dev/shm/triton_python_backend_shm_region_*"
+STUB_NAME = "triton_python_backend_stub"
 
 
 class ServerError(RuntimeError):
@@ -101,6 +114,8 @@ class TritonServer:
         self.proc: subprocess.Popen[bytes] | None = None
         self._log: object | None = None
         self._shm_before: set[str] = set()
+        self.starts = 0
+        """Successful and failed start attempts so far (a restart appends to the log file)."""
 
     def command(self) -> list[str]:
         root = bundled_triton()
@@ -132,7 +147,9 @@ class TritonServer:
         ldlib = sysconfig.get_config_var("LDLIBRARY")
         if libdir and ldlib and (Path(libdir) / ldlib).exists():
             env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (libdir, env.get("LD_LIBRARY_PATH")) if p)
-        out = open(self.log_path, "wb") if self.log_path else None  # noqa: SIM115
+        # The first start truncates the log; a restart appends, so the crash stays on record.
+        out = open(self.log_path, "ab" if self.starts else "wb") if self.log_path else None  # noqa: SIM115
+        self.starts += 1
         self._log = out
         self._shm_before = set(glob.glob(SHM_GLOB))
         self.proc = subprocess.Popen(self.command(), stdout=out, stderr=subprocess.STDOUT, env=env,
@@ -179,11 +196,186 @@ class TritonServer:
             self._log.close()  # type: ignore[attr-defined]
         self.proc = None
 
+    def restart(self, stop_timeout_s: float = 30.0, ready_timeout_s: float = 180.0) -> TritonServer:
+        """:meth:`stop` then :meth:`start` on the same ports and repository. Raises ServerError
+        as :meth:`start` does."""
+        self.stop(stop_timeout_s)
+        return self.start(ready_timeout_s)
+
+    def stub_counts(self) -> Counter[str]:
+        """Live Python-backend stub processes of this server, counted per model (the model
+        directory's name, e.g. ``chattts_gpt``; one per model instance). Empty when the server
+        is not running. Zombies (killed, not yet reaped) do not count."""
+        if self.proc is None or self.proc.poll() is not None:
+            return Counter()
+        try:
+            children = psutil.Process(self.proc.pid).children()
+        except psutil.Error:
+            return Counter()
+        counts: Counter[str] = Counter()
+        for child in children:
+            try:
+                if child.status() == psutil.STATUS_ZOMBIE:
+                    continue
+                cmd = child.cmdline()
+            except psutil.Error:
+                continue
+            if not cmd or Path(cmd[0]).name != STUB_NAME:
+                continue
+            model_py = next((a for a in cmd[1:] if a.endswith("model.py")), None)
+            counts[Path(model_py).parent.parent.name if model_py else "?"] += 1
+        return counts
+
+    def supervise(self, health: HealthProfile, stop: threading.Event | None = None) -> None:
+        """Run a :class:`Supervisor` over this (started) server until ``stop`` is set. Raises
+        ServerError when a restart fails."""
+        Supervisor(self, health).run(stop)
+
     def __enter__(self) -> TritonServer:
         return self.start() if self.proc is None else self
 
     def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
         self.stop()
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """One supervisor check: ``ok``, the ``reason`` when not ok ("ok" otherwise), and whether
+    the deep probe ran as part of it (``probed``)."""
+
+    ok: bool
+    reason: str = "ok"
+    probed: bool = False
+
+
+class RestartPolicy:
+    """When to probe and when to restart, from the results of successive checks (no I/O).
+
+    Check ``n`` (0-based since the last start) includes the deep probe when ``n`` is a multiple
+    of ``probe_every`` (never when it is 0) and, once a probe has failed, on every check until
+    one passes: otherwise the cheap checks in between would reset the count of a server
+    that is up but cannot synthesise. ``failures`` consecutive failed checks call for a
+    restart; any passing check resets the count.
+    """
+
+    def __init__(self, failures: int, probe_every: int) -> None:
+        if failures < 1 or probe_every < 0:
+            raise ValueError(f"need failures >= 1 and probe_every >= 0, got {failures}, {probe_every}")
+        self.failures = failures
+        self.probe_every = probe_every
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget the history (the server was just (re)started)."""
+        self.checks = 0
+        self.consecutive_failures = 0
+        self.probe_failing = False
+
+    def probe_due(self) -> bool:
+        """Whether the next check should include the deep probe."""
+        if self.probe_every == 0:
+            return False
+        return self.probe_failing or self.checks % self.probe_every == 0
+
+    def record(self, result: CheckResult) -> bool:
+        """Count ``result``; True when the server should be restarted now (the history is
+        then reset)."""
+        self.checks += 1
+        if result.probed:
+            self.probe_failing = not result.ok
+        if result.ok:
+            self.consecutive_failures = 0
+            return False
+        self.consecutive_failures += 1
+        if self.consecutive_failures >= self.failures:
+            self.reset()
+            return True
+        return False
+
+
+class Supervisor:
+    """Restarts a :class:`TritonServer` whose model processes died or that stopped serving.
+
+    Every ``health.interval_s`` seconds :meth:`check` compares the server's live stub
+    processes per model with those present right after its start (Triton 2.51 neither
+    restarts a killed stub nor reports it: ``/v2/health/ready`` stays 200) and, when
+    :class:`RestartPolicy` says so, runs the deep probe (:func:`chattts_serving.probe.probe`,
+    deadline ``health.probe_timeout_s``). After ``health.failures`` failed checks in a row it
+    restarts the server (clean stop, same ports). Every event is one JSON log line on stderr
+    (:func:`chattts_serving.logs.log_event`): ``supervisor_started``, ``health_check_failed``,
+    ``server_restarting``, ``server_restarted``, ``server_restart_failed``.
+
+    ``probe_fn(http_url, grpc_url, timeout_s)`` and ``wait(seconds) -> bool`` (True: stop)
+    can be replaced in tests.
+    """
+
+    def __init__(self, server: TritonServer, health: HealthProfile,
+                 probe_fn: Callable[[str, str, float], ProbeResult] | None = None) -> None:
+        self.server = server
+        self.health = health
+        self.policy = RestartPolicy(health.failures, health.probe_every)
+        self.probe_fn = probe_fn or (lambda http, grpc, timeout: probe(http, grpc, timeout))
+        self.expected: Counter[str] = Counter()
+        self.restarts = 0
+
+    def baseline(self) -> None:
+        """Record the stub processes of the freshly started server as the expected set."""
+        self.expected = self.server.stub_counts()
+        self.policy.reset()
+
+    def check(self, with_probe: bool) -> CheckResult:
+        """The server process runs, every expected stub is alive and, ``with_probe``, the
+        deep probe passes."""
+        proc = self.server.proc
+        if proc is None or proc.poll() is not None:
+            code = None if proc is None else proc.returncode
+            return CheckResult(False, f"tritonserver is not running (exit code {code})")
+        missing = self.expected - self.server.stub_counts()
+        if missing:
+            gone = ", ".join(f"{model} ({n} of {self.expected[model]})" for model, n in sorted(missing.items()))
+            return CheckResult(False, f"model process(es) died: {gone}")
+        if not with_probe:
+            return CheckResult(True)
+        res = self.probe_fn(f"127.0.0.1:{self.server.http_port}", f"127.0.0.1:{self.server.grpc_port}",
+                            self.health.probe_timeout_s)
+        return CheckResult(res.healthy, "ok" if res.healthy else f"probe: {res.reason}", probed=True)
+
+    def step(self) -> bool:
+        """One check, and a restart when the policy calls for one; True when it restarted.
+        Raises ServerError when the restart fails."""
+        result = self.check(self.policy.probe_due())
+        if result.ok:
+            self.policy.record(result)
+            return False
+        log_event("health_check_failed", level="warning", component="supervisor", reason=result.reason,
+                  probed=result.probed, consecutive_failures=self.policy.consecutive_failures + 1,
+                  failures_to_restart=self.health.failures)
+        if not self.policy.record(result):
+            return False
+        log_event("server_restarting", level="error", component="supervisor", reason=result.reason,
+                  restarts=self.restarts)
+        t0 = time.monotonic()
+        try:
+            self.server.restart()
+        except ServerError as exc:
+            log_event("server_restart_failed", level="error", component="supervisor", error=str(exc).splitlines()[0])
+            raise
+        self.restarts += 1
+        self.baseline()
+        log_event("server_restarted", component="supervisor", reason=result.reason, restarts=self.restarts,
+                  duration_ms=round((time.monotonic() - t0) * 1000, 1), stubs=dict(self.expected))
+        return True
+
+    def run(self, stop: threading.Event | None = None) -> None:
+        """Check every ``interval_s`` seconds until ``stop`` is set (forever without one).
+        Raises ServerError when a restart fails."""
+        stop = stop or threading.Event()
+        self.baseline()
+        log_event("supervisor_started", component="supervisor", interval_s=self.health.interval_s,
+                  failures=self.health.failures, probe_every=self.health.probe_every,
+                  probe_timeout_s=self.health.probe_timeout_s, stubs=dict(self.expected))
+        while not stop.wait(self.health.interval_s):
+            self.step()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -196,13 +388,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--grpc-port", type=int, default=8001)
     ap.add_argument("--metrics-port", type=int, default=8002)
     ap.add_argument("--log", type=Path, default=None, help="server log file (default: this terminal)")
+    ap.add_argument("--restart-on-failure", action="store_true",
+                    help="supervise the server: restart it when a model process dies or the deep probe keeps "
+                         "failing (knobs: the profile's [health] table); events are JSON lines on stderr")
     args = ap.parse_args(argv)
     if not (args.artifacts / "manifest.json").is_file():
         print(f"chattts-serve: error: no exported artifacts in {args.artifacts} (no manifest.json): run "
               "`make export` or pass --artifacts DIR", file=sys.stderr)
         return 2
     try:
-        render_repository(load_profile(args.profile), args.artifacts, args.repo)
+        profile = load_profile(args.profile)
+        render_repository(profile, args.artifacts, args.repo)
     except (ProfileError, RenderError, FileNotFoundError) as exc:
         print(f"chattts-serve: error: {exc}", file=sys.stderr)
         return 2
@@ -220,6 +416,9 @@ def main(argv: list[str] | None = None) -> int:
         server.start()
         print(f"chattts-serve: ready (HTTP {args.http_port}, gRPC {args.grpc_port}, metrics {args.metrics_port});"
               " Ctrl-C stops", flush=True)
+        if args.restart_on_failure:
+            server.supervise(profile.health)
+            return 0
         assert server.proc is not None
         server.proc.wait()
         return server.proc.returncode if server.proc else 0
