@@ -53,6 +53,19 @@ SERVER_COMMAND = [
     "--metrics-config=summary_latencies=true",
 ]
 
+# The deep health probe the image, compose and Kubernetes run (python3 is the image's).
+PROBE_TIMEOUT_S = 20.0
+PROBE_COMMAND = ["python3", "-m", "chattts_serving.probe", "--timeout-s", f"{PROBE_TIMEOUT_S:g}"]
+
+
+def _duration_s(text: str) -> float:
+    """A Docker/compose duration such as ``25s``, ``1m30s`` or ``500ms`` in seconds."""
+    units = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+    parts = re.findall(r"(\d+(?:\.\d+)?)(ms|s|m|h)", text)
+    assert parts and "".join(n + u for n, u in parts) == text, f"not a duration: {text!r}"
+    return sum(float(n) * units[u] for n, u in parts)
+
+
 # Metric families the models export (pb_utils.MetricFamily) and Triton's own that we use.
 # Every PromQL expression may reference only these, their histogram series, and the
 # recording rules of docker/prometheus/rules/recording.yml.
@@ -270,7 +283,10 @@ def test_dockerfile_builds_the_server_on_pinned_triton_as_a_non_root_user() -> N
     assert user.isdigit() and int(user) != 0, f"serve must run as a numeric non-root USER, not {user!r}"
     assert json.loads(serve["CMD"]) == SERVER_COMMAND
     assert set(serve["EXPOSE"].split()) == {"8000", "8001", "8002"}
-    assert "/v2/health/ready" in serve["HEALTHCHECK"]
+    # The deep probe (Triton 2.51 stays ready when a model's process dies), exec form.
+    healthcheck = serve["HEALTHCHECK"]
+    assert json.loads(healthcheck[healthcheck.index("CMD") + 3:].strip()) == PROBE_COMMAND
+    assert _duration_s(re.search(r"--timeout=(\S+)", healthcheck).group(1)) > PROBE_TIMEOUT_S
     assert "chattts-render --profile gpu --artifacts /models/artifacts --out /opt/model_repository" \
         in serve["RUN"]
 
@@ -351,7 +367,8 @@ def test_compose_stack_serves_triton_on_one_gpu_with_monitoring() -> None:
     assert {p.split(":")[-1] for p in triton["ports"]} == {"8000", "8001", "8002"}
     devices = triton["deploy"]["resources"]["reservations"]["devices"]
     assert devices == [{"driver": "nvidia", "count": 1, "capabilities": ["gpu"]}]
-    assert any("/v2/health/ready" in part for part in triton["healthcheck"]["test"])
+    assert triton["healthcheck"]["test"] == ["CMD", *PROBE_COMMAND]
+    assert _duration_s(triton["healthcheck"]["timeout"]) > PROBE_TIMEOUT_S
     assert "artifacts:/models:ro" in triton["volumes"], "the server mounts the artifacts read-only"
 
     export = services["export"]
@@ -436,10 +453,15 @@ def test_deployment_requests_one_gpu_and_probes_triton_health() -> None:
     assert triton["resources"]["limits"]["nvidia.com/gpu"] == 1
     ports = {p["name"]: p["containerPort"] for p in triton["ports"]}
     assert ports == {"http": 8000, "grpc": 8001, "metrics": 8002}
-    for probe, path in (("readinessProbe", "/v2/health/ready"), ("livenessProbe", "/v2/health/live")):
+    for probe, path in (("readinessProbe", "/v2/health/ready"), ("startupProbe", "/v2/health/live")):
         get = triton[probe]["httpGet"]
         assert get["path"] == path
         assert ports.get(get["port"], get["port"]) == 8000
+    # Liveness is the deep probe (a real synthesis): Triton 2.51 stays ready when a model's
+    # process dies. Its own deadline ends before the kubelet's.
+    liveness = triton["livenessProbe"]
+    assert liveness["exec"]["command"] == PROBE_COMMAND
+    assert liveness["timeoutSeconds"] > PROBE_TIMEOUT_S and liveness["periodSeconds"] >= liveness["timeoutSeconds"]
     assert spec["securityContext"]["runAsNonRoot"] is True
     assert spec["securityContext"]["runAsUser"] != 0
 
