@@ -127,5 +127,6 @@ class EntryService:
                   audio_s=round(audio_s, 3), chunks=result.chunks if result else 0,
                   tokens=result.tokens if result else 0, segments=result.segments if result else 0,
                   capped_segments=result.capped_segments if result else [],
+                  dropped=result.dropped if result else [],
                   stop_reason=result.stop_reason if result else None,
                   error=str(error) if error else None, error_kind=error.kind if error else None)

@@ -28,10 +28,12 @@ def _configure() -> None:
 
 
 def event_line(event: str, level: str = "info", **fields: Any) -> str:
-    """The JSON line for ``event`` with ``fields`` (non-JSON values are stringified)."""
+    """The JSON line for ``event`` with ``fields`` (non-JSON values are stringified). Pure
+    ASCII (``\\uXXXX`` escapes): a stub's stderr may not be UTF-8, and Python would then write
+    characters outside the BMP as ``\\U`` escapes that are not JSON."""
     record = {"ts": dt.datetime.now(dt.timezone.utc).isoformat(timespec="milliseconds"), "level": level,
               "event": event, **fields}
-    return json.dumps(record, ensure_ascii=False, default=str, separators=(",", ":"))
+    return json.dumps(record, ensure_ascii=True, default=str, separators=(",", ":"))
 
 
 def log_event(event: str, level: str = "info", **fields: Any) -> None:

@@ -8,6 +8,7 @@ the vocoder models; in unit tests, the same package objects called in-process.
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -53,6 +54,18 @@ class EntryRequest:
 
 
 @dataclass(frozen=True)
+class FrontendOutput:
+    """One text segment after the front end: prompt ids (T,) int32, speaker vector (H,)
+    float32, the text after normalisation, and what was not spoken (characters or reserved
+    tokens, in order of appearance)."""
+
+    input_ids: np.ndarray
+    spk_emb: np.ndarray
+    normalized_text: str = ""
+    dropped: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class TokenBatch:
     """Tokens from the engine: codes (N, 4) int32, hidden (N, H) float32, stop_reason."""
 
@@ -81,16 +94,17 @@ returns a function that stops watching."""
 class Stages(Protocol):
     """The three stages the entry models call (BLS in the server)."""
 
-    def frontend(self, text: str, voice: str) -> tuple[np.ndarray, np.ndarray]:
-        """-> (input_ids (T,) int32, spk_emb (H,) float32). Raises RequestError."""
+    def frontend(self, text: str, voice: str, request_id: str = "") -> FrontendOutput:
+        """Normalise and tokenize one segment, resolve the voice. Raises RequestError.
+        ``request_id`` (every stage) labels the sub-request for the stage's logs."""
 
     def generate(self, input_ids: np.ndarray, spk_emb: np.ndarray, params: SamplingParams,
                  emit_tokens: int, priority: int = 0, timeout_s: float | None = None,
-                 first_emit_tokens: int = 0) -> TokenStream:
+                 first_emit_tokens: int = 0, request_id: str = "") -> TokenStream:
         """Start a sequence on the engine (``priority`` 0 realtime / 1 batch; ``timeout_s``
         after which the engine ends it with an error). Iterating raises RequestError."""
 
-    def vocode(self, path: str, window: np.ndarray) -> np.ndarray:
+    def vocode(self, path: str, window: np.ndarray, request_id: str = "") -> np.ndarray:
         """Window (T, H) float32 or (T, 4) int32 -> audio (512T-256,) float32. Raises RequestError."""
 
 
@@ -147,8 +161,10 @@ def sampling_input(inputs: Mapping[str, np.ndarray], max_new_tokens_cap: int) ->
 def parse_request_params(params: Mapping[str, object]) -> None:
     """Refuse Triton request parameters: the entry points take none (their knobs are input
     tensors), so a parameter is a client mistake that must not be silently ignored.
-    Names starting with ``triton_`` (set by Triton itself) are allowed. Raises RequestError."""
-    unknown = sorted(k for k in params if not k.startswith("triton_"))
+    Names starting with ``triton_`` (set by Triton itself) are allowed, and ``id``: Triton's
+    ``generate_stream`` passes a JSON body's ``id`` (the request id) on as a parameter too.
+    Raises RequestError."""
+    unknown = sorted(k for k in params if not k.startswith("triton_") and k != "id")
     if unknown:
         raise RequestError(f"unknown request parameter(s) {unknown}: this model's options are input tensors "
                            f"({', '.join(t.name for t in contract.ENTRY_INPUTS)})")
@@ -194,7 +210,8 @@ def parse_entry(inputs: Mapping[str, np.ndarray], max_new_tokens_cap: int, defau
 
 @dataclass
 class StreamResult:
-    """What a finished stream did: chunks and samples sent, tokens, stop reason, timings (s)."""
+    """What a finished stream did: chunks and samples sent, tokens, stop reason, timings (s),
+    and what the front end made of the text (per segment; ``dropped`` merged, in order)."""
 
     chunks: int = 0
     samples: int = 0
@@ -205,6 +222,27 @@ class StreamResult:
     segments: int = 0
     capped_segments: list[int] = field(default_factory=list)
     """Indices of segments that hit max_new_tokens (their sentence may be cut short)."""
+    normalized_text: list[str] = field(default_factory=list)
+    dropped: list[str] = field(default_factory=list)
+
+    def add_prepared(self, prepared: list[FrontendOutput]) -> None:
+        """Record the front end's view of every segment (before any audio is sent)."""
+        self.normalized_text = [p.normalized_text for p in prepared]
+        self.dropped = list(dict.fromkeys(d for p in prepared for d in p.dropped))
+
+
+def info_json(req: EntryRequest, result: StreamResult, final: bool, degraded: bool = False) -> str:
+    """The entry models' ``info`` output (``contract.OUT_INFO``): a JSON object with the keys
+    ``contract.INFO_HEADER_KEYS`` (``final`` false: a stream's first audio response) or
+    ``contract.INFO_FINAL_KEYS`` (``final`` true). Non-ASCII text is kept as is (UTF-8)."""
+    info: dict[str, object] = {
+        "request_id": req.request_id, "sample_rate_hz": contract.SAMPLE_RATE_HZ,
+        "normalized_text": result.normalized_text, "dropped": result.dropped,
+        "segments": len(result.normalized_text), "vocoder": req.vocoder, "degraded": degraded, "final": final}
+    if final:
+        info.update(audio_s=round(result.samples / contract.SAMPLE_RATE_HZ, 6), chunks=result.chunks,
+                    tokens=result.tokens, capped_segments=result.capped_segments, stop_reason=result.stop_reason)
+    return json.dumps(info, ensure_ascii=False)
 
 
 class _TokenStore:
@@ -280,7 +318,7 @@ def _check_deadline(req: EntryRequest, t0: float) -> float | None:
 def stream_audio(req: EntryRequest, stages: Stages, schedule: ChunkSchedule, emit_tokens: int,
                  send: Callable[[np.ndarray], None], cancelled: Callable[[], bool],
                  t0: float | None = None, watch: Watch | None = None,
-                 progress: Callable[[], None] | None = None) -> StreamResult:
+                 progress: Callable[[], None] | None = None, result: StreamResult | None = None) -> StreamResult:
     """Run one streaming request: send each audio chunk (1-D float32, 24 kHz) as it is ready.
 
     Text is split into sentence segments (:func:`split_segments`) generated one after the
@@ -289,18 +327,21 @@ def stream_audio(req: EntryRequest, stages: Stages, schedule: ChunkSchedule, emi
     called on every token batch (a stall watchdog's heartbeat). Returns a
     :class:`StreamResult`; raises RequestError (the caller sends it as the stream's error),
     DeadlineExceeded past ``req.timeout_s`` (counted from ``t0``, the request's arrival).
-    Stops early, without error, when ``cancelled()``.
+    Stops early, without error, when ``cancelled()``. ``result`` (optional) is filled in place,
+    so that ``send`` can read the front end's view of the text (``add_prepared`` runs before
+    the first chunk).
     """
     t0 = time.monotonic() if t0 is None else t0
     if req.lookahead_tokens is not None:
         schedule = schedule.with_lookahead(req.lookahead_tokens)
-    result = StreamResult()
+    result = StreamResult() if result is None else result
     segments = carry_speed(split_segments(req.text))
-    prepared = [stages.frontend(seg, req.voice) for seg in segments]
-    for index, (input_ids, spk_emb) in enumerate(prepared):
+    prepared = [stages.frontend(seg, req.voice, req.request_id) for seg in segments]
+    result.add_prepared(prepared)
+    for index, seg in enumerate(prepared):
         result.segments += 1
-        reason, n = _stream_segment(req, stages, schedule, emit_tokens, send, cancelled, t0, input_ids,
-                                    spk_emb, result, watch, progress)
+        reason, n = _stream_segment(req, stages, schedule, emit_tokens, send, cancelled, t0, seg.input_ids,
+                                    seg.spk_emb, result, watch, progress)
         result.tokens += n
         result.stop_reason = reason
         if reason == CANCELLED:
@@ -318,7 +359,7 @@ def _stream_segment(req: EntryRequest, stages: Stages, schedule: ChunkSchedule, 
     store = _TokenStore()
     left = _check_deadline(req, t0)
     tokens = stages.generate(input_ids, spk_emb, req.params, emit_tokens, contract.PRIORITIES[req.priority], left,
-                             schedule.tokens_before_first_chunk())
+                             schedule.tokens_before_first_chunk(), req.request_id)
     unwatch = watch(tokens.request_cancel) if watch is not None else None
     ended = False
     reason = ""
@@ -335,7 +376,7 @@ def _stream_segment(req: EntryRequest, stages: Stages, schedule: ChunkSchedule, 
                 return CANCELLED, store.n
             _check_deadline(req, t0)
             while (w := chunker.next_window(store.n, finished)) is not None:
-                audio = stages.vocode(req.vocoder, store.window(req.vocoder, w.start, w.end))
+                audio = stages.vocode(req.vocoder, store.window(req.vocoder, w.start, w.end), req.request_id)
                 out = chunker.emit(w, audio)
                 if out.size:
                     if result.first_audio_s is None:
@@ -366,13 +407,14 @@ def offline_audio(req: EntryRequest, stages: Stages, emit_tokens: int = 64,
     t0 = time.monotonic() if t0 is None else t0
     result = StreamResult()
     pieces = []
-    for index, seg in enumerate(carry_speed(split_segments(req.text))):
-        input_ids, spk_emb = stages.frontend(seg, req.voice)
+    prepared = [stages.frontend(seg, req.voice, req.request_id) for seg in carry_speed(split_segments(req.text))]
+    result.add_prepared(prepared)
+    for index, seg in enumerate(prepared):
         store = _TokenStore()
         reason = ""
         left = _check_deadline(req, t0)
-        for batch in stages.generate(input_ids, spk_emb, req.params, emit_tokens,
-                                     contract.PRIORITIES[req.priority], left):
+        for batch in stages.generate(seg.input_ids, seg.spk_emb, req.params, emit_tokens,
+                                     contract.PRIORITIES[req.priority], left, request_id=req.request_id):
             store.add(batch)
             if batch.stop_reason:
                 reason = batch.stop_reason
@@ -382,7 +424,7 @@ def offline_audio(req: EntryRequest, stages: Stages, emit_tokens: int = 64,
             raise RequestError("the model ended the utterance before producing any audio; "
                                "try another seed or set min_new_tokens", INTERNAL)
         _check_deadline(req, t0)
-        pieces.append(stages.vocode(req.vocoder, store.window(req.vocoder, 0, store.n)))
+        pieces.append(stages.vocode(req.vocoder, store.window(req.vocoder, 0, store.n), req.request_id))
         result.segments += 1
         result.tokens += store.n
         result.stop_reason = reason

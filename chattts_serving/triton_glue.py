@@ -23,7 +23,16 @@ from typing import Any
 import numpy as np
 
 from . import contract
-from .pipeline import INTERNAL, INVALID, UNAVAILABLE, RequestError, TokenBatch, sampling_input, string_input
+from .pipeline import (
+    INTERNAL,
+    INVALID,
+    UNAVAILABLE,
+    FrontendOutput,
+    RequestError,
+    TokenBatch,
+    sampling_input,
+    string_input,
+)
 from .profile import Profile, profile_from_json
 from .resilience import CircuitBreaker, CircuitOpen
 from .runtime import Artifacts
@@ -96,7 +105,14 @@ def error_from_bls(error: Any) -> RequestError:
 
 
 def string_tensor(pb: Any, name: str, value: str) -> Any:
+    """A BYTES tensor of shape [1] holding ``value`` as UTF-8."""
     return pb.Tensor(name, np.array([value.encode("utf-8")], dtype=np.object_))
+
+
+def _first_string(arr: np.ndarray) -> str:
+    """The first element of a BYTES output tensor (from a model of ours: UTF-8) as str."""
+    v = arr.reshape(-1)[0]
+    return v.decode("utf-8") if isinstance(v, bytes) else str(v)
 
 
 def send_engine_error(pb: Any, sender: Any, exc: RequestError) -> None:
@@ -228,33 +244,37 @@ class BlsStages:
             raise err
         breaker.success()
 
-    def frontend(self, text: str, voice: str) -> tuple[np.ndarray, np.ndarray]:
+    def frontend(self, text: str, voice: str, request_id: str = "") -> FrontendOutput:
         pb = self.pb
         self.breakers["frontend"].before_or_raise()
         req = pb.InferenceRequest(
-            model_name=contract.MODEL_FRONTEND,
+            model_name=contract.MODEL_FRONTEND, request_id=request_id,
             inputs=[string_tensor(pb, contract.IN_TEXT.name, text), string_tensor(pb, contract.IN_VOICE.name, voice)],
-            requested_output_names=[contract.FE_INPUT_IDS.name, contract.FE_SPK_EMB.name])
+            requested_output_names=[t.name for t in contract.FRONTEND_OUTPUTS])
         resp = req.exec()
         self._raise_if_error(resp, "frontend")
-        ids = pb.get_output_tensor_by_name(resp, contract.FE_INPUT_IDS.name).as_numpy()
-        spk = pb.get_output_tensor_by_name(resp, contract.FE_SPK_EMB.name).as_numpy()
-        return ids, spk
+
+        def out(spec: contract.TensorSpec) -> np.ndarray:
+            return pb.get_output_tensor_by_name(resp, spec.name).as_numpy()
+
+        return FrontendOutput(out(contract.FE_INPUT_IDS), out(contract.FE_SPK_EMB),
+                              _first_string(out(contract.FE_NORMALIZED)),
+                              tuple(json.loads(_first_string(out(contract.FE_DROPPED)) or "[]")))
 
     def generate(self, input_ids: np.ndarray, spk_emb: np.ndarray, params: SamplingParams,
                  emit_tokens: int, priority: int = 0, timeout_s: float | None = None,
-                 first_emit_tokens: int = 0) -> EngineStream:
+                 first_emit_tokens: int = 0, request_id: str = "") -> EngineStream:
         self.breakers["engine"].before_or_raise()
         return EngineStream(self.pb, input_ids, spk_emb, params, emit_tokens, priority, timeout_s,
-                            self.breakers["engine"], first_emit_tokens)
+                            self.breakers["engine"], first_emit_tokens, request_id)
 
-    def vocode(self, path: str, window: np.ndarray) -> np.ndarray:
+    def vocode(self, path: str, window: np.ndarray, request_id: str = "") -> np.ndarray:
         pb = self.pb
         self.breakers["vocoder"].before_or_raise()
         spec = contract.VO_HIDDEN if path == "hidden" else contract.VO_CODES
         arr = np.ascontiguousarray(window[None], dtype=spec.np_dtype)
         req = pb.InferenceRequest(model_name=contract.VOCODER_PATHS[path], inputs=[pb.Tensor(spec.name, arr)],
-                                  requested_output_names=[contract.VO_AUDIO.name])
+                                  requested_output_names=[contract.VO_AUDIO.name], request_id=request_id)
         resp = req.exec()
         self._raise_if_error(resp, "vocoder")
         return pb.get_output_tensor_by_name(resp, contract.VO_AUDIO.name).as_numpy()[0]
@@ -286,7 +306,7 @@ class EngineStream:
 
     def __init__(self, pb: Any, input_ids: np.ndarray, spk_emb: np.ndarray, params: SamplingParams,
                  emit_tokens: int, priority: int = 0, timeout_s: float | None = None,
-                 breaker: GuardedBreaker | None = None, first_emit_tokens: int = 0) -> None:
+                 breaker: GuardedBreaker | None = None, first_emit_tokens: int = 0, request_id: str = "") -> None:
         self.pb = pb
         self.breaker = breaker
         self.stream_id = uuid.uuid4().hex
@@ -301,7 +321,7 @@ class EngineStream:
         for spec in contract.SAMPLING_PARAMS:
             dtype = contract.TensorSpec(spec.name, spec.triton_dtype, (1,)).np_dtype
             inputs.append(pb.Tensor(spec.name, np.array([getattr(params, spec.name)], dtype=dtype)))
-        req = pb.InferenceRequest(model_name=contract.MODEL_ENGINE, inputs=inputs,
+        req = pb.InferenceRequest(model_name=contract.MODEL_ENGINE, inputs=inputs, request_id=request_id,
                                   requested_output_names=[t.name for t in contract.ENGINE_OUTPUTS])
         self._responses = req.exec(decoupled=True)
         self.finished = False  # the engine's last response for this sequence has been read
@@ -319,8 +339,8 @@ class EngineStream:
             if codes_t is None:
                 continue  # the empty response that carries only the final flag
             hidden = pb.get_output_tensor_by_name(resp, contract.EN_HIDDEN.name).as_numpy()
-            stop = pb.get_output_tensor_by_name(resp, contract.EN_STOP.name).as_numpy().reshape(-1)[0]
-            batch = TokenBatch(codes_t.as_numpy(), hidden, stop.decode() if isinstance(stop, bytes) else str(stop))
+            stop = _first_string(pb.get_output_tensor_by_name(resp, contract.EN_STOP.name).as_numpy())
+            batch = TokenBatch(codes_t.as_numpy(), hidden, stop)
             if batch.stop_reason.startswith(contract.STOP_ERROR_PREFIX):
                 for _ in self._responses:
                     pass
@@ -389,19 +409,29 @@ class StreamGuard:
         with self._lock:
             return False if self.closed else bool(self.sender.is_cancelled())
 
-    def send_chunk(self, tensor_name: str, chunk: np.ndarray) -> None:
+    def send_chunk(self, tensor_name: str, chunk: np.ndarray, info: str | None = None) -> None:
+        """Send one audio chunk (1-D float32), with the ``info`` JSON string when given."""
+        outs = [self.pb.Tensor(tensor_name, chunk)]
+        if info is not None:
+            outs.append(string_tensor(self.pb, contract.OUT_INFO.name, info))
         with self._lock:
             if not self.closed:
-                self.sender.send(self.pb.InferenceResponse(output_tensors=[self.pb.Tensor(tensor_name, chunk)]))
+                self.sender.send(self.pb.InferenceResponse(output_tensors=outs))
         self.touch()
 
-    def finish(self) -> bool:
-        """Send the final flag unless the stream is already closed; True if this call closed it."""
+    def finish(self, info: str | None = None) -> bool:
+        """Send the final response (carrying the ``info`` JSON string when given, else empty)
+        unless the stream is already closed; True if this call closed it."""
+        final = self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
         with self._lock:
             if self.closed:
                 return False
             self.closed = True
-            self.sender.send(flags=self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            if info is None:
+                self.sender.send(flags=final)
+            else:
+                resp = self.pb.InferenceResponse(output_tensors=[string_tensor(self.pb, contract.OUT_INFO.name, info)])
+                self.sender.send(resp, flags=final)
             return True
 
     def fail(self, exc: RequestError, by_watchdog: bool = False) -> bool:

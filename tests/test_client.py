@@ -26,6 +26,7 @@ from chattts_serving.client import (
     SynthesisRequest,
     SynthesisResult,
     iter_chunks,
+    iter_parts,
     synthesize_offline,
     synthesize_sse,
     synthesize_stream,
@@ -150,8 +151,10 @@ def test_cli_writes_wav_and_json(triton_server: Any, tmp_path: Path) -> None:
                 "--max-new-tokens", "60", "--out", str(out), "--json")
     assert proc.returncode == 0, proc.stderr
     summary = json.loads(proc.stdout)
-    assert set(summary) == {"ttfa_s", "total_s", "audio_s", "rtf", "chunks", "sample_rate_hz"}
+    assert set(summary) == {"ttfa_s", "total_s", "audio_s", "rtf", "chunks", "sample_rate_hz", "request_id",
+                            "dropped", "capped_segments"}
     assert summary["sample_rate_hz"] == contract.SAMPLE_RATE_HZ
+    assert summary["request_id"] and summary["dropped"] == []
     with wave.open(str(out), "rb") as w:
         assert w.getnchannels() == 1
         assert w.getsampwidth() == 2
@@ -184,6 +187,46 @@ def test_cli_empty_text_reports_server_error(triton_server: Any, protocol: str, 
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0] == "chattts-client: error: text is empty"
     assert not out.exists()
+
+
+_SYNTHESIZERS = {"grpc": synthesize_stream, "http": synthesize_offline, "sse": synthesize_sse}
+
+
+@pytest.mark.server
+@pytest.mark.parametrize("protocol", sorted(_SYNTHESIZERS))
+def test_info_reports_request_id_dropped_characters_and_capped_sentences(triton_server: Any, protocol: str) -> None:
+    """What the server could not do is said, not hidden: the emoji is reported as not spoken,
+    both sentences as cut at max_new_tokens; the client's request id comes back."""
+    url = triton_server.grpc_url if protocol == "grpc" else triton_server.http_url
+    rid = f"client-{protocol}-42"
+    text = "你好😀，欢迎使用流式语音合成服务，我们一起来测试。今天天气很好，我们一起去公园散步吧。"  # 2 segments
+    req = _request(text=text, max_new_tokens=12, min_new_tokens=12, request_id=rid)
+    result = _SYNTHESIZERS[protocol](url, req, timeout_s=TIMEOUT_S)
+    info = result.info
+    assert set(contract.INFO_FINAL_KEYS) <= set(info)
+    assert info["request_id"] == rid and info["final"] is True
+    assert info["sample_rate_hz"] == contract.SAMPLE_RATE_HZ
+    assert info["dropped"] == ["😀"] and info["segments"] == 2 and len(info["normalized_text"]) == 2
+    assert "😀" not in "".join(info["normalized_text"])
+    assert info["capped_segments"] == [0, 1] and info["stop_reason"] == contract.STOP_MAX_TOKENS
+    assert info["tokens"] == 24 and info["audio_s"] == pytest.approx(result.audio_s, abs=1e-5)
+    assert info["chunks"] == result.chunks
+
+
+@pytest.mark.server
+def test_stream_header_info_comes_with_the_first_audio_and_ids_are_generated(triton_server: Any) -> None:
+    parts = list(iter_parts(triton_server.grpc_url, _request(max_new_tokens=40), timeout_s=TIMEOUT_S))
+    with_info = [p for p in parts if p.info]
+    assert len(with_info) == 2
+    header, final = with_info[0].info, with_info[1].info
+    assert header is not None and final is not None
+    assert with_info[0].audio.size > 0 and with_info[0] is parts[0]  # the first response: audio + header
+    assert set(header) == set(contract.INFO_HEADER_KEYS) and header["final"] is False
+    assert with_info[1] is parts[-1] and with_info[1].audio.size == 0 and final["final"] is True
+    assert len(header["request_id"]) == 32 and header["request_id"] == final["request_id"]  # generated (uuid4 hex)
+    assert final["stop_reason"] == contract.STOP_MAX_TOKENS and final["capped_segments"] == [0]
+    other = synthesize_stream(triton_server.grpc_url, _request(max_new_tokens=10), timeout_s=TIMEOUT_S)
+    assert other.info["request_id"] != header["request_id"]
 
 
 def test_sse_parser_handles_split_events_and_long_lines() -> None:

@@ -207,11 +207,24 @@ def test_streaming_response_arrives_in_chunks_with_rate_header(client) -> None:
         assert response.status_code == 200
         assert response.headers["content-type"].startswith("audio/wav")
         assert response.headers["x-sample-rate"] == str(contract.SAMPLE_RATE_HZ)
+        assert len(response.headers["x-request-id"]) == 32  # generated
+        assert "x-unspoken-text" not in response.headers
         chunks = [c for c in response.iter_bytes() if c]
     data = b"".join(chunks)
     assert len(chunks) >= 2, "audio was not streamed"
     assert data[:4] == b"RIFF" and data.count(b"RIFF") == 1
     assert len(data) == 44 + 2 * contract.samples_for_tokens(TOKENS)
+
+
+@pytest.mark.server
+def test_request_id_and_unspoken_text_come_back_in_headers(client) -> None:
+    with client.audio.speech.with_streaming_response.create(
+            model="chattts", voice="7", input="你好😀。", response_format="pcm", extra_body=dict(EXTRA),
+            extra_headers={"X-Request-Id": "call-centre-7"}) as response:
+        assert response.status_code == 200
+        assert response.headers["x-request-id"] == "call-centre-7"
+        assert json.loads(response.headers["x-unspoken-text"]) == ["😀"]
+        assert response.read()
 
 
 @pytest.mark.server

@@ -33,6 +33,7 @@ import yaml
 from conftest import ROOT, Server, free_port
 
 from chattts_serving import contract
+from chattts_serving.logs import event_line
 from chattts_serving.client import ClientError, SynthesisRequest, synthesize_offline, synthesize_stream
 
 pytestmark = pytest.mark.server
@@ -343,6 +344,13 @@ def _rfc3339(text: str) -> float:
 
 
 # ---------------------------------------------------------------------------------- logs
+
+
+def test_event_lines_are_ascii_json_whatever_the_text() -> None:
+    line = event_line("request_finished", request_id="r1", dropped=["😀", "ß"], text="你好")
+    assert line.isascii() and "\n" not in line
+    record = json.loads(line)
+    assert record["dropped"] == ["😀", "ß"] and record["text"] == "你好" and record["event"] == "request_finished"
 
 
 def _event_lines(log_path: Path) -> list[dict[str, Any]]:

@@ -4,17 +4,20 @@ All three take a :class:`SynthesisRequest` and return a :class:`SynthesisResult`
 server reports (and transport failures) raise :class:`ClientError`.
 """
 
-from .common import ClientError, SynthesisRequest, SynthesisResult, write_wav
-from .grpc_stream import iter_chunks, synthesize_stream
+from .common import ClientError, StreamPart, SynthesisRequest, SynthesisResult, write_wav
+from .grpc_stream import iter_chunks, iter_parts, synthesize_stream
 from .http_infer import synthesize_offline
-from .sse import iter_sse_chunks, synthesize_sse
+from .sse import iter_sse_chunks, iter_sse_parts, synthesize_sse
 
 __all__ = [
     "ClientError",
+    "StreamPart",
     "SynthesisRequest",
     "SynthesisResult",
     "iter_chunks",
+    "iter_parts",
     "iter_sse_chunks",
+    "iter_sse_parts",
     "synthesize_offline",
     "synthesize_sse",
     "synthesize_stream",

@@ -12,6 +12,7 @@ import wave
 from collections.abc import Iterator
 from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -51,7 +52,8 @@ class SynthesisRequest:
     INT32 (tokens; 1 token = ``contract.SAMPLES_PER_TOKEN`` samples). vocoder: 'hidden' or
     'codes'. lookahead_tokens: right context per streamed chunk in tokens (INT32, streaming
     only; -1 = server default). priority: 'realtime' or 'batch'. timeout_s: deadline for the
-    whole request in seconds (FP32).
+    whole request in seconds (FP32). request_id: Triton request id (not a tensor): echoed in
+    every response's ``id`` and in ``info``; the server generates one when it is None.
     """
 
     text: str
@@ -67,6 +69,7 @@ class SynthesisRequest:
     lookahead_tokens: int | None = None
     priority: str | None = None
     timeout_s: float | None = None
+    request_id: str | None = None
 
     def tensors(self) -> Iterator[tuple[str, np.ndarray, str]]:
         """Yield ``(input name, numpy array of shape [1], client datatype)`` for each field
@@ -77,7 +80,7 @@ class SynthesisRequest:
         """
         for f in fields(self):
             value = getattr(self, f.name)
-            if value is None:
+            if value is None or f.name == "request_id":
                 continue
             spec = _SPECS[f.name]
             if spec.np_dtype == np.dtype(object):
@@ -108,7 +111,10 @@ class SynthesisResult:
     audio: (N,) float32 mono samples in [-1, 1] at ``sample_rate_hz``. ttfa_s: seconds from
     sending the request to the first non-empty audio chunk. total_s: seconds from sending
     the request to the end of the response stream. chunks: non-empty audio chunks received.
-    chunk_samples: samples per chunk, in order.
+    chunk_samples: samples per chunk, in order. info: the server's ``info`` JSON objects
+    merged (keys ``contract.INFO_FINAL_KEYS`` when the request completed; ``request_id``,
+    ``dropped`` (what was not spoken), ``capped_segments`` (sentences that hit
+    max_new_tokens), ...); empty when the server sent none.
     """
 
     audio: np.ndarray
@@ -117,6 +123,7 @@ class SynthesisResult:
     total_s: float = 0.0
     chunks: int = 0
     chunk_samples: list[int] = field(default_factory=list)
+    info: dict[str, Any] = field(default_factory=dict)
 
     @property
     def audio_s(self) -> float:
@@ -128,16 +135,44 @@ class SynthesisResult:
         """Real-time factor: total_s / audio_s (lower is faster; inf for empty audio)."""
         return self.total_s / self.audio_s if self.audio_s > 0 else float("inf")
 
-    def to_json(self) -> dict[str, float | int]:
-        """The timing summary: keys ttfa_s, total_s, audio_s, rtf, chunks, sample_rate_hz."""
+    def to_json(self) -> dict[str, Any]:
+        """The summary: keys ttfa_s, total_s, audio_s, rtf, chunks, sample_rate_hz, and from
+        the server's info request_id, dropped and capped_segments (None when not sent)."""
         return {"ttfa_s": self.ttfa_s, "total_s": self.total_s, "audio_s": self.audio_s,
-                "rtf": self.rtf, "chunks": self.chunks, "sample_rate_hz": self.sample_rate_hz}
+                "rtf": self.rtf, "chunks": self.chunks, "sample_rate_hz": self.sample_rate_hz,
+                "request_id": self.info.get("request_id"), "dropped": self.info.get("dropped"),
+                "capped_segments": self.info.get("capped_segments")}
 
     def to_json_str(self) -> str:
         """:meth:`to_json` as a JSON string (an infinite RTF is written as null)."""
         d = self.to_json()
         return json.dumps({k: (None if isinstance(v, float) and not math.isfinite(v) else v)
-                           for k, v in d.items()})
+                           for k, v in d.items()}, ensure_ascii=False)
+
+
+@dataclass(frozen=True)
+class StreamPart:
+    """One response of a stream: ``audio`` (n,) float32 at ``contract.SAMPLE_RATE_HZ`` (may
+    be empty) and the ``info`` JSON object it carried, if any."""
+
+    audio: np.ndarray
+    info: dict[str, Any] | None = None
+
+
+def parse_info(raw: object) -> dict[str, Any]:
+    """Decode an ``info`` output value (bytes, str, or a one-element array of either) into a
+    dict. Raises ClientError when it is not a JSON object."""
+    value = raw
+    if isinstance(value, np.ndarray):
+        value = value.reshape(-1)[0] if value.size else b""
+    text = value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+    try:
+        info = json.loads(text)
+    except ValueError:
+        info = None
+    if not isinstance(info, dict):
+        raise ClientError(f"the server's '{contract.OUT_INFO.name}' output is not a JSON object: {text[:200]!r}")
+    return info
 
 
 def concat_chunks(chunks: list[np.ndarray]) -> np.ndarray:
@@ -147,22 +182,42 @@ def concat_chunks(chunks: list[np.ndarray]) -> np.ndarray:
     return np.concatenate([np.asarray(c, np.float32).reshape(-1) for c in chunks])
 
 
-def collect_stream(chunks: Iterator[np.ndarray], t0: float) -> SynthesisResult:
-    """Drain a stream of audio chunks ((n,) float32 at ``contract.SAMPLE_RATE_HZ``) into a
-    :class:`SynthesisResult`; ``t0`` is the ``time.perf_counter()`` at which the request was
-    sent: TTFA is taken at the first chunk, total time at the stream's end (seconds)."""
+def collect_stream(parts: Iterator[StreamPart], t0: float) -> SynthesisResult:
+    """Drain a stream of :class:`StreamPart` into a :class:`SynthesisResult`; ``t0`` is the
+    ``time.perf_counter()`` at which the request was sent: TTFA is taken at the first
+    non-empty chunk, total time at the stream's end (seconds); later ``info`` keys override
+    earlier ones (the final response's summary wins)."""
     import time
 
     got: list[np.ndarray] = []
+    info: dict[str, Any] = {}
     ttfa: float | None = None
-    for chunk in chunks:
+    for part in parts:
+        if part.info:
+            info.update(part.info)
+        if not part.audio.size:
+            continue
         if ttfa is None:
             ttfa = time.perf_counter() - t0
-        got.append(chunk)
+        got.append(part.audio)
     total = time.perf_counter() - t0
-    return SynthesisResult(audio=concat_chunks(got), sample_rate_hz=contract.SAMPLE_RATE_HZ,
+    return SynthesisResult(audio=concat_chunks(got), sample_rate_hz=int(info.get("sample_rate_hz",
+                                                                                    contract.SAMPLE_RATE_HZ)),
                            ttfa_s=total if ttfa is None else ttfa, total_s=total, chunks=len(got),
-                           chunk_samples=[c.size for c in got])
+                           chunk_samples=[c.size for c in got], info=info)
+
+
+def audio_only(parts: Iterator[StreamPart]) -> Iterator[np.ndarray]:
+    """The non-empty audio chunks of ``parts``; closing this generator closes ``parts`` (which
+    cancels the request on the server)."""
+    try:
+        for part in parts:
+            if part.audio.size:
+                yield part.audio
+    finally:
+        close = getattr(parts, "close", None)
+        if close is not None:
+            close()
 
 
 def write_wav(path: str | Path, audio: np.ndarray, sample_rate_hz: int = contract.SAMPLE_RATE_HZ) -> None:

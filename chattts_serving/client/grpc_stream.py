@@ -17,7 +17,7 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from .. import contract
-from .common import ClientError, SynthesisRequest, SynthesisResult, collect_stream
+from .common import ClientError, StreamPart, SynthesisRequest, SynthesisResult, audio_only, collect_stream, parse_info
 
 DEFAULT_TIMEOUT_S = 300.0
 """Default deadline of a whole stream, in seconds."""
@@ -56,11 +56,19 @@ def _is_final(result: Any) -> bool:
 def iter_chunks(url: str, request: SynthesisRequest,
                 timeout_s: float = DEFAULT_TIMEOUT_S) -> Generator[np.ndarray, None, None]:
     """Stream ``request`` to ``contract.MODEL_STREAM`` at ``url`` (``host:port`` of Triton's
-    gRPC endpoint) and yield each audio chunk as it arrives.
+    gRPC endpoint) and yield each audio chunk as it arrives: (n,) float32 mono samples at
+    ``contract.SAMPLE_RATE_HZ``, empty responses skipped. Closing the generator early cancels
+    the request on the server. Raises :class:`ClientError` as :func:`iter_parts` does."""
+    yield from audio_only(iter_parts(url, request, timeout_s))
 
-    Yields (n,) float32 arrays of mono samples at ``contract.SAMPLE_RATE_HZ`` (empty
-    responses are skipped). Closing the generator early cancels the request on the server
-    (``stop_stream(cancel_requests=True)``).
+
+def iter_parts(url: str, request: SynthesisRequest,
+               timeout_s: float = DEFAULT_TIMEOUT_S) -> Generator[StreamPart, None, None]:
+    """Stream ``request`` to ``contract.MODEL_STREAM`` at ``url`` (``host:port`` of Triton's
+    gRPC endpoint) and yield each response as a :class:`StreamPart`: its audio ((n,) float32
+    mono at ``contract.SAMPLE_RATE_HZ``, possibly empty) and its ``info`` JSON object (on the
+    first audio response and the final one). Closing the generator early cancels the
+    request on the server (``stop_stream(cancel_requests=True)``).
 
     Raises :class:`ClientError` when the server returns an error for the request (the
     server's message, status None), cannot be reached (``connection=True``), or the stream
@@ -80,7 +88,7 @@ def iter_chunks(url: str, request: SynthesisRequest,
             finished = True
             raise _client_error(exc, url) from None
         try:
-            client.async_stream_infer(contract.MODEL_STREAM, _inputs(request),
+            client.async_stream_infer(contract.MODEL_STREAM, _inputs(request), request_id=request.request_id or "",
                                       enable_empty_final_response=True)
         except InferenceServerException as exc:
             # A stream that failed at once (server unreachable) refuses new requests; the
@@ -101,8 +109,12 @@ def iter_chunks(url: str, request: SynthesisRequest,
                 finished = True  # the server has ended this request
                 raise _client_error(error, url)
             audio = result.as_numpy(contract.OUT_AUDIO.name)
-            if audio is not None and audio.size:
-                yield np.asarray(audio, dtype=np.float32).reshape(-1)
+            info = result.as_numpy(contract.OUT_INFO.name)
+            part = StreamPart(np.zeros(0, np.float32) if audio is None else
+                              np.asarray(audio, dtype=np.float32).reshape(-1),
+                              parse_info(info) if info is not None else None)
+            if part.audio.size or part.info:
+                yield part
             if _is_final(result):
                 finished = True
                 return
@@ -122,4 +134,4 @@ def synthesize_stream(url: str, request: SynthesisRequest,
     Raises :class:`ClientError` as :func:`iter_chunks` does.
     """
     t0 = time.perf_counter()
-    return collect_stream(iter_chunks(url, request, timeout_s=timeout_s), t0)
+    return collect_stream(iter_parts(url, request, timeout_s=timeout_s), t0)

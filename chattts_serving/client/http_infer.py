@@ -9,7 +9,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from .. import contract
-from .common import ClientError, SynthesisRequest, SynthesisResult
+from .common import ClientError, SynthesisRequest, SynthesisResult, parse_info
 
 DEFAULT_TIMEOUT_S = 300.0
 """Default network timeout of the call, in seconds."""
@@ -43,7 +43,8 @@ def synthesize_offline(url: str, request: SynthesisRequest,
         inp = httpclient.InferInput(name, list(arr.shape), dtype)
         inp.set_data_from_numpy(arr, binary_data=True)
         inputs.append(inp)
-    outputs = [httpclient.InferRequestedOutput(contract.OUT_AUDIO.name, binary_data=True)]
+    outputs = [httpclient.InferRequestedOutput(contract.OUT_AUDIO.name, binary_data=True),
+               httpclient.InferRequestedOutput(contract.OUT_INFO.name, binary_data=False)]
     t0 = time.perf_counter()
     try:
         client = httpclient.InferenceServerClient(url, connection_timeout=timeout_s,
@@ -51,7 +52,7 @@ def synthesize_offline(url: str, request: SynthesisRequest,
     except Exception as exc:  # malformed URL and the like
         raise ClientError(f"cannot create an HTTP client for {url!r}: {exc}") from None
     try:
-        result = client.infer(contract.MODEL_OFFLINE, inputs, outputs=outputs)
+        result = client.infer(contract.MODEL_OFFLINE, inputs, outputs=outputs, request_id=request.request_id or "")
     except InferenceServerException as exc:
         raise ClientError(exc.message() or str(exc), _status(exc)) from None
     except (ConnectionError, OSError) as exc:
@@ -66,5 +67,7 @@ def synthesize_offline(url: str, request: SynthesisRequest,
         raise ClientError(f"the response of {contract.MODEL_OFFLINE} has no "
                           f"'{contract.OUT_AUDIO.name}' output")
     audio = np.asarray(audio, dtype=np.float32).reshape(-1)
-    return SynthesisResult(audio=audio, sample_rate_hz=contract.SAMPLE_RATE_HZ, ttfa_s=total, total_s=total,
-                           chunks=1, chunk_samples=[audio.size])
+    raw_info = result.as_numpy(contract.OUT_INFO.name)
+    info = parse_info(raw_info) if raw_info is not None else {}
+    return SynthesisResult(audio=audio, sample_rate_hz=int(info.get("sample_rate_hz", contract.SAMPLE_RATE_HZ)),
+                           ttfa_s=total, total_s=total, chunks=1, chunk_samples=[audio.size], info=info)

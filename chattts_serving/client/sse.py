@@ -18,7 +18,7 @@ import requests
 import urllib3
 
 from .. import contract
-from .common import ClientError, SynthesisRequest, SynthesisResult, collect_stream
+from .common import ClientError, StreamPart, SynthesisRequest, SynthesisResult, audio_only, collect_stream, parse_info
 
 DEFAULT_TIMEOUT_S = 300.0
 """Default deadline of a whole stream, in seconds."""
@@ -120,7 +120,14 @@ def iter_sse_chunks(url: str, request: SynthesisRequest,
     """Stream ``request`` to ``contract.MODEL_STREAM`` at ``url`` (``host:port`` of Triton's
     HTTP endpoint) and yield each audio chunk: (n,) float32 mono at
     ``contract.SAMPLE_RATE_HZ``. Closing the generator closes the connection, which cancels
-    the request on the server.
+    the request on the server. Raises :class:`ClientError` as :func:`iter_sse_parts` does."""
+    yield from audio_only(iter_sse_parts(url, request, timeout_s))
+
+
+def iter_sse_parts(url: str, request: SynthesisRequest,
+                   timeout_s: float = DEFAULT_TIMEOUT_S) -> Generator[StreamPart, None, None]:
+    """Like :func:`iter_sse_chunks`, but yield every event as a :class:`StreamPart` (audio,
+    possibly empty, and the ``info`` JSON object on the first audio event and the last).
 
     Raises :class:`ClientError`: with the HTTP status and the server's message when the
     request is refused, or the event's message (status None) when the stream ends with an
@@ -130,7 +137,10 @@ def iter_sse_chunks(url: str, request: SynthesisRequest,
     endpoint = f"http://{url}/v2/models/{contract.MODEL_STREAM}/generate_stream"
     deadline = time.monotonic() + timeout_s
     try:
-        resp = requests.post(endpoint, json=request.json_inputs(), stream=True,
+        body: dict[str, Any] = dict(request.json_inputs())
+        if request.request_id:
+            body["id"] = request.request_id
+        resp = requests.post(endpoint, json=body, stream=True,
                              headers={"Accept": "text/event-stream"}, timeout=(timeout_s, timeout_s))
     except requests.ConnectionError as exc:
         raise ClientError(f"cannot connect to {url}: {_root_cause(exc)}", connection=True) from None
@@ -146,10 +156,12 @@ def iter_sse_chunks(url: str, request: SynthesisRequest,
                 if "error" in event:  # the stream began (HTTP 200) and then failed: no status
                     raise ClientError(str(event["error"]))
                 audio = event.get(contract.OUT_AUDIO.name)
-                if audio is not None:
-                    arr = np.asarray(audio, dtype=np.float32).reshape(-1)
-                    if arr.size:
-                        yield arr
+                info = event.get(contract.OUT_INFO.name)
+                part = StreamPart(np.asarray(audio if audio is not None else [], dtype=np.float32).reshape(-1),
+                                  parse_info(info[0] if isinstance(info, list) else info)
+                                  if info is not None else None)
+                if part.audio.size or part.info:
+                    yield part
                 if time.monotonic() > deadline:
                     raise ClientError(f"stream from {url} did not finish within {timeout_s:g} s", "timeout")
         except urllib3.exceptions.ReadTimeoutError:
@@ -167,4 +179,4 @@ def synthesize_sse(url: str, request: SynthesisRequest,
     :func:`iter_sse_chunks` does.
     """
     t0 = time.perf_counter()
-    return collect_stream(iter_sse_chunks(url, request, timeout_s=timeout_s), t0)
+    return collect_stream(iter_sse_parts(url, request, timeout_s=timeout_s), t0)

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hmac
+import json
 import logging
+import re
+import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -30,6 +34,12 @@ from .speech import (
 log = logging.getLogger("chattts_serving.gateway")
 
 SAMPLE_RATE_HEADER = "X-Sample-Rate"
+REQUEST_ID_HEADER = "X-Request-Id"
+"""Taken from the client when it is a plain token (letters, digits, ``-_.:``, at most 128),
+otherwise generated; passed to Triton as the request id and returned on the response."""
+DROPPED_HEADER = "X-Unspoken-Text"
+"""JSON list (ASCII, \\u escapes) of the characters the front end could not speak; absent when none."""
+_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 """Response header stating the sample rate of the audio, in Hz."""
 
 
@@ -95,10 +105,13 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
         return _model_card(model_id)
 
     @app.post("/v1/audio/speech", dependencies=[Depends(authorize)], response_model=None)
-    async def speech(body: SpeechRequest) -> Response:
+    async def speech(body: SpeechRequest, http_request: Request) -> Response:
         """Synthesise ``input`` and stream it: chunked bytes of ``response_format``
         (``stream_format`` 'audio') or ``speech.audio.delta`` events ('sse')."""
-        request = build_request(body, cfg.models, cfg.max_input_chars)
+        request_id = http_request.headers.get(REQUEST_ID_HEADER, "")
+        if not _REQUEST_ID.fullmatch(request_id):
+            request_id = uuid.uuid4().hex
+        request = dataclasses.replace(build_request(body, cfg.models, cfg.max_input_chars), request_id=request_id)
         info = audio_format.format_info(body.response_format)
         limiter = state["limiter"]
         stream = await anyio.to_thread.run_sync(EncodedStream, cfg.triton_url, request, info.name,
@@ -113,7 +126,9 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
                 await anyio.to_thread.run_sync(stream.close)
             raise
         headers = {SAMPLE_RATE_HEADER: str(info.sample_rate_hz), "X-Audio-Format": info.name,
-                   "Cache-Control": "no-store"}
+                   "Cache-Control": "no-store", REQUEST_ID_HEADER: request_id}
+        if stream.info.get("dropped"):
+            headers[DROPPED_HEADER] = json.dumps(stream.info["dropped"])
         sse = body.stream_format == "sse"
         return StreamingResponse(_relay(stream, first, sse, len(body.input), limiter, cfg.triton_url),
                                  media_type="text/event-stream" if sse else info.media_type, headers=headers)

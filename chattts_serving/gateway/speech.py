@@ -12,11 +12,10 @@ import math
 from collections.abc import Iterator
 from typing import Annotated, Any, Final, Literal
 
-import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from .. import audio_format, contract
-from ..client import SynthesisRequest, iter_chunks
+from ..client import StreamPart, SynthesisRequest, iter_parts
 from ..textnorm import CONTROL_NUMBERED, DEFAULT_SPEED
 from .errors import INVALID_REQUEST, ApiError
 
@@ -133,9 +132,12 @@ class EncodedStream:
 
     def __init__(self, url: str, request: SynthesisRequest, fmt: str, timeout_s: float) -> None:
         self.encoder = audio_format.new_encoder(fmt)
-        self._chunks: Iterator[np.ndarray] = iter_chunks(url, request, timeout_s=timeout_s)
+        self._chunks: Iterator[StreamPart] = iter_parts(url, request, timeout_s=timeout_s)
         self.samples = 0
         """Samples received so far (at ``contract.SAMPLE_RATE_HZ``)."""
+        self.info: dict[str, Any] = {}
+        """The server's ``info`` objects merged (``request_id``, ``dropped``, ...; see
+        ``contract.INFO_HEADER_KEYS``): complete for the header once the first audio arrived."""
         self.done = False
 
     def next_bytes(self) -> bytes | None:
@@ -146,12 +148,16 @@ class EncodedStream:
         """
         while not self.done:
             try:
-                chunk = next(self._chunks)
+                part = next(self._chunks)
             except StopIteration:
                 self.done = True
                 return self.encoder.finish()
-            self.samples += int(chunk.size)
-            data = self.encoder.encode(chunk)
+            if part.info:
+                self.info.update(part.info)
+            if not part.audio.size:
+                continue
+            self.samples += int(part.audio.size)
+            data = self.encoder.encode(part.audio)
             if data:
                 return data
         return None

@@ -1,7 +1,8 @@
 """chattts (decoupled BLS entry point): text (BYTES [1]) and optional voice, vocoder, sampling,
 lookahead_tokens, priority and timeout_s -> a stream of audio chunks (FP32 [n], 24 kHz mono),
-small first chunk, larger ones after; the stream ends with an empty final response or an
-explicit error. Logic: chattts_serving.entry and .pipeline."""
+small first chunk, larger ones after; the first chunk also carries info (BYTES [1], JSON:
+contract.INFO_HEADER_KEYS); the stream ends with a final response carrying only info
+(contract.INFO_FINAL_KEYS) or an explicit error. Logic: chattts_serving.entry and .pipeline."""
 
 from concurrent.futures import ThreadPoolExecutor
 
@@ -10,7 +11,7 @@ import triton_python_backend_utils as pb_utils
 from chattts_serving import contract
 from chattts_serving import triton_glue as glue
 from chattts_serving.entry import EntryService
-from chattts_serving.pipeline import INTERNAL, UNAVAILABLE, RequestError, stream_audio
+from chattts_serving.pipeline import INTERNAL, UNAVAILABLE, RequestError, StreamResult, info_json, stream_audio
 
 
 class TritonPythonModel:
@@ -40,19 +41,20 @@ class TritonPythonModel:
     def _run(self, adm, sender):
         guard = glue.StreamGuard(pb_utils, sender)
         unguard = self.watcher.guard(guard, adm)
-        first = []
+        result = StreamResult()
 
         def send(chunk):
-            if not first:
-                first.append(True)
+            header = None
+            if not result.chunks:  # the first chunk: stream_audio counts it after send returns
                 self.service.first_audio(adm)
-            guard.send_chunk(contract.OUT_AUDIO.name, chunk)
+                header = info_json(adm.req, result, final=False, degraded=adm.degraded)
+            guard.send_chunk(contract.OUT_AUDIO.name, chunk, header)
 
-        result, error = None, None
+        error = None
         try:
-            result = stream_audio(adm.req, self.service.stages, adm.schedule, self.emit_tokens, send,
-                                  guard.is_cancelled, adm.arrival_s, self.watcher.watcher(guard.is_cancelled),
-                                  progress=guard.touch)
+            stream_audio(adm.req, self.service.stages, adm.schedule, self.emit_tokens, send,
+                         guard.is_cancelled, adm.arrival_s, self.watcher.watcher(guard.is_cancelled),
+                         progress=guard.touch, result=result)
         except RequestError as exc:
             error = exc
         except Exception as exc:  # never leave a client waiting: end every stream explicitly
@@ -60,7 +62,10 @@ class TritonPythonModel:
             error = RequestError(f"internal error: {type(exc).__name__}", INTERNAL)
         finally:
             unguard()
-        closed = guard.fail(error) if error is not None else guard.finish()
+        if error is not None:
+            closed = guard.fail(error)
+        else:
+            closed = guard.finish(info_json(adm.req, result, final=True, degraded=adm.degraded))
         if closed:
             self.service.finish(adm, result, error)
 

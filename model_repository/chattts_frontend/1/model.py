@@ -1,5 +1,8 @@
 """chattts_frontend: text (BYTES [1]) + voice (BYTES [1], optional) -> input_ids (INT32 [T]),
-spk_emb (FP32 [H], L2-normalised), normalized_text (BYTES [1]). Logic: chattts_serving.frontend."""
+spk_emb (FP32 [H], L2-normalised), normalized_text (BYTES [1]), dropped (BYTES [1], JSON list
+of what is not spoken). Logic: chattts_serving.frontend."""
+
+import json
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -34,4 +37,5 @@ class TritonPythonModel:
         return pb_utils.InferenceResponse(output_tensors=[
             pb_utils.Tensor(contract.FE_INPUT_IDS.name, p.input_ids),
             pb_utils.Tensor(contract.FE_SPK_EMB.name, p.spk_emb.astype(np.float32)),
-            glue.string_tensor(pb_utils, contract.FE_NORMALIZED.name, p.normalized)])
+            glue.string_tensor(pb_utils, contract.FE_NORMALIZED.name, p.normalized),
+            glue.string_tensor(pb_utils, contract.FE_DROPPED.name, json.dumps(list(p.dropped), ensure_ascii=False))])

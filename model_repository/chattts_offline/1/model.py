@@ -1,6 +1,7 @@
 """chattts_offline (HTTP/gRPC infer): same inputs and request parameters as chattts -> the
 whole utterance as one audio tensor (FP32 [n], 24 kHz mono), each sentence vocoded in one
-window like offline ChatTTS. Logic: chattts_serving.entry and .pipeline.offline_audio."""
+window like offline ChatTTS, and info (BYTES [1], JSON: contract.INFO_FINAL_KEYS). Logic:
+chattts_serving.entry and .pipeline.offline_audio."""
 
 from concurrent.futures import ThreadPoolExecutor
 
@@ -9,7 +10,7 @@ import triton_python_backend_utils as pb_utils
 from chattts_serving import contract
 from chattts_serving import triton_glue as glue
 from chattts_serving.entry import EntryService
-from chattts_serving.pipeline import INTERNAL, RequestError, offline_audio
+from chattts_serving.pipeline import INTERNAL, RequestError, info_json, offline_audio
 
 
 class TritonPythonModel:
@@ -37,4 +38,6 @@ class TritonPythonModel:
         self.service.finish(adm, result, error)
         if error is not None:
             return pb_utils.InferenceResponse(error=glue.triton_error(pb_utils, error))
-        return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(contract.OUT_AUDIO.name, audio)])
+        info = info_json(adm.req, result, final=True, degraded=adm.degraded)
+        return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(contract.OUT_AUDIO.name, audio),
+                                                          glue.string_tensor(pb_utils, contract.OUT_INFO.name, info)])
