@@ -6,6 +6,7 @@ Used by the engine and vocoder models, the parity tests and the raw-step benchma
 from __future__ import annotations
 
 import json
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -86,14 +87,51 @@ class Artifacts:
 class Embeddings:
     """ChatTTS' ``Embed`` lookups in numpy.
 
-    ``emb_text``: (21178, H) float32; ``emb_code``: (4, 626, H) float32.
+    ``emb_text``: (21178, H) float32; ``emb_code``: (4, 626, H) float32. The text head
+    (``head_text`` in embed.npz, (21178, H) float32, 65 MB at H=768) is read on first use by
+    :meth:`text_logits` or :meth:`load_text_head`, so that deployments that never refine text
+    do not hold it.
     """
 
     def __init__(self, artifacts: Artifacts) -> None:
-        data = np.load(artifacts.root / contract.EMBED_FILE)
+        self._path = artifacts.root / contract.EMBED_FILE
+        data = np.load(self._path)
         self.emb_text = np.ascontiguousarray(data["emb_text"], dtype=np.float32)
         self.emb_code = np.ascontiguousarray(data["emb_code"], dtype=np.float32)
+        self.has_text_head = "head_text" in data.files
         self.spk_emb_id = contract.SPECIAL_TOKEN_IDS["[spk_emb]"]
+        self._head_text: np.ndarray | None = None
+        self._head_lock = threading.Lock()
+
+    def load_text_head(self) -> np.ndarray:
+        """The text head W (21178, H) float32, ChatTTS' weight-normed ``Embed.head_text``
+        materialised by the exporter; loaded once, then cached.
+
+        Raises:
+            RuntimeError: the artifacts predate the text head (exporter version < 3); re-run
+                the export (``make export``) to add it.
+        """
+        with self._head_lock:
+            if self._head_text is None:
+                if not self.has_text_head:
+                    raise RuntimeError(f"{self._path} has no text head (head_text): these artifacts predate "
+                                       "refine-text support; re-run `make export`")
+                with np.load(self._path) as data:
+                    self._head_text = np.ascontiguousarray(data["head_text"], dtype=np.float32)
+            return self._head_text
+
+    def text_logits(self, hidden: np.ndarray) -> np.ndarray:
+        """Text-mode logits (B, 21178) float32 of last hidden states (B, H) float32:
+        ``hidden @ W.T``, what ChatTTS' ``GPT.generate(infer_text=True)`` gets from
+        ``self.head_text(hidden_states)`` (``ChatTTS/model/gpt.py``). Raises RuntimeError as
+        :meth:`load_text_head`."""
+        w = self.load_text_head()
+        return np.asarray(hidden, np.float32) @ w.T
+
+    def text(self, ids: np.ndarray) -> np.ndarray:
+        """Decode-step embeddings (B, H) float32 of text ids (B,): ``emb_text`` rows, as
+        ChatTTS' text mode embeds each new token (``self.emb_text(inputs_ids[:, :, 0])``)."""
+        return self.emb_text[ids]
 
     def prompt(self, input_ids: np.ndarray, spk_emb: np.ndarray | None) -> np.ndarray:
         """Prefill embeddings (T, H) float32 of prompt ids (T,): text embeddings, with the

@@ -26,7 +26,8 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_every_stage_matches_chattts_within_tolerance(small_chat, small_artifacts: Artifacts) -> None:
     report = parity_report(small_chat, small_artifacts.root)
     assert set(report) == {"embed_prompt", "gpt_prefill_logits", "gpt_prefill_hidden", "gpt_decode_logits",
-                           "gpt_decode_hidden", "gpt_decode_spare_columns_logits", "vocoder_hidden", "vocoder_codes"}
+                           "gpt_decode_hidden", "gpt_decode_spare_columns_logits", "vocoder_hidden", "vocoder_codes",
+                           "text_head_logits", "gpt_text_prefill_logits", "gpt_text_decode_logits"}
     for stage, err in report.items():
         assert err <= PARITY_TOLERANCE, f"{stage}: max abs error {err} > {PARITY_TOLERANCE}"
     assert PARITY_TOLERANCE <= 1e-4

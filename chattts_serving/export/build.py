@@ -5,7 +5,8 @@ Artifacts (names from :mod:`chattts_serving.contract`)::
     gpt_step.onnx          GPT prefill/decode step, per-layer KV cache in and out
     vocoder_hidden.onnx    hidden (B, T, H) -> Decoder -> Vocos -> audio (B, 512T-256)
     vocoder_codes.onnx     codes (B, T, 4) -> DVAE -> Vocos -> audio (B, 512T-256)
-    embed.npz              emb_text (21178, H), emb_code (4, 626, H) float32
+    embed.npz              emb_text (21178, H), emb_code (4, 626, H), head_text (21178, H) float32
+                           (head_text: the weight-normed text head materialised, for refine-text mode)
     speaker_stats.npz      std, mean (H,) float32 (ChatTTS' spk_stat)
     tokenizer/             the checkpoint's BertTokenizerFast
     manifest.json          source, sizes, graphs' tensors, opset, sha256 per file, parity
@@ -32,7 +33,9 @@ import numpy as np
 from .. import contract
 from .weights import WeightsError, check_asset_dir, load_chat, read_sizes
 
-EXPORTER_VERSION = 2
+EXPORTER_VERSION = 3
+"""Part of the input fingerprint: bump whenever the artifacts' content or layout changes, so
+that stale artifact directories are re-exported. 3: ``head_text`` added to embed.npz."""
 OPSET = 17
 PARITY_TOLERANCE = 1e-4
 """Maximum absolute error allowed between a torch module and its exported graph."""
@@ -196,7 +199,8 @@ def _export_into(chat: Any, weights_root: Path, tmp: Path, say: Progress) -> dic
     with torch.no_grad():
         np.savez(tmp / contract.EMBED_FILE,
                  emb_text=chat.embed.emb_text.weight.detach().float().numpy(),
-                 emb_code=torch.stack([e.weight.detach().float() for e in chat.embed.emb_code]).numpy())
+                 emb_code=torch.stack([e.weight.detach().float() for e in chat.embed.emb_code]).numpy(),
+                 head_text=graphs.folded_text_head(chat.embed).numpy())
         np.savez(tmp / contract.SPEAKER_FILE, std=chat.speaker.std.float().numpy(),
                  mean=chat.speaker.mean.float().numpy())
     chat.tokenizer._tokenizer.save_pretrained(str(tmp / contract.TOKENIZER_DIR))

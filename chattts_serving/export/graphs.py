@@ -104,6 +104,16 @@ def folded_code_heads(embed: Any) -> torch.Tensor:
         return torch.stack([h.weight.detach().float() for h in embed.head_code])
 
 
+def folded_text_head(embed: Any) -> torch.Tensor:
+    """ChatTTS' weight-normed text head (``Embed.head_text``, ``ChatTTS/model/embed.py``) as
+    one plain (V_text, H) float32 matrix, V_text = 21178: reading ``.weight`` through the
+    ``torch.nn.utils.parametrizations.weight_norm`` parametrization materialises
+    ``g * v / ||v||`` (norm over H per row). Text-mode logits are ``hidden @ W.T`` (the head
+    has no bias), which the engine computes in numpy on the GPT step's ``hidden`` output."""
+    with torch.no_grad():
+        return embed.head_text.weight.detach().float().clone()
+
+
 class InverseSTFT(nn.Module):
     """``torch.istft(spec, n_fft, hop, window=hann(n_fft), center=True)`` from real/imag parts.
 

@@ -47,7 +47,9 @@ def parity_report(chat: Any, root: Path) -> dict[str, float]:
     speaker), ``gpt_decode_logits``, ``gpt_decode_hidden`` (one step after it),
     ``gpt_decode_spare_columns_logits`` (that step over a cache with masked unused columns),
     ``embed_prompt`` (numpy lookups vs ``Embed`` + ``Speaker.apply``), ``vocoder_hidden``
-    and ``vocoder_codes`` (batch of 2, 40 tokens).
+    and ``vocoder_codes`` (batch of 2, 40 tokens), and the refine-text mode (see
+    :func:`text_mode_parity`): ``text_head_logits``, ``gpt_text_prefill_logits``,
+    ``gpt_text_decode_logits``.
     """
     import torch
 
@@ -107,6 +109,8 @@ def parity_report(chat: Any, root: Path) -> dict[str, float]:
     logits3, _, _ = runner.run(step_np.astype(np.float32), mask3, padded)
     report["gpt_decode_spare_columns_logits"] = float(np.abs(logits3 - logits2_ref.numpy()).max())
 
+    report.update(text_mode_parity(chat, art, h_ref.numpy()))
+
     # Vocoders.
     hidden_size = art.hidden_size
     g = torch.Generator().manual_seed(7)
@@ -122,6 +126,55 @@ def parity_report(chat: Any, root: Path) -> dict[str, float]:
                            f"{got_c.shape} vs {wav_c.shape}")
     report["vocoder_hidden"] = float(np.abs(got_h - wav_h).max())
     report["vocoder_codes"] = float(np.abs(got_c - wav_c).max())
+    return report
+
+
+def text_mode_parity(chat: Any, art: Artifacts, hidden: np.ndarray) -> dict[str, float]:
+    """Max absolute error of the refine-text mode (ChatTTS' ``Chat._refine_text`` and
+    ``GPT.generate(infer_text=True)``) between ChatTTS' modules and our numpy + ONNX path.
+
+    ``text_head_logits``: ``Embeddings.text_logits`` (hidden @ W.T with the exported
+    materialised W) vs ``Embed.head_text`` (weight-normed) on the same hidden states (B, H).
+    ``gpt_text_prefill_logits``: the refine prompt ``[Sbreak]{text}[Pbreak]`` of
+    :data:`PARITY_TEXTS` (batch of 2, left-padded), embedded by ``Embed`` from ChatTTS'
+    tokenizer (no speaker) and run through the LlamaModel and ``head_text``, vs
+    ``Embeddings.prompt`` + the ONNX step + ``text_logits``. ``gpt_text_decode_logits``: one
+    more step on the argmax text ids, embedded with ``emb_text``.
+    """
+    import torch
+
+    emb_np = Embeddings(art)
+    report: dict[str, float] = {}
+    with torch.no_grad():
+        ref = chat.embed.head_text(torch.from_numpy(hidden)).numpy()
+    report["text_head_logits"] = float(np.abs(emb_np.text_logits(hidden) - ref).max())
+
+    prompts = chat.speaker.decorate_text_prompts(list(PARITY_TEXTS), "")
+    input_ids, attn, text_mask = chat.tokenizer.encode(prompts, contract.NUM_VQ)
+    llama = chat.gpt.gpt
+    with torch.no_grad():
+        emb = chat.embed(input_ids, text_mask).clone()
+        pos = attn.long().cumsum(-1) - 1
+        pos.masked_fill_(attn == 0, 1)
+        out = llama(inputs_embeds=emb, attention_mask=attn, position_ids=pos, use_cache=True)
+        logits_ref = chat.embed.head_text(out.last_hidden_state[:, -1])
+        nxt = logits_ref.argmax(-1)  # (B,)
+        attn2 = torch.cat([attn, torch.ones(attn.shape[0], 1, dtype=attn.dtype)], 1)
+        pos2 = (attn2.long().cumsum(-1) - 1)[:, -1:]
+        out2 = llama(inputs_embeds=chat.embed.emb_text(nxt)[:, None], attention_mask=attn2, position_ids=pos2,
+                     past_key_values=out.past_key_values, use_cache=True)
+        logits2_ref = chat.embed.head_text(out2.last_hidden_state[:, -1])
+
+    ids = input_ids[:, :, 0].numpy().astype(np.int64)
+    mask = attn.numpy().astype(np.int64)
+    embeds = np.stack([emb_np.prompt(row, None) for row in ids]).astype(np.float32)
+    runner = GptStepRunner(art)
+    _, hid, present = runner.run(embeds, mask, runner.empty_past(len(ids)))
+    report["gpt_text_prefill_logits"] = float(np.abs(emb_np.text_logits(hid) - logits_ref.numpy()).max())
+    step = emb_np.text(nxt.numpy().astype(np.int64))[:, None, :].astype(np.float32)
+    mask2 = np.concatenate([mask, np.ones((len(ids), 1), np.int64)], 1)
+    _, hid2, _ = runner.run(step, mask2, present)
+    report["gpt_text_decode_logits"] = float(np.abs(emb_np.text_logits(hid2) - logits2_ref.numpy()).max())
     return report
 
 
