@@ -12,6 +12,12 @@ thread. Each iteration:
 4. runs one decode step for every running sequence in one batched GPT call, samples each
    row with its own sampler, and streams tokens to each sequence's sink.
 
+Two kinds of sequence share the batch, the step graph and the KV layout (same GPT weights):
+``mode="code"`` (speech codes: ChatTTS' ``_infer_code``) and ``mode="text"`` (ChatTTS'
+refine-text stage, ``_refine_text``: prompt embedded with ``emb_text`` only, each new token
+embedded with ``emb_text``, logits from the text head on the step's hidden output, end token
+``[Ebreak]``). Only the per-row embedding of the new token and the head/sampler differ.
+
 The KV cache lives in per-layer buffers of the engine, (rows, heads, capacity, head_dim),
 rows right-aligned and advancing together: each step the graph reads the buffers (unused
 columns masked) and returns only the new position's keys and values, which are written into
@@ -34,7 +40,7 @@ import numpy as np
 
 from . import contract
 from .runtime import Embeddings, GptStepRunner
-from .sampling import RequestSampler, SamplingParams, sample_batch
+from .sampling import RequestSampler, SamplingParams, sample_batch, sample_text_batch
 
 log = logging.getLogger("chattts_serving.engine")
 
@@ -50,6 +56,16 @@ columns of wasted attention (64 spare columns cost more in attention reads than 
 """
 
 
+MODE_CODE = "code"
+"""A speech sequence: decode steps embed the 4 previous codes, logits from the 4 code heads."""
+MODE_TEXT = "text"
+"""A refine-text sequence (ChatTTS' ``GPT.generate(infer_text=True)``)."""
+MODES = (MODE_CODE, MODE_TEXT)
+TEXT_EOS_ID = contract.SPECIAL_TOKEN_IDS["[Ebreak]"]
+"""End token of the text mode: ``[Ebreak]`` (21136), ChatTTS' ``tokenizer.eos_token``; like
+the code mode's 625 it ends the sequence and is not emitted."""
+
+
 class EngineBusy(RuntimeError):
     """The engine's admission limit is reached; the request was not accepted."""
 
@@ -59,7 +75,10 @@ class TokenSink(Protocol):
 
     def tokens(self, codes: np.ndarray, hidden: np.ndarray, stop_reason: str) -> None:
         """New tokens: codes (N, 4) int32, hidden (N, H) float32; ``stop_reason`` is '' while
-        the sequence runs and ``contract.STOP_EOS``/``STOP_MAX_TOKENS`` on its last call."""
+        the sequence runs and ``contract.STOP_EOS``/``STOP_MAX_TOKENS`` on its last call.
+        For a text-mode sequence each row of ``codes`` holds the new text token id (in
+        [0, 21178)) in all 4 columns (ChatTTS' ``inputs_ids`` layout in text mode); take
+        column 0."""
 
     def error(self, message: str) -> None:
         """The sequence ended with an error; no further calls follow."""
@@ -111,7 +130,10 @@ class Sequence:
 
     prompt_ids: (T,) int prompt token ids; spk_emb: (H,) float32 normalised speaker vector or
     None; emit_tokens: tokens per sink call; priority: lower runs first (0 = realtime);
-    deadline_s: ``time.monotonic()`` after which the sequence is dropped with an error.
+    deadline_s: ``time.monotonic()`` after which the sequence is dropped with an error;
+    mode: ``"code"`` (speech codes) or ``"text"`` (refine text: prompt from
+    :func:`chattts_serving.refine.refine_prompt_ids`, no speaker vector, params from
+    :meth:`chattts_serving.refine.RefineParams.sampling_params`).
     """
 
     prompt_ids: np.ndarray
@@ -123,6 +145,7 @@ class Sequence:
     priority: int = 0
     deadline_s: float | None = None
     request_id: str = ""
+    mode: str = MODE_CODE
     sampler: RequestSampler = field(init=False)
     length: int = 0  # tokens in this sequence's KV cache
     generated: int = 0
@@ -189,9 +212,17 @@ class Engine:
     # ---- public API ---------------------------------------------------------------------
     def submit(self, seq: Sequence) -> None:
         """Queue a sequence. Raises :class:`EngineBusy` when the waiting queue is full and
-        ValueError when its prompt is empty or cannot fit the context."""
+        ValueError when its prompt is empty or cannot fit the context, its mode is unknown,
+        or a text-mode sequence has a speaker vector or the artifacts lack the text head."""
         if seq.prompt_ids.size == 0:
             raise ValueError("empty prompt")
+        if seq.mode not in MODES:
+            raise ValueError(f"unknown sequence mode {seq.mode!r}; expected one of {MODES}")
+        if seq.mode == MODE_TEXT:
+            if seq.spk_emb is not None:
+                raise ValueError("a text-mode (refine) sequence takes no speaker vector")
+            if not self.emb.has_text_head:
+                raise ValueError("these artifacts have no text head for refine-text; re-run `make export`")
         if seq.prompt_ids.size + seq.params.max_new_tokens > self.config.max_context_tokens:
             raise ValueError(f"prompt ({seq.prompt_ids.size} tokens) + max_new_tokens "
                              f"({seq.params.max_new_tokens}) exceeds the context of "
@@ -228,10 +259,14 @@ class Engine:
         return snap
 
     def warm_up(self, batch_sizes: tuple[int, ...] = (1, 4, 16), prompt_tokens: int = 48,
-                past_tokens: int = 96) -> None:
+                past_tokens: int = 96, text_head: bool = False) -> None:
         """Run the GPT step once per shape class before serving, so that the first requests do
-        not pay ONNX Runtime's first-run allocations (about 1 s on the full model here)."""
+        not pay ONNX Runtime's first-run allocations (about 1 s on the full model here).
+        ``text_head``: also load the refine-text head now (65 MB at H=768) instead of at the
+        first text-mode sequence; RuntimeError when the artifacts lack it."""
         h = self.emb.emb_text.shape[1]
+        if text_head:
+            self.emb.text_logits(np.zeros((1, h), np.float32))
         self.runner.run(np.zeros((1, prompt_tokens, h), np.float32), np.ones((1, prompt_tokens), np.int64),
                         self.runner.empty_past(1))
         heads, hd = self.runner.art.num_heads, self.runner.art.head_dim
@@ -373,8 +408,7 @@ class Engine:
             s.length = len(s.prompt_ids)
             s.prefill_kv = [p[i:i + 1] for p in present]
             s.prefill_width = width
-        codes = sample_batch(logits, [s.sampler for s in seqs])
-        self._accept(seqs, codes, hidden)
+        self._accept(seqs, self._sample(seqs, logits, hidden), hidden)
 
     def _rebuild(self, newcomers: list[Sequence]) -> None:
         """New KV buffers from surviving rows and newcomers; rows right-aligned to a common
@@ -442,9 +476,7 @@ class Engine:
         seqs = self._running
         if self._width >= self._mask.shape[1]:
             self._grow()
-        zero = np.zeros(contract.NUM_VQ, np.int64)
-        codes_in = np.stack([zero if s.done or s.last_codes is None else s.last_codes for s in seqs])
-        embeds = self.emb.codes(codes_in)[:, None, :].astype(np.float32)
+        embeds = self._step_embeds(seqs)[:, None, :].astype(np.float32)
         mask = np.concatenate([self._mask, np.ones((len(seqs), 1), np.int64)], axis=1)
         logits, hidden, new_kv = self.runner.run(embeds, mask, self._kv)
         w = self._width
@@ -459,11 +491,44 @@ class Engine:
             self.stats_data.decode_steps += 1
             self.stats_data.batch_sizes[len(live_rows)] += 1
         live = [seqs[i] for i in live_rows]
-        codes = sample_batch(logits[live_rows], [s.sampler for s in live])
-        self._accept(live, codes, hidden[live_rows])
+        self._accept(live, self._sample(live, logits[live_rows], hidden[live_rows]), hidden[live_rows])
         with self._cv:
             queued = len(self._waiting) + sum(1 for s in self._running if not s.done)
         self.observer.step(len(live_rows), queued, int(len(seqs) * self._width))
+
+    def _step_embeds(self, seqs: list[Sequence]) -> np.ndarray:
+        """Embeddings (B, H) of each row's previous token: the sum of the 4 code embeddings
+        (code mode), the ``emb_text`` row of the text id (text mode), zeros' codes for dead
+        rows (their output is discarded)."""
+        codes_in = np.zeros((len(seqs), contract.NUM_VQ), np.int64)
+        text_rows: list[int] = []
+        text_ids: list[int] = []
+        for i, s in enumerate(seqs):
+            if s.done or s.last_codes is None:
+                continue
+            if s.mode == MODE_TEXT:
+                text_rows.append(i)
+                text_ids.append(int(s.last_codes[0]))
+            else:
+                codes_in[i] = s.last_codes
+        embeds = self.emb.codes(codes_in)
+        if text_rows:
+            embeds[text_rows] = self.emb.text(np.array(text_ids, np.int64))
+        return embeds
+
+    def _sample(self, seqs: list[Sequence], logits: np.ndarray, hidden: np.ndarray) -> np.ndarray:
+        """One step's tokens (B, 4) int64 for rows ``seqs`` given the step's code logits
+        (B, 4, 626) and hidden (B, H): code rows from their code heads; text rows from the
+        text head on ``hidden``, the id repeated on the 4 columns."""
+        out = np.zeros((len(seqs), contract.NUM_VQ), np.int64)
+        text = [i for i, s in enumerate(seqs) if s.mode == MODE_TEXT]
+        code = [i for i, s in enumerate(seqs) if s.mode != MODE_TEXT]
+        if code:
+            out[code] = sample_batch(logits[code], [seqs[i].sampler for i in code])
+        if text:
+            ids = sample_text_batch(self.emb.text_logits(hidden[text]), [seqs[i].sampler for i in text], TEXT_EOS_ID)
+            out[text] = ids[:, None]
+        return out
 
     def _accept(self, seqs: list[Sequence], codes: np.ndarray, hidden: np.ndarray) -> None:
         """Record one sampled step per sequence, stream it, and mark ends."""
@@ -472,7 +537,8 @@ class Engine:
                 continue
             c = codes[i]
             s.sampler.record(c)
-            if (c == contract.EOS_CODE).any():
+            ended = c[0] == TEXT_EOS_ID if s.mode == MODE_TEXT else (c == contract.EOS_CODE).any()
+            if ended:
                 self._finish(s, contract.STOP_EOS)
                 continue
             s.generated += 1

@@ -14,6 +14,9 @@ Reproduces ChatTTS 0.2.5's ``GPT.generate`` logits pipeline (``ChatTTS/model/gpt
 6. softmax, then one draw per row from the request's own ``numpy.random.Generator``
    (PCG64 seeded with the request's seed), by inverse CDF.
 
+:func:`sample_text_batch` does the same for the text mode (ChatTTS' refine-text stage): one
+row of 21178 text logits per request, end token ``[Ebreak]``.
+
 The only difference from ChatTTS is the random source (ChatTTS draws with torch.multinomial
 from a generator it re-seeds every step); with a temperature near 0 both pick the argmax, which
 the greedy-equality test relies on.
@@ -105,14 +108,73 @@ def sample_batch(logits: np.ndarray, samplers: list[RequestSampler]) -> np.ndarr
         hist = np.stack(s.history)  # (steps, 4)
         rows = x[i * contract.NUM_VQ:(i + 1) * contract.NUM_VQ]
         for q in range(contract.NUM_VQ):
-            freq = np.bincount(hist[:, q], minlength=n)[:n]
-            alpha = np.power(np.float32(s.params.repetition_penalty), freq.astype(np.float32))
-            row = rows[q]
-            rows[q] = np.where(row < 0, row * alpha, row / alpha)
+            rows[q] = _penalised(rows[q], hist[:, q], s.params.repetition_penalty, n)
 
-    keep = contract.MIN_TOKENS_TO_KEEP
-    # top-p
     top_p = np.repeat(np.array([s.params.top_p for s in samplers], np.float32), contract.NUM_VQ)
+    top_k = np.repeat(np.array([s.params.top_k for s in samplers]), contract.NUM_VQ)
+    _top_p_top_k(x, top_p, top_k)
+    # min_new_tokens
+    for i, s in enumerate(samplers):
+        if s.steps < s.params.min_new_tokens:
+            x[i * contract.NUM_VQ:(i + 1) * contract.NUM_VQ, contract.EOS_CODE] = -np.inf
+
+    codes = _draw(x, np.concatenate([s.rng.random(contract.NUM_VQ) for s in samplers]))
+    return codes.reshape(b, contract.NUM_VQ).astype(np.int64)
+
+
+def sample_text_batch(logits: np.ndarray, samplers: list[RequestSampler], eos_id: int) -> np.ndarray:
+    """Sample one step's text tokens for a batch of text-mode (refine) sequences.
+
+    ChatTTS 0.2.5's ``GPT.generate(infer_text=True)`` as ``Chat._refine_text`` calls it
+    (``ChatTTS/core.py``, ``ChatTTS/model/gpt.py``, ``ChatTTS/model/processors.py``), per row
+    of the text vocabulary: divide by the temperature; repetition penalty (only when it is not
+    1.0, ChatTTS' default for refinement); top-p then top-k (transformers' warpers with
+    ``min_tokens_to_keep=3``); before ``min_new_tokens`` steps ``eos_id`` is set to -inf;
+    softmax; one draw from the request's own generator (one uniform per row and step).
+
+    The repetition penalty counts each id among the row's last 16 generated tokens, as the
+    code mode does per head. ChatTTS 0.2.5 itself cannot run a penalty other than 1.0 in text
+    mode: its processor gets a (B, n, 1) history there, whose one-hot sum broadcasts to
+    (B, B, V) and the sampler then fails ("index ... is out of bounds"); ours applies the
+    penalty the processor describes.
+
+    Args:
+        logits: (B, V) float32 text-head logits (V = 21178); row b belongs to ``samplers[b]``.
+        samplers: one per row; ``history`` holds (4,) arrays whose column 0 is the text id.
+        eos_id: the end token (``[Ebreak]``, 21136, ChatTTS' ``tokenizer.eos_token``).
+
+    Returns:
+        ids: (B,) int64 in [0, V); ``eos_id`` ends that sequence.
+    """
+    n = logits.shape[1]
+    x = logits.astype(np.float32, copy=True)
+    x /= np.array([s.params.temperature for s in samplers], np.float32)[:, None]
+    for i, s in enumerate(samplers):
+        if s.params.repetition_penalty != 1.0 and s.history:
+            x[i] = _penalised(x[i], np.stack(s.history)[:, 0], s.params.repetition_penalty, n)
+    _top_p_top_k(x, np.array([s.params.top_p for s in samplers], np.float32),
+                 np.array([s.params.top_k for s in samplers]))
+    for i, s in enumerate(samplers):
+        if s.steps < s.params.min_new_tokens:
+            x[i, eos_id] = -np.inf
+    return _draw(x, np.concatenate([s.rng.random(1) for s in samplers])).astype(np.int64)
+
+
+def _penalised(row: np.ndarray, history: np.ndarray, penalty: float, n: int) -> np.ndarray:
+    """ChatTTS' ``CustomRepetitionPenaltyLogitsProcessorRepeat`` on one row (n,) given the
+    ids seen (steps,): ``alpha = penalty ** count``; negative logits times alpha, others
+    divided by it."""
+    freq = np.bincount(history, minlength=n)[:n]
+    alpha = np.power(np.float32(penalty), freq.astype(np.float32))
+    return np.where(row < 0, row * alpha, row / alpha)
+
+
+def _top_p_top_k(x: np.ndarray, top_p: np.ndarray, top_k: np.ndarray) -> None:
+    """transformers' ``TopPLogitsWarper`` then ``TopKLogitsWarper`` (both with
+    ``min_tokens_to_keep=3``, as ChatTTS' ``gen_logits`` builds them), in place on rows
+    (R, n) with one top_p (R,) float32 and top_k (R,) int per row."""
+    n = x.shape[1]
+    keep = contract.MIN_TOKENS_TO_KEEP
     order = np.argsort(x, axis=1, kind="stable")
     sorted_x = np.take_along_axis(x, order, axis=1)
     probs = _softmax(sorted_x)
@@ -122,26 +184,25 @@ def sample_batch(logits: np.ndarray, samplers: list[RequestSampler]) -> np.ndarr
     remove = np.zeros_like(remove_sorted)
     np.put_along_axis(remove, order, remove_sorted, axis=1)
     x[remove] = -np.inf
-    # top-k
-    top_k = np.repeat(np.array([max(s.params.top_k, keep) for s in samplers]), contract.NUM_VQ)
-    top_k = np.minimum(top_k, n)
-    kth = -np.partition(-x, top_k - 1, axis=1)[np.arange(x.shape[0]), top_k - 1]
+    k = np.minimum(np.maximum(top_k, keep), n)
+    kth = -np.partition(-x, k - 1, axis=1)[np.arange(x.shape[0]), k - 1]
     x[x < kth[:, None]] = -np.inf
-    # min_new_tokens
-    for i, s in enumerate(samplers):
-        if s.steps < s.params.min_new_tokens:
-            x[i * contract.NUM_VQ:(i + 1) * contract.NUM_VQ, contract.EOS_CODE] = -np.inf
 
+
+def _draw(x: np.ndarray, uniforms: np.ndarray) -> np.ndarray:
+    """One token per row of filtered logits (R, n) by inverse CDF of their softmax, with one
+    uniform in [0, 1) per row; returns (R,) int64."""
+    n = x.shape[1]
     p = _softmax(x)
     cdf = np.cumsum(p, axis=1)
-    u = np.concatenate([s.rng.random(contract.NUM_VQ) for s in samplers]) * cdf[:, -1]
+    u = uniforms * cdf[:, -1]
     codes = (cdf <= u[:, None]).sum(axis=1)
     codes = np.minimum(codes, n - 1)
     # never pick a token of zero probability (guards float round-off at the top of the CDF)
     bad = p[np.arange(len(codes)), codes] == 0
     if bad.any():
         codes[bad] = np.argmax(p[bad], axis=1)
-    return codes.reshape(b, contract.NUM_VQ).astype(np.int64)
+    return codes.astype(np.int64)
 
 
 def _softmax(x: np.ndarray) -> np.ndarray:
