@@ -17,10 +17,11 @@ class EngineMetrics:
 
     tts_engine_batch_size (histogram, rows per decode step), tts_engine_decode_steps_total
     (counter), tts_engine_active_sequences (gauge, waiting + running), tts_kv_cache_usage_ratio
-    (gauge, resident KV positions over the profile's max_batch_size x max_context_tokens).
+    (gauge, resident KV positions over the profile's max_batch_size x max_context_tokens);
+    with ``memory``, the process's memory gauges, refreshed from the engine thread.
     """
 
-    def __init__(self, pb: Any, model: str, kv_capacity_tokens: int) -> None:
+    def __init__(self, pb: Any, model: str, kv_capacity_tokens: int, memory: MemoryGauges | None = None) -> None:
         labels = {"model": model}
         self._fam = [
             pb.MetricFamily("tts_engine_batch_size", "Sequences decoded together per GPT step",
@@ -36,19 +37,100 @@ class EngineMetrics:
         self.active = self._fam[2].Metric(labels=labels)
         self.kv = self._fam[3].Metric(labels=labels)
         self.capacity = max(1, kv_capacity_tokens)
+        self.memory = memory
 
     def step(self, batch_size: int, live: int, kv_tokens: int) -> None:
         self.batch.observe(float(batch_size))
         self.steps.increment(1.0)
         self.active.set(float(live))
         self.kv.set(kv_tokens / self.capacity)
+        if self.memory is not None:
+            self.memory.maybe_update()
 
     def idle(self) -> None:
         self.active.set(0.0)
         self.kv.set(0.0)
+        if self.memory is not None:
+            self.memory.maybe_update()
 
 
 LATENCY_BUCKETS_S = [0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 20.0, 60.0]
+
+
+class MemoryGauges:
+    """Memory of one model's process: tts_process_resident_memory_bytes{model} always, and on
+    a GPU host tts_gpu_memory_used_bytes{model,gpu} / tts_gpu_memory_total_bytes{model,gpu},
+    the memory in use and the capacity of the instance's GPU, read through NVML (the
+    ``nvidia-ml-py`` package, installed with the ``gpu`` extra). They mirror Triton's own
+    ``nv_gpu_memory_*`` for deployments that run without Triton's GPU metrics. Without NVML
+    or a GPU (CPU hosts), the GPU series are not published at all.
+
+    :meth:`maybe_update` refreshes at most every ``interval_s`` seconds; call it from the
+    model's own threads, under the same lock as its other metric updates (concurrent metric
+    calls crash Triton 2.51's Python backend). ``nvml``: the pynvml module to use (tests);
+    None imports it.
+    """
+
+    def __init__(self, pb: Any, model: str, gpu_index: int | None = None, interval_s: float = 5.0,
+                 nvml: Any = None) -> None:
+        m = pb.MetricFamily
+        self._fam = [m("tts_process_resident_memory_bytes", "Resident memory of the model's process", m.GAUGE)]
+        self.rss = self._fam[0].Metric(labels={"model": model})
+        self.interval_s = interval_s
+        self._next_s = 0.0
+        self._gpu: tuple[Any, Any, Any, Any] | None = None  # nvml, handle, used gauge, total gauge
+        if gpu_index is not None:
+            handle, nvml = _nvml_device(gpu_index, nvml)
+            if handle is not None:
+                labels = {"model": model, "gpu": str(gpu_index)}
+                self._fam += [m("tts_gpu_memory_used_bytes", "GPU memory in use on the model's GPU", m.GAUGE),
+                              m("tts_gpu_memory_total_bytes", "Memory capacity of the model's GPU", m.GAUGE)]
+                self._gpu = (nvml, handle, self._fam[1].Metric(labels=labels), self._fam[2].Metric(labels=labels))
+        self.refresh()
+
+    @property
+    def has_gpu(self) -> bool:
+        """True when the GPU gauges are published."""
+        return self._gpu is not None
+
+    def maybe_update(self, now_s: float | None = None) -> bool:
+        """Refresh the gauges if ``interval_s`` has passed (``now_s``: ``time.monotonic()``).
+        Returns True when it refreshed. An NVML error stops the GPU gauges (logged once)."""
+        import time
+
+        now_s = time.monotonic() if now_s is None else now_s
+        if now_s < self._next_s:
+            return False
+        self._next_s = now_s + self.interval_s
+        self.refresh()
+        return True
+
+    def refresh(self) -> None:
+        """Read and publish now (also done once at construction)."""
+        self.rss.set(float(process_rss_bytes()))
+        if self._gpu is not None:
+            nvml, handle, used, total = self._gpu
+            try:
+                info = nvml.nvmlDeviceGetMemoryInfo(handle)
+            except Exception as exc:  # NVMLError and friends: keep serving, stop reporting
+                import logging
+
+                logging.getLogger("chattts_serving.metrics").warning("NVML failed, GPU memory gauges stop: %s", exc)
+                self._gpu = None
+                return
+            used.set(float(info.used))
+            total.set(float(info.total))
+
+
+def _nvml_device(index: int, nvml: Any) -> tuple[Any, Any]:
+    """(NVML handle of GPU ``index``, the nvml module), or (None, None) without NVML/GPU."""
+    try:
+        if nvml is None:
+            import pynvml as nvml  # type: ignore[import-not-found, no-redef]
+        nvml.nvmlInit()
+        return nvml.nvmlDeviceGetHandleByIndex(index), nvml
+    except Exception:  # ImportError, NVMLError_LibraryNotFound, NVMLError_InvalidArgument, ...
+        return None, None
 
 
 def process_rss_bytes() -> int:
@@ -69,7 +151,7 @@ class EntryMetrics:
     tts_time_to_first_audio_seconds (histograms, from our own clocks: Triton's durations stop
     when a decoupled ``execute`` returns); tts_audio_seconds_total; tts_rejected_total{reason};
     tts_request_queue_size (accepted streams not yet producing audio); tts_degraded_mode;
-    tts_process_resident_memory_bytes{model}.
+    and the process's memory (:class:`MemoryGauges`, refreshed as requests finish).
     """
 
     def __init__(self, pb: Any, model: str) -> None:
@@ -83,8 +165,8 @@ class EntryMetrics:
             "rejected": m("tts_rejected_total", "Requests refused before any work, by reason", m.COUNTER),
             "queue": m("tts_request_queue_size", "Accepted requests that have not produced audio yet", m.GAUGE),
             "degraded": m("tts_degraded_mode", "1 while the service runs in its cheaper mode", m.GAUGE),
-            "rss": m("tts_process_resident_memory_bytes", "Resident memory of the model's process", m.GAUGE),
         }
+        self.memory = MemoryGauges(pb, model)
         labels = {"model": model}
         self._counters: dict[tuple[object, ...], Any] = {}
         self.duration = self._fam["duration"].Metric(labels=labels, buckets=LATENCY_BUCKETS_S)
@@ -92,7 +174,6 @@ class EntryMetrics:
         self.audio = self._fam["audio"].Metric(labels=labels)
         self.queue = self._fam["queue"].Metric(labels=labels)
         self.degraded = self._fam["degraded"].Metric(labels=labels)
-        self.rss = self._fam["rss"].Metric(labels=labels)
         # The Python backend's metric calls are not safe from several threads at once (Triton
         # 2.51 crashed under concurrent streams): every metric update takes this lock.
         self.lock = threading.Lock()
@@ -112,7 +193,7 @@ class EntryMetrics:
                 self.ttfa.observe(ttfa_s)
             if audio_s > 0:
                 self.audio.increment(audio_s)
-            self.rss.set(float(process_rss_bytes()))
+            self.memory.maybe_update()
 
     def rejected(self, reason: str) -> None:
         with self.lock:

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from . import contract
+from .logs import log_event
 from .pipeline import (
     INTERNAL,
     INVALID,
@@ -50,6 +51,8 @@ class ModelSetup:
     artifacts: Artifacts
     profile: Profile
     parameters: dict[str, str]
+    gpu_index: int | None = None
+    """The instance's GPU (Triton's ``model_instance_device_id``) for KIND_GPU, else None."""
 
     @classmethod
     def from_args(cls, pb: Any, args: dict[str, Any], decoupled: bool) -> ModelSetup:
@@ -64,7 +67,8 @@ class ModelSetup:
         params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
         artifacts = Artifacts.load(params["artifacts_dir"])
         profile = profile_from_json(Path(params["profile_path"]).read_text())
-        return cls(name, config, artifacts, profile, params)
+        gpu = int(args.get("model_instance_device_id", 0)) if args.get("model_instance_kind") == "GPU" else None
+        return cls(name, config, artifacts, profile, params, gpu)
 
 
 def request_inputs(pb: Any, request: Any, specs: Sequence[contract.TensorSpec]) -> dict[str, np.ndarray]:
@@ -136,14 +140,39 @@ def send_final_error(pb: Any, sender: Any, exc: RequestError, tag_kind: bool = F
 # GPT engine side
 # --------------------------------------------------------------------------------------
 class SenderSink:
-    """Engine :class:`~chattts_serving.engine.TokenSink` writing to a decoupled response sender."""
+    """Engine :class:`~chattts_serving.engine.TokenSink` writing to a decoupled response sender.
 
-    def __init__(self, pb: Any, sender: Any) -> None:
+    With a ``model`` name it writes one structured ``sequence_finished`` line (stage
+    ``engine``) when the sequence ends: request id, prompt and generated tokens, time to the
+    first token and duration in ms (from the sink's creation, i.e. the engine's arrival),
+    stop reason and status."""
+
+    def __init__(self, pb: Any, sender: Any, model: str = "", request_id: str = "", prompt_tokens: int = 0) -> None:
         self.pb, self.sender = pb, sender
         self.closed = False
+        self.model, self.request_id, self.prompt_tokens = model, request_id, prompt_tokens
+        self._t0 = time.monotonic()
+        self._first_token_s: float | None = None
+        self._tokens = 0
+
+    def _log_end(self, status: str, stop_reason: str) -> None:
+        if not self.model:
+            return
+        now = time.monotonic()
+        log_event("sequence_finished", level="error" if status == "error" else "info", model=self.model,
+                  stage="engine", request_id=self.request_id, status=status, stop_reason=stop_reason,
+                  prompt_tokens=self.prompt_tokens, tokens=self._tokens,
+                  first_token_ms=round((self._first_token_s - self._t0) * 1000, 1)
+                  if self._first_token_s is not None else None,
+                  duration_ms=round((now - self._t0) * 1000, 1))
 
     def tokens(self, codes: np.ndarray, hidden: np.ndarray, stop_reason: str) -> None:
         pb = self.pb
+        self._tokens += len(codes)
+        if self._first_token_s is None and len(codes):
+            self._first_token_s = time.monotonic()
+        if stop_reason:
+            self._log_end("cancelled" if stop_reason == contract.STOP_CANCELLED else "ok", stop_reason)
         if stop_reason == contract.STOP_CANCELLED and self.sender.is_cancelled():
             self.closed = True  # the client is gone: nobody to tell
             return
@@ -156,11 +185,40 @@ class SenderSink:
             self.sender.send(flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 
     def error(self, message: str) -> None:
+        """End the sequence with an error. A passed deadline is the request's own limit
+        (UNAVAILABLE, which does not count against the engine's circuit breaker); anything
+        else is an engine failure (INTERNAL)."""
         self.closed = True
-        send_engine_error(self.pb, self.sender, RequestError(message, INTERNAL))
+        expired = message.startswith("deadline exceeded")
+        self._log_end("expired" if expired else "error", f"error: {message}")
+        send_engine_error(self.pb, self.sender, RequestError(message, UNAVAILABLE if expired else INTERNAL))
 
     def cancelled(self) -> bool:
         return bool(self.sender.is_cancelled())
+
+
+def vocode_requests(pb: Any, runner: Any, requests: Sequence[Any], model: str, memory: Any = None) -> list[Any]:
+    """The vocoder models' ``execute``: each request holds one token window (1, T, H) float32
+    or (1, T, 4) int32 under ``runner.input_name``; windows of equal T run as one
+    ``runner.run`` call (ONNX Runtime batch). Returns one response per request, audio
+    (1, 512T-256) float32, and writes one structured ``vocoder_batch`` line (stage ``vocoder``:
+    the requests' ids, window tokens, ONNX Runtime calls, duration in ms). ``memory``: the
+    model's :class:`~chattts_serving.metrics.MemoryGauges`, refreshed here when given."""
+    t0 = time.monotonic()
+    windows = [pb.get_input_tensor_by_name(r, runner.input_name).as_numpy() for r in requests]
+    audio: list[np.ndarray | None] = [None] * len(requests)
+    lengths = sorted({w.shape[1] for w in windows})
+    for length in lengths:
+        idx = [i for i, w in enumerate(windows) if w.shape[1] == length]
+        out = runner.run(np.concatenate([windows[i] for i in idx]))
+        for row, i in enumerate(idx):
+            audio[i] = out[row:row + 1]
+    log_event("vocoder_batch", model=model, stage="vocoder", request_ids=[r.request_id() for r in requests],
+              batch_size=len(requests), window_tokens=[int(w.shape[1]) for w in windows], runs=len(lengths),
+              duration_ms=round((time.monotonic() - t0) * 1000, 1))
+    if memory is not None:
+        memory.maybe_update()
+    return [pb.InferenceResponse(output_tensors=[pb.Tensor(contract.VO_AUDIO.name, a)]) for a in audio]
 
 
 def engine_control(inputs: dict[str, np.ndarray]) -> tuple[str, str]:

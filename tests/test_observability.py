@@ -33,8 +33,8 @@ import yaml
 from conftest import ROOT, Server, free_port
 
 from chattts_serving import contract
-from chattts_serving.logs import event_line
 from chattts_serving.client import ClientError, SynthesisRequest, synthesize_offline, synthesize_stream
+from chattts_serving.logs import event_line
 
 pytestmark = pytest.mark.server
 
@@ -298,8 +298,10 @@ def test_prometheus_scrapes_series_and_evaluates_rules_and_dashboard(triton_serv
     print(f"tts_degraded_mode after the load: {degraded}")
     assert set(degraded.values()) <= {0.0, 1.0}, degraded
     rss = {s["metric"]["model"]: float(s["value"][1]) for s in prom.query("tts_process_resident_memory_bytes")}
-    assert set(rss) == {contract.MODEL_STREAM, contract.MODEL_OFFLINE}, rss
+    assert set(rss) == {contract.MODEL_STREAM, contract.MODEL_OFFLINE, contract.MODEL_ENGINE,
+                        *contract.VOCODER_PATHS.values()}, rss
     assert all(10e6 < v < 64e9 for v in rss.values()), rss
+    assert not prom.query("tts_gpu_memory_used_bytes")  # CPU host: no GPU series at all
     # Histograms are consistent: the +Inf bucket is the count.
     for hist in ("tts_request_duration_seconds", "tts_time_to_first_audio_seconds", "tts_engine_batch_size"):
         inf = prom.scalar(f'sum({hist}_bucket{{le="+Inf"}})')
@@ -419,6 +421,14 @@ def test_structured_logs_carry_the_client_request_id(triton_server: Server) -> N
     assert accepted["model"] == finished["model"] == contract.MODEL_STREAM
     assert finished["status"] == "ok" and finished["duration_ms"] > 0 and finished["ttfa_ms"] > 0, finished
     assert datetime.fromisoformat(accepted["ts"]) <= datetime.fromisoformat(finished["ts"])
+    # The id reaches the other stages through the BLS: the engine's and the vocoder's lines.
+    engine = [e for e in events if e["event"] == "sequence_finished" and e.get("request_id") == request_id]
+    assert len(engine) == 1 and engine[0]["stage"] == "engine" and engine[0]["model"] == contract.MODEL_ENGINE
+    assert engine[0]["status"] == "ok" and engine[0]["tokens"] > 0 and engine[0]["prompt_tokens"] > 0, engine
+    assert engine[0]["duration_ms"] >= engine[0]["first_token_ms"] > 0
+    vocoder = [e for e in events if e["event"] == "vocoder_batch" and request_id in e["request_ids"]]
+    assert vocoder and all(e["stage"] == "vocoder" and e["model"] in contract.VOCODER_PATHS.values()
+                           and len(e["request_ids"]) == e["batch_size"] == len(e["window_tokens"]) for e in vocoder)
     # Requests without a client id get a generated one: every accepted request id is unique.
     accepted_ids = [e["request_id"] for e in request_events if e["event"] == "request_accepted"]
     assert len(accepted_ids) == len(set(accepted_ids)), "request ids repeat"
@@ -486,3 +496,83 @@ def test_memory_does_not_grow_over_repeated_requests(triton_server: Server) -> N
     assert set(after) == set(before), "processes came or went during the check"
     assert growth < 0.05, f"server RSS grew {growth:.2%} over 40 requests (limit 5%)"
 
+
+
+# ------------------------------------------------------------------------ memory gauges (unit)
+class _Family:
+    """Records what a model sets on one pb_utils.MetricFamily (the Python backend exists only
+    inside a stub process)."""
+
+    GAUGE, COUNTER, HISTOGRAM = "gauge", "counter", "histogram"
+
+    def __init__(self, name: str, doc: str, kind: str) -> None:
+        self.name, self.kind, self.values = name, kind, {}  # type: ignore[var-annotated]
+        _FAMILIES[name] = self
+
+    def Metric(self, labels: dict[str, str]) -> Any:
+        family, key = self, tuple(sorted(labels.items()))
+
+        class _Gauge:
+            def set(self, value: float) -> None:
+                family.values[key] = value
+
+        return _Gauge()
+
+
+_FAMILIES: dict[str, _Family] = {}
+
+
+class _Pb:
+    MetricFamily = _Family
+
+
+class _Nvml:
+    """NVML as pynvml exposes it, for one GPU whose memory use we control."""
+
+    def __init__(self, fail_after: int = 10**9) -> None:
+        self.used, self.calls, self.fail_after = 3 * 2**30, 0, fail_after
+
+    def nvmlInit(self) -> None:
+        pass
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> str:
+        if index != 0:
+            raise RuntimeError("NVMLError_InvalidArgument")
+        return "gpu0"
+
+    def nvmlDeviceGetMemoryInfo(self, handle: str) -> Any:
+        self.calls += 1
+        if self.calls > self.fail_after:
+            raise RuntimeError("NVMLError_GpuIsLost")
+        return type("Info", (), {"used": self.used, "total": 16 * 2**30})()
+
+
+def test_memory_gauges_publish_rss_and_the_instance_gpu_at_most_every_interval() -> None:
+    from chattts_serving.metrics import MemoryGauges
+
+    _FAMILIES.clear()
+    nvml = _Nvml(fail_after=3)  # one read at construction, two scheduled ones, then NVML fails
+    gauges = MemoryGauges(_Pb, "chattts_gpt", gpu_index=0, interval_s=5.0, nvml=nvml)
+    assert gauges.has_gpu
+    key = (("gpu", "0"), ("model", "chattts_gpt"))
+    assert gauges.maybe_update(now_s=100.0)
+    assert _FAMILIES["tts_gpu_memory_used_bytes"].values[key] == 3 * 2**30
+    assert _FAMILIES["tts_gpu_memory_total_bytes"].values[key] == 16 * 2**30
+    assert _FAMILIES["tts_process_resident_memory_bytes"].values[(("model", "chattts_gpt"),)] > 10e6
+    nvml.used = 5 * 2**30
+    assert not gauges.maybe_update(now_s=104.9)  # within the interval: nothing read
+    assert _FAMILIES["tts_gpu_memory_used_bytes"].values[key] == 3 * 2**30
+    assert gauges.maybe_update(now_s=105.0)
+    assert _FAMILIES["tts_gpu_memory_used_bytes"].values[key] == 5 * 2**30
+    assert gauges.maybe_update(now_s=110.0) and not gauges.has_gpu  # NVML failed: the GPU gauges stop, RSS goes on
+
+
+@pytest.mark.parametrize("gpu_index", [None, 1])
+def test_memory_gauges_without_a_usable_gpu_publish_no_gpu_series(gpu_index: int | None) -> None:
+    """KIND_CPU instances (no index) and an index NVML does not know: RSS only."""
+    from chattts_serving.metrics import MemoryGauges
+
+    _FAMILIES.clear()
+    gauges = MemoryGauges(_Pb, "chattts_vocoder", gpu_index=gpu_index, nvml=_Nvml())
+    assert gauges.maybe_update(now_s=1.0) and not gauges.has_gpu
+    assert set(_FAMILIES) == {"tts_process_resident_memory_bytes"}

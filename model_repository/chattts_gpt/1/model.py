@@ -9,7 +9,7 @@ import triton_python_backend_utils as pb_utils
 from chattts_serving import contract
 from chattts_serving import triton_glue as glue
 from chattts_serving.engine import Engine, EngineBusy, Sequence
-from chattts_serving.metrics import EngineMetrics
+from chattts_serving.metrics import EngineMetrics, MemoryGauges
 from chattts_serving.pipeline import UNAVAILABLE, RequestError
 from chattts_serving.runtime import Embeddings, GptStepRunner
 
@@ -17,11 +17,12 @@ from chattts_serving.runtime import Embeddings, GptStepRunner
 class TritonPythonModel:
     def initialize(self, args):
         setup = glue.ModelSetup.from_args(pb_utils, args, decoupled=True)
-        self.profile = setup.profile
+        self.profile, self.name = setup.profile, setup.name
         self.hidden_size = setup.artifacts.hidden_size
         runner = GptStepRunner(setup.artifacts, setup.profile.ort("engine"))
         ep = setup.profile.engine
-        self.metrics = EngineMetrics(pb_utils, setup.name, ep.max_batch_size * ep.max_context_tokens)
+        self.metrics = EngineMetrics(pb_utils, setup.name, ep.max_batch_size * ep.max_context_tokens,
+                                     MemoryGauges(pb_utils, setup.name, setup.gpu_index))
         self.engine = Engine(runner, Embeddings(setup.artifacts), ep.engine_config(), self.metrics)
         self.engine.warm_up()
         self.engine.start()
@@ -39,7 +40,8 @@ class TritonPythonModel:
                 a = glue.engine_sequence_args(inputs, self.hidden_size, self.profile.engine.max_new_tokens_cap)
                 deadline = time.monotonic() + a.timeout_s if a.timeout_s else None
                 try:
-                    self.engine.submit(Sequence(a.input_ids, a.spk_emb, a.params, glue.SenderSink(pb_utils, sender),
+                    sink = glue.SenderSink(pb_utils, sender, self.name, request.request_id(), a.input_ids.size)
+                    self.engine.submit(Sequence(a.input_ids, a.spk_emb, a.params, sink,
                                                 emit_tokens=a.emit_tokens, first_emit_tokens=a.first_emit_tokens,
                                                 priority=a.priority, deadline_s=deadline,
                                                 request_id=stream_id or request.request_id()))
