@@ -294,6 +294,29 @@ def test_text_sampler_keeps_exactly_the_tokens_chattts_keeps(params: SamplingPar
         assert allowed[ids].all(), "picked a token ChatTTS filters out"
 
 
+def test_text_filter_keeps_the_same_set_as_transformers_warpers() -> None:
+    """The text mode's partial-sort top-p/top-k keeps exactly what transformers' TopP then TopK
+    warpers (min_tokens_to_keep=3, as ChatTTS builds them) keep, over scales from soft to
+    greedy (temperature 1e-5) and every kind of top_p/top_k edge."""
+    from transformers.generation import TopKLogitsWarper, TopPLogitsWarper
+
+    from chattts_serving.sampling import _top_p_top_k_row
+
+    rng = np.random.default_rng(5)
+    for trial in range(300):
+        scale = [0.1, 1.0, 3.0, 10.0, 1e5][trial % 5]
+        top_p = [0.05, 0.3, 0.7, 0.9, 0.99, 1.0][trial % 6]
+        top_k = [1, 2, 3, 5, 20, 200, contract.TEXT_VOCAB_SIZE][trial % 7]
+        x = rng.normal(0, scale, contract.TEXT_VOCAB_SIZE).astype(np.float32)
+        ref = torch.from_numpy(x[None].copy())
+        for warper in (TopPLogitsWarper(top_p, min_tokens_to_keep=3), TopKLogitsWarper(top_k, min_tokens_to_keep=3)):
+            ref = warper(None, ref)
+        ours = x.copy()
+        _top_p_top_k_row(ours, top_p, top_k)
+        np.testing.assert_array_equal(np.isfinite(ours), torch.isfinite(ref)[0].numpy(), err_msg=f"trial {trial}")
+        np.testing.assert_array_equal(ours[np.isfinite(ours)], x[np.isfinite(ours)])
+
+
 def test_text_sampler_probabilities_follow_chattts_softmax() -> None:
     """Empirical distribution of 4000 draws vs ChatTTS' post-filter softmax (total variation)."""
     rng = np.random.default_rng(1)
