@@ -30,7 +30,8 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass, fields
+from collections.abc import Mapping
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any, Final
 
@@ -41,7 +42,8 @@ from .engine import MODE_TEXT, TEXT_EOS_ID, Sequence, TokenSink
 from .sampling import ParamError, SamplingParams
 
 __all__ = ["BREAK_0_ID", "REFINE_PARAMS", "TEXT_EOS_ID", "RefineParams", "code_prompt_ids", "code_stage_text",
-           "decode_refined", "load_tokenizer", "refine_prompt", "refine_prompt_ids", "refine_sequence", "text_ids"]
+           "decode_refined", "load_tokenizer", "refine_params_from_inputs", "refine_prompt", "refine_prompt_ids",
+           "refine_sequence", "text_ids"]
 
 BREAK_0_ID: Final = contract.SPECIAL_TOKEN_IDS["[break_0]"]
 """ChatTTS' ``tokenizer.break_0_ids`` (21147): refined ids ``>=`` this are dropped before
@@ -135,6 +137,33 @@ class RefineParams:
         """These parameters as the engine's :class:`SamplingParams` (not validated against the
         code stage's ranges: top_k may exceed 626)."""
         return SamplingParams(**{f.name: getattr(self, f.name) for f in fields(SamplingParams)})
+
+
+def refine_params_from_inputs(inputs: Mapping[str, np.ndarray], max_new_tokens_cap: int | None = None,
+                              prefix: str = "", prompt: str = "") -> RefineParams:
+    """Validated :class:`RefineParams` from a request's tensors (name -> numpy array).
+
+    Reads the optional one-value inputs ``f"{prefix}{spec.name}"`` for each spec of
+    :data:`REFINE_PARAMS` (their dtypes: temperature, top_p, repetition_penalty FP32; top_k,
+    max_new_tokens, min_new_tokens INT32; seed INT64; the same names and dtypes as the GPT
+    engine's sampling inputs, so ``prefix=''`` reads an engine request and e.g.
+    ``prefix='refine_'`` an entry request); absent ones take ChatTTS' refine defaults.
+
+    Raises:
+        chattts_serving.pipeline.RequestError: (kind invalid) a wrong dtype or shape, or a
+            value :meth:`RefineParams.validate` refuses.
+    """
+    from .pipeline import RequestError, scalar_input
+
+    values: dict[str, Any] = {}
+    for spec in REFINE_PARAMS:
+        v = scalar_input(inputs, replace(spec, name=prefix + spec.name))
+        if v is not None:
+            values[spec.name] = v
+    try:
+        return RefineParams(prompt=prompt, **values).validate(max_new_tokens_cap)
+    except ParamError as exc:
+        raise RequestError(str(exc)) from None
 
 
 def load_tokenizer(artifacts_root: Any) -> Any:

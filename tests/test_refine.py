@@ -27,6 +27,7 @@ from chattts_serving.refine import (
     code_stage_text,
     decode_refined,
     load_tokenizer,
+    refine_params_from_inputs,
     refine_prompt_ids,
     refine_sequence,
     text_ids,
@@ -378,6 +379,23 @@ def test_valid_edges_pass_and_the_cap_applies() -> None:
         RefineParams(max_new_tokens=500).validate(max_new_tokens_cap=384)
     with pytest.raises(ParamError):
         refine_sequence(np.array([1, 2]), RefineParams(top_k=0), Collect())
+
+
+def test_refine_params_are_read_from_request_tensors() -> None:
+    from chattts_serving.pipeline import RequestError
+
+    assert refine_params_from_inputs({}) == RefineParams()
+    got = refine_params_from_inputs({"temperature": np.array([0.2], np.float32), "top_k": np.array([1000], np.int32),
+                                     "seed": np.array([7], np.int64)}, max_new_tokens_cap=384)
+    assert (got.temperature, got.top_k, got.seed, got.top_p) == (pytest.approx(0.2), 1000, 7, 0.7)
+    got = refine_params_from_inputs({"refine_max_new_tokens": np.array([20], np.int32),
+                                     "max_new_tokens": np.array([1], np.int32)}, prefix="refine_")
+    assert got.max_new_tokens == 20
+    for bad in ({"top_k": np.array([0], np.int32)}, {"top_k": np.array([5.0], np.float32)},
+                {"temperature": np.array([0.5, 0.6], np.float32)}, {"max_new_tokens": np.array([500], np.int32)}):
+        with pytest.raises(RequestError) as info:
+            refine_params_from_inputs(bad, max_new_tokens_cap=384)
+        assert info.value.kind == "invalid"
 
 
 def test_engine_refuses_bad_text_sequences(small_artifacts: Artifacts, tokenizer,
