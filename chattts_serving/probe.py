@@ -112,8 +112,9 @@ def _check_models(base: str, timeout_s: float) -> dict[str, Any]:
 def _check_synthesis(grpc_url: str, timeout_s: float, text: str) -> dict[str, Any]:
     from .client import ClientError, SynthesisRequest, iter_chunks
 
+    # the server's own deadline for the request; the entry models accept (0, 3600] s
     request = SynthesisRequest(text=text, max_new_tokens=PROBE_TOKENS, min_new_tokens=PROBE_TOKENS,
-                               priority="realtime", timeout_s=timeout_s)
+                               priority="realtime", timeout_s=min(timeout_s, 3600.0))
     chunks = samples = 0
     try:
         for chunk in iter_chunks(grpc_url, request, timeout_s=timeout_s):
