@@ -1,0 +1,438 @@
+"""Faults and recovery: a model process (Python-backend stub) dies under a real tritonserver.
+
+What Triton 2.51 does when the GPT engine's stub is SIGKILLed (upstream issue
+triton-inference-server/server#8604): ``/v2/health/ready`` and the model's ready state stay
+200/READY, and every later request to the model fails with "Stub process ... is not
+healthy". The tests pin that behaviour, then show what this project adds on top: the deep
+probe (``python -m chattts_serving.probe``) reports it, the entry model's circuit breaker
+fails fast, and ``chattts-serve --restart-on-failure`` restarts the server by itself.
+
+The supervisor's decision logic is unit-tested here too, without a server.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import free_port
+from test_overload import Stream, _serve
+
+from chattts_serving import contract
+from chattts_serving import server as server_mod
+from chattts_serving.client import ClientError, SynthesisRequest, synthesize_stream
+from chattts_serving.probe import ProbeResult, probe
+from chattts_serving.profile import PROFILES_DIR, HealthProfile, ProfileError, load_profile
+from chattts_serving.runtime import Artifacts
+from chattts_serving.server import CheckResult, RestartPolicy, ServerError, Supervisor, TritonServer
+
+BREAKER_FAILURES = 3
+NOT_HEALTHY = "not healthy"  # Triton 2.51's error for a request to a model whose stub died
+BREAKER_OPEN = "server unavailable: engine is failing"  # GuardedBreaker + CircuitBreaker.before()
+
+
+def _probe_cli(*args: str, timeout: float = 120) -> tuple[int, dict[str, Any]]:
+    proc = subprocess.run([sys.executable, "-m", "chattts_serving.probe", *args], capture_output=True, text=True,
+                          timeout=timeout)
+    lines = proc.stdout.strip().splitlines()
+    return proc.returncode, (json.loads(lines[-1]) if lines else {"stderr": proc.stderr})
+
+
+def _urls(srv: TritonServer) -> tuple[str, str]:
+    return f"127.0.0.1:{srv.http_port}", f"127.0.0.1:{srv.grpc_port}"
+
+
+def _status(url: str) -> int:
+    with urllib.request.urlopen(url, timeout=10) as r:
+        return int(r.status)
+
+
+def _engine_stub_pid(repo: Path) -> int | None:
+    out = subprocess.run(["pgrep", "-f", f"{repo}/{contract.MODEL_ENGINE}/1/model.py"], capture_output=True,
+                         text=True).stdout.split()
+    return int(out[0]) if out else None
+
+
+def _kill_engine(srv: TritonServer) -> None:
+    pid = _engine_stub_pid(srv.repo)
+    assert pid is not None, "no GPT engine stub process"
+    os.kill(pid, signal.SIGKILL)
+
+
+# ------------------------------------------------------------------------ real server
+
+@pytest.fixture(scope="module")
+def crashable(small_artifacts: Artifacts, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """One server for the tests below, in file order: fresh, then with its GPT engine's stub
+    killed. Streams give up after 3 s without progress; the breaker opens after 3 failures
+    and stays open for the rest of the module; 2 streams at most (the busy test fills them)."""
+    srv = _serve(small_artifacts, tmp_path_factory.mktemp("crashable"),
+                 entry={"stall_timeout_s": 3.0, "breaker_failures": BREAKER_FAILURES, "breaker_cooldown_s": 3600.0,
+                        "max_concurrent_streams": 2})
+    state: dict[str, Any] = {"server": srv, "killed": False, "failed_requests": 0}
+    try:
+        yield state
+    finally:
+        if srv.proc is not None and srv.proc.poll() is not None:  # diagnose a crash of the server itself
+            print(f"tritonserver exited on its own with {srv.proc.returncode}{srv._tail(60)}")
+        srv.stop()
+
+
+def _killed(state: dict[str, Any]) -> TritonServer:
+    """The module's server with its engine stub dead (killed here if no test did yet)."""
+    srv: TritonServer = state["server"]
+    if not state["killed"]:
+        _kill_engine(srv)
+        state["killed"] = True
+    return srv
+
+
+@pytest.mark.server
+def test_probe_cli_reports_a_fresh_server_healthy(crashable: dict[str, Any]) -> None:
+    http, grpc = _urls(crashable["server"])
+    code, out = _probe_cli("--http-url", http, "--grpc-url", grpc, "--timeout-s", "60")
+    assert code == 0, out
+    assert out["healthy"] is True and out["reason"] == "ok"
+    assert set(out["checks"]) == {"live", "ready", "models", "synthesis"}
+    assert all(c["ok"] for c in out["checks"].values())
+    assert out["checks"]["models"]["models"] == len(contract.ALL_MODELS)
+    assert out["checks"]["synthesis"]["samples"] > 0 and out["checks"]["synthesis"]["busy"] is False
+
+
+@pytest.mark.server
+def test_probe_counts_server_busy_as_healthy(crashable: dict[str, Any]) -> None:
+    srv: TritonServer = crashable["server"]
+    http, grpc = _urls(srv)
+    hogs = [Stream(grpc, "占满所有名额。", i, 2000).start() for i in range(2)]
+    try:
+        for h in hogs:
+            assert h.first_chunk.wait(60) and h.error is None, h.error
+        result = probe(http, grpc, 60)
+    finally:
+        for h in hogs:
+            h.close()
+    assert result.healthy, result.reason
+    assert result.checks["synthesis"]["busy"] is True
+    assert "server busy" in result.checks["synthesis"]["message"]
+    # the cancelled hogs free their slots a moment after the client closed them
+    assert _wait_for(lambda: not probe(http, grpc, 60).checks["synthesis"].get("busy"), 60)
+
+
+@pytest.mark.server
+def test_engine_death_ready_stays_200_but_the_probe_and_the_supervisor_see_it(crashable: dict[str, Any]) -> None:
+    """Kill the GPT engine's stub mid-stream: the stream ends with an explicit error after the
+    stall limit (no hang); Triton 2.51 still says ready; the probe and the supervisor's
+    process check report the failure, naming it."""
+    srv: TritonServer = crashable["server"]
+    http, grpc = _urls(srv)
+    sup = Supervisor(srv, HealthProfile(interval_s=1.0, failures=2, probe_every=0, probe_timeout_s=30.0))
+    sup.baseline()
+    assert sup.expected[contract.MODEL_ENGINE] == 1
+    assert sup.check(with_probe=False).ok
+
+    s = Stream(grpc, "故障测试。", 1, 2000).start()
+    assert s.first_chunk.wait(60) and s.error is None, s.error
+    _killed(crashable)
+    assert s.done.wait(60), "the stream hung after the engine died"
+    s.close()
+    assert s.error is not None and "stopped responding" in s.error, s.error
+
+    # Triton 2.51: the server and the dead model still report ready (upstream #8604).
+    assert _status(f"http://{http}/v2/health/live") == 200
+    assert _status(f"http://{http}/v2/health/ready") == 200
+    assert _status(f"http://{http}/v2/models/{contract.MODEL_ENGINE}/ready") == 200
+
+    # The supervisor's cheap check: the stub is gone.
+    cheap = sup.check(with_probe=False)
+    assert not cheap.ok and contract.MODEL_ENGINE in cheap.reason, cheap
+
+    # The deep probe: states all READY, the synthesis fails with Triton's own message.
+    result = probe(http, grpc, 60)
+    crashable["failed_requests"] += 1
+    assert not result.healthy
+    assert result.checks["ready"]["ok"] and result.checks["models"]["ok"]
+    assert not result.checks["synthesis"]["ok"]
+    assert result.reason.startswith("synthesis:") and NOT_HEALTHY in result.reason, result.reason
+    assert contract.MODEL_ENGINE in result.reason, result.reason
+
+    code, out = _probe_cli("--http-url", http, "--grpc-url", grpc, "--timeout-s", "60")
+    crashable["failed_requests"] += 1
+    assert code == 1 and out["healthy"] is False and NOT_HEALTHY in out["reason"], out
+
+
+@pytest.mark.server
+def test_circuit_breaker_fails_fast_after_breaker_failures(crashable: dict[str, Any]) -> None:
+    """With the engine dead, each request reaches it and fails ("not healthy") until the entry
+    model's engine breaker has seen ``breaker_failures`` failures; from then on requests fail
+    at once with the breaker's own message, without reaching the engine."""
+    srv = _killed(crashable)
+    _, grpc = _urls(srv)
+    before = crashable["failed_requests"]
+    assert before <= BREAKER_FAILURES
+    errors = []
+    for i in range(BREAKER_FAILURES - before + 2):
+        with pytest.raises(ClientError) as exc:
+            synthesize_stream(grpc, SynthesisRequest(text="熔断测试。", seed=i, max_new_tokens=2, min_new_tokens=2),
+                              timeout_s=60)
+        errors.append(exc.value.message)
+    reached = BREAKER_FAILURES - before
+    assert all(NOT_HEALTHY in e for e in errors[:reached]), errors
+    assert all(e.startswith(BREAKER_OPEN) for e in errors[reached:]), errors
+    # and the probe reports the open breaker as a failure (not as "server busy")
+    result = probe(*_urls(srv), timeout_s=60)
+    assert not result.healthy and BREAKER_OPEN in result.reason, result.reason
+
+
+# ------------------------------------------------------------------------ supervised restart
+
+def _events(path: Path) -> list[dict[str, Any]]:
+    out = []
+    for line in path.read_text(errors="replace").splitlines():
+        if line.startswith("{") and '"event"' in line:
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                continue
+    return out
+
+
+def _wait_for(pred: Any, timeout_s: float, proc: subprocess.Popen[str] | None = None) -> bool:
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        if pred():
+            return True
+        if proc is not None and proc.poll() is not None:
+            return bool(pred())
+        time.sleep(0.2)
+    return False
+
+
+@pytest.mark.server
+def test_supervised_server_restarts_itself_after_the_engine_dies(small_artifacts: Artifacts, tmp_path: Path) -> None:
+    text = (PROFILES_DIR / "cpu.toml").read_text()
+    for old, new in (("interval_s = 5.0", "interval_s = 0.5"), ("failures = 3 ", "failures = 2 "),
+                     ("probe_every = 6", "probe_every = 4"), ("probe_timeout_s = 20.0", "probe_timeout_s = 60.0")):
+        assert old in text
+        text = text.replace(old, new)
+    profile = tmp_path / "fast-health.toml"
+    profile.write_text(text)
+    assert load_profile(profile).health.interval_s == 0.5
+    ports = free_port(), free_port(), free_port()
+    events = tmp_path / "serve.stderr"
+    with events.open("w") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "chattts_serving.server", "--profile", str(profile), "--artifacts",
+             str(small_artifacts.root), "--repo", str(tmp_path / "repo"), "--http-port", str(ports[0]),
+             "--grpc-port", str(ports[1]), "--metrics-port", str(ports[2]), "--log", str(tmp_path / "triton.log"),
+             "--restart-on-failure"],
+            stdout=subprocess.PIPE, stderr=err, text=True)
+    grpc = f"127.0.0.1:{ports[1]}"
+    request = SynthesisRequest(text="自动恢复。", max_new_tokens=4, min_new_tokens=4)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert "ready" in line, (line, events.read_text())
+        assert _wait_for(lambda: any(e["event"] == "supervisor_started" for e in _events(events)), 60, proc)
+        assert synthesize_stream(grpc, request, timeout_s=60).audio.size > 0
+        pid = _engine_stub_pid((tmp_path / "repo").resolve())
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)
+        assert _wait_for(lambda: any(e["event"] == "server_restarted" for e in _events(events)), 300, proc), \
+            events.read_text()[-3000:]
+        assert proc.poll() is None
+        # no manual step: the same ports serve again, with a new engine process
+        again = synthesize_stream(grpc, request, timeout_s=60)
+        assert again.audio.size > 0
+        new_pid = _engine_stub_pid((tmp_path / "repo").resolve())
+        assert new_pid is not None and new_pid != pid
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(120) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    log = _events(events)
+    names = [e["event"] for e in log]
+    assert names[0] == "supervisor_started" and log[0]["stubs"][contract.MODEL_ENGINE] == 1
+    failed = names.index("health_check_failed")
+    restarting, restarted = names.index("server_restarting"), names.index("server_restarted")
+    assert failed < restarting < restarted
+    assert contract.MODEL_ENGINE in log[restarting]["reason"] and contract.MODEL_ENGINE in log[failed]["reason"]
+    assert log[restarted]["restarts"] == 1 and "server_restart_failed" not in names
+    # the server log keeps both runs (a restart appends)
+    assert (tmp_path / "triton.log").read_text(errors="replace").count("Started GRPCInferenceService") == 2
+
+
+# ------------------------------------------------------------------------ no server
+
+def test_restart_policy_restarts_after_consecutive_failures_only() -> None:
+    p = RestartPolicy(failures=3, probe_every=0)
+    bad, good = CheckResult(False, "x"), CheckResult(True)
+    assert [p.record(r) for r in (bad, bad, good, bad, bad)] == [False] * 5
+    assert p.record(bad) is True  # the third in a row
+    assert p.consecutive_failures == 0 and p.checks == 0  # history reset for the new server
+    assert not p.probe_due()
+
+
+def test_restart_policy_probes_on_schedule_and_keeps_probing_while_the_probe_fails() -> None:
+    p = RestartPolicy(failures=2, probe_every=3)
+    due = []
+    for _ in range(7):
+        due.append(p.probe_due())
+        p.record(CheckResult(True, probed=due[-1]))
+    assert due == [True, False, False, True, False, False, True]
+    # a failed probe: the next checks probe too, so passing cheap checks cannot reset the count
+    assert p.record(CheckResult(False, "probe: synthesis", probed=True)) is False
+    assert p.probe_due()
+    assert p.record(CheckResult(False, "probe: synthesis", probed=True)) is True
+    p = RestartPolicy(failures=3, probe_every=5)
+    p.record(CheckResult(False, "probe", probed=True))
+    assert p.probe_due()
+    p.record(CheckResult(True, probed=True))  # the probe recovered: back to the schedule
+    assert not p.probe_due() and p.consecutive_failures == 0
+
+
+class _Proc:
+    def __init__(self) -> None:
+        self.returncode: int | None = None
+        self.pid = 0
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+
+class _FakeServer:
+    """Duck-typed TritonServer: stub counts, a process and restart() are scripted."""
+
+    http_port, grpc_port = 1, 2
+
+    def __init__(self, fail_restart: bool = False) -> None:
+        self.proc: _Proc | None = _Proc()
+        self.stubs = Counter({contract.MODEL_ENGINE: 1, contract.MODEL_OFFLINE: 2})
+        self.restarts = 0
+        self.fail_restart = fail_restart
+
+    def stub_counts(self) -> Counter[str]:
+        return Counter(self.stubs)
+
+    def restart(self) -> None:
+        if self.fail_restart:
+            raise ServerError("port 1 is already in use")
+        self.restarts += 1
+        self.stubs = Counter({contract.MODEL_ENGINE: 1, contract.MODEL_OFFLINE: 2})
+
+
+@pytest.fixture()
+def events(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, dict[str, Any]]]:
+    got: list[tuple[str, dict[str, Any]]] = []
+    monkeypatch.setattr(server_mod, "log_event", lambda event, level="info", **f: got.append((event, f)))
+    return got
+
+
+def _supervisor(fake: _FakeServer, probes: list[bool], failures: int = 2, probe_every: int = 0) -> Supervisor:
+    answers = iter(probes)
+
+    def fake_probe(http: str, grpc: str, timeout_s: float) -> ProbeResult:
+        ok = next(answers)
+        return ProbeResult(ok, "ok" if ok else "synthesis: Stub process 'chattts_gpt_0_0' is not healthy.")
+
+    health = HealthProfile(interval_s=0.01, failures=failures, probe_every=probe_every, probe_timeout_s=1.0)
+    sup = Supervisor(fake, health, probe_fn=fake_probe)  # type: ignore[arg-type]
+    sup.baseline()
+    return sup
+
+
+def test_supervisor_restarts_when_a_stub_dies_and_logs_each_event(events: list[tuple[str, dict[str, Any]]]) -> None:
+    fake = _FakeServer()
+    sup = _supervisor(fake, [], failures=2)
+    assert sup.step() is False and not events
+    fake.stubs[contract.MODEL_OFFLINE] -= 1  # one of two instances died
+    assert sup.step() is False
+    assert events[-1][0] == "health_check_failed" and "chattts_offline (1 of 2)" in events[-1][1]["reason"]
+    assert sup.step() is True and fake.restarts == 1
+    assert [e for e, _ in events] == ["health_check_failed", "health_check_failed", "server_restarting",
+                                      "server_restarted"]
+    assert events[-1][1]["restarts"] == 1
+    assert sup.step() is False  # the new server's stubs are the new baseline
+
+
+def test_supervisor_restarts_when_only_the_probe_fails(events: list[tuple[str, dict[str, Any]]]) -> None:
+    fake = _FakeServer()
+    # probe every 3 checks: ok, (cheap), (cheap), fail, fail -> restart on the second failed probe
+    sup = _supervisor(fake, [True, False, False], failures=2, probe_every=3)
+    assert [sup.step() for _ in range(5)] == [False, False, False, False, True]
+    assert fake.restarts == 1
+    assert "probe: synthesis" in events[0][1]["reason"] and events[0][1]["probed"] is True
+
+
+def test_supervisor_counts_a_dead_server_and_raises_when_the_restart_fails(
+        events: list[tuple[str, dict[str, Any]]]) -> None:
+    fake = _FakeServer(fail_restart=True)
+    sup = _supervisor(fake, [], failures=1)
+    assert fake.proc is not None
+    fake.proc.returncode = -9
+    with pytest.raises(ServerError):
+        sup.step()
+    assert "exit code -9" in events[0][1]["reason"]
+    assert [e for e, _ in events] == ["health_check_failed", "server_restarting", "server_restart_failed"]
+
+
+def test_probe_reports_an_unreachable_server_unhealthy_with_exit_code_1() -> None:
+    dead = free_port()
+    code, out = _probe_cli("--http-url", f"127.0.0.1:{dead}", "--grpc-url", f"127.0.0.1:{dead}", "--timeout-s", "10")
+    assert code == 1 and out["healthy"] is False and out["reason"].startswith("live:"), out
+    assert set(out) == {"healthy", "reason", "checks", "duration_ms"}
+
+
+def test_probe_usage_errors_exit_2() -> None:
+    for args in (["--timeout-s", "0"], ["--timeout-s", "soon"], ["--nope"]):
+        proc = subprocess.run([sys.executable, "-m", "chattts_serving.probe", *args], capture_output=True,
+                              text=True, timeout=60)
+        assert proc.returncode == 2, (args, proc.stderr)
+    with pytest.raises(ValueError):
+        probe(timeout_s=0)
+
+
+def test_probe_counts_busy_as_healthy_and_other_errors_as_unhealthy(monkeypatch: pytest.MonkeyPatch) -> None:
+    import chattts_serving.client as client_pkg
+    import chattts_serving.probe as probe_mod
+
+    answers = {"": None}
+
+    def fake_chunks(url: str, request: SynthesisRequest, timeout_s: float) -> Iterator[Any]:
+        assert request.max_new_tokens == request.min_new_tokens == probe_mod.PROBE_TOKENS
+        assert request.priority == "realtime"
+        raise ClientError(answers[""] or "", None)
+        yield
+
+    monkeypatch.setattr(client_pkg, "iter_chunks", fake_chunks)
+    answers[""] = "server busy: 64 streams already live"
+    busy = probe_mod._check_synthesis("x:1", 1.0, "你好。")
+    answers[""] = "server unavailable: engine is failing; not accepting work for 9.0 s more"
+    broken = probe_mod._check_synthesis("x:1", 1.0, "你好。")
+    assert busy["ok"] and busy["busy"]
+    assert not broken["ok"] and "engine is failing" in broken["error"]
+
+
+def test_health_table_is_validated_and_unknown_keys_fail(tmp_path: Path) -> None:
+    base = (PROFILES_DIR / "cpu.toml").read_text()
+    for bad, needle in ((base.replace("failures = 3 ", "failures = 0 "), "failures"),
+                        (base.replace("interval_s = 5.0", "interval_s = 5.0\nrestart_budget = 2"), "restart_budget"),
+                        (base.replace("[health]", "[healthz]"), "health")):
+        path = tmp_path / "bad.toml"
+        path.write_text(bad)
+        with pytest.raises(ProfileError, match=needle):
+            load_profile(path)
+    for name in ("cpu", "gpu"):
+        h = load_profile(name).health
+        assert h.failures >= 1 and h.interval_s > 0 and h.probe_timeout_s > 0
