@@ -85,7 +85,7 @@ class EntryService:
         schedule = self.schedule
         if degraded:
             deg = self.profile.degrade
-            req = replace(req, vocoder="codes",
+            req = replace(req, vocoder="codes", refine=None,
                           params=replace(req.params, max_new_tokens=min(req.params.max_new_tokens,
                                                                         deg.max_new_tokens),
                                          min_new_tokens=min(req.params.min_new_tokens, deg.max_new_tokens)))

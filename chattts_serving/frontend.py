@@ -29,8 +29,9 @@ from typing import Any
 
 import numpy as np
 
-from . import textnorm
+from . import contract, refine, textnorm
 from .runtime import Artifacts
+from .sampling import ParamError
 from .voices import DEFAULT_CACHE_ENTRIES, MAX_VOICE_SEED, SpeakerCache, VoiceBook, VoiceError
 
 log = logging.getLogger("chattts_serving.frontend")
@@ -53,7 +54,9 @@ class Prepared:
     input_ids: (T,) int32 prompt ids; spk_emb: (H,) float32 normalised speaker vector;
     normalized: the text actually spoken (control tokens included, ``[speed_N]`` moved into
     the prompt); dropped: characters that could not be spoken and reserved tokens that were
-    removed, each once in order of appearance; speed: N of the prompt's ``[speed_N]`` (0..9).
+    removed, each once in order of appearance; speed: N of the prompt's ``[speed_N]`` (0..9);
+    refine_ids: (T',) int32 prompt of the refine-text stage for the normalised text
+    (:func:`chattts_serving.refine.refine_prompt_ids`).
     """
 
     input_ids: np.ndarray
@@ -61,6 +64,7 @@ class Prepared:
     normalized: str
     dropped: tuple[str, ...]
     speed: int = textnorm.DEFAULT_SPEED
+    refine_ids: np.ndarray | None = None
 
 
 class FrontEnd:
@@ -108,12 +112,20 @@ class FrontEnd:
             raise FrontendError(msg if msg.startswith(("unknown voice", "voice seed")) else
                                 f"unknown voice: {msg}") from None
 
-    def prepare(self, text: str, voice: str = "") -> Prepared:
-        """Normalise ``text``, build the prompt and tokenize it, and resolve ``voice``.
+    def prepare(self, text: str, voice: str = "", refine_prompt: str = "",
+                refined_ids: np.ndarray | None = None) -> Prepared:
+        """Normalise ``text``, build the prompts and tokenize them, and resolve ``voice``.
+
+        The refine-text prompt (``refine_ids``) is built with ``refine_prompt`` (control
+        tokens, validated by :class:`chattts_serving.refine.RefineParams`). With
+        ``refined_ids`` ((N,) ints the refine stage generated for this same ``text``), the
+        code prompt is built from the refined text instead, not normalised again, as ChatTTS
+        does (:func:`chattts_serving.refine.code_prompt_ids`), and ``normalized`` is that text.
 
         Raises:
             FrontendError: text too long, empty, without anything speakable, or with a control
-                token out of range; or a voice that cannot be resolved.
+                token out of range; a voice that cannot be resolved; an invalid refine prompt
+                or refined ids outside the text vocabulary.
         """
         spoken_chars = len(textnorm.CONTROL_TOKEN.sub("", text))
         if spoken_chars > self.max_text_chars or len(text) > RAW_LENGTH_FACTOR * self.max_text_chars:
@@ -131,11 +143,24 @@ class FrontEnd:
             raise FrontendError("text has nothing speakable after normalisation (only punctuation, symbols or "
                                 f"unsupported characters{what})")
         speed = norm.speed if norm.speed is not None else textnorm.DEFAULT_SPEED
-        prompt = f"[Stts][spk_emb][speed_{speed}]{normalized}[Ptts]"
-        ids = self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        try:
+            refine_ids = refine.refine_prompt_ids(self.tokenizer, normalized,
+                                                  refine.RefineParams(prompt=refine_prompt).validate().prompt)
+        except ParamError as exc:
+            raise FrontendError(str(exc)) from None
+        if refined_ids is not None:
+            ids = np.asarray(refined_ids).reshape(-1)
+            if ids.size and (ids.min() < 0 or ids.max() >= contract.TEXT_VOCAB_SIZE):
+                raise FrontendError(f"refined_ids must be text ids in [0, {contract.TEXT_VOCAB_SIZE})")
+            refined = refine.decode_refined(self.tokenizer, ids)
+            code_ids = refine.code_prompt_ids(self.tokenizer, refined, fallback=normalized, speed=speed)
+            normalized = refine.code_stage_text(refined, normalized)
+        else:
+            prompt = f"[Stts][spk_emb][speed_{speed}]{normalized}[Ptts]"
+            code_ids = np.asarray(self.tokenizer(prompt, add_special_tokens=False)["input_ids"], dtype=np.int32)
         if norm.dropped:
             log.info("characters not spoken: %r", "".join(norm.dropped))
-        return Prepared(np.asarray(ids, dtype=np.int32), spk, normalized, norm.dropped, speed)
+        return Prepared(code_ids.astype(np.int32), spk, normalized, norm.dropped, speed, refine_ids)
 
 
 def _chattts_normalizer() -> Any:

@@ -19,6 +19,7 @@ import numpy as np
 
 from . import contract
 from .chunking import ChunkSchedule, StreamChunker
+from .refine import RefineParams, refine_params_from_inputs
 from .sampling import ParamError, SamplingParams
 from .textnorm import carry_speed
 
@@ -40,7 +41,8 @@ class EntryRequest:
     """A validated entry-point request.
 
     ``priority``: 'realtime' or 'batch'; ``timeout_s``: deadline for the whole request from
-    its arrival, or None; ``request_id``: the client's id (or a generated one) for logs.
+    its arrival, or None; ``request_id``: the client's id (or a generated one) for logs;
+    ``refine``: parameters of the refine-text stage, None to skip it (the default).
     """
 
     text: str
@@ -51,6 +53,7 @@ class EntryRequest:
     priority: str = "realtime"
     timeout_s: float | None = None
     request_id: str = ""
+    refine: RefineParams | None = None
 
 
 @dataclass(frozen=True)
@@ -63,6 +66,8 @@ class FrontendOutput:
     spk_emb: np.ndarray
     normalized_text: str = ""
     dropped: tuple[str, ...] = ()
+    refine_ids: np.ndarray | None = None
+    """(T',) int32 refine-text prompt ids (``[Sbreak]{normalized}[Pbreak]{refine_prompt}``)."""
 
 
 @dataclass(frozen=True)
@@ -94,15 +99,20 @@ returns a function that stops watching."""
 class Stages(Protocol):
     """The three stages the entry models call (BLS in the server)."""
 
-    def frontend(self, text: str, voice: str, request_id: str = "") -> FrontendOutput:
-        """Normalise and tokenize one segment, resolve the voice. Raises RequestError.
-        ``request_id`` (every stage) labels the sub-request for the stage's logs."""
+    def frontend(self, text: str, voice: str, request_id: str = "", refine_prompt: str = "",
+                 refined_ids: np.ndarray | None = None) -> FrontendOutput:
+        """Normalise and tokenize one segment, resolve the voice; with ``refined_ids`` (text
+        ids (N,) from the refine stage for this segment) the code prompt is built from the
+        refined text. Raises RequestError. ``request_id`` (every stage) labels the
+        sub-request for the stage's logs."""
 
-    def generate(self, input_ids: np.ndarray, spk_emb: np.ndarray, params: SamplingParams,
+    def generate(self, input_ids: np.ndarray, spk_emb: np.ndarray | None, params: SamplingParams,
                  emit_tokens: int, priority: int = 0, timeout_s: float | None = None,
-                 first_emit_tokens: int = 0, request_id: str = "") -> TokenStream:
+                 first_emit_tokens: int = 0, request_id: str = "", mode: str = "code") -> TokenStream:
         """Start a sequence on the engine (``priority`` 0 realtime / 1 batch; ``timeout_s``
-        after which the engine ends it with an error). Iterating raises RequestError."""
+        after which the engine ends it with an error; ``mode`` 'code', or 'text' for the
+        refine stage: no speaker, codes (N, 4) carry the text id in every column). Iterating
+        raises RequestError."""
 
     def vocode(self, path: str, window: np.ndarray, request_id: str = "") -> np.ndarray:
         """Window (T, H) float32 or (T, 4) int32 -> audio (512T-256,) float32. Raises RequestError."""
@@ -205,7 +215,26 @@ def parse_entry(inputs: Mapping[str, np.ndarray], max_new_tokens_cap: int, defau
             lookahead = int(v)
         elif spec.name == "lookahead_tokens" and v == 0:
             raise RequestError("lookahead_tokens must be >= 1 (or -1 for the default)")
-    return EntryRequest(text, voice, vocoder, params, lookahead, priority, timeout_s, request_id)
+    return EntryRequest(text, voice, vocoder, params, lookahead, priority, timeout_s, request_id,
+                        _refine_input(inputs, max_new_tokens_cap))
+
+
+def _refine_input(inputs: Mapping[str, np.ndarray], max_new_tokens_cap: int) -> RefineParams | None:
+    """RefineParams when ``refine_text`` is true, else None. Raises RequestError, also for
+    ``refine_*`` inputs sent without ``refine_text`` (they would be ignored silently)."""
+    flag = inputs.get(contract.IN_REFINE_TEXT.name)
+    on = False
+    if flag is not None:
+        if flag.size != 1 or flag.dtype != np.bool_:
+            raise RequestError(f"input '{contract.IN_REFINE_TEXT.name}' must be one BOOL")
+        on = bool(flag.reshape(-1)[0])
+    prompt = string_input(inputs, contract.IN_REFINE_PROMPT.name, required=False)
+    given = sorted(k for k in inputs if k.startswith(contract.REFINE_PREFIX) and k != contract.IN_REFINE_TEXT.name)
+    if not on:
+        if given:
+            raise RequestError(f"{given} need refine_text=true")
+        return None
+    return refine_params_from_inputs(inputs, max_new_tokens_cap, prefix=contract.REFINE_PREFIX, prompt=prompt or "")
 
 
 @dataclass
@@ -238,7 +267,8 @@ def info_json(req: EntryRequest, result: StreamResult, final: bool, degraded: bo
     info: dict[str, object] = {
         "request_id": req.request_id, "sample_rate_hz": contract.SAMPLE_RATE_HZ,
         "normalized_text": result.normalized_text, "dropped": result.dropped,
-        "segments": len(result.normalized_text), "vocoder": req.vocoder, "degraded": degraded, "final": final}
+        "segments": len(result.normalized_text), "vocoder": req.vocoder, "refined": req.refine is not None,
+        "degraded": degraded, "final": final}
     if final:
         info.update(audio_s=round(result.samples / contract.SAMPLE_RATE_HZ, 6), chunks=result.chunks,
                     tokens=result.tokens, capped_segments=result.capped_segments, stop_reason=result.stop_reason)
@@ -315,6 +345,42 @@ def _check_deadline(req: EntryRequest, t0: float) -> float | None:
     return left
 
 
+def prepare_segments(req: EntryRequest, stages: Stages, t0: float) -> list[FrontendOutput]:
+    """Split the text into segments (:func:`split_segments`) and run the front end on each;
+    with ``req.refine``, run the refine-text stage for all segments at once (one engine
+    text-mode sequence each, batched together) and build each code prompt from its refined
+    text, as ChatTTS' ``_infer`` does (refine, then ``_infer_code`` on the refined text).
+    Raises RequestError (DeadlineExceeded past ``req.timeout_s`` counted from ``t0``)."""
+    segments = carry_speed(split_segments(req.text))
+    prompt = req.refine.prompt if req.refine is not None else ""
+    prepared = [stages.frontend(seg, req.voice, req.request_id, prompt) for seg in segments]
+    if req.refine is None:
+        return prepared
+    params = req.refine.sampling_params()
+    streams = [stages.generate(p.refine_ids if p.refine_ids is not None else np.zeros(0, np.int32), None, params,
+                               req.refine.max_new_tokens, contract.PRIORITIES[req.priority], _check_deadline(req, t0),
+                               request_id=req.request_id, mode="text") for p in prepared]
+    refined = []
+    for stream in streams:
+        ids: list[np.ndarray] = []
+        ended = False
+        try:
+            for batch in stream:
+                ids.append(np.asarray(batch.codes)[:, 0])
+                if batch.stop_reason:
+                    ended = True
+                    if batch.stop_reason == contract.STOP_CANCELLED:
+                        raise RequestError("cancelled during refine-text", CANCELLED)
+                    break
+        finally:
+            if not ended:
+                stream.cancel()
+        refined.append(np.concatenate(ids).astype(np.int32) if ids else np.zeros(0, np.int32))
+    _check_deadline(req, t0)
+    return [stages.frontend(seg, req.voice, req.request_id, prompt, refined_ids=r)
+            for seg, r in zip(segments, refined, strict=True)]
+
+
 def stream_audio(req: EntryRequest, stages: Stages, schedule: ChunkSchedule, emit_tokens: int,
                  send: Callable[[np.ndarray], None], cancelled: Callable[[], bool],
                  t0: float | None = None, watch: Watch | None = None,
@@ -335,8 +401,7 @@ def stream_audio(req: EntryRequest, stages: Stages, schedule: ChunkSchedule, emi
     if req.lookahead_tokens is not None:
         schedule = schedule.with_lookahead(req.lookahead_tokens)
     result = StreamResult() if result is None else result
-    segments = carry_speed(split_segments(req.text))
-    prepared = [stages.frontend(seg, req.voice, req.request_id) for seg in segments]
+    prepared = prepare_segments(req, stages, t0)
     result.add_prepared(prepared)
     for index, seg in enumerate(prepared):
         result.segments += 1
@@ -407,7 +472,7 @@ def offline_audio(req: EntryRequest, stages: Stages, emit_tokens: int = 64,
     t0 = time.monotonic() if t0 is None else t0
     result = StreamResult()
     pieces = []
-    prepared = [stages.frontend(seg, req.voice, req.request_id) for seg in carry_speed(split_segments(req.text))]
+    prepared = prepare_segments(req, stages, t0)
     result.add_prepared(prepared)
     for index, seg in enumerate(prepared):
         store = _TokenStore()

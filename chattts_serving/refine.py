@@ -54,23 +54,10 @@ PROMPT_TOKEN: Final = re.compile(r"\[(?:oral_[0-9]|laugh_[0-2]|break_[0-7])\]")
 ``RefineTextParams(prompt='[oral_2][laugh_0][break_6]')``)."""
 MAX_PROMPT_TOKENS: Final = 16
 
-REFINE_PARAMS: Final = (
-    contract.ParamSpec("temperature", "TYPE_FP32", 0.7, 0.0, 5.0, low_inclusive=False,
-                       doc="refine-text softmax temperature, > 0"),
-    contract.ParamSpec("top_p", "TYPE_FP32", 0.7, 0.0, 1.0, low_inclusive=False,
-                       doc="refine-text nucleus mass, (0, 1]"),
-    contract.ParamSpec("top_k", "TYPE_INT32", 20, 1, contract.TEXT_VOCAB_SIZE,
-                       doc="refine-text candidates kept (ChatTTS keeps at least 3)"),
-    contract.ParamSpec("repetition_penalty", "TYPE_FP32", 1.0, 1.0, 10.0,
-                       doc="penalty over the last 16 refined tokens, >= 1 (ChatTTS: 1.0)"),
-    contract.ParamSpec("max_new_tokens", "TYPE_INT32", 384, 1, 4096, doc="refined tokens at most"),
-    contract.ParamSpec("min_new_tokens", "TYPE_INT32", 0, 0, 4096, doc="[Ebreak] suppressed before this many tokens"),
-    contract.ParamSpec("seed", "TYPE_INT64", 0, 0, 2**63 - 1, doc="seed of the refine sampler"),
-)
-"""Numeric refine parameters: defaults are ChatTTS 0.2.5's ``Chat.RefineTextParams``
-(``ChatTTS/core.py``: top_P 0.7, top_K 20, temperature 0.7, repetition_penalty 1.0,
-max_new_token 384, min_new_token 0); ranges as the code stage's ``contract.SAMPLING_PARAMS``
-with top_k up to the text vocabulary (21178). ``spec.tensor()`` gives an optional [1] input."""
+REFINE_PARAMS: Final = contract.REFINE_PARAMS
+"""Numeric refine parameters (see ``contract.REFINE_PARAMS``): defaults are ChatTTS 0.2.5's
+``Chat.RefineTextParams``; ranges as the code stage's ``contract.SAMPLING_PARAMS`` with top_k
+up to the text vocabulary (21178). ``spec.tensor()`` gives an optional [1] input."""
 
 _SPEC = {p.name: p for p in REFINE_PARAMS}
 

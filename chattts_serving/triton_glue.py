@@ -35,6 +35,7 @@ from .pipeline import (
     string_input,
 )
 from .profile import Profile, profile_from_json
+from .refine import refine_params_from_inputs
 from .resilience import CircuitBreaker, CircuitOpen
 from .runtime import Artifacts
 from .sampling import SamplingParams
@@ -236,7 +237,8 @@ def engine_control(inputs: dict[str, np.ndarray]) -> tuple[str, str]:
 @dataclass(frozen=True)
 class EngineArgs:
     """A validated GPT-engine request: prompt ids (T,) int64, spk_emb (H,) float32 or None,
-    sampling parameters, tokens per response, scheduling class, timeout in s or None."""
+    sampling parameters, tokens per response, scheduling class, timeout in s or None, and the
+    sequence mode ('code' or 'text')."""
 
     input_ids: np.ndarray
     spk_emb: np.ndarray | None
@@ -245,10 +247,16 @@ class EngineArgs:
     priority: int
     timeout_s: float | None
     first_emit_tokens: int = 0
+    mode: str = "code"
 
 
 def engine_sequence_args(inputs: dict[str, np.ndarray], hidden_size: int, max_new_tokens_cap: int) -> EngineArgs:
-    """Validate a GPT-engine request. Raises RequestError."""
+    """Validate a GPT-engine request. In text mode (refine-text) the sampling inputs take
+    ``contract.REFINE_PARAMS``' defaults and ranges and a speaker vector is refused.
+    Raises RequestError."""
+    mode = (string_input(inputs, contract.EN_MODE.name, required=False) or "code").strip()
+    if mode not in ("code", "text"):
+        raise RequestError(f"mode must be 'code' or 'text', got {mode!r}")
     ids = inputs.get(contract.FE_INPUT_IDS.name)
     if ids is None:
         raise RequestError("missing required input 'input_ids'")
@@ -256,16 +264,21 @@ def engine_sequence_args(inputs: dict[str, np.ndarray], hidden_size: int, max_ne
         raise RequestError("input_ids must be a non-empty 1-D INT32 tensor")
     if ids.min() < 0 or ids.max() >= contract.TEXT_VOCAB_SIZE:
         raise RequestError(f"input_ids must be in [0, {contract.TEXT_VOCAB_SIZE})")
-    spk = inputs.get(contract.FE_SPK_EMB.name)
+    spk = inputs.get(contract.EN_SPK_EMB.name)
     if spk is not None and (spk.dtype != np.float32 or spk.shape != (hidden_size,) or not np.isfinite(spk).all()):
         raise RequestError(f"spk_emb must be a finite FP32 tensor of shape [{hidden_size}]")
-    params = sampling_input(inputs, max_new_tokens_cap)
+    if mode == "text":
+        if spk is not None:
+            raise RequestError("a text-mode (refine) sequence takes no spk_emb")
+        params = refine_params_from_inputs(inputs, max_new_tokens_cap).sampling_params()
+    else:
+        params = sampling_input(inputs, max_new_tokens_cap)
     emit_tokens = _int_input(inputs, contract.EN_EMIT_TOKENS.name, 1, 1, 4096)
     first_emit = _int_input(inputs, contract.EN_FIRST_EMIT.name, 0, 0, 4096)
     priority = _int_input(inputs, contract.EN_PRIORITY.name, 0, 0, max(contract.PRIORITIES.values()))
     timeout_ms = _int_input(inputs, contract.EN_TIMEOUT_MS.name, 0, 0, 3_600_000)
     return EngineArgs(ids.astype(np.int64), spk, params, emit_tokens, priority, timeout_ms / 1000 or None,
-                      first_emit)
+                      first_emit, mode)
 
 
 def _int_input(inputs: dict[str, np.ndarray], name: str, default: int, low: int, high: int) -> int:
@@ -302,13 +315,17 @@ class BlsStages:
             raise err
         breaker.success()
 
-    def frontend(self, text: str, voice: str, request_id: str = "") -> FrontendOutput:
+    def frontend(self, text: str, voice: str, request_id: str = "", refine_prompt: str = "",
+                 refined_ids: np.ndarray | None = None) -> FrontendOutput:
         pb = self.pb
         self.breakers["frontend"].before_or_raise()
-        req = pb.InferenceRequest(
-            model_name=contract.MODEL_FRONTEND, request_id=request_id,
-            inputs=[string_tensor(pb, contract.IN_TEXT.name, text), string_tensor(pb, contract.IN_VOICE.name, voice)],
-            requested_output_names=[t.name for t in contract.FRONTEND_OUTPUTS])
+        inputs = [string_tensor(pb, contract.IN_TEXT.name, text), string_tensor(pb, contract.IN_VOICE.name, voice)]
+        if refine_prompt:
+            inputs.append(string_tensor(pb, contract.IN_REFINE_PROMPT.name, refine_prompt))
+        if refined_ids is not None:
+            inputs.append(pb.Tensor(contract.FE_REFINED_IDS.name, np.ascontiguousarray(refined_ids, np.int32)))
+        req = pb.InferenceRequest(model_name=contract.MODEL_FRONTEND, request_id=request_id, inputs=inputs,
+                                  requested_output_names=[t.name for t in contract.FRONTEND_OUTPUTS])
         resp = req.exec()
         self._raise_if_error(resp, "frontend")
 
@@ -317,14 +334,15 @@ class BlsStages:
 
         return FrontendOutput(out(contract.FE_INPUT_IDS), out(contract.FE_SPK_EMB),
                               _first_string(out(contract.FE_NORMALIZED)),
-                              tuple(json.loads(_first_string(out(contract.FE_DROPPED)) or "[]")))
+                              tuple(json.loads(_first_string(out(contract.FE_DROPPED)) or "[]")),
+                              out(contract.FE_REFINE_IDS))
 
-    def generate(self, input_ids: np.ndarray, spk_emb: np.ndarray, params: SamplingParams,
+    def generate(self, input_ids: np.ndarray, spk_emb: np.ndarray | None, params: SamplingParams,
                  emit_tokens: int, priority: int = 0, timeout_s: float | None = None,
-                 first_emit_tokens: int = 0, request_id: str = "") -> EngineStream:
+                 first_emit_tokens: int = 0, request_id: str = "", mode: str = "code") -> EngineStream:
         self.breakers["engine"].before_or_raise()
         return EngineStream(self.pb, input_ids, spk_emb, params, emit_tokens, priority, timeout_s,
-                            self.breakers["engine"], first_emit_tokens, request_id)
+                            self.breakers["engine"], first_emit_tokens, request_id, mode)
 
     def vocode(self, path: str, window: np.ndarray, request_id: str = "") -> np.ndarray:
         pb = self.pb
@@ -362,18 +380,21 @@ class EngineStream:
     :class:`TokenBatch` es; :meth:`cancel` ends it early (Triton 2.51's BLS cannot cancel a
     request it sent, so a control request names the sequence by its ``stream_id``)."""
 
-    def __init__(self, pb: Any, input_ids: np.ndarray, spk_emb: np.ndarray, params: SamplingParams,
+    def __init__(self, pb: Any, input_ids: np.ndarray, spk_emb: np.ndarray | None, params: SamplingParams,
                  emit_tokens: int, priority: int = 0, timeout_s: float | None = None,
-                 breaker: GuardedBreaker | None = None, first_emit_tokens: int = 0, request_id: str = "") -> None:
+                 breaker: GuardedBreaker | None = None, first_emit_tokens: int = 0, request_id: str = "",
+                 mode: str = "code") -> None:
         self.pb = pb
         self.breaker = breaker
         self.stream_id = uuid.uuid4().hex
         inputs = [pb.Tensor(contract.FE_INPUT_IDS.name, input_ids.astype(np.int32)),
-                  pb.Tensor(contract.FE_SPK_EMB.name, spk_emb.astype(np.float32)),
+                  string_tensor(pb, contract.EN_MODE.name, mode),
                   pb.Tensor(contract.EN_EMIT_TOKENS.name, np.array([emit_tokens], np.int32)),
                   string_tensor(pb, contract.EN_STREAM_ID.name, self.stream_id),
                   pb.Tensor(contract.EN_PRIORITY.name, np.array([priority], np.int32)),
                   pb.Tensor(contract.EN_FIRST_EMIT.name, np.array([first_emit_tokens], np.int32))]
+        if spk_emb is not None:
+            inputs.append(pb.Tensor(contract.EN_SPK_EMB.name, spk_emb.astype(np.float32)))
         if timeout_s is not None:
             inputs.append(pb.Tensor(contract.EN_TIMEOUT_MS.name, np.array([int(timeout_s * 1000) + 1], np.int64)))
         for spec in contract.SAMPLING_PARAMS:

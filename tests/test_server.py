@@ -147,6 +147,11 @@ BAD_INPUTS = [
     ("emoji only", [_input("text", "😀🎉")], "nothing speakable"),
     ("negative top_k", [_input("text", "你好"), _input("top_k", -4)], "top_k"),
     ("huge seed voice", [_input("text", "你好"), _input("voice", "-1")], "out of range"),
+    ("refine parameter without refine_text", [_input("text", "你好"), _input("refine_top_k", 5)], "refine_text"),
+    ("refine prompt not control tokens", [_input("text", "你好"), _input("refine_text", True),
+                                          _input("refine_prompt", "说慢一点")], "refine_prompt"),
+    ("refine temperature zero", [_input("text", "你好"), _input("refine_text", True),
+                                 _input("refine_temperature", 0.0)], "refine_temperature"),
 ]
 
 ACCEPTED_INPUTS = [
@@ -200,3 +205,52 @@ def test_offline_http_errors_use_http_status(triton_server) -> None:
 def test_server_still_streams_after_bad_inputs(triton_server) -> None:
     chunks, err = stream(triton_server.grpc_url, _request(TEXTS[1], 5, 30))
     assert err is None and sum(c.size for c in chunks) == contract.samples_for_tokens(30)
+
+
+def test_refine_text_speaks_the_text_the_engine_refined(triton_server) -> None:
+    """refine_text runs ChatTTS' refine stage in the engine: the code stage speaks exactly the
+    refined text that the same front end and engine produce in-process, deterministically."""
+    from chattts_serving.client import SynthesisRequest, synthesize_sse, synthesize_stream
+    from chattts_serving.engine import Engine, EngineConfig
+    from chattts_serving.frontend import FrontEnd
+    from chattts_serving.profile import load_profile
+    from chattts_serving.refine import RefineParams, refine_sequence, text_ids
+    from chattts_serving.runtime import Embeddings, GptStepRunner
+
+    text, n = TEXTS[0], 12
+    req = SynthesisRequest(text=text, seed=3, max_new_tokens=30, refine_text=True, refine_max_new_tokens=n,
+                           refine_min_new_tokens=n, refine_seed=5)
+    first = synthesize_stream(triton_server.grpc_url, req)
+    again = synthesize_sse(triton_server.http_url, req)
+    plain = synthesize_stream(triton_server.grpc_url, SynthesisRequest(text=text, seed=3, max_new_tokens=30))
+    assert first.info["refined"] is True and plain.info["refined"] is False
+    np.testing.assert_array_equal(first.audio, again.audio)
+    assert first.info["normalized_text"] == again.info["normalized_text"]
+
+    art = triton_server.artifacts
+    fp = load_profile("cpu").frontend
+    fe = FrontEnd(art, fp.max_text_chars, fp.default_voice_seed)
+    prepared = fe.prepare(text)
+    assert plain.info["normalized_text"] == [prepared.normalized]
+    engine = Engine(GptStepRunner(art), Embeddings(art), EngineConfig())
+
+    class Sink:
+        def __init__(self) -> None:
+            self.codes: list[np.ndarray] = []
+
+        def tokens(self, codes: np.ndarray, hidden: np.ndarray, stop_reason: str) -> None:
+            self.codes.append(codes)
+
+        def error(self, message: str) -> None:
+            raise AssertionError(message)
+
+        def cancelled(self) -> bool:
+            return False
+
+    sink = Sink()
+    engine.submit(refine_sequence(prepared.refine_ids, RefineParams(max_new_tokens=n, min_new_tokens=n, seed=5), sink))
+    while engine.live_count():
+        engine.run_once()
+    refined = fe.prepare(text, refined_ids=text_ids(np.concatenate(sink.codes)))
+    assert len(text_ids(np.concatenate(sink.codes))) == n
+    assert first.info["normalized_text"] == [refined.normalized]

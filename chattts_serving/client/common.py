@@ -52,7 +52,10 @@ class SynthesisRequest:
     INT32 (tokens; 1 token = ``contract.SAMPLES_PER_TOKEN`` samples). vocoder: 'hidden' or
     'codes'. lookahead_tokens: right context per streamed chunk in tokens (INT32, streaming
     only; -1 = server default). priority: 'realtime' or 'batch'. timeout_s: deadline for the
-    whole request in seconds (FP32). request_id: Triton request id (not a tensor): echoed in
+    whole request in seconds (FP32). refine_text: run ChatTTS' refine-text stage first (BOOL);
+    refine_prompt: its control tokens, e.g. '[oral_2][laugh_0][break_6]'; refine_temperature,
+    refine_top_p, refine_top_k, refine_max_new_tokens, refine_min_new_tokens, refine_seed: its sampling (defaults in
+    ``contract.REFINE_PARAMS``). request_id: Triton request id (not a tensor): echoed in
     every response's ``id`` and in ``info``; the server generates one when it is None.
     """
 
@@ -69,6 +72,14 @@ class SynthesisRequest:
     lookahead_tokens: int | None = None
     priority: str | None = None
     timeout_s: float | None = None
+    refine_text: bool | None = None
+    refine_prompt: str | None = None
+    refine_temperature: float | None = None
+    refine_top_p: float | None = None
+    refine_top_k: int | None = None
+    refine_max_new_tokens: int | None = None
+    refine_min_new_tokens: int | None = None
+    refine_seed: int | None = None
     request_id: str | None = None
 
     def tensors(self) -> Iterator[tuple[str, np.ndarray, str]]:
@@ -89,14 +100,16 @@ class SynthesisRequest:
                 arr = np.array([value], dtype=spec.np_dtype)
             yield spec.name, arr, spec.client_dtype
 
-    def json_inputs(self) -> dict[str, str | int | float]:
-        """The set fields as a JSON object for ``generate_stream``: strings plain, INT32/INT64
-        as JSON integers, FP32 as JSON floats."""
-        out: dict[str, str | int | float] = {}
+    def json_inputs(self) -> dict[str, str | int | float | bool]:
+        """The set fields as a JSON object for ``generate_stream``: strings plain, BOOL as JSON
+        booleans, INT32/INT64 as JSON integers, FP32 as JSON floats."""
+        out: dict[str, str | int | float | bool] = {}
         for name, arr, _ in self.tensors():
             v = arr[0]
             if isinstance(v, bytes):
                 out[name] = v.decode("utf-8")
+            elif arr.dtype == np.bool_:
+                out[name] = bool(v)
             elif arr.dtype.kind in "iu":
                 out[name] = int(v)
             else:

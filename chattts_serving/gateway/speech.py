@@ -57,7 +57,8 @@ class SpeechRequest(BaseModel):
     Extensions (optional, passed to the ``chattts`` model, which validates them): ``seed``
     (sampler seed: same input, voice and seed give the same audio), ``temperature``,
     ``top_p``, ``top_k``, ``repetition_penalty``, ``max_new_tokens``, ``min_new_tokens``,
-    ``vocoder`` ('hidden' or 'codes'), ``lookahead_tokens``.
+    ``vocoder`` ('hidden' or 'codes'), ``lookahead_tokens``, ``refine_text`` (ChatTTS'
+    refine-text stage first), ``refine_prompt``.
     """
 
     model_config = ConfigDict(extra="ignore")
@@ -78,6 +79,8 @@ class SpeechRequest(BaseModel):
     min_new_tokens: int | None = None
     vocoder: str | None = None
     lookahead_tokens: int | None = None
+    refine_text: bool | None = None
+    refine_prompt: str | None = None
 
     @property
     def voice_string(self) -> str:
@@ -119,7 +122,8 @@ def build_request(req: SpeechRequest, models: tuple[str, ...], max_input_chars: 
     return SynthesisRequest(text=text, voice=voice, seed=req.seed, temperature=req.temperature, top_p=req.top_p,
                             top_k=req.top_k, repetition_penalty=req.repetition_penalty,
                             max_new_tokens=req.max_new_tokens, min_new_tokens=req.min_new_tokens,
-                            vocoder=req.vocoder, lookahead_tokens=req.lookahead_tokens)
+                            vocoder=req.vocoder, lookahead_tokens=req.lookahead_tokens,
+                            refine_text=req.refine_text, refine_prompt=req.refine_prompt)
 
 
 class EncodedStream:

@@ -1,6 +1,7 @@
-"""chattts_frontend: text (BYTES [1]) + voice (BYTES [1], optional) -> input_ids (INT32 [T]),
-spk_emb (FP32 [H], L2-normalised), normalized_text (BYTES [1]), dropped (BYTES [1], JSON list
-of what is not spoken). Logic: chattts_serving.frontend."""
+"""chattts_frontend: text (BYTES [1]) + voice, refine_prompt (BYTES [1]) and refined_ids
+(INT32 [N], the refine stage's output), all optional -> input_ids (INT32 [T]), spk_emb (FP32
+[H], L2-normalised), normalized_text (BYTES [1]), dropped (BYTES [1], JSON list of what is not
+spoken), refine_ids (INT32 [T'], the refine-text prompt). Logic: chattts_serving.frontend."""
 
 import json
 
@@ -28,8 +29,10 @@ class TritonPythonModel:
             inputs = glue.request_inputs(pb_utils, request, contract.FRONTEND_INPUTS)
             text = string_input(inputs, contract.IN_TEXT.name, required=True)
             voice = string_input(inputs, contract.IN_VOICE.name, required=False) or ""
+            prompt = string_input(inputs, contract.IN_REFINE_PROMPT.name, required=False) or ""
+            refined = inputs.get(contract.FE_REFINED_IDS.name)
             try:
-                p = self.frontend.prepare(text, voice)
+                p = self.frontend.prepare(text, voice, prompt, refined)
             except FrontendError as exc:
                 raise RequestError(str(exc)) from None
         except RequestError as exc:
@@ -38,4 +41,5 @@ class TritonPythonModel:
             pb_utils.Tensor(contract.FE_INPUT_IDS.name, p.input_ids),
             pb_utils.Tensor(contract.FE_SPK_EMB.name, p.spk_emb.astype(np.float32)),
             glue.string_tensor(pb_utils, contract.FE_NORMALIZED.name, p.normalized),
-            glue.string_tensor(pb_utils, contract.FE_DROPPED.name, json.dumps(list(p.dropped), ensure_ascii=False))])
+            glue.string_tensor(pb_utils, contract.FE_DROPPED.name, json.dumps(list(p.dropped), ensure_ascii=False)),
+            pb_utils.Tensor(contract.FE_REFINE_IDS.name, p.refine_ids)])

@@ -24,7 +24,7 @@ class TritonPythonModel:
         self.metrics = EngineMetrics(pb_utils, setup.name, ep.max_batch_size * ep.max_context_tokens,
                                      MemoryGauges(pb_utils, setup.name, setup.gpu_index))
         self.engine = Engine(runner, Embeddings(setup.artifacts), ep.engine_config(), self.metrics)
-        self.engine.warm_up()
+        self.engine.warm_up(text_head=self.engine.emb.has_text_head)  # refine-text needs the text head
         self.engine.start()
 
     def execute(self, requests):
@@ -41,7 +41,7 @@ class TritonPythonModel:
                 deadline = time.monotonic() + a.timeout_s if a.timeout_s else None
                 try:
                     sink = glue.SenderSink(pb_utils, sender, self.name, request.request_id(), a.input_ids.size)
-                    self.engine.submit(Sequence(a.input_ids, a.spk_emb, a.params, sink,
+                    self.engine.submit(Sequence(a.input_ids, a.spk_emb, a.params, sink, mode=a.mode,
                                                 emit_tokens=a.emit_tokens, first_emit_tokens=a.first_emit_tokens,
                                                 priority=a.priority, deadline_s=deadline,
                                                 request_id=stream_id or request.request_id()))
