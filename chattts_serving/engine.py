@@ -21,7 +21,12 @@ embedded with ``emb_text``, logits from the text head on the step's hidden outpu
 The KV cache lives in per-layer buffers of the engine, (rows, heads, capacity, head_dim),
 rows right-aligned and advancing together: each step the graph reads the buffers (unused
 columns masked) and returns only the new position's keys and values, which are written into
-the next column in place; the buffers grow by ``KV_GROWTH`` columns when full. Nothing here
+the next column in place; the buffers grow by ``KV_GROWTH`` columns when full. The mask has
+one more column than the buffers, always 1: the new position of the next step, so that it is
+passed to the graph as it is. KV buffers and mask are arrays of the runner's
+:class:`~chattts_serving.arrays.ArrayBackend`: numpy on the host, or (IO binding on the CUDA
+execution provider) cupy in device memory, where they stay: a decode step uploads only the
+embeddings (B, 1, H) and downloads logits and hidden (:meth:`GptStepRunner.step`). Nothing here
 imports Triton: the Triton model binds a :class:`TokenSink` to its response sender.
 """
 
@@ -34,7 +39,7 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -201,8 +206,9 @@ class Engine:
         self._waiting: list[tuple[int, int, Sequence]] = []  # heap of (priority, order, seq)
         self._order = itertools.count()
         self._running: list[Sequence] = []
-        self._kv: list[np.ndarray] = []
-        self._mask = np.zeros((0, 0), np.int64)  # (rows, capacity); columns >= _width unused
+        self._xp = runner.backend
+        self._kv: list[Any] = []  # per layer K, V: (rows, heads, capacity, head_dim) float32
+        self._mask: Any = self._xp.zeros((0, 1), np.int64)  # (rows, capacity + 1); >= _width unused, last 1
         self._width = 0
         self._stop = False
         self._thread: threading.Thread | None = None
@@ -265,15 +271,17 @@ class Engine:
         ``text_head``: also load the refine-text head now (65 MB at H=768) instead of at the
         first text-mode sequence; RuntimeError when the artifacts lack it."""
         h = self.emb.emb_text.shape[1]
+        xp = self._xp
         if text_head:
             self.emb.text_logits(np.zeros((1, h), np.float32))
-        self.runner.run(np.zeros((1, prompt_tokens, h), np.float32), np.ones((1, prompt_tokens), np.int64),
-                        self.runner.empty_past(1))
+        self.runner.step(np.zeros((1, prompt_tokens, h), np.float32),
+                         xp.to_device(np.ones((1, prompt_tokens), np.int64)), self.runner.empty_past(1))
         heads, hd = self.runner.art.num_heads, self.runner.art.head_dim
         for b in batch_sizes:
             b = min(b, self.config.max_batch_size)
-            past = [np.zeros((b, heads, past_tokens, hd), np.float32) for _ in range(2 * self.runner.layers)]
-            self.runner.run(np.zeros((b, 1, h), np.float32), np.ones((b, past_tokens + 1), np.int64), past)
+            past = [xp.zeros((b, heads, past_tokens, hd), np.float32) for _ in range(2 * self.runner.layers)]
+            self.runner.step(np.zeros((b, 1, h), np.float32), xp.to_device(np.ones((b, past_tokens + 1), np.int64)),
+                             past)
 
     def start(self) -> None:
         """Start the scheduling thread."""
@@ -309,7 +317,7 @@ class Engine:
                 with self._cv:
                     victims = [s for s in self._running if not s.done]
                     self._running = []
-                    self._kv, self._mask, self._width = [], np.zeros((0, 0), np.int64), 0
+                    self._release_kv()
                 for s in victims:
                     self._fail(s, f"engine step failed: {type(exc).__name__}")
 
@@ -354,11 +362,15 @@ class Engine:
         if leftover or len(dead) * 2 > len(rows) or (rows and len(dead) == len(rows)):
             self._rebuild(leftover)
 
+    def _release_kv(self) -> None:
+        """Drop the KV buffers (the batch is empty)."""
+        self._kv, self._mask, self._width = [], self._xp.zeros((0, 1), np.int64), 0
+
     def _fill_row(self, r: int, s: Sequence) -> None:
         """Copy newcomer ``s``'s prefill KV right-aligned into dead row ``r``."""
         assert s.prefill_kv is not None
         width, n, pw = self._width, s.length, s.prefill_width
-        self._mask[r] = 0
+        self._mask[r, :-1] = 0
         self._mask[r, width - n:width] = 1
         for j, src in enumerate(s.prefill_kv):
             self._kv[j][r, :, width - n:width] = src[0, :, pw - n:pw]
@@ -401,7 +413,7 @@ class Engine:
             n = len(s.prompt_ids)
             embeds[i, width - n:] = self.emb.prompt(s.prompt_ids, s.spk_emb)
             mask[i, width - n:] = 1
-        logits, hidden, present = self.runner.run(embeds, mask, self.runner.empty_past(len(seqs)))
+        logits, hidden, present = self.runner.step(embeds, self._xp.to_device(mask), self.runner.empty_past(len(seqs)))
         with self._stats_lock:
             self.stats_data.prefill_calls += 1
         for i, s in enumerate(seqs):
@@ -421,15 +433,16 @@ class Engine:
         with self._stats_lock:
             self.stats_data.rebuilds += 1
         if not keep:
-            self._kv, self._mask, self._width = [], np.zeros((0, 0), np.int64), 0
+            self._release_kv()
             self.observer.idle()
             return
         width = max(s.length for s in keep)
         cap = width + KV_GROWTH
         n_layers2 = 2 * self.runner.layers
         heads, hd = self.runner.art.num_heads, self.runner.art.head_dim
-        kv = [np.zeros((len(keep), heads, cap, hd), np.float32) for _ in range(n_layers2)]
-        mask = np.zeros((len(keep), cap), np.int64)
+        kv = [self._xp.zeros((len(keep), heads, cap, hd), np.float32) for _ in range(n_layers2)]
+        mask = np.zeros((len(keep), cap + 1), np.int64)
+        mask[:, -1] = 1
         for r, s in enumerate(keep):
             n = s.length
             mask[r, width - n:width] = 1
@@ -441,7 +454,7 @@ class Engine:
             for j in range(n_layers2):
                 kv[j][r, :, width - n:width] = src[j][src_row, :, src_w - n:src_w]
             s.prefill_kv = None
-        self._kv, self._mask, self._width = kv, mask, width
+        self._kv, self._mask, self._width = kv, self._xp.to_device(mask), width
 
     def _trim(self) -> None:
         """Drop the leading KV columns that are padding for every live row (one copy). Rows,
@@ -451,11 +464,12 @@ class Engine:
         rows, heads, _, hd = self._kv[0].shape
         trimmed = []
         for buf in self._kv:
-            t = np.zeros((rows, heads, keep + KV_GROWTH, hd), np.float32)
+            t = self._xp.zeros((rows, heads, keep + KV_GROWTH, hd), np.float32)
             t[:, :, :keep] = buf[:, :, start:self._width]
             trimmed.append(t)
-        mask = np.zeros((rows, keep + KV_GROWTH), np.int64)
+        mask = self._xp.zeros((rows, keep + KV_GROWTH + 1), np.int64)
         mask[:, :keep] = self._mask[:, start:self._width]
+        mask[:, -1] = 1
         self._kv, self._mask, self._width = trimmed, mask, keep
         with self._stats_lock:
             self.stats_data.rebuilds += 1
@@ -465,20 +479,21 @@ class Engine:
         rows, heads, cap, hd = self._kv[0].shape
         grown = []
         for buf in self._kv:
-            g = np.zeros((rows, heads, cap + KV_GROWTH, hd), np.float32)
+            g = self._xp.zeros((rows, heads, cap + KV_GROWTH, hd), np.float32)
             g[:, :, :cap] = buf
             grown.append(g)
-        mask = np.zeros((rows, cap + KV_GROWTH), np.int64)
-        mask[:, :cap] = self._mask
+        mask = self._xp.zeros((rows, cap + KV_GROWTH + 1), np.int64)
+        mask[:, :cap] = self._mask[:, :cap]
+        mask[:, -1] = 1
         self._kv, self._mask = grown, mask
 
     def _decode(self) -> None:
         seqs = self._running
-        if self._width >= self._mask.shape[1]:
+        if self._width >= self._kv[0].shape[2]:
             self._grow()
         embeds = self._step_embeds(seqs)[:, None, :].astype(np.float32)
-        mask = np.concatenate([self._mask, np.ones((len(seqs), 1), np.int64)], axis=1)
-        logits, hidden, new_kv = self.runner.run(embeds, mask, self._kv)
+        # The mask's last column (always 1) is this step's new position: passed as it is.
+        logits, hidden, new_kv = self.runner.step(embeds, self._mask, self._kv, reuse_outputs=True)
         w = self._width
         for buf, new in zip(self._kv, new_kv):
             buf[:, :, w] = new[:, :, 0]

@@ -29,6 +29,11 @@ class _Strict(BaseModel):
 
 
 class EngineProfile(_Strict):
+    """The GPT engine's knobs. ``io_binding``: run the GPT step through ONNX Runtime's IO
+    binding with the KV cache resident where the execution provider computes (device memory
+    with cupy on CUDA; see :class:`~chattts_serving.runtime.GptStepRunner`). ``precision``:
+    ``fp32``, or ``fp16`` graphs (``chattts-export --precision fp16``)."""
+
     max_batch_size: int = Field(ge=1, le=256)
     max_waiting: int = Field(ge=1)
     max_prefill_tokens: int = Field(ge=16)
@@ -36,6 +41,8 @@ class EngineProfile(_Strict):
     max_new_tokens_cap: int = Field(ge=1, le=4096)
     intra_op_threads: int = Field(ge=0)
     allow_spinning: bool
+    io_binding: bool = False
+    precision: Literal["fp32", "fp16"] = "fp32"
 
     def engine_config(self) -> EngineConfig:
         return EngineConfig(self.max_batch_size, self.max_waiting, self.max_prefill_tokens,
@@ -48,6 +55,7 @@ class VocoderProfile(_Strict):
     max_queue_delay_microseconds: int = Field(ge=0)
     intra_op_threads: int = Field(ge=0)
     allow_spinning: bool
+    precision: Literal["fp32", "fp16"] = "fp32"
 
 
 class FrontendProfile(_Strict):
@@ -140,9 +148,13 @@ class Profile(_Strict):
         return self
 
     def ort(self, stage: Literal["engine", "vocoder"]) -> OrtOptions:
-        """ONNX Runtime options for a stage."""
+        """ONNX Runtime options for a stage (IO binding for the engine only; the device is the
+        first of ``gpu_ids``, 0 without)."""
         p = self.engine if stage == "engine" else self.vocoder
-        return OrtOptions(p.intra_op_threads, p.allow_spinning, tuple(self.onnx_providers))
+        io_binding = self.engine.io_binding if stage == "engine" else False
+        device = self.gpu_ids[0] if self.gpu_ids else 0
+        return OrtOptions(p.intra_op_threads, p.allow_spinning, tuple(self.onnx_providers), io_binding,
+                          p.precision, device)
 
 
 class ProfileError(ValueError):

@@ -24,11 +24,43 @@ class OrtOptions:
     ``allow_spinning``: busy-wait between ops; off when several sessions share few cores
     (measured in ../shared/NOTES.md: two sessions back to back on 2 cores, 58 ms spinning vs
     25 ms not). ``providers``: execution providers in preference order.
+    ``io_binding``: the GPT step runs through ONNX Runtime's IO binding, its KV cache in
+    buffers of the runner's :class:`~chattts_serving.arrays.ArrayBackend` (device memory with
+    cupy on the CUDA EP, numpy on the CPU EP) that are bound in place, never copied per step.
+    ``precision``: ``"fp32"`` or ``"fp16"`` graphs (see :func:`graph_path`).
+    ``device_id``: the GPU ordinal for the CUDA/TensorRT execution providers and cupy.
     """
 
     intra_op_threads: int = 0
     allow_spinning: bool = False
     providers: tuple[str, ...] = ("CPUExecutionProvider",)
+    io_binding: bool = False
+    precision: str = "fp32"
+    device_id: int = 0
+
+
+PRECISIONS = ("fp32", "fp16")
+"""Graph precisions an artifact directory may hold: ``fp32`` (always) and ``fp16`` (exported
+with ``chattts-export --precision fp16``; listed under ``precisions`` in manifest.json)."""
+
+
+def graph_path(artifacts: Artifacts, graph: str, precision: str = "fp32") -> Path:
+    """Path of graph file ``graph`` (a ``contract.*_GRAPH`` name) in ``precision``.
+
+    fp32 is the file itself; fp16 is the file the manifest lists under
+    ``precisions.fp16.<graph>``. Raises ValueError for an unknown precision and
+    FileNotFoundError when the artifacts have no such variant (re-export with
+    ``chattts-export --precision fp16``).
+    """
+    if precision not in PRECISIONS:
+        raise ValueError(f"unknown precision {precision!r}; expected one of {PRECISIONS}")
+    if precision == "fp32":
+        return artifacts.root / graph
+    variant = artifacts.manifest.get("precisions", {}).get(precision, {}).get(graph)
+    if not variant or not (artifacts.root / variant).is_file():
+        raise FileNotFoundError(f"{artifacts.root} has no {precision} variant of {graph}: "
+                                f"re-export with `chattts-export ... --precision {precision}`")
+    return artifacts.root / variant
 
 
 def make_session(path: Path | str, opts: OrtOptions = OrtOptions()) -> Any:
@@ -46,7 +78,9 @@ def make_session(path: Path | str, opts: OrtOptions = OrtOptions()) -> Any:
     providers = [p for p in opts.providers if p in available] or ["CPUExecutionProvider"]
     if "CPUExecutionProvider" not in providers:
         providers.append("CPUExecutionProvider")
-    return ort.InferenceSession(str(path), sess_options=so, providers=providers)
+    gpu_eps = ("CUDAExecutionProvider", "TensorrtExecutionProvider")
+    with_opts: list[Any] = [(p, {"device_id": str(opts.device_id)}) if p in gpu_eps else p for p in providers]
+    return ort.InferenceSession(str(path), sess_options=so, providers=with_opts)
 
 
 @dataclass(frozen=True)
@@ -152,24 +186,40 @@ class Embeddings:
 
 
 class GptStepRunner:
-    """Runs ``gpt_step.onnx``.
+    """Runs ``gpt_step.onnx`` (or its fp16 variant, ``opts.precision``).
 
     :meth:`run` takes embeddings (B, T, H) float32, an int64 mask (B, P+T) and the per-layer
-    past KV list (2*layers arrays of (B, heads, P, head_dim)); returns logits (B, 4, 626),
-    hidden (B, H) and the new positions' KV list (B, heads, T, head_dim).
+    past KV list (2*layers arrays of (B, heads, P, head_dim) float32); returns logits
+    (B, 4, 626) float32, hidden (B, H) float32 and the new positions' KV list
+    (B, heads, T, head_dim) float32, all numpy (``session.run``: inputs and outputs copied).
+
+    :meth:`step` is what the engine calls: :meth:`run` without IO binding; with
+    ``opts.io_binding`` it is :meth:`run_bound`, where mask, past and new KV are arrays of
+    :attr:`backend` (device memory on the CUDA EP with cupy) bound in place.
     """
 
     def __init__(self, artifacts: Artifacts, opts: OrtOptions = OrtOptions()) -> None:
+        from .arrays import NUMPY, backend_for_session
+
         self.art = artifacts
-        self.session = make_session(artifacts.root / contract.GPT_GRAPH, opts)
+        self.opts = opts
+        self.session = make_session(graph_path(artifacts, contract.GPT_GRAPH, opts.precision), opts)
         self.layers = artifacts.num_layers
         self._past = [n for i in range(self.layers) for n in contract.past_names(i)]
         self._out = [contract.G_LOGITS, contract.G_HIDDEN,
                      *(n for i in range(self.layers) for n in contract.present_names(i))]
+        self.io_binding = opts.io_binding
+        self.backend = (backend_for_session(list(self.session.get_providers()), True, opts.device_id)
+                        if opts.io_binding else NUMPY)
+        """Where :meth:`step` expects mask and KV arrays and returns new KV arrays."""
+        self._new_kv: dict[tuple[int, int], list[Any]] = {}
+        self._placeholder = self.backend.zeros((1,), np.float32)  # a valid address for empty buffers
 
-    def empty_past(self, batch: int) -> list[np.ndarray]:
+    def empty_past(self, batch: int) -> list[Any]:
+        """Past KV of 0 positions for ``batch`` rows: 2*layers arrays (B, heads, 0, head_dim)
+        float32 of :attr:`backend` (numpy without IO binding)."""
         shape = (batch, self.art.num_heads, 0, self.art.head_dim)
-        return [np.zeros(shape, np.float32) for _ in range(2 * self.layers)]
+        return [self.backend.zeros(shape, np.float32) for _ in range(2 * self.layers)]
 
     def run(self, embeds: np.ndarray, mask: np.ndarray,
             past: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
@@ -178,10 +228,67 @@ class GptStepRunner:
         outs = self.session.run(self._out, feed)
         return outs[0], outs[1], outs[2:]
 
+    def step(self, embeds: np.ndarray, mask: Any, past: list[Any], *,
+             reuse_outputs: bool = False) -> tuple[np.ndarray, np.ndarray, list[Any]]:
+        """One GPT call as the engine makes it: :meth:`run_bound` with IO binding, else
+        :meth:`run` (``mask`` and ``past`` then numpy, ``reuse_outputs`` ignored)."""
+        if self.io_binding:
+            return self.run_bound(embeds, mask, past, reuse_outputs=reuse_outputs)
+        return self.run(embeds, mask, past)
+
+    def run_bound(self, embeds: np.ndarray, mask: Any, past: list[Any], *,
+                  reuse_outputs: bool = False) -> tuple[np.ndarray, np.ndarray, list[Any]]:
+        """One GPT call through IO binding.
+
+        Args:
+            embeds: (B, T, H) float32 host array (the only per-step upload: B*T*H*4 bytes).
+            mask: (B, P+T) int64, C-contiguous, on :attr:`backend`'s device.
+            past: 2*layers C-contiguous (B, heads, P, head_dim) float32 arrays on the device,
+                bound in place (not copied); they may be the engine's whole KV buffers.
+            reuse_outputs: write the new KV into buffers preallocated for this (B, T) and
+                reused by the next call of the same shape (the decode step, whose caller copies
+                them into its cache at once); otherwise fresh buffers.
+
+        Returns:
+            logits (B, 4, 626) float32 and hidden (B, H) float32 on the host (the per-step
+            download), and the new KV: 2*layers (B, heads, T, head_dim) float32 arrays on the
+            device.
+
+        Raises:
+            ValueError: a bound array is not C-contiguous.
+        """
+        be = self.backend
+        b, t, h = embeds.shape
+        io = self.session.io_binding()
+        embeds = np.ascontiguousarray(embeds, np.float32)
+        io.bind_cpu_input(contract.G_EMBEDS, embeds)
+        io.bind_input(contract.G_MASK, be.device_type, be.device_id, np.int64, tuple(mask.shape), be.ptr(mask))
+        for name, p in zip(self._past, past):
+            ptr = be.ptr(p) if p.size else be.ptr(self._placeholder)
+            io.bind_input(name, be.device_type, be.device_id, np.float32, tuple(p.shape), ptr)
+        logits = np.empty((b, contract.NUM_VQ, contract.NUM_AUDIO_TOKENS), np.float32)
+        hidden = np.empty((b, h), np.float32)
+        io.bind_output(contract.G_LOGITS, "cpu", 0, np.float32, logits.shape, logits.ctypes.data)
+        io.bind_output(contract.G_HIDDEN, "cpu", 0, np.float32, hidden.shape, hidden.ctypes.data)
+        shape = (b, self.art.num_heads, t, self.art.head_dim)
+        new_kv = self._new_kv.get((b, t)) if reuse_outputs else None
+        if new_kv is None:
+            new_kv = [be.zeros(shape, np.float32) for _ in range(2 * self.layers)]
+            if reuse_outputs:
+                self._new_kv = {(b, t): new_kv}  # one decode shape at a time: free the others
+        for name, buf in zip(self._out[2:], new_kv):
+            io.bind_output(name, be.device_type, be.device_id, np.float32, shape, be.ptr(buf))
+        be.synchronize()  # the engine's writes to mask/KV (cupy's stream) before ORT's stream reads them
+        io.synchronize_inputs()
+        self.session.run_with_iobinding(io)
+        io.synchronize_outputs()
+        return logits, hidden, new_kv
+
 
 class VocoderRunner:
     """Runs one vocoder graph: windows (B, T, H) float32 or (B, T, 4) int32 -> audio
-    (B, 512T-256) float32."""
+    (B, 512T-256) float32 (fp32 IO also for the fp16 variant, ``opts.precision``).
+    Raises FileNotFoundError when that variant was not exported (:func:`graph_path`)."""
 
     def __init__(self, artifacts: Artifacts, path: str, opts: OrtOptions = OrtOptions()) -> None:
         if path not in contract.VOCODER_PATHS:
@@ -189,7 +296,7 @@ class VocoderRunner:
         graph = contract.VOCODER_HIDDEN_GRAPH if path == "hidden" else contract.VOCODER_CODES_GRAPH
         self.path = path
         self.input_name = "hidden" if path == "hidden" else "codes"
-        self.session = make_session(artifacts.root / graph, opts)
+        self.session = make_session(graph_path(artifacts, graph, opts.precision), opts)
 
     def warm_up(self, hidden_size: int, lengths: tuple[int, ...] = (17, 48, 96)) -> None:
         """Decode one window of each length before serving (first-run allocations)."""
