@@ -85,7 +85,8 @@ def crashable(small_artifacts: Artifacts, tmp_path_factory: pytest.TempPathFacto
     finally:
         if srv.proc is not None and srv.proc.poll() is not None:  # diagnose a crash of the server itself
             print(f"tritonserver exited on its own with {srv.proc.returncode}{srv._tail(60)}")
-        srv.stop()
+        # A dead model never unloads: a SIGINT'ed server would wait out its whole exit timeout.
+        srv.stop(timeout_s=3.0 if state["killed"] else 30.0)
 
 
 def _killed(state: dict[str, Any]) -> TritonServer:
