@@ -207,7 +207,7 @@ class Engine:
         self._order = itertools.count()
         self._running: list[Sequence] = []
         self._xp = runner.backend
-        self._kv: list[Any] = []  # per layer K, V: (rows, heads, capacity, head_dim) float32
+        self._kv: list[Any] = []  # per layer K, V: (rows, heads, capacity, head_dim) runner.kv_dtype
         self._mask: Any = self._xp.zeros((0, 1), np.int64)  # (rows, capacity + 1); >= _width unused, last 1
         self._width = 0
         self._stop = False
@@ -279,7 +279,7 @@ class Engine:
         heads, hd = self.runner.art.num_heads, self.runner.art.head_dim
         for b in batch_sizes:
             b = min(b, self.config.max_batch_size)
-            past = [xp.zeros((b, heads, past_tokens, hd), np.float32) for _ in range(2 * self.runner.layers)]
+            past = [xp.zeros((b, heads, past_tokens, hd), self.runner.kv_dtype) for _ in range(2 * self.runner.layers)]
             self.runner.step(np.zeros((b, 1, h), np.float32), xp.to_device(np.ones((b, past_tokens + 1), np.int64)),
                              past)
 
@@ -440,7 +440,7 @@ class Engine:
         cap = width + KV_GROWTH
         n_layers2 = 2 * self.runner.layers
         heads, hd = self.runner.art.num_heads, self.runner.art.head_dim
-        kv = [self._xp.zeros((len(keep), heads, cap, hd), np.float32) for _ in range(n_layers2)]
+        kv = [self._xp.zeros((len(keep), heads, cap, hd), self.runner.kv_dtype) for _ in range(n_layers2)]
         mask = np.zeros((len(keep), cap + 1), np.int64)
         mask[:, -1] = 1
         for r, s in enumerate(keep):
@@ -464,7 +464,7 @@ class Engine:
         rows, heads, _, hd = self._kv[0].shape
         trimmed = []
         for buf in self._kv:
-            t = self._xp.zeros((rows, heads, keep + KV_GROWTH, hd), np.float32)
+            t = self._xp.zeros((rows, heads, keep + KV_GROWTH, hd), self.runner.kv_dtype)
             t[:, :, :keep] = buf[:, :, start:self._width]
             trimmed.append(t)
         mask = self._xp.zeros((rows, keep + KV_GROWTH + 1), np.int64)
@@ -479,7 +479,7 @@ class Engine:
         rows, heads, cap, hd = self._kv[0].shape
         grown = []
         for buf in self._kv:
-            g = self._xp.zeros((rows, heads, cap + KV_GROWTH, hd), np.float32)
+            g = self._xp.zeros((rows, heads, cap + KV_GROWTH, hd), self.runner.kv_dtype)
             g[:, :, :cap] = buf
             grown.append(g)
         mask = self._xp.zeros((rows, cap + KV_GROWTH + 1), np.int64)

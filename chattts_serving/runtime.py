@@ -44,6 +44,13 @@ PRECISIONS = ("fp32", "fp16")
 with ``chattts-export --precision fp16``; listed under ``precisions`` in manifest.json)."""
 
 
+FP16_GRAPH_FILES = {contract.GPT_GRAPH: "gpt_step.fp16.onnx",
+                    contract.VOCODER_HIDDEN_GRAPH: "vocoder_hidden.fp16.onnx",
+                    contract.VOCODER_CODES_GRAPH: "vocoder_codes.fp16.onnx"}
+"""fp16 file of each graph (fp16 weights and compute, fp32 inputs and outputs), as the exporter
+writes them and lists them in manifest.json under ``precisions.fp16``."""
+
+
 def graph_path(artifacts: Artifacts, graph: str, precision: str = "fp32") -> Path:
     """Path of graph file ``graph`` (a ``contract.*_GRAPH`` name) in ``precision``.
 
@@ -189,9 +196,9 @@ class GptStepRunner:
     """Runs ``gpt_step.onnx`` (or its fp16 variant, ``opts.precision``).
 
     :meth:`run` takes embeddings (B, T, H) float32, an int64 mask (B, P+T) and the per-layer
-    past KV list (2*layers arrays of (B, heads, P, head_dim) float32); returns logits
-    (B, 4, 626) float32, hidden (B, H) float32 and the new positions' KV list
-    (B, heads, T, head_dim) float32, all numpy (``session.run``: inputs and outputs copied).
+    past KV list (2*layers arrays of (B, heads, P, head_dim) :attr:`kv_dtype`: float32, float16
+    for the fp16 graph); returns logits (B, 4, 626) float32, hidden (B, H) float32 and the new
+    positions' KV list (B, heads, T, head_dim) :attr:`kv_dtype`, all numpy (``session.run``).
 
     :meth:`step` is what the engine calls: :meth:`run` without IO binding; with
     ``opts.io_binding`` it is :meth:`run_bound`, where mask, past and new KV are arrays of
@@ -208,6 +215,9 @@ class GptStepRunner:
         self._past = [n for i in range(self.layers) for n in contract.past_names(i)]
         self._out = [contract.G_LOGITS, contract.G_HIDDEN,
                      *(n for i in range(self.layers) for n in contract.present_names(i))]
+        past_type = {i.name: i.type for i in self.session.get_inputs()}[self._past[0]]
+        self.kv_dtype: type[np.floating[Any]] = np.float16 if past_type == "tensor(float16)" else np.float32
+        """dtype of the KV cache the graph takes and returns: float16 for the fp16 graph, else float32."""
         self.io_binding = opts.io_binding
         self.backend = (backend_for_session(list(self.session.get_providers()), True, opts.device_id)
                         if opts.io_binding else NUMPY)
@@ -217,9 +227,9 @@ class GptStepRunner:
 
     def empty_past(self, batch: int) -> list[Any]:
         """Past KV of 0 positions for ``batch`` rows: 2*layers arrays (B, heads, 0, head_dim)
-        float32 of :attr:`backend` (numpy without IO binding)."""
+        of :attr:`kv_dtype` on :attr:`backend` (numpy without IO binding)."""
         shape = (batch, self.art.num_heads, 0, self.art.head_dim)
-        return [self.backend.zeros(shape, np.float32) for _ in range(2 * self.layers)]
+        return [self.backend.zeros(shape, self.kv_dtype) for _ in range(2 * self.layers)]
 
     def run(self, embeds: np.ndarray, mask: np.ndarray,
             past: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
@@ -243,7 +253,7 @@ class GptStepRunner:
         Args:
             embeds: (B, T, H) float32 host array (the only per-step upload: B*T*H*4 bytes).
             mask: (B, P+T) int64, C-contiguous, on :attr:`backend`'s device.
-            past: 2*layers C-contiguous (B, heads, P, head_dim) float32 arrays on the device,
+            past: 2*layers C-contiguous (B, heads, P, head_dim) :attr:`kv_dtype` arrays on the device,
                 bound in place (not copied); they may be the engine's whole KV buffers.
             reuse_outputs: write the new KV into buffers preallocated for this (B, T) and
                 reused by the next call of the same shape (the decode step, whose caller copies
@@ -251,7 +261,7 @@ class GptStepRunner:
 
         Returns:
             logits (B, 4, 626) float32 and hidden (B, H) float32 on the host (the per-step
-            download), and the new KV: 2*layers (B, heads, T, head_dim) float32 arrays on the
+            download), and the new KV: 2*layers (B, heads, T, head_dim) :attr:`kv_dtype` arrays on the
             device.
 
         Raises:
@@ -265,7 +275,7 @@ class GptStepRunner:
         io.bind_input(contract.G_MASK, be.device_type, be.device_id, np.int64, tuple(mask.shape), be.ptr(mask))
         for name, p in zip(self._past, past):
             ptr = be.ptr(p) if p.size else be.ptr(self._placeholder)
-            io.bind_input(name, be.device_type, be.device_id, np.float32, tuple(p.shape), ptr)
+            io.bind_input(name, be.device_type, be.device_id, self.kv_dtype, tuple(p.shape), ptr)
         logits = np.empty((b, contract.NUM_VQ, contract.NUM_AUDIO_TOKENS), np.float32)
         hidden = np.empty((b, h), np.float32)
         io.bind_output(contract.G_LOGITS, "cpu", 0, np.float32, logits.shape, logits.ctypes.data)
@@ -273,11 +283,11 @@ class GptStepRunner:
         shape = (b, self.art.num_heads, t, self.art.head_dim)
         new_kv = self._new_kv.get((b, t)) if reuse_outputs else None
         if new_kv is None:
-            new_kv = [be.zeros(shape, np.float32) for _ in range(2 * self.layers)]
+            new_kv = [be.zeros(shape, self.kv_dtype) for _ in range(2 * self.layers)]
             if reuse_outputs:
                 self._new_kv = {(b, t): new_kv}  # one decode shape at a time: free the others
         for name, buf in zip(self._out[2:], new_kv):
-            io.bind_output(name, be.device_type, be.device_id, np.float32, shape, be.ptr(buf))
+            io.bind_output(name, be.device_type, be.device_id, self.kv_dtype, shape, be.ptr(buf))
         be.synchronize()  # the engine's writes to mask/KV (cupy's stream) before ORT's stream reads them
         io.synchronize_inputs()
         self.session.run_with_iobinding(io)

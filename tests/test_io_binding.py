@@ -173,3 +173,62 @@ def test_profiles_select_io_binding_and_precision() -> None:
     assert not gpu.ort("vocoder").io_binding
     cpu = load_profile("cpu").ort("engine")
     assert cpu.precision == "fp32" and cpu.providers == ("CPUExecutionProvider",)
+
+
+# ---- fp16 ------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def fp16_artifacts(small_chat, small_artifacts: Artifacts, tmp_path_factory: pytest.TempPathFactory) -> Artifacts:
+    """The small artifacts plus their fp16 graphs (``chattts-export --precision fp16``)."""
+    import shutil
+
+    from chattts_serving.export.fp16 import add_fp16
+
+    root = tmp_path_factory.mktemp("fp16") / "artifacts"
+    shutil.copytree(small_artifacts.root, root)
+    assert add_fp16(small_chat, root)
+    assert not add_fp16(small_chat, root)  # up to date: reused
+    return Artifacts.load(root)
+
+
+def test_fp16_graphs_match_chattts_fp32_modules_within_the_fp16_tolerance(fp16_artifacts: Artifacts) -> None:
+    from chattts_serving.export.build import verify_artifacts
+    from chattts_serving.export.fp16 import FP16_RELATIVE_TOLERANCE, FP16_STAGES, has_fp16
+
+    man = verify_artifacts(fp16_artifacts.root)  # the fp16 files are hashed in the manifest
+    assert has_fp16(fp16_artifacts)
+    parity = man["parity_fp16"]
+    assert set(parity) == set(FP16_STAGES)
+    for stage, e in parity.items():
+        assert e["rel"] <= FP16_RELATIVE_TOLERANCE, (stage, e)
+        assert e["abs"] > 0, f"{stage}: no rounding error at all, so the fp16 graph did not run"
+    assert FP16_RELATIVE_TOLERANCE <= 2e-2
+
+
+def test_fp16_step_keeps_float32_io_and_an_fp16_kv_cache(fp16_artifacts: Artifacts) -> None:
+    r = GptStepRunner(fp16_artifacts, OrtOptions(precision="fp16"))
+    assert r.kv_dtype is np.float16
+    b, h = 2, fp16_artifacts.hidden_size
+    logits, hidden, new_kv = r.run(np.zeros((b, 5, h), np.float32), np.ones((b, 5), np.int64), r.empty_past(b))
+    assert logits.dtype == hidden.dtype == np.float32 and np.isfinite(logits).all()
+    assert all(k.dtype == np.float16 and k.shape == (b, fp16_artifacts.num_heads, 5, fp16_artifacts.head_dim)
+               for k in new_kv)
+
+
+def test_fp16_engine_with_io_binding_decodes_exactly_what_it_decodes_without(
+        fp16_artifacts: Artifacts, monkeypatch: pytest.MonkeyPatch) -> None:
+    emb = Embeddings(fp16_artifacts)
+    plain = GptStepRunner(fp16_artifacts, OrtOptions(precision="fp16"))
+    bound = GptStepRunner(fp16_artifacts, OrtOptions(precision="fp16", io_binding=True))
+    monkeypatch.setattr(engine_mod, "KV_GROWTH", 3)
+    monkeypatch.setattr(engine_mod, "KV_TRIM", 6)
+    ref, _ = _scenario(plain, emb, fp16_artifacts.hidden_size)
+    got, _ = _scenario(bound, emb, fp16_artifacts.hidden_size)
+    for i, (a, b) in enumerate(zip(ref, got)):
+        np.testing.assert_array_equal(np.concatenate(b.codes), np.concatenate(a.codes), err_msg=f"request {i}")
+        np.testing.assert_allclose(np.concatenate(b.hidden), np.concatenate(a.hidden), atol=1e-5, rtol=0)
+
+
+def test_fp16_without_fp16_graphs_is_a_clear_error(small_artifacts: Artifacts) -> None:
+    with pytest.raises(FileNotFoundError, match="--precision fp16"):
+        GptStepRunner(small_artifacts, OrtOptions(precision="fp16"))

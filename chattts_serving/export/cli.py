@@ -32,6 +32,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="where --synthetic writes its checkpoint / --download its snapshot "
                         "(default build/weights/<name>)")
     p.add_argument("--force", action="store_true", help="export even if the artifacts are up to date")
+    p.add_argument("--precision", choices=("fp32", "fp16"), default="fp32",
+                   help="fp16: also write fp16 variants of the graphs (KV cache fp16, fp32 embeddings/logits/"
+                        "audio), checked against ChatTTS' fp32 modules and listed in manifest.json, for "
+                        "profiles with [engine] precision = \"fp16\" (default fp32: only the fp32 graphs)")
     p.add_argument("--quiet", action="store_true", help="no progress display")
     return p
 
@@ -66,6 +70,13 @@ def main(argv: list[str] | None = None) -> int:
             out = args.out or Path("artifacts") / "chattts"
             source = {"kind": "assets", "path": str(Path(root).resolve())}
         out, exported = export_artifacts(root, out, source=source, force=args.force, progress=progress)
+        if args.precision == "fp16":
+            from .fp16 import add_fp16
+            from .weights import load_chat
+
+            progress("loading weights through ChatTTS (fp16 parity reference)")
+            added = add_fp16(load_chat(root), out, force=args.force, progress=progress)
+            exported = exported or added
     except WeightsError as exc:
         print(f"chattts-export: error: {exc}", file=sys.stderr)
         return 2

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from .. import contract
-from ..runtime import Artifacts, Embeddings, GptStepRunner, VocoderRunner
+from ..runtime import FP16_GRAPH_FILES, Artifacts, Embeddings, GptStepRunner, OrtOptions, VocoderRunner
 from ..speaker import normalize_speaker
 
 PARITY_TEXTS = ("你好，欢迎使用流式语音合成服务。", "ChatTTS 在 Triton 上。")
@@ -24,7 +24,8 @@ def _artifacts_for(chat: Any, root: Path) -> Artifacts:
     heads = int(getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads)
     return Artifacts(Path(root), {"config": {
         "num_layers": int(cfg.num_hidden_layers), "hidden_size": int(cfg.hidden_size), "num_heads": heads,
-        "head_dim": int(getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)}})
+        "head_dim": int(getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)},
+        "precisions": {"fp16": dict(FP16_GRAPH_FILES)}})
 
 
 def chattts_prompt(chat: Any, texts: list[str], spk: str | None) -> tuple[Any, Any, Any]:
@@ -40,8 +41,12 @@ def chattts_prompt(chat: Any, texts: list[str], spk: str | None) -> tuple[Any, A
     return input_ids, attn, emb
 
 
-def parity_report(chat: Any, root: Path) -> dict[str, float]:
-    """Max absolute error per stage between ChatTTS' modules and the graphs in ``root``.
+def parity_report(chat: Any, root: Path, opts: OrtOptions | None = None,
+                  scales: dict[str, float] | None = None) -> dict[str, float]:
+    """Max absolute error per stage between ChatTTS' modules and the graphs in ``root``, run
+    with ``opts`` (``opts.precision="fp16"``: the fp16 graph files, ``opts.providers``: e.g.
+    the CUDA EP). When ``scales`` is given it receives, per stage, the largest absolute value
+    of the reference (for relative errors: error / scale).
 
     Stages: ``gpt_prefill_logits``, ``gpt_prefill_hidden`` (batch of 2, left-padded, with a
     speaker), ``gpt_decode_logits``, ``gpt_decode_hidden`` (one step after it),
@@ -54,7 +59,9 @@ def parity_report(chat: Any, root: Path) -> dict[str, float]:
     import torch
 
     art = _artifacts_for(chat, root)
+    opts = opts or OrtOptions()
     report: dict[str, float] = {}
+    scale: dict[str, float] = {} if scales is None else scales
     torch.manual_seed(1234)
     spk = chat.speaker.sample_random()
     input_ids, attn, emb = chattts_prompt(chat, list(PARITY_TEXTS), spk)
@@ -79,10 +86,13 @@ def parity_report(chat: Any, root: Path) -> dict[str, float]:
     embeds = np.stack(rows).astype(np.float32)
     real = mask.astype(bool)
     report["embed_prompt"] = float(np.abs(embeds[real] - emb.numpy()[real]).max())
-    runner = GptStepRunner(art)
+    scale["embed_prompt"] = float(np.abs(emb.numpy()[real]).max())
+    runner = GptStepRunner(art, opts)
     logits, hidden, present = runner.run(embeds, mask, runner.empty_past(len(ids)))
     report["gpt_prefill_logits"] = float(np.abs(logits - logits_ref.numpy()).max())
     report["gpt_prefill_hidden"] = float(np.abs(hidden - h_ref.numpy()).max())
+    scale["gpt_prefill_logits"] = float(np.abs(logits_ref.numpy()).max())
+    scale["gpt_prefill_hidden"] = float(np.abs(h_ref.numpy()).max())
 
     # One decode step on the argmax codes.
     codes = logits_ref.argmax(-1)  # (B, 4)
@@ -99,17 +109,19 @@ def parity_report(chat: Any, root: Path) -> dict[str, float]:
     logits2, hidden2, _ = runner.run(step_np.astype(np.float32), mask2, present)
     report["gpt_decode_logits"] = float(np.abs(logits2 - logits2_ref.numpy()).max())
     report["gpt_decode_hidden"] = float(np.abs(hidden2 - h2_ref.numpy()).max())
+    scale["gpt_decode_logits"] = scale["gpt_decode_spare_columns_logits"] = float(np.abs(logits2_ref.numpy()).max())
+    scale["gpt_decode_hidden"] = float(np.abs(h2_ref.numpy()).max())
     # The same step over a cache with unused (masked) columns of garbage after the real ones,
     # as the engine's preallocated buffers have.
     spare = 5
     rng = np.random.default_rng(3)
-    padded = [np.concatenate([p_, rng.normal(size=(*p_.shape[:2], spare, p_.shape[3])).astype(np.float32)], axis=2)
+    padded = [np.concatenate([p_, rng.normal(size=(*p_.shape[:2], spare, p_.shape[3])).astype(p_.dtype)], axis=2)
               for p_ in present]
     mask3 = np.concatenate([mask, np.zeros((len(ids), spare), np.int64), np.ones((len(ids), 1), np.int64)], 1)
     logits3, _, _ = runner.run(step_np.astype(np.float32), mask3, padded)
     report["gpt_decode_spare_columns_logits"] = float(np.abs(logits3 - logits2_ref.numpy()).max())
 
-    report.update(text_mode_parity(chat, art, h_ref.numpy()))
+    report.update(text_mode_parity(chat, art, h_ref.numpy(), opts, scale))
 
     # Vocoders.
     hidden_size = art.hidden_size
@@ -119,17 +131,20 @@ def parity_report(chat: Any, root: Path) -> dict[str, float]:
     with torch.no_grad():
         wav_h = chat.vocos.decode(chat.decoder(hid.transpose(1, 2).contiguous())).numpy()
         wav_c = chat.vocos.decode(chat.dvae(cds.permute(0, 2, 1).contiguous())).numpy()
-    got_h = VocoderRunner(art, "hidden").run(hid.numpy())
-    got_c = VocoderRunner(art, "codes").run(cds.numpy())
+    got_h = VocoderRunner(art, "hidden", opts).run(hid.numpy())
+    got_c = VocoderRunner(art, "codes", opts).run(cds.numpy())
     if got_h.shape != wav_h.shape or got_c.shape != wav_c.shape:
         raise RuntimeError(f"vocoder output shapes differ: {got_h.shape} vs {wav_h.shape}, "
                            f"{got_c.shape} vs {wav_c.shape}")
     report["vocoder_hidden"] = float(np.abs(got_h - wav_h).max())
     report["vocoder_codes"] = float(np.abs(got_c - wav_c).max())
+    scale["vocoder_hidden"] = float(np.abs(wav_h).max())
+    scale["vocoder_codes"] = float(np.abs(wav_c).max())
     return report
 
 
-def text_mode_parity(chat: Any, art: Artifacts, hidden: np.ndarray) -> dict[str, float]:
+def text_mode_parity(chat: Any, art: Artifacts, hidden: np.ndarray, opts: OrtOptions | None = None,
+                     scales: dict[str, float] | None = None) -> dict[str, float]:
     """Max absolute error of the refine-text mode (ChatTTS' ``Chat._refine_text`` and
     ``GPT.generate(infer_text=True)``) between ChatTTS' modules and our numpy + ONNX path.
 
@@ -139,15 +154,19 @@ def text_mode_parity(chat: Any, art: Artifacts, hidden: np.ndarray) -> dict[str,
     :data:`PARITY_TEXTS` (batch of 2, left-padded), embedded by ``Embed`` from ChatTTS'
     tokenizer (no speaker) and run through the LlamaModel and ``head_text``, vs
     ``Embeddings.prompt`` + the ONNX step + ``text_logits``. ``gpt_text_decode_logits``: one
-    more step on the argmax text ids, embedded with ``emb_text``.
+    more step on the argmax text ids, embedded with ``emb_text``. ``opts`` and ``scales`` as
+    in :func:`parity_report`.
     """
     import torch
 
     emb_np = Embeddings(art)
+    opts = opts or OrtOptions()
     report: dict[str, float] = {}
     with torch.no_grad():
         ref = chat.embed.head_text(torch.from_numpy(hidden)).numpy()
     report["text_head_logits"] = float(np.abs(emb_np.text_logits(hidden) - ref).max())
+    scale: dict[str, float] = {} if scales is None else scales
+    scale["text_head_logits"] = float(np.abs(ref).max())
 
     prompts = chat.speaker.decorate_text_prompts(list(PARITY_TEXTS), "")
     input_ids, attn, text_mask = chat.tokenizer.encode(prompts, contract.NUM_VQ)
@@ -168,13 +187,15 @@ def text_mode_parity(chat: Any, art: Artifacts, hidden: np.ndarray) -> dict[str,
     ids = input_ids[:, :, 0].numpy().astype(np.int64)
     mask = attn.numpy().astype(np.int64)
     embeds = np.stack([emb_np.prompt(row, None) for row in ids]).astype(np.float32)
-    runner = GptStepRunner(art)
+    runner = GptStepRunner(art, opts)
     _, hid, present = runner.run(embeds, mask, runner.empty_past(len(ids)))
     report["gpt_text_prefill_logits"] = float(np.abs(emb_np.text_logits(hid) - logits_ref.numpy()).max())
     step = emb_np.text(nxt.numpy().astype(np.int64))[:, None, :].astype(np.float32)
     mask2 = np.concatenate([mask, np.ones((len(ids), 1), np.int64)], 1)
     _, hid2, _ = runner.run(step, mask2, present)
     report["gpt_text_decode_logits"] = float(np.abs(emb_np.text_logits(hid2) - logits2_ref.numpy()).max())
+    scale["gpt_text_prefill_logits"] = float(np.abs(logits_ref.numpy()).max())
+    scale["gpt_text_decode_logits"] = float(np.abs(logits2_ref.numpy()).max())
     return report
 
 
