@@ -27,6 +27,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,6 +40,8 @@ DEFAULT_TIMEOUT_S = 20.0
 PROBE_TEXT = "你好。"
 PROBE_TOKENS = 2
 """Tokens the probe's synthesis generates (1 token = ``contract.SAMPLES_PER_TOKEN`` samples)."""
+PROBE_REQUEST_PREFIX = "health-probe-"
+"""Request ids of the probe's syntheses start with this (filter them out of request logs)."""
 BUSY_MARKER = "server busy"
 """Prefix of the entry models' admission refusals (README, "outcome" table)."""
 
@@ -112,9 +115,11 @@ def _check_models(base: str, timeout_s: float) -> dict[str, Any]:
 def _check_synthesis(grpc_url: str, timeout_s: float, text: str) -> dict[str, Any]:
     from .client import ClientError, SynthesisRequest, iter_chunks
 
-    # the server's own deadline for the request; the entry models accept (0, 3600] s
+    # the server's own deadline for the request; the entry models accept (0, 3600] s. The
+    # request id marks probes in the server's logs.
     request = SynthesisRequest(text=text, max_new_tokens=PROBE_TOKENS, min_new_tokens=PROBE_TOKENS,
-                               priority="realtime", timeout_s=min(timeout_s, 3600.0))
+                               priority="realtime", timeout_s=min(timeout_s, 3600.0),
+                               request_id=f"{PROBE_REQUEST_PREFIX}{uuid.uuid4().hex[:12]}")
     chunks = samples = 0
     try:
         for chunk in iter_chunks(grpc_url, request, timeout_s=timeout_s):
