@@ -170,7 +170,7 @@ def test_profiles_select_io_binding_and_precision() -> None:
     opts = gpu.ort("engine")
     assert opts.io_binding and opts.precision == "fp16" and opts.providers[0] == "CUDAExecutionProvider"
     assert opts.device_id == gpu.gpu_ids[0] == 0
-    assert not gpu.ort("vocoder").io_binding
+    assert not gpu.ort("vocoder").io_binding and gpu.ort("vocoder").precision == "fp16"
     cpu = load_profile("cpu").ort("engine")
     assert cpu.precision == "fp32" and cpu.providers == ("CPUExecutionProvider",)
 

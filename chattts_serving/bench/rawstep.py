@@ -20,7 +20,8 @@ def measure_raw_step(artifacts_dir: Path, opts: OrtOptions, batches: Sequence[in
     """Median wall time of one decode step (T = 1) per batch size, on random inputs.
 
     Inputs: embeddings (B, 1, H) float32, an all-ones int64 mask (B, P+1), and a random past of
-    ``past_tokens`` positions per layer (B, heads, P, head_dim) float32. ``repeats`` timed steps
+    ``past_tokens`` positions per layer (B, heads, P, head_dim) in the graph's KV dtype, run as
+    the engine runs it (:meth:`GptStepRunner.step`: IO binding when ``opts`` asks for it). ``repeats`` timed steps
     follow ``warmup`` untimed ones. Returns {"past_tokens", "intra_op_threads",
     "allow_spinning", "batches": {str(B): {"step_ms_p50", "step_ms_min", "tokens_per_s"}}}
     (tokens_per_s = B / median step seconds).
@@ -31,15 +32,16 @@ def measure_raw_step(artifacts_dir: Path, opts: OrtOptions, batches: Sequence[in
     out: dict[str, dict[str, float]] = {}
     for b in batches:
         embeds = rng.standard_normal((b, 1, art.hidden_size), dtype=np.float32)
-        mask = np.ones((b, past_tokens + 1), np.int64)
-        past = [rng.standard_normal((b, art.num_heads, past_tokens, art.head_dim), dtype=np.float32)
-                for _ in range(2 * art.num_layers)]
+        be = runner.backend  # the profile's IO binding / precision: KV where and as the engine holds it
+        mask = be.to_device(np.ones((b, past_tokens + 1), np.int64))
+        past = [be.to_device(rng.standard_normal((b, art.num_heads, past_tokens, art.head_dim), dtype=np.float32)
+                             .astype(runner.kv_dtype)) for _ in range(2 * art.num_layers)]
         for _ in range(warmup):
-            runner.run(embeds, mask, past)
+            runner.step(embeds, mask, past, reuse_outputs=True)
         times = []
         for _ in range(repeats):
             t = time.perf_counter()
-            runner.run(embeds, mask, past)
+            runner.step(embeds, mask, past, reuse_outputs=True)
             times.append(time.perf_counter() - t)
         med = float(np.median(times))
         out[str(b)] = {"step_ms_p50": med * 1e3, "step_ms_min": float(np.min(times)) * 1e3,

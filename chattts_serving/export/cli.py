@@ -43,7 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from .build import export_artifacts
-    from .weights import download, generate_checkpoint
+    from .fp16 import add_fp16, fp16_up_to_date
+    from .weights import download, generate_checkpoint, load_chat
 
     started = time.perf_counter()
 
@@ -70,13 +71,9 @@ def main(argv: list[str] | None = None) -> int:
             out = args.out or Path("artifacts") / "chattts"
             source = {"kind": "assets", "path": str(Path(root).resolve())}
         out, exported = export_artifacts(root, out, source=source, force=args.force, progress=progress)
-        if args.precision == "fp16":
-            from .fp16 import add_fp16
-            from .weights import load_chat
-
+        if args.precision == "fp16" and (args.force or not fp16_up_to_date(out)):
             progress("loading weights through ChatTTS (fp16 parity reference)")
-            added = add_fp16(load_chat(root), out, force=args.force, progress=progress)
-            exported = exported or added
+            exported = add_fp16(load_chat(root), out, force=True, progress=progress) or exported
     except WeightsError as exc:
         print(f"chattts-export: error: {exc}", file=sys.stderr)
         return 2

@@ -120,15 +120,14 @@ def add_fp16(chat: Any, root: Path, *, force: bool = False, progress: Any = None
     Raises:
         WeightsError: parity failed (the fp16 files are removed, the manifest is unchanged).
     """
-    from .build import sha256_file, verify_artifacts
+    from .build import sha256_file
 
     say = progress or (lambda _msg: None)
     root = Path(root)
-    manifest = verify_artifacts(root)
-    sources = {src: manifest["files"][src] for src in FP16_GRAPH_FILES}
-    have = manifest.get("precisions", {}).get("fp16", {})
-    if not force and have.get("sources") == sources and all(f in manifest["files"] for f in FP16_GRAPH_FILES.values()):
+    if not force and fp16_up_to_date(root):
         return False
+    manifest = json.loads((root / contract.MANIFEST).read_text())
+    sources = {src: manifest["files"][src] for src in FP16_GRAPH_FILES}
     say("converting the graphs to fp16")
     files = convert_artifacts(root)
     say("checking fp16 parity against ChatTTS' fp32 modules")
@@ -147,6 +146,18 @@ def add_fp16(chat: Any, root: Path, *, force: bool = False, progress: Any = None
         manifest["files"][f] = sha256_file(root / f)
     (root / contract.MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True))
     return True
+
+
+def fp16_up_to_date(root: Path) -> bool:
+    """True when ``root``'s manifest lists fp16 graphs converted from its current fp32 graphs
+    and every listed file matches its sha256. Raises :class:`WeightsError` as
+    :func:`~chattts_serving.export.build.verify_artifacts` (no manifest, a file changed)."""
+    from .build import verify_artifacts
+
+    manifest = verify_artifacts(Path(root))
+    sources = {src: manifest["files"][src] for src in FP16_GRAPH_FILES}
+    have = manifest.get("precisions", {}).get("fp16", {})
+    return bool(have.get("sources") == sources and all(f in manifest["files"] for f in FP16_GRAPH_FILES.values()))
 
 
 def _io(path: Path) -> dict[str, Any]:
