@@ -39,7 +39,7 @@ import numpy as np
 
 from . import contract
 from .engine import MODE_TEXT, TEXT_EOS_ID, Sequence, TokenSink
-from .sampling import ParamError, SamplingParams
+from .sampling import ParamError, SamplingParams, check_params
 
 __all__ = ["BREAK_0_ID", "REFINE_PARAMS", "TEXT_EOS_ID", "RefineParams", "code_prompt_ids", "code_stage_text",
            "decode_refined", "load_tokenizer", "refine_params_from_inputs", "refine_prompt", "refine_prompt_ids",
@@ -92,26 +92,7 @@ class RefineParams:
                 ``max_new_tokens_cap``, or a prompt that is not a sequence of at most 16 of
                 ``[oral_0-9]``, ``[laugh_0-2]``, ``[break_0-7]``.
         """
-        for spec in REFINE_PARAMS:
-            v = getattr(self, spec.name)
-            name = f"refine_{spec.name}"
-            if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)):
-                raise ParamError(f"{name} must be a number, got {v!r}")
-            is_int = isinstance(v, (int, np.integer))
-            if not is_int and not np.isfinite(v):
-                raise ParamError(f"{name} must be a finite number, got {v}")
-            if spec.triton_dtype != "TYPE_FP32" and not is_int and not float(v).is_integer():
-                raise ParamError(f"{name} must be an integer, got {v!r}")
-            low_ok = v >= spec.low if spec.low_inclusive else v > spec.low
-            if not low_ok or v > spec.high:
-                lo = "[" if spec.low_inclusive else "("
-                raise ParamError(f"{name}={v} is out of range {lo}{spec.low:g}, {spec.high:g}]: {spec.doc}")
-        if max_new_tokens_cap is not None and self.max_new_tokens > max_new_tokens_cap:
-            raise ParamError(f"refine_max_new_tokens={self.max_new_tokens} exceeds this deployment's cap "
-                             f"of {max_new_tokens_cap}")
-        if self.min_new_tokens > self.max_new_tokens:
-            raise ParamError(f"refine_min_new_tokens={self.min_new_tokens} exceeds "
-                             f"refine_max_new_tokens={self.max_new_tokens}")
+        check_params(self, REFINE_PARAMS, max_new_tokens_cap, prefix=contract.REFINE_PREFIX)
         if not isinstance(self.prompt, str):
             raise ParamError(f"refine_prompt must be a string, got {type(self.prompt).__name__}")
         tokens = PROMPT_TOKEN.findall(self.prompt)

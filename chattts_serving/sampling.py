@@ -54,20 +54,39 @@ class SamplingParams:
 
     def validate(self, max_new_tokens_cap: int | None = None) -> SamplingParams:
         """Return self if every field is in range, else raise :class:`ParamError`."""
-        for spec in contract.SAMPLING_PARAMS:
-            v = getattr(self, spec.name)
-            if not np.isfinite(v):
-                raise ParamError(f"{spec.name} must be a finite number, got {v}")
-            low_ok = v >= spec.low if spec.low_inclusive else v > spec.low
-            if not low_ok or v > spec.high:
-                lo = "[" if spec.low_inclusive else "("
-                raise ParamError(f"{spec.name}={v} is out of range {lo}{spec.low:g}, {spec.high:g}]: {spec.doc}")
-        if max_new_tokens_cap is not None and self.max_new_tokens > max_new_tokens_cap:
-            raise ParamError(f"max_new_tokens={self.max_new_tokens} exceeds this deployment's cap "
-                             f"of {max_new_tokens_cap}")
-        if self.min_new_tokens > self.max_new_tokens:
-            raise ParamError(f"min_new_tokens={self.min_new_tokens} exceeds max_new_tokens={self.max_new_tokens}")
+        check_params(self, contract.SAMPLING_PARAMS, max_new_tokens_cap)
         return self
+
+
+def check_params(params: object, specs: tuple[contract.ParamSpec, ...], max_new_tokens_cap: int | None = None,
+                 prefix: str = "") -> None:
+    """Check the attributes of ``params`` named by ``specs`` against their ranges: each a
+    finite number (an integer for non-FP32 specs), inside [low, high] (low exclusive where
+    the spec says so); ``max_new_tokens`` at most ``max_new_tokens_cap``; ``min_new_tokens``
+    at most ``max_new_tokens``. Messages name each field as ``prefix + name``.
+
+    Raises:
+        ParamError: the first check that fails.
+    """
+    for spec in specs:
+        v = getattr(params, spec.name)
+        name = prefix + spec.name
+        if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)):
+            raise ParamError(f"{name} must be a number, got {v!r}")
+        is_int = isinstance(v, (int, np.integer))
+        if not is_int and not np.isfinite(v):
+            raise ParamError(f"{name} must be a finite number, got {v}")
+        if spec.triton_dtype != "TYPE_FP32" and not is_int and not float(v).is_integer():
+            raise ParamError(f"{name} must be an integer, got {v!r}")
+        low_ok = v >= spec.low if spec.low_inclusive else v > spec.low
+        if not low_ok or v > spec.high:
+            lo = "[" if spec.low_inclusive else "("
+            raise ParamError(f"{name}={v} is out of range {lo}{spec.low:g}, {spec.high:g}]: {spec.doc}")
+    max_new, min_new = getattr(params, "max_new_tokens"), getattr(params, "min_new_tokens")  # noqa: B009
+    if max_new_tokens_cap is not None and max_new > max_new_tokens_cap:
+        raise ParamError(f"{prefix}max_new_tokens={max_new} exceeds this deployment's cap of {max_new_tokens_cap}")
+    if min_new > max_new:
+        raise ParamError(f"{prefix}min_new_tokens={min_new} exceeds {prefix}max_new_tokens={max_new}")
 
 
 class RequestSampler:
