@@ -80,7 +80,8 @@ class TokenBatch:
 
 
 class TokenStream(Protocol):
-    """Tokens of one sequence: iterate for batches; ``cancel()`` ends it early and drains;
+    """Tokens of one sequence: iterate for batches; ``cancel()`` ends it early and drains (a
+    no-op once its last batch was read);
     ``request_cancel()`` (any thread) asks the engine to end it, the iterator then ends with
     a ``cancelled`` batch."""
 
@@ -345,37 +346,59 @@ def _check_deadline(req: EntryRequest, t0: float) -> float | None:
     return left
 
 
-def prepare_segments(req: EntryRequest, stages: Stages, t0: float) -> list[FrontendOutput]:
+class Cancelled(RequestError):
+    """The client cancelled before any audio (during refine-text)."""
+
+    def __init__(self) -> None:
+        super().__init__("cancelled by the client during refine-text", CANCELLED)
+
+
+REFINE_EMIT_TOKENS = 16
+"""Refined text ids per engine response (the BLS sees progress, and cancels, that often)."""
+
+
+def prepare_segments(req: EntryRequest, stages: Stages, t0: float, watch: Watch | None = None) -> list[FrontendOutput]:
     """Split the text into segments (:func:`split_segments`) and run the front end on each;
     with ``req.refine``, run the refine-text stage for all segments at once (one engine
     text-mode sequence each, batched together) and build each code prompt from its refined
     text, as ChatTTS' ``_infer`` does (refine, then ``_infer_code`` on the refined text).
-    Raises RequestError (DeadlineExceeded past ``req.timeout_s`` counted from ``t0``)."""
+    ``watch`` (optional) ends the refine sequences in the engine as soon as the client cancels.
+    Raises RequestError (DeadlineExceeded past ``req.timeout_s`` counted from ``t0``;
+    :class:`Cancelled` when the client cancelled during refine-text)."""
     segments = carry_speed(split_segments(req.text))
     prompt = req.refine.prompt if req.refine is not None else ""
     prepared = [stages.frontend(seg, req.voice, req.request_id, prompt) for seg in segments]
     if req.refine is None:
         return prepared
     params = req.refine.sampling_params()
-    streams = [stages.generate(p.refine_ids if p.refine_ids is not None else np.zeros(0, np.int32), None, params,
-                               req.refine.max_new_tokens, contract.PRIORITIES[req.priority], _check_deadline(req, t0),
-                               request_id=req.request_id, mode="text") for p in prepared]
-    refined = []
-    for stream in streams:
-        ids: list[np.ndarray] = []
-        ended = False
-        try:
+    streams: list[TokenStream] = []
+    unwatch: list[Callable[[], None]] = []
+    refined: list[np.ndarray] = []
+    try:
+        for p in prepared:
+            # A BLS call to a decoupled model returns at its first response: the engine
+            # answers every REFINE_EMIT_TOKENS tokens, so each sequence is watched for a
+            # client cancel a few steps after it starts (not after its whole text).
+            stream = stages.generate(p.refine_ids if p.refine_ids is not None else np.zeros(0, np.int32), None,
+                                     params, REFINE_EMIT_TOKENS, contract.PRIORITIES[req.priority],
+                                     _check_deadline(req, t0), request_id=req.request_id, mode="text")
+            streams.append(stream)
+            if watch is not None:
+                unwatch.append(watch(stream.request_cancel))
+        for stream in streams:
+            ids: list[np.ndarray] = []
             for batch in stream:
                 ids.append(np.asarray(batch.codes)[:, 0])
+                if batch.stop_reason == contract.STOP_CANCELLED:
+                    raise Cancelled()
                 if batch.stop_reason:
-                    ended = True
-                    if batch.stop_reason == contract.STOP_CANCELLED:
-                        raise RequestError("cancelled during refine-text", CANCELLED)
                     break
-        finally:
-            if not ended:
-                stream.cancel()
-        refined.append(np.concatenate(ids).astype(np.int32) if ids else np.zeros(0, np.int32))
+            refined.append(np.concatenate(ids).astype(np.int32) if ids else np.zeros(0, np.int32))
+    finally:
+        for stop in unwatch:
+            stop()
+        for stream in streams:
+            stream.cancel()  # ends and drains what an error or a cancel left running; no-op on finished ones
     _check_deadline(req, t0)
     return [stages.frontend(seg, req.voice, req.request_id, prompt, refined_ids=r)
             for seg, r in zip(segments, refined, strict=True)]
@@ -401,7 +424,11 @@ def stream_audio(req: EntryRequest, stages: Stages, schedule: ChunkSchedule, emi
     if req.lookahead_tokens is not None:
         schedule = schedule.with_lookahead(req.lookahead_tokens)
     result = StreamResult() if result is None else result
-    prepared = prepare_segments(req, stages, t0)
+    try:
+        prepared = prepare_segments(req, stages, t0, watch)
+    except Cancelled:
+        result.stop_reason = CANCELLED
+        return result
     result.add_prepared(prepared)
     for index, seg in enumerate(prepared):
         result.segments += 1

@@ -254,3 +254,37 @@ def test_refine_text_speaks_the_text_the_engine_refined(triton_server) -> None:
     refined = fe.prepare(text, refined_ids=text_ids(np.concatenate(sink.codes)))
     assert len(text_ids(np.concatenate(sink.codes))) == n
     assert first.info["normalized_text"] == [refined.normalized]
+
+
+def test_cancel_during_refine_text_ends_the_refine_sequence_at_once(triton_server) -> None:
+    """A client that cancels while its text is being refined (no audio yet) has the refine
+    sequence dropped by the engine within a few steps, not after its 2000 tokens."""
+    import time
+
+    def engine_gauge(name: str) -> float:
+        return sum(_metric(triton_server.metrics_port, name).values())
+
+    client = grpcclient.InferenceServerClient(triton_server.grpc_url)
+    q: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    client.start_stream(callback=lambda result, error: q.put((result, error)))
+    inputs = [_input("text", TEXTS[2]), _input("refine_text", True), _input("refine_max_new_tokens", 2000),
+              _input("refine_min_new_tokens", 2000), _input("max_new_tokens", 20)]
+    client.async_stream_infer(contract.MODEL_STREAM, inputs, enable_empty_final_response=True)
+    deadline = time.monotonic() + 60
+    while engine_gauge("tts_engine_active_sequences") < 1:
+        assert time.monotonic() < deadline, "the refine sequence never reached the engine"
+        time.sleep(0.01)
+    steps_at_cancel = engine_gauge("tts_engine_decode_steps_total")
+    client.stop_stream(cancel_requests=True)
+    client.close()
+    while engine_gauge("tts_engine_active_sequences") > 0:
+        assert time.monotonic() < deadline, "the refine sequence kept running after the cancel"
+        time.sleep(0.01)
+    steps = engine_gauge("tts_engine_decode_steps_total") - steps_at_cancel
+    print(f"\ndecode steps between the cancel and the refine sequence leaving: {steps:.0f}")
+    assert steps < 200  # of 2000: it was dropped, not run to its end
+    while not q.empty():
+        result, error = q.get()
+        assert error is not None or result.as_numpy(contract.OUT_AUDIO.name) is None  # no audio was sent
+    chunks, err = stream(triton_server.grpc_url, _request(TEXTS[1], 5, 30))  # the server serves on
+    assert err is None and sum(c.size for c in chunks) == contract.samples_for_tokens(30)
