@@ -331,6 +331,7 @@ class Engine:
                 self._cancelled(s)
             elif s.deadline_s is not None and now > s.deadline_s:
                 self._fail(s, "deadline exceeded")
+        self._sweep_waiting(now)
         newcomers = self._admit()
         if newcomers:
             self._prefill(newcomers)
@@ -379,6 +380,24 @@ class Engine:
             self._running[r] = s
         with self._stats_lock:
             self.stats_data.row_reuses += 1
+
+    def _sweep_waiting(self, now: float) -> None:
+        """Drop waiting sequences whose client cancelled or whose deadline passed, also while
+        the batch is full (``_admit`` only looks at the queue's head when a slot is free)."""
+        with self._cv:
+            gone = [q for q in self._waiting
+                    if q[2].cancel_requested or q[2].sink.cancelled()
+                    or (q[2].deadline_s is not None and now > q[2].deadline_s)]
+            if not gone:
+                return
+            gone_ids = {id(q) for q in gone}
+            self._waiting = [q for q in self._waiting if id(q) not in gone_ids]
+            heapq.heapify(self._waiting)
+        for _, _, seq in gone:
+            if seq.cancel_requested or seq.sink.cancelled():
+                self._cancelled(seq)
+            else:
+                self._fail(seq, "deadline exceeded while waiting for a slot")
 
     def _admit(self) -> list[Sequence]:
         out: list[Sequence] = []

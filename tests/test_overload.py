@@ -275,6 +275,27 @@ def test_realtime_requests_get_audio_before_batch_requests_under_saturation(tigh
     assert rt_at < batch_at
 
 
+def test_a_request_waiting_for_a_slot_leaves_the_engine_when_its_client_cancels(tight) -> None:
+    """Both slots are held; a third request waits in the engine's queue. Its client cancels:
+    it leaves the queue at once (the engine acknowledges every sequence when it arrives, so
+    the BLS watches its client from then on), not when a slot frees."""
+    port = tight["metrics"]
+    hogs = [Stream(tight["grpc"], "长时间占用。", 9, 1500) for _ in range(ENGINE_BATCH)]
+    for s in hogs:
+        s.start()
+    for s in hogs:
+        assert s.first_chunk.wait(60) and s.error is None, s.error
+    waiting = Stream(tight["grpc"], "排队的请求。", 1, 40).start()
+    assert wait_for(lambda: gauge(port, "tts_engine_active_sequences") == ENGINE_BATCH + 1)
+    waiting.cancel()
+    assert wait_for(lambda: gauge(port, "tts_engine_active_sequences") == ENGINE_BATCH)
+    assert not hogs[0].done.is_set() and not hogs[1].done.is_set()  # it left while the slots were still held
+    assert waiting.first_audio_s is None
+    for s in [*hogs, waiting]:
+        s.close()
+    assert wait_for(lambda: gauge(port, "tts_engine_active_sequences") == 0)
+
+
 def test_deadline_ends_the_stream_with_an_explicit_error(tight) -> None:
     s = Stream(tight["grpc"], "超时测试。", 3, 2000, timeout_s=0.3).start()
     assert s.done.wait(60)
