@@ -11,6 +11,7 @@ the outcome. Every accepted request ends in exactly one ``finish``.
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 import uuid
@@ -45,13 +46,24 @@ class EntryService:
         self.metrics = EntryMetrics(pb, model)
         d = profile.degrade
         self.degrader = Degrader(DegradeThresholds(d.live_high, d.live_low, d.ttfa_p95_high_s, d.ttfa_p95_low_s,
-                                                   d.window, d.min_dwell_s),
+                                                   d.window, d.min_dwell_s, d.max_age_s),
                                  on_switch=self._on_switch)
+        # Re-evaluate once a second too, not only on arrivals: a server whose load has gone
+        # must leave the degraded mode without waiting for new requests.
+        threading.Thread(target=self._tick, name="degrade-tick", daemon=True).start()
         self.slots = StreamSlots(profile.entry.max_concurrent_streams)
         self.stages = BlsStages(pb, profile.entry.breaker_failures, profile.entry.breaker_cooldown_s)
         self.schedule = profile.stream.schedule()
         self._waiting = 0
         self._lock = threading.Lock()
+
+    def _tick(self, interval_s: float = 1.0) -> None:
+        while True:
+            time.sleep(interval_s)
+            try:
+                self.degrader.update(self.slots.live)
+            except Exception:  # never let the ticker die
+                logging.getLogger("chattts_serving.entry").exception("degrade tick")
 
     def _on_switch(self, degraded: bool) -> None:
         self.metrics.set_gauge(self.metrics.degraded, 1.0 if degraded else 0.0)

@@ -101,6 +101,7 @@ class DegradeProfile(_Strict):
     ttfa_p95_low_s: float = Field(gt=0)
     window: int = Field(ge=1)
     min_dwell_s: float = Field(ge=0)
+    max_age_s: float = Field(gt=0)
     max_new_tokens: int = Field(ge=1)
 
 

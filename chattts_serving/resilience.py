@@ -82,7 +82,9 @@ class DegradeThresholds:
 
     Degrade when live streams >= ``live_high`` or the recent TTFA p95 >= ``ttfa_p95_high_s``;
     recover when live streams <= ``live_low`` and TTFA p95 <= ``ttfa_p95_low_s`` (hysteresis),
-    judged over the last ``window`` completed requests, at most every ``min_dwell_s``.
+    judged over the last ``window`` requests that produced audio within ``max_age_s`` seconds
+    (older samples no longer describe the load: an idle server recovers), at most every
+    ``min_dwell_s``.
     """
 
     live_high: int = 48
@@ -91,6 +93,7 @@ class DegradeThresholds:
     ttfa_p95_low_s: float = 1.0
     window: int = 50
     min_dwell_s: float = 5.0
+    max_age_s: float = 60.0
     min_samples: int = 10
     """TTFA samples needed before the TTFA criterion counts (one cold request must not
     switch the service into degraded mode)."""
@@ -111,18 +114,22 @@ class Degrader:
         self.on_switch = on_switch or (lambda _d: None)
         self.degraded = False
         self.switches = 0
-        self._ttfa: deque[float] = deque(maxlen=thresholds.window)
+        self._ttfa: deque[tuple[float, float]] = deque(maxlen=thresholds.window)  # (clock s, TTFA s)
         self._last_switch = -1e18
         self._lock = threading.Lock()
 
     def record_ttfa(self, seconds: float) -> None:
+        """Record one request's time to first audio (s)."""
+        now = self.clock()
         with self._lock:
-            self._ttfa.append(seconds)
+            self._ttfa.append((now, seconds))
 
     def ttfa_p95_s(self) -> float:
-        """p95 of the recent TTFA samples in s; 0 while fewer than ``min_samples``."""
+        """p95 of the TTFA samples (s) of the last ``window`` requests recorded within
+        ``max_age_s``; 0 while fewer than ``min_samples``."""
+        oldest = self.clock() - self.t.max_age_s
         with self._lock:
-            data = sorted(self._ttfa)
+            data = sorted(t for at, t in self._ttfa if at >= oldest)
         if len(data) < self.t.min_samples:
             return 0.0
         return data[min(len(data) - 1, int(0.95 * len(data)))]

@@ -320,10 +320,8 @@ def test_degradation_switches_on_under_load_and_back_off(degrading) -> None:
     for s in streams:
         s.done.wait(120)
         s.close()
-    after = Stream(degrading["grpc"], "恢复。", 1, 10).start()
-    after.done.wait(60)
-    after.close()
     assert seen_on
+    # no further request arrives: the server re-evaluates on its own once load has gone
     assert wait_for(lambda: gauge(port, "tts_degraded_mode") == 0.0, 10)
     events = [json.loads(line[line.index("{"):]) for line in Path(degrading["log"]).read_text().splitlines()
               if '"event":"degraded_mode"' in line]

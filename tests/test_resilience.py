@@ -63,6 +63,11 @@ def test_degrader_switches_on_load_and_back_with_hysteresis() -> None:
         d.record_ttfa(3.0)
     assert d.update(0) is True  # slow first audio alone degrades
     assert switches == [True, False, True] and d.switches == 3
+    clock.t = 60.0
+    assert d.update(0) is True  # the slow samples still describe the last minute
+    clock.t = 80.5
+    assert d.ttfa_p95_s() == 0.0 and d.update(0) is False  # no new requests: the old samples age out
+    assert switches == [True, False, True, False]
 
 
 @pytest.mark.parametrize("text, expected", [
