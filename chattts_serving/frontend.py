@@ -38,8 +38,7 @@ log = logging.getLogger("chattts_serving.frontend")
 
 __all__ = ["MAX_VOICE_SEED", "FrontEnd", "FrontendError", "Prepared"]
 
-RAW_LENGTH_FACTOR = 2
-"""Text may be this many times ``max_text_chars`` long counting control tokens."""
+RAW_LENGTH_FACTOR = textnorm.RAW_LENGTH_FACTOR
 
 
 class FrontendError(ValueError):
@@ -127,9 +126,9 @@ class FrontEnd:
                 token out of range; a voice that cannot be resolved; an invalid refine prompt
                 or refined ids outside the text vocabulary.
         """
-        spoken_chars = len(textnorm.CONTROL_TOKEN.sub("", text))
-        if spoken_chars > self.max_text_chars or len(text) > RAW_LENGTH_FACTOR * self.max_text_chars:
-            raise FrontendError(f"text has {spoken_chars} characters; the limit is {self.max_text_chars}")
+        too_long = textnorm.length_error(text, self.max_text_chars)
+        if too_long:
+            raise FrontendError(too_long)
         if not text.strip():
             raise FrontendError("text is empty")
         try:

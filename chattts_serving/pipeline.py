@@ -21,7 +21,7 @@ from . import contract
 from .chunking import ChunkSchedule, StreamChunker
 from .refine import RefineParams, refine_params_from_inputs
 from .sampling import ParamError, SamplingParams
-from .textnorm import carry_speed
+from .textnorm import carry_speed, length_error
 
 INVALID, UNAVAILABLE, INTERNAL, CANCELLED = "invalid", "unavailable", "internal", "cancelled"
 
@@ -200,8 +200,9 @@ def parse_entry(inputs: Mapping[str, np.ndarray], max_new_tokens_cap: int, defau
     priority, timeout_s = _priority_and_timeout(inputs)
     text = string_input(inputs, contract.IN_TEXT.name, required=True)
     assert text is not None
-    if len(text) > max_text_chars:
-        raise RequestError(f"text has {len(text)} characters; the limit is {max_text_chars}")
+    too_long = length_error(text, max_text_chars)
+    if too_long:
+        raise RequestError(too_long)
     voice = string_input(inputs, contract.IN_VOICE.name, required=False) or ""
     vocoder = (string_input(inputs, contract.IN_VOCODER.name, required=False) or default_vocoder).strip()
     if vocoder not in contract.VOCODER_PATHS:

@@ -81,7 +81,11 @@ def check_params(params: object, specs: tuple[contract.ParamSpec, ...], max_new_
         low_ok = v >= spec.low if spec.low_inclusive else v > spec.low
         if not low_ok or v > spec.high:
             lo = "[" if spec.low_inclusive else "("
-            raise ParamError(f"{name}={v} is out of range {lo}{spec.low:g}, {spec.high:g}]: {spec.doc}")
+            if spec.triton_dtype == "TYPE_FP32":  # float32 inputs: 5.01 arrives as 5.010000228881836
+                shown, low, high = f"{float(v):.6g}", f"{spec.low:g}", f"{spec.high:g}"
+            else:
+                shown, low, high = str(int(v)), str(int(spec.low)), str(int(spec.high))
+            raise ParamError(f"{name}={shown} is out of range {lo}{low}, {high}]: {spec.doc}")
     max_new, min_new = getattr(params, "max_new_tokens"), getattr(params, "min_new_tokens")  # noqa: B009
     if max_new_tokens_cap is not None and max_new > max_new_tokens_cap:
         raise ParamError(f"{prefix}max_new_tokens={max_new} exceeds this deployment's cap of {max_new_tokens_cap}")

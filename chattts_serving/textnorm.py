@@ -1059,3 +1059,18 @@ def carry_speed(segments: list[str]) -> list[str]:
         if n is not None:
             return [f"[speed_{n}]{s}" for s in segments]
     return list(segments)
+
+
+RAW_LENGTH_FACTOR: Final = 2
+"""Text may be this many times the character limit long counting control tokens."""
+
+
+def length_error(text: str, max_chars: int) -> str | None:
+    """The refusal message when ``text`` is over the limit, else None: characters are counted
+    without ChatTTS control tokens and without whitespace at both ends (a text file's final
+    newline does not count); with control tokens the raw text may be ``RAW_LENGTH_FACTOR``
+    times the limit. Used by every entry point and the front end, so all count alike."""
+    spoken = len(CONTROL_TOKEN.sub("", text).strip())
+    if spoken > max_chars or len(text) > RAW_LENGTH_FACTOR * max_chars:
+        return f"text has {spoken} characters; the limit is {max_chars}"
+    return None

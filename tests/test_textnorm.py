@@ -353,3 +353,25 @@ def test_speed_is_carried_to_every_sentence_segment() -> None:
     assert [normalize(s).speed for s in carried] == [2, 2, 2]
     assert textnorm.carry_speed(["一。", "二。"]) == ["一。", "二。"]
     assert textnorm.speed_of("a [speed_12] b") is None and textnorm.speed_of("[speed_0]") == 0
+
+
+@pytest.mark.parametrize("text, ok", [
+    ("好" * 4096, True),
+    ("好" * 4096 + "\n", True),                      # a text file's final newline does not count
+    ("好" * 4090 + "[uv_break]" * 3, True),           # control tokens do not count ...
+    ("好" * 4097, False),
+    ("[uv_break]" * 900, False),                      # ... but the raw text is bounded too (2x)
+])
+def test_every_entry_point_counts_the_length_alike(text: str, ok: bool) -> None:
+    from chattts_serving.gateway.speech import SpeechRequest, build_request
+    from chattts_serving.pipeline import RequestError, parse_entry
+
+    inputs = {"text": np.array([text.encode()], dtype=np.object_)}
+    if ok:
+        assert parse_entry(inputs, 2048, "hidden").text == text
+        assert build_request(SpeechRequest(model="tts-1", input=text, voice="alloy"), ("tts-1",), 4096).text == text
+    else:
+        with pytest.raises(RequestError, match="the limit is 4096"):
+            parse_entry(inputs, 2048, "hidden")
+        with pytest.raises(Exception, match="the limit is 4096"):
+            build_request(SpeechRequest(model="tts-1", input=text, voice="alloy"), ("tts-1",), 4096)

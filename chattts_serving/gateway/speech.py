@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from .. import audio_format, contract
 from ..client import StreamPart, SynthesisRequest, iter_parts
-from ..textnorm import CONTROL_NUMBERED, DEFAULT_SPEED
+from ..textnorm import CONTROL_NUMBERED, DEFAULT_SPEED, length_error
 from .errors import INVALID_REQUEST, ApiError
 
 MIN_SPEED: Final = 0.25
@@ -104,9 +104,9 @@ def build_request(req: SpeechRequest, models: tuple[str, ...], max_input_chars: 
     if req.model not in models:
         raise ApiError(404, f"The model '{req.model}' does not exist; available: {', '.join(models)}",
                        INVALID_REQUEST, param="model", code="model_not_found")
-    if len(req.input) > max_input_chars:
-        raise ApiError(400, f"input has {len(req.input)} characters; the maximum is {max_input_chars}",
-                       INVALID_REQUEST, param="input", code="string_above_max_length")
+    too_long = length_error(req.input, max_input_chars)
+    if too_long:
+        raise ApiError(400, f"input: {too_long}", INVALID_REQUEST, param="input", code="string_above_max_length")
     if not req.input.strip():
         raise ApiError(400, "input is empty", INVALID_REQUEST, param="input", code="invalid_value")
     voice = req.voice_string.strip()
