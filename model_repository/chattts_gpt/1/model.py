@@ -25,6 +25,9 @@ class TritonPythonModel:
                                      MemoryGauges(pb_utils, setup.name, setup.gpu_index))
         self.engine = Engine(runner, Embeddings(setup.artifacts), ep.engine_config(), self.metrics)
         self.engine.warm_up(text_head=self.engine.emb.has_text_head)  # refine-text needs the text head
+        if not self.engine.emb.has_text_head:
+            glue.log.warning("%s: the artifacts have no text head (exported before exporter version 3): "
+                             "refine_text requests will fail until `make export` runs again", setup.artifacts.root)
         self.engine.start()
 
     def execute(self, requests):
