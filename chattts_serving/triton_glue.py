@@ -7,6 +7,7 @@ adapters in ``model_repository/*/1/model.py`` stay a few lines each.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import logging
@@ -18,7 +19,7 @@ import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -37,7 +38,7 @@ from .pipeline import (
 from .profile import Profile, profile_from_json
 from .refine import refine_params_from_inputs
 from .resilience import CircuitBreaker, CircuitOpen
-from .runtime import Artifacts
+from .runtime import Artifacts, OrtOptions
 from .sampling import SamplingParams
 
 log = logging.getLogger("chattts_serving.triton")
@@ -54,6 +55,12 @@ class ModelSetup:
     parameters: dict[str, str]
     gpu_index: int | None = None
     """The instance's GPU (Triton's ``model_instance_device_id``) for KIND_GPU, else None."""
+
+    def ort(self, stage: Literal["engine", "vocoder"]) -> OrtOptions:
+        """The profile's ONNX Runtime options for ``stage``, on this instance's GPU (an
+        instance group over several GPUs gives each instance its own device)."""
+        opts = self.profile.ort(stage)
+        return opts if self.gpu_index is None else dataclasses.replace(opts, device_id=self.gpu_index)
 
     @classmethod
     def from_args(cls, pb: Any, args: dict[str, Any], decoupled: bool) -> ModelSetup:

@@ -78,3 +78,16 @@ def test_unfilled_template_variable_fails_at_render_time(monkeypatch: pytest.Mon
 def test_validator_rejects_bad_configs(text: str, cause: str) -> None:
     with pytest.raises(render.RenderError, match=cause):
         render.validate_config(text, "m")
+
+
+def test_each_gpu_instance_runs_on_its_own_device() -> None:
+    """KIND_GPU instances get Triton's model_instance_device_id as their ONNX Runtime device."""
+    from chattts_serving.profile import load_profile
+    from chattts_serving.triton_glue import ModelSetup
+
+    prof = load_profile("gpu")
+    on_gpu1 = ModelSetup("chattts_gpt", {}, None, prof, {}, gpu_index=1)  # type: ignore[arg-type]
+    on_cpu = ModelSetup("chattts_gpt", {}, None, load_profile("cpu"), {})  # type: ignore[arg-type]
+    assert on_gpu1.ort("engine").device_id == 1 and on_gpu1.ort("vocoder").device_id == 1
+    assert on_gpu1.ort("engine").providers == prof.ort("engine").providers
+    assert on_cpu.ort("engine") == load_profile("cpu").ort("engine")

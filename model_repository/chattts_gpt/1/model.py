@@ -19,7 +19,7 @@ class TritonPythonModel:
         setup = glue.ModelSetup.from_args(pb_utils, args, decoupled=True)
         self.profile, self.name = setup.profile, setup.name
         self.hidden_size = setup.artifacts.hidden_size
-        runner = GptStepRunner(setup.artifacts, setup.profile.ort("engine"))
+        runner = GptStepRunner(setup.artifacts, setup.ort("engine"))
         ep = setup.profile.engine
         self.metrics = EngineMetrics(pb_utils, setup.name, ep.max_batch_size * ep.max_context_tokens,
                                      MemoryGauges(pb_utils, setup.name, setup.gpu_index))

@@ -15,7 +15,7 @@ class TritonPythonModel:
         setup = glue.ModelSetup.from_args(pb_utils, args, decoupled=False)
         self.name = setup.name
         self.memory = MemoryGauges(pb_utils, setup.name, setup.gpu_index)
-        self.runner = VocoderRunner(setup.artifacts, setup.parameters["vocoder_path"], setup.profile.ort("vocoder"))
+        self.runner = VocoderRunner(setup.artifacts, setup.parameters["vocoder_path"], setup.ort("vocoder"))
         self.runner.warm_up(setup.artifacts.hidden_size)
 
     def execute(self, requests):
