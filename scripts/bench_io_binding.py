@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from chattts_serving.bench.rawstep import time_steps
 from chattts_serving.engine import Engine, EngineConfig, Sequence
 from chattts_serving.runtime import Artifacts, Embeddings, GptStepRunner, OrtOptions
 from chattts_serving.sampling import SamplingParams
@@ -41,21 +42,7 @@ class _Null:
 
 
 def raw_step_ms(runner: GptStepRunner, b: int, past: int, repeats: int) -> float:
-    art = runner.art
-    rng = np.random.default_rng(0)
-    be = runner.backend
-    kv = [be.to_device(rng.standard_normal((b, art.num_heads, past, art.head_dim)).astype(runner.kv_dtype))
-          for _ in range(2 * art.num_layers)]
-    mask = be.to_device(np.ones((b, past + 1), np.int64))
-    embeds = rng.standard_normal((b, 1, art.hidden_size), dtype=np.float32)
-    for _ in range(3):
-        runner.step(embeds, mask, kv, reuse_outputs=True)
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        runner.step(embeds, mask, kv, reuse_outputs=True)
-        times.append(time.perf_counter() - t)
-    return statistics.median(times) * 1e3
+    return statistics.median(time_steps(runner, b, past, repeats)) * 1e3
 
 
 def engine_step_ms(runner: GptStepRunner, emb: Embeddings, b: int, steps: int) -> float:

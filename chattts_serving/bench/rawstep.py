@@ -31,20 +31,31 @@ def measure_raw_step(artifacts_dir: Path, opts: OrtOptions, batches: Sequence[in
     rng = np.random.default_rng(seed)
     out: dict[str, dict[str, float]] = {}
     for b in batches:
-        embeds = rng.standard_normal((b, 1, art.hidden_size), dtype=np.float32)
-        be = runner.backend  # the profile's IO binding / precision: KV where and as the engine holds it
-        mask = be.to_device(np.ones((b, past_tokens + 1), np.int64))
-        past = [be.to_device(rng.standard_normal((b, art.num_heads, past_tokens, art.head_dim), dtype=np.float32)
-                             .astype(runner.kv_dtype)) for _ in range(2 * art.num_layers)]
-        for _ in range(warmup):
-            runner.step(embeds, mask, past, reuse_outputs=True)
-        times = []
-        for _ in range(repeats):
-            t = time.perf_counter()
-            runner.step(embeds, mask, past, reuse_outputs=True)
-            times.append(time.perf_counter() - t)
+        times = time_steps(runner, b, past_tokens, repeats, warmup, rng)
         med = float(np.median(times))
         out[str(b)] = {"step_ms_p50": med * 1e3, "step_ms_min": float(np.min(times)) * 1e3,
                        "tokens_per_s": b / med}
     return {"past_tokens": past_tokens, "intra_op_threads": opts.intra_op_threads,
             "allow_spinning": opts.allow_spinning, "repeats": repeats, "batches": out}
+
+
+def time_steps(runner: GptStepRunner, batch: int, past_tokens: int, repeats: int, warmup: int = 3,
+               rng: np.random.Generator | None = None) -> list[float]:
+    """Wall times in s of ``repeats`` decode steps (after ``warmup`` untimed ones) of batch
+    ``batch`` over a random past of ``past_tokens`` positions, held where and as the engine
+    holds it (the runner's array backend and KV dtype; IO binding when its options ask)."""
+    art = runner.art
+    rng = np.random.default_rng(0) if rng is None else rng
+    embeds = rng.standard_normal((batch, 1, art.hidden_size), dtype=np.float32)
+    be = runner.backend
+    mask = be.to_device(np.ones((batch, past_tokens + 1), np.int64))
+    past = [be.to_device(rng.standard_normal((batch, art.num_heads, past_tokens, art.head_dim), dtype=np.float32)
+                         .astype(runner.kv_dtype)) for _ in range(2 * art.num_layers)]
+    for _ in range(warmup):
+        runner.step(embeds, mask, past, reuse_outputs=True)
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        runner.step(embeds, mask, past, reuse_outputs=True)
+        times.append(time.perf_counter() - t)
+    return times
