@@ -138,7 +138,10 @@ class Sequence:
     deadline_s: ``time.monotonic()`` after which the sequence is dropped with an error;
     mode: ``"code"`` (speech codes) or ``"text"`` (refine text: prompt from
     :func:`chattts_serving.refine.refine_prompt_ids`, no speaker vector, params from
-    :meth:`chattts_serving.refine.RefineParams.sampling_params`).
+    :meth:`chattts_serving.refine.RefineParams.sampling_params`); acknowledge: the engine
+    thread's first sink call for the sequence is an empty one (no tokens, stop reason ''),
+    made as soon as it sees the submission (a BLS caller returns from its call at the first
+    response and can then watch its client; every response is sent from the engine thread).
     """
 
     prompt_ids: np.ndarray
@@ -151,6 +154,7 @@ class Sequence:
     deadline_s: float | None = None
     request_id: str = ""
     mode: str = MODE_CODE
+    acknowledge: bool = False
     sampler: RequestSampler = field(init=False)
     length: int = 0  # tokens in this sequence's KV cache
     generated: int = 0
@@ -204,6 +208,7 @@ class Engine:
         self.config = config
         self._cv = threading.Condition()
         self._waiting: list[tuple[int, int, Sequence]] = []  # heap of (priority, order, seq)
+        self._unacknowledged: list[Sequence] = []  # submitted with acknowledge=True, not yet answered
         self._order = itertools.count()
         self._running: list[Sequence] = []
         self._xp = runner.backend
@@ -237,6 +242,8 @@ class Engine:
             if len(self._waiting) >= self.config.max_waiting:
                 raise EngineBusy(f"server busy: {len(self._waiting)} requests already waiting")
             heapq.heappush(self._waiting, (seq.priority, next(self._order), seq))
+            if seq.acknowledge:
+                self._unacknowledged.append(seq)
             self._cv.notify()
 
     def cancel(self, request_id: str) -> bool:
@@ -331,6 +338,11 @@ class Engine:
                 self._cancelled(s)
             elif s.deadline_s is not None and now > s.deadline_s:
                 self._fail(s, "deadline exceeded")
+        with self._cv:
+            new, self._unacknowledged = self._unacknowledged, []
+        for s in new:
+            if not s.done:
+                self._flush(s, "")
         self._sweep_waiting(now)
         newcomers = self._admit()
         if newcomers:
@@ -382,19 +394,20 @@ class Engine:
             self.stats_data.row_reuses += 1
 
     def _sweep_waiting(self, now: float) -> None:
-        """Drop waiting sequences whose client cancelled or whose deadline passed, also while
-        the batch is full (``_admit`` only looks at the queue's head when a slot is free)."""
+        """Drop waiting sequences that :meth:`cancel` named or whose deadline passed, also
+        while the batch is full (``_admit`` only looks at the queue's head when a slot is
+        free). Their sinks are not asked here (in Triton that is a round trip per sequence
+        and step); ``_admit`` asks when a slot frees."""
         with self._cv:
             gone = [q for q in self._waiting
-                    if q[2].cancel_requested or q[2].sink.cancelled()
-                    or (q[2].deadline_s is not None and now > q[2].deadline_s)]
+                    if q[2].cancel_requested or (q[2].deadline_s is not None and now > q[2].deadline_s)]
             if not gone:
                 return
             gone_ids = {id(q) for q in gone}
             self._waiting = [q for q in self._waiting if id(q) not in gone_ids]
             heapq.heapify(self._waiting)
         for _, _, seq in gone:
-            if seq.cancel_requested or seq.sink.cancelled():
+            if seq.cancel_requested:
                 self._cancelled(seq)
             else:
                 self._fail(seq, "deadline exceeded while waiting for a slot")

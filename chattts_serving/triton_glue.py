@@ -138,16 +138,6 @@ def send_engine_error(pb: Any, sender: Any, exc: RequestError) -> None:
     sender.send(flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 
 
-def send_accepted(pb: Any, sender: Any) -> None:
-    """The GPT engine's first response to a new sequence: no tokens, stop_reason ''. A BLS
-    call to a decoupled model returns only at its first response, so without it the caller
-    could not watch for its client's cancel while the sequence waits for a slot."""
-    outs = [pb.Tensor(contract.EN_CODES.name, np.zeros((0, contract.NUM_VQ), np.int32)),
-            pb.Tensor(contract.EN_HIDDEN.name, np.zeros((0, 0), np.float32)),
-            string_tensor(pb, contract.EN_STOP.name, "")]
-    sender.send(pb.InferenceResponse(output_tensors=outs))
-
-
 def send_final_error(pb: Any, sender: Any, exc: RequestError, tag_kind: bool = False) -> None:
     """End a decoupled stream with an error (final flag set, so the client never hangs)."""
     sender.send(pb.InferenceResponse(error=triton_error(pb, exc, tag_kind)),

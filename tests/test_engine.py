@@ -223,6 +223,30 @@ def test_cancel_by_request_id_ends_the_sequence_with_a_cancelled_reason(parts) -
     assert a.reason == contract.STOP_MAX_TOKENS and len(a.all_codes) == 50
 
 
+def test_waiting_sequences_are_acknowledged_at_once_and_leave_on_cancel_while_slots_are_full(parts) -> None:
+    """acknowledge=True: the first sink call is empty and comes at the next engine step, even
+    while the sequence waits for a slot; a cancel by id takes it out of the queue before a slot
+    frees; without acknowledge nothing is sent before tokens exist."""
+    eng = Engine(*parts, EngineConfig(max_batch_size=1))
+    hog, waiting, plain = Sink(), Sink(), Sink()
+    params = SamplingParams(max_new_tokens=50, min_new_tokens=50)
+    eng.submit(Sequence(_prompt(20, 1), None, params, hog, emit_tokens=50, acknowledge=True, request_id="hog"))
+    eng.run_once()
+    assert [len(c) for c in hog.codes] == [0] and hog.reason == ""  # the acknowledgement, before any token
+    eng.submit(Sequence(_prompt(20, 2), None, params, waiting, acknowledge=True, request_id="waiting"))
+    eng.submit(Sequence(_prompt(20, 3), None, params, plain, request_id="plain"))
+    eng.run_once()
+    assert [len(c) for c in waiting.codes] == [0] and plain.codes == []  # both still wait for the slot
+    assert eng.cancel("waiting")
+    eng.run_once()
+    assert waiting.reason == contract.STOP_CANCELLED and eng.live_count() == 2  # the hog runs, plain waits
+    assert len(hog.all_codes) < 50
+    while eng.live_count():
+        eng.run_once()
+    assert hog.reason == plain.reason == contract.STOP_MAX_TOKENS
+    assert len(hog.all_codes) == len(plain.all_codes) == 50 and len(waiting.all_codes) == 0
+
+
 def test_finished_rows_are_reused_by_newcomers_without_mixing(parts, small_artifacts: Artifacts) -> None:
     """With 2 slots and 6 requests of different lengths, newcomers take over the rows of
     finished sequences (row reuse, no full rebuild) and still get exactly their solo codes."""

@@ -44,8 +44,7 @@ class TritonPythonModel:
                 deadline = time.monotonic() + a.timeout_s if a.timeout_s else None
                 try:
                     sink = glue.SenderSink(pb_utils, sender, self.name, request.request_id(), a.input_ids.size)
-                    glue.send_accepted(pb_utils, sender)  # before the engine thread may send
-                    self.engine.submit(Sequence(a.input_ids, a.spk_emb, a.params, sink, mode=a.mode,
+                    self.engine.submit(Sequence(a.input_ids, a.spk_emb, a.params, sink, mode=a.mode, acknowledge=True,
                                                 emit_tokens=a.emit_tokens, first_emit_tokens=a.first_emit_tokens,
                                                 priority=a.priority, deadline_s=deadline,
                                                 request_id=stream_id or request.request_id()))
