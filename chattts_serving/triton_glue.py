@@ -543,35 +543,30 @@ class CancelWatcher:
         self.stall_s = stall_s
         self.on_stall = on_stall
         self._watched: dict[int, tuple[Any, Any]] = {}
-        self._guards: dict[int, Any] = {}
+        self._guards: dict[int, tuple[Any, Any]] = {}
         self._ids = itertools.count()
         self._lock = threading.Lock()
         threading.Thread(target=self._loop, name="cancel-watch", daemon=True).start()
 
+    def _add(self, table: dict[int, tuple[Any, Any]], entry: tuple[Any, Any]) -> Any:
+        """Put ``entry`` into ``table`` under a new key; returns the function that removes it."""
+        key = next(self._ids)
+        with self._lock:
+            table[key] = entry
+
+        def remove() -> None:
+            with self._lock:
+                table.pop(key, None)
+        return remove
+
     def guard(self, guard: StreamGuard, context: Any) -> Any:
         """Watch ``guard`` for stalls; returns a function that stops watching it.
         ``on_stall(guard, context)`` runs (on the watcher thread) when it stalls."""
-        key = next(self._ids)
-        with self._lock:
-            self._guards[key] = (guard, context)
-
-        def unguard() -> None:
-            with self._lock:
-                self._guards.pop(key, None)
-        return unguard
+        return self._add(self._guards, (guard, context))
 
     def watcher(self, is_cancelled: Any) -> Any:
         """A ``pipeline.Watch`` for one stream whose client is asked with ``is_cancelled()``."""
-        def watch(on_cancel: Any) -> Any:
-            key = next(self._ids)
-            with self._lock:
-                self._watched[key] = (is_cancelled, on_cancel)
-
-            def unwatch() -> None:
-                with self._lock:
-                    self._watched.pop(key, None)
-            return unwatch
-        return watch
+        return lambda on_cancel: self._add(self._watched, (is_cancelled, on_cancel))
 
     def _loop(self) -> None:
         while True:
