@@ -393,48 +393,66 @@ class Engine:
         with self._stats_lock:
             self.stats_data.row_reuses += 1
 
-    def _sweep_waiting(self, now: float) -> None:
-        """Drop waiting sequences that :meth:`cancel` named or whose deadline passed, also
-        while the batch is full (``_admit`` only looks at the queue's head when a slot is
-        free). Their sinks are not asked here (in Triton that is a round trip per sequence
-        and step); ``_admit`` asks when a slot frees."""
-        with self._cv:
-            gone = [q for q in self._waiting
-                    if q[2].cancel_requested or (q[2].deadline_s is not None and now > q[2].deadline_s)]
-            if not gone:
-                return
-            gone_ids = {id(q) for q in gone}
-            self._waiting = [q for q in self._waiting if id(q) not in gone_ids]
-            heapq.heapify(self._waiting)
-        for _, _, seq in gone:
+    @staticmethod
+    def _expired_or_named(seq: Sequence, now: float) -> bool:
+        """A waiting sequence that :meth:`cancel` named or whose deadline passed."""
+        return seq.cancel_requested or (seq.deadline_s is not None and now > seq.deadline_s)
+
+    def _end_waiting(self, gone: list[Sequence]) -> None:
+        """End sequences taken out of the queue (called without the lock: their sinks send)."""
+        for seq in gone:
             if seq.cancel_requested:
                 self._cancelled(seq)
             else:
                 self._fail(seq, "deadline exceeded while waiting for a slot")
 
+    def _sweep_waiting(self, now: float) -> None:
+        """Drop waiting sequences that :meth:`cancel` named or whose deadline passed, also
+        while the batch is full (``_admit`` only looks at the queue's head when a slot is
+        free). Their sinks are not asked here (in Triton that is a round trip per sequence
+        and step); ``_admit`` asks when a slot frees."""
+        keep: list[tuple[int, int, Sequence]] = []
+        gone: list[Sequence] = []
+        with self._cv:
+            for q in self._waiting:
+                if self._expired_or_named(q[2], now):
+                    gone.append(q[2])
+                else:
+                    keep.append(q)
+            if not gone:
+                return
+            self._waiting = keep
+            heapq.heapify(self._waiting)
+        self._end_waiting(gone)
+
     def _admit(self) -> list[Sequence]:
+        """Take the next waiting sequences for the free rows, up to ``max_prefill_tokens``
+        padded prompt tokens. Sinks are asked and answered only after the queue's lock is
+        released: a sink may talk to Triton, which may be waiting for ``submit`` or
+        ``cancel`` (both take the lock) on the model's execute thread."""
+        now = time.monotonic()
         out: list[Sequence] = []
-        tokens = 0
+        gone: list[Sequence] = []
         with self._cv:
             room = self.config.max_batch_size - sum(1 for s in self._running if not s.done)
             while self._waiting and len(out) < room:
                 seq = self._waiting[0][2]
-                if seq.cancel_requested or seq.sink.cancelled():
-                    heapq.heappop(self._waiting)
-                    self._cancelled(seq)
-                    continue
-                if seq.deadline_s is not None and time.monotonic() > seq.deadline_s:
-                    heapq.heappop(self._waiting)
-                    self._fail(seq, "deadline exceeded while waiting for a slot")
+                if self._expired_or_named(seq, now):
+                    gone.append(heapq.heappop(self._waiting)[2])
                     continue
                 width = max([len(s.prompt_ids) for s in out] + [len(seq.prompt_ids)])
                 if out and width * (len(out) + 1) > self.config.max_prefill_tokens:
                     break
-                heapq.heappop(self._waiting)
-                out.append(seq)
-                tokens = width * len(out)
-        del tokens
-        return out
+                out.append(heapq.heappop(self._waiting)[2])
+        self._end_waiting(gone)
+        admitted = []
+        for seq in out:
+            if seq.sink.cancelled():
+                seq.cancel_requested = True
+                self._end_waiting([seq])
+            else:
+                admitted.append(seq)
+        return admitted
 
     def _prefill(self, seqs: list[Sequence]) -> None:
         width = max(len(s.prompt_ids) for s in seqs)
