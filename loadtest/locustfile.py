@@ -124,14 +124,19 @@ class GrpcStreamUser(User):
         count_audio("grpc", chunks, samples)
 
 
-class SseStreamUser(FastHttpUser):
-    """Streams ``contract.MODEL_STREAM`` over HTTP SSE; reports ``sse:ttfa`` and ``sse:total``."""
+class _TritonHttpUser(FastHttpUser):
+    """Shared settings of the HTTP users: Triton's HTTP endpoint, closed loop, timeouts."""
 
+    abstract = True
     wait_time = constant(WAIT_S)
     weight = 1
     host = f"http://{HOST}:{HTTP_PORT}"
     network_timeout = TIMEOUT_S
     connection_timeout = TIMEOUT_S
+
+
+class SseStreamUser(_TritonHttpUser):
+    """Streams ``contract.MODEL_STREAM`` over HTTP SSE; reports ``sse:ttfa`` and ``sse:total``."""
 
     @task
     def stream(self) -> None:
@@ -173,14 +178,8 @@ class SseStreamUser(FastHttpUser):
                 resp.request_meta["response_length"] = samples * BYTES_PER_SAMPLE
 
 
-class HttpOfflineUser(FastHttpUser):
+class HttpOfflineUser(_TritonHttpUser):
     """Whole utterances from ``contract.MODEL_OFFLINE`` over HTTP ``/infer``; reports ``http:infer``."""
-
-    wait_time = constant(WAIT_S)
-    weight = 1
-    host = f"http://{HOST}:{HTTP_PORT}"
-    network_timeout = TIMEOUT_S
-    connection_timeout = TIMEOUT_S
 
     @task
     def infer(self) -> None:
