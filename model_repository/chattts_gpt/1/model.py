@@ -1,6 +1,8 @@
 """chattts_gpt (decoupled): the in-flight batching GPT engine. input_ids (INT32 [T]), spk_emb
-(FP32 [H]), sampling parameters, emit_tokens -> a stream of codes (INT32 [N, 4]), hidden
-(FP32 [N, H]), stop_reason (BYTES [1]). KV caches stay inside. Logic: chattts_serving.engine."""
+(FP32 [H], code mode), mode ('code' or 'text' for refine-text), sampling parameters,
+emit_tokens -> a stream of codes (INT32 [N, 4]), hidden (FP32 [N, H]), stop_reason (BYTES
+[1]), starting with an empty acknowledgement; or a control request ('cancel' + stream_id).
+KV caches stay inside. Logic: chattts_serving.engine and triton_glue."""
 
 import time
 
