@@ -255,6 +255,11 @@ model to a BLS caller's response iterator (the caller then waits forever)."""
 GPT_GRAPH: Final = "gpt_step.onnx"
 VOCODER_HIDDEN_GRAPH: Final = "vocoder_hidden.onnx"
 VOCODER_CODES_GRAPH: Final = "vocoder_codes.onnx"
+FP16_GRAPH_FILES: Final = {GPT_GRAPH: "gpt_step.fp16.onnx",
+                           VOCODER_HIDDEN_GRAPH: "vocoder_hidden.fp16.onnx",
+                           VOCODER_CODES_GRAPH: "vocoder_codes.fp16.onnx"}
+"""fp16 file of each graph (fp16 weights and compute, fp32 inputs and outputs), as the exporter
+writes them and lists them in manifest.json under ``precisions.fp16``."""
 MANIFEST: Final = "manifest.json"
 EMBED_FILE: Final = "embed.npz"
 SPEAKER_FILE: Final = "speaker_stats.npz"

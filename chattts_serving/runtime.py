@@ -44,11 +44,7 @@ PRECISIONS = ("fp32", "fp16")
 with ``chattts-export --precision fp16``; listed under ``precisions`` in manifest.json)."""
 
 
-FP16_GRAPH_FILES = {contract.GPT_GRAPH: "gpt_step.fp16.onnx",
-                    contract.VOCODER_HIDDEN_GRAPH: "vocoder_hidden.fp16.onnx",
-                    contract.VOCODER_CODES_GRAPH: "vocoder_codes.fp16.onnx"}
-"""fp16 file of each graph (fp16 weights and compute, fp32 inputs and outputs), as the exporter
-writes them and lists them in manifest.json under ``precisions.fp16``."""
+FP16_GRAPH_FILES = contract.FP16_GRAPH_FILES
 
 
 def graph_path(artifacts: Artifacts, graph: str, precision: str = "fp32") -> Path:
