@@ -6,7 +6,10 @@ created once per model instance and must stay referenced for the model's lifetim
 
 from __future__ import annotations
 
+import logging
+import os
 import threading
+import time
 from typing import Any
 
 BATCH_BUCKETS = [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0]
@@ -96,8 +99,6 @@ class MemoryGauges:
     def maybe_update(self, now_s: float | None = None) -> bool:
         """Refresh the gauges if ``interval_s`` has passed (``now_s``: ``time.monotonic()``).
         Returns True when it refreshed. An NVML error stops the GPU gauges (logged once)."""
-        import time
-
         now_s = time.monotonic() if now_s is None else now_s
         if now_s < self._next_s:
             return False
@@ -113,8 +114,6 @@ class MemoryGauges:
             try:
                 info = nvml.nvmlDeviceGetMemoryInfo(handle)
             except Exception as exc:  # NVMLError and friends: keep serving, stop reporting
-                import logging
-
                 logging.getLogger("chattts_serving.metrics").warning("NVML failed, GPU memory gauges stop: %s", exc)
                 self._gpu = None
                 return
@@ -135,8 +134,6 @@ def _nvml_device(index: int, nvml: Any) -> tuple[Any, Any]:
 
 def process_rss_bytes() -> int:
     """Resident set size of this process in bytes (Linux /proc; 0 where unavailable)."""
-    import os
-
     try:
         with open("/proc/self/statm") as f:
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
