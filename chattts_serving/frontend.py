@@ -55,7 +55,7 @@ class Prepared:
     the prompt); dropped: characters that could not be spoken and reserved tokens that were
     removed, each once in order of appearance; speed: N of the prompt's ``[speed_N]`` (0..9);
     refine_ids: (T',) int32 prompt of the refine-text stage for the normalised text
-    (:func:`chattts_serving.refine.refine_prompt_ids`).
+    (:func:`chattts_serving.refine.refine_prompt_ids`), None when not asked for.
     """
 
     input_ids: np.ndarray
@@ -111,12 +111,13 @@ class FrontEnd:
             raise FrontendError(msg if msg.startswith(("unknown voice", "voice seed")) else
                                 f"unknown voice: {msg}") from None
 
-    def prepare(self, text: str, voice: str = "", refine_prompt: str = "",
+    def prepare(self, text: str, voice: str = "", refine_prompt: str | None = None,
                 refined_ids: np.ndarray | None = None) -> Prepared:
         """Normalise ``text``, build the prompts and tokenize them, and resolve ``voice``.
 
-        The refine-text prompt (``refine_ids``) is built with ``refine_prompt`` (control
-        tokens, validated by :class:`chattts_serving.refine.RefineParams`). With
+        With ``refine_prompt`` (control tokens, '' for none; validated by
+        :class:`chattts_serving.refine.RefineParams`) the refine-text prompt is built too
+        (``refine_ids``; None without). With
         ``refined_ids`` ((N,) ints the refine stage generated for this same ``text``), the
         code prompt is built from the refined text instead, not normalised again, as ChatTTS
         does (:func:`chattts_serving.refine.code_prompt_ids`), and ``normalized`` is that text.
@@ -142,11 +143,13 @@ class FrontEnd:
             raise FrontendError("text has nothing speakable after normalisation (only punctuation, symbols or "
                                 f"unsupported characters{what})")
         speed = norm.speed if norm.speed is not None else textnorm.DEFAULT_SPEED
-        try:
-            refine_ids = refine.refine_prompt_ids(self.tokenizer, normalized,
-                                                  refine.RefineParams(prompt=refine_prompt).validate().prompt)
-        except ParamError as exc:
-            raise FrontendError(str(exc)) from None
+        refine_ids = None
+        if refine_prompt is not None:
+            try:
+                refine_ids = refine.refine_prompt_ids(self.tokenizer, normalized,
+                                                      refine.RefineParams(prompt=refine_prompt).validate().prompt)
+            except ParamError as exc:
+                raise FrontendError(str(exc)) from None
         if refined_ids is not None:
             ids = np.asarray(refined_ids).reshape(-1)
             if ids.size and (ids.min() < 0 or ids.max() >= contract.TEXT_VOCAB_SIZE):
@@ -155,8 +158,7 @@ class FrontEnd:
             code_ids = refine.code_prompt_ids(self.tokenizer, refined, fallback=normalized, speed=speed)
             normalized = refine.code_stage_text(refined, normalized)
         else:
-            prompt = f"[Stts][spk_emb][speed_{speed}]{normalized}[Ptts]"
-            code_ids = np.asarray(self.tokenizer(prompt, add_special_tokens=False)["input_ids"], dtype=np.int32)
+            code_ids = refine.speech_prompt_ids(self.tokenizer, normalized, speed)
         if norm.dropped:
             log.info("characters not spoken: %r", "".join(norm.dropped))
         return Prepared(code_ids.astype(np.int32), spk, normalized, norm.dropped, speed, refine_ids)

@@ -100,9 +100,10 @@ returns a function that stops watching."""
 class Stages(Protocol):
     """The three stages the entry models call (BLS in the server)."""
 
-    def frontend(self, text: str, voice: str, request_id: str = "", refine_prompt: str = "",
+    def frontend(self, text: str, voice: str, request_id: str = "", refine_prompt: str | None = None,
                  refined_ids: np.ndarray | None = None) -> FrontendOutput:
-        """Normalise and tokenize one segment, resolve the voice; with ``refined_ids`` (text
+        """Normalise and tokenize one segment, resolve the voice; with ``refine_prompt`` ('' for
+        none) also the refine-text prompt (``refine_ids``); with ``refined_ids`` (text
         ids (N,) from the refine stage for this segment) the code prompt is built from the
         refined text. Raises RequestError. ``request_id`` (every stage) labels the
         sub-request for the stage's logs."""
@@ -367,7 +368,7 @@ def prepare_segments(req: EntryRequest, stages: Stages, t0: float, watch: Watch 
     Raises RequestError (DeadlineExceeded past ``req.timeout_s`` counted from ``t0``;
     :class:`Cancelled` when the client cancelled during refine-text)."""
     segments = carry_speed(split_segments(req.text))
-    prompt = req.refine.prompt if req.refine is not None else ""
+    prompt = req.refine.prompt if req.refine is not None else None
     prepared = [stages.frontend(seg, req.voice, req.request_id, prompt) for seg in segments]
     if req.refine is None:
         return prepared
@@ -401,7 +402,7 @@ def prepare_segments(req: EntryRequest, stages: Stages, t0: float, watch: Watch 
         for stream in streams:
             stream.cancel()  # ends and drains what an error or a cancel left running; no-op on finished ones
     _check_deadline(req, t0)
-    return [stages.frontend(seg, req.voice, req.request_id, prompt, refined_ids=r)
+    return [stages.frontend(seg, req.voice, req.request_id, refined_ids=r)
             for seg, r in zip(segments, refined, strict=True)]
 
 

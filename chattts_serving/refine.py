@@ -43,7 +43,7 @@ from .sampling import ParamError, SamplingParams, check_params
 
 __all__ = ["BREAK_0_ID", "REFINE_PARAMS", "TEXT_EOS_ID", "RefineParams", "code_prompt_ids", "code_stage_text",
            "decode_refined", "load_tokenizer", "refine_params_from_inputs", "refine_prompt", "refine_prompt_ids",
-           "refine_sequence", "text_ids"]
+           "refine_sequence", "speech_prompt_ids", "text_ids"]
 
 BREAK_0_ID: Final = contract.SPECIAL_TOKEN_IDS["[break_0]"]
 """ChatTTS' ``tokenizer.break_0_ids`` (21147): refined ids ``>=`` this are dropped before
@@ -226,8 +226,18 @@ def code_prompt_ids(tokenizer: Any, refined: str, fallback: str, speed: int = 5)
     Raises:
         ValueError: ``speed`` outside 0..9.
     """
+    return speech_prompt_ids(tokenizer, code_stage_text(refined, fallback), speed)
+
+
+def speech_prompt_ids(tokenizer: Any, text: str, speed: int = 5) -> np.ndarray:
+    """Prompt ids (T,) int32 of the code (speech) stage: ``[Stts][spk_emb][speed_N]{text}[Ptts]``
+    tokenised without special tokens (ChatTTS' ``_infer_code`` prompt with a speaker and
+    ``InferCodeParams.prompt='[speed_N]'``); ``text`` as it is, normalised or refined.
+
+    Raises:
+        ValueError: ``speed`` outside 0..9.
+    """
     if not isinstance(speed, (int, np.integer)) or not 0 <= int(speed) <= 9:
         raise ValueError(f"speed must be an integer in [0, 9], got {speed!r}")
-    text = code_stage_text(refined, fallback)
     ids = tokenizer(f"[Stts][spk_emb][speed_{int(speed)}]{text}[Ptts]", add_special_tokens=False)["input_ids"]
     return np.asarray(ids, dtype=np.int32)

@@ -322,12 +322,12 @@ class BlsStages:
             raise err
         breaker.success()
 
-    def frontend(self, text: str, voice: str, request_id: str = "", refine_prompt: str = "",
+    def frontend(self, text: str, voice: str, request_id: str = "", refine_prompt: str | None = None,
                  refined_ids: np.ndarray | None = None) -> FrontendOutput:
         pb = self.pb
         self.breakers["frontend"].before_or_raise()
         inputs = [string_tensor(pb, contract.IN_TEXT.name, text), string_tensor(pb, contract.IN_VOICE.name, voice)]
-        if refine_prompt:
+        if refine_prompt is not None:
             inputs.append(string_tensor(pb, contract.IN_REFINE_PROMPT.name, refine_prompt))
         if refined_ids is not None:
             inputs.append(pb.Tensor(contract.FE_REFINED_IDS.name, np.ascontiguousarray(refined_ids, np.int32)))

@@ -230,7 +230,7 @@ def test_refine_text_speaks_the_text_the_engine_refined(triton_server) -> None:
     art = triton_server.artifacts
     fp = load_profile("cpu").frontend
     fe = FrontEnd(art, fp.max_text_chars, fp.default_voice_seed)
-    prepared = fe.prepare(text)
+    prepared = fe.prepare(text, refine_prompt="")
     assert plain.info["normalized_text"] == [prepared.normalized]
     engine = Engine(GptStepRunner(art), Embeddings(art), EngineConfig())
 

@@ -29,7 +29,7 @@ class TritonPythonModel:
             inputs = glue.request_inputs(pb_utils, request, contract.FRONTEND_INPUTS)
             text = string_input(inputs, contract.IN_TEXT.name, required=True)
             voice = string_input(inputs, contract.IN_VOICE.name, required=False) or ""
-            prompt = string_input(inputs, contract.IN_REFINE_PROMPT.name, required=False) or ""
+            prompt = string_input(inputs, contract.IN_REFINE_PROMPT.name, required=False)  # None: no refine
             refined = inputs.get(contract.FE_REFINED_IDS.name)
             try:
                 p = self.frontend.prepare(text, voice, prompt, refined)
@@ -42,4 +42,5 @@ class TritonPythonModel:
             pb_utils.Tensor(contract.FE_SPK_EMB.name, p.spk_emb.astype(np.float32)),
             glue.string_tensor(pb_utils, contract.FE_NORMALIZED.name, p.normalized),
             glue.string_tensor(pb_utils, contract.FE_DROPPED.name, json.dumps(list(p.dropped), ensure_ascii=False)),
-            pb_utils.Tensor(contract.FE_REFINE_IDS.name, p.refine_ids)])
+            pb_utils.Tensor(contract.FE_REFINE_IDS.name,
+                            p.refine_ids if p.refine_ids is not None else np.zeros(0, np.int32))])
