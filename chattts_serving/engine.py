@@ -66,6 +66,8 @@ MODE_CODE = "code"
 MODE_TEXT = "text"
 """A refine-text sequence (ChatTTS' ``GPT.generate(infer_text=True)``)."""
 MODES = (MODE_CODE, MODE_TEXT)
+DEADLINE_EXCEEDED = "deadline exceeded"
+"""Start of the error message of a sequence whose deadline passed (sinks tell it from a failure)."""
 TEXT_EOS_ID = contract.SPECIAL_TOKEN_IDS["[Ebreak]"]
 """End token of the text mode: ``[Ebreak]`` (21136), ChatTTS' ``tokenizer.eos_token``; like
 the code mode's 625 it ends the sequence and is not emitted."""
@@ -337,7 +339,7 @@ class Engine:
             if s.cancel_requested or s.sink.cancelled():
                 self._cancelled(s)
             elif s.deadline_s is not None and now > s.deadline_s:
-                self._fail(s, "deadline exceeded")
+                self._fail(s, DEADLINE_EXCEEDED)
         with self._cv:
             new, self._unacknowledged = self._unacknowledged, []
         for s in new:
@@ -404,7 +406,7 @@ class Engine:
             if seq.cancel_requested:
                 self._cancelled(seq)
             else:
-                self._fail(seq, "deadline exceeded while waiting for a slot")
+                self._fail(seq, f"{DEADLINE_EXCEEDED} while waiting for a slot")
 
     def _sweep_waiting(self, now: float) -> None:
         """Drop waiting sequences that :meth:`cancel` named or whose deadline passed, also

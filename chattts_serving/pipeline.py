@@ -19,6 +19,7 @@ import numpy as np
 
 from . import contract
 from .chunking import ChunkSchedule, StreamChunker
+from .engine import MODE_CODE, MODE_TEXT
 from .refine import RefineParams, refine_params_from_inputs
 from .sampling import ParamError, SamplingParams
 from .textnorm import carry_speed, length_error
@@ -110,7 +111,7 @@ class Stages(Protocol):
 
     def generate(self, input_ids: np.ndarray, spk_emb: np.ndarray | None, params: SamplingParams,
                  emit_tokens: int, priority: int = 0, timeout_s: float | None = None,
-                 first_emit_tokens: int = 0, request_id: str = "", mode: str = "code") -> TokenStream:
+                 first_emit_tokens: int = 0, request_id: str = "", mode: str = MODE_CODE) -> TokenStream:
         """Start a sequence on the engine (``priority`` 0 realtime / 1 batch; ``timeout_s``
         after which the engine ends it with an error; ``mode`` 'code', or 'text' for the
         refine stage: no speaker, codes (N, 4) carry the text id in every column). Iterating
@@ -383,7 +384,7 @@ def prepare_segments(req: EntryRequest, stages: Stages, t0: float, watch: Watch 
             # client cancel a few steps after it starts (not after its whole text).
             stream = stages.generate(p.refine_ids if p.refine_ids is not None else np.zeros(0, np.int32), None,
                                      params, REFINE_EMIT_TOKENS, contract.PRIORITIES[req.priority],
-                                     _check_deadline(req, t0), request_id=req.request_id, mode="text")
+                                     _check_deadline(req, t0), request_id=req.request_id, mode=MODE_TEXT)
             streams.append(stream)
             if watch is not None:
                 unwatch.append(watch(stream.request_cancel))

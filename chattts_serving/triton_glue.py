@@ -24,6 +24,7 @@ from typing import Any, Literal
 import numpy as np
 
 from . import contract
+from .engine import DEADLINE_EXCEEDED, MODE_CODE, MODE_TEXT, MODES
 from .logs import log_event
 from .pipeline import (
     INTERNAL,
@@ -197,7 +198,7 @@ class SenderSink:
         (UNAVAILABLE, which does not count against the engine's circuit breaker); anything
         else is an engine failure (INTERNAL)."""
         self.closed = True
-        expired = message.startswith("deadline exceeded")
+        expired = message.startswith(DEADLINE_EXCEEDED)
         self._log_end("expired" if expired else "error", f"error: {message}")
         send_engine_error(self.pb, self.sender, RequestError(message, UNAVAILABLE if expired else INTERNAL))
 
@@ -254,16 +255,16 @@ class EngineArgs:
     priority: int
     timeout_s: float | None
     first_emit_tokens: int = 0
-    mode: str = "code"
+    mode: str = MODE_CODE
 
 
 def engine_sequence_args(inputs: dict[str, np.ndarray], hidden_size: int, max_new_tokens_cap: int) -> EngineArgs:
     """Validate a GPT-engine request. In text mode (refine-text) the sampling inputs take
     ``contract.REFINE_PARAMS``' defaults and ranges and a speaker vector is refused.
     Raises RequestError."""
-    mode = (string_input(inputs, contract.EN_MODE.name, required=False) or "code").strip()
-    if mode not in ("code", "text"):
-        raise RequestError(f"mode must be 'code' or 'text', got {mode!r}")
+    mode = (string_input(inputs, contract.EN_MODE.name, required=False) or MODE_CODE).strip()
+    if mode not in MODES:
+        raise RequestError(f"mode must be one of {MODES}, got {mode!r}")
     ids = inputs.get(contract.FE_INPUT_IDS.name)
     if ids is None:
         raise RequestError("missing required input 'input_ids'")
@@ -274,7 +275,7 @@ def engine_sequence_args(inputs: dict[str, np.ndarray], hidden_size: int, max_ne
     spk = inputs.get(contract.EN_SPK_EMB.name)
     if spk is not None and (spk.dtype != np.float32 or spk.shape != (hidden_size,) or not np.isfinite(spk).all()):
         raise RequestError(f"spk_emb must be a finite FP32 tensor of shape [{hidden_size}]")
-    if mode == "text":
+    if mode == MODE_TEXT:
         if spk is not None:
             raise RequestError("a text-mode (refine) sequence takes no spk_emb")
         params = refine_params_from_inputs(inputs, max_new_tokens_cap).sampling_params()
@@ -346,7 +347,7 @@ class BlsStages:
 
     def generate(self, input_ids: np.ndarray, spk_emb: np.ndarray | None, params: SamplingParams,
                  emit_tokens: int, priority: int = 0, timeout_s: float | None = None,
-                 first_emit_tokens: int = 0, request_id: str = "", mode: str = "code") -> EngineStream:
+                 first_emit_tokens: int = 0, request_id: str = "", mode: str = MODE_CODE) -> EngineStream:
         self.breakers["engine"].before_or_raise()
         return EngineStream(self.pb, input_ids, spk_emb, params, emit_tokens, priority, timeout_s,
                             self.breakers["engine"], first_emit_tokens, request_id, mode)
@@ -390,7 +391,7 @@ class EngineStream:
     def __init__(self, pb: Any, input_ids: np.ndarray, spk_emb: np.ndarray | None, params: SamplingParams,
                  emit_tokens: int, priority: int = 0, timeout_s: float | None = None,
                  breaker: GuardedBreaker | None = None, first_emit_tokens: int = 0, request_id: str = "",
-                 mode: str = "code") -> None:
+                 mode: str = MODE_CODE) -> None:
         self.pb = pb
         self.breaker = breaker
         self.stream_id = uuid.uuid4().hex
