@@ -11,19 +11,33 @@ would delete carries meaning:
   Chinese (with ``cn2an`` for cardinals) or in English (with ``num2words``), whichever script
   surrounds it (see :func:`context_language`), so that mixed text reads each part in its own
   language. ``split_segments`` shows the resulting Chinese and English runs.
-* Full-width letters, digits and punctuation are folded to half-width first; punctuation is
-  then mapped to ChatTTS' pause marks in the segment's language (``，``/``。`` in Chinese,
-  ``,``/``.`` in English); quotes are removed.
+* Where one written form has two readings, words of the same sentence decide (the lists are
+  module constants): ``a-b`` is a score (四比零) after or before score words (:data:`SCORE_BEFORE`,
+  :data:`SCORE_AFTER`, :data:`SCORE_SENTENCE`) or when ``a >= b``, else a range (三到五天); a
+  colon is a time (十点三十分), a score after 比分, a ratio between small numbers (三比二), a
+  duration after 成绩/用时; a number after 电话/卡号/拨打 (:data:`IDENTIFIER_BEFORE`), in spaced
+  digit groups or of 12 digits and more is an identifier read digit by digit with 幺 and a
+  pause between groups; a lone 2 reads 两 before a measure word but 二 in 第2, 2号, 2楼, 2两;
+  ``N+`` reads N多; a unit written after a time (17:20分) or an amount (¥100元) is read once.
+* Full-width letters, digits and punctuation are folded to half-width first, and characters
+  with a readable form are replaced by it (Kangxi radicals and enclosed ideographs by their
+  ideograph, 〇 by 零, ㎡ by m², Greek letters by their names); punctuation is then mapped to
+  ChatTTS' pause marks in the segment's language (``，``/``。`` in Chinese, ``,``/``.`` in
+  English); quotes and title marks are silent.
 * ChatTTS' control tokens (``[uv_break]``, ``[laugh]``, ``[break_N]``, ``[oral_N]``, ...) are
   kept verbatim and never read aloud; a ``[speed_N]`` token is taken out of the text and
   returned as :attr:`NormalizedText.speed` (it belongs in the prompt). Prompt-structure tokens
   (``[Stts]``, ``[spk_emb]``, ...) are removed and reported.
 * Nothing is dropped silently: every character that cannot be spoken (emoji, other scripts,
-  unknown symbols) and every removed reserved token is listed in :attr:`NormalizedText.dropped`.
+  unknown symbols, Chinese characters after U+9FA5 that no bert-base-chinese vocabulary has)
+  and every removed reserved token is listed in :attr:`NormalizedText.dropped`.
+* With ``library=True`` the Chinese reading of a few entity kinds comes from WeTextProcessing
+  (:mod:`chattts_serving.textnorm_wetext`), where the normalisation corpus shows it right.
 
-The output holds only characters ChatTTS' ``Normalizer`` keeps (``[一-鿿A-Za-z，。、,. ]``)
-plus control tokens. Nothing here imports torch or Triton; ``cn2an`` and ``num2words`` are
-imported on first use.
+The output holds only characters ChatTTS' ``Normalizer`` keeps (``[一-龥A-Za-z，。、,. ]``)
+plus control tokens. Nothing here imports torch or Triton; ``cn2an``, ``num2words`` and
+``wetext`` are imported on first use. The expected readings are the team's corpus,
+``tests/data/textnorm_corpus.tsv`` (``python -m chattts_serving.textnorm_report``).
 """
 
 from __future__ import annotations
@@ -106,14 +120,35 @@ def _script(c: str) -> Lang | None:
 
 _LIGATURES: Final = {"ß": "ss", "æ": "ae", "Æ": "AE", "œ": "oe", "Œ": "OE", "ø": "o", "Ø": "O", "đ": "d", "Đ": "D",
                      "ł": "l", "Ł": "L", "ı": "i", "…": "...", "−": "-", "﹣": "-", "‐": "-", "‑": "-",
-                     "\u00a0": " ", "\t": " ", "\r": "", "·": " ", "・": " "}
+                     "\u00a0": " ", "\t": " ", "\r": "", "·": " ", "・": " ", "〇": "零", "〜": "~", "µ": "μ",
+                     "㎡": "m²", "㎥": "m³", "㎢": "km²", "㎞": "km", "㎏": "kg", "㎎": "mg", "㎝": "cm", "㎜": "mm",
+                     "㎖": "ml", "㎐": "Hz", "㎑": "kHz", "㎒": "MHz", "㎓": "GHz", "㎾": "kW", "㏈": "dB"}
+"""Characters folded to a readable form: ligatures and dashes to ASCII, 〇 (U+3007, outside the
+CJK block ChatTTS keeps) to 零, the CJK square unit symbols to the units they stand for."""
+LAST_SPOKEN_CJK: Final = "\u9fa5"
+"""The last character of the CJK Unified Ideographs of Unicode 1.1 (U+4E00..U+9FA5). ChatTTS'
+tokenizer has the vocabulary of bert-base-chinese, whose Chinese characters all lie in that
+range (its last one is 龟, U+9F9F); later additions to the block (U+9FA6..U+9FFF, e.g. the
+element 鿏) would reach the GPT as ``[UNK]``, so :func:`normalize` reports them as not spoken.
+The front end then checks every character against the vocabulary it loaded."""
+
+
+def _ideograph_form(c: str) -> str | None:
+    """The CJK ideograph a Kangxi radical, CJK compatibility or enclosed ideograph stands for
+    (its NFKC form: ``⼈`` -> 人, ``㊣`` -> 正), None for any other character."""
+    if "\u4e00" <= c <= "\u9fff" or c.isascii():
+        return None
+    plain = unicodedata.normalize("NFKC", c)
+    return plain if len(plain) == 1 and "\u4e00" <= plain <= LAST_SPOKEN_CJK else None
 
 
 def fold_width(text: str) -> str:
     """Full-width ASCII (U+FF01..U+FF5E) to half-width, the ideographic space to a space, ``￥``
     to ``¥``, accented Latin letters to their base letter (``é`` -> ``e``), circled, subscript
-    and fraction digits to ASCII (``①`` -> 1, ``½`` -> 1/2), a few ligatures and dashes to
-    ASCII. Chinese punctuation outside the full-width block (``。、「」``) is kept."""
+    and fraction digits to ASCII (``①`` -> 1, ``½`` -> 1/2), a few ligatures, dashes and unit
+    symbols to ASCII (``㎡`` -> m², ``〇`` -> 零), Kangxi radicals and compatibility or enclosed
+    ideographs to the ideograph they stand for (``⼈`` -> 人, ``㊣`` -> 正). Chinese punctuation
+    outside the full-width block (``。、「」``) is kept."""
     out: list[str] = []
     for c in unicodedata.normalize("NFC", text):
         o = ord(c)
@@ -125,6 +160,8 @@ def fold_width(text: str) -> str:
             c = "¥"
         elif c in _LIGATURES:
             c = _LIGATURES[c]
+        elif (ideograph := _ideograph_form(c)) is not None:
+            c = ideograph
         elif 0xC0 <= o < 0x250 and c.isalpha():
             base = unicodedata.normalize("NFKD", c)[0]
             if _is_latin(base):
@@ -143,9 +180,16 @@ def fold_width(text: str) -> str:
 
 _ZH_DIGITS: Final = "零一二三四五六七八九"
 _EN_DIGITS: Final = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
-_ZH_LIANG_BEFORE: Final = (set("个位只本次件条天年点岁倍种台辆张把棵名块斤周项家间层份分米克秒")
-                           | {"公里", "公斤", "千克", "小时", "分钟"})
-"""Measure words after which a lone 2 is read 两 rather than 二."""
+_ZH_LIANG_BEFORE: Final = tuple(sorted(
+    set("个位只本次件条天年点岁倍种台辆张把棵名块斤周项家间层份分米克秒瓶杯双碗盘盒箱袋包支枝朵颗粒片根对副篇首部场"
+        "届轮局回趟遍顿声下口排行列队组批门所座栋幢套匹头艘架款类样封册卷集幕道笔枚盏顶具扇面幅页章节段句步圈眼拳脚刀针"
+        "滴串束捆桶罐壶勺碟户处人成亿万千元角毛升吨尺寸亩晚夜餐代辈群伙帮剂")
+    | {"公里", "公斤", "千克", "小时", "分钟", "美元", "欧元", "英镑", "日元", "港元", "周年", "个月"},
+    key=len, reverse=True))
+"""Measure words (and 千/万/亿) after which a lone 2 is read 两 rather than 二 (2瓶 -> 两瓶)."""
+_ZH_ER_BEFORE: Final = ("号", "楼", "路", "级", "年级", "班", "两", "月", "日", "线", "手", "维", "等", "次元", "季度")
+"""Words after which a lone 2 stays 二 although they start like a measure word: labels and
+ranks (2号, 2楼, 2路, 2级, 2年级, 2等奖), the month (2月), and 2两 (二两, never 两两)."""
 _MAX_CARDINAL_DIGITS: Final = 16
 
 
@@ -286,7 +330,17 @@ UNITS: Final[dict[str, Unit]] = {
     "KB": Unit("KB", "kilobyte", "kilobytes"), "MB": Unit("MB", "megabyte", "megabytes"),
     "GB": Unit("GB", "gigabyte", "gigabytes"), "TB": Unit("TB", "terabyte", "terabytes"),
     "kWh": Unit("千瓦时", "kilowatt hour", "kilowatt hours"), "kW": Unit("千瓦", "kilowatt", "kilowatts"),
+    "MWh": Unit("兆瓦时", "megawatt hour", "megawatt hours"), "MW": Unit("兆瓦", "megawatt", "megawatts"),
+    "GWh": Unit("吉瓦时", "gigawatt hour", "gigawatt hours"), "GW": Unit("吉瓦", "gigawatt", "gigawatts"),
+    "TWh": Unit("太瓦时", "terawatt hour", "terawatt hours"), "dB": Unit("分贝", "decibel", "decibels"),
+    "μg/m³": Unit("微克每立方米", "microgram per cubic meter", "micrograms per cubic meter"),
+    "mg/m³": Unit("毫克每立方米", "milligram per cubic meter", "milligrams per cubic meter"),
+    "mg/L": Unit("毫克每升", "milligram per liter", "milligrams per liter"),
+    "μg": Unit("微克", "microgram", "micrograms"), "μm": Unit("微米", "micrometer", "micrometers"),
     "mAh": Unit("毫安时", "milliamp hour", "milliamp hours"),
+    "Gbps": Unit("吉比特每秒", "gigabit per second", "gigabits per second"),
+    "Mbps": Unit("兆比特每秒", "megabit per second", "megabits per second"),
+    "kbps": Unit("千比特每秒", "kilobit per second", "kilobits per second"),
 }
 """Unit symbols read after a number; they may follow the number after one space."""
 GLUED_UNITS: Final[dict[str, Unit]] = {
@@ -335,9 +389,18 @@ SYMBOL_WORDS: Final[dict[str, tuple[str, str]]] = {
     "%": ("百分号", "percent"), "‰": ("千分号", "per mille"), "°": ("度", "degrees"),
     "℃": ("摄氏度", "degrees Celsius"), "℉": ("华氏度", "degrees Fahrenheit"),
     "$": ("美元", "dollars"), "¥": ("元", "yuan"), "€": ("欧元", "euros"), "£": ("英镑", "pounds"),
-    "#": ("井号", "hash"), "№": ("编号", "number"),
+    "№": ("编号", "number"), "→": ("到", "to"),
 }
-"""Symbols read as words wherever they stand (Chinese, English)."""
+"""Symbols read as words wherever they stand (Chinese, English). ``#`` is read only before a
+number (``#1``); elsewhere (``#话题#``) it is silent."""
+GREEK_NAMES: Final[dict[str, tuple[str, str]]] = {
+    "α": ("阿尔法", "alpha"), "β": ("贝塔", "beta"), "γ": ("伽马", "gamma"), "δ": ("德尔塔", "delta"),
+    "Δ": ("德尔塔", "delta"), "ε": ("艾普西隆", "epsilon"), "θ": ("西塔", "theta"), "λ": ("兰姆达", "lambda"),
+    "μ": ("缪", "mu"), "π": ("派", "pi"), "σ": ("西格玛", "sigma"), "Σ": ("西格玛", "sigma"),
+    "φ": ("斐", "phi"), "ω": ("欧米伽", "omega"), "Ω": ("欧米伽", "omega"),
+}
+"""Greek letters read by their names (Chinese, English): ChatTTS' normaliser would delete them.
+``μ`` before a unit is part of the unit (``μg`` -> 微克)."""
 _BETWEEN_NUMBERS: Final[dict[str, tuple[str, str]]] = {
     "<": ("小于", "less than"), ">": ("大于", "greater than"), "*": ("乘", "times"), "/": ("除以", "divided by"),
     "^": ("的次方", "to the power of"),
@@ -345,10 +408,38 @@ _BETWEEN_NUMBERS: Final[dict[str, tuple[str, str]]] = {
 """Symbols read as operators only between two numbers (3 < 5, 4*2); elsewhere they are
 pauses (``<`` ``>`` ``/``) or unspeakable (``*`` ``^``)."""
 
-_COMMA_MARKS: Final = set(",;:()[]{}<>|~、，；：（）【】《》〈〉「」『』〔〕—–-/")
+_COMMA_MARKS: Final = set(",;:()[]{}<>|~、，；：（）【】〔〕—–-/")
 _END_MARKS: Final = set(".!?。！？")
-_SILENT_MARKS: Final = set("\"'`“”‘’«»‹›")
-"""Quotes: no sound and no pause."""
+_SILENT_MARKS: Final = set("\"'`“”‘’«»‹›「」『』《》〈〉")
+"""Quotes and title marks: no sound and no pause (two titles in a row, ``》《``, are a list: 、)."""
+
+# --- context words ------------------------------------------------------------------------
+# Words near an entity that decide between two readings. Each list is searched in the same
+# sentence only (up to the nearest 。！？ or line break), with control tokens ignored.
+
+SCORE_BEFORE: Final = ("总比分", "大比分", "小比分", "比分为", "比分是", "比分", "比数", "首局", "次局", "决胜局", "局",
+                       "半场", "全场", "终场", "比例为", "比例是", "比例", "配比", "以")
+"""Written right before ``a-b`` or ``a:b`` (spaces, 为/是 between allowed), they make it a score
+or ratio read with 比 (比分3:2, 首局25-23, 以2-1)."""
+SCORE_AFTER: Final = ("获胜", "取胜", "战胜", "击败", "打败", "力克", "横扫", "险胜", "完胜", "大胜", "小胜",
+                      "惨败", "告负", "落败", "不敌", "负于", "输给", "败给", "战平", "打平", "逆转", "落后", "领先",
+                      "晋级", "淘汰", "胜", "负", "赢", "输", "败")
+"""Written right after ``a-b`` or ``a:b``, they make it a score (4-0获胜, 3:1击败)."""
+SCORE_SENTENCE: Final = (*SCORE_AFTER, "比分", "比赛", "首局", "半场", "全场", "决赛", "对阵", "进球", "球队")
+"""Anywhere in the sentence, they make a hyphen between two integers a score rather than a
+range (他4-0获胜，从0-3追到3-3), unless a unit or measure word follows it (比赛还剩3-5分钟)."""
+DURATION_BEFORE: Final = ("用时", "耗时", "成绩", "时长", "历时", "净时间", "完赛")
+"""Written right before ``h:mm:ss``, they make it a duration (成绩2:03:45: 两小时零三分四十五秒)."""
+PACE_BEFORE: Final = ("配速",)
+"""Written right before ``m:ss``, they make it minutes and seconds (配速5:30 -> 五分三十秒)."""
+IDENTIFIER_BEFORE: Final = ("电话", "手机", "手机号", "座机", "传真", "热线", "客服", "拨打", "致电", "呼叫", "号码",
+                            "卡号", "账号", "帐号", "单号", "编号", "工号", "学号", "尾号", "验证码", "密码", "邮编",
+                            "QQ号", "QQ", "微信号", "身份证号码", "身份证号", "身份证", "分机号", "分机")
+"""Written right before a number of three or more digits (spaces, ``:``, 是/为 between
+allowed), they make it an identifier read digit by digit with 幺 (拨打110, 验证码385921)."""
+TEMPERATURE_BEFORE: Final = ("气温", "温度", "低温", "高温", "最低", "最高", "体温", "水温", "室温")
+"""Before ``-N度`` in the same clause, they make it a temperature: 零下 N 度."""
+_SENTENCE_END: Final = re.compile(r"[。！？!?\n]|\.(?=\s|$)")
 
 
 # --- the scanner --------------------------------------------------------------------------
@@ -361,40 +452,63 @@ def _alt(units: dict[str, Unit]) -> str:
     return "|".join(re.escape(u) for u in sorted(units, key=len, reverse=True))
 
 
+def _time_re(p: str) -> str:
+    """A clock time h:mm(:ss) with named groups ``<p>_h``, ``<p>_m``, ``<p>_s``."""
+    return (rf"(?<![\d.])(?<!\d:)(?P<{p}_h>[01]?\d|2[0-3]):(?P<{p}_m>[0-5]\d)(?::(?P<{p}_s>[0-5]\d))?(?![\d:])")
+
+
+_TLD: Final = "com|net|org|cn|io|ai|edu|gov|info|co|uk|de|jp|me|tv|cc|app|dev"
+_URL_TAIL: Final = r"[A-Za-z0-9\-._~/?#=&%+:]*[A-Za-z0-9/]"
 _RULES: Final = [
     ("tag", r"\[(?P<tag>[A-Za-z]+(?:_[A-Za-z]+)*(?:_\d+)?)\]"),
     ("email", r"(?<![A-Za-z0-9._%+-])(?P<email>[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,})"),
-    ("url", r"(?P<url>(?:https?://|www\.)[A-Za-z0-9\-._~/?#=&%+:]*[A-Za-z0-9/])"),
+    ("url", rf"(?P<url>(?:https?://|www\.){_URL_TAIL}"
+            rf"|(?<![A-Za-z0-9.@/_-])(?:[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?\.)+(?:{_TLD})(?![A-Za-z0-9-])"
+            rf"(?:/{_URL_TAIL})?)"),
     ("ymd", r"(?<![\d.])(?P<ymd_y>\d{4})(?P<ymd_sep>[-/.])(?P<ymd_m>1[0-2]|0?[1-9])(?P=ymd_sep)"
-            r"(?P<ymd_d>3[01]|[12]\d|0?[1-9])(?![\d.])"),
+            r"(?P<ymd_d>3[01]|[12]\d|0?[1-9])(?!\d|\.\d)"),
     ("mdy", r"(?<![\d/])(?P<mdy_m>1[0-2]|0?[1-9])/(?P<mdy_d>3[01]|[12]\d|0?[1-9])/(?P<mdy_y>\d{4})(?![\d/])"),
     ("md", rf"\b(?P<md_mon>{_MONTH_RE})\.?\s+(?P<md_d>3[01]|[12]\d|0?[1-9])(?:st|nd|rd|th)?(?![\dA-Za-z])"
            r"(?:,?\s+(?P<md_y>\d{4})(?!\d))?"),
-    ("dm", rf"\b(?P<dm_d>3[01]|[12]\d|0?[1-9])(?:st|nd|rd|th)?\s+(?:of\s+)?(?P<dm_mon>{_MONTH_RE})\.?"
+    ("dm", rf"\b(?P<dm_d>3[01]|[12]\d|0?[1-9])(?:st|nd|rd|th)?\s+(?:of\s+)?(?P<dm_mon>{_MONTH_RE})"
+           r"(?:(?<=\b[A-Z][a-z]{2})\.(?!\s*$)|(?<=Sept)\.)?"
            r"(?:,?\s+(?P<dm_y>\d{4})(?!\d))?"),
-    ("time", r"(?<![\d:.])(?P<t_h>[01]?\d|2[0-3]):(?P<t_m>[0-5]\d)(?::(?P<t_s>[0-5]\d))?(?![\d:])"
-             r"(?:\s?(?P<t_ap>[AaPp])\.?[Mm](?:\.(?=\S))?(?![A-Za-z]))?"),
-    ("hap", r"(?<![\d:.])(?P<hap_h>1[0-2]|0?[1-9])\s?(?P<hap_ap>[AaPp])\.?[Mm](?:\.(?=\S))?(?![A-Za-z])"),
+    ("trange", _time_re("ta") + r"(?P<tr_sep>\s?[-~–—]\s?|至|到)" + _time_re("tb")),
+    ("time", _time_re("t") + r"(?:\s?(?P<t_ap>[AaPp])\.?[Mm](?:\.(?=\S| [a-z]))?(?![A-Za-z]))?"
+             r"(?P<t_unit>分(?![钟别享析之配为成组批])|秒|整)?"),
+    ("ratio", r"(?<![\d.])(?<!\d:)(?P<ra_a>\d{1,3}):(?P<ra_b>\d{1,3})(?![\d:])"),
+    ("hap", r"(?<![\d:.])(?P<hap_h>1[0-2]|0?[1-9])\s?(?P<hap_ap>[AaPp])\.?[Mm](?:\.(?=\S| [a-z]))?(?![A-Za-z])"),
     ("phone", r"(?P<phone>(?<![\d+])(?:\+?86[-\s]?)?1[3-9]\d(?:[-\s]?\d{4}){2}(?!\d)"
               r"|(?<!\d)0\d{2,3}-\d{7,8}(?!\d)"
+              r"|(?<!\d)0\d{2,3}-\d{3,4}[-\s]\d{4}(?!\d)"
+              r"|\(0\d{2,3}\)\s?\d{7,8}(?!\d)"
+              r"|(?<![\d+])[48]00[-\s]?\d{3}[-\s]?\d{4}(?!\d)"
               r"|(?<![\d+])(?:\+?1[-.\s])?(?:\(\d{3}\)\s?|\d{3}[-.])\d{3}[-.]\d{4}(?!\d)"
               r"|\+\d{1,3}(?:[-\s]\d{1,4}){2,5}(?!\d))"),
+    ("groups", r"(?<![\d.,])(?P<groups>\d{2,4}(?: \d{2,4}){2,})(?![\d.,])"),
+    ("hm", r"(?<![\d.])(?P<hm_h>\d+)\s?h(?:rs?)?\s?(?P<hm_m>\d+)\s?min(?![A-Za-z0-9])"),
     ("money", r"(?P<mp_neg>(?<![A-Za-z0-9.])-)?(?P<mp_cur>US\$|HK\$|[$¥€£]|(?:USD|CNY|RMB|EUR|GBP|HKD|JPY)\s?)"
               rf"(?P<mp_amt>{_NUM})(?:\s?(?P<mp_mult>万|亿|(?:thousand|million|billion|trillion)(?![A-Za-z])"
-              r"|(?:[kKmMbBtT]|[mMbBtT]n)(?![A-Za-z])))?"),
+              r"|(?:[kKmMbBtT]|[mMbBtT]n)(?![A-Za-z])))?"
+              r"(?P<mp_unit>元(?![素旦首宵件老气帅])|块(?![头状])|美元|欧元|英镑|港元|港币|日元)?"),
     ("yuan", rf"(?P<ms_amt>{_NUM})\s?(?P<ms_cur>元(?![素旦首宵件老气帅])|块(?![头状]))"),
-    ("decade", r"(?<![\d.])(?P<dec>\d{3}0)s(?![A-Za-z])|(?<![A-Za-z0-9])'(?P<dec2>\d0)s(?![A-Za-z])"),
-    ("range", rf"(?<![\d.])(?P<r_a>{_NUM})(?P<r_pa>[%‰])?(?:\s?[~～–—]\s?|-)(?P<r_b>{_NUM})(?![\d])"
+    ("decade", r"(?<![\d.])(?P<dec>\d{3}0)s(?![A-Za-z])|(?<![A-Za-z0-9])'(?P<dec2>\d0)s(?![A-Za-z])"
+               r"|(?<![A-Za-z0-9.'])(?P<dec3>[1-9]0)s(?![A-Za-z])"),
+    ("range", rf"(?<![\d.])(?P<r_a>{_NUM})(?P<r_pa>[%‰])?"
+              rf"(?P<r_ua>(?:{_alt(UNITS)})(?=\s?[~–—-]\s?\d))?"
+              rf"(?P<r_sep>\s?[~–—]\s?|-)(?P<r_b>{_NUM})(?![\d])"
               rf"(?P<r_suf>\s?[%‰]|\s?(?:{_alt(UNITS)})(?![A-Za-z0-9])|(?:{_alt(GLUED_UNITS)})(?![A-Za-z0-9]))?"),
     ("percent", rf"(?P<pc_sign>{_SIGN})?(?P<pc_num>{_NUM})\s?(?P<pc_sym>[%‰])"),
     ("unit", rf"(?P<u_sign>{_SIGN})?(?P<u_num>{_NUM})(?:\s?(?P<u_unit>{_alt(UNITS)})"
              rf"|(?P<u_glued>{_alt(GLUED_UNITS)}))(?![A-Za-z0-9])"),
     ("fraction", r"(?<![\d/.])(?P<fr_a>\d+)/(?P<fr_b>\d+)(?![\d/])"),
     ("ordinal", r"(?<![\d.])(?P<ord>\d+)(?:st|nd|rd|th)(?![A-Za-z])"),
+    ("numero", r"(?<![A-Za-z])(?:No|NO|no)\.\s?(?P<no_num>\d+)(?![\d.])"),
     ("dotted", r"(?<![\d.])(?P<dot>\d+(?:\.\d+){2,})(?![\d])"),
-    ("number", rf"(?P<n_sign>{_SIGN})?(?P<n_num>{_NUM})"),
+    ("number", rf"(?P<n_sign>{_SIGN})?(?P<n_num>{_NUM})(?P<n_plus>\+(?![\d+]))?"),
 ]
 _SCANNER: Final = re.compile("|".join(f"(?P<k_{kind}>{pattern})" for kind, pattern in _RULES))
+_TAG_SCANNER: Final = re.compile(f"(?P<k_tag>{_RULES[0][1]})")
 _INTRINSIC: Final[dict[str, Lang]] = {"md": "en", "dm": "en", "ordinal": "en", "hap": "en", "yuan": "zh"}
 """Kinds whose language is fixed by their own words (English month names, 3rd, 5pm; 元)."""
 
@@ -407,6 +521,7 @@ class _Context:
     text: str
     default: Lang
     view: str = ""
+    library: bool = False
 
     def __post_init__(self) -> None:
         self.view = re.sub(r"\[[A-Za-z_0-9]+\]", lambda m: " " * len(m.group(0)), self.text)
@@ -428,6 +543,10 @@ CONTEXT_CHARS: Final = 80
 _CLAUSE_BREAKS: Final = set(",;:!?。，；：！？\n") | {"."}
 
 
+_MODEL_NAME: Final = re.compile(r"(?<![A-Za-z])[A-Za-z]*[A-Z][A-Za-z]* ?$")
+"""A Latin word with a capital letter right before a number (one space allowed)."""
+
+
 def context_language(text: str, start: int, end: int, default: Lang, counts: bool = False) -> Lang:
     """The language in which to read ``text[start:end]`` (a number, a symbol, a mark).
 
@@ -435,13 +554,15 @@ def context_language(text: str, start: int, end: int, default: Lang, counts: boo
     then the nearest Chinese character or Latin letter on each side decides:
 
     1. a Chinese character right after the span (``3个``) makes it Chinese;
-    2. else, for a count (``counts``: a plain number), a word right after it or after one
-       space in the same clause decides: a number is read in the language of what it counts
-       (``和5 pears`` reads "five pears");
-    3. else a Chinese character right before it (``第3``) makes it Chinese;
-    4. else the nearer one within the same clause (no ``,;:!?。`` in between; ties go right);
-    5. else the nearer one anywhere (ties go left);
-    6. else ``default``.
+    2. else, for a count (``counts``: a plain number) in mostly Chinese text, a capitalised
+       Latin name right before it (``iPhone 15 Pro``, ``Windows 11``) makes it Chinese: model
+       numbers inside Chinese are read in Chinese;
+    3. else, for a count, a word right after it or after one space in the same clause decides:
+       a number is read in the language of what it counts (``和5 pears`` reads "five pears");
+    4. else a Chinese character right before it (``第3``) makes it Chinese;
+    5. else the nearer one within the same clause (no ``,;:!?。`` in between; ties go right);
+    6. else the nearer one anywhere (ties go left);
+    7. else ``default``.
 
     Each side is searched up to ``CONTEXT_CHARS`` characters away.
     """
@@ -470,6 +591,8 @@ def context_language(text: str, start: int, end: int, default: Lang, counts: boo
     right, rgap, rcross = scan(j, 1)
     if right == "zh" and rgap == 0:
         return "zh"
+    if counts and default == "zh" and _MODEL_NAME.search(text, max(0, start - 40), start):
+        return "zh"
     if counts and right is not None and not rcross and rgap <= 1:
         return right
     if left == "zh" and lgap == 0:
@@ -487,9 +610,16 @@ def context_language(text: str, start: int, end: int, default: Lang, counts: boo
 
 # --- verbalisers ----------------------------------------------------------------------------
 
+def _takes_liang(after: str) -> bool:
+    """Whether a count written before ``after`` reads 两 for 2: ``after`` starts with a measure
+    word of :data:`_ZH_LIANG_BEFORE` and not with a label of :data:`_ZH_ER_BEFORE`."""
+    after = after.lstrip()
+    return not after.startswith(_ZH_ER_BEFORE) and after.startswith(_ZH_LIANG_BEFORE)
+
+
 def _liang(words: str, after: str) -> str:
-    """二 -> 两 before a measure word (2个 -> 两个)."""
-    if words == "二" and any(after.startswith(w) for w in _ZH_LIANG_BEFORE):
+    """二 -> 两 before a measure word (2个 -> 两个, but 2号 -> 二号)."""
+    if words == "二" and _takes_liang(after):
         return "两"
     return words
 
@@ -521,13 +651,15 @@ def _month_number(name: str) -> int:
     return _MONTH_ABBR[name]
 
 
-def _time(lang: Lang, h: int, m: int, s: int | None, ap: str | None) -> str:
+def _time(lang: Lang, h: int, m: int, s: int | None, ap: str | None, whole: bool = True) -> str:
+    """A clock time: 十点三十分 / ten thirty. ``whole``: a Chinese time on the hour reads 整
+    (九点整); inside a range it does not (九点到十七点)."""
     ap = ap.lower() if ap else None
     if lang == "zh":
         out = ("上午" if ap == "a" else "下午" if ap == "p" and h < 12 else "")
         out += ("两" if h == 2 else _zh_int_plain(h)) + "点"
         if m == 0 and s is None:
-            return out + "整"
+            return out + ("整" if whole else "")
         out += ("零分" if m == 0 else ("零" if m < 10 else "") + _zh_int_plain(m) + "分")
         if s is not None:
             out += ("零" if s < 10 else "") + _zh_int_plain(s) + "秒"
@@ -546,20 +678,61 @@ def _time(lang: Lang, h: int, m: int, s: int | None, ap: str | None) -> str:
     return out
 
 
+def _duration(lang: Lang, h: int, m: int, s: int | None) -> str:
+    """h:mm:ss as a duration: 两小时零三分四十五秒 / two hours three minutes forty five seconds."""
+    if lang == "zh":
+        out = _liang(_zh_int_plain(h), "个") + "小时"
+        out += ("零" if 0 < m < 10 else "") + (_zh_int_plain(m) + "分" if m else "")
+        if s:
+            out += ("零" if s < 10 and not m else "") + _zh_int_plain(s) + "秒"
+        return out
+    parts = [f"{en_int(h)} {'hour' if h == 1 else 'hours'}"]
+    if m:
+        parts.append(f"{en_int(m)} {'minute' if m == 1 else 'minutes'}")
+    if s:
+        parts.append(f"{en_int(s)} {'second' if s == 1 else 'seconds'}")
+    return " ".join(parts)
+
+
+ID_CARD_DIGITS: Final = 18
+"""A Chinese resident ID number: read in groups of 6 (region), 8 (birth date) and 4."""
+LONG_IDENTIFIER_DIGITS: Final = 12
+"""An unseparated integer this long is an identifier (card, order number), never a cardinal."""
+
+
+def _digit_groups(digits: str) -> list[str]:
+    """How an unseparated identifier is read in groups: an 18-character ID number 6-8-4, a
+    mobile number 3-4-4, anything of 12 or more digits in fours (a last group of one or two
+    digits joins the one before), anything shorter in one group."""
+    if len(digits) == ID_CARD_DIGITS:
+        return [digits[:6], digits[6:14], digits[14:]]
+    if len(digits) == 11 and digits.startswith("1"):
+        return [digits[:3], digits[3:7], digits[7:]]
+    if len(digits) == 10 and digits.startswith(("400", "800")):
+        return [digits[:3], digits[3:6], digits[6:]]
+    if len(digits) < LONG_IDENTIFIER_DIGITS:
+        return [digits]
+    groups = [digits[i:i + 4] for i in range(0, len(digits), 4)]
+    if len(groups[-1]) < 3:
+        groups[-2:] = [groups[-2] + groups[-1]]
+    return groups
+
+
+def _read_groups(lang: Lang, groups: list[str], plus: bool = False) -> str:
+    """Digit groups read digit by digit (1 as 幺 in Chinese) with a pause between groups."""
+    if lang == "zh":
+        return ("加" if plus else "") + "，".join(zh_digits(g, one="幺") for g in groups)
+    return ("plus " if plus else "") + ", ".join(en_digits(g) for g in groups)
+
+
 def _phone(lang: Lang, raw: str) -> str:
     plus = raw.lstrip().startswith("+")
     groups = [g for g in re.split(r"[^\d]+", raw) if g]
-    if len(groups) == 1 and len(groups[0]) == 11 and groups[0].startswith("1"):
-        g = groups[0]
-        groups = [g[:3], g[3:7], g[7:]]
+    if len(groups) == 1:
+        groups = _digit_groups(groups[0])
     elif len(groups) == 2 and groups[0] == "86" and len(groups[1]) == 11:
-        g = groups[1]
-        groups = ["86", g[:3], g[3:7], g[7:]]
-    if lang == "zh":
-        body = "，".join(zh_digits(g, one="幺") for g in groups)
-        return ("加" if plus else "") + body
-    body = ", ".join(en_digits(g) for g in groups)
-    return ("plus " if plus else "") + body
+        groups = ["86", *_digit_groups(groups[1])]
+    return _read_groups(lang, groups, plus)
 
 
 def _money(lang: Lang, neg: bool, code: str, amount: str, mult: str | None) -> str:
@@ -567,14 +740,16 @@ def _money(lang: Lang, neg: bool, code: str, amount: str, mult: str | None) -> s
     value = _decimal(amount)
     scale = _MULTIPLIERS.get(mult.lower() if mult.isascii() else mult) if mult else None
     if lang == "zh":
-        if scale is not None:
+        if mult in ("万", "亿"):  # read as written: ¥3.5万 -> 三点五万元
+            out = _liang(zh_number(amount), mult) + mult + cur.zh
+        elif scale is not None:
             total = value * scale[0]
             words = zh_number(_plain_decimal(total))
             out = words + cur.zh
         elif code == "CNY" and "." in amount:
             out = _yuan_jiao_fen(amount, "元", "角")
         else:
-            out = zh_number(_plain_decimal(value) if "." in amount else amount) + cur.zh
+            out = _liang(zh_number(_plain_decimal(value) if "." in amount else amount), cur.zh) + cur.zh
         return ("负" if neg else "") + out
     if scale is not None and mult in ("万", "亿"):  # Chinese myriads have no English word
         out = f"{en_number(_plain_decimal(value * scale[0]))} {cur.en_many}"
@@ -700,29 +875,72 @@ class _Out:
         self.last_lang = _script(c)
 
 
-def normalize(text: str) -> NormalizedText:
+def normalize(text: str, library: bool = True) -> NormalizedText:
     """Verbalise ``text`` for ChatTTS (see the module docstring).
 
-    Returns a :class:`NormalizedText` whose ``text`` holds only Chinese characters, Latin
-    letters, spaces, ``，。、,.`` and control tokens.
+    ``library``: read the Chinese-context entities of :data:`LIBRARY_KINDS` with WeTextProcessing
+    (:mod:`chattts_serving.textnorm_wetext`) where it reads them as the corpus expects; False:
+    our rules alone (the profile knob ``[frontend] wetext``).
+
+    Returns a :class:`NormalizedText` whose ``text`` holds only Chinese characters of
+    U+4E00..U+9FA5, Latin letters, spaces, ``，。、,.`` and control tokens.
 
     Raises:
         TextNormError: a numbered control token outside its range (``[break_9]``).
     """
+    return _normalize(text, library, _SCANNER)
+
+
+def punctuate(text: str) -> NormalizedText:
+    """Only the formatting part of :func:`normalize`: width folding, control tokens, pause
+    marks, spoken symbols and reported characters, without reading any entity (digits and
+    entity symbols left in ``text`` are reported as not spoken). Used to score the WeTextProcessing
+    library alone on the corpus (``python -m chattts_serving.textnorm_report``).
+
+    Raises:
+        TextNormError: a numbered control token outside its range.
+    """
+    return _normalize(text, False, _TAG_SCANNER)
+
+
+def _normalize(text: str, library: bool, scanner: re.Pattern[str]) -> NormalizedText:
     folded = fold_width(text)
-    ctx = _Context(folded, dominant_language(folded))
+    ctx = _Context(folded, dominant_language(folded), library=library)
     out = _Out([], [])
     pos = 0
-    for m in _SCANNER.finditer(folded):
+    while (m := scanner.search(folded, pos)) is not None:
         if m.start() > pos:
             _plain(ctx, pos, m.start(), out)
         kind = (m.lastgroup or "k_").removeprefix("k_")
+        if m.group(0)[:1] in ("-", "−") and _AFTER_QUANTITY.search(ctx.view[max(0, m.start() - 4):m.start()]):
+            # not a minus sign but a range dash after a quantity with a Chinese unit (5月1日-5月5日)
+            lang = ctx.lang(m.start(), m.start() + 1)
+            out.words(lang, "到" if lang == "zh" else "to")
+            pos = m.start() + 1
+            continue
         _entity(ctx, kind, m, out)
         pos = m.end()
     if pos < len(folded):
         _plain(ctx, pos, len(folded), out)
     result = _tidy("".join(out.pieces))
-    return NormalizedText(result, out.speed, tuple(out.dropped), split_segments(result))
+    dropped = sorted(out.dropped, key=lambda d: folded.find(d) if d in folded else len(folded))
+    return NormalizedText(result, out.speed, tuple(dropped), split_segments(result))
+
+
+NEAR_CHARS: Final = 40
+"""How far each side of an entity its reading looks for context words (within the sentence)."""
+
+
+def _near(view: str, start: int, end: int) -> tuple[str, str]:
+    """The text before and after ``view[start:end]`` within its sentence (at most
+    :data:`NEAR_CHARS` each side; control tokens are blanks in ``view``)."""
+    before = view[max(0, start - NEAR_CHARS):start]
+    cuts = list(_SENTENCE_END.finditer(before))
+    if cuts:
+        before = before[cuts[-1].end():]
+    after = view[end:end + NEAR_CHARS]
+    cut = _SENTENCE_END.search(after)
+    return before, after[:cut.start()] if cut else after
 
 
 def _entity(ctx: _Context, kind: str, m: re.Match[str], out: _Out) -> None:
@@ -730,13 +948,23 @@ def _entity(ctx: _Context, kind: str, m: re.Match[str], out: _Out) -> None:
     if kind == "tag":
         _tag(ctx, m, out)
         return
-    lang = _INTRINSIC.get(kind) or ctx.lang(m.start(), m.end(), counts=kind == "number")
-    before, after = ctx.text[max(0, m.start() - 12):m.start()], ctx.text[m.end():m.end() + 4]
-    handler = _HANDLERS.get(kind)
-    if handler is not None:
-        out.words(lang, handler(lang, g, before, after))
-    else:  # pragma: no cover - every rule has a handler
-        raise AssertionError(f"no handler for {kind}")
+    lang = _INTRINSIC.get(kind) or ctx.lang(m.start(), m.end(), counts=kind in ("number", "dotted"))
+    before, after = _near(ctx.view, m.start(), m.end())
+    words = None
+    if ctx.library and lang == "zh" and kind in LIBRARY_KINDS and _library_may_read(kind, g):
+        from .textnorm_wetext import read_zh
+
+        words = read_zh(m.group(0))
+    if words is None:
+        words = _HANDLERS[kind](lang, g, before, after)
+    out.words(lang, words)
+
+
+def _library_may_read(kind: str, g: Callable[[str], str | None]) -> bool:
+    """Guards on the spans of :data:`LIBRARY_KINDS` the corpus shows the library reading wrongly."""
+    if kind == "percent":
+        return not g("pc_sign")  # the library reads -2% as 百分之负二
+    return True
 
 
 def _tag(ctx: _Context, m: re.Match[str], out: _Out) -> None:
@@ -764,6 +992,10 @@ def _tag(ctx: _Context, m: re.Match[str], out: _Out) -> None:
     _plain(ctx, m.start(), m.end(), out)
 
 
+# --- readings of each kind ------------------------------------------------------------------
+# Each handler gets the language, the match's groups and the text before and after the match
+# within its sentence (control tokens blanked), and returns the words.
+
 def _h_ymd(lang: Lang, g: Callable[[str], str], before: str, after: str) -> str:
     y, mo, d = g("ymd_y"), int(g("ymd_m")), int(g("ymd_d"))
     return _zh_date(y, mo, d) if lang == "zh" else _en_date(y, mo, d)
@@ -784,9 +1016,60 @@ def _h_dm(lang: Lang, g: Callable[[str], str], before: str, after: str) -> str:
     return out + (f", {en_year(int(g('dm_y')))}" if g("dm_y") else "")
 
 
+def _ends_with(before: str, words: tuple[str, ...], skip: str = " ") -> bool:
+    return before.rstrip(skip).endswith(words)
+
+
+_AFTER_QUANTITY: Final = re.compile(r"\d[\u4e00-\u9fa5]{1,3} *$")
+"""The end of a quantity written with a Chinese unit (5月1日, 2020年): a dash after it is a range."""
+
+
+def _score_near(before: str, after: str) -> bool:
+    """A score word right before (比分, 以, 首局 ...) or right after (获胜, 领先 ...)."""
+    return _ends_with(before, SCORE_BEFORE, " 为是:") or after.lstrip().startswith(SCORE_AFTER)
+
+
+def _score_sentence(before: str, after: str) -> bool:
+    return any(w in before or w in after for w in SCORE_SENTENCE)
+
+
+def _score(lang: Lang, a: str, b: str) -> str:
+    """A score or ratio: 三比二 (never 两) / three to two."""
+    return f"{zh_number(a)}比{zh_number(b)}" if lang == "zh" else f"{en_number(a)} to {en_number(b)}"
+
+
 def _h_time(lang: Lang, g: Callable[[str], str], before: str, after: str) -> str:
-    s = g("t_s")
-    return _time(lang, int(g("t_h")), int(g("t_m")), int(s) if s else None, g("t_ap"))
+    h, m, sec, unit = int(g("t_h")), int(g("t_m")), g("t_s"), g("t_unit") or ""
+    s = int(sec) if sec else None
+    if s is None and not g("t_ap") and _score_near(before, after[len(unit):] if unit else after):
+        return _score(lang, g("t_h"), g("t_m")) + unit  # 比分为21:19
+    if s is not None and _ends_with(before, DURATION_BEFORE, " :"):
+        return _duration(lang, h, m, s) + ("" if unit == "秒" else unit)  # 成绩2:03:45
+    if s is None and lang == "zh" and _ends_with(before, PACE_BEFORE, " :为是"):
+        return f"{_zh_int_plain(h)}分{_zh_int_plain(m)}秒"  # 配速5:30
+    words = _time(lang, h, m, s, g("t_ap"), whole=unit != "整" or m != 0)
+    if lang == "zh":
+        if unit == "整":
+            return words + "整"
+        # 17:20分, 15:16:36秒: the unit the reading already ends with is written once
+        if (unit == "分" and s is None) or (unit == "秒" and s is not None):
+            return words
+    return words + unit
+
+
+def _h_trange(lang: Lang, g: Callable[[str], str], before: str, after: str) -> str:
+    sides = []
+    for p in ("ta", "tb"):
+        sec = g(f"{p}_s")
+        sides.append(_time(lang, int(g(f"{p}_h")), int(g(f"{p}_m")), int(sec) if sec else None, None, whole=False))
+    sep = g("tr_sep").strip()
+    if lang == "zh":
+        return sides[0] + ("至" if sep == "至" else "到") + sides[1]
+    return f"{sides[0]} to {sides[1]}"
+
+
+def _h_ratio(lang: Lang, g: Callable[[str], str], before: str, after: str) -> str:
+    return _score(lang, g("ra_a"), g("ra_b"))
 
 
 def _h_hap(lang: Lang, g: Callable[[str], str], before: str, after: str) -> str:
@@ -797,23 +1080,48 @@ def _h_phone(lang: Lang, g: Callable[[str], str], before: str, after: str) -> st
     return _phone(lang, g("phone"))
 
 
+def _h_groups(lang: Lang, g: Callable[[str], str], before: str, after: str) -> str:
+    return _read_groups(lang, g("groups").split())
+
+
+def _h_hm(lang: Lang, g: Callable[[str], str], before: str, after: str) -> str:
+    h, m = g("hm_h"), g("hm_m")
+    if lang == "zh":
+        return _liang(zh_number(h), "个") + "小时" + zh_number(m) + "分钟"
+    return f"{en_number(h)} {'hour' if h == '1' else 'hours'} {en_number(m)} {'minute' if m == '1' else 'minutes'}"
+
+
+_CURRENCY_WORDS: Final = {"CNY": ("元", "块"), "USD": ("美元",), "EUR": ("欧元",), "GBP": ("英镑",),
+                          "HKD": ("港元", "港币"), "JPY": ("日元",)}
+
+
 def _h_money(lang: Lang, g: Callable[[str], str], before: str, after: str) -> str:
     code = _CURRENCY_OF[g("mp_cur").strip()]
-    words = _money(lang, bool(g("mp_neg")), code, g("mp_amt"), g("mp_mult"))
-    if lang == "zh" and code == "CNY" and after.lstrip().startswith(("元", "块")) and words.endswith("元"):
-        words = words[:-1]  # ¥100元: the unit is written twice, read once
-    return words
+    amount, unit = g("mp_amt"), g("mp_unit")
+    if lang == "zh" and code == "CNY" and "." in amount and not g("mp_mult") and after.lstrip().startswith("/"):
+        words = zh_number(amount) + "元"  # ¥7.5/升: a price per unit reads the decimal
+    else:
+        words = _money(lang, bool(g("mp_neg")), code, amount, g("mp_mult"))
+    if unit and unit not in _CURRENCY_WORDS[code]:
+        words += unit  # not the currency's own word: keep it
+    return words  # ¥100元: the unit is written twice, read once
 
 
 def _h_yuan(lang: Lang, g: Callable[[str], str], before: str, after: str) -> str:
     amount, word = g("ms_amt"), g("ms_cur")
-    if "." in amount:
+    if "." in amount and not after.lstrip().startswith("/"):
         return _yuan_jiao_fen(amount, word, "角" if word == "元" else "毛")
-    return _liang(zh_number(amount), "个") + word
+    return _liang(zh_number(amount), "个") + word  # 7.5元/升: a price per unit reads the decimal
+
+
+_DECADE_BEFORE: Final = ("the", "early", "late", "mid", "in")
 
 
 def _h_decade(lang: Lang, g: Callable[[str], str], before: str, after: str) -> str:
-    return _decade(lang, g("dec") or g("dec2"))
+    short = g("dec3")
+    if short and not (lang == "en" and re.search(rf"\b(?:{'|'.join(_DECADE_BEFORE)})\s*$", before.lower())):
+        return _unit_reading(lang, GLUED_UNITS["s"], short)  # 80s without "the": eighty seconds
+    return _decade(lang, g("dec") or g("dec2") or short)
 
 
 def _range_side(lang: Lang, num: str, year: bool) -> str:
@@ -823,22 +1131,43 @@ def _range_side(lang: Lang, num: str, year: bool) -> str:
 
 
 def _h_range(lang: Lang, g: Callable[[str], str], before: str, after: str) -> str:
+    """``a-b`` / ``a~b``: a range (三到五天), a score (四比零获胜) or a year range; see
+    :data:`SCORE_SENTENCE` for how the two are told apart."""
     a, b, suf = g("r_a"), g("r_b"), (g("r_suf") or "").strip()
     pct = suf in ("%", "‰") or g("r_pa") is not None
     sym = suf if suf in ("%", "‰") else g("r_pa") or "%"
     four = len(a) == 4 and len(b) == 4 and a.isdigit() and b.isdigit()
     year = four and not suf and (after.startswith("年") if lang == "zh" else 1000 <= int(a) <= 2099)
     unit = UNITS.get(suf) or GLUED_UNITS.get(suf)
+    unit_a = UNITS.get(g("r_ua") or "")
+    measured = bool(suf) or unit_a is not None or _takes_liang(after) or after.lstrip().startswith(_RANGE_UNITS)
+    hyphen = g("r_sep") == "-"
+    if hyphen and not measured and len(a) == 3 and len(b) == 4 and a.isdigit() and b.isdigit() and (
+            lang == "en" or b.startswith("0") or _ends_with(before, IDENTIFIER_BEFORE, " :是为")):
+        return _read_groups(lang, [a, b])  # 555-0123: a local phone number, not a range
+    if hyphen and not measured and not year and a.isdigit() and b.isdigit() and len(a) <= 3 and len(b) <= 3 and (
+            int(a) >= int(b) or _score_near(before, after) or _score_sentence(before, after)):
+        return _score(lang, a, b)
     if lang == "zh":
         if pct:
             head = "百分之" if sym == "%" else "千分之"
             return f"{head}{zh_number(a)}到{head}{zh_number(b)}"
-        out = f"{_range_side(lang, a, year)}到{_range_side(lang, b, year)}"
-        return out + (unit.zh if unit else "")
+        if unit_a is not None:  # 5℃~10℃
+            return f"{_unit_reading(lang, unit_a, a)}到{_unit_reading(lang, unit or unit_a, b)}"
+        left, right = _range_side(lang, a, year), _range_side(lang, b, year)
+        if unit is None and _takes_liang(after):  # 2-3个 -> 两到三个, 1-2天 -> 一到两天
+            left, right = _liang(left, after), _liang(right, after)
+        return f"{left}到{right}" + (unit.zh if unit else "")
     out = f"{_range_side(lang, a, year)} to {_range_side(lang, b, year)}"
     if pct:
         return out + (" percent" if sym == "%" else " per mille")
     return out + (f" {unit.en_many}" if unit else "")
+
+
+_RANGE_UNITS: Final = ("个", "天", "年", "月", "日", "号", "周", "岁", "次", "人", "分钟", "小时", "秒", "元",
+                       "倍", "成", "层", "公里", "米", "斤", "名", "场", "局", "届", "%", "‰", "万", "亿", "千", "百",
+                       "平方")
+"""Chinese words after ``a-b`` that make it a quantity range, never a score."""
 
 
 def _h_percent(lang: Lang, g: Callable[[str], str], before: str, after: str) -> str:
@@ -851,23 +1180,43 @@ def _h_percent(lang: Lang, g: Callable[[str], str], before: str, after: str) -> 
     return ("minus " if sign == "-" else "plus " if sign == "+" else "") + en_number(num) + tail
 
 
+_TEMPERATURE_UNITS: Final = ("℃", "°C", "℉", "°F")
+
+
 def _h_unit(lang: Lang, g: Callable[[str], str], before: str, after: str) -> str:
     sign = (g("u_sign") or "").replace("−", "-")
-    unit = UNITS[g("u_unit")] if g("u_unit") else GLUED_UNITS[g("u_glued")]
+    symbol = g("u_unit")
+    unit = UNITS[symbol] if symbol else GLUED_UNITS[g("u_glued")]
     words = _unit_reading(lang, unit, g("u_num"))
     if sign == "-":
-        words = ("负" if lang == "zh" else "minus ") + words
+        below = lang == "zh" and symbol in _TEMPERATURE_UNITS  # -5℃: 零下五摄氏度
+        words = ("零下" if below else "负" if lang == "zh" else "minus ") + words
     elif sign == "+":
         words = ("正" if lang == "zh" else "plus ") + words
     return words
 
 
+_EN_DATE_BEFORE: Final = ("on", "by", "due", "until", "till", "since", "from", "before", "after", "date", "dated")
+
+
 def _h_fraction(lang: Lang, g: Callable[[str], str], before: str, after: str) -> str:
-    return _fraction(lang, int(g("fr_a")), int(g("fr_b")))
+    a, b = g("fr_a"), g("fr_b")
+    if lang == "en" and 1 <= int(a) <= 12 and 1 <= int(b) <= 31 and (
+            (a.startswith("0") or b.startswith("0")) or _ends_with(before.lower(), _EN_DATE_BEFORE)):
+        return _en_date(None, int(a), int(b))  # 03/05, on 3/5: a month and day (US order)
+    return _fraction(lang, int(a), int(b))
 
 
 def _h_ordinal(lang: Lang, g: Callable[[str], str], before: str, after: str) -> str:
     return en_ordinal(int(g("ord")))
+
+
+def _h_numero(lang: Lang, g: Callable[[str], str], before: str, after: str) -> str:
+    """No.1 / No.12345678: 第一 / number one; three or more digits are an identifier."""
+    num = g("no_num")
+    if len(num) >= 3:
+        return _read_groups(lang, _digit_groups(num))
+    return "第" + zh_number(num) if lang == "zh" else "number " + en_number(num)
 
 
 def _h_dotted(lang: Lang, g: Callable[[str], str], before: str, after: str) -> str:
@@ -881,18 +1230,52 @@ def _h_dotted(lang: Lang, g: Callable[[str], str], before: str, after: str) -> s
     return " point ".join(en_number(p) for p in parts)
 
 
+_DATE_WORDS: Final = ("月", "日", "号", "点", "时", "分", "秒")
+
+
 def _h_number(lang: Lang, g: Callable[[str], str], before: str, after: str) -> str:
     sign = (g("n_sign") or "").replace("−", "-")
-    num = g("n_num")
+    num, plus = g("n_num"), bool(g("n_plus"))
     if lang == "zh":
-        if len(num) == 4 and num.isdigit() and after.lstrip().startswith("年"):
-            words = zh_digits(num)
-        else:
-            words = _liang(zh_number(num), after.lstrip())
-        return ("负" if sign == "-" else "正" if sign == "+" else "") + words
+        words = _zh_count(num, before, after.lstrip())
+        if sign == "-" and after.lstrip().startswith("度") and any(w in _clause(before) for w in TEMPERATURE_BEFORE):
+            return "零下" + words  # 温度-3.5度
+        return ("负" if sign == "-" else "正" if sign == "+" else "") + words + ("多" if plus else "")
     if not sign and len(num) == 4 and num.isdigit() and 1100 <= int(num) <= 2099 and _year_context(before):
         return en_year(int(num))
-    return ("minus " if sign == "-" else "plus " if sign == "+" else "") + en_number(num)
+    if num.isdigit() and (len(num) >= LONG_IDENTIFIER_DIGITS or (len(num) >= 3 and before[-1:].isupper())):
+        return _read_groups(lang, _digit_groups(num))  # a card number, CA981
+    words = en_number(num)
+    return ("minus " if sign == "-" else "plus " if sign == "+" else "") + words + (" plus" if plus else "")
+
+
+def _zh_count(num: str, before: str, after: str) -> str:
+    """A plain number in Chinese, by what surrounds it: an identifier (拨打110, a card number,
+    four or more digits glued to a capital letter: G1234, RTX4090) digit by digit with 幺; a
+    year (2024年, 24年3月, 公元前221年) or a generation (80后) digit by digit; a date part
+    without its leading zero (03月); else a cardinal, with 两 before a measure word."""
+    digits = num.isdigit()
+    if digits and len(num) == ID_CARD_DIGITS - 1 and after[:1] in ("X", "x"):
+        return "，".join(zh_digits(grp, one="幺") for grp in (num[:6], num[6:14], num[14:]))  # ID ending in X
+    if digits and (len(num) >= LONG_IDENTIFIER_DIGITS or (len(num) >= 4 and before[-1:].isupper())
+                   or (len(num) >= 3 and _ends_with(before, IDENTIFIER_BEFORE, " :是为"))):
+        return "，".join(zh_digits(grp, one="幺") for grp in _digit_groups(num))
+    if digits and after.startswith("年") and (
+            (len(num) == 4 and 1100 <= int(num) <= 2199) or (len(num) == 2 and re.match(r"年\s?\d", after))
+            or (len(num) <= 4 and before.rstrip().endswith(("公元", "公元前")))):
+        return zh_digits(num)
+    if digits and len(num) == 2 and re.match(r"后(?![悔来面边续期天年果退])", after):
+        return zh_digits(num)  # 80后, 95后, 00后: generations
+    if digits and num.startswith("0") and len(num) <= 2 and after.startswith(_DATE_WORDS):
+        num = num.lstrip("0") or "0"  # 03月05日
+    if before.rstrip().endswith("第"):
+        return zh_number(num)  # 第2名: an ordinal, never 两
+    return _liang(zh_number(num), after)
+
+
+def _clause(before: str) -> str:
+    """The part of ``before`` after its last comma or semicolon."""
+    return re.split(r"[，,；;]", before)[-1]
 
 
 _YEAR_WORDS: Final = {"in", "since", "by", "until", "till", "from", "year", "of", "during", "before", "after",
@@ -900,7 +1283,10 @@ _YEAR_WORDS: Final = {"in", "since", "by", "until", "till", "from", "year", "of"
 
 
 def _year_context(before: str) -> bool:
-    """English: a 4-digit number after 'in', 'since', a month name, ... is a year."""
+    """English: a 4-digit number after 'in', 'since', a month name, ... is a year, and so is
+    the second of 'from 2010 to 2020' / 'between 2010 and 2020'."""
+    if re.search(r"\b(?:from|between)\s+\d{4}\s+(?:to|and|until|till)\s*$", before, re.IGNORECASE):
+        return True
     words = re.findall(r"[A-Za-z]+", before)
     return bool(words) and before.rstrip(" ,").endswith(words[-1]) and (
         words[-1] in _YEAR_WORDS or words[-1].lower() in _YEAR_WORDS)
@@ -915,11 +1301,15 @@ def _h_url(lang: Lang, g: Callable[[str], str], before: str, after: str) -> str:
 
 
 _HANDLERS: Final[dict[str, Callable[[Lang, Callable[[str], str], str, str], str]]] = {
-    "ymd": _h_ymd, "mdy": _h_mdy, "md": _h_md, "dm": _h_dm, "time": _h_time, "hap": _h_hap, "phone": _h_phone,
-    "money": _h_money, "yuan": _h_yuan, "decade": _h_decade, "range": _h_range, "percent": _h_percent,
-    "unit": _h_unit, "fraction": _h_fraction, "ordinal": _h_ordinal, "dotted": _h_dotted, "number": _h_number,
+    "ymd": _h_ymd, "mdy": _h_mdy, "md": _h_md, "dm": _h_dm, "trange": _h_trange, "time": _h_time,
+    "ratio": _h_ratio, "hap": _h_hap, "phone": _h_phone, "groups": _h_groups, "hm": _h_hm, "money": _h_money,
+    "yuan": _h_yuan, "decade": _h_decade, "range": _h_range, "percent": _h_percent, "unit": _h_unit,
+    "fraction": _h_fraction, "ordinal": _h_ordinal, "numero": _h_numero, "dotted": _h_dotted, "number": _h_number,
     "email": _h_email, "url": _h_url,
 }
+LIBRARY_KINDS: Final[frozenset[str]] = frozenset()
+"""Entity kinds whose Chinese reading is WeTextProcessing's (when the library is on): chosen by
+measurement on the corpus (README, "Text normalisation")."""
 
 
 def _neighbour(text: str, pos: int, step: int) -> str:
@@ -928,31 +1318,68 @@ def _neighbour(text: str, pos: int, step: int) -> str:
     return text[pos] if 0 <= pos < len(text) else ""
 
 
+_RANGE_MARKS: Final = "-~–—"
+_WEEKDAY: Final = re.compile(r"(?:周|星期|礼拜)[一二三四五六日天]")
+
+
+def _range_mark(text: str, i: int) -> bool:
+    """A dash or tilde that joins two quantities written with Chinese units (5月1日-5月5日,
+    2020年-2024年) or two weekdays (周一～周五): read 到."""
+    prev, nxt = _neighbour(text, i - 1, -1), _neighbour(text, i + 1, 1)
+    if nxt.isdigit() and _is_cjk(prev):
+        return any(ch.isdigit() for ch in text[max(0, i - 4):i])
+    return bool(_WEEKDAY.search(text[max(0, i - 3):i]) and _WEEKDAY.match(text, i + 1))
+
+
+def _per_unit(text: str, i: int) -> bool:
+    """A slash between a unit after a number and another unit (7.5元/升, 80次/分钟): read 每."""
+    prev, nxt = _neighbour(text, i - 1, -1), _neighbour(text, i + 1, 1)
+    return _is_cjk(prev) and _is_cjk(nxt) and any(ch.isdigit() for ch in text[max(0, i - 6):i])
+
+
 def _plain(ctx: _Context, start: int, end: int, out: _Out) -> None:
     """Text between matches: letters and Chinese characters kept, punctuation mapped to pauses
-    in the local language, spoken symbols read, the rest reported as dropped."""
+    in the local language, spoken symbols and Greek letters read, the rest reported as dropped."""
     text = ctx.text
     for i in range(start, end):
         c = text[i]
-        if _is_cjk(c) or _is_latin(c):
+        if _is_cjk(c):
+            if c > LAST_SPOKEN_CJK:  # not in ChatTTS' vocabulary
+                out.drop(c)
+                out.pieces.append(" ")
+            else:
+                out.letter(c)
+        elif _is_latin(c):
             out.letter(c)
         elif c == "\n":
             out.pieces.append("。" if _mark_lang(ctx, i, out) == "zh" else ".")
         elif c.isspace():
             out.pieces.append(" ")
+        elif c == "》" and text[i + 1:i + 2] == "《":
+            out.pieces.append("、")  # 《红楼梦》《西游记》: a list of titles
         elif c in _SILENT_MARKS:
             continue
         elif c in _BETWEEN_NUMBERS and _neighbour(text, i - 1, -1).isdigit() and _neighbour(text, i + 1, 1).isdigit():
             zh, en = _BETWEEN_NUMBERS[c]
             out.words(ctx.lang(i, i + 1), zh if ctx.lang(i, i + 1) == "zh" else en)
+        elif c in _RANGE_MARKS and _range_mark(text, i):
+            lang = ctx.lang(i, i + 1)
+            out.words(lang, "到" if lang == "zh" else "to")
+        elif c == "~" and _neighbour(text, i + 1, 1).isdigit() and not _neighbour(text, i - 1, -1).isdigit():
+            lang = ctx.lang(i, i + 1)
+            out.words(lang, "约" if lang == "zh" else "about")  # ~100人: about
+        elif c == "/" and _per_unit(text, i):
+            out.words("zh", "每")
         elif c in ("-", "_") and 0 < i < len(text) - 1 and text[i - 1].isalnum() and text[i + 1].isalnum():
             out.pieces.append(" ")  # e-mail, snake_case: a word break
-        elif c == "#" and i + 1 < len(text) and text[i + 1].isdigit():
+        elif c == "#":
+            if _neighbour(text, i + 1, 1).isdigit():
+                lang = ctx.lang(i, i + 1)
+                out.words(lang, "井号" if lang == "zh" else "number")
+            # elsewhere (#话题#) silent
+        elif c in SYMBOL_WORDS or c in GREEK_NAMES:
             lang = ctx.lang(i, i + 1)
-            out.words(lang, "井号" if lang == "zh" else "number")
-        elif c in SYMBOL_WORDS:
-            lang = ctx.lang(i, i + 1)
-            zh, en = SYMBOL_WORDS[c]
+            zh, en = SYMBOL_WORDS.get(c) or GREEK_NAMES[c]
             out.words(lang, zh if lang == "zh" else en)
         elif c in _END_MARKS:
             out.pieces.append("。" if _mark_lang(ctx, i, out) == "zh" else ".")

@@ -29,7 +29,7 @@ from chattts_serving.voices import (
 CASES = [
     # cardinals, decimals, negatives, thousands separators, 两
     ("number", "zh", "我有3个苹果，12只猫。", "我有三个苹果，十二只猫。"),
-    ("number", "zh", "共1,234,567人，温度-3.5度", "共一百二十三万四千五百六十七人，温度负三点五度"),
+    ("number", "zh", "共1,234,567人，温度-3.5度", "共一百二十三万四千五百六十七人，温度零下三点五度"),
     ("number", "zh", "2个人用了2000元和2年", "两个人用了两千元和两年"),
     ("number", "en", "I have 3 apples and 1,234 pears.",
      "I have three apples and one thousand two hundred and thirty four pears."),
