@@ -9,7 +9,7 @@ GRPC_PORT ?= 8001
 METRICS_PORT ?= 8002
 PYTEST_ARGS ?=
 
-.PHONY: help setup export export-small export-full serve demo test lint typecheck unit bench bench-smoke loadtest soak gateway clean
+.PHONY: help setup export export-small export-full serve demo test lint typecheck unit bench bench-smoke loadtest soak gateway textnorm-report clean
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -57,6 +57,9 @@ bench: setup  ## side-by-side benchmark vs synchronous ChatTTS -> results/bench.
 
 bench-smoke:  ## seconds-long version of the benchmark (CI runs it through the tests)
 	$(PY) -m chattts_serving.bench --smoke --out results/smoke
+
+textnorm-report:  ## accuracy per category on the normalisation corpus: our rules / wetext alone / shipped
+	$(PY) -m chattts_serving.textnorm_report
 
 loadtest:  ## Locust headless against a running server (USERS, SPAWN_RATE, DURATION, HTTP_PORT, GRPC_PORT)
 	CHATTTS_HTTP_PORT=$(HTTP_PORT) CHATTTS_GRPC_PORT=$(GRPC_PORT) bash loadtest/run.sh

@@ -655,6 +655,7 @@ def _time(lang: Lang, h: int, m: int, s: int | None, ap: str | None, whole: bool
     """A clock time: 十点三十分 / ten thirty. ``whole``: a Chinese time on the hour reads 整
     (九点整); inside a range it does not (九点到十七点)."""
     ap = ap.lower() if ap else None
+    s = s or None  # 9:00:00 reads as 9:00
     if lang == "zh":
         out = ("上午" if ap == "a" else "下午" if ap == "p" and h < 12 else "")
         out += ("两" if h == 2 else _zh_int_plain(h)) + "点"

@@ -23,7 +23,7 @@ from typing import Any, Final, Literal
 _LOCK: Final = threading.Lock()
 _NORMALIZERS: dict[str, Any] = {}
 
-_ASCII_LEFT: Final = re.compile(r"[0-9%‰$¥€£:/+\-=~.]")
+_ASCII_LEFT: Final = re.compile(r"[0-9%‰$¥€£:/+\-=~.,A-Za-z]")
 """Characters that must not survive a reading: a span the library left partly unread."""
 _TAG: Final = re.compile(r"\[[A-Za-z]+(?:_[A-Za-z0-9]+)*\]")
 """A bracketed token such as ``[uv_break]`` or ``[Stts]``, handed through unread."""
@@ -51,8 +51,11 @@ def read_zh(span: str, left: str = "", right: str = "") -> str | None:
         norm = library("zh")
     except ImportError:
         return None
-    with _LOCK:  # kaldifst objects are shared: one call at a time
-        out = str(norm.normalize(left + span + right))
+    try:
+        with _LOCK:  # kaldifst objects are shared: one call at a time
+            out = str(norm.normalize(left + span + right))
+    except Exception:  # the library fails on some inputs (e.g. AssertionError on '+86 138...')
+        return None
     if not (out.startswith(left) and out.endswith(right)):
         return None
     words = out[len(left):len(out) - len(right)] if right else out[len(left):]
@@ -79,5 +82,8 @@ def library_alone(text: str) -> str:
 def _whole(norm: Any, piece: str) -> str:
     if not piece.strip():
         return piece
-    with _LOCK:
-        return str(norm.normalize(piece))
+    try:
+        with _LOCK:
+            return str(norm.normalize(piece))
+    except Exception:  # the library fails on some inputs: that piece stays unread
+        return piece
