@@ -4,7 +4,8 @@
 
 1. :func:`chattts_serving.textnorm.normalize`: numbers, dates, times, phone numbers, money,
    percentages, units and symbols verbalised per Chinese/English segment, punctuation mapped,
-   control tokens kept, unspeakable characters reported (never dropped silently);
+   control tokens kept, unspeakable characters reported (never dropped silently); with
+   ``wetext`` on, a few Chinese entity kinds are read by WeTextProcessing;
 2. ChatTTS' own ``Normalizer`` (its homophone replacement and full-width marks for Chinese),
    which then finds nothing to delete;
 3. the prompt, ChatTTS' ``Speaker.decorate_code_prompts`` form::
@@ -29,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from . import contract, refine, textnorm
+from . import contract, refine, textnorm, textnorm_wetext
 from .runtime import Artifacts
 from .sampling import ParamError
 from .voices import DEFAULT_CACHE_ENTRIES, MAX_VOICE_SEED, SpeakerCache, VoiceBook, VoiceError
@@ -73,17 +74,23 @@ class FrontEnd:
     (with them, at most ``RAW_LENGTH_FACTOR`` times as many). ``default_voice_seed``: the
     voice of requests without one. ``voices``: the voice book (default: built-in names plus
     the voices file of :func:`chattts_serving.voices.default_voices_path`).
-    ``speaker_cache_entries``: size of the speaker-vector LRU cache.
+    ``speaker_cache_entries``: size of the speaker-vector LRU cache. ``wetext``: let
+    WeTextProcessing read the Chinese entity kinds of :data:`chattts_serving.textnorm.LIBRARY_KINDS`
+    (profile ``[frontend] wetext``); False: our rules alone.
 
     Raises :class:`FrontendError` at construction when the voices file is malformed.
     """
 
     def __init__(self, artifacts: Artifacts, max_text_chars: int, default_voice_seed: int,
-                 voices: VoiceBook | None = None, speaker_cache_entries: int = DEFAULT_CACHE_ENTRIES) -> None:
+                 voices: VoiceBook | None = None, speaker_cache_entries: int = DEFAULT_CACHE_ENTRIES,
+                 wetext: bool = True) -> None:
         from transformers import BertTokenizerFast  # type: ignore[attr-defined]
 
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         self.tokenizer = BertTokenizerFast.from_pretrained(str(artifacts.root / "tokenizer"))
+        self.wetext = wetext
+        if wetext and not textnorm_wetext.preload():
+            log.warning("wetext is not installed: text normalisation uses our rules alone")
         stats = np.load(artifacts.root / "speaker_stats.npz")
         self.std, self.mean = stats["std"], stats["mean"]
         self.dim = int(self.std.shape[0])
@@ -133,7 +140,7 @@ class FrontEnd:
         if not text.strip():
             raise FrontendError("text is empty")
         try:
-            norm = textnorm.normalize(text)
+            norm = textnorm.normalize(text, library=self.wetext)
         except textnorm.TextNormError as exc:
             raise FrontendError(str(exc)) from None
         spk = self.speaker(voice)

@@ -59,9 +59,14 @@ class VocoderProfile(_Strict):
 
 
 class FrontendProfile(_Strict):
+    """The text front end. ``wetext``: WeTextProcessing reads the Chinese entity kinds the
+    normalisation corpus shows it reading right (:data:`chattts_serving.textnorm.LIBRARY_KINDS`);
+    False: our rules alone."""
+
     instance_count: int = Field(ge=1)
     max_text_chars: int = Field(ge=1)
     default_voice_seed: int = Field(ge=0)
+    wetext: bool = True
 
 
 class StreamProfile(_Strict):

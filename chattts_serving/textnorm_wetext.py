@@ -42,6 +42,16 @@ def library(lang: Literal["zh", "en", "auto"] = "zh") -> Any:
         return norm
 
 
+def preload() -> bool:
+    """Build the Chinese normaliser now (about 1 s: imports and FSTs) rather than on the first
+    request; False when ``wetext`` is not installed (our rules then read everything)."""
+    try:
+        library("zh")
+    except ImportError:
+        return False
+    return True
+
+
 def read_zh(span: str, left: str = "", right: str = "") -> str | None:
     """The library's Chinese reading of ``span`` (an entity such as ``2024-03-05``), read with
     ``left`` and ``right`` (neighbouring Chinese characters that may change the reading, e.g.

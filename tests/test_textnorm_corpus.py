@@ -11,7 +11,11 @@ from pathlib import Path
 import pytest
 
 from chattts_serving import textnorm
+from chattts_serving.frontend import FrontEnd
+from chattts_serving.profile import load_profile, profile_from_json
+from chattts_serving.runtime import Artifacts
 from chattts_serving.textnorm_report import CORPUS, CorpusError, evaluate, load_corpus, table
+from chattts_serving.voices import VoiceBook
 
 ROWS = load_corpus()
 
@@ -64,6 +68,31 @@ def test_library_and_our_rules_agree_where_the_library_reads() -> None:
     """The kinds routed to the library read every corpus sentence as our rules do, so the
     profile knob that turns the library off changes no corpus reading."""
     assert evaluate(ROWS, "ours")["all"].correct == evaluate(ROWS, "shipped")["all"].correct == len(ROWS)
+
+
+def test_routed_kinds_are_read_by_the_library() -> None:
+    """12/25 is where the library (a date) and our rules (a fraction) read differently; a span
+    the library cannot read (a signed percentage) stays ours."""
+    assert {"ymd", "fraction", "percent", "ratio"} == textnorm.LIBRARY_KINDS
+    assert textnorm.normalize("圣诞节是12/25", library=True).text == "圣诞节是十二月二十五日"
+    assert textnorm.normalize("圣诞节是12/25", library=False).text == "圣诞节是二十五分之十二"
+    assert textnorm.normalize("增长-2%", library=True).text == "增长负百分之二"
+
+
+def test_wetext_knob_switches_the_library_reading(small_artifacts: Artifacts) -> None:
+    """12/25 is where the library (a date) and our rules (a fraction) read differently."""
+    on = FrontEnd(small_artifacts, 4096, 2, voices=VoiceBook(), wetext=True).prepare("圣诞节是12/25")
+    off = FrontEnd(small_artifacts, 4096, 2, voices=VoiceBook(), wetext=False).prepare("圣诞节是12/25")
+    assert on.normalized == "圣诞节是十二月二十五日"
+    assert off.normalized == "圣诞节是二十五分之十二"
+
+
+def test_profile_knob_defaults_on_and_round_trips() -> None:
+    for name in ("cpu", "gpu"):
+        assert load_profile(name).frontend.wetext is True
+    p = load_profile("cpu")
+    off = p.model_copy(update={"frontend": p.frontend.model_copy(update={"wetext": False})})
+    assert profile_from_json(off.model_dump_json()).frontend.wetext is False
 
 
 def test_report_prints_accuracy_per_category_for_each_mode() -> None:

@@ -18,8 +18,9 @@ class TritonPythonModel:
     def initialize(self, args):
         setup = glue.ModelSetup.from_args(pb_utils, args, decoupled=False)
         fp = setup.profile.frontend
-        self.frontend = FrontEnd(setup.artifacts, fp.max_text_chars, fp.default_voice_seed)
-        self.frontend.prepare("你好，世界。Hello 123.", "")  # warm-up: normaliser JIT, tokenizer, voice
+        self.frontend = FrontEnd(setup.artifacts, fp.max_text_chars, fp.default_voice_seed, wetext=fp.wetext)
+        # warm-up: number readers, normaliser JIT, tokenizer, voice (and the wetext library when on)
+        self.frontend.prepare("你好，世界。Hello 123, 2024-03-05.", "")
 
     def execute(self, requests):
         return [self._one(r) for r in requests]
