@@ -8,13 +8,18 @@
    ``wetext`` on, a few Chinese entity kinds are read by WeTextProcessing;
 2. ChatTTS' own ``Normalizer`` (its homophone replacement and full-width marks for Chinese),
    which then finds nothing to delete;
-3. the prompt, ChatTTS' ``Speaker.decorate_code_prompts`` form::
+3. every character left is checked against the vocabulary of the tokenizer loaded here (with
+   the tokenizer's own normalisation, so ``A`` counts as ``a``): a character it would turn into
+   ``[UNK]`` (a Chinese character outside the vocabulary that step 2's homophone map did not
+   already replace by a common one, as it does 龠 -> 月) is left out of the prompt and reported
+   in ``dropped`` like the others, so ``[UNK]`` never reaches the GPT;
+4. the prompt, ChatTTS' ``Speaker.decorate_code_prompts`` form::
 
        [Stts][spk_emb][speed_N]{normalised text}[Ptts]
 
    with N from the first ``[speed_N]`` token in the text (default 5), tokenised without
    special tokens; the ``[spk_emb]`` position later receives the speaker vector;
-4. the voice (:mod:`chattts_serving.voices`): seed, name or spk_emb string, through a bounded
+5. the voice (:mod:`chattts_serving.voices`): seed, name or spk_emb string, through a bounded
    LRU cache of speaker vectors.
 
 The same text and voice always give the same ids and the same speaker-vector bytes.
@@ -24,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -88,6 +94,7 @@ class FrontEnd:
 
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         self.tokenizer = BertTokenizerFast.from_pretrained(str(artifacts.root / "tokenizer"))
+        self.vocabulary = TokenizerVocabulary(self.tokenizer)
         self.wetext = wetext
         if wetext and not textnorm_wetext.preload():
             log.warning("wetext is not installed: text normalisation uses our rules alone")
@@ -145,8 +152,11 @@ class FrontEnd:
             raise FrontendError(str(exc)) from None
         spk = self.speaker(voice)
         normalized = self.normalizer(norm.text, do_text_normalization=True, do_homophone_replacement=True).strip()
+        normalized, unknown = self.vocabulary.remove_unknown(normalized)
+        dropped = tuple(sorted(dict.fromkeys((*norm.dropped, *unknown)),
+                               key=lambda d: text.find(d) if d in text else len(text)))
         if not textnorm.SPOKEN_CHARS.search(textnorm.CONTROL_TOKEN.sub("", normalized)):
-            what = f": {''.join(norm.dropped)!r}" if norm.dropped else ""
+            what = f": {''.join(dropped)!r}" if dropped else ""
             raise FrontendError("text has nothing speakable after normalisation (only punctuation, symbols or "
                                 f"unsupported characters{what})")
         speed = norm.speed if norm.speed is not None else textnorm.DEFAULT_SPEED
@@ -166,9 +176,60 @@ class FrontEnd:
             normalized = refine.code_stage_text(refined, normalized)
         else:
             code_ids = refine.speech_prompt_ids(self.tokenizer, normalized, speed)
-        if norm.dropped:
-            log.info("characters not spoken: %r", "".join(norm.dropped))
-        return Prepared(code_ids.astype(np.int32), spk, normalized, norm.dropped, speed, refine_ids)
+        if dropped:
+            log.info("characters not spoken: %r", "".join(dropped))
+        return Prepared(code_ids.astype(np.int32), spk, normalized, dropped, speed, refine_ids)
+
+
+class TokenizerVocabulary:
+    """Which characters a BERT WordPiece tokenizer can spell, built once from its vocabulary.
+
+    A character is known when, after the tokenizer's own normaliser (lower-casing, accent
+    stripping where configured), every character it becomes is a one-character token or a
+    ``##`` continuation of one; anything else would be tokenised as ``[UNK]``. Whitespace and
+    the tokenizer's added tokens (``[uv_break]``, ...) are not checked.
+    """
+
+    def __init__(self, tokenizer: Any) -> None:
+        vocab = tokenizer.get_vocab()
+        self.chars = frozenset(t for t in vocab if len(t) == 1) | frozenset(
+            t[2:] for t in vocab if len(t) == 3 and t.startswith("##"))
+        self._normalizer = tokenizer.backend_tokenizer.normalizer
+        self._known: dict[str, bool] = {}
+
+    def known(self, c: str) -> bool:
+        """Whether ``c`` is tokenised as itself rather than ``[UNK]`` (cached per character)."""
+        hit = self._known.get(c)
+        if hit is None:
+            plain = self._normalizer.normalize_str(c) if self._normalizer is not None else c
+            hit = all(ch.isspace() or ch in self.chars for ch in plain)
+            self._known[c] = hit
+        return hit
+
+    def remove_unknown(self, text: str) -> tuple[str, tuple[str, ...]]:
+        """``text`` without the characters the tokenizer would map to ``[UNK]`` (control tokens
+        kept; a space keeps two Latin letters apart), and those characters once each, in order."""
+        if all(self._known.get(c, False) for c in text):
+            return text, ()
+        out: list[str] = []
+        unknown: list[str] = []
+        pos = 0
+        for m in [*textnorm.CONTROL_TOKEN.finditer(text), None]:
+            end = m.start() if m is not None else len(text)
+            for c in text[pos:end]:
+                if c.isspace() or self.known(c):
+                    out.append(c)
+                    continue
+                if c not in unknown:
+                    unknown.append(c)
+                out.append("\0")
+            if m is not None:
+                out.append(m.group(0))
+                pos = m.end()
+        if not unknown:
+            return text, ()
+        cleaned = re.sub(r"(?<=[A-Za-z])\0+(?=[A-Za-z])", " ", "".join(out)).replace("\0", "")
+        return cleaned, tuple(unknown)
 
 
 def _chattts_normalizer() -> Any:

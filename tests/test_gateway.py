@@ -228,6 +228,17 @@ def test_request_id_and_unspoken_text_come_back_in_headers(client) -> None:
 
 
 @pytest.mark.server
+def test_characters_the_tokenizer_lacks_come_back_as_unspoken(client) -> None:
+    """龟 is [UNK] in the generated tokenizer (tests/test_textnorm_unk.py): left out and reported."""
+    with client.audio.speech.with_streaming_response.create(
+            model="chattts", voice="7", input="乌龟爬得很慢。", response_format="pcm",
+            extra_body=dict(EXTRA)) as response:
+        assert response.status_code == 200
+        assert json.loads(response.headers["x-unspoken-text"]) == ["龟"]
+        assert response.read()
+
+
+@pytest.mark.server
 def test_sse_stream_carries_base64_deltas_and_done(client) -> None:
     pcm = _speech(client, "pcm").content
     with client.audio.speech.with_streaming_response.create(
