@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from chattts_serving.bench import load_sentences
-from chattts_serving.bench.report import TARGETS, headline_ratios, target_met
+from chattts_serving.bench.report import TARGETS, frontend_figures, headline_ratios, target_met
 from chattts_serving.bench.stats import (
     RequestRecord,
     diff_samples,
@@ -36,7 +36,8 @@ LEVEL_KEYS = {"concurrency", "requests", "ok", "failed", "wall_s", "ttfa_p50_s",
               "engine_tokens_per_s", "engine", "models", "cpu_percent", "cpu_s_by_process", "rss_mb",
               "rss_mb_peak", "records"}
 TOP_KEYS = {"config", "machine", "baseline", "raw_step", "levels", "throughput_ratio_c16", "ttfa_ratio_c1",
-            "p95_over_p50_c16", "engine_efficiency_c16", "started_at", "elapsed_s"}
+            "p95_over_p50_c16", "engine_efficiency_c16", "started_at", "elapsed_s", "frontend", "frontend_p99_ms",
+            "frontend_share_of_ttfa_c1"}
 LOCUST_TYPES = {"grpc:ttfa", "grpc:total", "sse:ttfa", "sse:total", "http:infer"}
 
 
@@ -60,11 +61,14 @@ def test_bench_smoke_writes_report(small_weights: Path, small_artifacts, tmp_pat
     assert set(result["raw_step"]["batches"]) == {"1", "16"}
     assert result["config"]["tokens"] == 16
     assert result["ttfa_ratio_c1"] is not None  # level 1 ran; the c16 ratios are None in smoke
+    assert result["frontend"]["bench"]["calls"] == 2 * result["config"]["sentences"]
+    assert result["frontend_p99_ms"] > 0 and result["frontend_share_of_ttfa_c1"] > 0
     for name in ("bench.md", "throughput_vs_concurrency.png", "latency_cdf.png", "ttfa_vs_concurrency.png"):
         assert (out / name).is_file() and (out / name).stat().st_size > 0, name
     md = (out / "bench.md").read_text()
     for name in TARGETS:
         assert name in md
+    assert "## Text front end" in md
 
 
 @pytest.mark.server
@@ -152,3 +156,11 @@ def test_headline_ratios_and_targets() -> None:
     assert all(target_met(k, v) for k, v in r.items())
     assert headline_ratios(baseline, levels[:1], raw)["throughput_ratio_c16"] is None
     assert target_met("p95_over_p50_c16", 1.5) is False
+
+
+def test_frontend_figures_are_p99_and_share_of_ttfa_at_c1() -> None:
+    fe = {"bench": {"p50_ms": 2.0, "p99_ms": 5.0}, "numbers": {"p50_ms": 8.0, "p99_ms": 20.0}}
+    figures = frontend_figures(fe, [{"concurrency": 1, "ttfa_p50_s": 0.4}, {"concurrency": 4, "ttfa_p50_s": 1.0}])
+    assert figures == pytest.approx({"frontend_p99_ms": 5.0, "frontend_share_of_ttfa_c1": 0.005,
+                                     "frontend_numbers_p99_ms": 20.0, "frontend_numbers_share_of_ttfa_c1": 0.02})
+    assert frontend_figures(fe, [])["frontend_share_of_ttfa_c1"] is None

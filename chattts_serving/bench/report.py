@@ -47,6 +47,24 @@ def headline_ratios(baseline: Mapping[str, Any], levels: Sequence[Mapping[str, A
     }
 
 
+FRONTEND_SHARE_TARGET = 0.05
+"""Issue #11: the front end's time per request stays under 5 % of TTFA at concurrency 1."""
+FRONTEND_FIGURES = ("frontend_p99_ms", "frontend_share_of_ttfa_c1")
+
+
+def frontend_figures(frontend: Mapping[str, Any], levels: Sequence[Mapping[str, Any]]) -> dict[str, float | None]:
+    """frontend_p99_ms: p99 of ``FrontEnd.prepare`` per request over the benchmark sentences;
+    frontend_share_of_ttfa_c1: its p50 over the TTFA p50 at concurrency 1 (both per request);
+    frontend_numbers_*: the same over number-heavy sentences."""
+    ttfa_ms = (_level(levels, 1) or {}).get("ttfa_p50_s")
+    ttfa_ms = ttfa_ms * 1000.0 if ttfa_ms is not None else None
+    bench, numbers = frontend.get("bench", {}), frontend.get("numbers", {})
+    return {"frontend_p99_ms": bench.get("p99_ms"),
+            "frontend_share_of_ttfa_c1": ratio(bench.get("p50_ms"), ttfa_ms),
+            "frontend_numbers_p99_ms": numbers.get("p99_ms"),
+            "frontend_numbers_share_of_ttfa_c1": ratio(numbers.get("p50_ms"), ttfa_ms)}
+
+
 OUTSIDE_LOAD_WARN_PERCENT = 20.0
 """Other processes' CPU (percent of one core) above which a phase is flagged as skewed."""
 
@@ -104,6 +122,21 @@ def markdown(result: Mapping[str, Any]) -> str:
         met = target_met(name, v)
         shown = "–" if met is None else ("yes" if met else "no")
         lines.append(f"| `{name}` | {_f(v)} | {op} {bound:g} | {shown} |")
+    fe = result.get("frontend")
+    if fe:
+        share = result.get("frontend_share_of_ttfa_c1")
+        fe_met = "–" if share is None else ("yes" if share <= FRONTEND_SHARE_TARGET else "no")
+        lines += ["", "## Text front end (`FrontEnd.prepare` in process, per request)", "",
+                  f"Profile's `[frontend] wetext = {str(fe['wetext']).lower()}`; built in "
+                  f"{_f(fe.get('setup_s'), 2)} s. Share of TTFA: front-end p50 over TTFA p50 at c=1, "
+                  f"target <= {FRONTEND_SHARE_TARGET:g} (met: {fe_met}).", "",
+                  "| sentences | calls | mean chars | p50 ms | p99 ms | max ms | share of TTFA c=1 |",
+                  "|---|---|---|---|---|---|---|"]
+        for key, label, share_key in (("bench", "benchmark sentences", "frontend_share_of_ttfa_c1"),
+                                      ("numbers", "number-heavy sentences", "frontend_numbers_share_of_ttfa_c1")):
+            m = fe.get(key, {})
+            lines.append(f"| {label} | {m.get('calls')} | {_f(m.get('chars_mean'), 1)} | {_f(m.get('p50_ms'), 2)} | "
+                         f"{_f(m.get('p99_ms'), 2)} | {_f(m.get('max_ms'), 2)} | {_f(result.get(share_key), 4)} |")
     off, st = base["offline"], base["stream"]
     lines += [
         "", "## Baseline: upstream ChatTTS `Chat.infer` (torch eager), one request at a time", "",

@@ -4,6 +4,7 @@ In one process tree, with one artifact directory and the checkpoint it was expor
 list of sentences and one token budget per request, in this order (never overlapping, so each
 part has the machine to itself):
 
+0. the text front end alone (``FrontEnd.prepare`` per request, in process);
 1. the raw ONNX Runtime GPT decode step at batch 1 and 16 (the hardware ceiling);
 2. the baseline: upstream ChatTTS ``Chat.infer`` on torch, one request at a time (the
    synchronous "V1"), and its own stream mode's first-chunk time;
@@ -37,11 +38,11 @@ from typing import Any
 from .. import contract
 from . import load_sentences
 from .cpuload import CpuWindow
-from .report import headline_ratios, markdown, plot
+from .report import frontend_figures, headline_ratios, markdown, plot
 
 SMOKE_ARTIFACTS = Path("artifacts/small")
 SMOKE: dict[str, Any] = {"levels": (1, 2), "requests": 2, "tokens": 16, "baseline_requests": 2,
-                         "stream_requests": 1, "raw_repeats": 5}
+                         "stream_requests": 1, "raw_repeats": 5, "frontend_repeats": 2}
 """``--smoke``: small artifacts, tiny load; exercises every part in well under a minute."""
 
 
@@ -61,6 +62,7 @@ class Config:
     raw_batches: tuple[int, ...]
     raw_past_tokens: int
     raw_repeats: int
+    frontend_repeats: int
     out: Path
     smoke: bool
     skip_baseline: bool
@@ -116,6 +118,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--raw-batches", type=_ints, default=(1, 16), help="batch sizes of the raw step (1,16)")
     p.add_argument("--raw-past", type=_positive, default=150, help="past positions of the raw step (150)")
     p.add_argument("--raw-repeats", type=_positive, default=None, help="timed raw steps per batch (20)")
+    p.add_argument("--frontend-repeats", type=_positive, default=None,
+                   help="timed passes over the sentences of the front-end measurement (20)")
     p.add_argument("--skip-baseline", action="store_true", help="do not run ChatTTS (no torch needed)")
     p.add_argument("--out", type=Path, default=Path("results"), help="output directory (default results)")
     p.add_argument("--label", default="", help="free text stored in the report, e.g. the server version measured")
@@ -141,7 +145,8 @@ def resolve(args: argparse.Namespace) -> Config:
         baseline_requests=pick(args.baseline_requests, SMOKE["baseline_requests"], 4),
         stream_requests=pick(args.stream_requests, SMOKE["stream_requests"], 2),
         voice_seed=args.voice_seed, raw_batches=args.raw_batches, raw_past_tokens=args.raw_past,
-        raw_repeats=pick(args.raw_repeats, SMOKE["raw_repeats"], 20), out=args.out, smoke=smoke,
+        raw_repeats=pick(args.raw_repeats, SMOKE["raw_repeats"], 20),
+        frontend_repeats=pick(args.frontend_repeats, SMOKE["frontend_repeats"], 20), out=args.out, smoke=smoke,
         skip_baseline=bool(args.skip_baseline), label=args.label)
 
 
@@ -245,6 +250,7 @@ def run(cfg: Config) -> dict[str, Any]:
     from ..runtime import Artifacts
     from ..server import TritonServer
     from .baseline import run_baseline
+    from .frontend import measure_frontend
     from .rawstep import measure_raw_step
     from .serverload import run_levels
 
@@ -273,6 +279,9 @@ def run(cfg: Config) -> dict[str, Any]:
         },
         "machine": machine_info(),
     }
+
+    progress(f"front end: FrontEnd.prepare in process, {cfg.frontend_repeats} passes")
+    result["frontend"] = measure_frontend(cfg.artifacts, profile, sentences, cfg.frontend_repeats)
 
     progress(f"raw ORT step, batches {list(cfg.raw_batches)}, past {cfg.raw_past_tokens}")
     window = CpuWindow()
@@ -313,6 +322,7 @@ def run(cfg: Config) -> dict[str, Any]:
         finally:
             srv.stop()
     result.update(headline_ratios(result["baseline"], result["levels"], result["raw_step"]))
+    result.update(frontend_figures(result["frontend"], result["levels"]))
     result["elapsed_s"] = time.perf_counter() - started
     result = _clean(result)
     text = json.dumps(result, indent=1, ensure_ascii=False) + "\n"
@@ -362,9 +372,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("bench: interrupted", file=sys.stderr)
         return 130
-    from .report import TARGETS
+    from .report import FRONTEND_FIGURES, TARGETS
 
-    for name in TARGETS:
+    for name in (*TARGETS, *FRONTEND_FIGURES):
         print(f"{name}: {result.get(name)}")
     if any(lv["ok"] == 0 for lv in result["levels"]):
         print("bench: error: a concurrency level had no successful request", file=sys.stderr)
