@@ -183,8 +183,10 @@ _EN_DIGITS: Final = ("zero", "one", "two", "three", "four", "five", "six", "seve
 _ZH_LIANG_BEFORE: Final = tuple(sorted(
     set("个位只本次件条天年点岁倍种台辆张把棵名块斤周项家间层份分米克秒瓶杯双碗盘盒箱袋包支枝朵颗粒片根对副篇首部场"
         "届轮局回趟遍顿声下口排行列队组批门所座栋幢套匹头艘架款类样封册卷集幕道笔枚盏顶具扇面幅页章节段句步圈眼拳脚刀针"
-        "滴串束捆桶罐壶勺碟户处人成亿万千元角毛升吨尺寸亩晚夜餐代辈群伙帮剂")
-    | {"公里", "公斤", "千克", "小时", "分钟", "美元", "欧元", "英镑", "日元", "港元", "周年", "个月"},
+        "滴串束捆桶罐壶勺碟户处人成亿万千元角毛升吨尺寸亩晚夜餐代辈群伙帮剂听盆锅沓摞缸筐篮瓣阵番遭枪炮轴曲辑桩宗起例"
+        "则题栏格株丛簇挂窝胎任堵峰羽团堆摊尊杆柄室厅卫打")
+    | {"公里", "公斤", "千克", "小时", "分钟", "美元", "欧元", "英镑", "日元", "港元", "周年", "个月", "星期", "厘米",
+       "毫米", "毫升", "千米", "公顷", "平方米", "立方米", "英里", "英尺", "磅", "加仑"},
     key=len, reverse=True))
 """Measure words (and 千/万/亿) after which a lone 2 is read 两 rather than 二 (2瓶 -> 两瓶)."""
 _ZH_ER_BEFORE: Final = ("号", "楼", "路", "级", "年级", "班", "两", "月", "日", "线", "手", "维", "等", "次元", "季度")
@@ -369,8 +371,14 @@ CURRENCIES: Final[dict[str, Currency]] = {
     "HKD": Currency("港元", "Hong Kong dollar", "Hong Kong dollars", "cent", "cents"),
     "CNY": Currency("元", "yuan", "yuan"),
     "JPY": Currency("日元", "yen", "yen"),
+    "TWD": Currency("新台币", "New Taiwan dollar", "New Taiwan dollars", "cent", "cents"),
+    "AUD": Currency("澳元", "Australian dollar", "Australian dollars", "cent", "cents"),
+    "CAD": Currency("加元", "Canadian dollar", "Canadian dollars", "cent", "cents"),
+    "SGD": Currency("新加坡元", "Singapore dollar", "Singapore dollars", "cent", "cents"),
 }
-_CURRENCY_OF: Final = {"$": "USD", "US$": "USD", "HK$": "HKD", "¥": "CNY", "€": "EUR", "£": "GBP",
+_CURRENCY_OF: Final = {"$": "USD", "US$": "USD", "HK$": "HKD", "¥": "CNY", "€": "EUR", "£": "GBP", "NT$": "TWD",
+                       "A$": "AUD", "AU$": "AUD", "C$": "CAD", "CA$": "CAD", "S$": "SGD", "TWD": "TWD", "AUD": "AUD",
+                       "CAD": "CAD", "SGD": "SGD",
                        "RMB": "CNY", "CNY": "CNY", "USD": "USD", "EUR": "EUR", "GBP": "GBP", "HKD": "HKD",
                        "JPY": "JPY"}
 _MULTIPLIERS: Final = {"k": (Decimal(10**3), "thousand"), "m": (Decimal(10**6), "million"),
@@ -434,7 +442,7 @@ PACE_BEFORE: Final = ("配速",)
 """Written right before ``m:ss``, they make it minutes and seconds (配速5:30 -> 五分三十秒)."""
 IDENTIFIER_BEFORE: Final = ("电话", "手机", "手机号", "座机", "传真", "热线", "客服", "拨打", "致电", "呼叫", "号码",
                             "卡号", "账号", "帐号", "单号", "编号", "工号", "学号", "尾号", "验证码", "密码", "邮编",
-                            "QQ号", "QQ", "微信号", "身份证号码", "身份证号", "身份证", "分机号", "分机")
+                            "QQ号", "QQ", "微信号", "身份证号码", "身份证号", "身份证", "分机号", "分机", "拨")
 """Written right before a number of three or more digits (spaces, ``:``, 是/为 between
 allowed), they make it an identifier read digit by digit with 幺 (拨打110, 验证码385921)."""
 TEMPERATURE_BEFORE: Final = ("气温", "温度", "低温", "高温", "最低", "最高", "体温", "水温", "室温")
@@ -454,7 +462,8 @@ def _alt(units: dict[str, Unit]) -> str:
 
 def _time_re(p: str) -> str:
     """A clock time h:mm(:ss) with named groups ``<p>_h``, ``<p>_m``, ``<p>_s``."""
-    return (rf"(?<![\d.])(?<!\d:)(?P<{p}_h>[01]?\d|2[0-3]):(?P<{p}_m>[0-5]\d)(?::(?P<{p}_s>[0-5]\d))?(?![\d:])")
+    return (rf"(?<![\d.])(?<!\d:)(?P<{p}_h>[01]?\d|2[0-3]|24(?=:00))"
+            rf":(?P<{p}_m>[0-5]\d)(?::(?P<{p}_s>[0-5]\d))?(?![\d:])")
 
 
 _TLD: Final = "com|net|org|cn|io|ai|edu|gov|info|co|uk|de|jp|me|tv|cc|app|dev"
@@ -483,18 +492,24 @@ _RULES: Final = [
               r"|(?<!\d)0\d{2,3}-\d{3,4}[-\s]\d{4}(?!\d)"
               r"|\(0\d{2,3}\)\s?\d{7,8}(?!\d)"
               r"|(?<![\d+])[48]00[-\s]?\d{3}[-\s]?\d{4}(?!\d)"
+              r"|(?<![\d+-])\d{3,4}(?:-\d{3,4}){2,}(?![\d-])"
               r"|(?<![\d+])(?:\+?1[-.\s])?(?:\(\d{3}\)\s?|\d{3}[-.])\d{3}[-.]\d{4}(?!\d)"
               r"|\+\d{1,3}(?:[-\s]\d{1,4}){2,5}(?!\d))"),
     ("groups", r"(?<![\d.,])(?P<groups>\d{2,4}(?: \d{2,4}){2,})(?![\d.,])"),
     ("hm", r"(?<![\d.])(?P<hm_h>\d+)\s?h(?:rs?)?\s?(?P<hm_m>\d+)\s?min(?![A-Za-z0-9])"),
-    ("money", r"(?P<mp_neg>(?<![A-Za-z0-9.])-)?(?P<mp_cur>US\$|HK\$|[$¥€£]|(?:USD|CNY|RMB|EUR|GBP|HKD|JPY)\s?)"
+    ("money", r"(?P<mp_neg>(?<![A-Za-z0-9.])-)?"
+              r"(?P<mp_cur>(?:US|HK|NT|AU?|CA?|S)\$|[$¥€£]|(?:USD|CNY|RMB|EUR|GBP|HKD|JPY|TWD|AUD|CAD|SGD)\s?)"
               rf"(?P<mp_amt>{_NUM})(?:\s?(?P<mp_mult>万|亿|(?:thousand|million|billion|trillion)(?![A-Za-z])"
               r"|(?:[kKmMbBtT]|[mMbBtT]n)(?![A-Za-z])))?"
               r"(?P<mp_unit>元(?![素旦首宵件老气帅])|块(?![头状])|美元|欧元|英镑|港元|港币|日元)?"),
     ("yuan", rf"(?P<ms_amt>{_NUM})\s?(?P<ms_cur>元(?![素旦首宵件老气帅])|块(?![头状]))"),
+    ("coded", rf"(?P<cd_amt>{_NUM})\s?(?P<cd_code>USD|EUR|GBP|CNY|RMB|HKD|JPY|TWD|AUD|CAD|SGD)(?![A-Za-z])"),
+    ("times", rf"(?<![A-Za-z0-9.])(?P<x_num>{_NUM})[x×](?![A-Za-z0-9])"),
+    ("twentyfour", r"(?<![\d/])24/7(?![\d/])"),
+    ("perunit", rf"(?<=[\u4e00-\u9fa5A-Za-z²³])/(?P<pu_unit>{_alt(UNITS)}|{_alt(GLUED_UNITS)})(?![A-Za-z0-9])"),
     ("decade", r"(?<![\d.])(?P<dec>\d{3}0)s(?![A-Za-z])|(?<![A-Za-z0-9])'(?P<dec2>\d0)s(?![A-Za-z])"
                r"|(?<![A-Za-z0-9.'])(?P<dec3>[1-9]0)s(?![A-Za-z])"),
-    ("range", rf"(?<![\d.])(?P<r_a>{_NUM})(?P<r_pa>[%‰])?"
+    ("range", rf"(?P<r_sign>(?<![A-Za-z0-9.])[-−])?(?<![\d.])(?P<r_a>{_NUM})(?P<r_pa>[%‰])?"
               rf"(?P<r_ua>(?:{_alt(UNITS)})(?=\s?[~–—-]\s?\d))?"
               rf"(?P<r_sep>\s?[~–—]\s?|-)(?P<r_b>{_NUM})(?![\d])"
               rf"(?P<r_suf>\s?[%‰]|\s?(?:{_alt(UNITS)})(?![A-Za-z0-9])|(?:{_alt(GLUED_UNITS)})(?![A-Za-z0-9]))?"),
@@ -555,8 +570,8 @@ def context_language(text: str, start: int, end: int, default: Lang, counts: boo
 
     1. a Chinese character right after the span (``3个``) makes it Chinese;
     2. else, for a count (``counts``: a plain number) in mostly Chinese text, a capitalised
-       Latin name right before it (``iPhone 15 Pro``, ``Windows 11``) makes it Chinese: model
-       numbers inside Chinese are read in Chinese;
+       Latin name right before or after it (``iPhone 15 Pro``, ``Windows 11``, ``骁龙8 Gen``)
+       makes it Chinese: model numbers inside Chinese are read in Chinese;
     3. else, for a count, a word right after it or after one space in the same clause decides:
        a number is read in the language of what it counts (``和5 pears`` reads "five pears");
     4. else a Chinese character right before it (``第3``) makes it Chinese;
@@ -591,7 +606,8 @@ def context_language(text: str, start: int, end: int, default: Lang, counts: boo
     right, rgap, rcross = scan(j, 1)
     if right == "zh" and rgap == 0:
         return "zh"
-    if counts and default == "zh" and _MODEL_NAME.search(text, max(0, start - 40), start):
+    if counts and default == "zh" and (_MODEL_NAME.search(text, max(0, start - 40), start)
+                                       or re.match(r" ?[A-Z]", text[end:end + 2])):
         return "zh"
     if counts and right is not None and not rcross and rgap <= 1:
         return right
@@ -1093,7 +1109,7 @@ def _h_hm(lang: Lang, g: Callable[[str], str], before: str, after: str) -> str:
 
 
 _CURRENCY_WORDS: Final = {"CNY": ("元", "块"), "USD": ("美元",), "EUR": ("欧元",), "GBP": ("英镑",),
-                          "HKD": ("港元", "港币"), "JPY": ("日元",)}
+                          "HKD": ("港元", "港币"), "JPY": ("日元",), "TWD": (), "AUD": (), "CAD": (), "SGD": ()}
 
 
 def _h_money(lang: Lang, g: Callable[[str], str], before: str, after: str) -> str:
@@ -1118,6 +1134,29 @@ def _h_yuan(lang: Lang, g: Callable[[str], str], before: str, after: str) -> str
 _DECADE_BEFORE: Final = ("the", "early", "late", "mid", "in")
 
 
+def _h_coded(lang: Lang, g: Callable[[str], str], before: str, after: str) -> str:
+    """100 USD, 500 RMB: an amount before its currency code."""
+    return _money(lang, False, _CURRENCY_OF[g("cd_code")], g("cd_amt"), None)
+
+
+def _h_times(lang: Lang, g: Callable[[str], str], before: str, after: str) -> str:
+    """3x, 2×: 三倍 / three times."""
+    num = g("x_num")
+    return _liang(zh_number(num), "倍") + "倍" if lang == "zh" else f"{en_number(num)} times"
+
+
+def _h_twentyfour(lang: Lang, g: Callable[[str], str], before: str, after: str) -> str:
+    """24/7: round the clock, never a fraction."""
+    return "全天候" if lang == "zh" else "twenty four seven"
+
+
+def _h_perunit(lang: Lang, g: Callable[[str], str], before: str, after: str) -> str:
+    """/m², /kg after an amount with a unit (100元/m²): 每平方米 / per square meter."""
+    symbol = g("pu_unit")
+    unit = UNITS.get(symbol) or GLUED_UNITS[symbol]
+    return "每" + unit.zh if lang == "zh" else "per " + unit.en_one
+
+
 def _h_decade(lang: Lang, g: Callable[[str], str], before: str, after: str) -> str:
     short = g("dec3")
     if short and not (lang == "en" and re.search(rf"\b(?:{'|'.join(_DECADE_BEFORE)})\s*$", before.lower())):
@@ -1132,23 +1171,35 @@ def _range_side(lang: Lang, num: str, year: bool) -> str:
 
 
 def _h_range(lang: Lang, g: Callable[[str], str], before: str, after: str) -> str:
-    """``a-b`` / ``a~b``: a range (三到五天), a score (四比零获胜) or a year range; see
-    :data:`SCORE_SENTENCE` for how the two are told apart."""
+    """``a-b`` / ``a~b``: a range (三到五天), a score (四比零获胜), a year range or a local phone
+    number (555-0123); see :data:`SCORE_SENTENCE` for how a score and a range are told apart."""
     a, b, suf = g("r_a"), g("r_b"), (g("r_suf") or "").strip()
     pct = suf in ("%", "‰") or g("r_pa") is not None
-    sym = suf if suf in ("%", "‰") else g("r_pa") or "%"
     four = len(a) == 4 and len(b) == 4 and a.isdigit() and b.isdigit()
     year = four and not suf and (after.startswith("年") if lang == "zh" else 1000 <= int(a) <= 2099)
-    unit = UNITS.get(suf) or GLUED_UNITS.get(suf)
-    unit_a = UNITS.get(g("r_ua") or "")
-    measured = bool(suf) or unit_a is not None or _takes_liang(after) or after.lstrip().startswith(_RANGE_UNITS)
-    hyphen = g("r_sep") == "-"
-    if hyphen and not measured and len(a) == 3 and len(b) == 4 and a.isdigit() and b.isdigit() and (
+    measured = pct or bool(suf) or bool(g("r_ua")) or _takes_liang(after) or after.lstrip().startswith(_RANGE_UNITS)
+    plain = g("r_sep") == "-" and not measured and not g("r_sign") and a.isdigit() and b.isdigit()
+    if plain and len(a) == 3 and len(b) == 4 and (
             lang == "en" or b.startswith("0") or _ends_with(before, IDENTIFIER_BEFORE, " :是为")):
         return _read_groups(lang, [a, b])  # 555-0123: a local phone number, not a range
-    if hyphen and not measured and not year and a.isdigit() and b.isdigit() and len(a) <= 3 and len(b) <= 3 and (
+    if plain and not year and len(a) <= 3 and len(b) <= 3 and (
             int(a) >= int(b) or _score_near(before, after) or _score_sentence(before, after)):
         return _score(lang, a, b)
+    words = _range_words(lang, a, b, g("r_pa"), g("r_ua"), suf, year, after)
+    if g("r_sign"):  # -5~3℃: 零下五到三摄氏度
+        temperature = (g("r_ua") or suf) in _TEMPERATURE_UNITS
+        return (("零下" if temperature else "负") if lang == "zh" else "minus ") + words
+    return words
+
+
+def _range_words(lang: Lang, a: str, b: str, pa: str | None, ua: str | None, suf: str, year: bool,
+                 after: str) -> str:
+    """The reading of a range ``a`` to ``b`` with its percent sign (``pa`` after ``a`` or as
+    ``suf``), unit (``ua`` after ``a``, ``suf`` after ``b``) or year reading."""
+    pct = suf in ("%", "‰") or pa is not None
+    sym = suf if suf in ("%", "‰") else pa or "%"
+    unit = UNITS.get(suf) or GLUED_UNITS.get(suf)
+    unit_a = UNITS.get(ua or "")
     if lang == "zh":
         if pct:
             head = "百分之" if sym == "%" else "千分之"
@@ -1256,6 +1307,9 @@ def _zh_count(num: str, before: str, after: str) -> str:
     year (2024年, 24年3月, 公元前221年) or a generation (80后) digit by digit; a date part
     without its leading zero (03月); else a cardinal, with 两 before a measure word."""
     digits = num.isdigit()
+    listed = re.search(r"\d{3,}\s*(?:或者|或是|或|和|及|、|/)\s*$", before)  # 拨打12345或12315
+    if listed and len(num) >= 3 and _ends_with(before[:listed.start() + 1], IDENTIFIER_BEFORE, " :是为0123456789"):
+        return "，".join(zh_digits(grp, one="幺") for grp in _digit_groups(num))
     if digits and len(num) == ID_CARD_DIGITS - 1 and after[:1] in ("X", "x"):
         return "，".join(zh_digits(grp, one="幺") for grp in (num[:6], num[6:14], num[14:]))  # ID ending in X
     if digits and (len(num) >= LONG_IDENTIFIER_DIGITS or (len(num) >= 4 and before[-1:].isupper())
@@ -1304,7 +1358,8 @@ def _h_url(lang: Lang, g: Callable[[str], str], before: str, after: str) -> str:
 _HANDLERS: Final[dict[str, Callable[[Lang, Callable[[str], str], str, str], str]]] = {
     "ymd": _h_ymd, "mdy": _h_mdy, "md": _h_md, "dm": _h_dm, "trange": _h_trange, "time": _h_time,
     "ratio": _h_ratio, "hap": _h_hap, "phone": _h_phone, "groups": _h_groups, "hm": _h_hm, "money": _h_money,
-    "yuan": _h_yuan, "decade": _h_decade, "range": _h_range, "percent": _h_percent, "unit": _h_unit,
+    "yuan": _h_yuan, "coded": _h_coded, "times": _h_times, "twentyfour": _h_twentyfour, "perunit": _h_perunit,
+    "decade": _h_decade, "range": _h_range, "percent": _h_percent, "unit": _h_unit,
     "fraction": _h_fraction, "ordinal": _h_ordinal, "numero": _h_numero, "dotted": _h_dotted, "number": _h_number,
     "email": _h_email, "url": _h_url,
 }
@@ -1342,7 +1397,8 @@ def _range_mark(text: str, i: int) -> bool:
 def _per_unit(text: str, i: int) -> bool:
     """A slash between a unit after a number and another unit (7.5元/升, 80次/分钟): read 每."""
     prev, nxt = _neighbour(text, i - 1, -1), _neighbour(text, i + 1, 1)
-    return _is_cjk(prev) and _is_cjk(nxt) and any(ch.isdigit() for ch in text[max(0, i - 6):i])
+    return ((_is_cjk(prev) or _is_latin(prev) or prev in "²³") and _is_cjk(nxt)
+            and any(ch.isdigit() for ch in text[max(0, i - 8):i]))
 
 
 def _plain(ctx: _Context, start: int, end: int, out: _Out) -> None:

@@ -75,10 +75,12 @@ def read_zh(span: str, left: str = "", right: str = "") -> str | None:
 
 
 def library_alone(text: str) -> str:
-    """The library alone on ``text``: ``wetext`` with automatic language on each run of text
-    between control tokens (which it would otherwise read), control tokens kept. What the
-    library leaves unread stays as it is; the caller maps punctuation and reports the rest."""
-    norm = library("auto")
+    """The library alone on ``text``: ``wetext`` on each run of text between bracketed tokens
+    (which it would otherwise read), in the language it would pick for the whole text (Chinese
+    when any Chinese character is in it, as its ``lang="auto"`` does), the whitespace around each
+    run kept. What the library leaves unread stays as it is; the caller maps punctuation and
+    reports the rest."""
+    norm = library("zh" if re.search(r"[\u4e00-\u9fff]", text) else "en")
     out: list[str] = []
     pos = 0
     for m in _TAG.finditer(text):
@@ -92,8 +94,9 @@ def library_alone(text: str) -> str:
 def _whole(norm: Any, piece: str) -> str:
     if not piece.strip():
         return piece
+    lead, tail = piece[:len(piece) - len(piece.lstrip())], piece[len(piece.rstrip()):]
     try:
         with _LOCK:
-            return str(norm.normalize(piece))
+            return lead + str(norm.normalize(piece)) + tail
     except Exception:  # the library fails on some inputs: that piece stays unread
         return piece
