@@ -506,7 +506,7 @@ _RULES: Final = [
     ("coded", rf"(?P<cd_amt>{_NUM})\s?(?P<cd_code>USD|EUR|GBP|CNY|RMB|HKD|JPY|TWD|AUD|CAD|SGD)(?![A-Za-z])"),
     ("times", rf"(?<![A-Za-z0-9.])(?P<x_num>{_NUM})[x×](?![A-Za-z0-9])"),
     ("twentyfour", r"(?<![\d/])24/7(?![\d/])"),
-    ("perunit", rf"(?<=[\u4e00-\u9fa5A-Za-z²³])/(?P<pu_unit>{_alt(UNITS)}|{_alt(GLUED_UNITS)})(?![A-Za-z0-9])"),
+    ("perunit", rf"(?<=[\u4e00-\u9fa5A-Za-z²³\d])/(?P<pu_unit>{_alt(UNITS)}|{_alt(GLUED_UNITS)})(?![A-Za-z0-9])"),
     ("decade", r"(?<![\d.])(?P<dec>\d{3}0)s(?![A-Za-z])|(?<![A-Za-z0-9])'(?P<dec2>\d0)s(?![A-Za-z])"
                r"|(?<![A-Za-z0-9.'])(?P<dec3>[1-9]0)s(?![A-Za-z])"),
     ("range", rf"(?P<r_sign>(?<![A-Za-z0-9.])[-−])?(?<![\d.])(?P<r_a>{_NUM})(?P<r_pa>[%‰])?"
@@ -1397,7 +1397,7 @@ def _range_mark(text: str, i: int) -> bool:
 def _per_unit(text: str, i: int) -> bool:
     """A slash between a unit after a number and another unit (7.5元/升, 80次/分钟): read 每."""
     prev, nxt = _neighbour(text, i - 1, -1), _neighbour(text, i + 1, 1)
-    return ((_is_cjk(prev) or _is_latin(prev) or prev in "²³") and _is_cjk(nxt)
+    return ((_is_cjk(prev) or _is_latin(prev) or prev in "²³" or prev.isdigit()) and _is_cjk(nxt)
             and any(ch.isdigit() for ch in text[max(0, i - 8):i]))
 
 

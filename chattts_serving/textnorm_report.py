@@ -97,6 +97,7 @@ class Score:
 
     @property
     def percent(self) -> float:
+        """Correct rows in percent of ``total`` (0 when empty)."""
         return 100.0 * self.correct / self.total if self.total else 0.0
 
 
@@ -139,6 +140,7 @@ def _failures(results: dict[str, dict[str, Score]]) -> Iterable[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Print the per-category table (and with ``--failures`` every wrong row); returns 0."""
     p = argparse.ArgumentParser(prog="python -m chattts_serving.textnorm_report",
                                 description="Accuracy per category of our rules, the wetext library alone and "
                                             "the shipped combination on the normalisation corpus.")
