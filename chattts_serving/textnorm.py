@@ -1176,8 +1176,10 @@ def _h_range(lang: Lang, g: Callable[[str], str], before: str, after: str) -> st
     a, b, suf = g("r_a"), g("r_b"), (g("r_suf") or "").strip()
     pct = suf in ("%", "‰") or g("r_pa") is not None
     four = len(a) == 4 and len(b) == 4 and a.isdigit() and b.isdigit()
-    year = four and not suf and (after.startswith("年") if lang == "zh" else 1000 <= int(a) <= 2099)
     measured = pct or bool(suf) or bool(g("r_ua")) or _takes_liang(after) or after.lstrip().startswith(_RANGE_UNITS)
+    years = four and 1000 <= int(a) < int(b) <= 2100 and int(b) - int(a) <= 100  # 2024-2025赛季
+    year = four and not suf and (after.startswith("年") or (years and not measured) if lang == "zh"
+                                 else 1000 <= int(a) <= 2099)
     plain = g("r_sep") == "-" and not measured and not g("r_sign") and a.isdigit() and b.isdigit()
     if plain and len(a) == 3 and len(b) == 4 and (
             lang == "en" or b.startswith("0") or _ends_with(before, IDENTIFIER_BEFORE, " :是为")):
@@ -1319,6 +1321,8 @@ def _zh_count(num: str, before: str, after: str) -> str:
             (len(num) == 4 and 1100 <= int(num) <= 2199) or (len(num) == 2 and re.match(r"年\s?\d", after))
             or (len(num) <= 4 and before.rstrip().endswith(("公元", "公元前")))):
         return zh_digits(num)
+    if digits and len(num) == 4 and 1900 <= int(num) <= 2099 and after.startswith(_YEAR_LABELS):
+        return zh_digits(num)  # 2024赛季, 2024款, 2024版
     if digits and len(num) == 2 and re.match(r"后(?![悔来面边续期天年果退])", after):
         return zh_digits(num)  # 80后, 95后, 00后: generations
     if digits and num.startswith("0") and len(num) <= 2 and after.startswith(_DATE_WORDS):
@@ -1326,6 +1330,10 @@ def _zh_count(num: str, before: str, after: str) -> str:
     if before.rstrip().endswith("第"):
         return zh_number(num)  # 第2名: an ordinal, never 两
     return _liang(zh_number(num), after)
+
+
+_YEAR_LABELS: Final = ("赛季", "款", "版", "财年", "年度", "届")
+"""After a four-digit number from 1900 to 2099 they make it a year read digit by digit."""
 
 
 def _clause(before: str) -> str:
