@@ -442,7 +442,8 @@ PACE_BEFORE: Final = ("配速",)
 """Written right before ``m:ss``, they make it minutes and seconds (配速5:30 -> 五分三十秒)."""
 IDENTIFIER_BEFORE: Final = ("电话", "手机", "手机号", "座机", "传真", "热线", "客服", "拨打", "致电", "呼叫", "号码",
                             "卡号", "账号", "帐号", "单号", "编号", "工号", "学号", "尾号", "验证码", "密码", "邮编",
-                            "QQ号", "QQ", "微信号", "身份证号码", "身份证号", "身份证", "分机号", "分机", "拨")
+                            "QQ号", "QQ", "微信号", "身份证号码", "身份证号", "身份证", "分机号", "分机", "拨",
+                            "车次", "航班", "航班号", "房间号", "订单")
 """Written right before a number of three or more digits (spaces, ``:``, 是/为 between
 allowed), they make it an identifier read digit by digit with 幺 (拨打110, 验证码385921)."""
 TEMPERATURE_BEFORE: Final = ("气温", "温度", "低温", "高温", "最低", "最高", "体温", "水温", "室温")
@@ -493,6 +494,7 @@ _RULES: Final = [
               r"|\(0\d{2,3}\)\s?\d{7,8}(?!\d)"
               r"|(?<![\d+])[48]00[-\s]?\d{3}[-\s]?\d{4}(?!\d)"
               r"|(?<![\d+-])\d{3,4}(?:-\d{3,4}){2,}(?![\d-])"
+              r"|(?<![\d*])\d{3}\*{3,4}\d{4}(?![\d*])"
               r"|(?<![\d+])(?:\+?1[-.\s])?(?:\(\d{3}\)\s?|\d{3}[-.])\d{3}[-.]\d{4}(?!\d)"
               r"|\+\d{1,3}(?:[-\s]\d{1,4}){2,5}(?!\d))"),
     ("groups", r"(?<![\d.,])(?P<groups>\d{2,4}(?: \d{2,4}){2,})(?![\d.,])"),
@@ -744,6 +746,12 @@ def _read_groups(lang: Lang, groups: list[str], plus: bool = False) -> str:
 
 def _phone(lang: Lang, raw: str) -> str:
     plus = raw.lstrip().startswith("+")
+    if "*" in raw:  # 138****5678: the masked digits are read as stars
+        head, stars, tail = re.match(r"(\d+)(\*+)(\d+)", raw).groups()  # type: ignore[union-attr]
+        star = "星" if lang == "zh" else "star"
+        mask = star * len(stars) if lang == "zh" else " ".join([star] * len(stars))
+        sep = "，" if lang == "zh" else ", "
+        return sep.join([_read_groups(lang, [head]), mask, _read_groups(lang, [tail])])
     groups = [g for g in re.split(r"[^\d]+", raw) if g]
     if len(groups) == 1:
         groups = _digit_groups(groups[0])
@@ -1315,7 +1323,8 @@ def _zh_count(num: str, before: str, after: str) -> str:
     if digits and len(num) == ID_CARD_DIGITS - 1 and after[:1] in ("X", "x"):
         return "，".join(zh_digits(grp, one="幺") for grp in (num[:6], num[6:14], num[14:]))  # ID ending in X
     if digits and (len(num) >= LONG_IDENTIFIER_DIGITS or (len(num) >= 4 and before[-1:].isupper())
-                   or (len(num) >= 3 and _ends_with(before, IDENTIFIER_BEFORE, " :是为"))):
+                   or (len(num) >= 3 and not _takes_liang(after) and not after.startswith(_RANGE_UNITS)
+                       and _ends_with(before.rstrip("ABCDEFGHIJKLMNOPQRSTUVWXYZ"), IDENTIFIER_BEFORE, " :是为"))):
         return "，".join(zh_digits(grp, one="幺") for grp in _digit_groups(num))
     if digits and after.startswith("年") and (
             (len(num) == 4 and 1100 <= int(num) <= 2199) or (len(num) == 2 and re.match(r"年\s?\d", after))
