@@ -32,7 +32,7 @@ export-full: setup  ## generated full-size artifacts only
 	$(PY) -m chattts_serving.export --synthetic --size full
 
 serve:  ## render the repository for PROFILE over ARTIFACTS and serve until Ctrl-C
-	$(PY) -m chattts_serving.server --profile $(PROFILE) --artifacts $(ARTIFACTS) \
+	$(PY) -m chattts_serving.deploy.server --profile $(PROFILE) --artifacts $(ARTIFACTS) \
 	  --http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT)
 
 demo: setup  ## fresh clone -> export -> tritonserver -> Chinese sentence streamed to out/demo.wav
@@ -59,7 +59,7 @@ bench-smoke:  ## seconds-long version of the benchmark (CI runs it through the t
 	$(PY) -m chattts_serving.bench --smoke --out results/smoke
 
 textnorm-report:  ## accuracy per category on the normalisation corpus: our rules / wetext alone / shipped
-	$(PY) -m chattts_serving.textnorm_report
+	$(PY) -m chattts_serving.text.normalize_report
 
 loadtest:  ## Locust headless against a running server (USERS, SPAWN_RATE, DURATION, HTTP_PORT, GRPC_PORT)
 	CHATTTS_HTTP_PORT=$(HTTP_PORT) CHATTTS_GRPC_PORT=$(GRPC_PORT) bash loadtest/run.sh

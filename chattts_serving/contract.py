@@ -13,9 +13,69 @@ Vocos' iSTFT has a hop of 256 samples, so one token is 512 samples of 24 kHz mon
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum
 from typing import Final
 
 import numpy as np
+
+
+class WireEnum(str, Enum):
+    """A string enumeration whose members are their values on the wire, in JSON and in
+    f-strings alike (Python 3.10's Triton stub has no ``enum.StrEnum``)."""
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self.value), spec)
+
+
+class VocoderPath(WireEnum):
+    """Which vocoder turns tokens into audio."""
+
+    HIDDEN = "hidden"
+    """GPT hidden states (T, H) -> Decoder -> mel -> Vocos (ChatTTS' default)."""
+    CODES = "codes"
+    """Codes (T, 4) -> DVAE -> mel -> Vocos (about half the cost)."""
+
+
+class Priority(WireEnum):
+    """A request's scheduling class (the entry models' ``priority`` input)."""
+
+    REALTIME = "realtime"
+    BATCH = "batch"
+
+    @property
+    def engine_class(self) -> int:
+        """The GPT engine's scheduling class: lower is admitted first (0 realtime, 1 batch)."""
+        return 0 if self is Priority.REALTIME else 1
+
+
+class StopReason(WireEnum):
+    """Why a sequence (or a stream) ended without an error."""
+
+    EOS = "eos"
+    """The model emitted its end token (625 on a code head; ``[Ebreak]`` in text mode)."""
+    MAX_TOKENS = "max_new_tokens"
+    """It reached the request's ``max_new_tokens``."""
+    CANCELLED = "cancelled"
+    """The client cancelled."""
+
+
+class SequenceMode(WireEnum):
+    """What a GPT engine sequence generates."""
+
+    CODE = "code"
+    """Speech codes: decode steps embed the 4 previous codes, logits from the 4 code heads."""
+    TEXT = "text"
+    """Refine-text (ChatTTS' ``GPT.generate(infer_text=True)``): text ids from the text head."""
+
+
+class Precision(WireEnum):
+    """Precision of an exported graph (``chattts-export --precision``, profile ``precision``)."""
+
+    FP32 = "fp32"
+    FP16 = "fp16"
 
 # --- audio -----------------------------------------------------------------------------
 SAMPLE_RATE_HZ: Final = 24000
@@ -27,7 +87,6 @@ SAMPLES_PER_TOKEN: Final = HOP_SAMPLES * MEL_FRAMES_PER_TOKEN
 """Samples of audio per GPT step (512)."""
 N_FFT: Final = 1024
 """Vocos iSTFT frame size in samples."""
-N_MELS: Final = 100
 
 # --- GPT codes ---------------------------------------------------------------------------
 NUM_VQ: Final = 4
@@ -35,6 +94,7 @@ NUM_VQ: Final = 4
 NUM_AUDIO_TOKENS: Final = 626
 """Code vocabulary per head: 0..624 are audio codes, 625 ends the sequence."""
 EOS_CODE: Final = 625
+"""A code-head value that ends the sequence (not emitted)."""
 TEXT_VOCAB_SIZE: Final = 21178
 """bert-base-chinese (21128) plus ChatTTS' 50 added tokens (ids 21128..21177)."""
 BERT_VOCAB_SIZE: Final = 21128
@@ -56,7 +116,8 @@ MODEL_VOCODER_CODES: Final = "chattts_dvae_vocoder"
 ALL_MODELS: Final = (MODEL_FRONTEND, MODEL_ENGINE, MODEL_VOCODER, MODEL_VOCODER_CODES, MODEL_STREAM,
                      MODEL_OFFLINE)
 
-VOCODER_PATHS: Final = {"hidden": MODEL_VOCODER, "codes": MODEL_VOCODER_CODES}
+VOCODER_PATHS: Final = {VocoderPath.HIDDEN: MODEL_VOCODER, VocoderPath.CODES: MODEL_VOCODER_CODES}
+"""The vocoder model that serves each path."""
 
 
 @dataclass(frozen=True)
@@ -152,13 +213,9 @@ STREAM_PARAMS: Final = (
               doc="right context per chunk in tokens; -1 = the profile's default"),
 )
 
-# priorities: the ``priority`` input of the entry points ("priority" itself is a reserved
-# Triton request-parameter name, and Python models cannot read Triton's request priority)
-PRIORITIES: Final = {"realtime": 0, "batch": 1}
-"""Priority class -> engine scheduling class (lower is admitted first)."""
-TRITON_PRIORITY_LEVEL: Final = {"realtime": 1, "batch": 2}
-"""Priority class -> Triton priority level for ``chattts_offline``'s queue (1 is served first);
-clients send it as the request's Triton ``priority`` alongside the ``priority`` input."""
+# priorities: the ``priority`` input of the entry points (:class:`Priority`; "priority" itself
+# is a reserved Triton request-parameter name, and Python models cannot read Triton's request
+# priority)
 
 # entry-point inputs (models chattts and chattts_offline, max_batch_size 0)
 IN_TEXT: Final = TensorSpec("text", "TYPE_STRING", (1,), doc="UTF-8 text, Chinese and/or English")
@@ -243,13 +300,9 @@ VO_HIDDEN: Final = TensorSpec("hidden", "TYPE_FP32", (-1, -1), doc="token window
 VO_CODES: Final = TensorSpec("codes", "TYPE_INT32", (-1, NUM_VQ), doc="token window of codes (T, 4)")
 VO_AUDIO: Final = TensorSpec("audio", "TYPE_FP32", (-1,), doc="waveform of the window, 512*T-256 samples")
 
-STOP_EOS: Final = "eos"
-STOP_MAX_TOKENS: Final = "max_new_tokens"
-STOP_CANCELLED: Final = "cancelled"
-STOP_ERROR_PREFIX: Final = "error:"
-"""The engine ends a failed sequence with stop_reason ``error:<kind>:<message>`` and the final
-flag, not with an error response: Triton 2.51 never delivers an error response of a decoupled
-model to a BLS caller's response iterator (the caller then waits forever)."""
+TEXT_EOS_ID: Final = SPECIAL_TOKEN_IDS["[Ebreak]"]
+"""End token of the text mode: ``[Ebreak]`` (21136), ChatTTS' ``tokenizer.eos_token``; like
+the code mode's 625 it ends the sequence and is not emitted."""
 
 # --- ONNX graphs ---------------------------------------------------------------------------
 GPT_GRAPH: Final = "gpt_step.onnx"

@@ -19,11 +19,11 @@ from pathlib import Path
 
 from . import contract
 from .client import ClientError, SynthesisRequest, synthesize_stream, write_wav
+from .deploy.render import RenderError, render_repository
+from .deploy.server import ServerError, TritonServer
 from .export.build import export_artifacts
 from .export.weights import WeightsError, generate_checkpoint, read_sizes
-from .profile import ProfileError, load_profile
-from .render import RenderError, render_repository
-from .server import ServerError, TritonServer
+from .serving.profile import ProfileError, load_profile
 
 DEMO_TEXT = "你好，欢迎使用基于 Triton 推理服务器的流式语音合成服务，第一段音频在整句话生成完之前就已经送达。"
 

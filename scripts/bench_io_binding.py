@@ -25,17 +25,18 @@ from pathlib import Path
 import numpy as np
 
 from chattts_serving.bench.rawstep import time_steps
-from chattts_serving.engine import Engine, EngineConfig, Sequence
-from chattts_serving.runtime import Artifacts, Embeddings, GptStepRunner, OrtOptions
-from chattts_serving.sampling import SamplingParams
+from chattts_serving.engine.gpt import Embeddings, GptStepRunner
+from chattts_serving.engine.scheduler import Engine, EngineConfig, Sequence
+from chattts_serving.params import SamplingParams
+from chattts_serving.runtime import Artifacts, OrtOptions
 
 
 class _Null:
-    def tokens(self, codes: np.ndarray, hidden: np.ndarray, stop_reason: str) -> None:
+    def tokens(self, codes: np.ndarray, hidden: np.ndarray, stop_reason: object) -> None:
         pass
 
-    def error(self, message: str) -> None:
-        raise RuntimeError(message)
+    def error(self, exc: Exception) -> None:
+        raise exc
 
     def cancelled(self) -> bool:
         return False

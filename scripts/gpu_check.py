@@ -107,11 +107,12 @@ def export(size: str) -> str:
 
 
 def parity_cuda(art: Path, weights: Path) -> dict[str, Any]:
+    from chattts_serving.engine.gpt import GptStepRunner
     from chattts_serving.export.build import PARITY_TOLERANCE
     from chattts_serving.export.fp16 import FP16_RELATIVE_TOLERANCE, fp16_parity
     from chattts_serving.export.parity import parity_report
     from chattts_serving.export.weights import load_chat
-    from chattts_serving.runtime import Artifacts, GptStepRunner, OrtOptions
+    from chattts_serving.runtime import Artifacts, OrtOptions
 
     opts = OrtOptions(providers=CUDA)
     a = Artifacts.load(art)
@@ -132,25 +133,14 @@ def io_binding_cuda(art: Path) -> dict[str, Any]:
     import numpy as np
 
     from chattts_serving import contract
-    from chattts_serving import engine as engine_mod
-    from chattts_serving.engine import Engine, EngineConfig, Sequence
-    from chattts_serving.runtime import Artifacts, Embeddings, GptStepRunner, OrtOptions
-    from chattts_serving.sampling import SamplingParams
+    from chattts_serving.engine import scheduler as engine_mod
+    from chattts_serving.engine.gpt import Embeddings, GptStepRunner
+    from chattts_serving.engine.scheduler import Engine, EngineConfig, Sequence
+    from chattts_serving.engine.sinks import CollectingSink
+    from chattts_serving.params import SamplingParams
+    from chattts_serving.runtime import Artifacts, OrtOptions
 
-    class Sink:
-        def __init__(self) -> None:
-            self.codes: list[Any] = []
-            self.hidden: list[Any] = []
-
-        def tokens(self, codes: Any, hidden: Any, stop_reason: str) -> None:
-            self.codes.append(codes)
-            self.hidden.append(hidden.copy())
-
-        def error(self, message: str) -> None:
-            raise RuntimeError(message)
-
-        def cancelled(self) -> bool:
-            return False
+    Sink = CollectingSink
 
     a = Artifacts.load(art)
     emb = Embeddings(a)

@@ -18,27 +18,16 @@ from pathlib import Path
 import numpy as np
 
 from chattts_serving import contract
-from chattts_serving.chunking import StreamChunker
-from chattts_serving.engine import Engine, Sequence
-from chattts_serving.profile import load_profile
-from chattts_serving.runtime import Artifacts, Embeddings, GptStepRunner, VocoderRunner
-from chattts_serving.sampling import SamplingParams
+from chattts_serving.audio.chunking import StreamChunker
+from chattts_serving.audio.vocoder import VocoderRunner
+from chattts_serving.engine.gpt import Embeddings, GptStepRunner
+from chattts_serving.engine.scheduler import Engine, Sequence
+from chattts_serving.engine.sinks import CollectingSink
+from chattts_serving.params import SamplingParams
+from chattts_serving.runtime import Artifacts
+from chattts_serving.serving.profile import load_profile
 
-
-class _Keep:
-    def __init__(self) -> None:
-        self.codes: list[np.ndarray] = []
-        self.hidden: list[np.ndarray] = []
-
-    def tokens(self, codes: np.ndarray, hidden: np.ndarray, stop_reason: str) -> None:
-        self.codes.append(codes)
-        self.hidden.append(hidden)
-
-    def error(self, message: str) -> None:
-        raise RuntimeError(message)
-
-    def cancelled(self) -> bool:
-        return False
+_Keep = CollectingSink
 
 
 def main() -> None:

@@ -37,9 +37,9 @@ from pathlib import Path
 import yaml
 
 from chattts_serving.client import ClientError, SynthesisRequest, synthesize_offline, synthesize_stream
-from chattts_serving.profile import load_profile
-from chattts_serving.render import render_repository
-from chattts_serving.server import TritonServer
+from chattts_serving.deploy.render import render_repository
+from chattts_serving.deploy.server import TritonServer
+from chattts_serving.serving.profile import load_profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import dashboard_png  # the sibling script, found through the line above

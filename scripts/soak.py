@@ -24,9 +24,9 @@ from pathlib import Path
 import psutil
 
 from chattts_serving.client import ClientError, SynthesisRequest, iter_chunks, synthesize_stream
-from chattts_serving.profile import load_profile
-from chattts_serving.render import render_repository
-from chattts_serving.server import TritonServer
+from chattts_serving.deploy.render import render_repository
+from chattts_serving.deploy.server import TritonServer
+from chattts_serving.serving.profile import load_profile
 
 TEXTS = ["你好，欢迎使用流式语音合成服务。", "今天天气很好，我们去公园散步吧。", "请稍等，正在为您查询订单。",
          "ChatTTS 在 Triton 上流式输出。", "语音合成需要低延迟和高吞吐。"]

@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 
+from chattts_serving.deploy.render import render_repository
+from chattts_serving.deploy.server import TritonServer
 from chattts_serving.export.build import export_artifacts
 from chattts_serving.export.weights import generate_checkpoint, read_sizes
-from chattts_serving.profile import load_profile
-from chattts_serving.render import render_repository
 from chattts_serving.runtime import Artifacts
-from chattts_serving.server import TritonServer
+from chattts_serving.serving.profile import load_profile
 
 ROOT = Path(__file__).resolve().parent.parent
 BUILD = ROOT / "build" / "test"

@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 
 from chattts_serving import contract
-from chattts_serving.chunking import ChunkSchedule, StreamChunker
-from chattts_serving.runtime import Artifacts, VocoderRunner
+from chattts_serving.audio.chunking import ChunkSchedule, StreamChunker
+from chattts_serving.audio.vocoder import VocoderRunner
+from chattts_serving.runtime import Artifacts
 
 
 def _stream(chunker: StreamChunker, n: int, step: int, vocode) -> list[np.ndarray]:

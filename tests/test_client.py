@@ -208,7 +208,7 @@ def test_info_reports_request_id_dropped_characters_and_capped_sentences(triton_
     assert info["sample_rate_hz"] == contract.SAMPLE_RATE_HZ
     assert info["dropped"] == ["😀"] and info["segments"] == 2 and len(info["normalized_text"]) == 2
     assert "😀" not in "".join(info["normalized_text"])
-    assert info["capped_segments"] == [0, 1] and info["stop_reason"] == contract.STOP_MAX_TOKENS
+    assert info["capped_segments"] == [0, 1] and info["stop_reason"] == contract.StopReason.MAX_TOKENS
     assert info["tokens"] == 24 and info["audio_s"] == pytest.approx(result.audio_s, abs=1e-5)
     assert info["chunks"] == result.chunks
 
@@ -224,7 +224,7 @@ def test_stream_header_info_comes_with_the_first_audio_and_ids_are_generated(tri
     assert set(header) == set(contract.INFO_HEADER_KEYS) and header["final"] is False
     assert with_info[1] is parts[-1] and with_info[1].audio.size == 0 and final["final"] is True
     assert len(header["request_id"]) == 32 and header["request_id"] == final["request_id"]  # generated (uuid4 hex)
-    assert final["stop_reason"] == contract.STOP_MAX_TOKENS and final["capped_segments"] == [0]
+    assert final["stop_reason"] == contract.StopReason.MAX_TOKENS and final["capped_segments"] == [0]
     other = synthesize_stream(triton_server.grpc_url, _request(max_new_tokens=10), timeout_s=TIMEOUT_S)
     assert other.info["request_id"] != header["request_id"]
 

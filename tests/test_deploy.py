@@ -55,7 +55,7 @@ SERVER_COMMAND = [
 
 # The deep health probe the image, compose and Kubernetes run (python3 is the image's).
 PROBE_TIMEOUT_S = 20.0
-PROBE_COMMAND = ["python3", "-m", "chattts_serving.probe", "--timeout-s", f"{PROBE_TIMEOUT_S:g}"]
+PROBE_COMMAND = ["python3", "-m", "chattts_serving.deploy.probe", "--timeout-s", f"{PROBE_TIMEOUT_S:g}"]
 
 
 def _duration_s(text: str) -> float:
@@ -312,7 +312,7 @@ def test_dockerfile_installs_gpu_runtime_and_never_bakes_weights() -> None:
 
 def test_the_images_render_step_renders_the_gpu_profile_without_artifacts(tmp_path: Path) -> None:
     """The image renders its model repository at build time, before any artifact exists."""
-    render = pytest.importorskip("chattts_serving.render")
+    render = pytest.importorskip("chattts_serving.deploy.render")
     serve = dict(_stages()[-1][1])
     found = re.search(r"chattts-render [^&;]*", serve["RUN"])
     assert found, "the serve stage must run chattts-render"

@@ -8,9 +8,12 @@ import pytest
 import torch
 
 from chattts_serving import contract
-from chattts_serving.engine import Engine, EngineBusy, EngineConfig, Sequence
-from chattts_serving.runtime import Artifacts, Embeddings, GptStepRunner
-from chattts_serving.sampling import ParamError, RequestSampler, SamplingParams, sample_batch
+from chattts_serving.engine.gpt import Embeddings, GptStepRunner
+from chattts_serving.engine.sampling import RequestSampler, sample_batch
+from chattts_serving.engine.scheduler import Engine, EngineBusy, EngineConfig, Sequence
+from chattts_serving.engine.sinks import CollectingSink
+from chattts_serving.params import ParamError, SamplingParams
+from chattts_serving.runtime import Artifacts
 
 
 def _chattts_filtered_logits(logits: np.ndarray, history: np.ndarray, p: SamplingParams) -> np.ndarray:
@@ -85,27 +88,7 @@ def test_out_of_range_parameters_are_refused(bad: dict) -> None:
         SamplingParams(**bad).validate()
 
 
-class Sink:
-    def __init__(self, cancel_after: int | None = None) -> None:
-        self.codes: list[np.ndarray] = []
-        self.reason = ""
-        self.errors: list[str] = []
-        self.cancel_after = cancel_after
-
-    def tokens(self, codes: np.ndarray, hidden: np.ndarray, stop_reason: str) -> None:
-        assert hidden.shape[0] == codes.shape[0]
-        self.codes.append(codes)
-        self.reason = stop_reason or self.reason
-
-    def error(self, message: str) -> None:
-        self.errors.append(message)
-
-    def cancelled(self) -> bool:
-        return self.cancel_after is not None and sum(len(c) for c in self.codes) >= self.cancel_after
-
-    @property
-    def all_codes(self) -> np.ndarray:
-        return np.concatenate(self.codes) if self.codes else np.zeros((0, 4), np.int32)
+Sink = CollectingSink
 
 
 def _prompt(n: int, seed: int) -> np.ndarray:
@@ -150,7 +133,7 @@ def test_each_sequence_in_a_batch_gets_what_it_gets_alone(parts, small_artifacts
         eng.run_once()
     for i, sink in enumerate(sinks):
         np.testing.assert_array_equal(sink.all_codes, solo[i], err_msg=f"request {i} differs from its solo run")
-        assert sink.reason == contract.STOP_MAX_TOKENS
+        assert sink.reason == contract.StopReason.MAX_TOKENS
     sizes = {int(k) for k in eng.stats()["batch_sizes"]}  # type: ignore[attr-defined]
     assert max(sizes) >= 6, sizes
 
@@ -185,7 +168,7 @@ def test_admission_limit_raises_busy_and_accepted_requests_complete(parts) -> No
         eng.submit(Sequence(_prompt(12, 5), None, SamplingParams(max_new_tokens=6), Sink()))
     while eng.live_count():
         eng.run_once()
-    assert all(len(s.all_codes) == 6 and s.reason == contract.STOP_MAX_TOKENS for s in sinks)
+    assert all(len(s.all_codes) == 6 and s.reason == contract.StopReason.MAX_TOKENS for s in sinks)
 
 
 def test_eos_ends_a_sequence_without_emitting_the_end_code(parts) -> None:
@@ -195,7 +178,7 @@ def test_eos_ends_a_sequence_without_emitting_the_end_code(parts) -> None:
                                                              max_new_tokens=2000, seed=4), sink, emit_tokens=7))
     while eng.live_count():
         eng.run_once()
-    assert sink.reason in (contract.STOP_EOS, contract.STOP_MAX_TOKENS)
+    assert sink.reason in (contract.StopReason.EOS, contract.StopReason.MAX_TOKENS)
     assert (sink.all_codes < contract.EOS_CODE).all()
 
 
@@ -216,11 +199,11 @@ def test_cancel_by_request_id_ends_the_sequence_with_a_cancelled_reason(parts) -
         eng.run_once()
     assert eng.cancel("drop") and not eng.cancel("nobody")
     eng.run_once()
-    assert b.reason == contract.STOP_CANCELLED
+    assert b.reason == contract.StopReason.CANCELLED
     assert eng.stats()["running"] == 1
     while eng.live_count():
         eng.run_once()
-    assert a.reason == contract.STOP_MAX_TOKENS and len(a.all_codes) == 50
+    assert a.reason == contract.StopReason.MAX_TOKENS and len(a.all_codes) == 50
 
 
 def test_waiting_sequences_are_acknowledged_at_once_and_leave_on_cancel_while_slots_are_full(parts) -> None:
@@ -232,18 +215,18 @@ def test_waiting_sequences_are_acknowledged_at_once_and_leave_on_cancel_while_sl
     params = SamplingParams(max_new_tokens=50, min_new_tokens=50)
     eng.submit(Sequence(_prompt(20, 1), None, params, hog, emit_tokens=50, acknowledge=True, request_id="hog"))
     eng.run_once()
-    assert [len(c) for c in hog.codes] == [0] and hog.reason == ""  # the acknowledgement, before any token
+    assert [len(c) for c in hog.codes] == [0] and hog.reason is None  # the acknowledgement, before any token
     eng.submit(Sequence(_prompt(20, 2), None, params, waiting, acknowledge=True, request_id="waiting"))
     eng.submit(Sequence(_prompt(20, 3), None, params, plain, request_id="plain"))
     eng.run_once()
     assert [len(c) for c in waiting.codes] == [0] and plain.codes == []  # both still wait for the slot
     assert eng.cancel("waiting")
     eng.run_once()
-    assert waiting.reason == contract.STOP_CANCELLED and eng.live_count() == 2  # the hog runs, plain waits
+    assert waiting.reason == contract.StopReason.CANCELLED and eng.live_count() == 2  # the hog runs, plain waits
     assert len(hog.all_codes) < 50
     while eng.live_count():
         eng.run_once()
-    assert hog.reason == plain.reason == contract.STOP_MAX_TOKENS
+    assert hog.reason == plain.reason == contract.StopReason.MAX_TOKENS
     assert len(hog.all_codes) == len(plain.all_codes) == 50 and len(waiting.all_codes) == 0
 
 
@@ -269,7 +252,7 @@ def test_finished_rows_are_reused_by_newcomers_without_mixing(parts, small_artif
 def test_kv_buffers_grow_in_place_without_changing_results(parts, small_artifacts: Artifacts,
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     """With 3 spare columns the KV buffers grow every few steps; outputs stay the solo ones."""
-    import chattts_serving.engine as engine_mod
+    import chattts_serving.engine.scheduler as engine_mod
 
     reqs = [(_prompt(20, 60 + i), _spk(small_artifacts, i),
              SamplingParams(seed=i, max_new_tokens=25, min_new_tokens=25)) for i in range(3)]

@@ -13,12 +13,14 @@ import numpy as np
 import torch
 
 from chattts_serving import contract
-from chattts_serving.engine import Engine, EngineConfig, Sequence
+from chattts_serving.engine.gpt import Embeddings, GptStepRunner
+from chattts_serving.engine.scheduler import Engine, EngineConfig, Sequence
+from chattts_serving.engine.sinks import CollectingSink
 from chattts_serving.export.build import PARITY_TOLERANCE, export_artifacts, sha256_file
 from chattts_serving.export.parity import chattts_prompt, parity_report
-from chattts_serving.runtime import Artifacts, Embeddings, GptStepRunner
-from chattts_serving.sampling import SamplingParams
-from chattts_serving.speaker import normalize_speaker
+from chattts_serving.params import SamplingParams
+from chattts_serving.runtime import Artifacts
+from chattts_serving.text.speaker import normalize_speaker
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -33,22 +35,7 @@ def test_every_stage_matches_chattts_within_tolerance(small_chat, small_artifact
     assert PARITY_TOLERANCE <= 1e-4
 
 
-class _Collect:
-    def __init__(self) -> None:
-        self.codes: list[np.ndarray] = []
-        self.hidden: list[np.ndarray] = []
-        self.reason = ""
-
-    def tokens(self, codes: np.ndarray, hidden: np.ndarray, stop_reason: str) -> None:
-        self.codes.append(codes)
-        self.hidden.append(hidden)
-        self.reason = stop_reason or self.reason
-
-    def error(self, message: str) -> None:
-        raise AssertionError(message)
-
-    def cancelled(self) -> bool:
-        return False
+_Collect = CollectingSink
 
 
 def test_engine_greedy_codes_equal_chattts_generate(small_chat, small_artifacts: Artifacts) -> None:
@@ -83,7 +70,7 @@ def test_engine_greedy_codes_equal_chattts_generate(small_chat, small_artifacts:
     for sink in sinks:
         np.testing.assert_array_equal(np.concatenate(sink.codes), ref_codes)
         np.testing.assert_allclose(np.concatenate(sink.hidden), ref_hidden, atol=1e-4)
-        assert sink.reason == contract.STOP_MAX_TOKENS
+        assert sink.reason == contract.StopReason.MAX_TOKENS and not sink.errors
     assert max(int(k) for k in engine.stats()["batch_sizes"]) == 3  # type: ignore[attr-defined]
 
 

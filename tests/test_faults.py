@@ -4,7 +4,7 @@ What Triton 2.51 does when the GPT engine's stub is SIGKILLed (upstream issue
 triton-inference-server/server#8604): ``/v2/health/ready`` and the model's ready state stay
 200/READY, and every later request to the model fails with "Stub process ... is not
 healthy". The tests pin that behaviour, then show what this project adds on top: the deep
-probe (``python -m chattts_serving.probe``) reports it, the entry model's circuit breaker
+probe (``python -m chattts_serving.deploy.probe``) reports it, the entry model's circuit breaker
 fails fast, and ``chattts-serve --restart-on-failure`` restarts the server by itself.
 
 The supervisor's decision logic is unit-tested here too, without a server.
@@ -29,12 +29,18 @@ from conftest import free_port
 from test_overload import Stream, _serve
 
 from chattts_serving import contract
-from chattts_serving import server as server_mod
 from chattts_serving.client import ClientError, SynthesisRequest, synthesize_stream
-from chattts_serving.probe import ProbeResult, probe
-from chattts_serving.profile import PROFILES_DIR, HealthProfile, ProfileError, load_profile
+from chattts_serving.deploy import server as server_mod
+from chattts_serving.deploy.probe import ProbeResult, probe
+from chattts_serving.deploy.server import (
+    CheckResult,
+    RestartPolicy,
+    ServerError,
+    Supervisor,
+    TritonServer,
+)
 from chattts_serving.runtime import Artifacts
-from chattts_serving.server import CheckResult, RestartPolicy, ServerError, Supervisor, TritonServer
+from chattts_serving.serving.profile import PROFILES_DIR, HealthProfile, ProfileError, load_profile
 
 BREAKER_FAILURES = 3
 NOT_HEALTHY = "not healthy"  # Triton 2.51's error for a request to a model whose stub died
@@ -42,7 +48,7 @@ BREAKER_OPEN = "server unavailable: engine is failing"  # GuardedBreaker + Circu
 
 
 def _probe_cli(*args: str, timeout: float = 120) -> tuple[int, dict[str, Any]]:
-    proc = subprocess.run([sys.executable, "-m", "chattts_serving.probe", *args], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-m", "chattts_serving.deploy.probe", *args], capture_output=True, text=True,
                           timeout=timeout)
     lines = proc.stdout.strip().splitlines()
     return proc.returncode, (json.loads(lines[-1]) if lines else {"stderr": proc.stderr})
@@ -249,7 +255,7 @@ def test_supervised_server_restarts_itself_after_the_engine_dies(small_artifacts
     events = tmp_path / "serve.stderr"
     with events.open("w") as err:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "chattts_serving.server", "--profile", str(profile), "--artifacts",
+            [sys.executable, "-m", "chattts_serving.deploy.server", "--profile", str(profile), "--artifacts",
              str(small_artifacts.root), "--repo", str(tmp_path / "repo"), "--http-port", str(ports[0]),
              "--grpc-port", str(ports[1]), "--metrics-port", str(ports[2]), "--log", str(tmp_path / "triton.log"),
              "--restart-on-failure"],
@@ -414,7 +420,7 @@ def test_probe_reports_an_unreachable_server_unhealthy_with_exit_code_1() -> Non
 
 def test_probe_usage_errors_exit_2() -> None:
     for args in (["--timeout-s", "0"], ["--timeout-s", "soon"], ["--nope"]):
-        proc = subprocess.run([sys.executable, "-m", "chattts_serving.probe", *args], capture_output=True,
+        proc = subprocess.run([sys.executable, "-m", "chattts_serving.deploy.probe", *args], capture_output=True,
                               text=True, timeout=60)
         assert proc.returncode == 2, (args, proc.stderr)
     with pytest.raises(ValueError):
@@ -423,7 +429,7 @@ def test_probe_usage_errors_exit_2() -> None:
 
 def test_probe_counts_busy_as_healthy_and_other_errors_as_unhealthy(monkeypatch: pytest.MonkeyPatch) -> None:
     import chattts_serving.client as client_pkg
-    import chattts_serving.probe as probe_mod
+    import chattts_serving.deploy.probe as probe_mod
 
     answers = {"": None}
 
@@ -434,9 +440,9 @@ def test_probe_counts_busy_as_healthy_and_other_errors_as_unhealthy(monkeypatch:
         yield
 
     monkeypatch.setattr(client_pkg, "iter_chunks", fake_chunks)
-    answers[""] = "server busy: 64 streams already live"
+    answers[""] = "[busy] server busy: 64 streams already live"
     busy = probe_mod._check_synthesis("x:1", 1.0, "你好。")
-    answers[""] = "server unavailable: engine is failing; not accepting work for 9.0 s more"
+    answers[""] = "[unavailable] server unavailable: engine is failing; not accepting work for 9.0 s more"
     broken = probe_mod._check_synthesis("x:1", 1.0, "你好。")
     assert busy["ok"] and busy["busy"]
     assert not broken["ok"] and "engine is failing" in broken["error"]

@@ -10,8 +10,16 @@ import wave
 import numpy as np
 import pytest
 
-from chattts_serving import audio_format, contract
-from chattts_serving.audio_format import FORMATS, FormatError, encode, new_encoder, to_pcm16, wav_header
+from chattts_serving import contract
+from chattts_serving.audio import formats as audio_format
+from chattts_serving.audio.formats import (
+    FORMATS,
+    FormatError,
+    encode,
+    new_encoder,
+    to_pcm16,
+    wav_header,
+)
 
 RATE = contract.SAMPLE_RATE_HZ
 CHUNKS = (1000, 2500, 7000, 333, 12000, 1167)

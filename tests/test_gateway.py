@@ -22,7 +22,7 @@ from conftest import ROOT, Server, free_port
 from fastapi.testclient import TestClient
 
 from chattts_serving import contract
-from chattts_serving.audio_format import to_pcm16
+from chattts_serving.audio.formats import to_pcm16
 from chattts_serving.client import ClientError, SynthesisRequest, iter_chunks
 from chattts_serving.gateway import GatewaySettings, create_app, speed_to_token
 from chattts_serving.gateway.errors import from_client_error
@@ -54,13 +54,17 @@ def test_speed_mapping_is_monotonic_and_bounded() -> None:
 
 ERRORS = [
     (ClientError("cannot connect", "StatusCode.UNAVAILABLE", connection=True), 503, "backend_unavailable"),
-    (ClientError("text is empty"), 400, "invalid_value"),
-    (ClientError("unknown voice 'x': not a seed"), 400, "invalid_value"),
-    (ClientError("server busy: 8 streams already live"), 503, "server_busy"),
-    (ClientError("Exceeds maximum queue size"), 503, "server_busy"),
-    (ClientError("internal error: RuntimeError"), 500, "internal_error"),
+    (ClientError("[invalid] text is empty"), 400, "invalid_value"),
+    (ClientError("[invalid] unknown voice 'x': not a seed"), 400, "invalid_value"),
+    (ClientError("[busy] server busy: 8 streams already live"), 503, "server_busy"),
+    (ClientError("Exceeds maximum queue size", "StatusCode.UNAVAILABLE"), 503, "server_busy"),
+    (ClientError("Request timeout expired", 503), 503, "server_busy"),
+    (ClientError("[deadline] deadline exceeded: the request did not finish within timeout_s=1"), 503, "server_busy"),
+    (ClientError("[cancelled] cancelled by the client"), 499, "cancelled"),
+    (ClientError("[internal] internal error: RuntimeError"), 500, "internal_error"),
+    (ClientError("Stub process 'chattts_gpt_0_0' is not healthy."), 500, "internal_error"),
     (ClientError("[internal] vocoder failed"), 500, "internal_error"),
-    (ClientError("[unavailable] engine queue full"), 503, "server_busy"),
+    (ClientError("[unavailable] server unavailable: engine is failing"), 503, "server_busy"),
     (ClientError("[invalid] top_p=3 is out of range"), 400, "invalid_value"),
     (ClientError("no response within 5 s", "timeout"), 503, "server_busy"),
     (ClientError("bad", "StatusCode.INVALID_ARGUMENT"), 400, "invalid_value"),

@@ -8,32 +8,18 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import chattts_serving.engine as engine_mod
-from chattts_serving import arrays, contract
-from chattts_serving.engine import MODE_TEXT, Engine, EngineConfig, Sequence
-from chattts_serving.profile import load_profile
-from chattts_serving.runtime import Artifacts, Embeddings, GptStepRunner, OrtOptions
-from chattts_serving.sampling import SamplingParams
+import chattts_serving.engine.scheduler as engine_mod
+from chattts_serving import contract
+from chattts_serving.contract import SequenceMode
+from chattts_serving.engine import arrays
+from chattts_serving.engine.gpt import Embeddings, GptStepRunner
+from chattts_serving.engine.scheduler import Engine, EngineConfig, Sequence
+from chattts_serving.engine.sinks import CollectingSink
+from chattts_serving.params import SamplingParams
+from chattts_serving.runtime import Artifacts, OrtOptions
+from chattts_serving.serving.profile import load_profile
 
-
-class Sink:
-    def __init__(self, cancel_after: int | None = None) -> None:
-        self.codes: list[np.ndarray] = []
-        self.hidden: list[np.ndarray] = []
-        self.reason = ""
-        self.errors: list[str] = []
-        self.cancel_after = cancel_after
-
-    def tokens(self, codes: np.ndarray, hidden: np.ndarray, stop_reason: str) -> None:
-        self.codes.append(codes)
-        self.hidden.append(hidden.copy())
-        self.reason = stop_reason or self.reason
-
-    def error(self, message: str) -> None:
-        self.errors.append(message)
-
-    def cancelled(self) -> bool:
-        return self.cancel_after is not None and sum(len(c) for c in self.codes) >= self.cancel_after
+Sink = CollectingSink
 
 
 def _prompt(n: int, seed: int) -> np.ndarray:
@@ -65,7 +51,7 @@ def _scenario(runner: GptStepRunner, emb: Embeddings, h: int) -> tuple[list[Sink
         n = 10 + 4 * i
         params = SamplingParams(seed=i, max_new_tokens=n, min_new_tokens=n)
         if i % 4 == 3:
-            seq = Sequence(_prompt(12 + i, 100 + i), None, params, sink, emit_tokens=2, mode=MODE_TEXT)
+            seq = Sequence(_prompt(12 + i, 100 + i), None, params, sink, emit_tokens=2, mode=SequenceMode.TEXT)
         else:
             seq = Sequence(_prompt(14 + 3 * (i % 5), i), _spk(h, i), params, sink, emit_tokens=1 + i % 3)
         eng.submit(seq)

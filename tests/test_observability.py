@@ -34,7 +34,7 @@ from conftest import ROOT, Server, free_port
 
 from chattts_serving import contract
 from chattts_serving.client import ClientError, SynthesisRequest, synthesize_offline, synthesize_stream
-from chattts_serving.logs import event_line
+from chattts_serving.serving.logs import event_line
 
 pytestmark = pytest.mark.server
 
@@ -548,7 +548,7 @@ class _Nvml:
 
 
 def test_memory_gauges_publish_rss_and_the_instance_gpu_at_most_every_interval() -> None:
-    from chattts_serving.metrics import MemoryGauges
+    from chattts_serving.triton.metrics import MemoryGauges
 
     _FAMILIES.clear()
     nvml = _Nvml(fail_after=3)  # one read at construction, two scheduled ones, then NVML fails
@@ -570,7 +570,7 @@ def test_memory_gauges_publish_rss_and_the_instance_gpu_at_most_every_interval()
 @pytest.mark.parametrize("gpu_index", [None, 1])
 def test_memory_gauges_without_a_usable_gpu_publish_no_gpu_series(gpu_index: int | None) -> None:
     """KIND_CPU instances (no index) and an index NVML does not know: RSS only."""
-    from chattts_serving.metrics import MemoryGauges
+    from chattts_serving.triton.metrics import MemoryGauges
 
     _FAMILIES.clear()
     gauges = MemoryGauges(_Pb, "chattts_vocoder", gpu_index=gpu_index, nvml=_Nvml())

@@ -20,10 +20,10 @@ import tritonclient.grpc as grpcclient
 from conftest import free_port
 
 from chattts_serving import contract
-from chattts_serving.profile import PROFILES_DIR, Profile
-from chattts_serving.render import render_repository
+from chattts_serving.deploy.render import render_repository
+from chattts_serving.deploy.server import TritonServer
 from chattts_serving.runtime import Artifacts
-from chattts_serving.server import TritonServer
+from chattts_serving.serving.profile import PROFILES_DIR, Profile
 
 pytestmark = pytest.mark.server
 

@@ -16,55 +16,34 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from engine_helpers import refine_sequence, text_ids
 
 from chattts_serving import contract
-from chattts_serving.engine import MODE_TEXT, TEXT_EOS_ID, Engine, EngineConfig, Sequence
+from chattts_serving.contract import TEXT_EOS_ID, SequenceMode
+from chattts_serving.engine.gpt import Embeddings, GptStepRunner
+from chattts_serving.engine.sampling import RequestSampler, sample_text_batch
+from chattts_serving.engine.scheduler import Engine, EngineConfig, Sequence
+from chattts_serving.engine.sinks import CollectingSink
 from chattts_serving.export.parity import chattts_prompt
-from chattts_serving.refine import (
+from chattts_serving.params import ParamError, SamplingParams
+from chattts_serving.runtime import Artifacts
+from chattts_serving.serving.request import refine_input
+from chattts_serving.text.refine import (
     BREAK_0_ID,
     RefineParams,
     code_prompt_ids,
     code_stage_text,
     decode_refined,
     load_tokenizer,
-    refine_params_from_inputs,
     refine_prompt_ids,
-    refine_sequence,
-    text_ids,
 )
-from chattts_serving.runtime import Artifacts, Embeddings, GptStepRunner
-from chattts_serving.sampling import ParamError, RequestSampler, SamplingParams, sample_text_batch
-from chattts_serving.speaker import normalize_speaker
+from chattts_serving.text.speaker import normalize_speaker
 
 TEXTS = ("你好，欢迎使用流式语音合成。", "ChatTTS 在 Triton 上。")
 GREEDY = 1e-5  # temperature: ChatTTS' softmax and ours both put all mass on the argmax
 
 
-class Collect:
-    """A TokenSink that keeps everything."""
-
-    def __init__(self) -> None:
-        self.codes: list[np.ndarray] = []
-        self.hidden: list[np.ndarray] = []
-        self.reason = ""
-        self.errors: list[str] = []
-
-    def tokens(self, codes: np.ndarray, hidden: np.ndarray, stop_reason: str) -> None:
-        assert codes.dtype == np.int32 and codes.shape[1] == contract.NUM_VQ and hidden.shape[0] == codes.shape[0]
-        self.codes.append(codes)
-        self.hidden.append(hidden)
-        assert not self.reason, "tokens after the last call"
-        self.reason = stop_reason
-
-    def error(self, message: str) -> None:
-        self.errors.append(message)
-
-    def cancelled(self) -> bool:
-        return False
-
-    @property
-    def all_codes(self) -> np.ndarray:
-        return np.concatenate(self.codes) if self.codes else np.zeros((0, contract.NUM_VQ), np.int32)
+Collect = CollectingSink
 
 
 @pytest.fixture(scope="module")
@@ -189,7 +168,7 @@ def test_greedy_text_mode_equals_chattts_mixed_with_code_sequences(small_chat, s
     for sink, ref in ((text_a, ref_a), (text_b, ref_b), (text_c, ref_c)):
         assert sink.errors == []
         np.testing.assert_array_equal(text_ids(sink.all_codes), ref)
-        assert sink.reason == contract.STOP_MAX_TOKENS
+        assert sink.reason == contract.StopReason.MAX_TOKENS
     for sink in (code1_sink, code2_sink):
         np.testing.assert_array_equal(sink.all_codes, ref_code.ids[0].numpy())
         np.testing.assert_allclose(np.concatenate(sink.hidden), ref_code.hiddens[0].numpy(), atol=1e-4)
@@ -253,7 +232,7 @@ def test_end_token_and_min_new_tokens_behave_as_chattts(small_chat, tokenizer, s
     engine.submit(refine_sequence(prompt, _greedy(24, min_new=k + 2), mins))
     _run(engine)
     np.testing.assert_array_equal(text_ids(ends.all_codes), ref_eos)
-    assert ends.reason == contract.STOP_EOS
+    assert ends.reason == contract.StopReason.EOS
     assert TEXT_EOS_ID not in text_ids(ends.all_codes)
     np.testing.assert_array_equal(text_ids(mins.all_codes), ref_min)
 
@@ -301,7 +280,7 @@ def test_text_filter_keeps_the_same_set_as_transformers_warpers() -> None:
     greedy (temperature 1e-5) and every kind of top_p/top_k edge."""
     from transformers.generation import TopKLogitsWarper, TopPLogitsWarper
 
-    from chattts_serving.sampling import _top_p_top_k_row
+    from chattts_serving.engine.sampling import _top_p_top_k_row
 
     rng = np.random.default_rng(5)
     for trial in range(300):
@@ -382,19 +361,19 @@ def test_valid_edges_pass_and_the_cap_applies() -> None:
 
 
 def test_refine_params_are_read_from_request_tensors() -> None:
-    from chattts_serving.pipeline import RequestError
+    from chattts_serving.errors import RequestError
 
-    assert refine_params_from_inputs({}) == RefineParams()
-    got = refine_params_from_inputs({"temperature": np.array([0.2], np.float32), "top_k": np.array([1000], np.int32),
+    assert refine_input({}) == RefineParams()
+    got = refine_input({"temperature": np.array([0.2], np.float32), "top_k": np.array([1000], np.int32),
                                      "seed": np.array([7], np.int64)}, max_new_tokens_cap=384)
     assert (got.temperature, got.top_k, got.seed, got.top_p) == (pytest.approx(0.2), 1000, 7, 0.7)
-    got = refine_params_from_inputs({"refine_max_new_tokens": np.array([20], np.int32),
+    got = refine_input({"refine_max_new_tokens": np.array([20], np.int32),
                                      "max_new_tokens": np.array([1], np.int32)}, prefix="refine_")
     assert got.max_new_tokens == 20
     for bad in ({"top_k": np.array([0], np.int32)}, {"top_k": np.array([5.0], np.float32)},
                 {"temperature": np.array([0.5, 0.6], np.float32)}, {"max_new_tokens": np.array([500], np.int32)}):
         with pytest.raises(RequestError) as info:
-            refine_params_from_inputs(bad, max_new_tokens_cap=384)
+            refine_input(bad, max_new_tokens_cap=384)
         assert info.value.kind == "invalid"
 
 
@@ -404,7 +383,7 @@ def test_engine_refuses_bad_text_sequences(small_artifacts: Artifacts, tokenizer
     prompt = refine_prompt_ids(tokenizer, TEXTS[0])
     spk = np.ones(small_artifacts.hidden_size, np.float32)
     with pytest.raises(ValueError, match="speaker"):
-        engine.submit(Sequence(prompt, spk, RefineParams().sampling_params(), Collect(), mode=MODE_TEXT))
+        engine.submit(Sequence(prompt, spk, RefineParams().sampling_params(), Collect(), mode=SequenceMode.TEXT))
     with pytest.raises(ValueError, match="mode"):
         engine.submit(Sequence(prompt, None, RefineParams().sampling_params(), Collect(), mode="texts"))
     with pytest.raises(ValueError, match="empty"):
@@ -427,4 +406,4 @@ def test_engine_refuses_bad_text_sequences(small_artifacts: Artifacts, tokenizer
     sink = Collect()
     old_engine.submit(Sequence(np.array([21131, 21143, 300, 21132]), spk, SamplingParams(max_new_tokens=3), sink))
     _run(old_engine)
-    assert sink.reason in (contract.STOP_EOS, contract.STOP_MAX_TOKENS) and not sink.errors
+    assert sink.reason in (contract.StopReason.EOS, contract.StopReason.MAX_TOKENS) and not sink.errors

@@ -9,9 +9,10 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
-from chattts_serving import contract, render
-from chattts_serving.profile import ProfileError, load_profile
+from chattts_serving import contract
+from chattts_serving.deploy import render
 from chattts_serving.runtime import Artifacts
+from chattts_serving.serving.profile import ProfileError, load_profile
 
 
 @pytest.mark.parametrize("name", ["cpu", "gpu"])
@@ -82,8 +83,8 @@ def test_validator_rejects_bad_configs(text: str, cause: str) -> None:
 
 def test_each_gpu_instance_runs_on_its_own_device() -> None:
     """KIND_GPU instances get Triton's model_instance_device_id as their ONNX Runtime device."""
-    from chattts_serving.profile import load_profile
-    from chattts_serving.triton_glue import ModelSetup
+    from chattts_serving.serving.profile import load_profile
+    from chattts_serving.triton.setup import ModelSetup
 
     prof = load_profile("gpu")
     on_gpu1 = ModelSetup("chattts_gpt", {}, None, prof, {}, gpu_index=1)  # type: ignore[arg-type]

@@ -5,8 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from chattts_serving.pipeline import RequestError, parse_entry, parse_request_params, split_segments
-from chattts_serving.resilience import CircuitBreaker, CircuitOpen, Degrader, DegradeThresholds
+from chattts_serving.errors import RequestError
+from chattts_serving.serving.request import EntryLimits, parse_entry, refuse_request_params
+from chattts_serving.serving.resilience import CircuitBreaker, CircuitOpen, Degrader, DegradeThresholds
+from chattts_serving.text.segments import SegmentRules, split_segments
+
+LIMITS = EntryLimits(max_new_tokens_cap=1024)
 
 
 class Clock:
@@ -77,7 +81,7 @@ def test_degrader_switches_on_load_and_back_with_hysteresis() -> None:
     ("没有标点的一段很长的文字" * 30, None),
 ])
 def test_segments_keep_every_character_in_order(text: str, expected: list[str] | None) -> None:
-    segs = split_segments(text, max_chars=40)
+    segs = split_segments(text, SegmentRules(max_chars=40, merge_chars=10))
     assert "".join(segs) == text
     assert all(len(s) <= 40 for s in segs)
     if expected is not None:
@@ -85,7 +89,7 @@ def test_segments_keep_every_character_in_order(text: str, expected: list[str] |
 
 
 def test_short_sentences_are_merged_not_split_into_tiny_segments() -> None:
-    assert len(split_segments("好。对。是。", max_chars=120)) == 1
+    assert len(split_segments("好。对。是。", SegmentRules(max_chars=120, merge_chars=30))) == 1
 
 
 @pytest.mark.parametrize("inputs, error", [
@@ -96,22 +100,22 @@ def test_short_sentences_are_merged_not_split_into_tiny_segments() -> None:
 ])
 def test_bad_priority_or_timeout_is_refused(inputs: dict, error: str) -> None:
     with pytest.raises(RequestError, match=error):
-        parse_entry({"text": np.array([b"hi"], np.object_), **inputs}, 1024, "hidden")
+        parse_entry({"text": np.array([b"hi"], np.object_), **inputs}, LIMITS)
 
 
 def test_request_parameters_are_refused_but_triton_ones_pass() -> None:
     with pytest.raises(RequestError, match="unknown request parameter"):
-        parse_request_params({"priorty": "batch"})
-    parse_request_params({"triton_enable_empty_final_response": True})
+        refuse_request_params({"priorty": "batch"})
+    refuse_request_params({"triton_enable_empty_final_response": True})
 
 
 def test_priority_and_timeout_are_parsed() -> None:
     req = parse_entry({"text": np.array([b"hi"], np.object_), "priority": np.array([b"batch"], np.object_),
-                       "timeout_s": np.array([2.5], np.float32)}, 1024, "hidden")
+                       "timeout_s": np.array([2.5], np.float32)}, LIMITS)
     assert (req.priority, req.timeout_s) == ("batch", 2.5)
 
 
 def test_text_over_the_limit_is_refused_before_any_work() -> None:
     text = np.array(["好".encode() * 50], dtype=np.object_)
     with pytest.raises(RequestError, match="limit is 10"):
-        parse_entry({"text": text}, 1024, "hidden", max_text_chars=10)
+        parse_entry({"text": text}, EntryLimits(max_new_tokens_cap=1024, max_text_chars=10))

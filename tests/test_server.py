@@ -210,12 +210,15 @@ def test_server_still_streams_after_bad_inputs(triton_server) -> None:
 def test_refine_text_speaks_the_text_the_engine_refined(triton_server) -> None:
     """refine_text runs ChatTTS' refine stage in the engine: the code stage speaks exactly the
     refined text that the same front end and engine produce in-process, deterministically."""
+    from engine_helpers import refine_sequence, text_ids
+
     from chattts_serving.client import SynthesisRequest, synthesize_sse, synthesize_stream
-    from chattts_serving.engine import Engine, EngineConfig
-    from chattts_serving.frontend import FrontEnd
-    from chattts_serving.profile import load_profile
-    from chattts_serving.refine import RefineParams, refine_sequence, text_ids
-    from chattts_serving.runtime import Embeddings, GptStepRunner
+    from chattts_serving.engine.gpt import Embeddings, GptStepRunner
+    from chattts_serving.engine.scheduler import Engine, EngineConfig
+    from chattts_serving.engine.sinks import CollectingSink
+    from chattts_serving.serving.profile import load_profile
+    from chattts_serving.text.frontend import FrontEnd
+    from chattts_serving.text.refine import RefineParams
 
     text, n = TEXTS[0], 12
     req = SynthesisRequest(text=text, seed=3, max_new_tokens=30, refine_text=True, refine_max_new_tokens=n,
@@ -234,25 +237,13 @@ def test_refine_text_speaks_the_text_the_engine_refined(triton_server) -> None:
     assert plain.info["normalized_text"] == [prepared.normalized]
     engine = Engine(GptStepRunner(art), Embeddings(art), EngineConfig())
 
-    class Sink:
-        def __init__(self) -> None:
-            self.codes: list[np.ndarray] = []
-
-        def tokens(self, codes: np.ndarray, hidden: np.ndarray, stop_reason: str) -> None:
-            self.codes.append(codes)
-
-        def error(self, message: str) -> None:
-            raise AssertionError(message)
-
-        def cancelled(self) -> bool:
-            return False
-
-    sink = Sink()
+    sink = CollectingSink()
     engine.submit(refine_sequence(prepared.refine_ids, RefineParams(max_new_tokens=n, min_new_tokens=n, seed=5), sink))
     while engine.live_count():
         engine.run_once()
-    refined = fe.prepare(text, refined_ids=text_ids(np.concatenate(sink.codes)))
-    assert len(text_ids(np.concatenate(sink.codes))) == n
+    assert not sink.errors
+    refined = fe.prepare(text, refined_ids=text_ids(sink.all_codes))
+    assert len(text_ids(sink.all_codes)) == n
     assert first.info["normalized_text"] == [refined.normalized]
 
 

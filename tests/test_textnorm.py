@@ -9,13 +9,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from chattts_serving import textnorm
 from chattts_serving.export.weights import ADDED_TOKENS
-from chattts_serving.frontend import FrontEnd, FrontendError
 from chattts_serving.runtime import Artifacts
-from chattts_serving.speaker import encode_spk_emb, normalize_speaker, speaker_from_seed
-from chattts_serving.textnorm import normalize, split_segments
-from chattts_serving.voices import (
+from chattts_serving.text import normalize as textnorm
+from chattts_serving.text.frontend import FrontEnd, FrontendError
+from chattts_serving.text.normalize import normalize, split_segments
+from chattts_serving.text.speaker import encode_spk_emb, normalize_speaker, speaker_from_seed
+from chattts_serving.text.voices import (
     OPENAI_VOICES,
     SpeakerCache,
     Voice,
@@ -195,7 +195,7 @@ def test_unspeakable_characters_are_reported_not_silently_dropped(text: str, exp
 
 @pytest.fixture(scope="module")
 def chattts_normalizer():  # type: ignore[no-untyped-def]
-    from chattts_serving.frontend import _chattts_normalizer
+    from chattts_serving.text.frontend import _chattts_normalizer
 
     return _chattts_normalizer()
 
@@ -363,15 +363,18 @@ def test_speed_is_carried_to_every_sentence_segment() -> None:
     ("[uv_break]" * 900, False),                      # ... but the raw text is bounded too (2x)
 ])
 def test_every_entry_point_counts_the_length_alike(text: str, ok: bool) -> None:
+    from chattts_serving.errors import RequestError
     from chattts_serving.gateway.speech import SpeechRequest, build_request
-    from chattts_serving.pipeline import RequestError, parse_entry
+    from chattts_serving.serving.request import EntryLimits, parse_entry
+
+    limits = EntryLimits(max_new_tokens_cap=2048, max_text_chars=4096)
 
     inputs = {"text": np.array([text.encode()], dtype=np.object_)}
     if ok:
-        assert parse_entry(inputs, 2048, "hidden").text == text
+        assert parse_entry(inputs, limits).text == text
         assert build_request(SpeechRequest(model="tts-1", input=text, voice="alloy"), ("tts-1",), 4096).text == text
     else:
         with pytest.raises(RequestError, match="the limit is 4096"):
-            parse_entry(inputs, 2048, "hidden")
+            parse_entry(inputs, limits)
         with pytest.raises(Exception, match="the limit is 4096"):
             build_request(SpeechRequest(model="tts-1", input=text, voice="alloy"), ("tts-1",), 4096)

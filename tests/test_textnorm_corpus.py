@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from chattts_serving import textnorm
-from chattts_serving.frontend import FrontEnd
-from chattts_serving.profile import load_profile, profile_from_json
 from chattts_serving.runtime import Artifacts
-from chattts_serving.textnorm_report import CORPUS, CorpusError, evaluate, load_corpus, table
-from chattts_serving.voices import VoiceBook
+from chattts_serving.serving.profile import load_profile, profile_from_json
+from chattts_serving.text import normalize as textnorm
+from chattts_serving.text.frontend import FrontEnd
+from chattts_serving.text.normalize_report import CORPUS, CorpusError, evaluate, load_corpus, table
+from chattts_serving.text.voices import VoiceBook
 
 ROWS = load_corpus()
 
@@ -96,8 +96,8 @@ def test_profile_knob_defaults_on_and_round_trips() -> None:
 
 
 def test_report_prints_accuracy_per_category_for_each_mode() -> None:
-    proc = subprocess.run([sys.executable, "-m", "chattts_serving.textnorm_report"], capture_output=True, text=True,
-                          timeout=300, cwd=Path(__file__).resolve().parent.parent)
+    proc = subprocess.run([sys.executable, "-m", "chattts_serving.text.normalize_report"], capture_output=True,
+                          text=True, timeout=300, cwd=Path(__file__).resolve().parent.parent)
     assert proc.returncode == 0, proc.stderr[-2000:]
     header = next(line for line in proc.stdout.splitlines() if line.startswith("| category"))
     assert header == "| category | sentences | ours | wetext | shipped |"

@@ -19,9 +19,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from chattts_serving.frontend import FrontEnd, TokenizerVocabulary
 from chattts_serving.runtime import Artifacts
-from chattts_serving.voices import VoiceBook
+from chattts_serving.text.frontend import FrontEnd, TokenizerVocabulary
+from chattts_serving.text.voices import VoiceBook
 
 ROOT = Path(__file__).resolve().parent.parent
 MISSING = "龟"
@@ -47,7 +47,7 @@ def test_a_character_the_tokenizer_lacks_is_left_out_and_reported(frontend: Fron
 
 
 def test_text_of_only_unknown_characters_is_refused_with_them_named(frontend: FrontEnd) -> None:
-    from chattts_serving.frontend import FrontendError
+    from chattts_serving.text.frontend import FrontendError
 
     with pytest.raises(FrontendError, match=f"nothing speakable.*{MISSING}"):
         frontend.prepare(MISSING * 3)

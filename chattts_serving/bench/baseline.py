@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from .. import contract
-from ..speaker import encode_spk_emb, speaker_from_seed
+from ..text.speaker import encode_spk_emb, speaker_from_seed
 from .stats import RequestRecord, percentile, summarize
 
 

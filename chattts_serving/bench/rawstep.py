@@ -12,7 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..runtime import Artifacts, GptStepRunner, OrtOptions
+from ..engine.gpt import GptStepRunner
+from ..runtime import Artifacts, OrtOptions
 
 
 def measure_raw_step(artifacts_dir: Path, opts: OrtOptions, batches: Sequence[int], *, past_tokens: int,

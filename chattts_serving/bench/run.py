@@ -245,10 +245,10 @@ def _empty_baseline(tokens: int) -> dict[str, Any]:
 
 def run(cfg: Config) -> dict[str, Any]:
     """Run every part and write the outputs; returns the result written to bench.json."""
-    from ..profile import load_profile
-    from ..render import render_repository
+    from ..deploy.render import render_repository
+    from ..deploy.server import TritonServer
     from ..runtime import Artifacts
-    from ..server import TritonServer
+    from ..serving.profile import load_profile
     from .baseline import run_baseline
     from .frontend import measure_frontend
     from .rawstep import measure_raw_step
@@ -361,7 +361,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bench: error: no checkpoint in {cfg.weights} for the baseline (pass --weights or "
               "--skip-baseline)", file=sys.stderr)
         return 2
-    from ..server import ServerError
+    from ..deploy.server import ServerError
     from .serverload import WarmupError
 
     try:

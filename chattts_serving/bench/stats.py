@@ -153,7 +153,7 @@ def model_stats(delta: Mapping[MetricKey, float]) -> dict[str, dict[str, float |
 
 def engine_batches(delta: Mapping[MetricKey, float]) -> dict[str, object] | None:
     """The GPT engine's decode-step batch sizes over one level, from the ``tts_engine_batch_size``
-    histogram and ``tts_engine_decode_steps_total`` counter (chattts_serving.metrics); None if
+    histogram and ``tts_engine_decode_steps_total`` counter (chattts_serving.triton.metrics); None if
     the server does not export them.
 
     Keys: decode_steps, rows (sequences decoded, summed over steps), mean_batch (rows per

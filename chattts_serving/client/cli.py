@@ -77,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
                          f"{DEFAULT_TIMEOUT_S:g}); the server's own deadline is --server-timeout-s")
     ap.add_argument("--server-timeout-s", type=_positive_float,
                     help="the request's timeout_s: the server ends it with an error past this many seconds")
-    ap.add_argument("--priority", choices=sorted(contract.PRIORITIES),
+    ap.add_argument("--priority", choices=[p.value for p in contract.Priority],
                     help="scheduling class (server default realtime)")
     ap.add_argument("--json", action="store_true",
                     help="print one JSON object (ttfa_s, total_s, audio_s, rtf, chunks, sample_rate_hz)")

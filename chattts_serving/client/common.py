@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from .. import contract
+from ..errors import ErrorKind, decode, kind_from_status
 
 _SPECS: dict[str, contract.TensorSpec] = {spec.name: spec for spec in contract.ENTRY_INPUTS}
 
@@ -24,19 +25,30 @@ _SPECS: dict[str, contract.TensorSpec] = {spec.name: spec for spec in contract.E
 class ClientError(Exception):
     """A request the server refused or failed, or a transport failure.
 
-    ``message`` is the server's own message (or the transport's); ``status`` is the HTTP
-    status code (int), the gRPC status name (str, e.g. ``"StatusCode.INVALID_ARGUMENT"``) or
-    None when unknown. ``connection`` is True when the server could not be reached at all.
+    ``message`` is the server's message without its kind tag (or the transport's); ``kind``
+    is the :class:`~chattts_serving.errors.ErrorKind` the server tagged it with, else the one
+    its transport status implies (:func:`~chattts_serving.errors.kind_from_status`), else
+    None; ``status`` is the HTTP status code (int), the gRPC status name (str, e.g.
+    ``"StatusCode.INVALID_ARGUMENT"``), ``"timeout"`` for a client-side timeout, or None when
+    unknown. ``connection`` is True when the server could not be reached at all.
     """
 
     def __init__(self, message: str, status: int | str | None = None, connection: bool = False) -> None:
-        super().__init__(message)
-        self.message = message
+        kind, text = decode(message)
+        if kind is None:
+            kind = ErrorKind.DEADLINE if status == TIMEOUT else kind_from_status(status)
+        super().__init__(text)
+        self.message = text
+        self.kind = kind
         self.status = status
         self.connection = connection
 
     def __str__(self) -> str:
         return self.message
+
+
+TIMEOUT = "timeout"
+"""``ClientError.status`` of a request this client stopped waiting for."""
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,16 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from .. import contract
-from .common import ClientError, StreamPart, SynthesisRequest, SynthesisResult, audio_only, collect_stream, parse_info
+from .common import (
+    TIMEOUT,
+    ClientError,
+    StreamPart,
+    SynthesisRequest,
+    SynthesisResult,
+    audio_only,
+    collect_stream,
+    parse_info,
+)
 
 DEFAULT_TIMEOUT_S = 300.0
 """Default deadline of a whole stream, in seconds."""
@@ -104,7 +113,7 @@ def iter_parts(url: str, request: SynthesisRequest,
             try:
                 result, error = responses.get(timeout=max(0.0, deadline - time.monotonic()))
             except queue.Empty:
-                raise ClientError(f"no response from {url} within {timeout_s:g} s", "timeout") from None
+                raise ClientError(f"no response from {url} within {timeout_s:g} s", TIMEOUT) from None
             if error is not None:
                 finished = True  # the server has ended this request
                 raise _client_error(error, url)

@@ -9,7 +9,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from .. import contract
-from .common import ClientError, SynthesisRequest, SynthesisResult, parse_info
+from .common import TIMEOUT, ClientError, SynthesisRequest, SynthesisResult, parse_info
 
 DEFAULT_TIMEOUT_S = 300.0
 """Default network timeout of the call, in seconds."""
@@ -57,7 +57,7 @@ def synthesize_offline(url: str, request: SynthesisRequest,
         raise ClientError(exc.message() or str(exc), _status(exc)) from None
     except (ConnectionError, OSError) as exc:
         if isinstance(exc, TimeoutError):
-            raise ClientError(f"no response from {url} within {timeout_s:g} s", "timeout") from None
+            raise ClientError(f"no response from {url} within {timeout_s:g} s", TIMEOUT) from None
         raise ClientError(f"cannot connect to {url}: {exc}", connection=True) from None
     finally:
         client.close()

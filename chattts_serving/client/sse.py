@@ -18,7 +18,16 @@ import requests
 import urllib3
 
 from .. import contract
-from .common import ClientError, StreamPart, SynthesisRequest, SynthesisResult, audio_only, collect_stream, parse_info
+from .common import (
+    TIMEOUT,
+    ClientError,
+    StreamPart,
+    SynthesisRequest,
+    SynthesisResult,
+    audio_only,
+    collect_stream,
+    parse_info,
+)
 
 DEFAULT_TIMEOUT_S = 300.0
 """Default deadline of a whole stream, in seconds."""
@@ -145,7 +154,7 @@ def iter_sse_parts(url: str, request: SynthesisRequest,
     except requests.ConnectionError as exc:
         raise ClientError(f"cannot connect to {url}: {_root_cause(exc)}", connection=True) from None
     except requests.Timeout:
-        raise ClientError(f"no response from {url} within {timeout_s:g} s", "timeout") from None
+        raise ClientError(f"no response from {url} within {timeout_s:g} s", TIMEOUT) from None
     except requests.RequestException as exc:
         raise ClientError(f"request to {endpoint} failed: {exc}") from None
     with resp:
@@ -163,9 +172,9 @@ def iter_sse_parts(url: str, request: SynthesisRequest,
                 if part.audio.size or part.info:
                     yield part
                 if time.monotonic() > deadline:
-                    raise ClientError(f"stream from {url} did not finish within {timeout_s:g} s", "timeout")
+                    raise ClientError(f"stream from {url} did not finish within {timeout_s:g} s", TIMEOUT)
         except urllib3.exceptions.ReadTimeoutError:
-            raise ClientError(f"no data from {url} for {timeout_s:g} s", "timeout") from None
+            raise ClientError(f"no data from {url} for {timeout_s:g} s", TIMEOUT) from None
         except (requests.RequestException, urllib3.exceptions.HTTPError, OSError) as exc:
             raise ClientError(f"stream from {url} failed: {exc}") from None
 

@@ -13,8 +13,10 @@ from typing import Any
 import numpy as np
 
 from .. import contract
-from ..runtime import FP16_GRAPH_FILES, Artifacts, Embeddings, GptStepRunner, OrtOptions, VocoderRunner
-from ..speaker import normalize_speaker
+from ..audio.vocoder import VocoderRunner
+from ..engine.gpt import Embeddings, GptStepRunner
+from ..runtime import FP16_GRAPH_FILES, Artifacts, OrtOptions
+from ..text.speaker import normalize_speaker
 
 PARITY_TEXTS = ("你好，欢迎使用流式语音合成服务。", "ChatTTS 在 Triton 上。")
 

@@ -2,7 +2,7 @@
 
 The gateway validates an OpenAI speech request, streams the synthesis from the ``chattts``
 model over Triton's gRPC streaming API (:func:`chattts_serving.client.iter_chunks`), encodes
-the audio chunks into the requested format as they arrive (:mod:`chattts_serving.audio_format`)
+the audio chunks into the requested format as they arrive (:mod:`chattts_serving.audio.formats`)
 and sends them as chunked bytes or as OpenAI's ``speech.audio.delta`` server-sent events.
 
 Run it with ``python -m chattts_serving.gateway --triton-url 127.0.0.1:8001 --port 8080``.

@@ -18,18 +18,11 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from .. import audio_format
+from ..audio import formats as audio_format
 from ..client import ClientError
 from .errors import AUTHENTICATION, INVALID_REQUEST, ApiError, from_client_error
 from .settings import GatewaySettings
-from .speech import (
-    EncodedStream,
-    SpeechRequest,
-    build_request,
-    delta_event,
-    done_event,
-    error_event,
-)
+from .speech import EncodedStream, SpeechRequest, build_request, delta_event, done_event, error_event
 
 log = logging.getLogger("chattts_serving.gateway")
 

@@ -14,9 +14,10 @@ from typing import Annotated, Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from .. import audio_format, contract
+from .. import contract
+from ..audio import formats as audio_format
 from ..client import StreamPart, SynthesisRequest, iter_parts
-from ..textnorm import CONTROL_NUMBERED, DEFAULT_SPEED, length_error
+from ..text.normalize import CONTROL_NUMBERED, DEFAULT_SPEED, length_error
 from .errors import INVALID_REQUEST, ApiError
 
 MIN_SPEED: Final = 0.25

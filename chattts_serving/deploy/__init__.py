@@ -1,0 +1,1 @@
+"""Deployment: the model-repository renderer, the bundled tritonserver launcher and the health probe."""

@@ -1,0 +1,166 @@
+"""Error kinds, the one error type of a request, and the codec that carries a kind from the
+model that raised it to the status the client sees.
+
+Every way a request can fail is one :class:`ErrorKind`. A kind has one Triton error code,
+one HTTP status and one gRPC status (:data:`STATUS`). On its way to the client the kind
+travels inside the error message as a tag, ``[kind] message`` (:func:`encode` /
+:func:`decode`), because neither of Triton 2.51's two carriers keeps the code:
+
+* a BLS caller receives every error of a model it called as INTERNAL, whatever its code;
+* an error inside a gRPC stream (a decoupled model) reaches the client as the stream's last
+  message with no status code at all, and over SSE Triton answers any first-response error
+  with HTTP 400.
+
+The GPT engine cannot use error responses at all (Triton 2.51 never delivers an error
+response of a decoupled model to a BLS caller's iterator): it ends a failed sequence with the
+stop reason ``error:<kind>:<message>`` (:func:`encode_stop` / :func:`decode_stop`).
+
+Clients decode the tag (:func:`decode`), falling back to the transport's status
+(:func:`kind_from_status`) for errors that Triton itself raised (queue full, queue timeout)
+and therefore carry no tag. Nothing here imports Triton.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Final
+
+from .contract import WireEnum
+
+
+class ErrorKind(WireEnum):
+    """Why a request failed; decides its status on every protocol (:data:`STATUS`)."""
+
+    INVALID = "invalid"
+    """The request is wrong (input, parameter, voice, length): fix it, don't retry."""
+    BUSY = "busy"
+    """The server is full (admission limit, engine queue, batch shed, Triton's queue): retry
+    later or elsewhere."""
+    UNAVAILABLE = "unavailable"
+    """A stage is failing (circuit breaker open, engine stopped responding): retry elsewhere."""
+    DEADLINE = "deadline"
+    """The request's own deadline (``timeout_s``) passed."""
+    CANCELLED = "cancelled"
+    """The client cancelled."""
+    INTERNAL = "internal"
+    """A failure inside the pipeline."""
+
+
+@dataclass(frozen=True)
+class Status:
+    """How one kind is reported: Triton's ``TritonError`` code name, the HTTP status and the
+    gRPC status name. Triton 2.51 has no deadline code, so a deadline is UNAVAILABLE (503)."""
+
+    triton: str
+    http: int
+    grpc: str
+
+
+STATUS: Final[dict[ErrorKind, Status]] = {
+    ErrorKind.INVALID: Status("INVALID_ARG", 400, "INVALID_ARGUMENT"),
+    ErrorKind.BUSY: Status("UNAVAILABLE", 503, "UNAVAILABLE"),
+    ErrorKind.UNAVAILABLE: Status("UNAVAILABLE", 503, "UNAVAILABLE"),
+    ErrorKind.DEADLINE: Status("UNAVAILABLE", 503, "UNAVAILABLE"),
+    ErrorKind.CANCELLED: Status("CANCELLED", 499, "CANCELLED"),
+    ErrorKind.INTERNAL: Status("INTERNAL", 500, "INTERNAL"),
+}
+"""Each kind's Triton code, HTTP status and gRPC status (499: nginx's "client closed
+request", the gateway's status for a cancelled request)."""
+
+
+class RequestError(Exception):
+    """A request that ends with an error of ``kind``; ``str(exc)`` is the message for the
+    client (without the tag, which :func:`encode` adds on the wire)."""
+
+    def __init__(self, message: str, kind: ErrorKind = ErrorKind.INVALID) -> None:
+        super().__init__(message)
+        self.kind = ErrorKind(kind)
+
+    @property
+    def status(self) -> Status:
+        return STATUS[self.kind]
+
+    def wire(self) -> str:
+        """The message as models send it: ``[kind] message``."""
+        return encode(self.kind, str(self))
+
+
+class DeadlineExceeded(RequestError):
+    """The request's ``timeout_s`` passed (kind DEADLINE)."""
+
+    def __init__(self, timeout_s: float | None = None, detail: str = "") -> None:
+        limit = f" within timeout_s={timeout_s:g}" if timeout_s is not None else ""
+        super().__init__(f"deadline exceeded: the request did not finish{limit}{detail}", ErrorKind.DEADLINE)
+
+
+class Cancelled(RequestError):
+    """The client cancelled (kind CANCELLED)."""
+
+    def __init__(self, detail: str = "cancelled by the client") -> None:
+        super().__init__(detail, ErrorKind.CANCELLED)
+
+
+_TAG: Final = re.compile(r"^\[(" + "|".join(k.value for k in ErrorKind) + r")\] ")
+STOP_ERROR_PREFIX: Final = "error:"
+"""Start of the GPT engine's stop reason for a failed sequence: ``error:<kind>:<message>``."""
+
+
+def encode(kind: ErrorKind, message: str) -> str:
+    """``[kind] message``: the form in which every model of ours sends an error."""
+    return f"[{ErrorKind(kind).value}] {message}"
+
+
+def decode(text: str) -> tuple[ErrorKind | None, str]:
+    """(kind, message) of an error message; (None, text) when it carries no tag (an error
+    raised by Triton itself, or by a server that is not ours)."""
+    m = _TAG.match(text)
+    if not m:
+        return None, text
+    return ErrorKind(m.group(1)), text[m.end():]
+
+
+def from_message(text: str, default: ErrorKind = ErrorKind.INTERNAL) -> RequestError:
+    """The :class:`RequestError` an error message describes; ``default`` kind without a tag."""
+    kind, message = decode(text)
+    return RequestError(message, kind or default)
+
+
+def encode_stop(exc: RequestError) -> str:
+    """The GPT engine's stop reason for a sequence that failed with ``exc``."""
+    return f"{STOP_ERROR_PREFIX}{exc.kind.value}:{exc}"
+
+
+def decode_stop(stop_reason: str) -> RequestError | None:
+    """The error a stop reason carries (:func:`encode_stop`), None for a normal stop reason.
+    An unknown kind decodes as INTERNAL."""
+    if not stop_reason.startswith(STOP_ERROR_PREFIX):
+        return None
+    kind, _, message = stop_reason[len(STOP_ERROR_PREFIX):].partition(":")
+    try:
+        return RequestError(message, ErrorKind(kind))
+    except ValueError:
+        return RequestError(stop_reason[len(STOP_ERROR_PREFIX):], ErrorKind.INTERNAL)
+
+
+_BY_HTTP: Final = {400: ErrorKind.INVALID, 429: ErrorKind.BUSY, 499: ErrorKind.CANCELLED,
+                   503: ErrorKind.BUSY, 504: ErrorKind.DEADLINE}
+_BY_GRPC: Final = {"INVALID_ARGUMENT": ErrorKind.INVALID, "UNAVAILABLE": ErrorKind.BUSY,
+                   "RESOURCE_EXHAUSTED": ErrorKind.BUSY, "DEADLINE_EXCEEDED": ErrorKind.DEADLINE,
+                   "CANCELLED": ErrorKind.CANCELLED, "INTERNAL": ErrorKind.INTERNAL}
+
+
+def kind_from_status(status: int | str | None) -> ErrorKind | None:
+    """The kind of an untagged error from its transport status: an HTTP status (int) or a
+    gRPC status name (``"UNAVAILABLE"`` or ``"StatusCode.UNAVAILABLE"``). Triton raises
+    UNAVAILABLE/503 itself only for its queue (full, or its timeout passed): BUSY. Other
+    4xx are INVALID, other 5xx INTERNAL; None when the status says nothing."""
+    if isinstance(status, int):
+        if status in _BY_HTTP:
+            return _BY_HTTP[status]
+        if 400 <= status < 500:
+            return ErrorKind.INVALID
+        return ErrorKind.INTERNAL if status >= 500 else None
+    if isinstance(status, str):
+        return _BY_GRPC.get(status.removeprefix("StatusCode."), ErrorKind.INTERNAL)
+    return None

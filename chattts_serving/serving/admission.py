@@ -1,0 +1,110 @@
+"""Admission of the entry models, free of Triton: which requests are accepted, and how.
+
+:meth:`Admission.admit` parses a request (:func:`~chattts_serving.serving.request.parse_entry`),
+re-evaluates the degraded mode, sheds batch-priority requests while degraded, takes one of
+the instance's stream slots (the admission limit: at most ``entry.max_concurrent_streams``
+live streams; beyond it "server busy" at once) and, in degraded mode, makes the request
+cheaper. Every accepted request holds one slot until :meth:`Admission.release`.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+
+import numpy as np
+
+from ..contract import Priority, VocoderPath
+from ..errors import ErrorKind, RequestError
+from ..text.segments import SegmentRules
+from .pipeline import SynthesisJob
+from .profile import Profile
+from .request import EntryLimits, parse_entry
+from .resilience import Degrader, DegradeThresholds
+
+
+class StreamSlots:
+    """At most ``limit`` live requests per entry-model instance.
+
+    A decoupled model that hands requests to threads empties Triton's queue at once, so the
+    queue policy cannot bound live streams; this counter does (../shared/TRITON.md)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.live = 0
+        self._lock = threading.Lock()
+
+    def acquire(self) -> bool:
+        """Take a slot; False when all are taken."""
+        with self._lock:
+            if self.live >= self.limit:
+                return False
+            self.live += 1
+            return True
+
+    def release(self) -> None:
+        with self._lock:
+            self.live -= 1
+
+
+def rejection_reason(exc: RequestError) -> str:
+    """The ``tts_rejected_total`` reason of a refusal: 'busy' for BUSY and UNAVAILABLE,
+    'invalid' for INVALID, else the kind."""
+    if exc.kind in (ErrorKind.BUSY, ErrorKind.UNAVAILABLE):
+        return "busy"
+    return str(exc.kind)
+
+
+class Admission:
+    """The admission decisions of one entry-model instance (see the module docstring)."""
+
+    def __init__(self, profile: Profile, on_degrade_switch: Callable[[bool], None] | None = None) -> None:
+        self.profile = profile
+        d = profile.degrade
+        self.degrader = Degrader(DegradeThresholds(d.live_high, d.live_low, d.ttfa_p95_high_s, d.ttfa_p95_low_s,
+                                                   d.window, d.min_dwell_s, d.max_age_s),
+                                 on_switch=on_degrade_switch)
+        self.slots = StreamSlots(profile.entry.max_concurrent_streams)
+        self.limits = EntryLimits(max_new_tokens_cap=profile.engine.max_new_tokens_cap,
+                                  max_text_chars=profile.frontend.max_text_chars,
+                                  default_vocoder=profile.stream.default_vocoder)
+        self.schedule = profile.stream.schedule()
+        self.segments = SegmentRules(max_chars=profile.frontend.max_segment_chars,
+                                     merge_chars=profile.frontend.merge_segment_chars)
+
+    def admit(self, inputs: Mapping[str, np.ndarray], params: Mapping[str, object], request_id: str,
+              arrival_s: float, emit_tokens: int) -> SynthesisJob:
+        """Parse, validate and admit one request that arrived at ``arrival_s``
+        (``time.monotonic()``); ``emit_tokens``: tokens per engine batch for this entry model.
+        Raises RequestError: INVALID for bad input, BUSY when shed or every slot is taken."""
+        req = parse_entry(inputs, self.limits, params, request_id)
+        degraded = self.degrader.update(self.slots.live)
+        if degraded and req.priority == Priority.BATCH:
+            raise RequestError("server busy: batch-priority requests are shed while the server is degraded",
+                               ErrorKind.BUSY)
+        if not self.slots.acquire():
+            raise RequestError(f"server busy: {self.slots.limit} streams already live", ErrorKind.BUSY)
+        schedule = self.schedule
+        if degraded:
+            deg = self.profile.degrade
+            cap = deg.max_new_tokens
+            req = replace(req, vocoder=VocoderPath.CODES, refine=None,
+                          params=replace(req.params, max_new_tokens=min(req.params.max_new_tokens, cap),
+                                         min_new_tokens=min(req.params.min_new_tokens, cap)))
+            schedule = replace(schedule, first_chunk_tokens=schedule.first_chunk_tokens * deg.chunk_scale,
+                               max_chunk_tokens=schedule.max_chunk_tokens * deg.chunk_scale)
+        return SynthesisJob(req=req, schedule=schedule, emit_tokens=emit_tokens, arrival_s=arrival_s,
+                            segments=self.segments, degraded=degraded)
+
+    def release(self) -> None:
+        """An accepted request ended: free its slot."""
+        self.slots.release()
+
+    def record_ttfa(self, seconds: float) -> None:
+        """A request's time to first audio, for the degraded mode's TTFA criterion."""
+        self.degrader.record_ttfa(seconds)
+
+    def tick(self) -> None:
+        """Re-evaluate the degraded mode without a new request (an idle server recovers)."""
+        self.degrader.update(self.slots.live)

@@ -1,0 +1,240 @@
+"""The entry models' service, free of Triton: a request's whole life in ``chattts`` (streaming)
+and ``chattts_offline``.
+
+1. :meth:`EntryService.admit`: parse, validate and admit (:class:`~.admission.Admission`), or
+   refuse at once (counted in ``tts_rejected_total`` and logged);
+2. :meth:`EntryService.stream` (on a worker thread) or :meth:`EntryService.offline`: run the
+   pipeline against the stages (:mod:`~chattts_serving.serving.pipeline`);
+3. exactly one end per accepted request: the final response or one error
+   (:class:`~.lifecycle.StreamGuard`), then :meth:`EntryService.finish` records it (slot
+   freed, metrics, a ``request_finished`` log line).
+
+The Triton layer (:mod:`chattts_serving.triton.models`) provides the stages (BLS calls), the
+metrics and the response channel; tests provide in-process ones.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from .. import contract
+from ..errors import ErrorKind, RequestError
+from .admission import Admission, rejection_reason
+from .lifecycle import CancelWatcher, ResponseChannel, StreamGuard
+from .logs import log_event
+from .pipeline import Stages, StreamResult, SynthesisJob, info_json, offline_audio, stream_audio
+from .profile import Profile
+
+log = logging.getLogger(__name__)
+
+DEGRADE_TICK_S = 1.0
+"""How often the degraded mode is re-evaluated without new requests, in seconds."""
+
+
+class EntryObserver(Protocol):
+    """Request-level measurements of an entry model (Prometheus in the server:
+    :class:`chattts_serving.triton.metrics.EntryMetrics`)."""
+
+    def rejected(self, reason: str) -> None:
+        """A request was refused before any work ('busy' or 'invalid')."""
+
+    def finished(self, status: str, priority: str, duration_s: float, audio_s: float, ttfa_s: float | None) -> None:
+        """An accepted request ended with ``status`` ('ok', 'cancelled', 'error', 'invalid')."""
+
+    def set_queue(self, waiting: int) -> None:
+        """Accepted requests that have not produced audio yet."""
+
+    def set_degraded(self, on: bool) -> None:
+        """The degraded mode switched."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Outcome:
+    """How an accepted request ended: its result (None when it failed before any audio) and
+    its error (None when it completed or was cancelled)."""
+
+    result: StreamResult | None
+    error: RequestError | None
+
+
+class EntryService:
+    """One per entry-model instance: admission, the stream lifecycle, metrics and logs.
+
+    ``model``: the Triton model name (for logs and metrics); ``stages``: the pipeline's stages;
+    ``observer``: the metrics; ``emit_tokens``: tokens per engine batch for this model
+    (``stream.emit_tokens`` or ``entry.offline_emit_tokens``). Streaming needs a
+    :class:`CancelWatcher`, created here when ``watch`` is true.
+    """
+
+    def __init__(self, model: str, profile: Profile, stages: Stages, observer: EntryObserver,
+                 emit_tokens: int, watch: bool = True) -> None:
+        self.model, self.profile, self.stages, self.observer = model, profile, stages, observer
+        self.emit_tokens = emit_tokens
+        self.admission = Admission(profile, on_degrade_switch=self._on_switch)
+        self.watcher = (CancelWatcher(profile.entry.cancel_poll_interval_s, profile.entry.stall_timeout_s,
+                                      self._stalled) if watch else None)
+        self._waiting = 0
+        self._lock = threading.Lock()
+        # Re-evaluate the degraded mode once a second too, not only on arrivals: a server
+        # whose load has gone must leave it without waiting for new requests.
+        threading.Thread(target=self._tick, name="degrade-tick", daemon=True).start()
+
+    # ---- admission -------------------------------------------------------------------------
+    def admit(self, inputs: Mapping[str, np.ndarray], params: Mapping[str, object], request_id: str,
+              arrival_s: float | None = None) -> SynthesisJob:
+        """Validate and admit one request. Raises RequestError (already counted and logged)."""
+        arrival = time.monotonic() if arrival_s is None else arrival_s
+        try:
+            job = self.admission.admit(inputs, params, request_id, arrival, self.emit_tokens)
+        except RequestError as exc:
+            reason = rejection_reason(exc)
+            self.observer.rejected(reason)
+            log_event("request_rejected", level="warning", model=self.model, request_id=request_id,
+                      reason=reason, status=exc.kind, message=str(exc))
+            raise
+        self._count_waiting(+1)
+        log_event("request_accepted", model=self.model, request_id=request_id, priority=job.req.priority,
+                  degraded=job.degraded, text_chars=len(job.req.text), vocoder=job.req.vocoder)
+        return job
+
+    # ---- streaming ---------------------------------------------------------------------------
+    def stream(self, job: SynthesisJob, channel: ResponseChannel) -> None:
+        """Run one admitted streaming request to its end on ``channel``: audio chunks (the first
+        with the ``info`` header), then the final response with the final ``info``, or one
+        error. Never raises; records the outcome exactly once."""
+        assert self.watcher is not None, "streaming needs the cancel watcher"
+        guard = StreamGuard(channel)
+        unguard = self.watcher.guard(guard, job)
+        out = _GuardedOutput(self, job, guard, self.watcher.watcher(guard.is_cancelled))
+        result: StreamResult | None = None
+        error: RequestError | None = None
+        try:
+            result = stream_audio(job, self.stages, out)
+        except RequestError as exc:
+            error = exc
+        except Exception as exc:  # never leave a client waiting: end every stream explicitly
+            log.exception("stream failed")
+            error = RequestError(f"internal error: {type(exc).__name__}", ErrorKind.INTERNAL)
+        finally:
+            unguard()
+        if error is not None:
+            closed = guard.fail(error)
+        else:
+            assert result is not None
+            closed = guard.finish(info_json(job, result, final=True))
+        if closed:
+            self.finish(job, Outcome(result=result or out.partial, error=error))
+
+    def _stalled(self, guard: StreamGuard, job: SynthesisJob) -> None:
+        """The watchdog's verdict on a stream without progress for ``entry.stall_timeout_s``."""
+        exc = RequestError("server unavailable: the GPT engine stopped responding", ErrorKind.UNAVAILABLE)
+        if guard.fail(exc):
+            self.finish(job, Outcome(result=None, error=exc))
+
+    # ---- offline ---------------------------------------------------------------------------------
+    def offline(self, job: SynthesisJob) -> tuple[np.ndarray, str]:
+        """Run one admitted request to the end: (audio (n,) float32 at 24 kHz, final ``info``
+        JSON). Records the outcome; raises RequestError when it failed."""
+        result: StreamResult | None = None
+        error: RequestError | None = None
+        audio = np.zeros(0, np.float32)
+        try:
+            audio, result = offline_audio(job, self.stages)
+        except RequestError as exc:
+            error = exc
+        except Exception as exc:
+            log.exception("offline request failed")
+            error = RequestError(f"internal error: {type(exc).__name__}", ErrorKind.INTERNAL)
+        self.finish(job, Outcome(result=result, error=error))
+        if error is not None:
+            raise error
+        assert result is not None
+        return audio, info_json(job, result, final=True)
+
+    # ---- bookkeeping -------------------------------------------------------------------------------
+    def first_audio(self, job: SynthesisJob) -> None:
+        """The request produced its first audio: it no longer counts as queued."""
+        self._count_waiting(-1)
+
+    def finish(self, job: SynthesisJob, outcome: Outcome) -> None:
+        """Record the end of an accepted request (exactly once): slot, metrics, log line."""
+        result, error = outcome.result, outcome.error
+        duration = time.monotonic() - job.arrival_s
+        if result is None or result.first_audio_s is None:
+            self.first_audio(job)
+        self.admission.release()
+        if error is not None and error.kind == ErrorKind.INVALID:
+            status = "invalid"  # client input refused by a stage (e.g. nothing speakable): not a server error
+            self.observer.rejected("invalid")
+        else:
+            status = "error" if error else ("cancelled" if result and result.cancelled else "ok")
+        audio_s = (result.samples / contract.SAMPLE_RATE_HZ) if result else 0.0
+        ttfa = result.first_audio_s if result else None
+        self.observer.finished(status, str(job.req.priority), duration, audio_s, ttfa)
+        if ttfa is not None:
+            self.admission.record_ttfa(ttfa)
+        log_event("request_finished", level="error" if status == "error" else "info", model=self.model,
+                  request_id=job.req.request_id, priority=job.req.priority, status=status,
+                  duration_ms=round(duration * 1000, 1),
+                  ttfa_ms=round(ttfa * 1000, 1) if ttfa is not None else None,
+                  audio_s=round(audio_s, 3), chunks=result.chunks if result else 0,
+                  tokens=result.tokens if result else 0, segments=result.segments if result else 0,
+                  capped_segments=result.capped_segments if result else [],
+                  dropped=result.dropped if result else [],
+                  stop_reason=(result.stop_reason or "") if result else None,
+                  error=str(error) if error else None, error_kind=error.kind if error else None)
+
+    def _count_waiting(self, delta: int) -> None:
+        with self._lock:
+            self._waiting = max(0, self._waiting + delta)
+            waiting = self._waiting
+        self.observer.set_queue(waiting)
+
+    def _on_switch(self, degraded: bool) -> None:
+        self.observer.set_degraded(degraded)
+        log_event("degraded_mode", level="warning", model=self.model, degraded=degraded,
+                  live_streams=self.admission.slots.live,
+                  ttfa_p95_s=round(self.admission.degrader.ttfa_p95_s(), 3))
+
+    def _tick(self) -> None:
+        while True:
+            time.sleep(DEGRADE_TICK_S)
+            try:
+                self.admission.tick()
+            except Exception:  # never let the ticker die
+                log.exception("degrade tick")
+
+
+class _GuardedOutput:
+    """The :class:`~chattts_serving.serving.pipeline.StreamOutput` of one stream: chunks go
+    through its :class:`StreamGuard`, the first one with the ``info`` header."""
+
+    def __init__(self, service: EntryService, job: SynthesisJob, guard: StreamGuard,
+                 watch: Callable[[Callable[[], None]], Callable[[], None]]) -> None:
+        self.service, self.job, self.guard = service, job, guard
+        self.watch = watch
+        self.partial: StreamResult | None = None
+        """The stream's result as of its last chunk (what an error leaves of it)."""
+
+    def audio(self, chunk: np.ndarray, result: StreamResult) -> None:
+        self.partial = result
+        header = None
+        if not result.chunks:
+            self.service.first_audio(self.job)
+            header = info_json(self.job, result, final=False)
+        self.guard.send_chunk(chunk, header)
+
+    def cancelled(self) -> bool:
+        return self.guard.is_cancelled()
+
+    def progress(self) -> None:
+        self.guard.touch()
+
+

@@ -1,0 +1,163 @@
+"""The life of one stream, free of Triton: chunks, then exactly one final response or error.
+
+A stream's client is a :class:`ResponseChannel` (in the server, a decoupled response sender:
+:class:`chattts_serving.triton.responses.SenderChannel`). :class:`StreamGuard` enforces the
+final-response rule on it (after the final response or the error nothing more is sent, and
+the client is never left waiting); :class:`CancelWatcher` polls the live streams for client
+cancels (and stalls) on one thread, so that a cancel reaches the engine within about one
+decode step while the stream's own thread waits for tokens.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import numpy as np
+
+from ..errors import RequestError
+
+log = logging.getLogger(__name__)
+
+
+class ResponseChannel(Protocol):
+    """The client side of one stream, as the Triton layer provides it."""
+
+    def send_audio(self, chunk: np.ndarray, info: str | None) -> None:
+        """Send one audio chunk (1-D float32), with the ``info`` JSON string when given."""
+
+    def send_final(self, info: str | None) -> None:
+        """Send the final response (carrying ``info`` when given, else empty)."""
+
+    def send_error(self, exc: RequestError) -> None:
+        """End the stream with ``exc`` (a final response)."""
+
+    def is_cancelled(self) -> bool:
+        """The client cancelled. Must not be asked once the stream has ended (Triton 2.51
+        crashes when asked about a completed request)."""
+
+
+class StreamGuard:
+    """Exactly one end per stream: chunks, then one :meth:`finish` or :meth:`fail`, whichever
+    comes first (the stream's own thread, or the watchdog after a stall); later sends are
+    dropped. ``touch()`` records progress for the stall watchdog."""
+
+    def __init__(self, channel: ResponseChannel) -> None:
+        self.channel = channel
+        self.last_activity = time.monotonic()
+        self.closed = False
+        self._lock = threading.Lock()
+
+    def touch(self) -> None:
+        self.last_activity = time.monotonic()
+
+    def is_cancelled(self) -> bool:
+        """The client cancelled; False once the stream is closed (asking the channel then is
+        not allowed, so the check and the closing exclude each other)."""
+        with self._lock:
+            return False if self.closed else bool(self.channel.is_cancelled())
+
+    def send_chunk(self, chunk: np.ndarray, info: str | None = None) -> None:
+        """Send one audio chunk unless the stream is closed."""
+        with self._lock:
+            if not self.closed:
+                self.channel.send_audio(chunk, info)
+        self.touch()
+
+    def finish(self, info: str | None = None) -> bool:
+        """Send the final response unless the stream is closed; True if this call closed it."""
+        with self._lock:
+            if self.closed:
+                return False
+            self.closed = True
+            self.channel.send_final(info)
+            return True
+
+    def fail(self, exc: RequestError) -> bool:
+        """End the stream with ``exc`` unless it is closed; True if this call closed it."""
+        with self._lock:
+            if self.closed:
+                return False
+            self.closed = True
+            self.channel.send_error(exc)
+            return True
+
+
+class CancelWatcher:
+    """Polls the watched streams' ``is_cancelled()`` every ``interval_s`` seconds on one
+    thread and runs their ``on_cancel`` once. With ``stall_s`` it also ends guarded streams
+    that made no progress for that long: ``on_stall(guard, context)`` runs on the watcher
+    thread (the GPT engine's process died: Triton 2.51 then never answers the BLS iterator)."""
+
+    def __init__(self, interval_s: float, stall_s: float | None = None,
+                 on_stall: Callable[[StreamGuard, Any], None] | None = None) -> None:
+        self.interval_s = interval_s
+        self.stall_s = stall_s
+        self.on_stall = on_stall
+        self._watched: dict[int, tuple[Callable[[], bool], Callable[[], None]]] = {}
+        self._guards: dict[int, tuple[StreamGuard, Any]] = {}
+        self._ids = itertools.count()
+        self._lock = threading.Lock()
+        threading.Thread(target=self._loop, name="cancel-watch", daemon=True).start()
+
+    def _add(self, table: dict[int, Any], entry: Any) -> Callable[[], None]:
+        """Put ``entry`` into ``table`` under a new key; returns the function that removes it."""
+        key = next(self._ids)
+        with self._lock:
+            table[key] = entry
+
+        def remove() -> None:
+            with self._lock:
+                table.pop(key, None)
+        return remove
+
+    def guard(self, guard: StreamGuard, context: Any) -> Callable[[], None]:
+        """Watch ``guard`` for stalls; returns a function that stops watching it."""
+        return self._add(self._guards, (guard, context))
+
+    def watcher(self, is_cancelled: Callable[[], bool]) -> Callable[[Callable[[], None]], Callable[[], None]]:
+        """A :data:`~chattts_serving.serving.pipeline.Watch` for one stream whose client is
+        asked with ``is_cancelled()``."""
+        return lambda on_cancel: self._add(self._watched, (is_cancelled, on_cancel))
+
+    def poll(self) -> None:
+        """One round: fire the cancels, then the stalls (the loop calls this every interval)."""
+        fire = []
+        # is_cancelled() runs under the lock that unwatch() takes: once a stream has unwatched
+        # (before it sends its final response) it is never polled again. Polling a sender
+        # whose request has completed crashes Triton 2.51 (use after free in
+        # TRITONBACKEND_ResponseFactoryIsCancelled).
+        with self._lock:
+            for key, (is_cancelled, on_cancel) in list(self._watched.items()):
+                try:
+                    if is_cancelled():
+                        del self._watched[key]
+                        fire.append(on_cancel)
+                except Exception:  # a failing check must not stop the watcher
+                    log.exception("cancel watcher")
+        for on_cancel in fire:
+            try:
+                on_cancel()
+            except Exception:
+                log.exception("cancel watcher")
+        if self.stall_s is None or self.on_stall is None:
+            return
+        now = time.monotonic()
+        with self._lock:
+            stalled = [(k, g, c) for k, (g, c) in self._guards.items() if now - g.last_activity > self.stall_s]
+            for k, _, _ in stalled:
+                del self._guards[k]
+        for _, g, c in stalled:
+            try:
+                self.on_stall(g, c)
+            except Exception:
+                log.exception("stall watcher")
+
+    def _loop(self) -> None:
+        while True:
+            time.sleep(self.interval_s)
+            self.poll()

@@ -1,0 +1,206 @@
+"""Deployment profiles: every serving knob, typed and validated, from ``profiles/<name>.toml``.
+
+Unknown keys are errors (``extra="forbid"``), so a typo in a profile fails at render time
+instead of being silently ignored.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # Triton 24.10's Python backend stub is Python 3.10
+    import tomli as tomllib
+
+from ..audio.chunking import ChunkSchedule
+from ..contract import Precision, VocoderPath
+from ..engine.scheduler import EngineConfig
+from ..runtime import OrtOptions
+
+PROFILES_DIR = Path(__file__).resolve().parents[2] / "profiles"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class EngineProfile(_Strict):
+    """The GPT engine's knobs. ``io_binding``: run the GPT step through ONNX Runtime's IO
+    binding with the KV cache resident where the execution provider computes (device memory
+    with cupy on CUDA; see :class:`~chattts_serving.runtime.GptStepRunner`). ``precision``:
+    ``fp32``, or ``fp16`` graphs (``chattts-export --precision fp16``)."""
+
+    max_batch_size: int = Field(ge=1, le=256)
+    max_waiting: int = Field(ge=1)
+    max_prefill_tokens: int = Field(ge=16)
+    max_context_tokens: int = Field(ge=64, le=4096)
+    max_new_tokens_cap: int = Field(ge=1, le=4096)
+    intra_op_threads: int = Field(ge=0)
+    allow_spinning: bool
+    io_binding: bool = False
+    precision: Precision = Precision.FP32
+
+    def engine_config(self) -> EngineConfig:
+        return EngineConfig(self.max_batch_size, self.max_waiting, self.max_prefill_tokens,
+                            self.max_context_tokens)
+
+
+class VocoderProfile(_Strict):
+    """The vocoder models' knobs; ``max_queue_size``: windows waiting in Triton's dynamic
+    batcher before it refuses more (sized for every live stream's next window)."""
+
+    instance_count: int = Field(ge=1)
+    max_batch_size: int = Field(ge=1, le=256)
+    max_queue_size: int = Field(ge=1)
+    max_queue_delay_microseconds: int = Field(ge=0)
+    intra_op_threads: int = Field(ge=0)
+    allow_spinning: bool
+    precision: Precision = Precision.FP32
+
+
+class FrontendProfile(_Strict):
+    """The text front end. ``max_text_chars`` per request (control tokens not counted);
+    ``max_segment_chars``: longest sentence segment generated as one GPT sequence;
+    ``merge_segment_chars``: shorter pieces are merged while together at most this long
+    (:class:`~chattts_serving.text.segments.SegmentRules`); ``wetext``: WeTextProcessing reads
+    the Chinese entity kinds the normalisation corpus shows it reading right
+    (:data:`chattts_serving.text.normalize.LIBRARY_KINDS`); False: our rules alone."""
+
+    instance_count: int = Field(ge=1)
+    max_text_chars: int = Field(ge=1)
+    default_voice_seed: int = Field(ge=0)
+    max_segment_chars: int = Field(ge=8)
+    merge_segment_chars: int = Field(ge=0)
+    wetext: bool = True
+
+
+class StreamProfile(_Strict):
+    first_chunk_tokens: int = Field(ge=1)
+    growth: float = Field(ge=1.0)
+    max_chunk_tokens: int = Field(ge=1)
+    left_context_tokens: int = Field(ge=0)
+    lookahead_tokens: int = Field(ge=1)
+    crossfade_samples: int = Field(ge=0)
+    emit_tokens: int = Field(ge=1)
+    default_vocoder: VocoderPath
+    first_lookahead_tokens: int = Field(ge=0)
+
+    def schedule(self) -> ChunkSchedule:
+        return ChunkSchedule(self.first_chunk_tokens, self.growth, self.max_chunk_tokens,
+                             self.left_context_tokens, self.lookahead_tokens, self.crossfade_samples,
+                             self.first_lookahead_tokens).validate()
+
+
+class EntryProfile(_Strict):
+    """The entry models' knobs: admission limit, Triton queue, priorities, instances, circuit
+    breaker, the stall watchdog, how often live streams are polled for client cancels
+    (``cancel_poll_interval_s``), and ``chattts_offline``'s threads per instance and tokens
+    per engine batch."""
+
+    max_concurrent_streams: int = Field(ge=1)
+    max_queue_size: int = Field(ge=1)
+    priority_levels: int = Field(ge=1, le=8)
+    default_priority_level: int = Field(ge=1)
+    offline_instance_count: int = Field(ge=1)
+    breaker_failures: int = Field(ge=1)
+    breaker_cooldown_s: float = Field(gt=0)
+    stall_timeout_s: float = Field(gt=0)
+    cancel_poll_interval_s: float = Field(gt=0, le=1)
+    offline_threads: int = Field(ge=1)
+    offline_emit_tokens: int = Field(ge=1)
+
+
+class DegradeProfile(_Strict):
+    """Thresholds of :class:`~chattts_serving.serving.resilience.Degrader`, the degraded token
+    cap and how many times larger chunks are while degraded (``chunk_scale``)."""
+
+    live_high: int = Field(ge=1)
+    live_low: int = Field(ge=0)
+    ttfa_p95_high_s: float = Field(gt=0)
+    ttfa_p95_low_s: float = Field(gt=0)
+    window: int = Field(ge=1)
+    min_dwell_s: float = Field(ge=0)
+    max_age_s: float = Field(gt=0)
+    max_new_tokens: int = Field(ge=1)
+    chunk_scale: int = Field(ge=1)
+
+
+class HealthProfile(_Strict):
+    """Self-healing of ``chattts-serve --restart-on-failure`` (:class:`~chattts_serving.deploy.server.Supervisor`)
+    and the deep probe's deadline (:func:`~chattts_serving.deploy.probe.probe`).
+
+    Every ``interval_s`` seconds the supervisor checks that every Python-backend stub process
+    the server started is alive; every ``probe_every`` checks (0: never) it also runs the deep
+    probe (live, ready, every model READY, a 2-token synthesis) with a deadline of
+    ``probe_timeout_s`` seconds. ``failures`` consecutive failed checks restart the server.
+    """
+
+    interval_s: float = Field(gt=0)
+    failures: int = Field(ge=1)
+    probe_every: int = Field(ge=0)
+    probe_timeout_s: float = Field(gt=0, le=3600)
+
+
+class Profile(_Strict):
+    """A deployment profile (see ``profiles/cpu.toml`` for every key and its unit)."""
+
+    name: str
+    instance_kind: Literal["KIND_CPU", "KIND_GPU"]
+    gpu_ids: list[int]
+    onnx_providers: list[str]
+    engine: EngineProfile
+    vocoder: VocoderProfile
+    frontend: FrontendProfile
+    stream: StreamProfile
+    entry: EntryProfile
+    degrade: DegradeProfile
+    health: HealthProfile
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Profile:
+        if self.instance_kind == "KIND_GPU" and not self.gpu_ids:
+            raise ValueError("instance_kind KIND_GPU needs gpu_ids")
+        if self.entry.default_priority_level > self.entry.priority_levels:
+            raise ValueError("entry.default_priority_level exceeds entry.priority_levels")
+        d = self.degrade
+        if d.live_low >= d.live_high or d.ttfa_p95_low_s > d.ttfa_p95_high_s:
+            raise ValueError("degrade: the recover thresholds must be below the degrade thresholds")
+        self.stream.schedule()
+        return self
+
+    def ort(self, stage: Literal["engine", "vocoder"]) -> OrtOptions:
+        """ONNX Runtime options for a stage (IO binding for the engine only; the device is the
+        first of ``gpu_ids``, 0 without)."""
+        p = self.engine if stage == "engine" else self.vocoder
+        io_binding = self.engine.io_binding if stage == "engine" else False
+        device = self.gpu_ids[0] if self.gpu_ids else 0
+        return OrtOptions(p.intra_op_threads, p.allow_spinning, tuple(self.onnx_providers), io_binding,
+                          p.precision, device)
+
+
+class ProfileError(ValueError):
+    """A profile that does not exist or does not validate (message names the problem)."""
+
+
+def load_profile(name_or_path: str | Path) -> Profile:
+    """Load ``profiles/<name>.toml`` or a TOML file path. Raises :class:`ProfileError`."""
+    p = Path(name_or_path)
+    if not p.suffix:
+        p = PROFILES_DIR / f"{name_or_path}.toml"
+    if not p.is_file():
+        known = sorted(x.stem for x in PROFILES_DIR.glob("*.toml"))
+        raise ProfileError(f"no profile {name_or_path!r} (known: {', '.join(known)})")
+    try:
+        return Profile.model_validate(tomllib.loads(p.read_text()))
+    except (ValidationError, tomllib.TOMLDecodeError, ValueError) as exc:
+        raise ProfileError(f"profile {p}: {exc}") from None
+
+
+def profile_from_json(text: str) -> Profile:
+    """The profile as the renderer wrote it into the model repository."""
+    return Profile.model_validate_json(text)

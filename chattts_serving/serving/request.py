@@ -1,0 +1,328 @@
+"""Every request the models take, parsed and validated in one place, free of Triton.
+
+Each model hands its request's tensors (name -> numpy array, as ``pb_utils`` gives them) to
+one function here and gets a typed, validated request back, or a
+:class:`~chattts_serving.errors.RequestError` of kind INVALID whose message names the input:
+
+* :func:`parse_entry` -> :class:`EntryRequest` (``chattts`` and ``chattts_offline``),
+* :func:`parse_frontend` -> :class:`FrontendRequest` (``chattts_frontend``),
+* :func:`parse_engine` -> :class:`EngineRequest` or :class:`EngineControl` (``chattts_gpt``).
+
+Names, dtypes, defaults and ranges come from :mod:`chattts_serving.contract`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from .. import contract
+from ..contract import Priority, SequenceMode, VocoderPath
+from ..errors import RequestError
+from ..params import ParamError, SamplingParams
+from ..text.normalize import length_error
+from ..text.refine import REFINE_PARAMS, RefineParams
+
+Inputs = Mapping[str, np.ndarray]
+"""A request's tensors by input name (absent optional inputs are absent)."""
+
+
+# --- one tensor --------------------------------------------------------------------------
+def scalar_input(inputs: Inputs, spec: contract.ParamSpec) -> float | int | None:
+    """The one value of input ``spec.name`` (int or float per its dtype), None when absent.
+    Raises RequestError for a wrong dtype or not exactly one value."""
+    arr = inputs.get(spec.name)
+    if arr is None:
+        return None
+    if arr.dtype != np.dtype(contract.TensorSpec(spec.name, spec.triton_dtype, (1,)).np_dtype):
+        raise RequestError(f"input '{spec.name}' must be {spec.triton_dtype.removeprefix('TYPE_')}, "
+                           f"got {arr.dtype}")
+    if arr.size != 1:
+        raise RequestError(f"input '{spec.name}' must hold exactly one value, got shape {list(arr.shape)}")
+    v = arr.reshape(-1)[0]
+    return int(v) if spec.triton_dtype.startswith("TYPE_INT") else float(v)
+
+
+def string_input(inputs: Inputs, name: str, required: bool) -> str | None:
+    """The one UTF-8 string of BYTES input ``name``, None when absent and optional.
+    Raises RequestError when missing and required, not BYTES, not one value, or not UTF-8."""
+    arr = inputs.get(name)
+    if arr is None:
+        if required:
+            raise RequestError(f"missing required input '{name}'")
+        return None
+    if arr.dtype != np.object_ and arr.dtype.kind not in ("S", "U"):
+        raise RequestError(f"input '{name}' must be BYTES (UTF-8 string), got {arr.dtype}")
+    if arr.size != 1:
+        raise RequestError(f"input '{name}' must hold exactly one string, got shape {list(arr.shape)}")
+    v = arr.reshape(-1)[0]
+    if isinstance(v, str):
+        return v
+    try:
+        return bytes(v).decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise RequestError(f"input '{name}' is not valid UTF-8 (byte {exc.start})") from None
+
+
+def int_input(inputs: Inputs, name: str, default: int, low: int, high: int) -> int:
+    """The one integer of input ``name`` in [low, high], ``default`` when absent.
+    Raises RequestError for another dtype, not one value, or out of range."""
+    arr = inputs.get(name)
+    if arr is None:
+        return default
+    if arr.size != 1 or arr.dtype.kind not in "iu":
+        raise RequestError(f"{name} must be one integer")
+    v = int(arr.reshape(-1)[0])
+    if not low <= v <= high:
+        raise RequestError(f"{name}={v} is out of range [{low}, {high}]")
+    return v
+
+
+def bool_input(inputs: Inputs, name: str) -> bool:
+    """The one BOOL of input ``name``, False when absent. Raises RequestError otherwise."""
+    arr = inputs.get(name)
+    if arr is None:
+        return False
+    if arr.size != 1 or arr.dtype != np.bool_:
+        raise RequestError(f"input '{name}' must be one BOOL")
+    return bool(arr.reshape(-1)[0])
+
+
+def enum_input(inputs: Inputs, name: str, enum: Any, default: Any) -> Any:
+    """The member of ``enum`` (a :class:`~chattts_serving.contract.WireEnum`) named by string
+    input ``name`` (surrounding spaces ignored), ``default`` when absent or empty.
+    Raises RequestError for another value."""
+    value = (string_input(inputs, name, required=False) or "").strip()
+    if not value:
+        return default
+    try:
+        return enum(value)
+    except ValueError:
+        raise RequestError(f"{name} must be one of {sorted(m.value for m in enum)}, got {value!r}") from None
+
+
+# --- parameter groups --------------------------------------------------------------------
+def sampling_input(inputs: Inputs, max_new_tokens_cap: int) -> SamplingParams:
+    """The request's sampling parameters (``contract.SAMPLING_PARAMS`` inputs, defaults for the
+    absent ones), validated. Raises RequestError."""
+    values = {}
+    for spec in contract.SAMPLING_PARAMS:
+        v = scalar_input(inputs, spec)
+        if v is not None:
+            values[spec.name] = v
+    try:
+        return SamplingParams(**values).validate(max_new_tokens_cap)  # type: ignore[arg-type]
+    except ParamError as exc:
+        raise RequestError(str(exc)) from None
+
+
+def refine_input(inputs: Inputs, max_new_tokens_cap: int | None = None, prefix: str = "",
+                 prompt: str = "") -> RefineParams:
+    """Validated :class:`~chattts_serving.text.refine.RefineParams` from the optional one-value
+    inputs ``f"{prefix}{spec.name}"`` of :data:`~chattts_serving.text.refine.REFINE_PARAMS`
+    (temperature, top_p, repetition_penalty FP32; top_k, max_new_tokens, min_new_tokens INT32;
+    seed INT64): ``prefix=''`` reads a GPT-engine request in text mode, ``'refine_'`` an
+    entry request. Absent ones take ChatTTS' refine defaults. Raises RequestError."""
+    values: dict[str, Any] = {}
+    for spec in REFINE_PARAMS:
+        v = scalar_input(inputs, replace(spec, name=prefix + spec.name))
+        if v is not None:
+            values[spec.name] = v
+    try:
+        return RefineParams(prompt=prompt, **values).validate(max_new_tokens_cap)
+    except ParamError as exc:
+        raise RequestError(str(exc)) from None
+
+
+def refuse_request_params(params: Mapping[str, object]) -> None:
+    """Refuse Triton request parameters: the entry points take none (their knobs are input
+    tensors), so a parameter is a client mistake that must not be silently ignored.
+    Names starting with ``triton_`` (set by Triton itself) are allowed, and ``id``: Triton's
+    ``generate_stream`` passes a JSON body's ``id`` (the request id) on as a parameter too.
+    Raises RequestError."""
+    unknown = sorted(k for k in params if not k.startswith("triton_") and k != "id")
+    if unknown:
+        raise RequestError(f"unknown request parameter(s) {unknown}: this model's options are input tensors "
+                           f"({', '.join(t.name for t in contract.ENTRY_INPUTS)})")
+
+
+# --- the entry models ----------------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True)
+class EntryRequest:
+    """A validated entry-point request (``chattts`` / ``chattts_offline``).
+
+    text: UTF-8, at most the profile's ``frontend.max_text_chars`` characters (control tokens
+    not counted); voice: '' for the profile's default, a seed, a name or a spk_emb string
+    (resolved by the front end); lookahead_tokens: right context per streamed chunk, None for
+    the profile's; timeout_s: deadline of the whole request from its arrival, None for none;
+    request_id: the client's Triton request id (or a generated one) for logs and ``info``;
+    refine: refine-text parameters, None to skip that stage (the default).
+    """
+
+    text: str
+    voice: str = ""
+    vocoder: VocoderPath = VocoderPath.HIDDEN
+    params: SamplingParams = SamplingParams()
+    lookahead_tokens: int | None = None
+    priority: Priority = Priority.REALTIME
+    timeout_s: float | None = None
+    request_id: str = ""
+    refine: RefineParams | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class EntryLimits:
+    """The profile's limits that parsing applies (``engine.max_new_tokens_cap``,
+    ``frontend.max_text_chars``, ``stream.default_vocoder``)."""
+
+    max_new_tokens_cap: int
+    max_text_chars: int = 4096
+    default_vocoder: VocoderPath = VocoderPath.HIDDEN
+
+
+MAX_TIMEOUT_S = 3600.0
+"""Longest deadline a request may ask for (``timeout_s``), in seconds."""
+
+
+def parse_entry(inputs: Inputs, limits: EntryLimits, request_params: Mapping[str, object] | None = None,
+                request_id: str = "") -> EntryRequest:
+    """Validate an entry request's tensors and Triton request parameters. Cheap checks come
+    first, the text's length last but one. Raises RequestError (INVALID)."""
+    refuse_request_params(request_params or {})
+    priority = enum_input(inputs, contract.IN_PRIORITY.name, Priority, Priority.REALTIME)
+    timeout = scalar_input(inputs, contract.ParamSpec(contract.IN_TIMEOUT.name, "TYPE_FP32", 0, 0, MAX_TIMEOUT_S))
+    if timeout is not None and not (np.isfinite(timeout) and 0.0 < timeout <= MAX_TIMEOUT_S):
+        raise RequestError(f"timeout_s={timeout} is out of range (0, {MAX_TIMEOUT_S:g}]")
+    text = string_input(inputs, contract.IN_TEXT.name, required=True) or ""
+    too_long = length_error(text, limits.max_text_chars)
+    if too_long:
+        raise RequestError(too_long)
+    voice = string_input(inputs, contract.IN_VOICE.name, required=False) or ""
+    vocoder = enum_input(inputs, contract.IN_VOCODER.name, VocoderPath, limits.default_vocoder)
+    params = sampling_input(inputs, limits.max_new_tokens_cap)
+    lookahead = None
+    for spec in contract.STREAM_PARAMS:
+        v = scalar_input(inputs, spec)
+        if v is not None and not (spec.low <= v <= spec.high):
+            raise RequestError(f"{spec.name}={v} is out of range [{spec.low:g}, {spec.high:g}]")
+        if spec.name == "lookahead_tokens" and v is not None and v >= 1:
+            lookahead = int(v)
+        elif spec.name == "lookahead_tokens" and v == 0:
+            raise RequestError("lookahead_tokens must be >= 1 (or -1 for the default)")
+    return EntryRequest(text=text, voice=voice, vocoder=vocoder, params=params, lookahead_tokens=lookahead,
+                        priority=priority, timeout_s=float(timeout) if timeout is not None else None,
+                        request_id=request_id, refine=_entry_refine(inputs, limits.max_new_tokens_cap))
+
+
+def _entry_refine(inputs: Inputs, max_new_tokens_cap: int) -> RefineParams | None:
+    """RefineParams when ``refine_text`` is true, else None. Raises RequestError, also for
+    ``refine_*`` inputs sent without ``refine_text`` (they would be ignored silently)."""
+    on = bool_input(inputs, contract.IN_REFINE_TEXT.name)
+    prompt = string_input(inputs, contract.IN_REFINE_PROMPT.name, required=False)
+    given = sorted(k for k in inputs if k.startswith(contract.REFINE_PREFIX) and k != contract.IN_REFINE_TEXT.name)
+    if not on:
+        if given:
+            raise RequestError(f"{given} need refine_text=true")
+        return None
+    return refine_input(inputs, max_new_tokens_cap, prefix=contract.REFINE_PREFIX, prompt=prompt or "")
+
+
+# --- the front end ---------------------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True)
+class FrontendRequest:
+    """A ``chattts_frontend`` request: one text segment, its voice, and optionally the refine
+    prompt (build the refine-text prompt too) or the refined ids (build the code prompt from
+    them: (N,) int32 text ids)."""
+
+    text: str
+    voice: str = ""
+    request_id: str = ""
+    refine_prompt: str | None = None
+    refined_ids: np.ndarray | None = None
+
+
+def parse_frontend(inputs: Inputs, request_id: str = "") -> FrontendRequest:
+    """Validate a front-end request's tensors. Raises RequestError."""
+    return FrontendRequest(text=string_input(inputs, contract.IN_TEXT.name, required=True) or "",
+                           voice=string_input(inputs, contract.IN_VOICE.name, required=False) or "",
+                           request_id=request_id,
+                           refine_prompt=string_input(inputs, contract.IN_REFINE_PROMPT.name, required=False),
+                           refined_ids=inputs.get(contract.FE_REFINED_IDS.name))
+
+
+# --- the GPT engine ----------------------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True)
+class EngineRequest:
+    """A validated GPT-engine sequence request.
+
+    input_ids: (T,) int64 prompt ids; spk_emb: (H,) float32 speaker vector, None in text mode;
+    params: sampling parameters; emit_tokens: tokens per response; first_emit_tokens: also
+    respond when exactly this many tokens exist (0: off); priority: scheduling class (0
+    realtime); timeout_s: the engine ends the sequence this long after submission, None for
+    never; stream_id: the caller's handle for a later cancel; mode: code or text.
+    """
+
+    input_ids: np.ndarray
+    spk_emb: np.ndarray | None
+    params: SamplingParams
+    emit_tokens: int = 1
+    first_emit_tokens: int = 0
+    priority: int = 0
+    timeout_s: float | None = None
+    stream_id: str = ""
+    mode: SequenceMode = SequenceMode.CODE
+
+
+@dataclass(frozen=True)
+class EngineControl:
+    """A control request to the GPT engine: ``cancel`` the live sequence ``stream_id``."""
+
+    stream_id: str
+
+
+CONTROL_CANCEL = "cancel"
+"""The only control word of the GPT engine."""
+MAX_ENGINE_TIMEOUT_MS = 3_600_000
+MAX_EMIT_TOKENS = 4096
+
+
+def parse_engine(inputs: Inputs, hidden_size: int, max_new_tokens_cap: int) -> EngineRequest | EngineControl:
+    """Validate a GPT-engine request: a control request (``control='cancel'`` with a
+    ``stream_id``) or a sequence. In text mode (refine-text) the sampling inputs take
+    ``contract.REFINE_PARAMS``' defaults and ranges and a speaker vector is refused.
+    Raises RequestError."""
+    control = (string_input(inputs, contract.EN_CONTROL.name, required=False) or "").strip()
+    stream_id = string_input(inputs, contract.EN_STREAM_ID.name, required=False) or ""
+    if control not in ("", CONTROL_CANCEL):
+        raise RequestError(f"unknown control {control!r}; the only control is '{CONTROL_CANCEL}'")
+    if control:
+        if not stream_id:
+            raise RequestError("a control request needs stream_id")
+        return EngineControl(stream_id)
+    mode = enum_input(inputs, contract.EN_MODE.name, SequenceMode, SequenceMode.CODE)
+    ids = inputs.get(contract.FE_INPUT_IDS.name)
+    if ids is None:
+        raise RequestError("missing required input 'input_ids'")
+    if ids.dtype != np.int32 or ids.ndim != 1 or ids.size == 0:
+        raise RequestError("input_ids must be a non-empty 1-D INT32 tensor")
+    if ids.min() < 0 or ids.max() >= contract.TEXT_VOCAB_SIZE:
+        raise RequestError(f"input_ids must be in [0, {contract.TEXT_VOCAB_SIZE})")
+    spk = inputs.get(contract.EN_SPK_EMB.name)
+    if spk is not None and (spk.dtype != np.float32 or spk.shape != (hidden_size,) or not np.isfinite(spk).all()):
+        raise RequestError(f"spk_emb must be a finite FP32 tensor of shape [{hidden_size}]")
+    if mode == SequenceMode.TEXT:
+        if spk is not None:
+            raise RequestError("a text-mode (refine) sequence takes no spk_emb")
+        params = refine_input(inputs, max_new_tokens_cap).sampling_params()
+    else:
+        params = sampling_input(inputs, max_new_tokens_cap)
+    priority_high = max(p.engine_class for p in Priority)
+    timeout_ms = int_input(inputs, contract.EN_TIMEOUT_MS.name, 0, 0, MAX_ENGINE_TIMEOUT_MS)
+    return EngineRequest(input_ids=ids.astype(np.int64), spk_emb=spk, params=params,
+                         emit_tokens=int_input(inputs, contract.EN_EMIT_TOKENS.name, 1, 1, MAX_EMIT_TOKENS),
+                         first_emit_tokens=int_input(inputs, contract.EN_FIRST_EMIT.name, 0, 0, MAX_EMIT_TOKENS),
+                         priority=int_input(inputs, contract.EN_PRIORITY.name, 0, 0, priority_high),
+                         timeout_s=timeout_ms / 1000 or None, stream_id=stream_id, mode=mode)

@@ -1,0 +1,1 @@
+"""The Triton adapters: one class per model, BLS stages, responses and metrics."""

@@ -1,0 +1,282 @@
+"""The Triton models: one class per model, each ``model_repository/<name>/1/model.py`` a few
+lines that subclass it and set ``pb`` to ``triton_python_backend_utils``.
+
+:class:`TritonModel` owns the lifecycle every model shares: ``initialize`` reads the setup
+(config, artifacts, profile) and checks the transaction policy, ``execute`` maps every
+per-request error to a response (a decoupled model ends the stream with it, final flag set:
+the client never hangs), and ``finalize`` stops the model's threads. The logic lives below
+this layer: the front end (:mod:`chattts_serving.text`), the engine
+(:mod:`chattts_serving.engine`), the vocoders (:mod:`chattts_serving.audio`) and the entry
+service (:mod:`chattts_serving.serving.entry`).
+
+| model | class | decoupled |
+|---|---|---|
+| chattts_frontend | :class:`FrontendModel` | no |
+| chattts_gpt | :class:`EngineModel` | yes |
+| chattts_vocoder, chattts_dvae_vocoder | :class:`VocoderModel` | no (dynamic batching) |
+| chattts | :class:`StreamingEntryModel` | yes |
+| chattts_offline | :class:`OfflineEntryModel` | no |
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, ClassVar
+
+import numpy as np
+
+from .. import contract
+from ..audio.vocoder import VocoderRunner
+from ..engine.gpt import Embeddings, GptStepRunner
+from ..engine.scheduler import Engine, Sequence
+from ..errors import ErrorKind, RequestError
+from ..serving.entry import EntryService
+from ..serving.logs import log_event
+from ..serving.request import EngineControl, parse_engine, parse_frontend
+from ..text.frontend import FrontEnd, FrontendError
+from .metrics import EngineMetrics, EntryMetrics, MemoryGauges
+from .responses import EngineSink, SenderChannel, send_engine_error, send_final_error
+from .setup import ModelSetup
+from .stages import BlsStages
+from .tensors import request_inputs, string_tensor, triton_error
+
+log = logging.getLogger(__name__)
+
+WARM_UP_TEXT = "你好，世界。Hello 123, 2024-03-05."
+"""The front end's first text: number readers, the normaliser, the tokenizer, the voice cache and
+(with ``frontend.wetext``) WeTextProcessing warmed before serving."""
+
+
+def internal_error(exc: BaseException) -> RequestError:
+    """What a client hears of an unexpected exception: its type, never a traceback."""
+    return RequestError(f"internal error: {type(exc).__name__}", ErrorKind.INTERNAL)
+
+
+class TritonModel:
+    """Base of every model: ``pb`` (the ``triton_python_backend_utils`` module) is set by the
+    model.py that subclasses it; ``decoupled`` is the transaction policy the config must have
+    (checked at load: a mismatch fails the load)."""
+
+    pb: ClassVar[Any] = None
+    decoupled: ClassVar[bool] = False
+
+    def initialize(self, args: dict[str, Any]) -> None:
+        self.setup = ModelSetup.from_args(self.pb, args, decoupled=self.decoupled)
+        self.name = self.setup.name
+        self.start(self.setup)
+
+    def start(self, setup: ModelSetup) -> None:
+        """Build the model's state (sessions, threads)."""
+
+    def finalize(self) -> None:
+        """Stop the model's threads (Triton unloads it)."""
+
+
+class UnaryModel(TritonModel):
+    """A model with one response per request: :meth:`respond` turns each request into output
+    tensors; a RequestError becomes an error response with its kind's code."""
+
+    def execute(self, requests: list[Any]) -> list[Any]:
+        return [self._response(r) for r in requests]
+
+    def respond(self, request: Any) -> list[Any]:
+        raise NotImplementedError
+
+    def _response(self, request: Any) -> Any:
+        pb = self.pb
+        try:
+            return pb.InferenceResponse(output_tensors=self.respond(request))
+        except RequestError as exc:
+            return pb.InferenceResponse(error=triton_error(pb, exc))
+        except Exception as exc:
+            log.exception("%s: request failed", self.name)
+            return pb.InferenceResponse(error=triton_error(pb, internal_error(exc)))
+
+
+class DecoupledModel(TritonModel):
+    """A model that answers each request on its response sender: :meth:`accept` takes the
+    request (and later sends its responses); a RequestError from it ends the stream at once
+    with :meth:`refuse`."""
+
+    decoupled = True
+
+    def execute(self, requests: list[Any]) -> None:
+        for request in requests:
+            sender = request.get_response_sender()
+            try:
+                self.accept(request, sender)
+            except RequestError as exc:
+                self.refuse(sender, exc)
+            except Exception as exc:
+                log.exception("%s: request failed", self.name)
+                self.refuse(sender, internal_error(exc))
+        return None
+
+    def accept(self, request: Any, sender: Any) -> None:
+        raise NotImplementedError
+
+    def refuse(self, sender: Any, exc: RequestError) -> None:
+        send_final_error(self.pb, sender, exc)
+
+
+# --- stage models ----------------------------------------------------------------------------
+class FrontendModel(UnaryModel):
+    """chattts_frontend: text (BYTES [1]) + voice, refine_prompt (BYTES [1]) and refined_ids
+    (INT32 [N]), all optional -> input_ids (INT32 [T]), spk_emb (FP32 [H], L2-normalised),
+    normalized_text (BYTES [1]), dropped (BYTES [1], JSON list of what is not spoken),
+    refine_ids (INT32 [T'], the refine-text prompt)."""
+
+    def start(self, setup: ModelSetup) -> None:
+        fp = setup.profile.frontend
+        self.frontend = FrontEnd(setup.artifacts, fp.max_text_chars, fp.default_voice_seed, wetext=fp.wetext)
+        self.frontend.prepare(WARM_UP_TEXT, "")
+
+    def respond(self, request: Any) -> list[Any]:
+        pb = self.pb
+        call = parse_frontend(request_inputs(pb, request, contract.FRONTEND_INPUTS), request.request_id())
+        try:
+            p = self.frontend.prepare(call.text, call.voice, call.refine_prompt, call.refined_ids)
+        except FrontendError as exc:
+            raise RequestError(str(exc)) from None
+        return [pb.Tensor(contract.FE_INPUT_IDS.name, p.input_ids),
+                pb.Tensor(contract.FE_SPK_EMB.name, p.spk_emb.astype(np.float32)),
+                string_tensor(pb, contract.FE_NORMALIZED.name, p.normalized),
+                string_tensor(pb, contract.FE_DROPPED.name, json.dumps(list(p.dropped), ensure_ascii=False)),
+                pb.Tensor(contract.FE_REFINE_IDS.name,
+                          p.refine_ids if p.refine_ids is not None else np.zeros(0, np.int32))]
+
+
+class EngineModel(DecoupledModel):
+    """chattts_gpt: the in-flight batching GPT engine, KV caches resident. input_ids (INT32
+    [T]), spk_emb (FP32 [H], code mode), mode, sampling parameters, emit_tokens -> a stream of
+    codes (INT32 [N, 4]), hidden (FP32 [N, H]), stop_reason (BYTES [1]), starting with an empty
+    acknowledgement; or a control request ('cancel' + stream_id), answered with the final flag."""
+
+    def start(self, setup: ModelSetup) -> None:
+        ep = setup.profile.engine
+        self.hidden_size = setup.artifacts.hidden_size
+        self.metrics = EngineMetrics(self.pb, setup.name, ep.max_batch_size * ep.max_context_tokens,
+                                     MemoryGauges(self.pb, setup.name, setup.gpu_index))
+        self.engine = Engine(GptStepRunner(setup.artifacts, setup.ort("engine")), Embeddings(setup.artifacts),
+                             ep.engine_config(), self.metrics)
+        self.engine.warm_up(text_head=self.engine.emb.has_text_head)  # refine-text needs the text head
+        if not self.engine.emb.has_text_head:
+            log.warning("%s: the artifacts have no text head (exported before exporter version 3): "
+                        "refine_text requests will fail until `make export` runs again", setup.artifacts.root)
+        self.engine.start()
+
+    def accept(self, request: Any, sender: Any) -> None:
+        req = parse_engine(request_inputs(self.pb, request, contract.ENGINE_INPUTS), self.hidden_size,
+                           self.setup.profile.engine.max_new_tokens_cap)
+        if isinstance(req, EngineControl):
+            self.engine.cancel(req.stream_id)
+            sender.send(flags=self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            return
+        deadline = time.monotonic() + req.timeout_s if req.timeout_s else None
+        sink = EngineSink(self.pb, sender, self.name, request.request_id(), req.input_ids.size)
+        try:
+            self.engine.submit(Sequence(req.input_ids, req.spk_emb, req.params, sink, mode=req.mode,
+                                        acknowledge=True, emit_tokens=req.emit_tokens,
+                                        first_emit_tokens=req.first_emit_tokens, priority=req.priority,
+                                        deadline_s=deadline, request_id=req.stream_id or request.request_id()))
+        except ValueError as exc:
+            raise RequestError(str(exc)) from None
+
+    def refuse(self, sender: Any, exc: RequestError) -> None:
+        send_engine_error(self.pb, sender, exc)
+
+    def finalize(self) -> None:
+        self.engine.stop()
+
+
+class VocoderModel(TritonModel):
+    """chattts_vocoder / chattts_dvae_vocoder (dynamic batching): a token window, hidden (FP32
+    [T, H]) or codes (INT32 [T, 4]), -> audio (FP32 [512*T-256]) at 24 kHz. Windows of equal
+    length in one batch run as one ONNX Runtime call; one ``vocoder_batch`` log line per
+    batch (request ids, window tokens, ONNX Runtime calls, duration in ms)."""
+
+    def start(self, setup: ModelSetup) -> None:
+        self.memory = MemoryGauges(self.pb, setup.name, setup.gpu_index)
+        self.runner = VocoderRunner(setup.artifacts, setup.parameters["vocoder_path"], setup.ort("vocoder"))
+        self.runner.warm_up(setup.artifacts.hidden_size)
+
+    def execute(self, requests: list[Any]) -> list[Any]:
+        pb, runner = self.pb, self.runner
+        t0 = time.monotonic()
+        windows = [pb.get_input_tensor_by_name(r, runner.input_name).as_numpy() for r in requests]
+        audio: list[np.ndarray | None] = [None] * len(requests)
+        lengths = sorted({w.shape[1] for w in windows})
+        for length in lengths:
+            idx = [i for i, w in enumerate(windows) if w.shape[1] == length]
+            out = runner.run(np.concatenate([windows[i] for i in idx]))
+            for row, i in enumerate(idx):
+                audio[i] = out[row:row + 1]
+        log_event("vocoder_batch", model=self.name, stage="vocoder", request_ids=[r.request_id() for r in requests],
+                  batch_size=len(requests), window_tokens=[int(w.shape[1]) for w in windows], runs=len(lengths),
+                  duration_ms=round((time.monotonic() - t0) * 1000, 1))
+        self.memory.maybe_update()
+        return [pb.InferenceResponse(output_tensors=[pb.Tensor(contract.VO_AUDIO.name, a)]) for a in audio]
+
+
+# --- entry models ------------------------------------------------------------------------------
+def entry_request(pb: Any, request: Any) -> tuple[dict[str, np.ndarray], dict[str, object], str]:
+    """An entry request's tensors, Triton request parameters (an unparsable JSON reads as none)
+    and request id (the client's, or a generated UUID hex)."""
+    try:
+        params = json.loads(request.parameters() or "{}")
+    except (ValueError, TypeError):
+        params = {}
+    return request_inputs(pb, request, contract.ENTRY_INPUTS), params, request.request_id() or uuid.uuid4().hex
+
+
+def entry_service(model: TritonModel, setup: ModelSetup, emit_tokens: int, watch: bool) -> EntryService:
+    """The entry service of an entry-model instance, over BLS stages and Prometheus metrics."""
+    entry = setup.profile.entry
+    stages = BlsStages(model.pb, entry.breaker_failures, entry.breaker_cooldown_s)
+    return EntryService(setup.name, setup.profile, stages, EntryMetrics(model.pb, setup.name), emit_tokens,
+                        watch=watch)
+
+
+class StreamingEntryModel(DecoupledModel):
+    """chattts (decoupled BLS entry point): text (BYTES [1]) and optional voice, vocoder,
+    sampling, lookahead_tokens, priority, timeout_s and refine inputs -> a stream of audio
+    chunks (FP32 [n], 24 kHz mono), small first chunk, larger ones after; the first chunk also
+    carries info (BYTES [1], JSON: contract.INFO_HEADER_KEYS); the stream ends with a final
+    response carrying only info (contract.INFO_FINAL_KEYS) or an explicit error."""
+
+    def start(self, setup: ModelSetup) -> None:
+        self.service = entry_service(self, setup, setup.profile.stream.emit_tokens, watch=True)
+        self.pool = ThreadPoolExecutor(setup.profile.entry.max_concurrent_streams, thread_name_prefix="stream")
+
+    def accept(self, request: Any, sender: Any) -> None:
+        inputs, params, request_id = entry_request(self.pb, request)
+        job = self.service.admit(inputs, params, request_id)
+        self.pool.submit(self.service.stream, job, SenderChannel(self.pb, sender))
+
+    def finalize(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+
+class OfflineEntryModel(UnaryModel):
+    """chattts_offline (HTTP/gRPC infer): the inputs of chattts -> the whole utterance as one
+    audio tensor (FP32 [n], 24 kHz mono), each sentence vocoded in one window like offline
+    ChatTTS, and info (BYTES [1], JSON: contract.INFO_FINAL_KEYS)."""
+
+    def start(self, setup: ModelSetup) -> None:
+        self.service = entry_service(self, setup, setup.profile.entry.offline_emit_tokens, watch=False)
+        self.pool = ThreadPoolExecutor(setup.profile.entry.offline_threads, thread_name_prefix="offline")
+
+    def execute(self, requests: list[Any]) -> list[Any]:
+        return list(self.pool.map(self._response, requests))
+
+    def respond(self, request: Any) -> list[Any]:
+        inputs, params, request_id = entry_request(self.pb, request)
+        audio, info = self.service.offline(self.service.admit(inputs, params, request_id))
+        return [self.pb.Tensor(contract.OUT_AUDIO.name, audio), string_tensor(self.pb, contract.OUT_INFO.name, info)]
+
+    def finalize(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,124 @@
+"""Responses of the decoupled models, over a Triton response sender (``pb`` is the
+``triton_python_backend_utils`` module, passed in).
+
+* :class:`SenderChannel`: the :class:`~chattts_serving.serving.lifecycle.ResponseChannel` of an
+  entry-model stream (audio chunks with ``info``, then the final response or one error);
+* :class:`EngineSink`: the GPT engine's :class:`~chattts_serving.engine.scheduler.TokenSink` for
+  one sequence (token batches, then the last one with its stop reason and the final flag);
+  an error travels as the stop reason ``error:<kind>:<message>``
+  (:func:`chattts_serving.errors.encode_stop`).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+from .. import contract
+from ..contract import StopReason
+from ..errors import ErrorKind, RequestError, encode_stop
+from ..serving.logs import log_event
+from .tensors import string_tensor, triton_error
+
+
+def send_final_error(pb: Any, sender: Any, exc: RequestError) -> None:
+    """End a decoupled stream with ``exc`` (final flag set, so the client never hangs)."""
+    sender.send(pb.InferenceResponse(error=triton_error(pb, exc)), flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+
+
+class SenderChannel:
+    """An entry-model stream's client: ``audio`` (FP32 [n]) responses, the first with ``info``
+    (BYTES [1] JSON), then a final response carrying only ``info``, or one error."""
+
+    def __init__(self, pb: Any, sender: Any) -> None:
+        self.pb, self.sender = pb, sender
+
+    def send_audio(self, chunk: np.ndarray, info: str | None) -> None:
+        outs = [self.pb.Tensor(contract.OUT_AUDIO.name, chunk)]
+        if info is not None:
+            outs.append(string_tensor(self.pb, contract.OUT_INFO.name, info))
+        self.sender.send(self.pb.InferenceResponse(output_tensors=outs))
+
+    def send_final(self, info: str | None) -> None:
+        final = self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        if info is None:
+            self.sender.send(flags=final)
+            return
+        resp = self.pb.InferenceResponse(output_tensors=[string_tensor(self.pb, contract.OUT_INFO.name, info)])
+        self.sender.send(resp, flags=final)
+
+    def send_error(self, exc: RequestError) -> None:
+        send_final_error(self.pb, self.sender, exc)
+
+    def is_cancelled(self) -> bool:
+        return bool(self.sender.is_cancelled())
+
+
+def engine_outputs(pb: Any, codes: np.ndarray, hidden: np.ndarray, stop: str) -> list[Any]:
+    """The GPT engine's output tensors: codes (N, 4) INT32, hidden (N, H) FP32, stop_reason."""
+    return [pb.Tensor(contract.EN_CODES.name, np.ascontiguousarray(codes, np.int32)),
+            pb.Tensor(contract.EN_HIDDEN.name, np.ascontiguousarray(hidden, np.float32)),
+            string_tensor(pb, contract.EN_STOP.name, stop)]
+
+
+def send_engine_error(pb: Any, sender: Any, exc: RequestError) -> None:
+    """End a GPT-engine sequence with an error its BLS caller can receive: an empty response
+    whose stop reason is :func:`~chattts_serving.errors.encode_stop`, then the final flag."""
+    empty = (np.zeros((0, contract.NUM_VQ), np.int32), np.zeros((0, 0), np.float32))
+    sender.send(pb.InferenceResponse(output_tensors=engine_outputs(pb, *empty, encode_stop(exc))))
+    sender.send(flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+
+
+class EngineSink:
+    """The engine's token sink for one sequence, writing to its decoupled response sender.
+
+    With a ``model`` name it writes one structured ``sequence_finished`` line (stage
+    ``engine``) when the sequence ends: request id, prompt and generated tokens, time to the
+    first token and duration in ms (from the sink's creation, i.e. the engine's arrival),
+    stop reason and status."""
+
+    def __init__(self, pb: Any, sender: Any, model: str = "", request_id: str = "", prompt_tokens: int = 0) -> None:
+        self.pb, self.sender = pb, sender
+        self.closed = False
+        self.model, self.request_id, self.prompt_tokens = model, request_id, prompt_tokens
+        self._t0 = time.monotonic()
+        self._first_token_s: float | None = None
+        self._tokens = 0
+
+    def _log_end(self, status: str, stop_reason: str) -> None:
+        if not self.model:
+            return
+        now = time.monotonic()
+        log_event("sequence_finished", level="error" if status == "error" else "info", model=self.model,
+                  stage="engine", request_id=self.request_id, status=status, stop_reason=stop_reason,
+                  prompt_tokens=self.prompt_tokens, tokens=self._tokens,
+                  first_token_ms=round((self._first_token_s - self._t0) * 1000, 1)
+                  if self._first_token_s is not None else None,
+                  duration_ms=round((now - self._t0) * 1000, 1))
+
+    def tokens(self, codes: np.ndarray, hidden: np.ndarray, stop_reason: StopReason | None) -> None:
+        self._tokens += len(codes)
+        if self._first_token_s is None and len(codes):
+            self._first_token_s = time.monotonic()
+        if stop_reason is not None:
+            self._log_end("cancelled" if stop_reason == StopReason.CANCELLED else "ok", stop_reason)
+        if stop_reason == StopReason.CANCELLED and self.sender.is_cancelled():
+            self.closed = True  # the client is gone: nobody to tell
+            return
+        self.sender.send(self.pb.InferenceResponse(output_tensors=engine_outputs(self.pb, codes, hidden,
+                                                                                 stop_reason or "")))
+        if stop_reason is not None:
+            self.closed = True
+            self.sender.send(flags=self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+
+    def error(self, exc: RequestError) -> None:
+        """End the sequence with ``exc``: a passed deadline (DEADLINE, which does not count
+        against the caller's circuit breaker) or an engine failure (INTERNAL)."""
+        self.closed = True
+        self._log_end("expired" if exc.kind == ErrorKind.DEADLINE else "error", f"error: {exc}")
+        send_engine_error(self.pb, self.sender, exc)
+
+    def cancelled(self) -> bool:
+        return bool(self.sender.is_cancelled())

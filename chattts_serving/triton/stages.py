@@ -1,0 +1,180 @@
+"""The pipeline's stages over BLS calls (:class:`BlsStages`), as the entry models run them.
+
+Every call goes through its stage's circuit breaker
+(:class:`~chattts_serving.serving.resilience.CircuitBreaker`) and settles it exactly once:
+success, failure (INTERNAL) or release (busy, deadline, cancel, or a call abandoned by its
+caller), so a half-open breaker's trial can never stay in flight
+(:func:`~chattts_serving.serving.resilience.settle`).
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from .. import contract
+from ..contract import StopReason, VocoderPath
+from ..errors import decode_stop
+from ..serving.pipeline import FrontendCall, FrontendOutput, GenerateCall, TokenBatch
+from ..serving.resilience import BreakerCall, CircuitBreaker, enter, settle
+from .tensors import error_from_triton, first_string, string_tensor
+
+STAGES = ("frontend", "engine", "vocoder")
+"""The stages of the pipeline, each behind its own circuit breaker."""
+
+
+class BlsStages:
+    """:class:`~chattts_serving.serving.pipeline.Stages` over BLS calls to the other models
+    (``pb``: the ``triton_python_backend_utils`` module). ``failure_threshold`` consecutive
+    INTERNAL failures of a stage open its breaker for ``cooldown_s`` seconds."""
+
+    def __init__(self, pb: Any, failure_threshold: int = 5, cooldown_s: float = 10.0) -> None:
+        self.pb = pb
+        self.breakers = {stage: CircuitBreaker(stage, failure_threshold, cooldown_s) for stage in STAGES}
+
+    def _unary(self, stage: str, request: Any) -> Any:
+        """Run one BLS call through ``stage``'s breaker: the response, or RequestError (the
+        stage's own error, kind restored from its message). An exception from ``exec`` itself
+        counts as a failure of the stage."""
+        call = enter(self.breakers[stage])
+        try:
+            resp = request.exec()
+        except BaseException:
+            call.failure()
+            raise
+        error = error_from_triton(resp.error()) if resp.has_error() else None
+        settle(call, error)
+        if error is not None:
+            raise error
+        return resp
+
+    def frontend(self, call: FrontendCall) -> FrontendOutput:
+        pb = self.pb
+        inputs = [string_tensor(pb, contract.IN_TEXT.name, call.text),
+                  string_tensor(pb, contract.IN_VOICE.name, call.voice)]
+        if call.refine_prompt is not None:
+            inputs.append(string_tensor(pb, contract.IN_REFINE_PROMPT.name, call.refine_prompt))
+        if call.refined_ids is not None:
+            inputs.append(pb.Tensor(contract.FE_REFINED_IDS.name, np.ascontiguousarray(call.refined_ids, np.int32)))
+        resp = self._unary("frontend", pb.InferenceRequest(
+            model_name=contract.MODEL_FRONTEND, request_id=call.request_id, inputs=inputs,
+            requested_output_names=[t.name for t in contract.FRONTEND_OUTPUTS]))
+
+        def out(spec: contract.TensorSpec) -> np.ndarray:
+            return pb.get_output_tensor_by_name(resp, spec.name).as_numpy()
+
+        return FrontendOutput(input_ids=out(contract.FE_INPUT_IDS), spk_emb=out(contract.FE_SPK_EMB),
+                              normalized_text=first_string(out(contract.FE_NORMALIZED)),
+                              dropped=tuple(json.loads(first_string(out(contract.FE_DROPPED)) or "[]")),
+                              refine_ids=out(contract.FE_REFINE_IDS))
+
+    def generate(self, call: GenerateCall) -> EngineStream:
+        return EngineStream(self.pb, call, enter(self.breakers["engine"]))
+
+    def vocode(self, path: VocoderPath, window: np.ndarray, request_id: str = "") -> np.ndarray:
+        pb = self.pb
+        spec = contract.VO_HIDDEN if path == VocoderPath.HIDDEN else contract.VO_CODES
+        arr = np.ascontiguousarray(window[None], dtype=spec.np_dtype)
+        resp = self._unary("vocoder", pb.InferenceRequest(
+            model_name=contract.VOCODER_PATHS[path], inputs=[pb.Tensor(spec.name, arr)],
+            requested_output_names=[contract.VO_AUDIO.name], request_id=request_id))
+        return pb.get_output_tensor_by_name(resp, contract.VO_AUDIO.name).as_numpy()[0]
+
+
+def engine_inputs(pb: Any, call: GenerateCall, stream_id: str) -> list[Any]:
+    """The GPT engine's input tensors for ``call`` (``contract.ENGINE_INPUTS``)."""
+    inputs = [pb.Tensor(contract.FE_INPUT_IDS.name, np.asarray(call.input_ids).astype(np.int32)),
+              string_tensor(pb, contract.EN_MODE.name, call.mode),
+              pb.Tensor(contract.EN_EMIT_TOKENS.name, np.array([call.emit_tokens], np.int32)),
+              string_tensor(pb, contract.EN_STREAM_ID.name, stream_id),
+              pb.Tensor(contract.EN_PRIORITY.name, np.array([call.priority], np.int32)),
+              pb.Tensor(contract.EN_FIRST_EMIT.name, np.array([call.first_emit_tokens], np.int32))]
+    if call.spk_emb is not None:
+        inputs.append(pb.Tensor(contract.EN_SPK_EMB.name, call.spk_emb.astype(np.float32)))
+    if call.timeout_s is not None:
+        inputs.append(pb.Tensor(contract.EN_TIMEOUT_MS.name, np.array([int(call.timeout_s * 1000) + 1], np.int64)))
+    for spec in contract.SAMPLING_PARAMS:
+        inputs.append(pb.Tensor(spec.name, np.array([getattr(call.params, spec.name)], dtype=spec.tensor().np_dtype)))
+    return inputs
+
+
+class EngineStream:
+    """One sequence on the GPT engine over a decoupled BLS call: iterate for
+    :class:`~chattts_serving.serving.pipeline.TokenBatch` es; :meth:`cancel` ends it early
+    (Triton 2.51's BLS cannot cancel a request it sent, so a control request names the
+    sequence by its ``stream_id``). ``call`` (the engine breaker's) is settled exactly once:
+    success at the last batch, failure on an INTERNAL error, release otherwise."""
+
+    def __init__(self, pb: Any, call: GenerateCall, breaker_call: BreakerCall) -> None:
+        self.pb = pb
+        self.breaker_call = breaker_call
+        self.stream_id = uuid.uuid4().hex
+        try:
+            req = pb.InferenceRequest(model_name=contract.MODEL_ENGINE, inputs=engine_inputs(pb, call, self.stream_id),
+                                      request_id=call.request_id,
+                                      requested_output_names=[t.name for t in contract.ENGINE_OUTPUTS])
+            self._responses = req.exec(decoupled=True)
+        except BaseException:
+            breaker_call.release()
+            raise
+        self.finished = False  # the engine's last response for this sequence has been read
+
+    def _drain(self) -> None:
+        """Read the rest of the responses (the final flag): an unfinished BLS iterator keeps
+        the calling model from unloading at shutdown."""
+        for _ in self._responses:
+            pass
+        self.finished = True
+
+    def __iter__(self) -> Iterator[TokenBatch]:
+        pb = self.pb
+        try:
+            for resp in self._responses:
+                if resp.has_error():
+                    self.finished = True  # the engine's errors are final responses
+                    err = error_from_triton(resp.error())
+                    settle(self.breaker_call, err)
+                    raise err
+                codes_t = pb.get_output_tensor_by_name(resp, contract.EN_CODES.name)
+                if codes_t is None:
+                    continue  # the empty response that carries only the final flag
+                hidden = pb.get_output_tensor_by_name(resp, contract.EN_HIDDEN.name).as_numpy()
+                stop = first_string(pb.get_output_tensor_by_name(resp, contract.EN_STOP.name).as_numpy())
+                failed = decode_stop(stop)
+                if failed is not None:
+                    self._drain()
+                    settle(self.breaker_call, failed)
+                    raise failed
+                batch = TokenBatch(codes_t.as_numpy(), hidden, StopReason(stop) if stop else None)
+                if batch.stop_reason is not None:
+                    self.breaker_call.success()
+                    self._drain()  # before handing over the last batch
+                yield batch
+            self.finished = True
+        finally:
+            self.breaker_call.release()  # a no-op once settled; else the caller abandoned the stream
+
+    def request_cancel(self) -> None:
+        """Ask the engine to end the sequence (any thread); iteration then ends with a
+        CANCELLED batch."""
+        pb = self.pb
+        req = pb.InferenceRequest(model_name=contract.MODEL_ENGINE,
+                                  inputs=[string_tensor(pb, contract.EN_STREAM_ID.name, self.stream_id),
+                                          string_tensor(pb, contract.EN_CONTROL.name, "cancel")],
+                                  requested_output_names=[t.name for t in contract.ENGINE_OUTPUTS])
+        for _ in req.exec(decoupled=True):
+            pass
+
+    def cancel(self) -> None:
+        """End the sequence in the engine and drain its responses. A no-op once the engine's
+        last response was read: asking a finished BLS iterator for more blocks forever."""
+        self.breaker_call.release()
+        if self.finished:
+            return
+        self.request_cancel()
+        self._drain()
+

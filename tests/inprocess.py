@@ -1,0 +1,171 @@
+"""The pipeline's stages in process, without Triton: the real front end, the real GPT engine
+driven step by step with ``Engine.run_once`` by the thread that reads its tokens, and the real
+vocoder runners, over the small generated artifacts.
+
+:class:`InProcessStages` implements :class:`chattts_serving.serving.pipeline.Stages`, so the
+entry service, the stream lifecycle and the pipeline run exactly as in the server, with BLS
+calls replaced by function calls. :class:`RecordingChannel` and :class:`RecordingObserver` stand
+in for the response sender and the Prometheus metrics and keep what they were given.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from chattts_serving.audio.vocoder import VocoderRunner
+from chattts_serving.contract import VocoderPath
+from chattts_serving.engine.gpt import Embeddings, GptStepRunner
+from chattts_serving.engine.scheduler import Engine, EngineConfig, Sequence
+from chattts_serving.engine.sinks import CollectingSink
+from chattts_serving.errors import RequestError
+from chattts_serving.runtime import Artifacts
+from chattts_serving.serving.pipeline import FrontendCall, FrontendOutput, GenerateCall, TokenBatch
+from chattts_serving.text.frontend import FrontEnd, FrontendError
+
+
+class EngineTokens:
+    """A :class:`~chattts_serving.serving.pipeline.TokenStream` over an in-process engine: the
+    reader runs the engine (``run_once``) until its sequence has a new batch."""
+
+    def __init__(self, engine: Engine, lock: threading.Lock, call: GenerateCall) -> None:
+        self.engine, self.lock = engine, lock
+        self.stream_id = uuid.uuid4().hex
+        self.sink = CollectingSink()
+        self.read = 0
+        deadline = time.monotonic() + call.timeout_s if call.timeout_s is not None else None
+        engine.submit(Sequence(np.asarray(call.input_ids, np.int64), call.spk_emb, call.params, self.sink,
+                               emit_tokens=call.emit_tokens, first_emit_tokens=call.first_emit_tokens,
+                               priority=call.priority, deadline_s=deadline, request_id=self.stream_id,
+                               mode=call.mode))
+
+    def __iter__(self) -> Iterator[TokenBatch]:
+        while True:
+            while self.read >= len(self.sink.codes) and not self.sink.errors:
+                with self.lock:
+                    self.engine.run_once()
+            if self.read < len(self.sink.codes):
+                i = self.read
+                self.read += 1
+                last = i == len(self.sink.codes) - 1 and self.sink.reason is not None
+                yield TokenBatch(self.sink.codes[i], self.sink.hidden[i], self.sink.reason if last else None)
+                if last:
+                    return
+            elif self.sink.errors:
+                raise self.sink.errors[0]
+
+    def request_cancel(self) -> None:
+        self.engine.cancel(self.stream_id)
+
+    def cancel(self) -> None:
+        if self.sink.done:
+            return
+        self.request_cancel()
+        while not self.sink.done:
+            with self.lock:
+                self.engine.run_once()
+
+
+class InProcessStages:
+    """Front end, engine and vocoders in this process (see the module docstring). Counts the
+    calls each stage received in ``calls``."""
+
+    def __init__(self, artifacts: Artifacts, max_text_chars: int = 4096, default_voice_seed: int = 2,
+                 engine_config: EngineConfig | None = None) -> None:
+        self.frontend_impl = FrontEnd(artifacts, max_text_chars, default_voice_seed)
+        self.engine = Engine(GptStepRunner(artifacts), Embeddings(artifacts), engine_config or EngineConfig())
+        self.vocoders = {path: VocoderRunner(artifacts, path) for path in VocoderPath}
+        self.lock = threading.Lock()
+        self.calls = {"frontend": 0, "generate": 0, "vocode": 0}
+
+    def frontend(self, call: FrontendCall) -> FrontendOutput:
+        self.calls["frontend"] += 1
+        try:
+            p = self.frontend_impl.prepare(call.text, call.voice, call.refine_prompt, call.refined_ids)
+        except FrontendError as exc:
+            raise RequestError(str(exc)) from None
+        return FrontendOutput(input_ids=p.input_ids, spk_emb=p.spk_emb, normalized_text=p.normalized,
+                              dropped=p.dropped, refine_ids=p.refine_ids)
+
+    def generate(self, call: GenerateCall) -> EngineTokens:
+        self.calls["generate"] += 1
+        return EngineTokens(self.engine, self.lock, call)
+
+    def vocode(self, path: VocoderPath, window: np.ndarray, request_id: str = "") -> np.ndarray:
+        self.calls["vocode"] += 1
+        return self.vocoders[path].run(window[None])[0]
+
+
+class RecordingChannel:
+    """A :class:`~chattts_serving.serving.lifecycle.ResponseChannel` that keeps every response:
+    ``events`` is a list of ("audio", chunk, info), ("final", info) or ("error", exc); ``ended``
+    is set at the first final response or error. Asking ``is_cancelled`` after the end, or
+    sending after it, is recorded in ``violations`` (Triton 2.51 would crash or drop it)."""
+
+    def __init__(self, cancel_after_chunks: int | None = None) -> None:
+        self.events: list[tuple[Any, ...]] = []
+        self.violations: list[str] = []
+        self.cancel_after_chunks = cancel_after_chunks
+        self.cancelled = False
+        self.ended = threading.Event()
+
+    def _check_open(self, what: str) -> None:
+        if self.ended.is_set():
+            self.violations.append(f"{what} after the stream ended")
+
+    def send_audio(self, chunk: np.ndarray, info: str | None) -> None:
+        self._check_open("audio")
+        self.events.append(("audio", chunk, info))
+        if self.cancel_after_chunks is not None and len(self.chunks) >= self.cancel_after_chunks:
+            self.cancelled = True
+
+    def send_final(self, info: str | None) -> None:
+        self._check_open("final")
+        self.events.append(("final", info))
+        self.ended.set()
+
+    def send_error(self, exc: RequestError) -> None:
+        self._check_open("error")
+        self.events.append(("error", exc))
+        self.ended.set()
+
+    def is_cancelled(self) -> bool:
+        self._check_open("is_cancelled")
+        return self.cancelled
+
+    @property
+    def chunks(self) -> list[np.ndarray]:
+        return [e[1] for e in self.events if e[0] == "audio"]
+
+    @property
+    def ends(self) -> list[tuple[Any, ...]]:
+        return [e for e in self.events if e[0] in ("final", "error")]
+
+
+class RecordingObserver:
+    """An :class:`~chattts_serving.serving.entry.EntryObserver` that keeps what it is told."""
+
+    def __init__(self) -> None:
+        self.rejections: list[str] = []
+        self.finishes: list[tuple[str, str, float, float, float | None]] = []
+        self.queue: list[int] = []
+        self.degraded: list[bool] = []
+
+    def rejected(self, reason: str) -> None:
+        self.rejections.append(reason)
+
+    def finished(self, status: str, priority: str, duration_s: float, audio_s: float, ttfa_s: float | None) -> None:
+        self.finishes.append((status, priority, duration_s, audio_s, ttfa_s))
+
+    def set_queue(self, waiting: int) -> None:
+        self.queue.append(waiting)
+
+    def set_degraded(self, on: bool) -> None:
+        self.degraded.append(on)
+
+

@@ -1,0 +1,234 @@
+"""A request's whole life in the entry service, in process: the real front end, engine
+(driven step by step) and vocoders behind :class:`inprocess.InProcessStages`, and a recording
+response channel in place of Triton's sender.
+
+Covers the final-response rule (audio, then exactly one final response or one error, nothing
+after), admission (busy at once, nothing run), a client cancel (the engine's sequence ends),
+the request deadline, the stall watchdog, a failing stage, and offline synthesis. Real-server
+tests (test_server.py, test_overload.py, test_faults.py) keep what only Triton shows.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+from inprocess import InProcessStages, RecordingChannel, RecordingObserver
+
+from chattts_serving import contract
+from chattts_serving.errors import ErrorKind, RequestError
+from chattts_serving.runtime import Artifacts
+from chattts_serving.serving.entry import EntryService
+from chattts_serving.serving.pipeline import GenerateCall, TokenBatch
+from chattts_serving.serving.profile import Profile, load_profile
+
+TEXT = "今天天气很好。"
+
+
+def _profile(**entry: Any) -> Profile:
+    base = load_profile("cpu")
+    return base.model_copy(update={"entry": base.entry.model_copy(update=entry)})
+
+
+def _tensors(text: str = TEXT, **values: Any) -> dict[str, np.ndarray]:
+    """Entry-model input tensors as Triton hands them over (numpy arrays of one value)."""
+    out = {"text": np.array([text.encode()], np.object_)}
+    dtypes = {s.name: s.tensor().np_dtype for s in contract.SAMPLING_PARAMS}
+    dtypes["timeout_s"] = np.dtype(np.float32)
+    for name, v in values.items():
+        out[name] = np.array([v.encode()], np.object_) if isinstance(v, str) else np.array([v], dtypes[name])
+    return out
+
+
+@pytest.fixture(scope="module")
+def stages(small_artifacts: Artifacts) -> InProcessStages:
+    return InProcessStages(small_artifacts)
+
+
+def _service(stages: InProcessStages, profile: Profile | None = None) -> tuple[EntryService, RecordingObserver]:
+    observer = RecordingObserver()
+    profile = profile or _profile()
+    return EntryService(contract.MODEL_STREAM, profile, stages, observer, profile.stream.emit_tokens), observer
+
+
+def test_a_stream_is_audio_then_exactly_one_final_response_with_info(stages: InProcessStages) -> None:
+    service, observer = _service(stages)
+    job = service.admit(_tensors(max_new_tokens=40, min_new_tokens=40, seed=1), {}, "req-1")
+    channel = RecordingChannel()
+    service.stream(job, channel)
+    assert [e[0] for e in channel.events] == ["audio"] * len(channel.chunks) + ["final"]
+    header = json.loads(channel.events[0][2])
+    assert set(header) == set(contract.INFO_HEADER_KEYS) and header["final"] is False
+    assert header["request_id"] == "req-1" and header["normalized_text"] == ["今天天气很好。"]
+    assert all(e[2] is None for e in channel.events[1:-1])  # info only on the first chunk
+    final = json.loads(channel.events[-1][1])
+    assert set(final) == set(contract.INFO_FINAL_KEYS) and final["final"] is True
+    samples = sum(c.size for c in channel.chunks)
+    assert samples == contract.samples_for_tokens(40) and final["tokens"] == 40
+    assert final["audio_s"] == round(samples / contract.SAMPLE_RATE_HZ, 6)
+    assert channel.violations == []
+    assert [f[0] for f in observer.finishes] == ["ok"] and service.admission.slots.live == 0
+    assert observer.queue[-1] == 0
+
+
+def test_every_slot_taken_means_busy_at_once_and_no_work(stages: InProcessStages) -> None:
+    service, observer = _service(stages, _profile(max_concurrent_streams=1))
+    held = service.admit(_tensors(max_new_tokens=4), {}, "a")
+    before = dict(stages.calls)
+    with pytest.raises(RequestError) as err:
+        service.admit(_tensors(max_new_tokens=4), {}, "b")
+    assert err.value.kind == ErrorKind.BUSY and "1 streams already live" in str(err.value)
+    assert observer.rejections == ["busy"] and stages.calls == before
+    service.stream(held, RecordingChannel())
+    service.admit(_tensors(max_new_tokens=4), {}, "c")  # the slot came back
+
+
+def test_bad_input_is_refused_at_admission_and_counted(stages: InProcessStages) -> None:
+    service, observer = _service(stages)
+    before = dict(stages.calls)
+    with pytest.raises(RequestError) as err:
+        service.admit(_tensors(temperature=9.0), {}, "x")
+    assert err.value.kind == ErrorKind.INVALID and "temperature" in str(err.value)
+    with pytest.raises(RequestError):
+        service.admit(_tensors(), {"priority": "batch"}, "y")  # a Triton request parameter
+    assert observer.rejections == ["invalid", "invalid"] and stages.calls == before
+    assert service.admission.slots.live == 0
+
+
+def test_text_the_front_end_refuses_ends_the_stream_with_one_invalid_error(stages: InProcessStages) -> None:
+    service, observer = _service(stages)
+    channel = RecordingChannel()
+    service.stream(service.admit(_tensors("。。！"), {}, "p"), channel)
+    assert [e[0] for e in channel.events] == ["error"]
+    assert channel.events[0][1].kind == ErrorKind.INVALID and "nothing speakable" in str(channel.events[0][1])
+    assert [f[0] for f in observer.finishes] == ["invalid"] and observer.rejections == ["invalid"]
+
+
+def test_a_client_cancel_ends_the_engine_sequence(stages: InProcessStages) -> None:
+    service, observer = _service(stages)
+    job = service.admit(_tensors(max_new_tokens=600, min_new_tokens=600), {}, "c")
+    channel = RecordingChannel(cancel_after_chunks=1)
+    service.stream(job, channel)
+    final = json.loads(channel.events[-1][1])
+    assert final["stop_reason"] == "cancelled" and final["tokens"] < 600
+    assert stages.engine.live_count() == 0
+    assert [f[0] for f in observer.finishes] == ["cancelled"] and channel.violations == []
+
+
+def test_a_passed_deadline_ends_the_stream_with_one_deadline_error(stages: InProcessStages) -> None:
+    service, observer = _service(stages)
+    job = service.admit(_tensors(max_new_tokens=2000, min_new_tokens=2000, timeout_s=0.2), {}, "d")
+    channel = RecordingChannel()
+    service.stream(job, channel)
+    assert channel.ends and len(channel.ends) == 1 and channel.ends[0][0] == "error"
+    exc = channel.ends[0][1]
+    assert exc.kind == ErrorKind.DEADLINE and str(exc).startswith("deadline exceeded")  # the pipeline's or the engine's
+    assert stages.engine.live_count() == 0 and channel.violations == []
+    assert [f[0] for f in observer.finishes] == ["error"]
+
+
+class _Stuck:
+    """A token stream that yields nothing until ``release`` is set (a dead engine process),
+    then ends normally."""
+
+    def __init__(self, release: threading.Event, hidden: int) -> None:
+        self.release, self.hidden = release, hidden
+
+    def __iter__(self) -> Iterator[TokenBatch]:
+        self.release.wait(10)
+        yield TokenBatch(np.zeros((4, contract.NUM_VQ), np.int32), np.zeros((4, self.hidden), np.float32),
+                         contract.StopReason.EOS)
+
+    def request_cancel(self) -> None:
+        pass
+
+    def cancel(self) -> None:
+        pass
+
+
+class _StuckStages:
+    def __init__(self, inner: InProcessStages, release: threading.Event) -> None:
+        self.inner, self.release = inner, release
+
+    def frontend(self, call: Any) -> Any:
+        return self.inner.frontend(call)
+
+    def generate(self, call: GenerateCall) -> _Stuck:
+        return _Stuck(self.release, call.spk_emb.size if call.spk_emb is not None else 0)
+
+    def vocode(self, path: Any, window: np.ndarray, request_id: str = "") -> np.ndarray:
+        return self.inner.vocode(path, window, request_id)
+
+
+def test_a_stalled_stream_ends_with_one_error_and_nothing_after(stages: InProcessStages) -> None:
+    release = threading.Event()
+    profile = _profile(stall_timeout_s=0.2)
+    observer = RecordingObserver()
+    service = EntryService(contract.MODEL_STREAM, profile, _StuckStages(stages, release), observer,
+                           profile.stream.emit_tokens)
+    channel = RecordingChannel()
+    worker = threading.Thread(target=service.stream, args=(service.admit(_tensors(), {}, "s"), channel))
+    worker.start()
+    assert channel.ended.wait(5)
+    assert [e[0] for e in channel.events] == ["error"]
+    assert channel.events[0][1].kind == ErrorKind.UNAVAILABLE and "stopped responding" in str(channel.events[0][1])
+    assert service.admission.slots.live == 0  # the slot is free while the stuck thread still waits
+    release.set()  # the stage wakes up: its audio must not reach the closed stream
+    worker.join(10)
+    assert not worker.is_alive() and [e[0] for e in channel.events] == ["error"]
+    assert channel.violations == [] and [f[0] for f in observer.finishes] == ["error"]
+
+
+class _FailingVocoder(InProcessStages):
+    def __init__(self, inner: InProcessStages) -> None:
+        self.__dict__.update(inner.__dict__)
+
+    def vocode(self, path: Any, window: np.ndarray, request_id: str = "") -> np.ndarray:
+        raise RuntimeError("vocoder crashed")
+
+
+def test_an_unexpected_failure_is_one_internal_error_without_a_traceback(stages: InProcessStages) -> None:
+    service, observer = _service(_FailingVocoder(stages))
+    channel = RecordingChannel()
+    service.stream(service.admit(_tensors(max_new_tokens=30), {}, "f"), channel)
+    assert [e[0] for e in channel.events] == ["error"]
+    exc = channel.events[0][1]
+    assert exc.kind == ErrorKind.INTERNAL and str(exc) == "internal error: RuntimeError"
+    assert stages.engine.live_count() == 0 and [f[0] for f in observer.finishes] == ["error"]
+
+
+def test_offline_returns_the_whole_utterance_and_its_info(stages: InProcessStages) -> None:
+    profile = _profile()
+    observer = RecordingObserver()
+    service = EntryService(contract.MODEL_OFFLINE, profile, stages, observer, profile.entry.offline_emit_tokens,
+                           watch=False)
+    text = "今天天气很好，阳光明媚，我们都很开心。我们一起去公园散步吧，好不好，朋友们？"
+    audio, info_text = service.offline(service.admit(_tensors(text, max_new_tokens=20, min_new_tokens=20), {}, "o"))
+    info = json.loads(info_text)
+    assert info["segments"] == 2 and info["tokens"] == 40 and info["chunks"] == 1
+    assert audio.dtype == np.float32 and audio.size == 2 * contract.samples_for_tokens(20)
+    assert [f[0] for f in observer.finishes] == ["ok"] and service.admission.slots.live == 0
+
+
+def test_degraded_mode_takes_the_cheaper_path_and_sheds_batch_requests(stages: InProcessStages) -> None:
+    base = load_profile("cpu")
+    profile = base.model_copy(update={"degrade": base.degrade.model_copy(update={
+        "live_high": 1, "live_low": 0, "min_dwell_s": 0.0, "max_new_tokens": 12})})
+    service, observer = _service(stages, profile)
+    held = service.admit(_tensors(max_new_tokens=50), {}, "first")  # one live stream: degrade at the next arrival
+    job = service.admit(_tensors(max_new_tokens=50, min_new_tokens=50, vocoder="hidden"), {}, "second")
+    assert job.degraded and job.req.vocoder == "codes" and job.req.params.max_new_tokens == 12
+    assert job.schedule.first_chunk_tokens == 2 * profile.stream.first_chunk_tokens
+    with pytest.raises(RequestError) as err:
+        service.admit(_tensors(priority="batch"), {}, "third")
+    assert err.value.kind == ErrorKind.BUSY and "shed" in str(err.value)
+    channel = RecordingChannel()
+    service.stream(job, channel)
+    final = json.loads(channel.events[-1][1])
+    assert final["degraded"] is True and final["vocoder"] == "codes" and final["tokens"] == 12
+    assert observer.degraded == [True]
+    service.stream(held, RecordingChannel())
