@@ -1,0 +1,169 @@
+"""The overload burst: many clients send one stream request at the same moment.
+
+``clients`` gRPC clients (one channel each, connected and warmed first) each send one
+streaming request to ``chattts`` at once; the server admits as many as it has stream slots and
+must refuse the rest with an explicit "busy" error at once. Measured from each request's send:
+the time to its refusal (busy) or to its first audio (accepted), every refusal's kind, and
+whether every request ended (audio then final response, or one error). Written into
+``bench.json`` as ``busy_p50_s_saturated`` / ``busy_p99_s_saturated`` (issue: at most 0.1 s on
+2 cores with every slot taken by full-size streams) beside the accepted streams' TTFA.
+
+``python -m chattts_serving.bench.burst --url 127.0.0.1:8001 --clients 200`` runs it against a
+running server and prints the JSON summary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from .. import contract
+from ..client.common import ClientError, SynthesisRequest
+from ..errors import ErrorKind, decode
+from .stats import percentile
+
+DEFAULT_TEXT = "今天天气很好，我们一起去公园散步吧。"
+
+
+@dataclass
+class Outcome:
+    """One burst request: seconds from its send to its first response (audio or error) and to
+    its end, its error kind (None when it streamed audio to the end) and its message."""
+
+    first_s: float | None = None
+    end_s: float | None = None
+    kind: str | None = None
+    message: str = ""
+    audio_samples: int = 0
+
+
+def _inputs(request: SynthesisRequest) -> list[Any]:
+    import tritonclient.grpc.aio as aio
+
+    out = []
+    for name, arr, dtype in request.tensors():
+        inp = aio.InferInput(name, list(arr.shape), dtype)
+        inp.set_data_from_numpy(arr)
+        out.append(inp)
+    return out
+
+
+async def _one(client: Any, request: SynthesisRequest, start: asyncio.Event, timeout_s: float,
+               out: Outcome | None = None) -> Outcome:
+    """Send ``request`` once ``start`` is set and follow its stream to the end; ``out``
+    (optional) is filled as the stream goes, for a caller that watches it."""
+    out = out if out is not None else Outcome()
+
+    async def requests() -> AsyncIterator[dict[str, Any]]:
+        yield {"model_name": contract.MODEL_STREAM, "inputs": _inputs(request), "request_id": request.request_id or "",
+               "enable_empty_final_response": True}
+
+    await start.wait()
+    t0 = time.perf_counter()
+    try:
+        async for result, error in client.stream_infer(requests(), stream_timeout=timeout_s):
+            now = time.perf_counter() - t0
+            if error is not None:
+                kind, message = decode(error.message())
+                exc = ClientError(error.message(), error.status())
+                out.kind, out.message = str(kind or exc.kind or ErrorKind.INTERNAL), message
+                out.first_s = out.first_s if out.first_s is not None else now
+                out.end_s = now
+                return out
+            audio = result.as_numpy(contract.OUT_AUDIO.name)
+            if audio is not None and audio.size:
+                out.audio_samples += int(audio.size)
+                if out.first_s is None:
+                    out.first_s = now
+            params = result.get_response().parameters
+            if "triton_final_response" in params and params["triton_final_response"].bool_param:
+                out.end_s = now
+                return out
+    except Exception as exc:  # transport failure: counted, never hidden
+        out.kind, out.message = "transport", f"{type(exc).__name__}: {exc}"
+    return out
+
+
+async def run_burst(url: str, clients: int, tokens: int, text: str = DEFAULT_TEXT, timeout_s: float = 600.0,
+                    hold: int = 0, hold_tokens: int = 2048) -> dict[str, Any]:
+    """Connect ``clients`` clients, then send one request each at the same moment (``tokens``
+    new tokens each). With ``hold``, first start that many long streams (``hold_tokens`` each)
+    and wait until each has sent audio, so that the burst meets a server already saturated;
+    they are cancelled after the burst. Returns the summary (see the module docstring)."""
+    import tritonclient.grpc.aio as aio
+
+    conns = [aio.InferenceServerClient(url) for _ in range(clients + hold)]
+    held: list[asyncio.Task[Outcome]] = []
+    try:
+        await asyncio.gather(*(c.is_server_live() for c in conns))  # every channel connected
+        if hold:
+            go = asyncio.Event()
+            go.set()
+            outs = [Outcome() for _ in range(hold)]
+            held = [asyncio.create_task(_one(c, SynthesisRequest(text=text, max_new_tokens=hold_tokens,
+                                                                 min_new_tokens=hold_tokens, request_id=f"hold-{i}"),
+                                             go, timeout_s, outs[i]))
+                    for i, c in enumerate(conns[clients:])]
+            while not all(o.first_s is not None or o.kind for o in outs):
+                await asyncio.sleep(0.1)
+        start = asyncio.Event()
+        tasks = [asyncio.create_task(_one(c, SynthesisRequest(text=text, max_new_tokens=tokens, min_new_tokens=tokens,
+                                                              request_id=f"burst-{i}"), start, timeout_s))
+                 for i, c in enumerate(conns[:clients])]
+        await asyncio.sleep(0.2)  # every task waits at the start line
+        start.set()
+        outcomes = await asyncio.gather(*tasks)
+    finally:
+        for t in held:
+            t.cancel()
+        await asyncio.gather(*held, return_exceptions=True)
+        await asyncio.gather(*(c.close() for c in conns), return_exceptions=True)
+    return summarize(outcomes)
+
+
+def summarize(outcomes: list[Outcome]) -> dict[str, Any]:
+    """Counts by outcome, busy-refusal latency and accepted streams' TTFA (s): p50, p99, max."""
+    busy = [o.first_s for o in outcomes if o.kind == ErrorKind.BUSY and o.first_s is not None]
+    ok = [o for o in outcomes if o.kind is None and o.end_s is not None]
+    ttfa = [o.first_s for o in ok if o.first_s is not None]
+    kinds: dict[str, int] = {}
+    for o in outcomes:
+        kinds[o.kind or "ok"] = kinds.get(o.kind or "ok", 0) + 1
+    first_final = min((o.end_s for o in ok if o.end_s is not None), default=None)
+    return {
+        "requests": len(outcomes), "outcomes": kinds,
+        "lost": sum(1 for o in outcomes if o.end_s is None and o.kind is None),
+        "busy_p50_s": percentile(busy, 50) if busy else None, "busy_p99_s": percentile(busy, 99) if busy else None,
+        "busy_max_s": max(busy) if busy else None,
+        "busy_before_first_accepted_end": (all(b <= first_final for b in busy)
+                                           if busy and first_final is not None else None),
+        "accepted_ttfa_p50_s": percentile(ttfa, 50) if ttfa else None,
+        "accepted_ttfa_p99_s": percentile(ttfa, 99) if ttfa else None,
+        "messages": sorted({o.message for o in outcomes if o.kind and o.kind != ErrorKind.BUSY})[:5],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m chattts_serving.bench.burst", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--url", default="127.0.0.1:8001", help="Triton gRPC host:port")
+    ap.add_argument("--clients", type=int, default=200)
+    ap.add_argument("--tokens", type=int, default=16)
+    ap.add_argument("--text", default=DEFAULT_TEXT)
+    ap.add_argument("--hold", type=int, default=0, help="long streams started (and sending audio) before the burst")
+    args = ap.parse_args(argv)
+    summary = asyncio.run(run_burst(args.url, args.clients, args.tokens, args.text, hold=args.hold))
+    json.dump(summary, sys.stdout, indent=1, ensure_ascii=False)
+    print()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
+
+
