@@ -91,11 +91,14 @@ async def _one(client: Any, request: SynthesisRequest, start: asyncio.Event, tim
 
 
 async def run_burst(url: str, clients: int, tokens: int, text: str = DEFAULT_TEXT, timeout_s: float = 600.0,
-                    hold: int = 0, hold_tokens: int = 2048) -> dict[str, Any]:
+                    hold: int = 0, hold_tokens: int = 2048, hold_running: int = 16) -> dict[str, Any]:
     """Connect ``clients`` clients, then send one request each at the same moment (``tokens``
-    new tokens each). With ``hold``, first start that many long streams (``hold_tokens`` each)
-    and wait until each has sent audio, so that the burst meets a server already saturated;
-    they are cancelled after the burst. Returns the summary (see the module docstring)."""
+    new tokens each). With ``hold``, first start that many long streams (``hold_tokens`` each),
+    so that the burst meets a server whose every slot is taken: the burst waits until
+    ``min(hold, hold_running)`` of them send audio (the engine runs that many at once, the
+    profile's ``engine.max_batch_size``; the others wait, admitted, in its queue) and one
+    second more. The long streams are cancelled after the burst. Returns the summary (see
+    the module docstring)."""
     import tritonclient.grpc.aio as aio
 
     conns = [aio.InferenceServerClient(url) for _ in range(clients + hold)]
@@ -110,8 +113,9 @@ async def run_burst(url: str, clients: int, tokens: int, text: str = DEFAULT_TEX
                                                                  min_new_tokens=hold_tokens, request_id=f"hold-{i}"),
                                              go, timeout_s, outs[i]))
                     for i, c in enumerate(conns[clients:])]
-            while not all(o.first_s is not None or o.kind for o in outs):
+            while sum(1 for o in outs if o.first_s is not None or o.kind) < min(hold, hold_running):
                 await asyncio.sleep(0.1)
+            await asyncio.sleep(1.0)
         start = asyncio.Event()
         tasks = [asyncio.create_task(_one(c, SynthesisRequest(text=text, max_new_tokens=tokens, min_new_tokens=tokens,
                                                               request_id=f"burst-{i}"), start, timeout_s))
@@ -155,9 +159,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--clients", type=int, default=200)
     ap.add_argument("--tokens", type=int, default=16)
     ap.add_argument("--text", default=DEFAULT_TEXT)
-    ap.add_argument("--hold", type=int, default=0, help="long streams started (and sending audio) before the burst")
+    ap.add_argument("--hold", type=int, default=0, help="long streams started before the burst (every slot taken)")
+    ap.add_argument("--hold-running", type=int, default=16, help="of those, how many the engine runs at once")
     args = ap.parse_args(argv)
-    summary = asyncio.run(run_burst(args.url, args.clients, args.tokens, args.text, hold=args.hold))
+    summary = asyncio.run(run_burst(args.url, args.clients, args.tokens, args.text, hold=args.hold,
+                                    hold_running=args.hold_running))
     json.dump(summary, sys.stdout, indent=1, ensure_ascii=False)
     print()
     return 0
