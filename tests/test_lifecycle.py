@@ -52,7 +52,7 @@ def stages(small_artifacts: Artifacts) -> InProcessStages:
 def _service(stages: InProcessStages, profile: Profile | None = None) -> tuple[EntryService, RecordingObserver]:
     observer = RecordingObserver()
     profile = profile or _profile()
-    return EntryService(contract.MODEL_STREAM, profile, stages, observer, profile.stream.emit_tokens), observer
+    return EntryService(contract.MODEL_STREAM, profile, stages, observer), observer
 
 
 def test_a_stream_is_audio_then_exactly_one_final_response_with_info(stages: InProcessStages) -> None:
@@ -81,7 +81,7 @@ def test_every_slot_taken_means_busy_at_once_and_no_work(stages: InProcessStages
     before = dict(stages.calls)
     with pytest.raises(RequestError) as err:
         service.admit(_tensors(max_new_tokens=4), {}, "b")
-    assert err.value.kind == ErrorKind.BUSY and "1 streams already live" in str(err.value)
+    assert err.value.kind == ErrorKind.BUSY and str(err.value) == "server busy: 1 streams already live"
     assert observer.rejections == ["busy"] and stages.calls == before
     service.stream(held, RecordingChannel())
     service.admit(_tensors(max_new_tokens=4), {}, "c")  # the slot came back
@@ -168,8 +168,7 @@ def test_a_stalled_stream_ends_with_one_error_and_nothing_after(stages: InProces
     release = threading.Event()
     profile = _profile(stall_timeout_s=0.2)
     observer = RecordingObserver()
-    service = EntryService(contract.MODEL_STREAM, profile, _StuckStages(stages, release), observer,
-                           profile.stream.emit_tokens)
+    service = EntryService(contract.MODEL_STREAM, profile, _StuckStages(stages, release), observer)
     channel = RecordingChannel()
     worker = threading.Thread(target=service.stream, args=(service.admit(_tensors(), {}, "s"), channel))
     worker.start()
@@ -204,8 +203,7 @@ def test_an_unexpected_failure_is_one_internal_error_without_a_traceback(stages:
 def test_offline_returns_the_whole_utterance_and_its_info(stages: InProcessStages) -> None:
     profile = _profile()
     observer = RecordingObserver()
-    service = EntryService(contract.MODEL_OFFLINE, profile, stages, observer, profile.entry.offline_emit_tokens,
-                           watch=False)
+    service = EntryService(contract.MODEL_OFFLINE, profile, stages, observer, offline=True)
     text = "今天天气很好，阳光明媚，我们都很开心。我们一起去公园散步吧，好不好，朋友们？"
     audio, info_text = service.offline(service.admit(_tensors(text, max_new_tokens=20, min_new_tokens=20), {}, "o"))
     info = json.loads(info_text)
@@ -232,3 +230,21 @@ def test_degraded_mode_takes_the_cheaper_path_and_sheds_batch_requests(stages: I
     assert final["degraded"] is True and final["vocoder"] == "codes" and final["tokens"] == 12
     assert observer.degraded == [True]
     service.stream(held, RecordingChannel())
+
+
+def test_the_watchdog_leaves_queued_streams_alone_while_others_progress() -> None:
+    """Streams waiting behind full engine batches make no progress for minutes: only when no
+    stream at all progresses for stall_s is the engine taken for dead."""
+    from chattts_serving.serving.lifecycle import CancelWatcher, StreamGuard
+
+    stalled: list[str] = []
+    watcher = CancelWatcher(interval_s=3600.0, stall_s=10.0, on_stall=lambda g, name: stalled.append(name))
+    waiting, running = StreamGuard(RecordingChannel()), StreamGuard(RecordingChannel())
+    watcher.guard(waiting, "waiting")
+    watcher.guard(running, "running")
+    waiting.last_activity -= 60.0  # queued for a minute
+    watcher.poll()
+    assert stalled == []  # the other stream progresses: the engine is alive
+    running.last_activity -= 11.0  # now nothing has moved for longer than stall_s
+    watcher.poll()
+    assert sorted(stalled) == ["running", "waiting"]

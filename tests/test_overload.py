@@ -29,6 +29,7 @@ pytestmark = pytest.mark.server
 
 MAX_STREAMS = 4
 ENGINE_BATCH = 2
+OFFLINE_THREADS = 2
 
 
 def _serve(artifacts: Artifacts, work: Path, **changes: dict[str, Any]) -> TritonServer:
@@ -48,9 +49,12 @@ def _info(srv: TritonServer) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def tight(small_artifacts: Artifacts, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    """A server whose entry model admits 4 streams and whose engine decodes 2 at a time."""
+    """A server whose entry model admits 4 streams, whose one chattts_offline instance runs 2
+    requests at once, and whose engine decodes 2 at a time."""
     srv = _serve(small_artifacts, tmp_path_factory.mktemp("tight"),
-                 entry={"max_concurrent_streams": MAX_STREAMS}, engine={"max_batch_size": ENGINE_BATCH})
+                 entry={"max_concurrent_streams": MAX_STREAMS, "offline_threads": OFFLINE_THREADS,
+                        "offline_instance_count": 1},
+                 engine={"max_batch_size": ENGINE_BATCH})
     try:
         yield _info(srv)
     finally:
@@ -175,8 +179,14 @@ def tree_rss(server: TritonServer) -> int:
     return sum(p.memory_info().rss for p in [root, *root.children(recursive=True)])
 
 
+def _rejected_busy(port: int, model: str) -> float:
+    return sum(v for k, v in metrics(port).items()
+               if k.startswith("tts_rejected_total") and 'reason="busy"' in k and f'model="{model}"' in k)
+
+
 def test_overload_rejects_the_excess_at_once_and_completes_the_accepted(tight) -> None:
     n = 3 * MAX_STREAMS
+    rejected_before = _rejected_busy(tight["metrics"], contract.MODEL_STREAM)
     solo = Stream(tight["grpc"], "过载测试的句子。", 100, 300).start()
     solo.done.wait(60)
     solo.close()
@@ -206,8 +216,51 @@ def test_overload_rejects_the_excess_at_once_and_completes_the_accepted(tight) -
           f" first accepted stream done after {first_end * 1000:.1f} ms")
     assert slowest_reject < first_end
     assert gauge(tight["metrics"], "tts_engine_active_sequences") == 0
-    m = metrics(tight["metrics"])
-    assert sum(v for k, v in m.items() if k.startswith("tts_rejected_total") and 'reason="busy"' in k) >= len(busy)
+    assert wait_for(lambda: _rejected_busy(tight["metrics"], contract.MODEL_STREAM) - rejected_before == len(busy))
+
+
+def test_offline_refuses_at_once_when_its_instance_is_full(tight) -> None:
+    """chattts_offline runs entry.offline_threads requests per instance; more get 503 at
+    once instead of waiting in Triton's queue behind utterances that take seconds."""
+    import tritonclient.http as httpclient
+
+    url = tight["grpc"].replace(str(tight["server"].grpc_port), str(tight["server"].http_port))
+    before = _rejected_busy(tight["metrics"], contract.MODEL_OFFLINE)
+    results: list[tuple[float, str | None]] = []
+
+    def one(tokens: int) -> None:
+        client = httpclient.InferenceServerClient(url, network_timeout=120)
+        inputs = []
+        for name, value, dtype in (("text", np.array(["离线。".encode()], np.object_), "BYTES"),
+                                   ("max_new_tokens", np.array([tokens], np.int32), "INT32"),
+                                   ("min_new_tokens", np.array([tokens], np.int32), "INT32")):
+            inp = httpclient.InferInput(name, list(value.shape), dtype)
+            inp.set_data_from_numpy(value)
+            inputs.append(inp)
+        t0 = time.perf_counter()
+        try:
+            client.infer(contract.MODEL_OFFLINE, inputs)
+            results.append((time.perf_counter() - t0, None))
+        except Exception as exc:  # the refusal is what is measured
+            results.append((time.perf_counter() - t0, str(exc)))
+        finally:
+            client.close()
+
+    long_ones = [threading.Thread(target=one, args=(1500,)) for _ in range(OFFLINE_THREADS)]
+    for t in long_ones:
+        t.start()
+    assert wait_for(lambda: gauge(tight["metrics"], "tts_engine_active_sequences") >= 1)
+    extra = [threading.Thread(target=one, args=(10,)) for _ in range(3)]
+    for t in extra:
+        t.start()
+    for t in long_ones + extra:
+        t.join(180)
+    refused = [(t, e) for t, e in results if e]
+    done = [t for t, e in results if not e]
+    assert len(done) == OFFLINE_THREADS and len(refused) == 3, results
+    assert all("[busy] server busy: 2 requests already running" in e for _, e in refused), refused
+    assert max(t for t, _ in refused) < min(done)  # refused while the accepted ones still ran
+    assert wait_for(lambda: _rejected_busy(tight["metrics"], contract.MODEL_OFFLINE) - before == 3)
 
 
 def test_cancelled_streams_leave_the_engine_and_leak_nothing(tight) -> None:

@@ -82,11 +82,14 @@ def test_a_refused_request_is_one_final_error_with_its_kind_and_code(host: Host,
 
 def test_offline_answers_audio_or_an_error_response_with_its_code(host: Host) -> None:
     offline = host.models["chattts_offline"]
-    ok, bad = offline.execute([_entry(max_new_tokens=20, min_new_tokens=20),  # type: ignore[attr-defined]
-                               _entry(top_k=0)])
-    assert not ok.has_error() and ok.output_tensors()[0].as_numpy().size == contract.samples_for_tokens(20)
-    assert bad.has_error() and bad.error().code() == TritonError.INVALID_ARG
-    assert decode(bad.error().message()) == ("invalid", bad.error().message().removeprefix("[invalid] "))
+    ok, bad = _entry(max_new_tokens=20, min_new_tokens=20), _entry(top_k=0)
+    assert offline.execute([ok, bad]) is None  # type: ignore[attr-defined]  # answered on the response senders
+    for req in (ok, bad):
+        assert req.sender.closed.wait(30) and len(req.sender.sent) == 1 and req.sender.sent[0][1] == FINAL
+    good, refused = ok.sender.responses[0], bad.sender.responses[0]
+    assert not good.has_error() and good.output_tensors()[0].as_numpy().size == contract.samples_for_tokens(20)
+    assert refused.has_error() and refused.error().code() == TritonError.INVALID_ARG
+    assert decode(refused.error().message()) == ("invalid", refused.error().message().removeprefix("[invalid] "))
 
 
 def test_engine_control_requests(host: Host) -> None:
@@ -130,3 +133,25 @@ def test_the_breakers_trial_ends_when_its_client_cancels_and_then_the_engine_is_
     assert not any(r.has_error() for r in healthy), [r.error().message() for r in healthy if r.has_error()]
     assert _audio(healthy).size == contract.samples_for_tokens(10)
     assert MetricFamily.total("tts_request_total", model="chattts", status="cancelled") >= 1
+
+
+def test_busy_is_decided_before_reading_the_request_and_sent_before_accepted_streams_end(host: Host) -> None:
+    """Every stream slot taken: each further request is refused at once with the busy kind
+    and Triton's UNAVAILABLE code, before any accepted stream has ended, and counted."""
+    before = MetricFamily.total("tts_rejected_total", model="chattts", reason="busy")
+    accepted = [_entry(max_new_tokens=300, min_new_tokens=300, request_id=f"a{i}") for i in range(4)]
+    refused = [_entry(request_id=f"r{i}") for i in range(6)]
+    stream = host.models["chattts"]
+    for req in accepted + refused:
+        stream.execute([req])  # type: ignore[attr-defined]  # one request per execute, as Triton calls it
+    for req in refused:
+        assert req.sender.closed.wait(10)
+        err = req.sender.responses[0].error()
+        assert err is not None and err.code() == TritonError.UNAVAILABLE
+        assert decode(err.message()) == ("busy", "server busy: 4 streams already live")
+    assert not any(req.sender.closed.is_set() for req in accepted)  # refusals did not wait for them
+    for req in accepted:
+        assert req.sender.closed.wait(60) and req.sender.violations == []
+        assert not any(r.has_error() for r in req.sender.responses)
+    time.sleep(0.05)
+    assert MetricFamily.total("tts_rejected_total", model="chattts", reason="busy") - before == 6

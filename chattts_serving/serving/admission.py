@@ -1,10 +1,13 @@
 """Admission of the entry models, free of Triton: which requests are accepted, and how.
 
-:meth:`Admission.admit` parses a request (:func:`~chattts_serving.serving.request.parse_entry`),
-re-evaluates the degraded mode, sheds batch-priority requests while degraded, takes one of
-the instance's stream slots (the admission limit: at most ``entry.max_concurrent_streams``
-live streams; beyond it "server busy" at once) and, in degraded mode, makes the request
-cheaper. Every accepted request holds one slot until :meth:`Admission.release`.
+Busy is decided first and alone: :meth:`Admission.reserve` takes one of the instance's slots
+(the admission limit: ``entry.max_concurrent_streams`` live streams for ``chattts``,
+``entry.offline_threads`` running requests for ``chattts_offline``) or answers "server busy"
+without reading the request at all, so that under overload a refusal costs a counter check.
+Only a request that holds a slot is then parsed (:func:`~chattts_serving.serving.request.parse_entry`)
+by :meth:`Admission.admit`, which re-evaluates the degraded mode, sheds batch-priority requests
+while degraded and, in degraded mode, makes the request cheaper. Every accepted request holds
+its slot until :meth:`Admission.release`; a refused one gives it back at once.
 """
 
 from __future__ import annotations
@@ -57,15 +60,19 @@ def rejection_reason(exc: RequestError) -> str:
 
 
 class Admission:
-    """The admission decisions of one entry-model instance (see the module docstring)."""
+    """The admission decisions of one entry-model instance (see the module docstring):
+    ``limit`` requests at once; ``busy_detail`` completes the refusal "server busy: <limit>
+    <busy_detail>"."""
 
-    def __init__(self, profile: Profile, on_degrade_switch: Callable[[bool], None] | None = None) -> None:
+    def __init__(self, profile: Profile, limit: int, busy_detail: str = "streams already live",
+                 on_degrade_switch: Callable[[bool], None] | None = None) -> None:
         self.profile = profile
+        self.busy_detail = busy_detail
         d = profile.degrade
         self.degrader = Degrader(DegradeThresholds(d.live_high, d.live_low, d.ttfa_p95_high_s, d.ttfa_p95_low_s,
                                                    d.window, d.min_dwell_s, d.max_age_s),
                                  on_switch=on_degrade_switch)
-        self.slots = StreamSlots(profile.entry.max_concurrent_streams)
+        self.slots = StreamSlots(limit)
         self.limits = EntryLimits(max_new_tokens_cap=profile.engine.max_new_tokens_cap,
                                   max_text_chars=profile.frontend.max_text_chars,
                                   default_vocoder=profile.stream.default_vocoder)
@@ -73,18 +80,28 @@ class Admission:
         self.segments = SegmentRules(max_chars=profile.frontend.max_segment_chars,
                                      merge_chars=profile.frontend.merge_segment_chars)
 
+    def reserve(self) -> RequestError | None:
+        """Take a slot for a request that has just arrived, before reading it: None when taken,
+        else the BUSY error to answer at once."""
+        if self.slots.acquire():
+            return None
+        return RequestError(f"server busy: {self.slots.limit} {self.busy_detail}", ErrorKind.BUSY)
+
     def admit(self, inputs: Mapping[str, np.ndarray], params: Mapping[str, object], request_id: str,
               arrival_s: float, emit_tokens: int) -> SynthesisJob:
-        """Parse, validate and admit one request that arrived at ``arrival_s``
-        (``time.monotonic()``); ``emit_tokens``: tokens per engine batch for this entry model.
-        Raises RequestError: INVALID for bad input, BUSY when shed or every slot is taken."""
-        req = parse_entry(inputs, self.limits, params, request_id)
-        degraded = self.degrader.update(self.slots.live)
-        if degraded and req.priority == Priority.BATCH:
-            raise RequestError("server busy: batch-priority requests are shed while the server is degraded",
-                               ErrorKind.BUSY)
-        if not self.slots.acquire():
-            raise RequestError(f"server busy: {self.slots.limit} streams already live", ErrorKind.BUSY)
+        """Parse, validate and admit one request that holds a slot (:meth:`reserve`) and
+        arrived at ``arrival_s`` (``time.monotonic()``); ``emit_tokens``: tokens per engine
+        batch for this entry model. Raises RequestError (INVALID for bad input, BUSY when shed
+        in degraded mode), the slot then given back."""
+        try:
+            req = parse_entry(inputs, self.limits, params, request_id)
+            degraded = self.degrader.update(self.slots.live - 1)
+            if degraded and req.priority == Priority.BATCH:
+                raise RequestError("server busy: batch-priority requests are shed while the server is degraded",
+                                   ErrorKind.BUSY)
+        except RequestError:
+            self.release()
+            raise
         schedule = self.schedule
         if degraded:
             deg = self.profile.degrade

@@ -68,18 +68,22 @@ class EntryService:
     """One per entry-model instance: admission, the stream lifecycle, metrics and logs.
 
     ``model``: the Triton model name (for logs and metrics); ``stages``: the pipeline's stages;
-    ``observer``: the metrics; ``emit_tokens``: tokens per engine batch for this model
-    (``stream.emit_tokens`` or ``entry.offline_emit_tokens``). Streaming needs a
-    :class:`CancelWatcher`, created here when ``watch`` is true.
+    ``observer``: the metrics; ``offline``: serve ``chattts_offline`` (whole utterances, at most
+    ``entry.offline_threads`` at once, ``entry.offline_emit_tokens`` per engine batch) instead
+    of streams (at most ``entry.max_concurrent_streams``, ``stream.emit_tokens`` per batch,
+    client cancels polled by a :class:`CancelWatcher`).
     """
 
     def __init__(self, model: str, profile: Profile, stages: Stages, observer: EntryObserver,
-                 emit_tokens: int, watch: bool = True) -> None:
+                 offline: bool = False) -> None:
         self.model, self.profile, self.stages, self.observer = model, profile, stages, observer
-        self.emit_tokens = emit_tokens
-        self.admission = Admission(profile, on_degrade_switch=self._on_switch)
-        self.watcher = (CancelWatcher(profile.entry.cancel_poll_interval_s, profile.entry.stall_timeout_s,
-                                      self._stalled) if watch else None)
+        entry = profile.entry
+        self.emit_tokens = entry.offline_emit_tokens if offline else profile.stream.emit_tokens
+        self.admission = (Admission(profile, entry.offline_threads, "requests already running",
+                                    on_degrade_switch=self._on_switch) if offline else
+                          Admission(profile, entry.max_concurrent_streams, on_degrade_switch=self._on_switch))
+        self.watcher = None if offline else CancelWatcher(entry.cancel_poll_interval_s, entry.stall_timeout_s,
+                                                          self._stalled, entry.cancel_polls_per_s)
         self._waiting = 0
         self._lock = threading.Lock()
         # Re-evaluate the degraded mode once a second too, not only on arrivals: a server
@@ -87,22 +91,34 @@ class EntryService:
         threading.Thread(target=self._tick, name="degrade-tick", daemon=True).start()
 
     # ---- admission -------------------------------------------------------------------------
+    def reserve(self) -> RequestError | None:
+        """Take a slot for a request that has just arrived, before reading anything of it:
+        None when taken, else the BUSY error to send at once (then :meth:`rejected`)."""
+        return self.admission.reserve()
+
     def admit(self, inputs: Mapping[str, np.ndarray], params: Mapping[str, object], request_id: str,
-              arrival_s: float | None = None) -> SynthesisJob:
-        """Validate and admit one request. Raises RequestError (already counted and logged)."""
+              arrival_s: float | None = None, reserved: bool = False) -> SynthesisJob:
+        """Validate and admit one request (``reserved``: it already holds a slot from
+        :meth:`reserve`). Raises RequestError, already counted and logged (the slot given back)."""
         arrival = time.monotonic() if arrival_s is None else arrival_s
         try:
+            if not reserved and (busy := self.reserve()) is not None:
+                raise busy
             job = self.admission.admit(inputs, params, request_id, arrival, self.emit_tokens)
         except RequestError as exc:
-            reason = rejection_reason(exc)
-            self.observer.rejected(reason)
-            log_event("request_rejected", level="warning", model=self.model, request_id=request_id,
-                      reason=reason, status=exc.kind, message=str(exc))
+            self.rejected(request_id, exc)
             raise
         self._count_waiting(+1)
         log_event("request_accepted", model=self.model, request_id=request_id, priority=job.req.priority,
                   degraded=job.degraded, text_chars=len(job.req.text), vocoder=job.req.vocoder)
         return job
+
+    def rejected(self, request_id: str, exc: RequestError) -> None:
+        """Count and log a request refused before any work (after its error was sent)."""
+        reason = rejection_reason(exc)
+        self.observer.rejected(reason)
+        log_event("request_rejected", level="warning", model=self.model, request_id=request_id,
+                  reason=reason, status=exc.kind, message=str(exc))
 
     # ---- streaming ---------------------------------------------------------------------------
     def stream(self, job: SynthesisJob, channel: ResponseChannel) -> None:

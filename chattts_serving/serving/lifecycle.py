@@ -88,21 +88,40 @@ class StreamGuard:
 
 
 class CancelWatcher:
-    """Polls the watched streams' ``is_cancelled()`` every ``interval_s`` seconds on one
-    thread and runs their ``on_cancel`` once. With ``stall_s`` it also ends guarded streams
-    that made no progress for that long: ``on_stall(guard, context)`` runs on the watcher
-    thread (the GPT engine's process died: Triton 2.51 then never answers the BLS iterator)."""
+    """Polls the watched streams' ``is_cancelled()`` on one thread and runs their
+    ``on_cancel`` once. With ``stall_s`` it also ends the guarded streams when none of them has
+    made progress for that long (the GPT engine's process died: Triton 2.51 then never answers
+    the BLS iterator); ``on_stall(guard, context)`` runs on the watcher thread for each. While
+    any stream progresses, streams that merely wait (queued behind full engine batches) are
+    left alone.
+
+    A poll round asks every watched stream, every ``interval_s`` seconds at the most often, and
+    no more than ``max_polls_per_s`` questions a second in all: in Triton each question is a
+    round trip from the model's process to the server's, through the same channel as every
+    response the model sends, so polling 64 streams every 5 ms (12,800 round trips a second)
+    would delay the very responses (audio, and "busy" refusals) it competes with. A cancel is
+    therefore seen within ``max(interval_s, streams / max_polls_per_s)`` seconds (64 streams at
+    2,000 a second: 32 ms).
+    """
 
     def __init__(self, interval_s: float, stall_s: float | None = None,
-                 on_stall: Callable[[StreamGuard, Any], None] | None = None) -> None:
+                 on_stall: Callable[[StreamGuard, Any], None] | None = None,
+                 max_polls_per_s: float = float("inf")) -> None:
         self.interval_s = interval_s
         self.stall_s = stall_s
         self.on_stall = on_stall
+        self.max_polls_per_s = max_polls_per_s
         self._watched: dict[int, tuple[Callable[[], bool], Callable[[], None]]] = {}
         self._guards: dict[int, tuple[StreamGuard, Any]] = {}
         self._ids = itertools.count()
         self._lock = threading.Lock()
         threading.Thread(target=self._loop, name="cancel-watch", daemon=True).start()
+
+    def round_interval_s(self) -> float:
+        """Seconds between two poll rounds with the streams watched now."""
+        with self._lock:
+            n = len(self._watched)
+        return max(self.interval_s, n / self.max_polls_per_s)
 
     def _add(self, table: dict[int, Any], entry: Any) -> Callable[[], None]:
         """Put ``entry`` into ``table`` under a new key; returns the function that removes it."""
@@ -148,7 +167,13 @@ class CancelWatcher:
             return
         now = time.monotonic()
         with self._lock:
-            stalled = [(k, g, c) for k, (g, c) in self._guards.items() if now - g.last_activity > self.stall_s]
+            # A stream queued in the engine behind full batches makes no progress for as long
+            # as the sequences before it run (minutes with long texts): that is load, not a
+            # fault. The engine is taken for dead only when no guarded stream has progressed
+            # for stall_s; then every stream without progress for that long is ended.
+            newest = max((g.last_activity for g, _ in self._guards.values()), default=now)
+            stalled = ([] if now - newest <= self.stall_s else
+                       [(k, g, c) for k, (g, c) in self._guards.items() if now - g.last_activity > self.stall_s])
             for k, _, _ in stalled:
                 del self._guards[k]
         for _, g, c in stalled:
@@ -159,5 +184,5 @@ class CancelWatcher:
 
     def _loop(self) -> None:
         while True:
-            time.sleep(self.interval_s)
+            time.sleep(self.round_interval_s())
             self.poll()

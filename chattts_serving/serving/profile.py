@@ -99,8 +99,10 @@ class StreamProfile(_Strict):
 class EntryProfile(_Strict):
     """The entry models' knobs: admission limit, Triton queue, priorities, instances, circuit
     breaker, the stall watchdog, how often live streams are polled for client cancels
-    (``cancel_poll_interval_s``), and ``chattts_offline``'s threads per instance and tokens
-    per engine batch."""
+    (``cancel_poll_interval_s``, and at most ``cancel_polls_per_s`` polls a second in all:
+    :class:`~chattts_serving.serving.lifecycle.CancelWatcher`), the threads that send "busy"
+    refusals, and ``chattts_offline``'s requests per instance (``offline_threads``: its
+    admission limit) and tokens per engine batch."""
 
     max_concurrent_streams: int = Field(ge=1)
     max_queue_size: int = Field(ge=1)
@@ -111,6 +113,8 @@ class EntryProfile(_Strict):
     breaker_cooldown_s: float = Field(gt=0)
     stall_timeout_s: float = Field(gt=0)
     cancel_poll_interval_s: float = Field(gt=0, le=1)
+    cancel_polls_per_s: float = Field(gt=0)
+    refusal_threads: int = Field(ge=1)
     offline_threads: int = Field(ge=1)
     offline_emit_tokens: int = Field(ge=1)
 

@@ -36,6 +36,7 @@ from ..engine.scheduler import Engine, Sequence
 from ..errors import ErrorKind, RequestError
 from ..serving.entry import EntryService
 from ..serving.logs import log_event
+from ..serving.pipeline import SynthesisJob
 from ..serving.request import EngineControl, parse_engine, parse_frontend
 from ..text.frontend import FrontEnd, FrontendError
 from .metrics import EngineMetrics, EntryMetrics, MemoryGauges
@@ -233,50 +234,96 @@ def entry_request(pb: Any, request: Any) -> tuple[dict[str, np.ndarray], dict[st
     return request_inputs(pb, request, contract.ENTRY_INPUTS), params, request.request_id() or uuid.uuid4().hex
 
 
-def entry_service(model: TritonModel, setup: ModelSetup, emit_tokens: int, watch: bool) -> EntryService:
-    """The entry service of an entry-model instance, over BLS stages and Prometheus metrics."""
-    entry = setup.profile.entry
-    stages = BlsStages(model.pb, entry.breaker_failures, entry.breaker_cooldown_s)
-    return EntryService(setup.name, setup.profile, stages, EntryMetrics(model.pb, setup.name), emit_tokens,
-                        watch=watch)
+class EntryModel(TritonModel):
+    """What the two entry models share: requests are answered on their response sender (also
+    by ``chattts_offline``, which Triton lets do so when ``execute`` returns None), so that
+    ``execute`` only decides "busy" and hands everything else to worker threads.
+
+    Under overload a refusal must not wait behind the work of the requests before it: Triton
+    calls ``execute`` with one request at a time, so everything ``execute`` does for an accepted
+    request (reading and validating its tensors, logs, metrics, each a round trip to the server
+    for metrics) delays every refusal queued behind it. Here ``execute`` takes a slot or not
+    (:meth:`EntryService.reserve`, a counter), queues the refusal on the refusal threads or
+    the request on the workers, and returns; the busy error is sent first, counted and logged
+    after (measured in ``make bench``: ``busy_p99_s_saturated``).
+    """
+
+    offline: ClassVar[bool] = False
+
+    def start(self, setup: ModelSetup) -> None:
+        entry = setup.profile.entry
+        stages = BlsStages(self.pb, entry.breaker_failures, entry.breaker_cooldown_s)
+        self.service = EntryService(setup.name, setup.profile, stages, EntryMetrics(self.pb, setup.name),
+                                    offline=self.offline)
+        self.workers = ThreadPoolExecutor(self.service.admission.slots.limit, thread_name_prefix="entry")
+        self.refusals = ThreadPoolExecutor(entry.refusal_threads, thread_name_prefix="refuse")
+
+    def execute(self, requests: list[Any]) -> None:
+        for request in requests:
+            arrival = time.monotonic()
+            sender = request.get_response_sender()
+            busy = self.service.reserve()
+            if busy is not None:
+                self.refusals.submit(self._refuse, request, sender, busy)
+            else:
+                self.workers.submit(self._serve, request, sender, arrival)
+        return None
+
+    def _refuse(self, request: Any, sender: Any, busy: RequestError) -> None:
+        send_final_error(self.pb, sender, busy)
+        self.service.rejected(request.request_id(), busy)
+
+    def _serve(self, request: Any, sender: Any, arrival_s: float) -> None:
+        """Admit a request that holds a slot and run it to its end (on a worker thread)."""
+        try:
+            inputs, params, request_id = entry_request(self.pb, request)
+            job = self.service.admit(inputs, params, request_id, arrival_s, reserved=True)
+        except RequestError as exc:  # counted, logged, slot given back
+            send_final_error(self.pb, sender, exc)
+            return
+        except Exception as exc:
+            log.exception("%s: admission failed", self.name)
+            self.service.admission.release()
+            send_final_error(self.pb, sender, internal_error(exc))
+            return
+        self.run(job, sender)
+
+    def run(self, job: SynthesisJob, sender: Any) -> None:
+        raise NotImplementedError
+
+    def finalize(self) -> None:
+        self.workers.shutdown(wait=False, cancel_futures=True)
+        self.refusals.shutdown(wait=False, cancel_futures=True)
 
 
-class StreamingEntryModel(DecoupledModel):
+class StreamingEntryModel(EntryModel):
     """chattts (decoupled BLS entry point): text (BYTES [1]) and optional voice, vocoder,
     sampling, lookahead_tokens, priority, timeout_s and refine inputs -> a stream of audio
     chunks (FP32 [n], 24 kHz mono), small first chunk, larger ones after; the first chunk also
     carries info (BYTES [1], JSON: contract.INFO_HEADER_KEYS); the stream ends with a final
     response carrying only info (contract.INFO_FINAL_KEYS) or an explicit error."""
 
-    def start(self, setup: ModelSetup) -> None:
-        self.service = entry_service(self, setup, setup.profile.stream.emit_tokens, watch=True)
-        self.pool = ThreadPoolExecutor(setup.profile.entry.max_concurrent_streams, thread_name_prefix="stream")
+    decoupled = True
 
-    def accept(self, request: Any, sender: Any) -> None:
-        inputs, params, request_id = entry_request(self.pb, request)
-        job = self.service.admit(inputs, params, request_id)
-        self.pool.submit(self.service.stream, job, SenderChannel(self.pb, sender))
-
-    def finalize(self) -> None:
-        self.pool.shutdown(wait=False, cancel_futures=True)
+    def run(self, job: SynthesisJob, sender: Any) -> None:
+        self.service.stream(job, SenderChannel(self.pb, sender))
 
 
-class OfflineEntryModel(UnaryModel):
+class OfflineEntryModel(EntryModel):
     """chattts_offline (HTTP/gRPC infer): the inputs of chattts -> the whole utterance as one
     audio tensor (FP32 [n], 24 kHz mono), each sentence vocoded in one window like offline
-    ChatTTS, and info (BYTES [1], JSON: contract.INFO_FINAL_KEYS)."""
+    ChatTTS, and info (BYTES [1], JSON: contract.INFO_FINAL_KEYS); "busy" at once when the
+    instance already runs ``entry.offline_threads`` requests."""
 
-    def start(self, setup: ModelSetup) -> None:
-        self.service = entry_service(self, setup, setup.profile.entry.offline_emit_tokens, watch=False)
-        self.pool = ThreadPoolExecutor(setup.profile.entry.offline_threads, thread_name_prefix="offline")
+    offline = True
 
-    def execute(self, requests: list[Any]) -> list[Any]:
-        return list(self.pool.map(self._response, requests))
-
-    def respond(self, request: Any) -> list[Any]:
-        inputs, params, request_id = entry_request(self.pb, request)
-        audio, info = self.service.offline(self.service.admit(inputs, params, request_id))
-        return [self.pb.Tensor(contract.OUT_AUDIO.name, audio), string_tensor(self.pb, contract.OUT_INFO.name, info)]
-
-    def finalize(self) -> None:
-        self.pool.shutdown(wait=False, cancel_futures=True)
+    def run(self, job: SynthesisJob, sender: Any) -> None:
+        pb = self.pb
+        try:
+            audio, info = self.service.offline(job)
+        except RequestError as exc:
+            send_final_error(pb, sender, exc)
+            return
+        response = pb.InferenceResponse(output_tensors=[pb.Tensor(contract.OUT_AUDIO.name, audio),
+                                                        string_tensor(pb, contract.OUT_INFO.name, info)])
+        sender.send(response, flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
