@@ -76,6 +76,9 @@ class Precision(WireEnum):
 
     FP32 = "fp32"
     FP16 = "fp16"
+    INT8 = "int8"
+    """Dynamic int8 GPT step (``chattts-export --precision int8``; the vocoders have no int8
+    variant, see :data:`INT8_GRAPH_FILES`)."""
 
 # --- audio -----------------------------------------------------------------------------
 SAMPLE_RATE_HZ: Final = 24000
@@ -313,6 +316,10 @@ FP16_GRAPH_FILES: Final = {GPT_GRAPH: "gpt_step.fp16.onnx",
                            VOCODER_CODES_GRAPH: "vocoder_codes.fp16.onnx"}
 """fp16 file of each graph (fp16 weights and compute, fp32 inputs and outputs), as the exporter
 writes them and lists them in manifest.json under ``precisions.fp16``."""
+INT8_GRAPH_FILES: Final = {GPT_GRAPH: "gpt_step.int8.onnx"}
+"""int8 file of each graph that has one (only the GPT step: the vocoders stay fp32, see
+``chattts_serving/export/int8.py``), as ``chattts-export --precision int8`` writes it and lists
+it in manifest.json under ``precisions.int8``."""
 MANIFEST: Final = "manifest.json"
 EMBED_FILE: Final = "embed.npz"
 SPEAKER_FILE: Final = "speaker_stats.npz"

@@ -24,7 +24,7 @@ class OrtOptions:
     ``io_binding``: the GPT step runs through ONNX Runtime's IO binding, its KV cache in
     buffers of the runner's :class:`~chattts_serving.engine.arrays.ArrayBackend` (device memory with
     cupy on the CUDA EP, numpy on the CPU EP) that are bound in place, never copied per step.
-    ``precision``: ``"fp32"`` or ``"fp16"`` graphs (see :func:`graph_path`).
+    ``precision``: ``"fp32"``, ``"fp16"`` or ``"int8"`` graphs (see :func:`graph_path`).
     ``device_id``: the GPU ordinal for the CUDA/TensorRT execution providers and cupy.
     """
 
@@ -36,9 +36,11 @@ class OrtOptions:
     device_id: int = 0
 
 
-PRECISIONS = ("fp32", "fp16")
-"""Graph precisions an artifact directory may hold: ``fp32`` (always) and ``fp16`` (exported
-with ``chattts-export --precision fp16``; listed under ``precisions`` in manifest.json)."""
+PRECISIONS = tuple(p.value for p in contract.Precision)
+"""Graph precisions an artifact directory may hold (:class:`~chattts_serving.contract.Precision`):
+``fp32`` (always), ``fp16`` (exported with ``chattts-export --precision fp16``) and ``int8``
+(``--precision int8``: the GPT step only); the variants are listed under ``precisions`` in
+manifest.json."""
 
 
 FP16_GRAPH_FILES = contract.FP16_GRAPH_FILES
@@ -47,10 +49,10 @@ FP16_GRAPH_FILES = contract.FP16_GRAPH_FILES
 def graph_path(artifacts: Artifacts, graph: str, precision: str = "fp32") -> Path:
     """Path of graph file ``graph`` (a ``contract.*_GRAPH`` name) in ``precision``.
 
-    fp32 is the file itself; fp16 is the file the manifest lists under
-    ``precisions.fp16.<graph>``. Raises ValueError for an unknown precision and
+    fp32 is the file itself; fp16 and int8 are the files the manifest lists under
+    ``precisions.<precision>.<graph>``. Raises ValueError for an unknown precision and
     FileNotFoundError when the artifacts have no such variant (re-export with
-    ``chattts-export --precision fp16``).
+    ``chattts-export --precision <precision>``; int8 exists for the GPT step only).
     """
     if precision not in PRECISIONS:
         raise ValueError(f"unknown precision {precision!r}; expected one of {PRECISIONS}")

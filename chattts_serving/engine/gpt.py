@@ -83,7 +83,8 @@ class Embeddings:
 
 
 class GptStepRunner:
-    """Runs ``gpt_step.onnx`` (or its fp16 variant, ``opts.precision``).
+    """Runs ``gpt_step.onnx`` (or its fp16 or int8 variant, ``opts.precision``; the int8
+    graph's IO and KV cache are float32 like the fp32 graph's).
 
     :meth:`run` takes embeddings (B, T, H) float32, an int64 mask (B, P+T) and the per-layer
     past KV list (2*layers arrays of (B, heads, P, head_dim) :attr:`kv_dtype`: float32, float16
@@ -100,7 +101,9 @@ class GptStepRunner:
 
         self.art = artifacts
         self.opts = opts
-        self.session = make_session(graph_path(artifacts, contract.GPT_GRAPH, opts.precision), opts)
+        self.graph = graph_path(artifacts, contract.GPT_GRAPH, opts.precision)
+        """The graph file this runner loaded (the fp32 file or its ``opts.precision`` variant)."""
+        self.session = make_session(self.graph, opts)
         self.layers = artifacts.num_layers
         self._past = [n for i in range(self.layers) for n in contract.past_names(i)]
         self._out = [contract.G_LOGITS, contract.G_HIDDEN,

@@ -7,6 +7,7 @@ import sys
 import time
 from pathlib import Path
 
+from ..contract import Precision
 from .weights import SIZES, WeightsError
 
 
@@ -32,10 +33,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="where --synthetic writes its checkpoint / --download its snapshot "
                         "(default build/weights/<name>)")
     p.add_argument("--force", action="store_true", help="export even if the artifacts are up to date")
-    p.add_argument("--precision", choices=("fp32", "fp16"), default="fp32",
+    p.add_argument("--precision", choices=[str(x) for x in Precision], default=str(Precision.FP32),
                    help="fp16: also write fp16 variants of the graphs (KV cache fp16, fp32 embeddings/logits/"
-                        "audio), checked against ChatTTS' fp32 modules and listed in manifest.json, for "
-                        "profiles with [engine] precision = \"fp16\" (default fp32: only the fp32 graphs)")
+                        "audio), checked against ChatTTS' fp32 modules; int8: also write a dynamic-int8 GPT "
+                        "step (fp32 IO and KV cache; vocoders stay fp32), checked against the fp32 graph; "
+                        "either listed in manifest.json, for profiles with [engine] precision = \"fp16\" or "
+                        "\"int8\" (default fp32: only the fp32 graphs)")
     p.add_argument("--quiet", action="store_true", help="no progress display")
     return p
 
@@ -43,8 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from .build import export_artifacts
-    from .fp16 import add_fp16, fp16_up_to_date
-    from .weights import download, generate_checkpoint, load_chat
+    from .variants import ensure_precision
+    from .weights import download, generate_checkpoint
 
     started = time.perf_counter()
 
@@ -71,9 +74,7 @@ def main(argv: list[str] | None = None) -> int:
             out = args.out or Path("artifacts") / "chattts"
             source = {"kind": "assets", "path": str(Path(root).resolve())}
         out, exported = export_artifacts(root, out, source=source, force=args.force, progress=progress)
-        if args.precision == "fp16" and (args.force or not fp16_up_to_date(out)):
-            progress("loading weights through ChatTTS (fp16 parity reference)")
-            exported = add_fp16(load_chat(root), out, force=True, progress=progress) or exported
+        exported = ensure_precision(out, root, args.precision, force=args.force, progress=progress) or exported
     except WeightsError as exc:
         print(f"chattts-export: error: {exc}", file=sys.stderr)
         return 2

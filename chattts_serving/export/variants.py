@@ -1,0 +1,48 @@
+"""Precision variants of an exported artifact directory, added as a profile or the CLI asks.
+
+One entry point for ``chattts-export --precision`` and ``make demo PROFILE=...``, so that a
+profile whose ``precision`` names a variant finds it exported (fp16: :mod:`.fp16`, int8:
+:mod:`.int8`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from ..contract import Precision
+
+VARIANT_PRECISIONS = tuple(str(p) for p in Precision if p is not Precision.FP32)
+"""Precisions written next to the fp32 graphs on request (fp32 is always exported)."""
+
+
+def ensure_precision(out: Path, weights_root: Path, precision: str, *, force: bool = False,
+                     progress: Callable[[str], None] | None = None) -> bool:
+    """Add the ``precision`` variant to the complete fp32 artifact directory ``out`` unless it
+    is up to date (or ``force``). fp16 checks its parity against ChatTTS' torch modules, so it
+    loads the checkpoint in ``weights_root``; int8 is checked against the fp32 graph and needs
+    no weights. ``fp32`` is a no-op.
+
+    Returns True when a variant was written.
+
+    Raises:
+        ValueError: an unknown precision.
+        chattts_serving.export.weights.WeightsError: the variant's parity check failed, or the
+            artifacts are incomplete.
+    """
+    say = progress or (lambda _msg: None)
+    if precision == Precision.FP32:
+        return False
+    if precision == Precision.FP16:
+        from .fp16 import add_fp16, fp16_up_to_date
+        from .weights import load_chat
+
+        if not force and fp16_up_to_date(out):
+            return False
+        say("loading weights through ChatTTS (fp16 parity reference)")
+        return add_fp16(load_chat(weights_root), out, force=True, progress=say)
+    if precision == Precision.INT8:
+        from .int8 import add_int8
+
+        return add_int8(out, force=force, progress=say)
+    raise ValueError(f"unknown precision {precision!r}; expected fp32 or one of {VARIANT_PRECISIONS}")
