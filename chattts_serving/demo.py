@@ -2,7 +2,8 @@
 
 1. Weights: a local 2Noise/ChatTTS snapshot when ``--assets`` (or ``$CHATTTS_ASSETS``) names
    one, else generated full-size weights of ChatTTS' architecture (seeded, offline).
-2. Export to ONNX (skipped when the artifacts are up to date).
+2. Export to ONNX (skipped when the artifacts are up to date), plus the fp16 or int8 graph
+   variant when the profile's ``precision`` asks for one (``PROFILE=cpu-int8``, ``gpu``).
 3. Render the ``cpu`` (or ``--profile``) model repository and start the bundled tritonserver.
 4. Stream a Chinese sentence over gRPC into a WAV file, printing time to first audio (TTFA),
    total time and real-time factor (RTF). The first request after start-up warms ONNX
@@ -15,6 +16,7 @@ import argparse
 import os
 import sys
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 from . import contract
@@ -22,18 +24,22 @@ from .client import ClientError, SynthesisRequest, synthesize_stream, write_wav
 from .deploy.render import RenderError, render_repository
 from .deploy.server import ServerError, TritonServer
 from .export.build import export_artifacts
+from .export.variants import ensure_precision
 from .export.weights import WeightsError, generate_checkpoint, read_sizes
 from .serving.profile import ProfileError, load_profile
 
 DEMO_TEXT = "你好，欢迎使用基于 Triton 推理服务器的流式语音合成服务，第一段音频在整句话生成完之前就已经送达。"
 
 
-def prepare_artifacts(assets: Path | None, size: str) -> Path:
-    """Export real weights from ``assets`` or generated ones of ``size``; returns the artifacts dir."""
+def prepare_artifacts(assets: Path | None, size: str, precisions: Iterable[str] = ()) -> Path:
+    """Export real weights from ``assets`` or generated ones of ``size``, plus the graph variants
+    ``precisions`` asks for (a profile's engine and vocoder precisions: ``fp16``, ``int8``);
+    returns the artifacts dir."""
     def say(msg: str) -> None:
         print(f"  export: {msg}", flush=True)
 
     if assets is not None:
+        weights = assets
         out, exported = export_artifacts(assets, Path("artifacts/chattts"),
                                          source={"kind": "assets", "path": str(assets.resolve())}, progress=say)
     else:
@@ -44,6 +50,8 @@ def prepare_artifacts(assets: Path | None, size: str) -> Path:
             generate_checkpoint(weights, size, 0)
         out, exported = export_artifacts(weights, Path(f"artifacts/{size}"),
                                          source={"kind": "synthetic", "size": size, "seed": 0}, progress=say)
+    for precision in sorted(set(precisions)):
+        exported = ensure_precision(out, weights, precision, progress=say) or exported
     print(f"  artifacts: {out} ({'exported' if exported else 'up to date'})", flush=True)
     return out
 
@@ -63,11 +71,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--metrics-port", type=int, default=8002)
     args = ap.parse_args(argv)
     try:
+        profile = load_profile(args.profile)
         print("[1/3] weights and ONNX artifacts", flush=True)
-        artifacts = prepare_artifacts(args.assets, args.size)
-        print(f"[2/3] starting tritonserver (profile {args.profile})", flush=True)
+        artifacts = prepare_artifacts(args.assets, args.size, (profile.engine.precision, profile.vocoder.precision))
+        print(f"[2/3] starting tritonserver (profile {args.profile}, GPT {profile.engine.precision})", flush=True)
         repo = Path("build/model_repository")
-        render_repository(load_profile(args.profile), artifacts, repo)
+        render_repository(profile, artifacts, repo)
         Path("build").mkdir(exist_ok=True)
         log = Path("build/tritonserver-demo.log")
         with TritonServer(repo, http_port=args.http_port, grpc_port=args.grpc_port, metrics_port=args.metrics_port,

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -33,7 +33,8 @@ class EngineProfile(_Strict):
     """The GPT engine's knobs. ``io_binding``: run the GPT step through ONNX Runtime's IO
     binding with the KV cache resident where the execution provider computes (device memory
     with cupy on CUDA; see :class:`~chattts_serving.runtime.GptStepRunner`). ``precision``:
-    ``fp32``, or ``fp16`` graphs (``chattts-export --precision fp16``)."""
+    ``fp32``, or the ``fp16`` or ``int8`` GPT graph (``chattts-export --precision fp16|int8``;
+    int8: ``chattts_serving/export/int8.py``, its accuracy in manifest.json and the README)."""
 
     max_batch_size: int = Field(ge=1, le=256)
     max_waiting: int = Field(ge=1)
@@ -52,7 +53,8 @@ class EngineProfile(_Strict):
 
 class VocoderProfile(_Strict):
     """The vocoder models' knobs; ``max_queue_size``: windows waiting in Triton's dynamic
-    batcher before it refuses more (sized for every live stream's next window)."""
+    batcher before it refuses more (sized for every live stream's next window). ``precision``:
+    ``fp32`` or ``fp16`` (the vocoders have no int8 graph: ``contract.INT8_GRAPH_FILES``)."""
 
     instance_count: int = Field(ge=1)
     max_batch_size: int = Field(ge=1, le=256)
@@ -61,6 +63,14 @@ class VocoderProfile(_Strict):
     intra_op_threads: int = Field(ge=0)
     allow_spinning: bool
     precision: Precision = Precision.FP32
+
+    @field_validator("precision")
+    @classmethod
+    def _no_int8(cls, value: Precision) -> Precision:
+        """Refuse ``int8``: there is no int8 vocoder graph (raises ValueError)."""
+        if value is Precision.INT8:
+            raise ValueError("the vocoders have no int8 graph: fp32 or fp16")
+        return value
 
 
 class FrontendProfile(_Strict):

@@ -160,10 +160,11 @@ class EngineModel(DecoupledModel):
     def start(self, setup: ModelSetup) -> None:
         ep = setup.profile.engine
         self.hidden_size = setup.artifacts.hidden_size
+        runner = GptStepRunner(setup.artifacts, setup.ort("engine"))
+        log.info("%s: GPT step graph %s (precision %s)", setup.name, runner.graph.name, runner.opts.precision)
         self.metrics = EngineMetrics(self.pb, setup.name, ep.max_batch_size * ep.max_context_tokens,
                                      MemoryGauges(self.pb, setup.name, setup.gpu_index))
-        self.engine = Engine(GptStepRunner(setup.artifacts, setup.ort("engine")), Embeddings(setup.artifacts),
-                             ep.engine_config(), self.metrics)
+        self.engine = Engine(runner, Embeddings(setup.artifacts), ep.engine_config(), self.metrics)
         self.engine.warm_up(text_head=self.engine.emb.has_text_head)  # refine-text needs the text head
         if not self.engine.emb.has_text_head:
             log.warning("%s: the artifacts have no text head (exported before exporter version 3): "
