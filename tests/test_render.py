@@ -15,7 +15,7 @@ from chattts_serving.runtime import Artifacts
 from chattts_serving.serving.profile import ProfileError, load_profile
 
 
-@pytest.mark.parametrize("name", ["cpu", "gpu"])
+@pytest.mark.parametrize("name", ["cpu", "cpu-int8", "gpu"])
 def test_profiles_render_every_model_into_valid_configs(name: str, tmp_path: Path,
                                                          small_artifacts: Artifacts) -> None:
     written = render.render_repository(load_profile(name), small_artifacts.root, tmp_path / "repo")

@@ -1,0 +1,209 @@
+"""The int8 GPT step (``chattts-export --precision int8``, profile ``cpu-int8``), small config:
+its parity with the fp32 graph within its own stated tolerance, the engine running it
+consistently with the graph it loads, the accuracy measurement command, and the profile."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from conftest import free_port
+
+from chattts_serving import contract
+from chattts_serving.engine.gpt import Embeddings, GptStepRunner
+from chattts_serving.engine.scheduler import Engine, EngineConfig, Sequence
+from chattts_serving.engine.sinks import CollectingSink
+from chattts_serving.export.build import verify_artifacts
+from chattts_serving.export.int8 import (
+    ACCURACY_THRESHOLD,
+    INT8_QUANTIZATION,
+    accuracy_report,
+    add_int8,
+    has_int8,
+    int8_tolerances,
+    int8_up_to_date,
+    write_accuracy,
+)
+from chattts_serving.export.variants import ensure_precision
+from chattts_serving.params import SamplingParams
+from chattts_serving.runtime import Artifacts, OrtOptions
+from chattts_serving.serving.profile import load_profile
+
+INT8 = OrtOptions(precision="int8")
+
+
+@pytest.fixture(scope="module")
+def int8_artifacts(small_artifacts: Artifacts, small_weights: Path,
+                   tmp_path_factory: pytest.TempPathFactory) -> Artifacts:
+    """A copy of the small artifacts plus their int8 GPT graph."""
+    root = tmp_path_factory.mktemp("int8") / "artifacts"
+    shutil.copytree(small_artifacts.root, root)
+    assert ensure_precision(root, small_weights, "int8")
+    assert not add_int8(root)  # up to date: reused
+    return Artifacts.load(root)
+
+
+def test_int8_graph_is_within_its_stated_tolerance_of_the_fp32_graph(int8_artifacts: Artifacts) -> None:
+    man = verify_artifacts(int8_artifacts.root)  # the int8 file is hashed in the manifest
+    assert has_int8(int8_artifacts) and int8_up_to_date(int8_artifacts.root)
+    entry = man["precisions"]["int8"]
+    assert entry[contract.GPT_GRAPH] == contract.INT8_GRAPH_FILES[contract.GPT_GRAPH]
+    assert entry["sources"] == {contract.GPT_GRAPH: man["files"][contract.GPT_GRAPH]}
+    assert entry["quantization"] == INT8_QUANTIZATION
+    parity = man["parity_int8"]
+    tol = int8_tolerances(int8_artifacts.num_layers)
+    assert man["parity_int8_tolerance"] == tol
+    assert tol["hidden_rel_err_max"] <= 0.03 and tol["logits_rel_max"] <= 0.05  # the small config's 2 layers
+    assert parity["logits_rel_max"] <= tol["logits_rel_max"]
+    assert parity["hidden_rel_err_max"] <= tol["hidden_rel_err_max"]
+    assert parity["logit_abs_err_max"] > 0, "no error at all: the int8 graph did not run"
+    assert parity["decode_steps"] > 0 and len(parity["top1_agreement"]) == contract.NUM_VQ
+
+
+def test_int8_graph_quantizes_the_weight_matmuls_only(int8_artifacts: Artifacts) -> None:
+    root = int8_artifacts.root
+    fp32 = onnx.load(str(root / contract.GPT_GRAPH))
+    q = onnx.load(str(root / contract.INT8_GRAPH_FILES[contract.GPT_GRAPH]))
+    weights = {i.name for i in fp32.graph.initializer}
+    weight_matmuls = sum(n.op_type == "MatMul" and n.input[1] in weights for n in fp32.graph.node)
+    ops = [n.op_type for n in q.graph.node]
+    assert ops.count("MatMulInteger") == weight_matmuls > 0
+    assert ops.count("MatMul") == sum(n.op_type == "MatMul" for n in fp32.graph.node) - weight_matmuls  # attention
+    int8_weights = [i for i in q.graph.initializer if i.data_type == onnx.TensorProto.INT8]
+    assert sum(np.prod(i.dims) for i in int8_weights) > 0.9 * sum(
+        np.prod(i.dims) for i in fp32.graph.initializer if i.name in {n.input[1] for n in fp32.graph.node
+                                                                        if n.op_type == "MatMul"})
+    # the IO, KV cache included, is unchanged: float32 in and out
+    assert [(v.name, v.type.tensor_type.elem_type) for v in q.graph.input] == \
+        [(v.name, v.type.tensor_type.elem_type) for v in fp32.graph.input]
+    assert [(v.name, v.type.tensor_type.elem_type) for v in q.graph.output] == \
+        [(v.name, v.type.tensor_type.elem_type) for v in fp32.graph.output]
+
+
+def test_int8_step_keeps_float32_io_and_kv_cache(int8_artifacts: Artifacts) -> None:
+    r = GptStepRunner(int8_artifacts, INT8)
+    assert r.kv_dtype is np.float32
+    b, h = 2, int8_artifacts.hidden_size
+    logits, hidden, kv = r.run(np.ones((b, 5, h), np.float32), np.ones((b, 5), np.int64), r.empty_past(b))
+    assert logits.dtype == hidden.dtype == np.float32
+    assert logits.shape == (b, contract.NUM_VQ, contract.NUM_AUDIO_TOKENS)
+    assert all(k.dtype == np.float32 and k.shape == (b, int8_artifacts.num_heads, 5, int8_artifacts.head_dim)
+               for k in kv)
+
+
+def test_engine_on_the_int8_graph_decodes_its_greedy_tokens(int8_artifacts: Artifacts) -> None:
+    """The engine with an int8 runner (its preallocated, partly masked KV buffers, growth,
+    sampling at top_k=1) emits exactly the int8 graph's own step-by-step argmax: the engine is
+    consistent with the graph it loads. Batch of 1: int8 activations are scaled per call, so
+    outputs depend on the batch's other rows (export/int8.py)."""
+    runner = GptStepRunner(int8_artifacts, INT8)
+    emb = Embeddings(int8_artifacts)
+    rng = np.random.default_rng(4)
+    ids = rng.integers(200, 7000, 23)
+    ids[0], ids[1], ids[-1] = 21131, contract.SPECIAL_TOKEN_IDS["[spk_emb]"], 21132
+    spk = rng.standard_normal(int8_artifacts.hidden_size).astype(np.float32)
+    spk /= np.linalg.norm(spk)
+    n = 40  # more than KV_GROWTH (16): the engine's KV buffers grow twice
+    # ChatTTS' sampler keeps at least 3 candidates whatever top_k says: greedy is temperature 1e-6
+    params = SamplingParams(temperature=1e-6, top_k=1, repetition_penalty=1.0, max_new_tokens=n, min_new_tokens=n)
+    sink = CollectingSink()
+    engine = Engine(runner, emb, EngineConfig())
+    engine.submit(Sequence(ids, spk, params, sink, emit_tokens=3))
+    while engine.live_count():
+        engine.run_once()
+    assert not sink.errors, sink.errors
+    got = sink.all_codes
+    assert got.shape == (n, contract.NUM_VQ) and sink.reason == contract.StopReason.MAX_TOKENS
+
+    x = emb.prompt(ids, spk)[None].astype(np.float32)
+    mask = np.ones((1, len(ids)), np.int64)
+    past = runner.empty_past(1)
+    want = []
+    for _ in range(n):
+        logits, _, new = runner.run(x, mask, past)
+        past = [np.concatenate([p, k], 2) for p, k in zip(past, new)]
+        codes = logits[0].argmax(-1)
+        want.append(codes)
+        x = emb.codes(codes[None])[:, None, :].astype(np.float32)
+        mask = np.ones((1, mask.shape[1] + 1), np.int64)
+    np.testing.assert_array_equal(got, np.stack(want))
+
+
+def test_accuracy_report_measures_int8_against_fp32_and_lands_in_the_manifest(int8_artifacts: Artifacts,
+                                                                               tmp_path: Path) -> None:
+    root = tmp_path / "art"
+    shutil.copytree(int8_artifacts.root, root)
+    texts = ["今天天气很好，我们一起去公园散步吧。", "列车即将到达终点站，请带好您的随身物品。"]
+    acc = accuracy_report(root, texts, steps=12)
+    assert acc["prompts"] == 2 and acc["positions"] == 24 and acc["decode_steps"] == 22
+    assert len(acc["top1_agreement"]) == contract.NUM_VQ
+    assert all(0.0 <= a <= 1.0 for a in acc["top1_agreement"])
+    assert 0 < acc["logit_abs_err_mean"] <= acc["logit_abs_err_max"]
+    assert 0 < acc["hidden_rel_err_mean"] <= acc["hidden_rel_err_max"]
+    assert acc["hidden_rel_err_max"] <= int8_tolerances(int8_artifacts.num_layers)["hidden_rel_err_max"]
+    assert np.isfinite(acc["audio_snr_db"]) and len(acc["audio_snr_db_per_prompt"]) == 2
+    assert acc["audio_snr_db_min"] <= acc["audio_snr_db"] + 1e-9 or acc["audio_snr_db_min"] == min(
+        acc["audio_snr_db_per_prompt"])
+    assert acc["threshold"] == ACCURACY_THRESHOLD
+    assert acc["meets_threshold"] == (acc["top1_agreement_min"] >= ACCURACY_THRESHOLD["top1_agreement_min"]
+                                      and min(acc["audio_snr_db"], acc["audio_snr_db_min"])
+                                      >= ACCURACY_THRESHOLD["audio_snr_db_min"])
+    write_accuracy(root, acc)
+    stored = json.loads((root / contract.MANIFEST).read_text())["precisions"]["int8"]["accuracy"]
+    assert stored["decode_steps"] == 22
+    verify_artifacts(root)  # the manifest's file hashes still hold
+    assert int8_up_to_date(root) and not add_int8(root)  # the measurement does not invalidate the graph
+
+
+def test_measure_command_writes_the_accuracy_into_the_manifest(int8_artifacts: Artifacts, tmp_path: Path) -> None:
+    root = tmp_path / "art"
+    shutil.copytree(int8_artifacts.root, root)
+    proc = subprocess.run([sys.executable, "-m", "chattts_serving.bench.int8", "--artifacts", str(root),
+                           "--measure", "--steps", "4"], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    assert "top-1 agreement per code head" in proc.stdout
+    acc = json.loads((root / contract.MANIFEST).read_text())["precisions"]["int8"]["accuracy"]
+    assert acc["prompts"] >= 20 and acc["decode_steps"] == acc["prompts"] * 3
+
+
+def test_int8_without_the_int8_graph_is_a_clear_error(small_artifacts: Artifacts) -> None:
+    with pytest.raises(FileNotFoundError, match="--precision int8"):
+        GptStepRunner(small_artifacts, INT8)
+
+
+def test_cpu_int8_profile_is_the_cpu_profile_with_the_int8_gpt() -> None:
+    cpu, int8 = load_profile("cpu"), load_profile("cpu-int8")
+    assert int8.engine.precision == "int8" and int8.ort("engine").precision == "int8"
+    assert int8.vocoder.precision == "fp32"  # the vocoders gain nothing from int8 (README "int8 on CPU")
+    a, b = cpu.model_dump(), int8.model_dump()
+    a["engine"].pop("precision")
+    b["engine"].pop("precision")
+    assert (a.pop("name"), b.pop("name")) == ("cpu", "cpu-int8")
+    assert a == b
+    assert cpu.engine.precision == "fp32"  # int8 does not meet the README's threshold on generated weights
+
+
+@pytest.mark.server
+def test_cpu_int8_profile_serves_a_stream_from_the_int8_graph(int8_artifacts: Artifacts, tmp_path: Path) -> None:
+    from chattts_serving.client import SynthesisRequest, synthesize_stream
+    from chattts_serving.deploy.render import render_repository
+    from chattts_serving.deploy.server import TritonServer
+
+    repo = tmp_path / "model_repository"
+    render_repository(load_profile("cpu-int8"), int8_artifacts.root, repo)
+    ports = free_port(), free_port(), free_port()
+    log = tmp_path / "tritonserver.log"
+    with TritonServer(repo, http_port=ports[0], grpc_port=ports[1], metrics_port=ports[2], log_path=log,
+                      build_dir=tmp_path / "build"):
+        res = synthesize_stream(f"127.0.0.1:{ports[1]}", SynthesisRequest(
+            text="你好，欢迎使用流式语音合成服务。", seed=1, max_new_tokens=24, min_new_tokens=24))
+    assert res.chunks >= 2
+    assert res.audio.size == contract.samples_for_tokens(24) and np.isfinite(res.audio).all()
+    assert f"GPT step graph {contract.INT8_GRAPH_FILES[contract.GPT_GRAPH]} (precision int8)" in log.read_text(
+        errors="replace")
