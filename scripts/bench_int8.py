@@ -1,0 +1,210 @@
+"""int8 on CPU: which quantized GPT step graph to keep, and whether the vocoders gain from int8.
+
+Usage: python scripts/bench_int8.py ARTIFACTS [--batches 1,4,16] [--past 300] [--rounds 7]
+          [--steps 10] [--threads 2] [--skip-vocoders] [--out results/int8_bench.json]
+
+ARTIFACTS: an exported (fp32) artifact directory, full size for figures that mean anything
+(``python -m chattts_serving.export --synthetic --size full``). Candidates, all from its
+``gpt_step.onnx`` and quantized into a temporary directory:
+
+- ``fp32``: the graph itself;
+- ``int8``: dynamic int8 (``chattts_serving.export.int8.quantize_graph``, what
+  ``chattts-export --precision int8`` writes);
+- ``int4-b32``, ``int4-b128``: 4-bit weight-only ``MatMulNBits`` (symmetric, blocks of 32 or
+  128, accuracy level 4: int8 activations inside the kernel).
+
+Measurements, as the ``cpu`` profile runs ONNX Runtime (``--threads`` intra-op threads,
+spinning off):
+
+1. GPT decode step (T = 1) at each batch over a random past of ``--past`` positions: per
+   round, the median of ``--steps`` timed steps (after 2 untimed), candidates interleaved
+   within each round so that load from other processes hits all of them; the figure is the
+   median over ``--rounds`` rounds (the minimum round is reported too);
+2. accuracy of each quantized candidate against fp32 on the export parity prompts
+   (``chattts_serving.export.int8.int8_parity``: top-1 agreement, logit and hidden errors);
+3. vocoders (hidden and codes paths), fp32 against dynamic int8 of their MatMuls, on 1 s and
+   5 s windows (47 and 235 tokens) of a real token stream (the fp32 GPT decoding a benchmark
+   sentence), batch 1: median ms over the rounds, and the SNR of the int8 audio against fp32.
+
+Prints Markdown tables and writes JSON. On a shared 2-core host expect +-20 % noise or more:
+compare candidates within one run, not across runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from chattts_serving import contract
+from chattts_serving.audio.vocoder import VocoderRunner
+from chattts_serving.bench import load_sentences
+from chattts_serving.bench.rawstep import time_steps
+from chattts_serving.engine.gpt import GptStepRunner
+from chattts_serving.export import int8
+from chattts_serving.runtime import Artifacts, OrtOptions
+
+LINKED = (contract.GPT_GRAPH, contract.VOCODER_HIDDEN_GRAPH, contract.VOCODER_CODES_GRAPH, contract.EMBED_FILE,
+          contract.SPEAKER_FILE, contract.TOKENIZER_DIR)
+
+
+def candidate_dir(src: Artifacts, work: Path, name: str, graphs: dict[str, str]) -> Artifacts:
+    """An artifact view in ``work/name``: ``src``'s files linked, ``graphs`` ({fp32 graph: file
+    in that folder}) listed as its int8 variants, so that the runtime loads them as int8."""
+    d = work / name
+    d.mkdir(parents=True, exist_ok=True)
+    for f in LINKED:
+        if not (d / f).exists():
+            os.symlink((src.root / f).resolve(), d / f)
+    manifest = {**src.manifest, "precisions": {"int8": dict(graphs)}}
+    (d / contract.MANIFEST).write_text(json.dumps(manifest))
+    return Artifacts.load(d)
+
+
+def cpu_flags() -> list[str]:
+    try:
+        flags = next(ln for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("flags"))
+    except (OSError, StopIteration):
+        return []
+    return sorted(f for f in flags.split() if "avx" in f or "vnni" in f or "amx" in f)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("artifacts", type=Path)
+    ap.add_argument("--batches", default="1,4,16")
+    ap.add_argument("--past", type=int, default=300)
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--skip-vocoders", action="store_true")
+    ap.add_argument("--out", type=Path, default=Path("results/int8_bench.json"))
+    args = ap.parse_args()
+    batches = [int(b) for b in args.batches.split(",")]
+    opts = OrtOptions(args.threads, False)
+    src = Artifacts.load(args.artifacts)
+    t_start = time.perf_counter()
+    result: dict[str, Any] = {"artifacts": str(args.artifacts), "config": src.manifest["config"],
+                              "past_tokens": args.past, "rounds": args.rounds, "steps_per_round": args.steps,
+                              "intra_op_threads": args.threads, "allow_spinning": False,
+                              "cpu": platform.processor() or platform.machine(), "cpu_flags": cpu_flags(),
+                              "cpus": os.cpu_count(), "load_avg_start": list(os.getloadavg())}
+    with tempfile.TemporaryDirectory(prefix="bench_int8_") as tmp:
+        work = Path(tmp)
+        gpt = src.root / contract.GPT_GRAPH
+        makers = {"int8": lambda dst: int8.quantize_graph(gpt, dst),
+                  "int4-b32": lambda dst: int8.quantize_graph_4bit(gpt, dst, 32, 4),
+                  "int4-b128": lambda dst: int8.quantize_graph_4bit(gpt, dst, 128, 4)}
+        arts: dict[str, Artifacts] = {}
+        sizes = {"fp32": gpt.stat().st_size}
+        quantize_s = {}
+        for name, make in makers.items():
+            d = work / name
+            d.mkdir()
+            t = time.perf_counter()
+            make(d / f"gpt_step.{name}.onnx")
+            quantize_s[name] = round(time.perf_counter() - t, 1)
+            sizes[name] = (d / f"gpt_step.{name}.onnx").stat().st_size
+            arts[name] = candidate_dir(src, work, name, {contract.GPT_GRAPH: f"gpt_step.{name}.onnx"})
+            print(f"{name}: quantized in {quantize_s[name]} s, {sizes[name] / 1e6:.0f} MB", flush=True)
+        result["graph_bytes"] = sizes
+        result["quantize_s"] = quantize_s
+
+        # 1. GPT step timings, candidates interleaved per round.
+        runners = {"fp32": GptStepRunner(src, opts)}
+        int8_opts = OrtOptions(args.threads, False, precision="int8")
+        runners.update({k: GptStepRunner(a, int8_opts) for k, a in arts.items()})
+        per_round: dict[str, dict[int, list[float]]] = {k: {b: [] for b in batches} for k in runners}
+        rng = np.random.default_rng(0)
+        for r in range(args.rounds):
+            for b in batches:
+                for k, runner in runners.items():
+                    times = time_steps(runner, b, args.past, args.steps, 2, rng)
+                    per_round[k][b].append(statistics.median(times) * 1e3)
+            print(f"round {r + 1}/{args.rounds}: " + ", ".join(
+                f"{k} " + "/".join(f"{per_round[k][b][-1]:.1f}" for b in batches) for k in runners), flush=True)
+        result["gpt_step_ms"] = {k: {str(b): {"median": round(statistics.median(v[b]), 2), "min": round(min(v[b]), 2)}
+                                     for b in batches} for k, v in per_round.items()}
+        del runners
+
+        # 2. accuracy of each candidate on the export parity prompts.
+        result["parity_vs_fp32"] = {}
+        for k, a in arts.items():
+            result["parity_vs_fp32"][k] = int8.int8_parity(a, opts)
+            print(f"{k}: parity {result['parity_vs_fp32'][k]}", flush=True)
+
+        # 3. vocoders.
+        if not args.skip_vocoders:
+            result["vocoders"] = bench_vocoders(src, work, opts, args.rounds)
+    result["load_avg_end"] = list(os.getloadavg())
+    result["wall_s"] = round(time.perf_counter() - t_start, 1)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2))
+    print(tables(result, batches))
+    print(f"wrote {args.out}")
+    return 0
+
+
+def bench_vocoders(src: Artifacts, work: Path, opts: OrtOptions, rounds: int) -> dict[str, Any]:
+    """fp32 vs dynamic-int8 vocoders on 1 s and 5 s windows of a real token stream."""
+    files = {contract.VOCODER_HIDDEN_GRAPH: "vocoder_hidden.int8.onnx",
+             contract.VOCODER_CODES_GRAPH: "vocoder_codes.int8.onnx"}
+    d = work / "voc-int8"
+    d.mkdir()
+    for s, dst in files.items():
+        int8.quantize_graph(src.root / s, d / dst)
+    art8 = candidate_dir(src, work, "voc-int8", files)
+    ref = GptStepRunner(src, opts)
+    embeds = int8._prompts(src, load_sentences()[:1], int8.ACCURACY_VOICE)[0]
+    run = int8.teacher_forced(ref, ref, embeds, 235)  # one stream, 5 s of audio
+    del ref
+    inputs = {"hidden": run.ref_hidden, "codes": run.codes.astype(np.int32)}
+    out: dict[str, Any] = {"graph_bytes": {f: (d / f).stat().st_size for f in files.values()}}
+    for path in ("hidden", "codes"):
+        v32 = VocoderRunner(src, path, opts)
+        v8 = VocoderRunner(art8, path, OrtOptions(opts.intra_op_threads, False, precision="int8"))
+        for seconds, tokens in ((1, 47), (5, 235)):
+            x = inputs[path][None, :tokens]
+            a32, a8 = v32.run(x), v8.run(x)
+            times: dict[str, list[float]] = {"fp32": [], "int8": []}
+            for _ in range(rounds):
+                for k, v in (("fp32", v32), ("int8", v8)):
+                    t = time.perf_counter()
+                    v.run(x)
+                    times[k].append((time.perf_counter() - t) * 1e3)
+            key = f"{path}_{seconds}s"
+            out[key] = {"fp32_ms": round(statistics.median(times["fp32"]), 2),
+                        "int8_ms": round(statistics.median(times["int8"]), 2),
+                        "snr_db": round(int8.snr_db(a32[0], a8[0]), 2), "tokens": tokens}
+            print(f"vocoder {key}: {out[key]}", flush=True)
+    return out
+
+
+def tables(result: dict[str, Any], batches: list[int]) -> str:
+    lines = [f"GPT decode step, past {result['past_tokens']}, {result['intra_op_threads']} threads, spinning off: "
+             f"median of {result['rounds']} rounds x {result['steps_per_round']} steps (ms)", "",
+             "| graph | MB | " + " | ".join(f"B={b}" for b in batches) + " | top-1 min | hidden err |",
+             "|---|---|" + "---|" * len(batches) + "---|---|"]
+    for k, v in result["gpt_step_ms"].items():
+        p = result["parity_vs_fp32"].get(k)
+        acc = f"{p['top1_agreement_min']:.3f} | {p['hidden_rel_err_mean']:.4f}" if p else "1 | 0"
+        lines.append(f"| {k} | {result['graph_bytes'][k] / 1e6:.0f} | "
+                     + " | ".join(f"{v[str(b)]['median']:.1f}" for b in batches) + f" | {acc} |")
+    if "vocoders" in result:
+        lines += ["", "| vocoder window | fp32 ms | int8 ms | SNR dB |", "|---|---|---|---|"]
+        for k, v in result["vocoders"].items():
+            if k != "graph_bytes":
+                lines.append(f"| {k} | {v['fp32_ms']} | {v['int8_ms']} | {v['snr_db']} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
