@@ -9,10 +9,10 @@ GRPC_PORT ?= 8001
 METRICS_PORT ?= 8002
 PYTEST_ARGS ?=
 
-.PHONY: help setup export export-small export-full serve demo test lint typecheck unit bench bench-smoke loadtest soak gateway textnorm-report clean
+.PHONY: help setup export export-small export-full int8-accuracy serve demo test lint typecheck unit bench bench-smoke loadtest soak gateway textnorm-report clean
 
 help:  ## list targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
+	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
 
 setup:  ## venv + CPU stack (CHATTTS_ONNX=gpu for onnxruntime-gpu); idempotent
 	bash scripts/setup.sh
@@ -30,6 +30,9 @@ export-small: setup  ## generated small-config artifacts only (seconds)
 
 export-full: setup  ## generated full-size artifacts only
 	$(PY) -m chattts_serving.export --synthetic --size full
+
+int8-accuracy: setup  ## int8 GPT vs fp32, teacher-forced, into ARTIFACTS' manifest.json (e.g. ARTIFACTS=artifacts/full)
+	$(PY) -m chattts_serving.bench.int8 --artifacts $(ARTIFACTS) --measure
 
 serve:  ## render the repository for PROFILE over ARTIFACTS and serve until Ctrl-C
 	$(PY) -m chattts_serving.deploy.server --profile $(PROFILE) --artifacts $(ARTIFACTS) \

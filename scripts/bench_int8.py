@@ -1,7 +1,7 @@
 """int8 on CPU: which quantized GPT step graph to keep, and whether the vocoders gain from int8.
 
 Usage: python scripts/bench_int8.py ARTIFACTS [--batches 1,4,16] [--past 300] [--rounds 7]
-          [--steps 10] [--threads 2] [--skip-vocoders] [--out results/int8_bench.json]
+          [--steps 10] [--threads 2] [--parts gpt,parity,vocoders] [--out results/int8_bench.json]
 
 ARTIFACTS: an exported (fp32) artifact directory, full size for figures that mean anything
 (``python -m chattts_serving.export --synthetic --size full``). Candidates, all from its
@@ -85,10 +85,11 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--skip-vocoders", action="store_true")
+    ap.add_argument("--parts", default="gpt,parity,vocoders", help="what to measure (comma-separated)")
     ap.add_argument("--out", type=Path, default=Path("results/int8_bench.json"))
     args = ap.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
+    parts = set(args.parts.split(","))
     opts = OrtOptions(args.threads, False)
     src = Artifacts.load(args.artifacts)
     t_start = time.perf_counter()
@@ -106,7 +107,7 @@ def main() -> int:
         arts: dict[str, Artifacts] = {}
         sizes = {"fp32": gpt.stat().st_size}
         quantize_s = {}
-        for name, make in makers.items():
+        for name, make in makers.items() if parts & {"gpt", "parity"} else ():
             d = work / name
             d.mkdir()
             t = time.perf_counter()
@@ -119,30 +120,30 @@ def main() -> int:
         result["quantize_s"] = quantize_s
 
         # 1. GPT step timings, candidates interleaved per round.
-        runners = {"fp32": GptStepRunner(src, opts)}
-        int8_opts = OrtOptions(args.threads, False, precision="int8")
-        runners.update({k: GptStepRunner(a, int8_opts) for k, a in arts.items()})
+        runners: dict[str, GptStepRunner] = {}
+        if "gpt" in parts:
+            int8_opts = OrtOptions(args.threads, False, precision="int8")
+            runners = {"fp32": GptStepRunner(src, opts), **{k: GptStepRunner(a, int8_opts) for k, a in arts.items()}}
         per_round: dict[str, dict[int, list[float]]] = {k: {b: [] for b in batches} for k in runners}
         rng = np.random.default_rng(0)
-        for r in range(args.rounds):
+        for r in range(args.rounds if runners else 0):
             for b in batches:
                 for k, runner in runners.items():
                     times = time_steps(runner, b, args.past, args.steps, 2, rng)
                     per_round[k][b].append(statistics.median(times) * 1e3)
             print(f"round {r + 1}/{args.rounds}: " + ", ".join(
                 f"{k} " + "/".join(f"{per_round[k][b][-1]:.1f}" for b in batches) for k in runners), flush=True)
-        result["gpt_step_ms"] = {k: {str(b): {"median": round(statistics.median(v[b]), 2), "min": round(min(v[b]), 2)}
-                                     for b in batches} for k, v in per_round.items()}
+        result["gpt_step_ms"] = {k: {str(b): summary(v[b]) for b in batches} for k, v in per_round.items()}
         del runners
 
         # 2. accuracy of each candidate on the export parity prompts.
         result["parity_vs_fp32"] = {}
-        for k, a in arts.items():
+        for k, a in arts.items() if "parity" in parts else ():
             result["parity_vs_fp32"][k] = int8.int8_parity(a, opts)
             print(f"{k}: parity {result['parity_vs_fp32'][k]}", flush=True)
 
         # 3. vocoders.
-        if not args.skip_vocoders:
+        if "vocoders" in parts:
             result["vocoders"] = bench_vocoders(src, work, opts, args.rounds)
     result["load_avg_end"] = list(os.getloadavg())
     result["wall_s"] = round(time.perf_counter() - t_start, 1)
@@ -151,6 +152,11 @@ def main() -> int:
     print(tables(result, batches))
     print(f"wrote {args.out}")
     return 0
+
+
+def summary(ms: list[float]) -> dict[str, float]:
+    """Median and minimum of per-round figures in ms."""
+    return {"median": round(statistics.median(ms), 2), "min": round(min(ms), 2)}
 
 
 def bench_vocoders(src: Artifacts, work: Path, opts: OrtOptions, rounds: int) -> dict[str, Any]:
@@ -181,8 +187,7 @@ def bench_vocoders(src: Artifacts, work: Path, opts: OrtOptions, rounds: int) ->
                     v.run(x)
                     times[k].append((time.perf_counter() - t) * 1e3)
             key = f"{path}_{seconds}s"
-            out[key] = {"fp32_ms": round(statistics.median(times["fp32"]), 2),
-                        "int8_ms": round(statistics.median(times["int8"]), 2),
+            out[key] = {"fp32_ms": summary(times["fp32"]), "int8_ms": summary(times["int8"]),
                         "snr_db": round(int8.snr_db(a32[0], a8[0]), 2), "tokens": tokens}
             print(f"vocoder {key}: {out[key]}", flush=True)
     return out
@@ -190,19 +195,23 @@ def bench_vocoders(src: Artifacts, work: Path, opts: OrtOptions, rounds: int) ->
 
 def tables(result: dict[str, Any], batches: list[int]) -> str:
     lines = [f"GPT decode step, past {result['past_tokens']}, {result['intra_op_threads']} threads, spinning off: "
-             f"median of {result['rounds']} rounds x {result['steps_per_round']} steps (ms)", "",
+             f"median (min) over {result['rounds']} rounds of the median of {result['steps_per_round']} steps, ms",
+             "",
              "| graph | MB | " + " | ".join(f"B={b}" for b in batches) + " | top-1 min | hidden err |",
              "|---|---|" + "---|" * len(batches) + "---|---|"]
     for k, v in result["gpt_step_ms"].items():
         p = result["parity_vs_fp32"].get(k)
-        acc = f"{p['top1_agreement_min']:.3f} | {p['hidden_rel_err_mean']:.4f}" if p else "1 | 0"
+        acc = f"{p['top1_agreement_min']:.3f} | {p['hidden_rel_err_mean']:.4f}" if p else "- | -"
         lines.append(f"| {k} | {result['graph_bytes'][k] / 1e6:.0f} | "
-                     + " | ".join(f"{v[str(b)]['median']:.1f}" for b in batches) + f" | {acc} |")
+                     + " | ".join(f"{v[str(b)]['median']:.1f} ({v[str(b)]['min']:.1f})" for b in batches)
+                     + f" | {acc} |")
     if "vocoders" in result:
-        lines += ["", "| vocoder window | fp32 ms | int8 ms | SNR dB |", "|---|---|---|---|"]
+        lines += ["", "| vocoder window, batch 1 | fp32 ms median (min) | int8 ms median (min) | int8 SNR dB |",
+                  "|---|---|---|---|"]
         for k, v in result["vocoders"].items():
             if k != "graph_bytes":
-                lines.append(f"| {k} | {v['fp32_ms']} | {v['int8_ms']} | {v['snr_db']} |")
+                f, i = v["fp32_ms"], v["int8_ms"]
+                lines.append(f"| {k} | {f['median']} ({f['min']}) | {i['median']} ({i['min']}) | {v['snr_db']} |")
     return "\n".join(lines)
 
 

@@ -36,7 +36,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--artifacts", type=Path, required=True, help="an exported artifact directory")
     ap.add_argument("--measure", action="store_true",
                     help="teacher-forced accuracy vs fp32 over the benchmark sentences -> manifest.json")
-    ap.add_argument("--steps", type=int, default=50, help="tokens per sentence (default 50; 22 sentences)")
+    ap.add_argument("--steps", type=int, default=None,
+                    help=f"tokens per sentence (default: enough for {MIN_ACCURACY_DECODE_STEPS} decode steps in all)")
     ap.add_argument("--voice", default=ACCURACY_VOICE, help="voice of the prompts (default %(default)s)")
     ap.add_argument("--threads", type=int, default=2, help="intra-op threads (default 2, as the cpu profile)")
     ap.add_argument("--force", action="store_true", help="re-quantize even when up to date")
@@ -51,9 +52,10 @@ def main(argv: list[str] | None = None) -> int:
         say(f"{args.artifacts}: int8 graph {'added' if added else 'up to date'}")
         if args.measure:
             texts = load_sentences()
-            if len(texts) * (args.steps - 1) < MIN_ACCURACY_DECODE_STEPS:
-                say(f"note: {len(texts)} x {args.steps - 1} decode steps is below {MIN_ACCURACY_DECODE_STEPS}")
-            acc = accuracy_report(args.artifacts, texts, args.steps, voice=args.voice,
+            steps = args.steps or -(-MIN_ACCURACY_DECODE_STEPS // len(texts)) + 1
+            if len(texts) * (steps - 1) < MIN_ACCURACY_DECODE_STEPS:
+                say(f"note: {len(texts)} x {steps - 1} decode steps is below {MIN_ACCURACY_DECODE_STEPS}")
+            acc = accuracy_report(args.artifacts, texts, steps, voice=args.voice,
                                   opts=OrtOptions(args.threads, False), progress=say)
             write_accuracy(args.artifacts, acc)
             print(accuracy_table(acc))
