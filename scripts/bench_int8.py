@@ -24,7 +24,9 @@ spinning off):
    (``chattts_serving.export.int8.int8_parity``: top-1 agreement, logit and hidden errors);
 3. vocoders (hidden and codes paths), fp32 against dynamic int8 of their MatMuls, on 1 s and
    5 s windows (47 and 235 tokens) of a real token stream (the fp32 GPT decoding a benchmark
-   sentence), batch 1: median ms over the rounds, and the SNR of the int8 audio against fp32.
+   sentence), batch 1: median ms over the rounds, and the SNR of the int8 audio against fp32;
+   then the whole stream vocoded as the server streams it (the ``cpu`` profile's chunk
+   schedule) by each, SNR against the offline fp32 decode.
 
 Prints Markdown tables and writes JSON. On a shared 2-core host expect +-20 % noise or more:
 compare candidates within one run, not across runs.
@@ -190,7 +192,27 @@ def bench_vocoders(src: Artifacts, work: Path, opts: OrtOptions, rounds: int) ->
             out[key] = {"fp32_ms": summary(times["fp32"]), "int8_ms": summary(times["int8"]),
                         "snr_db": round(int8.snr_db(a32[0], a8[0]), 2), "tokens": tokens}
             print(f"vocoder {key}: {out[key]}", flush=True)
+        # streamed through the cpu profile's chunk schedule, against the offline fp32 decode
+        x = inputs[path][None]
+        offline = v32.run(x)[0]
+        out[f"{path}_streamed_snr_db"] = {k: round(int8.snr_db(offline, streamed(v, x[0])), 2)
+                                          for k, v in (("fp32", v32), ("int8", v8))}
+        print(f"vocoder {path} streamed: {out[f'{path}_streamed_snr_db']}", flush=True)
     return out
+
+
+def streamed(voc: VocoderRunner, x: np.ndarray) -> np.ndarray:
+    """``x`` (T, ...) vocoded as the server streams it: the ``cpu`` profile's chunk schedule,
+    tokens arriving 3 at a time (as scripts/lookahead_snr.py)."""
+    from chattts_serving.audio.chunking import StreamChunker
+    from chattts_serving.serving.profile import load_profile
+
+    ch, out, avail, n = StreamChunker(load_profile("cpu").stream.schedule()), [], 0, len(x)
+    while not ch.done:
+        avail = min(n, avail + 3)
+        while (w := ch.next_window(avail, avail == n)) is not None:
+            out.append(ch.emit(w, voc.run(x[None, w.start:w.end])[0]))
+    return np.concatenate(out)
 
 
 def tables(result: dict[str, Any], batches: list[int]) -> str:
@@ -209,7 +231,9 @@ def tables(result: dict[str, Any], batches: list[int]) -> str:
         lines += ["", "| vocoder window, batch 1 | fp32 ms median (min) | int8 ms median (min) | int8 SNR dB |",
                   "|---|---|---|---|"]
         for k, v in result["vocoders"].items():
-            if k != "graph_bytes":
+            if "_streamed_" in k:
+                lines.append(f"| {k}: fp32 {v['fp32']} dB, int8 {v['int8']} dB vs the offline fp32 decode | | | |")
+            elif k != "graph_bytes":
                 f, i = v["fp32_ms"], v["int8_ms"]
                 lines.append(f"| {k} | {f['median']} ({f['min']}) | {i['median']} ({i['min']}) | {v['snr_db']} |")
     return "\n".join(lines)

@@ -5,7 +5,8 @@ The fp32 ``gpt_step.onnx`` is quantized by ONNX Runtime's own tool,
 second input is a weight (q/k/v/o projections, the MLP, the folded code heads: 141 of the
 full model's 221 MatMuls) becomes ``MatMulInteger`` with
 
-- int8 weights, symmetric, one scale per output channel (column), fixed at export;
+- int8 weights in 7 bits (-64..63: ``reduce_range``, see :data:`INT8_QUANTIZATION`),
+  symmetric, one scale per output channel (column), fixed at export;
 - uint8 activations, asymmetric, one scale and zero point per tensor, computed at run time
   by ``DynamicQuantizeLinear`` from the whole input of that call.
 
