@@ -72,6 +72,7 @@ def candidate_dir(src: Artifacts, work: Path, name: str, graphs: dict[str, str])
 
 
 def cpu_flags() -> list[str]:
+    """The CPU's AVX/VNNI/AMX flags from /proc/cpuinfo ([] where unreadable)."""
     try:
         flags = next(ln for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("flags"))
     except (OSError, StopIteration):
@@ -216,6 +217,7 @@ def streamed(voc: VocoderRunner, x: np.ndarray) -> np.ndarray:
 
 
 def tables(result: dict[str, Any], batches: list[int]) -> str:
+    """The results as Markdown tables."""
     lines = [f"GPT decode step, past {result['past_tokens']}, {result['intra_op_threads']} threads, spinning off: "
              f"median (min) over {result['rounds']} rounds of the median of {result['steps_per_round']} steps, ms",
              "",

@@ -200,6 +200,7 @@ class TeacherForced:
 
     @property
     def decode_steps(self) -> int:
+        """Positions that came from decode calls (all but the prefill's)."""
         return len(self.codes) - 1
 
 
