@@ -8,13 +8,14 @@
   the int8 profile is not on this branch's base yet (``--profiles cpu,cpu-int8`` once it is).
 - ``loadtest/run.sh`` drives Locust headless against the session's test server and every user
   type completes requests without a failure.
-- The benchmark's pure helpers (percentiles, capacity, figures, outcomes, Prometheus diffs)
-  compute what they say.
+- The benchmark's pure helpers (percentiles, capacity, figures, outcomes, Prometheus diffs,
+  the soak's accounting) compute what they say.
 """
 
 from __future__ import annotations
 
 import csv
+import importlib.util
 import json
 import os
 import subprocess
@@ -299,6 +300,23 @@ def test_default_path_profile_only_moves_the_degradation_thresholds_out_of_reach
     assert bench.degrade.live_high == UNREACHABLE_STREAMS and bench.degrade.ttfa_p95_high_s >= 1e9
     assert bench.model_dump(exclude={"degrade"}) == shipped.model_dump(exclude={"degrade"})
     assert bench.degrade.max_new_tokens == shipped.degrade.max_new_tokens
+
+
+def test_soak_accounting_confirms_cancels_on_the_server_and_finds_the_lost() -> None:
+    spec = importlib.util.spec_from_file_location("soak", ROOT / "scripts" / "soak.py")
+    assert spec is not None and spec.loader is not None
+    soak = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(soak)
+    client = {"a": "completed", "b": "cancel_requested", "c": "cancel_requested", "d": "cancel_requested",
+              "e": "refused_invalid", "f": "completed"}
+    server = {"a": "ok", "b": "cancelled", "c": "ok", "e": "rejected:invalid", "f": "error"}
+    final, mismatches = soak.reconcile(client, {"b", "c", "d"}, server)
+    assert final == {"a": "completed", "b": "cancelled", "c": "completed", "e": "refused_invalid", "f": "completed"}
+    assert len(mismatches) == 2 and any(m.startswith("d:") for m in mismatches)  # unconfirmed cancel: lost
+    outcomes = count_outcomes({"completed": 3, "cancelled": 1, "refused_invalid": 1})
+    assert soak.counters_agree(outcomes, {"status:ok": 3, "status:cancelled": 1, "rejected:invalid": 1}) == []
+    assert soak.counters_agree(outcomes, {"status:ok": 2, "status:cancelled": 1, "rejected:invalid": 1,
+                                          "status:error": 1}) != []
 
 
 def test_prometheus_diff_gives_batch_histogram_and_model_counters() -> None:
