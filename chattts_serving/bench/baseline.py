@@ -21,6 +21,7 @@ import numpy as np
 from .. import contract
 from ..text.speaker import encode_spk_emb, speaker_from_seed
 from .cpuload import CpuWindow
+from .outcomes import Outcome
 from .stats import RequestRecord, fmt, percentile, ratio, summarize
 
 
@@ -110,7 +111,7 @@ def run_baseline(weights_dir: Path, artifacts_dir: Path, sentences: Sequence[str
         except Exception as exc:  # the benchmark reports failures instead of aborting
             records.append(RequestRecord(i, text(i), t0 - started, None, time.perf_counter() - t0, 0.0, 0,
                                          0, f"{type(exc).__name__}: {exc}", tokens_requested=tokens,
-                                         outcome="server_error"))
+                                         outcome=str(Outcome.SERVER_ERROR)))
         progress(f"baseline offline {i + 1}/{requests}: {records[-1].total_s:.2f} s")
     wall = time.perf_counter() - started
     offline = {**summarize(records, wall), "records": [r.to_json() for r in records], "cpu": window.stop()}

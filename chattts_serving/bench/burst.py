@@ -4,9 +4,11 @@
 streaming request to ``chattts`` at once; the server admits as many as it has stream slots and
 must refuse the rest with an explicit "busy" error at once. Measured from each request's send:
 the time to its refusal (busy) or to its first audio (accepted), every refusal's kind, and
-whether every request ended (audio then final response, or one error). Written into
-``bench.json`` as ``busy_p50_s_saturated`` / ``busy_p99_s_saturated`` (issue: at most 0.1 s on
-2 cores with every slot taken by full-size streams) beside the accepted streams' TTFA.
+whether every request ended (audio then final response, or one error). ``make bench`` runs it
+as a phase (``bench.run``): once on an idle server and once with every stream slot held by long
+streams, written into ``bench.json`` as ``busy_p99_s_burst`` and ``busy_p99_s_saturated``
+(issue: at most 0.1 s on 2 cores with every slot taken by full-size streams), the whole
+summaries, accepted streams' TTFA included, under ``burst.burst`` and ``burst.saturated``.
 
 ``python -m chattts_serving.bench.burst --url 127.0.0.1:8001 --clients 200`` runs it against a
 running server and prints the JSON summary.
