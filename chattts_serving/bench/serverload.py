@@ -26,7 +26,7 @@ from .. import contract
 from ..client.common import SynthesisRequest
 from ..client.grpc_stream import iter_parts
 from .cpuload import system_busy_s
-from .outcomes import Outcome, classify_error
+from .outcomes import classify_error
 from .stats import (
     MetricKey,
     RequestRecord,
@@ -211,7 +211,7 @@ def stream_request(url: str, job: Job, voice: str, phase_t0: float, timeout_s: f
                          sum(samples) / contract.SAMPLE_RATE_HZ, len(times),
                          int(tokens) if isinstance(tokens, int | float) else 0, tokens_requested=job.tokens,
                          degraded=bool(degraded) if degraded is not None else None,
-                         vocoder=str(vocoder) if vocoder is not None else None, outcome=str(Outcome.COMPLETED),
+                         vocoder=str(vocoder) if vocoder is not None else None,
                          chunk_times_s=tuple(times), chunk_samples=tuple(samples))
 
 

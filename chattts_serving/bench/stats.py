@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from .. import contract
+from .outcomes import Outcome
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
@@ -72,7 +73,7 @@ class RequestRecord:
     tokens_requested: int = 0
     degraded: bool | None = None
     vocoder: str | None = None
-    outcome: str = "completed"
+    outcome: str = Outcome.COMPLETED.value
     chunk_times_s: tuple[float, ...] = ()
     chunk_samples: tuple[int, ...] = ()
 
@@ -85,9 +86,9 @@ class RequestRecord:
 
 
 REALTIME_TOLERANCE_S = 0.010
-"""A stream is real time when the start buffer it needs is at most this (s): 10 ms, below
-the output buffer of any audio player (20 ms and more) and above this client's own timing
-jitter (one thread receiving each chunk and reading the clock)."""
+"""A stream is real time when the start buffer it needs is at most this (s): 10 ms, below a
+typical audio output buffer (20 ms or more) and above this client's own timing jitter (one
+thread receives each chunk and reads the clock)."""
 REALTIME_MIN_FRACTION = 0.95
 """A concurrency level counts as real time when at least this fraction of its streams is."""
 
