@@ -54,11 +54,16 @@ test: setup lint typecheck  ## lint, type-check and the whole test suite (real t
 unit:  ## tests that need no server
 	$(PY) -m pytest -q -m "not server" $(PYTEST_ARGS)
 
-bench: setup  ## side-by-side benchmark vs synchronous ChatTTS -> results/bench.{json,md,png}
+# Profiles whose GPT runs int8 need their graph exported too (once the int8 profile exists).
+INT8_PROFILE := $(wildcard profiles/cpu-int8.toml)
+
+bench: setup  ## benchmark vs upstream ChatTTS, profiles cpu (+ cpu-int8) -> results/bench.{json,md,png}; ~15 min on 2 quiet cores
 	$(PY) -m chattts_serving.export --synthetic --size full --quiet
+	$(if $(INT8_PROFILE),$(PY) -m chattts_serving.export --synthetic --size full --precision int8 --quiet)
 	$(PY) -m chattts_serving.bench --out results
 
-bench-smoke:  ## seconds-long version of the benchmark (CI runs it through the tests)
+bench-smoke:  ## every part of the benchmark on the small config, tiny load (1-2 min; CI runs it through the tests)
+	$(if $(INT8_PROFILE),$(PY) -m chattts_serving.export --synthetic --size small --precision int8 --quiet)
 	$(PY) -m chattts_serving.bench --smoke --out results/smoke
 
 textnorm-report:  ## accuracy per category on the normalisation corpus: our rules / wetext alone / shipped
@@ -72,7 +77,7 @@ GATEWAY_PORT ?= 8080
 gateway:  ## OpenAI-compatible /v1/audio/speech on GATEWAY_PORT over a running server's gRPC (GRPC_PORT)
 	$(PY) -m chattts_serving.gateway --triton-url 127.0.0.1:$(GRPC_PORT) --port $(GATEWAY_PORT)
 
-soak: setup  ## N minutes at concurrency K (MINUTES, CONCURRENCY, ARTIFACTS) -> results/soak.json; lost must be 0
+soak: setup  ## N minutes at concurrency K (MINUTES, CONCURRENCY, ARTIFACTS) -> results/soak.json; fails unless 0 lost, 0 failed, server agrees
 	$(PY) scripts/soak.py --artifacts $(ARTIFACTS) --minutes $(or $(MINUTES),30) --concurrency $(or $(CONCURRENCY),8)
 
 clean:  ## remove build outputs (keeps the venv)

@@ -4,9 +4,11 @@
 streaming request to ``chattts`` at once; the server admits as many as it has stream slots and
 must refuse the rest with an explicit "busy" error at once. Measured from each request's send:
 the time to its refusal (busy) or to its first audio (accepted), every refusal's kind, and
-whether every request ended (audio then final response, or one error). Written into
-``bench.json`` as ``busy_p50_s_saturated`` / ``busy_p99_s_saturated`` (issue: at most 0.1 s on
-2 cores with every slot taken by full-size streams) beside the accepted streams' TTFA.
+whether every request ended (audio then final response, or one error). ``make bench`` runs it
+as a phase (``bench.run``): once on an idle server and once with every stream slot held by long
+streams, written into ``bench.json`` as ``busy_p99_s_burst`` and ``busy_p99_s_saturated``
+(issue: at most 0.1 s on 2 cores with every slot taken by full-size streams), the whole
+summaries, accepted streams' TTFA included, under ``burst.burst`` and ``burst.saturated``.
 
 ``python -m chattts_serving.bench.burst --url 127.0.0.1:8001 --clients 200`` runs it against a
 running server and prints the JSON summary.
@@ -90,19 +92,36 @@ async def _one(client: Any, request: SynthesisRequest, start: asyncio.Event, tim
     return out
 
 
+QUEUED_GAUGE = "tts_request_queue_size"
+"""The entry model's gauge of accepted streams that have not produced audio yet."""
+
+
+def _accepted_waiting(metrics_url: str) -> int:
+    """Accepted streams of ``contract.MODEL_STREAM`` without audio yet, from Triton's metrics."""
+    from .serverload import scrape
+
+    return round(sum(v for (name, labels), v in scrape(metrics_url).items()
+                     if name == QUEUED_GAUGE and dict(labels).get("model") == contract.MODEL_STREAM))
+
+
 async def run_burst(url: str, clients: int, tokens: int, text: str = DEFAULT_TEXT, timeout_s: float = 600.0,
-                    hold: int = 0, hold_tokens: int = 2048, hold_running: int = 16) -> dict[str, Any]:
+                    hold: int = 0, hold_tokens: int = 2048, metrics_url: str | None = None,
+                    hold_wait_s: float = 120.0) -> dict[str, Any]:
     """Connect ``clients`` clients, then send one request each at the same moment (``tokens``
-    new tokens each). With ``hold``, first start that many long streams (``hold_tokens`` each),
-    so that the burst meets a server whose every slot is taken: the burst waits until
-    ``min(hold, hold_running)`` of them send audio (the engine runs that many at once, the
-    profile's ``engine.max_batch_size``; the others wait, admitted, in its queue) and one
-    second more. The long streams are cancelled after the burst. Returns the summary (see
-    the module docstring)."""
+    new tokens each). With ``hold``, first start that many long streams (``hold_tokens`` each)
+    and wait until each has been accepted, so that the burst meets a server already saturated;
+    they are cancelled after the burst. A held stream counts as accepted once it has sent
+    audio or, with ``metrics_url`` (Triton's ``/metrics``), as soon as the server counts it
+    among its accepted streams waiting for audio (the engine decodes at most its batch size at
+    once: the rest of the held streams wait there without audio). Waits at most
+    ``hold_wait_s`` seconds (``hold_ready`` in the summary says whether every one was accepted).
+    Returns the summary (see the module docstring)."""
     import tritonclient.grpc.aio as aio
 
     conns = [aio.InferenceServerClient(url) for _ in range(clients + hold)]
     held: list[asyncio.Task[Outcome]] = []
+    hold_ready: bool | None = None
+    held_running = 0
     try:
         await asyncio.gather(*(c.is_server_live() for c in conns))  # every channel connected
         if hold:
@@ -113,9 +132,9 @@ async def run_burst(url: str, clients: int, tokens: int, text: str = DEFAULT_TEX
                                                                  min_new_tokens=hold_tokens, request_id=f"hold-{i}"),
                                              go, timeout_s, outs[i]))
                     for i, c in enumerate(conns[clients:])]
-            while sum(1 for o in outs if o.first_s is not None or o.kind) < min(hold, hold_running):
+            give_up = time.perf_counter() + hold_wait_s
+            while not (hold_ready := _held_accepted(outs, metrics_url)) and time.perf_counter() < give_up:
                 await asyncio.sleep(0.1)
-            await asyncio.sleep(1.0)
         start = asyncio.Event()
         tasks = [asyncio.create_task(_one(c, SynthesisRequest(text=text, max_new_tokens=tokens, min_new_tokens=tokens,
                                                               request_id=f"burst-{i}"), start, timeout_s))
@@ -123,12 +142,25 @@ async def run_burst(url: str, clients: int, tokens: int, text: str = DEFAULT_TEX
         await asyncio.sleep(0.2)  # every task waits at the start line
         start.set()
         outcomes = await asyncio.gather(*tasks)
+        held_running = sum(1 for t in held if not t.done())
     finally:
         for t in held:
             t.cancel()
         await asyncio.gather(*held, return_exceptions=True)
         await asyncio.gather(*(c.close() for c in conns), return_exceptions=True)
-    return summarize(outcomes)
+    summary = summarize(outcomes)
+    if hold:
+        summary.update({"hold": hold, "hold_tokens": hold_tokens, "hold_ready": hold_ready,
+                        "held_running_at_end": held_running})
+    return summary
+
+
+def _held_accepted(outs: list[Outcome], metrics_url: str | None) -> bool:
+    """Every held stream has sent audio or, with ``metrics_url``, is accepted and waiting."""
+    streaming = sum(1 for o in outs if o.first_s is not None or o.kind)
+    if streaming == len(outs):
+        return True
+    return metrics_url is not None and streaming + _accepted_waiting(metrics_url) >= len(outs)
 
 
 def summarize(outcomes: list[Outcome]) -> dict[str, Any]:
@@ -159,11 +191,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--clients", type=int, default=200)
     ap.add_argument("--tokens", type=int, default=16)
     ap.add_argument("--text", default=DEFAULT_TEXT)
-    ap.add_argument("--hold", type=int, default=0, help="long streams started before the burst (every slot taken)")
-    ap.add_argument("--hold-running", type=int, default=16, help="of those, how many the engine runs at once")
+    ap.add_argument("--hold", type=int, default=0, help="long streams started (and accepted) before the burst")
+    ap.add_argument("--metrics-url", default=None,
+                    help="Triton's metrics, e.g. http://127.0.0.1:8002/metrics: held streams count as accepted "
+                         "while they wait for the engine (else only once they send audio)")
     args = ap.parse_args(argv)
     summary = asyncio.run(run_burst(args.url, args.clients, args.tokens, args.text, hold=args.hold,
-                                    hold_running=args.hold_running))
+                                    metrics_url=args.metrics_url))
     json.dump(summary, sys.stdout, indent=1, ensure_ascii=False)
     print()
     return 0

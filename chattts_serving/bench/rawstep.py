@@ -1,7 +1,8 @@
 """The hardware ceiling: the exported GPT decode step alone in ONNX Runtime, no server.
 
 One decode step of batch B over a past of P positions yields B tokens; tokens/s = B / step
-time. The engine's efficiency is its in-server decode rate over this number at the same batch.
+time: what the GPT alone could do, before sampling, chunking and vocoding (the minimal
+pipeline, :mod:`chattts_serving.bench.minimal`, adds those).
 """
 
 from __future__ import annotations
@@ -17,27 +18,34 @@ from ..runtime import Artifacts, OrtOptions
 
 
 def measure_raw_step(artifacts_dir: Path, opts: OrtOptions, batches: Sequence[int], *, past_tokens: int,
-                     repeats: int, warmup: int = 3, seed: int = 0) -> dict[str, object]:
+                     repeats: int, rounds: int = 3, warmup: int = 3, seed: int = 0) -> dict[str, object]:
     """Median wall time of one decode step (T = 1) per batch size, on random inputs.
 
     Inputs: embeddings (B, 1, H) float32, an all-ones int64 mask (B, P+1), and a random past of
     ``past_tokens`` positions per layer (B, heads, P, head_dim) in the graph's KV dtype, run as
-    the engine runs it (:meth:`GptStepRunner.step`: IO binding when ``opts`` asks for it). ``repeats`` timed steps
-    follow ``warmup`` untimed ones. Returns {"past_tokens", "intra_op_threads",
-    "allow_spinning", "batches": {str(B): {"step_ms_p50", "step_ms_min", "tokens_per_s"}}}
+    the engine runs it (:meth:`GptStepRunner.step`: IO binding when ``opts`` asks for it). Each
+    of ``rounds`` rounds times ``repeats`` steps per batch size (after ``warmup`` untimed ones);
+    the figure is the median of the rounds' medians. Returns {"past_tokens",
+    "intra_op_threads", "allow_spinning", "precision", "repeats", "rounds", "batches": {str(B):
+    {"step_ms_p50", "step_ms_min", "tokens_per_s", "round_step_ms_p50": [per round]}}}
     (tokens_per_s = B / median step seconds).
     """
     art = Artifacts.load(artifacts_dir)
     runner = GptStepRunner(art, opts)
     rng = np.random.default_rng(seed)
-    out: dict[str, dict[str, float]] = {}
-    for b in batches:
-        times = time_steps(runner, b, past_tokens, repeats, warmup, rng)
-        med = float(np.median(times))
-        out[str(b)] = {"step_ms_p50": med * 1e3, "step_ms_min": float(np.min(times)) * 1e3,
-                       "tokens_per_s": b / med}
+    per_round: dict[int, list[list[float]]] = {b: [] for b in batches}
+    for _ in range(rounds):
+        for b in batches:
+            per_round[b].append(time_steps(runner, b, past_tokens, repeats, warmup, rng))
+    out: dict[str, dict[str, object]] = {}
+    for b, rounds_times in per_round.items():
+        medians = [float(np.median(t)) for t in rounds_times]
+        med = float(np.median(medians))
+        out[str(b)] = {"step_ms_p50": med * 1e3, "step_ms_min": float(min(min(t) for t in rounds_times)) * 1e3,
+                       "tokens_per_s": b / med, "round_step_ms_p50": [m * 1e3 for m in medians]}
     return {"past_tokens": past_tokens, "intra_op_threads": opts.intra_op_threads,
-            "allow_spinning": opts.allow_spinning, "repeats": repeats, "batches": out}
+            "allow_spinning": opts.allow_spinning, "precision": str(opts.precision), "repeats": repeats,
+            "rounds": rounds, "batches": out}
 
 
 def time_steps(runner: GptStepRunner, batch: int, past_tokens: int, repeats: int, warmup: int = 3,

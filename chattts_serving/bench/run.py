@@ -5,19 +5,31 @@ list of sentences and one token budget per request, in this order (never overlap
 part has the machine to itself):
 
 0. the text front end alone (``FrontEnd.prepare`` per request, in process);
-1. the raw ONNX Runtime GPT decode step at batch 1 and 16 (the hardware ceiling);
-2. the baseline: upstream ChatTTS ``Chat.infer`` on torch, one request at a time (the
-   synchronous "V1"), and its own stream mode's first-chunk time;
-3. this system: the model repository rendered from a profile, the bundled tritonserver on free
-   ports, and closed-loop gRPC streaming clients at each concurrency level.
+1. the baselines: upstream ChatTTS on torch, served as a user would serve it: ``Chat.infer``
+   one request at a time, over a list of 16 texts at once, and in its own stream mode at its
+   default and smaller ``stream_batch`` settings (:mod:`~chattts_serving.bench.baseline`);
+2. for each profile (``--profiles``; the first is the default, whose figures are also the
+   top-level ones), the ceilings in process: the raw ONNX Runtime GPT decode step and the
+   minimal pipeline (engine + chunking + batched vocoder, :mod:`~chattts_serving.bench.minimal`),
+   each repeated and reduced to its median; then this system: the model repository rendered
+   from a benchmark copy of the profile whose degraded mode is out of reach (the default path:
+   ``degradation = "off for default-path levels"``), the bundled tritonserver on free ports, and
+   the server phases of :data:`SERVER_PHASES` in order (closed-loop levels, open-loop
+   arrivals, the overload burst);
+3. for the default profile, one row "under load, as deployed": the profile as shipped (its
+   degraded mode live) at the top concurrency level.
 
-Writes ``<out>/bench.json``, ``<out>/bench.md``, three PNG plots and the server log. Speeds are
-measured, never asserted: the exit status is 0 unless a part could not run at all.
+Every request records the server's ``info`` (generated tokens, degraded mode, vocoder); a
+figure whose measurement ran a degraded request, or ran while other processes loaded the
+machine, is null and ``null_reasons`` says why. Writes ``<out>/bench.json``, ``<out>/bench.md``,
+three PNG plots and the server logs. Speeds are measured, never asserted: the exit status is 0
+unless a part could not run at all.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as _dt
 import json
 import math
@@ -30,6 +42,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -38,12 +51,27 @@ from typing import Any
 from .. import contract
 from . import load_sentences
 from .cpuload import CpuWindow
-from .report import frontend_figures, headline_ratios, markdown, plot
+from .report import DEGRADATION_NOTE, definitions, frontend_figures, markdown, plot, profile_figures
 
 SMOKE_ARTIFACTS = Path("artifacts/small")
-SMOKE: dict[str, Any] = {"levels": (1, 2), "requests": 2, "tokens": 16, "baseline_requests": 2,
-                         "stream_requests": 1, "raw_repeats": 5, "frontend_repeats": 2}
-"""``--smoke``: small artifacts, tiny load; exercises every part in well under a minute."""
+SMOKE: dict[str, Any] = {"levels": (1, 2, 16), "tokens": 16, "baseline_requests": 2, "stream_requests": 1,
+                         "batched_repeats": 1, "baseline_batch": 4, "raw_repeats": 5, "pipeline_repeats": 3,
+                         "frontend_repeats": 2, "open_loop_requests": 6, "burst_clients": 16, "hold_tokens": 256}
+"""``--smoke``: small artifacts, tiny load; exercises every part in a minute or two."""
+FULL: dict[str, Any] = {"levels": (1, 2, 3, 4, 6, 8, 16), "tokens": 100, "baseline_requests": 4,
+                        "stream_requests": 2, "batched_repeats": 2, "baseline_batch": 16, "raw_repeats": 20,
+                        "pipeline_repeats": 3, "frontend_repeats": 20, "open_loop_requests": 60, "burst_clients": 200,
+                        "hold_tokens": 2048}
+"""The full run's sizes: about 15 minutes on 2 cores for two profiles (README "Performance")."""
+DEFAULT_PROFILES = ("cpu", "cpu-int8")
+"""Profiles benchmarked by default, those of them that exist (the first is the default profile)."""
+PIPELINE_BATCH = 16
+"""Sequences of the minimal pipeline: the concurrency its tokens/s is compared with."""
+BURST_TOKENS = 16
+"""Token budget of each burst request."""
+UNREACHABLE_STREAMS = 10**9
+UNREACHABLE_TTFA_S = 1e9
+"""Degradation thresholds of the default-path servers: never reached."""
 
 
 @dataclass(frozen=True)
@@ -52,25 +80,35 @@ class Config:
 
     artifacts: Path
     weights: Path
-    profile: str
+    profiles: tuple[str, ...]
     levels: tuple[int, ...]
     requests_per_level: int | None
     tokens: int
     baseline_requests: int
     stream_requests: int
+    batched_repeats: int
+    baseline_batch: int
     voice_seed: int
     raw_batches: tuple[int, ...]
     raw_past_tokens: int
     raw_repeats: int
+    pipeline_repeats: int
     frontend_repeats: int
+    open_loop_requests: int
+    burst_clients: int
+    hold_tokens: int
     out: Path
     smoke: bool
     skip_baseline: bool
+    as_deployed: bool = True
     label: str = ""
 
     def requests_for(self, c: int) -> int:
-        """Requests at concurrency ``c``: the fixed ``--requests-per-level``, else max(4, 2c)."""
-        return self.requests_per_level if self.requests_per_level else max(4, 2 * c)
+        """Requests at concurrency ``c``: the fixed ``--requests-per-level``, else three waves
+        of ``c`` (at least 6) in a full run and one (at least 2) in a smoke run."""
+        if self.requests_per_level:
+            return self.requests_per_level
+        return max(2, c) if self.smoke else max(6, 3 * c)
 
 
 def _ints(text: str) -> tuple[int, ...]:
@@ -81,6 +119,13 @@ def _ints(text: str) -> tuple[int, ...]:
     if not values or any(v < 1 for v in values):
         raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
     return values
+
+
+def _names(text: str) -> tuple[str, ...]:
+    names = tuple(v.strip() for v in text.split(",") if v.strip())
+    if not names:
+        raise argparse.ArgumentTypeError(f"expected comma-separated profile names, got {text!r}")
+    return names
 
 
 def _positive(text: str) -> int:
@@ -96,36 +141,56 @@ def _positive(text: str) -> int:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m chattts_serving.bench",
-        description="Benchmark this Triton server against upstream ChatTTS served one request at a time, "
-                    "with the same weights, sentences and token budget; writes bench.json, bench.md and "
-                    "plots.")
+        description="Benchmark this Triton server against upstream ChatTTS (one request at a time, batched, "
+                    "streamed) with the same weights, sentences and token budget, for one or more profiles; "
+                    "writes bench.json, bench.md and plots.")
     p.add_argument("--artifacts", type=Path, default=None,
                    help="exported artifact directory (default artifacts/full; artifacts/small with --smoke)")
     p.add_argument("--weights", type=Path, default=None,
                    help="checkpoint the artifacts were exported from, for the baseline (default: from the "
                         "artifacts' manifest, e.g. build/weights/synthetic-full-seed0)")
-    p.add_argument("--profile", default="cpu", help="deployment profile to render the repository with")
-    p.add_argument("--levels", type=_ints, default=None, help="concurrency levels, e.g. 1,4,8,16 (default)")
+    p.add_argument("--profiles", type=_names, default=None,
+                   help="deployment profiles to benchmark, the default one first (default: those of "
+                        f"{','.join(DEFAULT_PROFILES)} that exist)")
+    p.add_argument("--levels", type=_ints, default=None,
+                   help=f"closed-loop concurrency levels (default {','.join(map(str, FULL['levels']))})")
     p.add_argument("--requests-per-level", type=_positive, default=None,
-                   help="requests per level (default max(4, 2 x level))")
+                   help="requests per level (default max(6, 3 x level))")
     p.add_argument("--tokens", type=_positive, default=None,
                    help="GPT tokens per request, min = max (default 100 = 2.1 s of audio)")
     p.add_argument("--baseline-requests", type=int, default=None,
                    help="sequential ChatTTS requests (default 4; 0 skips the offline baseline)")
     p.add_argument("--stream-requests", type=int, default=None,
-                   help="ChatTTS stream-mode requests for the first-chunk time (default 2)")
+                   help="ChatTTS stream-mode requests per stream setting (default 2)")
+    p.add_argument("--batched-repeats", type=int, default=None,
+                   help="timed Chat.infer calls over a list of 16 texts (default 2; 0 skips)")
     p.add_argument("--voice-seed", type=int, default=2, help="speaker seed used by both systems")
     p.add_argument("--raw-batches", type=_ints, default=(1, 16), help="batch sizes of the raw step (1,16)")
     p.add_argument("--raw-past", type=_positive, default=150, help="past positions of the raw step (150)")
-    p.add_argument("--raw-repeats", type=_positive, default=None, help="timed raw steps per batch (20)")
+    p.add_argument("--raw-repeats", type=_positive, default=None, help="timed raw steps per batch and round (20)")
+    p.add_argument("--pipeline-repeats", type=_positive, default=None,
+                   help="timed runs of the minimal pipeline (3; the median counts)")
     p.add_argument("--frontend-repeats", type=_positive, default=None,
                    help="timed passes over the sentences of the front-end measurement (20)")
+    p.add_argument("--open-loop-requests", type=int, default=None, help="open-loop arrivals (60; 0 skips)")
+    p.add_argument("--burst-clients", type=int, default=None, help="clients of the overload burst (200; 0 skips)")
+    p.add_argument("--hold-tokens", type=_positive, default=None,
+                   help="token budget of the streams that hold every slot in the saturated burst (2048)")
+    p.add_argument("--no-as-deployed", action="store_true",
+                   help="skip the row of the profile as shipped, degraded mode live")
     p.add_argument("--skip-baseline", action="store_true", help="do not run ChatTTS (no torch needed)")
     p.add_argument("--out", type=Path, default=Path("results"), help="output directory (default results)")
     p.add_argument("--label", default="", help="free text stored in the report, e.g. the server version measured")
     p.add_argument("--smoke", action="store_true",
-                   help="tiny run: small artifacts, levels 1,2, 2 requests, 16 tokens")
+                   help="tiny run: small artifacts, levels 1,2,16, one wave per level, 16 tokens")
     return p
+
+
+def existing_profiles(names: tuple[str, ...] = DEFAULT_PROFILES) -> tuple[str, ...]:
+    """The names among ``names`` that have a profile file."""
+    from ..serving.profile import PROFILES_DIR
+
+    return tuple(n for n in names if (PROFILES_DIR / f"{n}.toml").is_file())
 
 
 def resolve(args: argparse.Namespace) -> Config:
@@ -133,21 +198,25 @@ def resolve(args: argparse.Namespace) -> Config:
     smoke = bool(args.smoke)
     artifacts = args.artifacts or (SMOKE_ARTIFACTS if smoke else Path("artifacts/full"))
     weights = args.weights or weights_from_manifest(artifacts)
+    sizes = SMOKE if smoke else FULL
 
-    def pick(value: Any, smoke_value: Any, default: Any) -> Any:
-        return value if value is not None else (smoke_value if smoke else default)
+    def pick(value: Any, key: str) -> Any:
+        return value if value is not None else sizes[key]
 
     return Config(
-        artifacts=Path(artifacts), weights=Path(weights), profile=args.profile,
-        levels=pick(args.levels, SMOKE["levels"], (1, 4, 8, 16)),
-        requests_per_level=pick(args.requests_per_level, SMOKE["requests"], None),
-        tokens=pick(args.tokens, SMOKE["tokens"], 100),
-        baseline_requests=pick(args.baseline_requests, SMOKE["baseline_requests"], 4),
-        stream_requests=pick(args.stream_requests, SMOKE["stream_requests"], 2),
+        artifacts=Path(artifacts), weights=Path(weights), profiles=args.profiles or existing_profiles(),
+        levels=pick(args.levels, "levels"), requests_per_level=args.requests_per_level,
+        tokens=pick(args.tokens, "tokens"), baseline_requests=pick(args.baseline_requests, "baseline_requests"),
+        stream_requests=pick(args.stream_requests, "stream_requests"),
+        batched_repeats=pick(args.batched_repeats, "batched_repeats"), baseline_batch=sizes["baseline_batch"],
         voice_seed=args.voice_seed, raw_batches=args.raw_batches, raw_past_tokens=args.raw_past,
-        raw_repeats=pick(args.raw_repeats, SMOKE["raw_repeats"], 20),
-        frontend_repeats=pick(args.frontend_repeats, SMOKE["frontend_repeats"], 20), out=args.out, smoke=smoke,
-        skip_baseline=bool(args.skip_baseline), label=args.label)
+        raw_repeats=pick(args.raw_repeats, "raw_repeats"), pipeline_repeats=pick(args.pipeline_repeats,
+                                                                                 "pipeline_repeats"),
+        frontend_repeats=pick(args.frontend_repeats, "frontend_repeats"),
+        open_loop_requests=pick(args.open_loop_requests, "open_loop_requests"),
+        burst_clients=pick(args.burst_clients, "burst_clients"), hold_tokens=pick(args.hold_tokens, "hold_tokens"),
+        out=args.out, smoke=smoke, skip_baseline=bool(args.skip_baseline), as_deployed=not args.no_as_deployed,
+        label=args.label)
 
 
 def weights_from_manifest(artifacts: Path) -> Path:
@@ -239,20 +308,199 @@ def _empty_baseline(tokens: int) -> dict[str, Any]:
     from .stats import summarize
 
     return {"skipped": True, "tokens": tokens, "offline": {**summarize([], 0.0), "records": []},
-            "stream": {"first_chunk_p50_s": None, "first_chunk_mean_s": None, "total_p50_s": None,
-                       "stream_batch_tokens": None, "pass_first_n_batches": None, "records": []}}
+            "batched": None, "stream": None, "stream_settings": [], "stream_smallest": None}
+
+
+def default_path_profile(profile: Any) -> Any:
+    """``profile`` with its degraded mode out of reach (thresholds never met): the server then
+    runs every request on the default path (the profile's vocoder, chunks and token cap)."""
+    degrade = profile.degrade.model_copy(update={
+        "live_high": UNREACHABLE_STREAMS, "live_low": UNREACHABLE_STREAMS - 1,
+        "ttfa_p95_high_s": UNREACHABLE_TTFA_S, "ttfa_p95_low_s": UNREACHABLE_TTFA_S})
+    return profile.model_copy(update={"degrade": degrade})
+
+
+def missing_graphs(artifacts_dir: Path, profile: Any) -> str | None:
+    """Why ``profile`` cannot run on ``artifacts_dir`` (a graph of its precision was not
+    exported), or None."""
+    from ..runtime import Artifacts, graph_path
+
+    art = Artifacts.load(artifacts_dir)
+    wanted = [(contract.GPT_GRAPH, profile.engine.precision),
+              (contract.VOCODER_HIDDEN_GRAPH, profile.vocoder.precision),
+              (contract.VOCODER_CODES_GRAPH, profile.vocoder.precision)]
+    for graph, precision in wanted:
+        try:
+            graph_path(art, graph, str(precision))
+        except (FileNotFoundError, ValueError) as exc:
+            return str(exc)
+    return None
+
+
+@dataclass
+class PhaseContext:
+    """What a server phase gets: the run's :class:`Config`, the running server
+    (:class:`~chattts_serving.bench.serverload.ServerSession`), the profile's result so far
+    (``prof``: earlier phases' keys, e.g. ``levels``) and whether this is the default profile."""
+
+    cfg: Config
+    session: Any
+    prof: dict[str, Any]
+    is_default: bool
+
+
+@dataclass(frozen=True)
+class ServerPhase:
+    """One part of the benchmark run against a running default-path server: ``run(ctx)``
+    returns what is stored under ``key`` in the profile's result (and, for the default profile,
+    at the top level of bench.json); ``default_only``: run for the default profile only.
+    Figures derived from it belong in :func:`~chattts_serving.bench.report.profile_figures`,
+    its Markdown in :data:`~chattts_serving.bench.report.SECTIONS`."""
+
+    key: str
+    run: Callable[[PhaseContext], Any]
+    default_only: bool = False
+
+
+def _levels_phase(ctx: PhaseContext) -> Any:
+    from .serverload import run_levels
+
+    return run_levels(ctx.session, levels=ctx.cfg.levels, requests_for=ctx.cfg.requests_for, tokens=ctx.cfg.tokens)
+
+
+def _open_loop_phase(ctx: PhaseContext) -> Any:
+    from .openloop import measure_open_loop
+
+    levels = [lv for lv in ctx.prof.get("levels", []) if lv.get("tokens_per_s")]
+    capacity = max(levels, key=lambda lv: lv["concurrency"])["tokens_per_s"] if levels else None
+    return measure_open_loop(ctx.session, requests=ctx.cfg.open_loop_requests, tokens=ctx.cfg.tokens,
+                             capacity_tokens_per_s=capacity)
+
+
+def _burst_phase(ctx: PhaseContext) -> Any:
+    import asyncio
+
+    from .burst import run_burst
+    from .serverload import wait_idle
+
+    s, cfg = ctx.session, ctx.cfg
+    if cfg.burst_clients <= 0:
+        return {"skipped": "--burst-clients 0"}
+    out: dict[str, Any] = {}
+    hold = s.profile.entry.max_concurrent_streams
+    for name, kwargs in (("burst", {}), ("saturated", {"hold": hold, "hold_tokens": cfg.hold_tokens})):
+        s.progress(f"server burst ({name}): {cfg.burst_clients} clients, {BURST_TOKENS} tokens each"
+                   + (f", after {hold} streams of {cfg.hold_tokens} tokens hold every slot" if kwargs else ""))
+        window = s.monitor.begin()
+        summary = asyncio.run(run_burst(s.grpc_url, cfg.burst_clients, BURST_TOKENS, timeout_s=s.timeout_s,
+                                        metrics_url=s.metrics_url, **kwargs))
+        usage = s.monitor.end(window)
+        out[name] = {**summary, "other_cpu_percent": usage["other_cpu_percent"], "cpu_percent": usage["cpu_percent"]}
+        s.progress(f"server burst ({name}): {summary['outcomes']}, busy p99 {summary['busy_p99_s']} s")
+        out[name]["idle_after_s"] = wait_idle(s.metrics_url)
+    return out
+
+
+SERVER_PHASES: list[ServerPhase] = [
+    ServerPhase("levels", _levels_phase),
+    ServerPhase("open_loop", _open_loop_phase),
+    ServerPhase("burst", _burst_phase, default_only=True),
+]
+"""The server phases, in order, on one default-path server per profile. ``levels`` comes first
+(the open loop aims at its capacity); the burst last (it saturates the server, then waits until
+it is idle again). A new phase appends itself here and writes only its own key."""
+
+
+@contextlib.contextmanager
+def serving(profile: Any, cfg: Config, log_name: str, sentences: list[str],
+            progress: Callable[[str], None]) -> Iterator[Any]:
+    """Render ``profile`` over the artifacts, start the bundled tritonserver on free ports
+    (its log at ``<out>/<log_name>``), yield a warmed-up
+    :class:`~chattts_serving.bench.serverload.ServerSession` (its ``started_s`` and
+    ``triton_version`` set), and stop the server at the end."""
+    from ..deploy.render import render_repository
+    from ..deploy.server import TritonServer
+    from .serverload import ServerSession, TreeMonitor, warm_up
+
+    with tempfile.TemporaryDirectory(prefix="chattts-bench-") as tmp:
+        repo = Path(tmp) / "model_repository"
+        render_repository(profile, cfg.artifacts, repo)
+        ports = free_port(), free_port(), free_port()
+        progress(f"server: starting tritonserver for {profile.name} (HTTP {ports[0]}, gRPC {ports[1]}, "
+                 f"metrics {ports[2]})")
+        t = time.perf_counter()
+        srv = TritonServer(repo, http_port=ports[0], grpc_port=ports[1], metrics_port=ports[2],
+                           log_path=cfg.out / log_name, build_dir=Path(tmp) / "build")
+        try:  # not `with`: an interrupt inside start() must stop the half-started server too
+            srv.start()
+            started_s = time.perf_counter() - t
+            assert srv.proc is not None
+            monitor = TreeMonitor(srv.proc.pid).start()
+            try:
+                session = ServerSession(f"127.0.0.1:{ports[1]}", f"http://127.0.0.1:{ports[2]}/metrics", monitor,
+                                        sentences, str(cfg.voice_seed), profile, progress=progress)
+                session.started_s = started_s
+                session.triton_version = _triton_version(ports[0])
+                warm_up(session, max(cfg.levels), cfg.tokens)
+                yield session
+            finally:
+                monitor.stop()
+        finally:
+            srv.stop()
+
+
+def run_profile(cfg: Config, name: str, is_default: bool, sentences: list[str], prompts: list[Any],
+                progress: Callable[[str], None]) -> dict[str, Any]:
+    """Every per-profile part for profile ``name`` (module docstring, steps 2 and 3); returns
+    its result (``skipped`` with the reason when its graphs are missing)."""
+    from ..serving.profile import load_profile
+    from .minimal import measure_pipeline
+    from .rawstep import measure_raw_step
+    from .serverload import run_level
+
+    profile = load_profile(name)
+    prof: dict[str, Any] = {"profile": name, "default": is_default, "precision": str(profile.engine.precision),
+                            "vocoder": str(profile.stream.default_vocoder), "degradation": DEGRADATION_NOTE}
+    missing = missing_graphs(cfg.artifacts, profile)
+    if missing:
+        progress(f"{name}: skipped: {missing}")
+        return {**prof, "skipped": missing}
+
+    progress(f"{name}: raw ORT step, batches {list(cfg.raw_batches)}, past {cfg.raw_past_tokens}, 3 rounds")
+    window = CpuWindow()
+    prof["raw_step"] = measure_raw_step(cfg.artifacts, profile.ort("engine"), cfg.raw_batches,
+                                        past_tokens=cfg.raw_past_tokens, repeats=cfg.raw_repeats)
+    prof["raw_step"]["cpu"] = window.stop()
+
+    progress(f"{name}: minimal pipeline, batch {len(prompts)}, {cfg.tokens} tokens, {cfg.pipeline_repeats} runs")
+    prof["pipeline"] = measure_pipeline(cfg.artifacts, profile, prompts, tokens=cfg.tokens,
+                                        repeats=cfg.pipeline_repeats)
+
+    with serving(default_path_profile(profile), cfg, f"bench_tritonserver_{name}.log", sentences,
+                 progress) as session:
+        prof["server_start_s"] = session.started_s
+        prof["tritonserver_version"] = session.triton_version
+        for phase in SERVER_PHASES:
+            if phase.default_only and not is_default:
+                continue
+            prof[phase.key] = phase.run(PhaseContext(cfg, session, prof, is_default))
+
+    if is_default and cfg.as_deployed:
+        top = max(cfg.levels)
+        with serving(profile, cfg, f"bench_tritonserver_{name}_as_deployed.log", sentences, progress) as session:
+            progress(f"{name}: under load, as deployed (degraded mode live), c={top}")
+            prof["as_deployed"] = run_level(session, top, cfg.requests_for(top), cfg.tokens)
+    return prof
 
 
 def run(cfg: Config) -> dict[str, Any]:
     """Run every part and write the outputs; returns the result written to bench.json."""
-    from ..deploy.render import render_repository
-    from ..deploy.server import TritonServer
     from ..runtime import Artifacts
     from ..serving.profile import load_profile
     from .baseline import run_baseline
     from .frontend import measure_frontend
-    from .rawstep import measure_raw_step
-    from .serverload import run_levels
+    from .minimal import pipeline_prompts
+    from .serverload import level_jobs
 
     started = time.perf_counter()
 
@@ -261,68 +509,69 @@ def run(cfg: Config) -> dict[str, Any]:
 
     ensure_smoke_artifacts(cfg, progress)
     art = Artifacts.load(cfg.artifacts)
-    profile = load_profile(cfg.profile)
+    default = load_profile(cfg.profiles[0])
     sentences = load_sentences()
     cfg.out.mkdir(parents=True, exist_ok=True)
     result: dict[str, Any] = {
         "started_at": _dt.datetime.now().astimezone().isoformat(timespec="seconds"),
         "config": {
-            "artifacts": str(cfg.artifacts), "weights": str(cfg.weights), "profile": cfg.profile,
+            "artifacts": str(cfg.artifacts), "weights": str(cfg.weights), "profile": cfg.profiles[0],
+            "profiles": list(cfg.profiles),
             "sizes": art.manifest.get("sizes"), "gpt_layers": art.num_layers, "hidden_size": art.hidden_size,
             "tokens": cfg.tokens,
             "audio_s_per_request": contract.samples_for_tokens(cfg.tokens) / contract.SAMPLE_RATE_HZ,
             "levels": list(cfg.levels),
             "requests_per_level": {str(c): cfg.requests_for(c) for c in cfg.levels},
             "baseline_requests": cfg.baseline_requests, "stream_requests": cfg.stream_requests,
+            "baseline_batch": cfg.baseline_batch, "batched_repeats": cfg.batched_repeats,
+            "pipeline_batch": PIPELINE_BATCH, "pipeline_repeats": cfg.pipeline_repeats,
+            "open_loop_requests": cfg.open_loop_requests, "burst_clients": cfg.burst_clients,
+            "burst_tokens": BURST_TOKENS, "hold_tokens": cfg.hold_tokens, "as_deployed": cfg.as_deployed,
             "voice_seed": cfg.voice_seed, "sentences": len(sentences), "smoke": cfg.smoke, "label": cfg.label,
-            "engine_max_batch_size": profile.engine.max_batch_size,
+            "engine_max_batch_size": default.engine.max_batch_size,
         },
         "machine": machine_info(),
+        "degradation": DEGRADATION_NOTE,
     }
 
     progress(f"front end: FrontEnd.prepare in process, {cfg.frontend_repeats} passes")
-    result["frontend"] = measure_frontend(cfg.artifacts, profile, sentences, cfg.frontend_repeats)
+    result["frontend"] = measure_frontend(cfg.artifacts, default, sentences, cfg.frontend_repeats)
 
-    progress(f"raw ORT step, batches {list(cfg.raw_batches)}, past {cfg.raw_past_tokens}")
-    window = CpuWindow()
-    result["raw_step"] = measure_raw_step(cfg.artifacts, profile.ort("engine"), cfg.raw_batches,
-                                          past_tokens=cfg.raw_past_tokens, repeats=cfg.raw_repeats)
-    result["raw_step"]["cpu"] = window.stop()
-
-    if cfg.skip_baseline or (cfg.baseline_requests <= 0 and cfg.stream_requests <= 0):
+    if cfg.skip_baseline or (cfg.baseline_requests <= 0 and cfg.stream_requests <= 0 and cfg.batched_repeats <= 0):
         result["baseline"] = _empty_baseline(cfg.tokens)
     else:
-        progress(f"baseline: ChatTTS from {cfg.weights}, {cfg.baseline_requests} requests + "
-                 f"{cfg.stream_requests} stream-mode requests")
+        progress(f"baseline: ChatTTS from {cfg.weights}: {cfg.baseline_requests} requests one at a time, "
+                 f"{cfg.batched_repeats} x {cfg.baseline_batch} texts batched, {cfg.stream_requests} stream-mode "
+                 "requests per setting")
         window = CpuWindow()
         result["baseline"] = run_baseline(cfg.weights, cfg.artifacts, sentences, tokens=cfg.tokens,
                                           requests=max(0, cfg.baseline_requests),
-                                          stream_requests=max(0, cfg.stream_requests),
-                                          voice_seed=cfg.voice_seed, progress=progress)
+                                          stream_requests=max(0, cfg.stream_requests), voice_seed=cfg.voice_seed,
+                                          batch=cfg.baseline_batch, batched_repeats=max(0, cfg.batched_repeats),
+                                          progress=progress)
         result["baseline"]["cpu"] = window.stop()
 
-    with tempfile.TemporaryDirectory(prefix="chattts-bench-") as tmp:
-        repo = Path(tmp) / "model_repository"
-        render_repository(profile, cfg.artifacts, repo)
-        ports = free_port(), free_port(), free_port()
-        log_path = cfg.out / "bench_tritonserver.log"
-        progress(f"server: starting tritonserver (HTTP {ports[0]}, gRPC {ports[1]}, metrics {ports[2]})")
-        t = time.perf_counter()
-        srv = TritonServer(repo, http_port=ports[0], grpc_port=ports[1], metrics_port=ports[2],
-                           log_path=log_path, build_dir=Path(tmp) / "build")
-        try:  # not `with`: an interrupt inside start() must stop the half-started server too
-            srv.start()
-            result["server_start_s"] = time.perf_counter() - t
-            result["machine"]["tritonserver_version"] = _triton_version(ports[0])
-            assert srv.proc is not None
-            result["levels"] = run_levels(
-                f"127.0.0.1:{ports[1]}", f"http://127.0.0.1:{ports[2]}/metrics", srv.proc.pid, sentences,
-                levels=cfg.levels, requests_for=cfg.requests_for, tokens=cfg.tokens,
-                voice=str(cfg.voice_seed), progress=progress)
-        finally:
-            srv.stop()
-    result.update(headline_ratios(result["baseline"], result["levels"], result["raw_step"]))
+    texts = [j.text for j in level_jobs(sentences, PIPELINE_BATCH, PIPELINE_BATCH, cfg.tokens)]
+    prompts = pipeline_prompts(cfg.artifacts, default, texts, str(cfg.voice_seed))
+    result["profiles"] = {}
+    for i, name in enumerate(cfg.profiles):
+        prof = run_profile(cfg, name, i == 0, sentences, prompts, progress)
+        if "skipped" not in prof:
+            figures, nulls = profile_figures(prof, result["baseline"])
+            prof.update(figures)
+            prof["null_reasons"] = nulls
+        result["profiles"][name] = prof
+    top = result["profiles"][cfg.profiles[0]]
+    if "skipped" in top:
+        raise ProfileSkipped(f"the default profile {cfg.profiles[0]} cannot run: {top['skipped']}")
+    result["machine"]["tritonserver_version"] = top.get("tritonserver_version")
+    for key in ("raw_step", "pipeline", "server_start_s", *(ph.key for ph in SERVER_PHASES), "as_deployed",
+                "null_reasons"):
+        if key in top:
+            result[key] = top[key]
+    result.update({k: v for k, v in top.items() if k in definitions()})
     result.update(frontend_figures(result["frontend"], result["levels"]))
+    result["definitions"] = definitions()
     result["elapsed_s"] = time.perf_counter() - started
     result = _clean(result)
     text = json.dumps(result, indent=1, ensure_ascii=False) + "\n"
@@ -331,6 +580,10 @@ def run(cfg: Config) -> dict[str, Any]:
     plot(result, cfg.out)
     progress(f"wrote {cfg.out / 'bench.json'}, {cfg.out / 'bench.md'} and plots")
     return result
+
+
+class ProfileSkipped(RuntimeError):
+    """The default profile could not run (its graphs were not exported)."""
 
 
 def _triton_version(http_port: int) -> str | None:
@@ -352,31 +605,38 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _interrupt)
     signal.signal(signal.SIGINT, _interrupt)
     cfg = resolve(args)
+    if not cfg.profiles:
+        print(f"bench: error: none of the profiles {', '.join(DEFAULT_PROFILES)} exists (pass --profiles)",
+              file=sys.stderr)
+        return 2
     if not cfg.smoke and not (cfg.artifacts / contract.MANIFEST).is_file():
         print(f"bench: error: no artifacts in {cfg.artifacts} (run `python -m chattts_serving.export "
               "--synthetic --size full` first)", file=sys.stderr)
         return 2
-    if not cfg.skip_baseline and cfg.baseline_requests + cfg.stream_requests > 0 and not cfg.smoke \
-            and not cfg.weights.is_dir():
+    if not cfg.skip_baseline and cfg.baseline_requests + cfg.stream_requests + cfg.batched_repeats > 0 \
+            and not cfg.smoke and not cfg.weights.is_dir():
         print(f"bench: error: no checkpoint in {cfg.weights} for the baseline (pass --weights or "
               "--skip-baseline)", file=sys.stderr)
         return 2
     from ..deploy.server import ServerError
+    from ..serving.profile import ProfileError
     from .serverload import WarmupError
 
     try:
         result = run(cfg)
-    except (ServerError, WarmupError) as exc:
+    except (ServerError, WarmupError, ProfileError, ProfileSkipped) as exc:
         print(f"bench: error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("bench: interrupted", file=sys.stderr)
         return 130
-    from .report import FRONTEND_FIGURES, TARGETS
+    from .report import FRONTEND_FIGURES
 
-    for name in (*TARGETS, *FRONTEND_FIGURES):
+    for name in (*definitions(), *FRONTEND_FIGURES):
         print(f"{name}: {result.get(name)}")
-    if any(lv["ok"] == 0 for lv in result["levels"]):
+    for name, reason in result.get("null_reasons", {}).items():
+        print(f"{name} is null: {reason}")
+    if any(lv["ok"] == 0 for prof in result["profiles"].values() for lv in prof.get("levels", [])):
         print("bench: error: a concurrency level had no successful request", file=sys.stderr)
         return 1
     return 0

@@ -1,9 +1,11 @@
-"""This system under load: closed-loop gRPC streaming clients against a running Triton server.
+"""This system under load: gRPC streaming clients against a running Triton server.
 
-Each concurrency level c runs a fixed list of requests through c client threads (each takes
-the next request as soon as its previous stream ends). Around each level the server's process
-tree is sampled with psutil (CPU seconds per process, RSS) and Triton's metrics endpoint is
-scraped (per-model counters, the GPT engine's batch-size histogram).
+Each closed-loop concurrency level c runs a fixed list of requests through c client threads
+(each takes the next request as soon as its previous stream ends). Every request records each
+chunk's arrival and the server's ``info`` (generated tokens, degraded mode, vocoder path).
+Around each measured phase the server's process tree is sampled with psutil (CPU seconds per
+process, RSS) and Triton's metrics endpoint is scraped (per-model counters, the GPT engine's
+batch-size histogram).
 """
 
 from __future__ import annotations
@@ -16,17 +18,21 @@ import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import psutil
 
-from ..client.common import ClientError, SynthesisRequest
-from ..client.grpc_stream import synthesize_stream
+from .. import contract
+from ..client.common import SynthesisRequest
+from ..client.grpc_stream import iter_parts
 from .cpuload import system_busy_s
+from .outcomes import classify_error
 from .stats import (
     MetricKey,
     RequestRecord,
     diff_samples,
     engine_batches,
+    fmt,
     model_stats,
     parse_prometheus,
     summarize,
@@ -161,34 +167,55 @@ def scrape(metrics_url: str, timeout_s: float = 5.0) -> dict[MetricKey, float]:
 
 @dataclass(frozen=True)
 class Job:
-    """One request of a level: its index, text and sampler seed."""
+    """One request of a phase: its index, text, sampler seed and token budget (min = max new
+    tokens)."""
 
     index: int
     text: str
     seed: int
+    tokens: int
 
 
 class WarmupError(RuntimeError):
     """The server failed its first request: measuring it would only measure errors."""
 
 
-def _one(url: str, job: Job, tokens: int, voice: str, level_t0: float, timeout_s: float) -> RequestRecord:
-    req = SynthesisRequest(job.text, voice=voice, seed=job.seed, max_new_tokens=tokens, min_new_tokens=tokens)
+def stream_request(url: str, job: Job, voice: str, phase_t0: float, timeout_s: float) -> RequestRecord:
+    """Stream ``job`` to the entry model at ``url`` (gRPC ``host:port``) and record it: every
+    non-empty chunk's arrival time and samples, and the server's ``info`` (generated tokens,
+    degraded, vocoder). Never raises: a failure is a record with its
+    :class:`~chattts_serving.bench.outcomes.Outcome` and message."""
+    req = SynthesisRequest(job.text, voice=voice, seed=job.seed, max_new_tokens=job.tokens,
+                           min_new_tokens=job.tokens)
+    times: list[float] = []
+    samples: list[int] = []
+    info: dict[str, object] = {}
     start = time.perf_counter()
     try:
-        res = synthesize_stream(url, req, timeout_s=timeout_s)
-    except ClientError as exc:
-        return RequestRecord(job.index, job.text, start - level_t0, None, time.perf_counter() - start, 0.0, 0,
-                             tokens, f"{exc.status}: {exc.message}")
+        for part in iter_parts(url, req, timeout_s=timeout_s):
+            if part.info:
+                info.update(part.info)
+            if part.audio.size:
+                times.append(time.perf_counter() - start)
+                samples.append(int(part.audio.size))
     except Exception as exc:  # a benchmark reports failures; it does not die on them
-        return RequestRecord(job.index, job.text, start - level_t0, None, time.perf_counter() - start, 0.0, 0,
-                             tokens, f"{type(exc).__name__}: {exc}")
-    ttfa = res.ttfa_s if res.chunks else None
-    return RequestRecord(job.index, job.text, start - level_t0, ttfa, res.total_s, res.audio_s, res.chunks,
-                         tokens)
+        outcome = classify_error(exc)
+        return RequestRecord(job.index, job.text, start - phase_t0, None, time.perf_counter() - start, 0.0, 0, 0,
+                             f"{outcome}: {type(exc).__name__}: {exc}", tokens_requested=job.tokens,
+                             outcome=str(outcome))
+    total = time.perf_counter() - start
+    degraded = info.get("degraded")
+    vocoder = info.get("vocoder")
+    tokens = info.get("tokens")
+    return RequestRecord(job.index, job.text, start - phase_t0, times[0] if times else None, total,
+                         sum(samples) / contract.SAMPLE_RATE_HZ, len(times),
+                         int(tokens) if isinstance(tokens, int | float) else 0, tokens_requested=job.tokens,
+                         degraded=bool(degraded) if degraded is not None else None,
+                         vocoder=str(vocoder) if vocoder is not None else None,
+                         chunk_times_s=tuple(times), chunk_samples=tuple(samples))
 
 
-def run_closed_loop(url: str, jobs: Sequence[Job], concurrency: int, *, tokens: int, voice: str,
+def run_closed_loop(url: str, jobs: Sequence[Job], concurrency: int, *, voice: str,
                     timeout_s: float) -> tuple[list[RequestRecord], float]:
     """Run ``jobs`` through ``concurrency`` client threads, each streaming one request at a time
     over gRPC. Returns (records in job order, wall seconds from the first send to the last end)."""
@@ -205,7 +232,7 @@ def run_closed_loop(url: str, jobs: Sequence[Job], concurrency: int, *, tokens: 
                 job = todo.get_nowait()
             except queue.Empty:
                 return
-            rec = _one(url, job, tokens, voice, t0, timeout_s)
+            rec = stream_request(url, job, voice, t0, timeout_s)
             with lock:
                 records.append(rec)
 
@@ -218,63 +245,109 @@ def run_closed_loop(url: str, jobs: Sequence[Job], concurrency: int, *, tokens: 
     return sorted(records, key=lambda r: r.index), wall
 
 
-def run_levels(grpc_url: str, metrics_url: str, server_pid: int, sentences: Sequence[str], *,
-               levels: Sequence[int], requests_for: Callable[[int], int], tokens: int, voice: str,
-               timeout_s: float = 600.0,
-               progress: Callable[[str], None] = lambda _m: None) -> list[dict[str, object]]:
-    """Warm the server up, then run each concurrency level and measure it.
+@dataclass
+class ServerSession:
+    """A running server as the server phases see it: its gRPC ``host:port``, its metrics URL,
+    a :class:`TreeMonitor` of its process tree, the benchmark sentences, the voice, the
+    per-request timeout (s), the profile it serves (``profile``: a
+    :class:`~chattts_serving.serving.profile.Profile`) and a progress callback."""
 
-    Raises :class:`WarmupError` when the first warm-up request fails. Level c sends
-    ``requests_for(c)`` requests (with fewer requests than c, only that many streams run at
-    once: ``effective_concurrency``) (texts cycling through ``sentences``, seeds
-    1000*c + i), each asking exactly ``tokens`` tokens. Returns one dict per level: concurrency,
-    the :func:`~chattts_serving.bench.stats.summarize` keys, engine_tokens_per_s (tokens per
-    wall second), engine (decode-step batch sizes from the metrics, or None), models (per-model
-    Triton counters), the :class:`TreeMonitor` keys (cpu_percent, rss_mb, ...), errors (first
-    few messages) and records (per request).
-    """
-    monitor = TreeMonitor(server_pid).start()
-    try:
-        # warm-up, unmeasured: one full request (lazy init of every stage), then a burst at the
-        # highest level with a short budget (ORT allocations for the large batch shapes)
-        first, _ = run_closed_loop(grpc_url, [Job(0, sentences[0], 0)], 1, tokens=tokens, voice=voice,
-                                   timeout_s=timeout_s)
-        if first[0].error:
-            raise WarmupError(f"the server failed the warm-up request: {first[0].error}")
-        top = max(levels)
-        burst, _ = run_closed_loop(grpc_url, [Job(i, sentences[i % len(sentences)], i) for i in range(top)], top,
-                                   tokens=min(tokens, 16), voice=voice, timeout_s=timeout_s)
-        failed = [r.error for r in burst if r.error]
-        if failed:
-            progress(f"server: {len(failed)}/{top} warm-up burst requests failed, e.g. {failed[0]}")
-        progress("server: warmed up")
-        out = []
-        for c in levels:
-            n = requests_for(c)
-            jobs = [Job(i, sentences[i % len(sentences)], 1000 * c + i) for i in range(n)]
-            before = scrape(metrics_url)
-            window = monitor.begin()
-            records, wall = run_closed_loop(grpc_url, jobs, c, tokens=tokens, voice=voice,
-                                            timeout_s=timeout_s)
-            usage = monitor.end(window)
-            delta = diff_samples(before, scrape(metrics_url))
-            summary = summarize(records, wall)
-            level: dict[str, object] = {
-                "concurrency": c, "effective_concurrency": min(c, n), **summary,
-                "engine_tokens_per_s": summary["tokens_per_s"],
-                "engine": engine_batches(delta), "models": model_stats(delta), **usage,
+    grpc_url: str
+    metrics_url: str
+    monitor: TreeMonitor
+    sentences: Sequence[str]
+    voice: str
+    profile: Any
+    timeout_s: float = 600.0
+    progress: Callable[[str], None] = lambda _m: None
+    started_s: float | None = None
+    """Seconds the server took to start (until ready)."""
+    triton_version: str | None = None
+
+    def measure(self, run: Callable[[], tuple[list[RequestRecord], float]]) -> dict[str, object]:
+        """Run one measured phase (``run`` returns its records and wall seconds) and describe
+        it: the :func:`~chattts_serving.bench.stats.summarize` keys, engine_tokens_per_s
+        (generated tokens per wall second, the same as tokens_per_s), engine (decode-step
+        batch sizes from the metrics, or None), models (per-model Triton counters), the
+        :class:`TreeMonitor` keys (cpu_percent, cpu_s_by_process, rss_mb, other_cpu_percent...),
+        errors (first few messages) and records (per request)."""
+        before = scrape(self.metrics_url)
+        window = self.monitor.begin()
+        records, wall = run()
+        usage = self.monitor.end(window)
+        delta = diff_samples(before, scrape(self.metrics_url))
+        summary = summarize(records, wall)
+        return {**summary, "engine_tokens_per_s": summary["tokens_per_s"], "engine": engine_batches(delta),
+                "models": model_stats(delta), **usage,
                 "errors": sorted({r.error for r in records if r.error})[:5],
-                "records": [r.to_json() for r in records],
-            }
-            out.append(level)
-            progress(f"server c={c}: {summary['ok']}/{n} ok in {wall:.1f} s, "
-                     f"TTFA p50 {_fmt(summary['ttfa_p50_s'])} s, "
-                     f"latency p50 {_fmt(summary['latency_p50_s'])} s, "
-                     f"{_fmt(summary['audio_s_per_s'])} audio s/s")
-        return out
-    finally:
-        monitor.stop()
+                "records": [r.to_json() for r in records]}
 
 
-def _fmt(v: object) -> str:
-    return f"{v:.3f}" if isinstance(v, float) else str(v)
+IDLE_GAUGES = ("tts_request_queue_size", "tts_engine_active_sequences")
+"""Gauges that are 0 on an idle server: accepted streams without audio, engine sequences."""
+
+
+def busy_gauges(metrics_url: str) -> dict[str, float]:
+    """The :data:`IDLE_GAUGES` summed over models, from the server's ``/metrics`` ({} if unreachable)."""
+    samples = scrape(metrics_url)
+    if not samples:
+        return {}
+    return {g: sum(v for (name, _), v in samples.items() if name == g) for g in IDLE_GAUGES}
+
+
+def wait_idle(metrics_url: str, timeout_s: float = 120.0, interval_s: float = 0.25) -> float | None:
+    """Wait until every :data:`IDLE_GAUGES` gauge is 0; returns the seconds waited, None when
+    the server was still busy after ``timeout_s`` (or its metrics unreachable)."""
+    t0 = time.perf_counter()
+    while True:
+        gauges = busy_gauges(metrics_url)
+        if gauges and not any(gauges.values()):
+            return time.perf_counter() - t0
+        if time.perf_counter() - t0 > timeout_s:
+            return None
+        time.sleep(interval_s)
+
+
+def level_jobs(sentences: Sequence[str], c: int, n: int, tokens: int) -> list[Job]:
+    """The ``n`` jobs of closed-loop level ``c``: texts cycling through ``sentences``, seeds
+    1000*c + i, ``tokens`` each."""
+    return [Job(i, sentences[i % len(sentences)], 1000 * c + i, tokens) for i in range(n)]
+
+
+def warm_up(session: ServerSession, top: int, tokens: int) -> None:
+    """Unmeasured: one full request (lazy init of every stage), then a burst of ``top``
+    requests with a short budget (ORT allocations for the large batch shapes).
+
+    Raises :class:`WarmupError` when the first request fails."""
+    url, voice, timeout = session.grpc_url, session.voice, session.timeout_s
+    first, _ = run_closed_loop(url, [Job(0, session.sentences[0], 0, tokens)], 1, voice=voice, timeout_s=timeout)
+    if first[0].error:
+        raise WarmupError(f"the server failed the warm-up request: {first[0].error}")
+    burst, _ = run_closed_loop(url, level_jobs(session.sentences, 0, top, min(tokens, 16)), top, voice=voice,
+                               timeout_s=timeout)
+    failed = [r.error for r in burst if r.error]
+    if failed:
+        session.progress(f"server: {len(failed)}/{top} warm-up burst requests failed, e.g. {failed[0]}")
+    session.progress("server: warmed up")
+
+
+def run_level(session: ServerSession, c: int, n: int, tokens: int) -> dict[str, object]:
+    """Closed-loop level ``c``: ``n`` jobs (:func:`level_jobs`) through ``c`` client threads
+    (with fewer jobs than ``c``, only that many streams run at once:
+    ``effective_concurrency``). Returns concurrency, effective_concurrency and the
+    :meth:`ServerSession.measure` keys."""
+    jobs = level_jobs(session.sentences, c, n, tokens)
+    level: dict[str, object] = {"concurrency": c, "effective_concurrency": min(c, n), **session.measure(
+        lambda: run_closed_loop(session.grpc_url, jobs, c, voice=session.voice, timeout_s=session.timeout_s))}
+    session.progress(f"server c={c}: {level['ok']}/{n} ok in {fmt(level['wall_s'])} s, "
+                     f"TTFA p50 {fmt(level['ttfa_p50_s'])} s, latency p50 {fmt(level['latency_p50_s'])} s, "
+                     f"{fmt(level['audio_s_per_s'])} audio s/s, real time {fmt(level['realtime_fraction'])}, "
+                     f"{level['degraded_requests']} degraded")
+    return level
+
+
+def run_levels(session: ServerSession, *, levels: Sequence[int], requests_for: Callable[[int], int],
+               tokens: int) -> list[dict[str, object]]:
+    """Each closed-loop level of ``levels`` in turn (:func:`run_level`), ``requests_for(c)``
+    requests of ``tokens`` tokens at level c."""
+    return [run_level(session, c, requests_for(c), tokens) for c in levels]

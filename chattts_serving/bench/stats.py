@@ -12,6 +12,9 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from .. import contract
+from .outcomes import Outcome
+
 
 def percentile(values: Sequence[float], q: float) -> float | None:
     """The ``q``-th percentile (0..100, linear interpolation) of ``values``; None if empty."""
@@ -25,6 +28,15 @@ def mean(values: Sequence[float]) -> float | None:
     return float(np.mean(np.asarray(values, dtype=np.float64))) if values else None
 
 
+def fmt(v: object, digits: int = 3) -> str:
+    """``v`` for a progress line or a report cell: floats with ``digits`` decimals, None as '–'."""
+    if v is None:
+        return "–"
+    if isinstance(v, float):
+        return f"{v:.{digits}f}"
+    return str(v)
+
+
 def ratio(num: float | None, den: float | None) -> float | None:
     """``num / den``, or None when either is unknown or ``den`` is zero."""
     if num is None or den is None or den == 0 or not math.isfinite(num) or not math.isfinite(den):
@@ -36,10 +48,17 @@ def ratio(num: float | None, den: float | None) -> float | None:
 class RequestRecord:
     """One benchmark request as the client saw it.
 
-    start_s: seconds from the level's start to sending. ttfa_s: seconds from sending to the
+    start_s: seconds from the phase's start to sending. ttfa_s: seconds from sending to the
     first non-empty audio chunk (None if none came). total_s: seconds from sending to the end
-    of the response. audio_s: seconds of audio received. tokens: GPT tokens asked for
-    (min = max = the budget). error: the failure's message, None on success.
+    of the response. audio_s: seconds of audio received. chunks: non-empty audio chunks.
+    tokens: GPT tokens generated, as the server's final ``info.tokens`` reports them (the
+    upstream baseline, which reports none, records the tokens it was made to generate).
+    error: the failure's message, None on success. tokens_requested: the token budget asked
+    for (min = max new tokens). degraded, vocoder: the server's ``info`` (None when it sent
+    none): whether the request ran in the degraded mode, and on which vocoder path.
+    outcome: an :class:`~chattts_serving.bench.outcomes.Outcome` value. chunk_times_s: for each
+    non-empty chunk, seconds from sending to its arrival; chunk_samples: its samples at
+    ``contract.SAMPLE_RATE_HZ`` (both empty where not measured).
     """
 
     index: int
@@ -51,6 +70,12 @@ class RequestRecord:
     chunks: int
     tokens: int
     error: str | None = None
+    tokens_requested: int = 0
+    degraded: bool | None = None
+    vocoder: str | None = None
+    outcome: str = Outcome.COMPLETED.value
+    chunk_times_s: tuple[float, ...] = ()
+    chunk_samples: tuple[int, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -60,28 +85,84 @@ class RequestRecord:
         return asdict(self)
 
 
-def summarize(records: Sequence[RequestRecord], wall_s: float) -> dict[str, float | int | None]:
-    """Latency, throughput and RTF of the successful requests of one run of ``wall_s`` seconds.
+REALTIME_TOLERANCE_S = 0.010
+"""A stream is real time when the start buffer it needs is at most this (s): 10 ms, below a
+typical audio output buffer (20 ms or more) and above this client's own timing jitter (one
+thread receives each chunk and reads the clock)."""
+REALTIME_MIN_FRACTION = 0.95
+"""A concurrency level counts as real time when at least this fraction of its streams is."""
 
-    Keys: requests, ok, failed, wall_s; ttfa_p50_s, ttfa_p95_s, ttfa_mean_s; latency_p50_s,
-    latency_p95_s, latency_p99_s, latency_mean_s; requests_per_s (successful requests per wall
-    second); audio_s_total; audio_s_per_s (audio seconds per wall second); rtf_mean (mean of
-    total_s / audio_s per request; < 1 is faster than real time); tokens_per_s (tokens asked
-    for by successful requests per wall second).
+
+def needed_buffer_s(chunk_times_s: Sequence[float], chunk_samples: Sequence[int],
+                    sample_rate_hz: int = contract.SAMPLE_RATE_HZ) -> float | None:
+    """The start buffer (s) a client needs to play a stream without a gap, when playback
+    starts at the first chunk: ``max_i (t_i - t_0 - sum_{j<i} d_j)`` clipped at 0, with
+    ``t_i`` the arrival of chunk i (s) and ``d_j`` the duration of chunk j
+    (``samples / sample_rate_hz``). None for a stream without audio."""
+    if not chunk_times_s:
+        return None
+    t0 = chunk_times_s[0]
+    played = 0.0
+    need = 0.0
+    for t, n in zip(chunk_times_s, chunk_samples, strict=True):
+        need = max(need, t - t0 - played)
+        played += n / sample_rate_hz
+    return need
+
+
+def realtime_summary(records: Sequence[RequestRecord],
+                     tolerance_s: float = REALTIME_TOLERANCE_S) -> dict[str, float | int | None]:
+    """The capacity figures of one level: realtime_fraction (streams whose needed start
+    buffer is at most ``tolerance_s``, over every request: a failed request is not real
+    time), start_buffer_p50_s / start_buffer_p95_s / start_buffer_max_s (needed start buffer
+    of the streams that sent audio, s); None where no record has chunk times."""
+    buffers = [b for r in records if r.ok
+               for b in [needed_buffer_s(r.chunk_times_s, r.chunk_samples)] if b is not None]
+    if not records or not buffers:
+        return {"realtime_fraction": None, "start_buffer_p50_s": None, "start_buffer_p95_s": None,
+                "start_buffer_max_s": None}
+    return {"realtime_fraction": sum(1 for b in buffers if b <= tolerance_s) / len(records),
+            "start_buffer_p50_s": percentile(buffers, 50), "start_buffer_p95_s": percentile(buffers, 95),
+            "start_buffer_max_s": max(buffers)}
+
+
+def summarize(records: Sequence[RequestRecord], wall_s: float) -> dict[str, object]:
+    """Latency, throughput, RTF and capacity of one run of ``wall_s`` seconds.
+
+    Keys: requests, ok, failed, wall_s; outcomes ({outcome: requests}); ttfa_p50_s,
+    ttfa_p95_s, ttfa_mean_s; latency_p50_s, latency_p95_s, latency_p99_s, latency_mean_s;
+    requests_per_s (successful requests per wall second); audio_s_total; audio_s_per_s (audio
+    seconds per wall second); rtf_mean, rtf_p50, rtf_p95 (total_s / audio_s per request;
+    < 1 is faster than real time); tokens_per_s (tokens generated by successful requests, as
+    the server reported them, per wall second); tokens_requested_per_s (their budgets);
+    degraded_requests (requests the server ran in its degraded mode); vocoders ({path:
+    requests}); and the :func:`realtime_summary` keys. Latency and TTFA figures cover the
+    successful requests.
     """
     ok = [r for r in records if r.ok]
     ttfa = [r.ttfa_s for r in ok if r.ttfa_s is not None]
     lat = [r.total_s for r in ok]
     audio = sum(r.audio_s for r in ok)
     rtfs = [r.total_s / r.audio_s for r in ok if r.audio_s > 0]
+    outcomes: dict[str, int] = {}
+    vocoders: dict[str, int] = {}
+    for r in records:
+        outcomes[r.outcome] = outcomes.get(r.outcome, 0) + 1
+        if r.vocoder is not None:
+            vocoders[r.vocoder] = vocoders.get(r.vocoder, 0) + 1
     return {
         "requests": len(records), "ok": len(ok), "failed": len(records) - len(ok), "wall_s": wall_s,
+        "outcomes": outcomes,
         "ttfa_p50_s": percentile(ttfa, 50), "ttfa_p95_s": percentile(ttfa, 95), "ttfa_mean_s": mean(ttfa),
         "latency_p50_s": percentile(lat, 50), "latency_p95_s": percentile(lat, 95),
         "latency_p99_s": percentile(lat, 99), "latency_mean_s": mean(lat),
         "requests_per_s": ratio(len(ok), wall_s), "audio_s_total": audio,
-        "audio_s_per_s": ratio(audio, wall_s), "rtf_mean": mean(rtfs),
+        "audio_s_per_s": ratio(audio, wall_s), "rtf_mean": mean(rtfs), "rtf_p50": percentile(rtfs, 50),
+        "rtf_p95": percentile(rtfs, 95),
         "tokens_per_s": ratio(sum(r.tokens for r in ok), wall_s),
+        "tokens_requested_per_s": ratio(sum(r.tokens_requested for r in ok), wall_s),
+        "degraded_requests": sum(1 for r in records if r.degraded), "vocoders": vocoders,
+        **realtime_summary(records),
     }
 
 
