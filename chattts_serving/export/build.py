@@ -5,6 +5,8 @@ Artifacts (names from :mod:`chattts_serving.contract`)::
     gpt_step.onnx          GPT prefill/decode step, per-layer KV cache in and out
     vocoder_hidden.onnx    hidden (B, T, H) -> Decoder -> Vocos -> audio (B, 512T-256)
     vocoder_codes.onnx     codes (B, T, 4) -> DVAE -> Vocos -> audio (B, 512T-256)
+    dvae_encoder.onnx      log-mel (B, 100, F) -> DVAE encoder -> codes (B, F // 2, 4) int32
+    dvae_mel.npz           window (1024,), fb (513, 100) float32: the DVAE's mel front end
     embed.npz              emb_text (21178, H), emb_code (4, 626, H), head_text (21178, H) float32
                            (head_text: the weight-normed text head materialised, for refine-text mode)
     speaker_stats.npz      std, mean (H,) float32 (ChatTTS' spk_stat)
@@ -33,12 +35,22 @@ import numpy as np
 from .. import contract
 from .weights import WeightsError, check_asset_dir, load_chat, read_sizes
 
-EXPORTER_VERSION = 3
+EXPORTER_VERSION = 4
 """Part of the input fingerprint: bump whenever the artifacts' content or layout changes, so
-that stale artifact directories are re-exported. 3: ``head_text`` added to embed.npz."""
+that stale artifact directories are re-exported. 3: ``head_text`` added to embed.npz.
+4: ``dvae_encoder.onnx`` and ``dvae_mel.npz`` (reference recordings, ChatTTS' ``DVAE.sample_audio``)."""
 OPSET = 17
 PARITY_TOLERANCE = 1e-4
 """Maximum absolute error allowed between a torch module and its exported graph."""
+ENCODER_MISMATCH_TOLERANCE = 1e-3
+"""Largest fraction of DVAE-encoder codes allowed to differ from ChatTTS' ``sample_audio`` on
+the parity recordings (:func:`chattts_serving.export.parity.encoder_parity`). The codes come
+from ``floor`` of continuous features, so a feature that the graph computes 1e-6 away from
+torch's could land on the other side of a level boundary. Measured with the mel computed by
+torch (:func:`chattts_serving.audio.encoder.log_mel`): 0 differing codes, on the small checkpoint's
+parity recordings and on 25,708 codes of 24 recordings (up to 10 s) through a full-size
+generated DVAE. The bound only keeps a rare boundary case from failing an export; the tests
+require exact equality."""
 
 
 def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
@@ -195,6 +207,16 @@ def _export_into(chat: Any, weights_root: Path, tmp: Path, say: Progress) -> dic
                  {"codes": {0: "batch", 1: "tokens"}, "audio": {0: "batch", 1: "samples"}})
     timings["vocoders_s"] = time.perf_counter() - t0
 
+    say("exporting DVAE encoder (mel -> encoder -> codes)")
+    t0 = time.perf_counter()
+    enc = graphs.DvaeEncoder(chat.dvae).eval()
+    _onnx_export(enc, (torch.randn(2, contract.N_MELS, 47),), tmp / contract.DVAE_ENCODER_GRAPH,
+                 [contract.E_MEL], [contract.E_CODES],
+                 {contract.E_MEL: {0: "batch", 2: "frames"}, contract.E_CODES: {0: "batch", 1: "tokens"}})
+    mel = graphs.mel_parameters(chat.dvae)
+    np.savez(tmp / contract.MEL_FILE, window=mel["window"], fb=mel["fb"])
+    timings["dvae_encoder_s"] = time.perf_counter() - t0
+
     say("writing embeddings, speaker statistics, tokenizer")
     with torch.no_grad():
         np.savez(tmp / contract.EMBED_FILE,
@@ -206,13 +228,17 @@ def _export_into(chat: Any, weights_root: Path, tmp: Path, say: Progress) -> dic
     chat.tokenizer._tokenizer.save_pretrained(str(tmp / contract.TOKENIZER_DIR))
 
     say("checking parity of the exported graphs against ChatTTS' torch modules")
-    from .parity import parity_report
+    from .parity import encoder_parity, parity_report
 
     parity = parity_report(chat, tmp)
     worst = max(parity.values())
     if worst > PARITY_TOLERANCE:
         raise WeightsError(f"exported graphs differ from ChatTTS' modules by {worst:.3g} "
                            f"(> {PARITY_TOLERANCE}): {parity}")
+    enc_parity = encoder_parity(chat, tmp)
+    if enc_parity["mismatch_fraction"] > ENCODER_MISMATCH_TOLERANCE:
+        raise WeightsError(f"the exported DVAE encoder's codes differ from ChatTTS' sample_audio in "
+                           f"{enc_parity['mismatched_codes']} of {enc_parity['codes']} codes: {enc_parity}")
 
     sizes = read_sizes(Path(weights_root) / "asset")
     rf_hidden = graphs.receptive_field_tokens([chat.decoder.decoder, chat.decoder.out_conv], chat.vocos)
@@ -228,7 +254,8 @@ def _export_into(chat: Any, weights_root: Path, tmp: Path, say: Progress) -> dic
                    "max_position_embeddings": int(cfg.max_position_embeddings)},
         "graphs": {"gpt_step": _graph_io(tmp / contract.GPT_GRAPH),
                    "vocoder_hidden": _graph_io(tmp / contract.VOCODER_HIDDEN_GRAPH),
-                   "vocoder_codes": _graph_io(tmp / contract.VOCODER_CODES_GRAPH)},
+                   "vocoder_codes": _graph_io(tmp / contract.VOCODER_CODES_GRAPH),
+                   "dvae_encoder": _graph_io(tmp / contract.DVAE_ENCODER_GRAPH)},
         "opset": OPSET,
         "sample_rate_hz": contract.SAMPLE_RATE_HZ,
         "samples_per_token": contract.SAMPLES_PER_TOKEN,
@@ -236,6 +263,8 @@ def _export_into(chat: Any, weights_root: Path, tmp: Path, say: Progress) -> dic
         "special_token_ids": dict(contract.SPECIAL_TOKEN_IDS),
         "parity_max_abs_error": parity,
         "parity_tolerance": PARITY_TOLERANCE,
+        "encoder_parity": enc_parity,
+        "encoder_mismatch_tolerance": ENCODER_MISMATCH_TOLERANCE,
         "export_timings": timings,
     }
 

@@ -264,3 +264,93 @@ def receptive_field_tokens(mel_stack: list[nn.Module], vocos: Any) -> int:
     frames = sum(conv_radius_frames(m) for m in mel_stack) + conv_radius_frames(vocos.backbone)
     frames += math.ceil((contract.N_FFT // 2) / contract.HOP_SAMPLES)
     return math.ceil(frames / contract.MEL_FRAMES_PER_TOKEN)
+
+
+class FsqQuantizer(nn.Module):
+    """ChatTTS' ``GFSQ.forward`` (a ``GroupedResidualFSQ`` of ``vector_quantize_pytorch``:
+    G groups, each a residual FSQ of R levels-(5, 5, 5, 5) quantizers) written out with the
+    module's own weights and buffers, because einops' shape recipes do not export with a
+    dynamic length. Per group: ``project_in``, the soft clamp ``tanh(x / c) * c``, then for
+    each residual layer r: ``z = residual / scale_r``, the symmetry-preserving bound with hard
+    clamp (``floor((L - 1) * (clamp(z, -1, 1) + 1) / 2 + 0.5)``), the code index
+    ``sum(level_index * basis)`` and ``residual -= (level_index * 2 / (L - 1) - 1) * scale_r``
+    (``vector_quantize_pytorch`` 1.32 ``ResidualFSQ.forward``, ``FSQ.symmetry_preserving_bound``,
+    ``FSQ.codes_to_indices``).
+
+    Input: features (B, T, G * dim) float32. Output: codes (B, T, G * R) int32, ordered
+    group-major as ``GFSQ.forward`` returns them (``ind.permute(1, 2, 0, 3)``).
+    """
+
+    def __init__(self, gfsq: Any) -> None:
+        super().__init__()
+        grouped = gfsq.quantizer
+        self.groups = int(gfsq.G)
+        self.rvqs = grouped.rvqs
+        for rvq in self.rvqs:
+            fsq0 = rvq.layers[0]
+            if not (fsq0.preserve_symmetry and fsq0.bound_hard_clamp and rvq.soft_clamp_input_value is not None
+                    and not fsq0.orthogonal_rotation and fsq0.num_codebooks == 1):
+                raise ValueError("FsqQuantizer reproduces only ChatTTS' residual FSQ settings "
+                                 "(symmetry-preserving, hard-clamped, soft-clamped input)")
+        if int(gfsq.R) != len(self.rvqs[0].layers):
+            raise ValueError("GFSQ.R does not match the residual FSQ's layer count")
+
+    def forward(self, feats: torch.Tensor) -> torch.Tensor:
+        out = []
+        for rvq, x in zip(self.rvqs, feats.chunk(self.groups, dim=-1)):
+            x = rvq.project_in(x)
+            c = rvq.soft_clamp_input_value
+            residual = (x / c).tanh() * c
+            for layer, scale in zip(rvq.layers, rvq.scales):
+                levels_m1 = layer._levels - 1
+                z = torch.clamp(residual / scale, -1.0, 1.0)
+                bracket = torch.floor(levels_m1 * (z + 1) / 2.0 + 0.5)
+                out.append((bracket * layer._basis).sum(-1).round().to(torch.int32))
+                codes = (2.0 / levels_m1) * bracket - 1.0
+                residual = residual - codes * scale
+        return torch.stack(out, -1)
+
+
+class DvaeEncoder(nn.Module):
+    """ChatTTS' ``DVAE.sample_audio`` (``DVAE.forward(mode="encode")``) after its mel: log-mel
+    -> divided by the DVAE's ``coef`` -> ``downsample_conv`` (stride 2) -> ``encoder`` ->
+    :class:`FsqQuantizer`.
+
+    The log-mel itself (torchaudio's ``MelSpectrogram`` then ``log(clip(., 1e-5))``) is not in
+    the graph: :func:`chattts_serving.audio.encoder.log_mel` computes it with the same torch ops, bit
+    for bit. Expressed in the graph (a Conv1d with a windowed DFT basis) or in numpy float64, it
+    came within 1.4e-4 of torch's at low-energy bins, which moved 2 of 25,708 codes across a
+    level boundary on the full-size generated DVAE; with torch's own mel the graph's codes were
+    all equal (docs/chattts-multisentence.md).
+
+    Input: mel (B, 100, F) float32, F >= 2 (``N // 256 + 1`` frames of N samples).
+    Output: codes (B, F // 2, 4) int32 in [0, 625): the transpose of what ``sample_audio``
+    returns ((4, T) for one recording).
+    """
+
+    def __init__(self, dvae: Any) -> None:
+        super().__init__()
+        if getattr(dvae, "encoder", None) is None or dvae.vq_layer is None:
+            raise ValueError("this DVAE has no encoder/quantizer (ChatTTS' Decoder module was given)")
+        self.dvae = dvae
+        self.quant = FsqQuantizer(dvae.vq_layer)
+
+    def forward(self, mel: torch.Tensor) -> torch.Tensor:
+        x = self.dvae.encoder(self.dvae.downsample_conv(mel / self.dvae.coef.view(1, -1, 1)))  # (B, vq_dim, T)
+        return self.quant(x.transpose(1, 2))
+
+
+def mel_parameters(dvae: Any) -> dict[str, Any]:
+    """The DVAE's mel front end as arrays and numbers (``DVAE.preprocessor_mel``, torchaudio
+    ``MelSpectrogram``): ``window`` (n_fft,) float32 (periodic Hann), ``fb`` (n_fft/2+1, n_mels)
+    float32 (torchaudio's filterbank matrix), ``n_fft``, ``hop``. Raises ValueError unless the
+    settings are ChatTTS' (centred, reflect padding, magnitude, one-sided, not normalised)."""
+    mel_spec = dvae.preprocessor_mel.mel_spec
+    spec = mel_spec.spectrogram
+    if not (spec.center and spec.pad_mode == "reflect" and spec.power == 1 and spec.onesided
+            and not spec.normalized and spec.win_length == spec.n_fft and spec.pad == 0):
+        raise ValueError("only ChatTTS' MelSpectrogram settings are supported "
+                         "(center, reflect padding, power 1, onesided, not normalized)")
+    return {"window": spec.window.detach().float().numpy().copy(),
+            "fb": mel_spec.mel_scale.fb.detach().float().numpy().copy(),
+            "n_fft": int(spec.n_fft), "hop": int(spec.hop_length)}

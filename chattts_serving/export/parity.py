@@ -203,3 +203,44 @@ def text_mode_parity(chat: Any, art: Artifacts, hidden: np.ndarray, opts: OrtOpt
 
 def _decode_spk(chat: Any, spk: str) -> bytes:
     return chat.speaker._decode(spk).tobytes()
+
+
+def encoder_parity_audio(chat: Any) -> list[np.ndarray]:
+    """The recordings the DVAE-encoder parity check uses (24 kHz float32, deterministic):
+    the shortest accepted length (513 samples), white noise, a chirp with noise, and speech-like
+    audio decoded by the checkpoint's own DVAE + Vocos from random codes (the kind of audio the
+    encoder sees in ChatTTS' first-piece prompt)."""
+    import torch
+
+    rng = np.random.default_rng(11)
+    sr = contract.SAMPLE_RATE_HZ
+    t = np.arange(3 * sr) / sr
+    chirp = 0.3 * np.sin(2 * np.pi * (100 + 1500 * t) * t) + rng.normal(0, 0.01, t.size)
+    g = torch.Generator().manual_seed(5)
+    cds = torch.randint(0, 625, (1, contract.NUM_VQ, 120), generator=g, dtype=torch.int32)
+    with torch.no_grad():
+        decoded = chat.vocos.decode(chat.dvae(cds)).numpy()[0]
+    return [rng.normal(0, 0.1, contract.ENCODER_MIN_SAMPLES).astype(np.float32),
+            rng.normal(0, 0.1, sr + 77).astype(np.float32),
+            chirp.astype(np.float32), decoded.astype(np.float32)]
+
+
+def encoder_parity(chat: Any, root: Path, opts: OrtOptions | None = None) -> dict[str, float]:
+    """Codes of the exported DVAE encoder vs ChatTTS' ``DVAE.sample_audio`` on
+    :func:`encoder_parity_audio`: ``codes`` compared, ``mismatched_codes``,
+    ``mismatch_fraction``, and ``length_mismatches`` (recordings whose token count differs;
+    always expected 0)."""
+    from ..audio.encoder import DvaeEncoderRunner
+
+    runner = DvaeEncoderRunner(_artifacts_for(chat, root), opts or OrtOptions())
+    total = bad = lengths = 0
+    for wav in encoder_parity_audio(chat):
+        ref = chat.dvae.sample_audio(wav.copy()).numpy().T  # (T, 4)
+        got = runner.run(wav)
+        if got.shape != ref.shape:
+            lengths += 1
+            continue
+        total += ref.size
+        bad += int((got != ref).sum())
+    return {"codes": float(total), "mismatched_codes": float(bad),
+            "mismatch_fraction": bad / max(total, 1), "length_mismatches": float(lengths)}

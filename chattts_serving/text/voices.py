@@ -9,13 +9,23 @@ A request's ``voice`` is one of
   ``echo``, ``fable``, ``onyx``, ``nova``, ``shimmer``, ...) and the entries of a voices file;
 * otherwise a ChatTTS ``spk_emb`` string (base16384 text of the compressed float16 vector).
 
-Voices file: TOML or JSON (by suffix), a mapping ``name -> seed`` (integer) or
-``name -> spk_emb`` (string), either at the top level or under a ``voices`` table::
+Voices file: TOML or JSON (by suffix), a mapping ``name -> seed`` (integer),
+``name -> spk_emb`` (string) or ``name -> reference recording`` (a table), either at the top
+level or under a ``voices`` table::
 
     [voices]
     narrator = 1234
     alloy = 7            # overrides the built-in seed of "alloy"
     custom = "蘁淰敥欀..."  # a ChatTTS spk_emb string
+    reader = { recording = "reader.wav", transcript = "这是一段参考录音。" }
+    reader7 = { recording = "reader.wav", transcript = "这是一段参考录音。", speaker = 7 }
+
+A reference voice speaks like its recording (ChatTTS' ``spk_smp`` + ``txt_smp``: the
+recording, encoded by the DVAE encoder, and its transcript precede every sentence's prompt);
+``recording`` is a path relative to the voices file, ``transcript`` the words spoken in it,
+``speaker`` an optional seed or spk_emb string used as well (without it the prompt has no
+speaker vector, ChatTTS' ``spk_emb=None``). The front-end model reads, checks and encodes
+each recording once, when it starts.
 
 Its path comes from the ``CHATTTS_VOICES`` environment variable, else ``voices/voices.toml``
 at the repository root when that file exists. Names match ``[A-Za-z][A-Za-z0-9_.-]*`` so that
@@ -66,17 +76,25 @@ class VoiceError(ValueError):
 
 @dataclass(frozen=True)
 class Voice:
-    """A resolved voice: ``kind`` 'seed' (``seed`` set) or 'spk_emb' (``spk_emb`` set);
-    ``name``: the voice-book name it came from, if any."""
+    """A resolved voice: ``kind`` 'seed' (``seed`` set), 'spk_emb' (``spk_emb`` set) or
+    'reference' (``recording``, an absolute path, and ``transcript`` set; ``speaker`` the
+    seed or spk_emb voice spoken with it, or None); ``name``: the voice-book name it came
+    from, if any."""
 
-    kind: Literal["seed", "spk_emb"]
+    kind: Literal["seed", "spk_emb", "reference"]
     seed: int | None = None
     spk_emb: str | None = None
     name: str | None = None
+    recording: Path | None = None
+    transcript: str | None = None
+    speaker: Voice | None = None
 
     @property
     def key(self) -> tuple[str, int | str]:
-        """Cache key: equal for voices that give the same speaker vector."""
+        """Cache key: equal for voices that give the same speaker vector (not defined for a
+        reference voice: use its ``speaker``)."""
+        if self.kind == "reference":
+            raise ValueError("a reference voice has no speaker-vector key of its own")
         if self.kind == "seed":
             assert self.seed is not None
             return ("seed", self.seed)
@@ -91,10 +109,34 @@ def seed_voice(seed: int, name: str | None = None) -> Voice:
     return Voice("seed", seed=seed, name=name)
 
 
-def _entry(name: str, value: Any, where: str) -> Voice:
+_REFERENCE_KEYS: Final = {"recording", "transcript", "speaker"}
+
+
+def _reference_entry(name: str, value: Mapping[str, Any], where: str, base_dir: Path | None) -> Voice:
+    unknown = sorted(set(value) - _REFERENCE_KEYS)
+    if unknown:
+        raise VoiceError(f"{where}: voice {name!r} has unknown keys {unknown}; a reference voice has "
+                         f"{sorted(_REFERENCE_KEYS)}")
+    recording, transcript = value.get("recording"), value.get("transcript")
+    if not isinstance(recording, str) or not recording.strip():
+        raise VoiceError(f"{where}: voice {name!r} needs 'recording', the path of its recording")
+    if not isinstance(transcript, str) or not transcript.strip():
+        raise VoiceError(f"{where}: voice {name!r} needs 'transcript', the words spoken in its recording")
+    path = Path(recording.strip())
+    if not path.is_absolute() and base_dir is not None:
+        path = base_dir / path
+    speaker = _entry(name, value["speaker"], where, base_dir) if "speaker" in value else None
+    if speaker is not None and speaker.kind == "reference":
+        raise VoiceError(f"{where}: voice {name!r}: 'speaker' must be a seed or a spk_emb string")
+    return Voice("reference", name=name, recording=path.resolve(), transcript=transcript, speaker=speaker)
+
+
+def _entry(name: str, value: Any, where: str, base_dir: Path | None = None) -> Voice:
+    if isinstance(value, Mapping):
+        return _reference_entry(name, value, where, base_dir)
     if isinstance(value, bool) or not isinstance(value, int | str):
-        raise VoiceError(f"{where}: voice {name!r} must be an integer seed or a spk_emb string, "
-                         f"got {type(value).__name__}")
+        raise VoiceError(f"{where}: voice {name!r} must be an integer seed, a spk_emb string or a reference "
+                         f"recording table, got {type(value).__name__}")
     if isinstance(value, str) and _SEED.fullmatch(value.strip()):
         value = int(value)
     if isinstance(value, int):
@@ -107,8 +149,9 @@ def _entry(name: str, value: Any, where: str) -> Voice:
     return Voice("spk_emb", spk_emb=value.strip(), name=name)
 
 
-def parse_voices(data: Mapping[str, Any], where: str = "voices") -> dict[str, Voice]:
-    """Voice-book entries from a parsed voices file (a mapping, or one with a ``voices`` table).
+def parse_voices(data: Mapping[str, Any], where: str = "voices", base_dir: Path | None = None) -> dict[str, Voice]:
+    """Voice-book entries from a parsed voices file (a mapping, or one with a ``voices`` table);
+    ``base_dir``: the directory relative recording paths start from (the file's).
 
     Returns lower-cased name -> :class:`Voice`. Raises :class:`VoiceError` on a bad name or value.
     """
@@ -119,7 +162,7 @@ def parse_voices(data: Mapping[str, Any], where: str = "voices") -> dict[str, Vo
     for name, value in table.items():
         if not isinstance(name, str) or not _NAME.fullmatch(name):
             raise VoiceError(f"{where}: voice name {name!r} must match {_NAME.pattern}")
-        out[name.lower()] = _entry(name.lower(), value, where)
+        out[name.lower()] = _entry(name.lower(), value, where, base_dir)
     return out
 
 
@@ -145,7 +188,7 @@ def load_voices_file(path: str | Path) -> dict[str, Voice]:
             data = json.loads(raw)
     except ValueError as exc:  # tomllib.TOMLDecodeError and json.JSONDecodeError are ValueErrors
         raise VoiceError(f"voices file {p} is not valid {'TOML' if p.suffix == '.toml' else 'JSON'}: {exc}") from None
-    return parse_voices(data, str(p))
+    return parse_voices(data, str(p), p.parent)
 
 
 def default_voices_path() -> Path | None:
@@ -204,10 +247,21 @@ class VoiceBook:
                              ", and not a ChatTTS spk_emb string")
         return Voice("spk_emb", spk_emb=v)
 
+    def references(self) -> dict[str, Voice]:
+        """The reference-recording voices by name."""
+        return {n: v for n, v in self._book.items() if v.kind == "reference"}
+
     def validate(self, dim: int) -> None:
-        """Decode every spk_emb entry once (``dim``: the model's speaker dimension), so that a
-        bad voices file fails at load rather than on a request. Raises :class:`VoiceError`."""
+        """Decode every spk_emb entry once (``dim``: the model's speaker dimension) and check
+        that every reference recording is a file, so that a bad voices file fails at load
+        rather than on a request (the recordings themselves are decoded by the front-end
+        model). Raises :class:`VoiceError`."""
         for name, voice in self._book.items():
+            if voice.kind == "reference":
+                assert voice.recording is not None
+                if not voice.recording.is_file():
+                    raise VoiceError(f"voice {name!r}: recording {voice.recording} is not a file")
+                voice = voice.speaker if voice.speaker is not None else voice
             if voice.kind == "spk_emb":
                 assert voice.spk_emb is not None
                 try:
@@ -238,10 +292,11 @@ class SpeakerCache:
         return len(self._cache)
 
     def get(self, voice: Voice) -> np.ndarray:
-        """The (H,) normalised speaker vector of ``voice``.
+        """The (H,) normalised speaker vector of a seed or spk_emb ``voice``.
 
         Raises:
             VoiceError: a spk_emb string that does not decode to an H-dimensional vector.
+            ValueError: a reference voice (take its ``speaker``).
         """
         key = voice.key
         with self._lock:
