@@ -14,7 +14,7 @@ from chattts_serving.runtime import Artifacts
 from chattts_serving.text import normalize as textnorm
 from chattts_serving.text.frontend import FrontEnd, FrontendError
 from chattts_serving.text.normalize import normalize, split_segments
-from chattts_serving.text.speaker import encode_spk_emb, normalize_speaker, speaker_from_seed
+from chattts_serving.text.speaker import encode_spk_emb, speaker_from_seed
 from chattts_serving.text.voices import (
     OPENAI_VOICES,
     SpeakerCache,
@@ -257,15 +257,49 @@ def test_same_text_and_voice_give_the_same_ids_and_speaker_bytes(small_artifacts
     assert pa.spk_emb.dtype == np.float32 and abs(float(np.linalg.norm(pa.spk_emb)) - 1.0) < 1e-2
 
 
-def test_voice_kinds_resolve_to_the_expected_speakers(frontend: FrontEnd) -> None:
+def _chattts_speaker(chat, seed: int) -> np.ndarray:  # type: ignore[no-untyped-def]
+    """The speaker ChatTTS gives a voice seed: ``torch.manual_seed(seed)`` then
+    ``chat.sample_random_speaker()`` (an spk_emb string), decoded by ChatTTS: (H,) float16."""
+    import torch
+
+    torch.manual_seed(seed)
+    return np.asarray(chat.speaker._decode(chat.sample_random_speaker()))
+
+
+def _chattts_applied(spk: np.ndarray) -> bytes:
+    """What ChatTTS' ``Speaker.apply`` puts at the prompt's [spk_emb] position for a decoded
+    speaker (F.normalize of the float16 tensor, then float32), as float32 bytes."""
+    import torch
+    import torch.nn.functional as F
+
+    return F.normalize(torch.from_numpy(spk), p=2.0, dim=0, eps=1e-12).float().numpy().tobytes()
+
+
+@pytest.mark.parametrize("seed", [0, 2, 7, 1234, 2**32 - 1])
+def test_speaker_from_seed_is_chattts_manual_seed_then_sample_random_speaker(small_chat, small_artifacts: Artifacts,
+                                                                             seed: int) -> None:  # type: ignore[no-untyped-def]
+    ref = _chattts_speaker(small_chat, seed)
+    stats = np.load(small_artifacts.root / "speaker_stats.npz")  # what the front end samples from
+    ours = speaker_from_seed(seed, stats["std"], stats["mean"])
+    assert ours.dtype == np.float32 and ours.shape == ref.shape == (small_artifacts.hidden_size,)
+    assert ours.tobytes() == ref.astype(np.float32).tobytes()
+
+
+def test_voice_kinds_resolve_to_the_speakers_chattts_applies(small_chat, frontend: FrontEnd) -> None:  # type: ignore[no-untyped-def]
+    """Default voice, seeds, names and spk_emb strings give, bit for bit, the vector ChatTTS
+    itself would put into the prompt for that seed (or that spk_emb)."""
     def expected(seed: int) -> bytes:
-        return normalize_speaker(speaker_from_seed(seed, frontend.std, frontend.mean)).astype(np.float32).tobytes()
+        return _chattts_applied(_chattts_speaker(small_chat, seed))
 
     assert frontend.speaker("").tobytes() == expected(2)
     assert frontend.speaker("17").tobytes() == expected(17)
+    assert frontend.speaker(str(2**32 - 1)).tobytes() == expected(2**32 - 1)
     assert frontend.speaker("nova").tobytes() == expected(OPENAI_VOICES["nova"])
-    emb = encode_spk_emb(speaker_from_seed(5, frontend.std, frontend.mean))
-    assert frontend.speaker(emb).tobytes() == expected(5)
+    import torch
+
+    torch.manual_seed(5)
+    emb = small_chat.sample_random_speaker()  # an spk_emb string made by ChatTTS itself
+    assert frontend.speaker(emb).tobytes() == _chattts_applied(small_chat.speaker._decode(emb)) == expected(5)
     assert frontend.speaker("alloy").tobytes() != frontend.speaker("echo").tobytes()
 
 
@@ -318,8 +352,10 @@ def test_repository_sample_voices_file_loads() -> None:
 
 
 @pytest.mark.parametrize("data, fragment", [
-    ({"bad name!": 1}, "voice name"), ({"x": -5}, "out of range"), ({"x": 1.5}, "integer seed or a spk_emb"),
-    ({"x": True}, "integer seed or a spk_emb"), ({"x": ""}, "empty"), ({"voices": [1, 2]}, "mapping"),
+    ({"bad name!": 1}, "voice name"), ({"x": -5}, "out of range"),
+    ({"x": 1.5}, "integer seed, a spk_emb string or a reference"),
+    ({"x": True}, "integer seed, a spk_emb string or a reference"), ({"x": ""}, "empty"),
+    ({"voices": [1, 2]}, "mapping"),
 ])
 def test_malformed_voices_are_refused(data: dict, fragment: str) -> None:
     with pytest.raises(VoiceError, match=fragment):

@@ -18,7 +18,9 @@
        [Stts][spk_emb][speed_N]{normalised text}[Ptts]
 
    with N from the first ``[speed_N]`` token in the text (default 5), tokenised without
-   special tokens; the ``[spk_emb]`` position later receives the speaker vector;
+   special tokens; the ``[spk_emb]`` position later receives the speaker vector (a reference
+   transcript goes before ``[speed_N]``, and ``[empty_spk]`` replaces ``[spk_emb]`` without a
+   speaker: :func:`chattts_serving.text.refine.speech_prompt_ids`);
 5. the voice (:mod:`chattts_serving.text.voices`): seed, name or spk_emb string, through a bounded
    LRU cache of speaker vectors.
 
@@ -41,13 +43,14 @@ from ..runtime import Artifacts
 from . import normalize as textnorm
 from . import refine
 from . import wetext as textnorm_wetext
-from .voices import DEFAULT_CACHE_ENTRIES, MAX_VOICE_SEED, SpeakerCache, VoiceBook, VoiceError
+from .voices import DEFAULT_CACHE_ENTRIES, MAX_VOICE_SEED, SpeakerCache, Voice, VoiceBook, VoiceError
 
 log = logging.getLogger(__name__)
 
 __all__ = ["MAX_VOICE_SEED", "FrontEnd", "FrontendError", "Prepared"]
 
 RAW_LENGTH_FACTOR = textnorm.RAW_LENGTH_FACTOR
+_SPEED_TOKEN = re.compile(r"\[speed_\d+\]")
 
 
 class FrontendError(ValueError):
@@ -59,7 +62,8 @@ class FrontendError(ValueError):
 class Prepared:
     """A request ready for the engine.
 
-    input_ids: (T,) int32 prompt ids; spk_emb: (H,) float32 normalised speaker vector;
+    input_ids: (T,) int32 prompt ids; spk_emb: (H,) float32 normalised speaker vector, None
+    without one (``[empty_spk]`` in the prompt);
     normalized: the text actually spoken (control tokens included, ``[speed_N]`` moved into
     the prompt); dropped: characters that could not be spoken and reserved tokens that were
     removed, each once in order of appearance; speed: N of the prompt's ``[speed_N]`` (0..9);
@@ -68,7 +72,7 @@ class Prepared:
     """
 
     input_ids: np.ndarray
-    spk_emb: np.ndarray
+    spk_emb: np.ndarray | None
     normalized: str
     dropped: tuple[str, ...]
     speed: int = textnorm.DEFAULT_SPEED
@@ -110,23 +114,49 @@ class FrontEnd:
         self.speakers = SpeakerCache(self.std, self.mean, speaker_cache_entries)
         self.normalizer = _chattts_normalizer()
 
-    def speaker(self, voice: str) -> np.ndarray:
-        """(H,) normalised speaker vector (read-only) for ``voice``: '' (default voice), an
-        integer seed in [0, 2**32-1], a voice name, or a ChatTTS spk_emb string.
+    def voice(self, voice: str) -> Voice:
+        """The :class:`~chattts_serving.text.voices.Voice` of a request's ``voice``: '' (default
+        voice), an integer seed in [0, 2**32-1], a voice name (a reference-recording voice
+        included), or a ChatTTS spk_emb string.
+
+        Raises:
+            FrontendError: seed out of range or unknown name.
+        """
+        try:
+            return self.voices.resolve(voice, self.default_voice_seed)
+        except VoiceError as exc:
+            raise FrontendError(_voice_message(exc)) from None
+
+    def speaker(self, voice: str) -> np.ndarray | None:
+        """(H,) normalised speaker vector (read-only) for ``voice`` (see :meth:`voice`); for a
+        reference-recording voice the vector of its ``speaker``, None when it has none.
 
         Raises:
             FrontendError: seed out of range, unknown name, or an invalid spk_emb string.
         """
+        v = self.voice(voice)
+        if v.kind == "reference":
+            if v.speaker is None:
+                return None
+            v = v.speaker
         try:
-            return self.speakers.get(self.voices.resolve(voice, self.default_voice_seed))
+            return self.speakers.get(v)
         except VoiceError as exc:
-            msg = str(exc)
-            raise FrontendError(msg if msg.startswith(("unknown voice", "voice seed")) else
-                                f"unknown voice: {msg}") from None
+            raise FrontendError(_voice_message(exc)) from None
 
     def prepare(self, text: str, voice: str = "", refine_prompt: str | None = None,
-                refined_ids: np.ndarray | None = None) -> Prepared:
+                refined_ids: np.ndarray | None = None, *, txt_smp: str | None = None, no_speaker: bool = False,
+                keep_unspeakable: bool = False) -> Prepared:
         """Normalise ``text``, build the prompts and tokenize them, and resolve ``voice``.
+
+        ``txt_smp``: a reference transcript placed before ``[speed_N]`` in the code prompt, as
+        it is (ChatTTS' ``InferCodeParams.txt_smp``; :func:`chattts_serving.text.refine.speech_prompt_ids`).
+        ``no_speaker``: no speaker vector (``[empty_spk]`` prompt, ``spk_emb`` None), ChatTTS'
+        ``spk_emb=None``; a reference-recording voice without a ``speaker`` has none either.
+        ``keep_unspeakable``: ``text`` is a piece of ChatTTS' split
+        (:func:`chattts_serving.text.segments.split_like_chattts`), prompted even when nothing in
+        it can be spoken (a blank line, a lone ``。``), as ChatTTS synthesises such pieces too:
+        its text is then what ChatTTS' own normaliser makes of it, stripped.
 
         With ``refine_prompt`` (control tokens, '' for none; validated by
         :class:`chattts_serving.text.refine.RefineParams`) the refine-text prompt is built too
@@ -143,24 +173,30 @@ class FrontEnd:
         too_long = textnorm.length_error(text, self.max_text_chars)
         if too_long:
             raise FrontendError(too_long)
-        if not text.strip():
+        if not text.strip() and not keep_unspeakable:
             raise FrontendError("text is empty")
         try:
             norm = textnorm.normalize(text, library=self.wetext)
         except textnorm.TextNormError as exc:
             raise FrontendError(str(exc)) from None
-        spk = self.speaker(voice)
+        spk = None if no_speaker else self.speaker(voice)
         normalized = self.normalizer(norm.text, do_text_normalization=True, do_homophone_replacement=True).strip()
         normalized, unknown = self.vocabulary.remove_unknown(normalized)
+        speakable = textnorm.speakable(normalized)
+        if not speakable and keep_unspeakable:  # ChatTTS speaks the piece as its own normaliser leaves it
+            raw = _SPEED_TOKEN.sub("", text)  # the speed is in the prompt already
+            plain = self.normalizer(raw, do_text_normalization=True, do_homophone_replacement=True).strip()
+            normalized, more = self.vocabulary.remove_unknown(plain)
+            unknown = (*unknown, *more)
         dropped = tuple(sorted(dict.fromkeys((*norm.dropped, *unknown)),
                                key=lambda d: text.find(d) if d in text else len(text)))
-        if not textnorm.SPOKEN_CHARS.search(textnorm.CONTROL_TOKEN.sub("", normalized)):
+        if not speakable and not keep_unspeakable:
             what = f": {''.join(dropped)!r}" if dropped else ""
             raise FrontendError("text has nothing speakable after normalisation (only punctuation, symbols or "
                                 f"unsupported characters{what})")
         speed = norm.speed if norm.speed is not None else textnorm.DEFAULT_SPEED
         refine_ids = None
-        if refine_prompt is not None:
+        if refine_prompt is not None and speakable:  # an unspeakable piece is not refined (it keeps its text)
             try:
                 refine_ids = refine.refine_prompt_ids(self.tokenizer, normalized,
                                                       refine.RefineParams(prompt=refine_prompt).validate().prompt)
@@ -171,13 +207,18 @@ class FrontEnd:
             if ids.size and (ids.min() < 0 or ids.max() >= contract.TEXT_VOCAB_SIZE):
                 raise FrontendError(f"refined_ids must be text ids in [0, {contract.TEXT_VOCAB_SIZE})")
             refined = refine.decode_refined(self.tokenizer, ids)
-            code_ids = refine.code_prompt_ids(self.tokenizer, refined, fallback=normalized, speed=speed)
+            code_ids = refine.code_prompt_ids(self.tokenizer, refined, normalized, speed, txt_smp, spk is not None)
             normalized = refine.code_stage_text(refined, normalized)
         else:
-            code_ids = refine.speech_prompt_ids(self.tokenizer, normalized, speed)
+            code_ids = refine.speech_prompt_ids(self.tokenizer, normalized, speed, txt_smp, spk is not None)
         if dropped:
             log.info("characters not spoken: %r", "".join(dropped))
         return Prepared(code_ids.astype(np.int32), spk, normalized, dropped, speed, refine_ids)
+
+
+def _voice_message(exc: VoiceError) -> str:
+    msg = str(exc)
+    return msg if msg.startswith(("unknown voice", "voice seed")) else f"unknown voice: {msg}"
 
 
 class TokenizerVocabulary:

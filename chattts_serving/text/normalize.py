@@ -70,6 +70,12 @@ CONTROL_TOKEN: Final = re.compile(
 """A control token as it appears in normalised text."""
 
 
+def speakable(text: str) -> bool:
+    """Whether normalised ``text`` holds anything spoken (:data:`SPOKEN_CHARS`) outside its
+    control tokens."""
+    return bool(SPOKEN_CHARS.search(CONTROL_TOKEN.sub("", text)))
+
+
 class TextNormError(ValueError):
     """Text that cannot be normalised: a control token out of its range (message says which)."""
 

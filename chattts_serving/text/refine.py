@@ -161,28 +161,42 @@ def code_stage_text(refined: str, fallback: str) -> str:
     return text if _SPOKEN.search(re.sub(r"\[[^\]]*\]", "", text)) else fallback
 
 
-def code_prompt_ids(tokenizer: Any, refined: str, fallback: str, speed: int = 5) -> np.ndarray:
-    """Code-stage prompt ids (T,) int32 for refined text, ChatTTS' ``_infer_code`` prompt with
-    a speaker and ``InferCodeParams.prompt='[speed_N]'``: ``[Stts][spk_emb][speed_N]{text}[Ptts]``
-    with ``text = code_stage_text(refined, fallback)``, tokenised without special tokens and
-    not normalised again (ChatTTS normalises before refining only). The ``[spk_emb]`` position
-    takes the speaker vector as for unrefined prompts (the front end's ``Prepared.spk_emb``).
+def code_prompt_ids(tokenizer: Any, refined: str, fallback: str, speed: int = 5, txt_smp: str | None = None,
+                    speaker: bool = True) -> np.ndarray:
+    """Code-stage prompt ids (T,) int32 for refined text: :func:`speech_prompt_ids` of
+    ``code_stage_text(refined, fallback)``, not normalised again (ChatTTS normalises before
+    refining only). The ``[spk_emb]`` position takes the speaker vector as for unrefined
+    prompts (the front end's ``Prepared.spk_emb``).
 
     Raises:
         ValueError: ``speed`` outside 0..9.
     """
-    return speech_prompt_ids(tokenizer, code_stage_text(refined, fallback), speed)
+    return speech_prompt_ids(tokenizer, code_stage_text(refined, fallback), speed, txt_smp, speaker)
 
 
-def speech_prompt_ids(tokenizer: Any, text: str, speed: int = 5) -> np.ndarray:
-    """Prompt ids (T,) int32 of the code (speech) stage: ``[Stts][spk_emb][speed_N]{text}[Ptts]``
-    tokenised without special tokens (ChatTTS' ``_infer_code`` prompt with a speaker and
-    ``InferCodeParams.prompt='[speed_N]'``); ``text`` as it is, normalised or refined.
+def speech_prompt_ids(tokenizer: Any, text: str, speed: int = 5, txt_smp: str | None = None,
+                      speaker: bool = True) -> np.ndarray:
+    """Prompt ids (T,) int32 of the code (speech) stage, ChatTTS 0.2.5's
+    ``Speaker.decorate_code_prompts`` with ``InferCodeParams(prompt='[speed_N]', txt_smp=...)``:
+    ``[Stts][spk_emb]{txt_smp}[speed_N]{text}[Ptts]`` with a speaker vector,
+    ``[Stts][empty_spk]...`` without one (``speaker=False``: ChatTTS' ``spk_emb=None``, the
+    usual way to speak with only a reference recording), tokenised as ChatTTS'
+    ``Tokenizer.encode`` does (``add_special_tokens=False``, the whole string at once).
+    ``text`` (normalised or refined) has ``[Stts]``, ``[spk_emb]`` and ``[empty_spk]`` removed
+    and is stripped; ``txt_smp`` (a reference recording's transcript, or the first piece's text
+    in ChatTTS' multi-sentence flow) is inserted as it is, not normalised, nothing when None.
+    With an audio prompt the engine appends its codes after these ids
+    (``Sequence.prompt_codes``); without a speaker the sequence takes ``spk_emb=None``
+    (``[empty_spk]`` is embedded as text).
 
     Raises:
         ValueError: ``speed`` outside 0..9.
     """
     if not isinstance(speed, (int, np.integer)) or not 0 <= int(speed) <= 9:
         raise ValueError(f"speed must be an integer in [0, 9], got {speed!r}")
-    ids = tokenizer(f"[Stts][spk_emb][speed_{int(speed)}]{text}[Ptts]", add_special_tokens=False)["input_ids"]
+    for tok in _CODE_PROMPT_REMOVED:
+        text = text.replace(tok, "")
+    spk = "[spk_emb]" if speaker else "[empty_spk]"
+    prompt = f"[Stts]{spk}{txt_smp or ''}[speed_{int(speed)}]{text.strip()}[Ptts]"
+    ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
     return np.asarray(ids, dtype=np.int32)

@@ -1,10 +1,14 @@
 """Sentence segmentation of a request's text: the pieces the GPT generates one after another.
 
-A long text is split at sentence ends so that each GPT sequence stays short (ChatTTS too
-splits its input at ``。``) and the first sentence's audio can start before the rest is
-generated. Very short pieces are merged into the one before, so that a stream does not stall
-on a string of one-word sequences. Both limits are profile knobs
-(``frontend.max_segment_chars``, ``frontend.merge_segment_chars``).
+Two ways (the request's ``segmentation``, :class:`chattts_serving.contract.Segmentation`):
+
+* ``streaming`` (:func:`split_segments`): a long text is split at sentence ends so that each
+  GPT sequence stays short and the first sentence's audio can start before the rest is
+  generated. Very short pieces are merged into the one before, so that a stream does not
+  stall on a string of one-word sequences. Both limits are profile knobs
+  (``frontend.max_segment_chars``, ``frontend.merge_segment_chars``).
+* ``chattts`` (:func:`split_like_chattts`, :func:`chattts_groups`): the pieces ChatTTS 0.2.5's
+  ``Chat.infer`` synthesises, and the groups it generates and vocodes together.
 """
 
 from __future__ import annotations
@@ -13,7 +17,9 @@ import re
 from dataclasses import dataclass
 from typing import Final
 
-_SENTENCE_END: Final = re.compile(r"(?<=[。！？!?；;\n])|(?<=[.](?=\s))")
+SENTENCE_END_MARKS: Final = "。！？!?；;\n"
+"""Characters after which a sentence ends (a ``.`` ends one only before white space)."""
+_SENTENCE_END: Final = re.compile(rf"(?<=[{re.escape(SENTENCE_END_MARKS)}])|(?<=[.](?=\s))")
 """A sentence ends after ``。！？!?；;`` or a newline, or after ``.`` followed by white space
 (not inside ``3.5`` or ``e.g.x``)."""
 _CUT_MARKS: Final = "，、；"
@@ -50,3 +56,37 @@ def split_segments(text: str, rules: SegmentRules = SegmentRules()) -> list[str]
         else:
             out.append(piece)
     return [seg for seg in out if seg.strip()] or [text]
+
+
+_CHATTTS_SPLIT: Final = re.compile(r"(?<=。)|(?<=\.\s)")
+"""ChatTTS 0.2.5 ``Chat.infer``'s split pattern: after ``。`` and after ``.`` + one whitespace."""
+MAX_SPLIT_BATCH: Final = 4
+"""``Chat.infer``'s ``max_split_batch`` default: pieces generated (and vocoded) together."""
+
+
+def split_like_chattts(text: str) -> list[str]:
+    """The pieces ChatTTS 0.2.5's ``Chat.infer(text, split_text=True)`` synthesises, in order.
+
+    A text holding a newline is split at every ``\\n`` and nothing else, and every piece is
+    kept, empty ones included (``"a\\n\\nb"`` gives ``["a", "", "b"]``). Otherwise it is
+    split after every ``。`` and after every ``.`` followed by one whitespace character, which
+    stays with the piece before (``"Hi. You."`` gives ``["Hi. ", "You."]``; ``"3.5"`` and a
+    final ``"end."`` are not split), and empty pieces are dropped. Pieces are not stripped or
+    normalised: ChatTTS normalises each piece afterwards (``Chat._infer``). An empty text gives
+    ``[]`` (``Chat.infer`` then returns ``[]``).
+    """
+    if "\n" in text:
+        return text.split("\n")
+    return [t for t in _CHATTTS_SPLIT.split(text) if t]
+
+
+def chattts_groups(n_pieces: int, max_split_batch: int = MAX_SPLIT_BATCH) -> list[range]:
+    """Indices of the pieces ``Chat._infer`` generates and vocodes together: consecutive groups
+    of ``max_split_batch``. Inside a group ChatTTS' ``_decode_to_wavs`` right-pads every
+    piece's hidden states (or codes) with zeros to the group's longest piece before the
+    vocoder, so a shorter piece's audio is that of the padded window (its tail is what the
+    vocoder makes of zeros, and its last ~50 tokens hear the zeros through the convolutions).
+    Raises ValueError for ``max_split_batch < 1``."""
+    if max_split_batch < 1:
+        raise ValueError(f"max_split_batch must be >= 1, got {max_split_batch}")
+    return [range(i, min(i + max_split_batch, n_pieces)) for i in range(0, n_pieces, max_split_batch)]

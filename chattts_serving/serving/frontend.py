@@ -1,0 +1,110 @@
+"""The front-end model's logic (``chattts_frontend``), free of Triton: one segment's text,
+voice and audio prompt -> the GPT's prompt.
+
+:class:`FrontendService` puts together the text front end
+(:class:`~chattts_serving.text.frontend.FrontEnd`: normalisation, prompt ids, voices) and the
+DVAE encoder (:class:`~chattts_serving.audio.encoder.DvaeEncoderRunner`) with the prompt cache
+(:class:`~chattts_serving.audio.reference.PromptCache`), so that a reference recording becomes
+audio-prompt codes where the tokenizer, the voice book and torch (whose STFT the encoder's mel
+must use) already are: a recording sent with a request is checked, resampled, encoded once and
+cached (LRU, keyed by its samples, rate and transcript); the recording of a voice from the
+voices file is read, checked and encoded when the service starts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from .. import contract
+from ..audio.reference import (
+    DEFAULT_PROMPT_CACHE_ENTRIES,
+    AudioPrompt,
+    PromptCache,
+    RecordingError,
+    ReferenceLimits,
+    check_transcript,
+    load_recording,
+    prepare_recording,
+)
+from ..errors import ErrorKind, RequestError
+from ..text.frontend import FrontEnd, FrontendError
+from .pipeline import FrontendOutput
+from .request import FrontendCall
+
+
+class FrontendService:
+    """One per front-end model instance.
+
+    ``frontend``: the text front end; ``encode``: 24 kHz audio (N,) float32 -> audio-prompt
+    codes (T, 4) int32 (:meth:`chattts_serving.audio.encoder.DvaeEncoderRunner.run`);
+    ``limits``: what a reference recording may be (profile ``[reference]``);
+    ``cache_entries``: encoded recordings kept.
+
+    Raises FrontendError at construction when a voice of the voices file has a recording that
+    cannot be read, is outside ``limits`` or has a transcript outside them.
+    """
+
+    def __init__(self, frontend: FrontEnd, encode: Callable[[np.ndarray], np.ndarray],
+                 limits: ReferenceLimits | None = None, cache_entries: int = DEFAULT_PROMPT_CACHE_ENTRIES) -> None:
+        self.frontend = frontend
+        self.encode = encode
+        self.cache = PromptCache(encode, limits, cache_entries)
+        self.voice_prompts: dict[str, AudioPrompt] = {}
+        """The audio prompt of every reference voice of the voices file, by name."""
+        for name, voice in frontend.voices.references().items():
+            assert voice.recording is not None and voice.transcript is not None
+            try:
+                audio, rate = load_recording(voice.recording)
+                wav = prepare_recording(audio, rate, self.cache.limits)
+                transcript = check_transcript(voice.transcript, self.cache.limits)
+            except RecordingError as exc:
+                raise FrontendError(f"voice {name!r}: {exc}") from None
+            codes = np.ascontiguousarray(encode(wav), dtype=np.int32)
+            codes.setflags(write=False)
+            self.voice_prompts[name] = AudioPrompt(codes, transcript)
+
+    def prepare(self, call: FrontendCall) -> FrontendOutput:
+        """One segment for the GPT (:class:`~chattts_serving.serving.request.FrontendCall`):
+        prompt ids with the transcript of its audio prompt, the speaker vector (None for
+        ``no_speaker`` or a reference voice without a speaker), and the audio-prompt codes of
+        the call's recording (which wins over a reference voice's) or of its reference voice.
+
+        Raises:
+            RequestError: INVALID for what the front end refuses (text, voice, refine prompt),
+                a recording outside the limits or without transcript; INTERNAL for a transient
+                (generated) recording the encoder cannot take.
+        """
+        try:
+            voice = self.frontend.voice(call.voice)
+            prompt = None
+            txt_smp = call.reference_text
+            if call.reference_audio is not None:
+                prompt = self._encode(call)
+            elif voice.kind == "reference" and txt_smp is None:
+                assert voice.name is not None
+                prompt = self.voice_prompts[voice.name]
+                txt_smp = prompt.transcript
+            p = self.frontend.prepare(call.text, call.voice, call.refine_prompt, call.refined_ids, txt_smp=txt_smp,
+                                      no_speaker=call.no_speaker, keep_unspeakable=call.keep_unspeakable)
+        except (FrontendError, RecordingError) as exc:
+            raise RequestError(str(exc)) from None
+        return FrontendOutput(input_ids=p.input_ids, spk_emb=p.spk_emb, normalized_text=p.normalized,
+                              dropped=p.dropped, refine_ids=p.refine_ids,
+                              prompt_codes=prompt.codes if prompt is not None else None)
+
+    def _encode(self, call: FrontendCall) -> AudioPrompt:
+        """The call's recording as an audio prompt: from the cache (checked, resampled,
+        encoded on a miss), or, for a transient one (24 kHz, the first piece's own audio),
+        encoded as it is. Raises RecordingError, RequestError (INTERNAL)."""
+        assert call.reference_audio is not None
+        if not call.transient_reference:
+            return self.cache.get(call.reference_audio, call.reference_rate_hz, call.reference_text or "")
+        if call.reference_rate_hz != contract.SAMPLE_RATE_HZ:
+            raise RecordingError(f"a transient reference must be {contract.SAMPLE_RATE_HZ} Hz audio")
+        try:
+            codes = self.encode(np.asarray(call.reference_audio, np.float32))
+        except ValueError as exc:
+            raise RequestError(f"the first piece's audio cannot be encoded: {exc}", ErrorKind.INTERNAL) from None
+        return AudioPrompt(np.asarray(codes, np.int32), call.reference_text or "")
