@@ -7,19 +7,26 @@ repository with the ``cpu`` profile and starts the bundled tritonserver on free 
 
 from __future__ import annotations
 
+import re
 import socket
+import threading
+import time
+import urllib.request
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
+import tomllib
 
 from chattts_serving.deploy.render import render_repository
 from chattts_serving.deploy.server import TritonServer
 from chattts_serving.export.build import export_artifacts
 from chattts_serving.export.weights import generate_checkpoint, read_sizes
 from chattts_serving.runtime import Artifacts
-from chattts_serving.serving.profile import load_profile
+from chattts_serving.serving.profile import PROFILES_DIR, Profile, load_profile
 
 ROOT = Path(__file__).resolve().parent.parent
 BUILD = ROOT / "build" / "test"
@@ -31,6 +38,19 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def serve_profile(artifacts: Artifacts, work: Path, **changes: dict[str, Any]) -> TritonServer:
+    """A started tritonserver over ``artifacts`` with the ``cpu`` profile changed by table
+    (``entry={"max_concurrent_streams": 1}``), its repository and log under ``work``, on free
+    ports. The caller stops it."""
+    data = tomllib.loads((PROFILES_DIR / "cpu.toml").read_text())
+    for table, values in changes.items():
+        data[table].update(values)
+    render_repository(Profile.model_validate(data), artifacts.root, work / "repo")
+    srv = TritonServer(work / "repo", http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
+                       log_path=work / "tritonserver.log", build_dir=work / "build")
+    return srv.start()
 
 
 @pytest.fixture(scope="session")
@@ -49,6 +69,20 @@ def small_artifacts(small_weights: Path) -> Artifacts:
     out, _ = export_artifacts(small_weights, BUILD / "artifacts-small",
                               source={"kind": "synthetic", "size": "small", "seed": SMALL_SEED})
     return Artifacts.load(out)
+
+
+@pytest.fixture(scope="session")
+def small_int8_artifacts(small_artifacts: Artifacts, small_weights: Path,
+                         tmp_path_factory: pytest.TempPathFactory) -> Artifacts:
+    """A copy of the small artifacts plus their int8 GPT graph (``chattts-export --precision int8``)."""
+    import shutil
+
+    from chattts_serving.export.variants import ensure_precision
+
+    root = tmp_path_factory.mktemp("int8") / "artifacts"
+    shutil.copytree(small_artifacts.root, root)
+    assert ensure_precision(root, small_weights, "int8")
+    return Artifacts.load(root)
 
 
 @pytest.fixture(scope="session")
@@ -78,6 +112,11 @@ class Server:
     def http_url(self) -> str:
         return f"127.0.0.1:{self.http_port}"
 
+    @property
+    def admin_token(self) -> str:
+        """The header value the server's admin APIs need (generated for it unless configured)."""
+        return self.server.admin_token
+
 
 @pytest.fixture(scope="session")
 def triton_server(small_artifacts: Artifacts, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
@@ -94,3 +133,62 @@ def triton_server(small_artifacts: Artifacts, tmp_path_factory: pytest.TempPathF
         yield Server(*ports, server=srv, artifacts=small_artifacts, log_path=log_path)
     finally:
         srv.stop()
+
+
+def metric(port: int, name: str, **labels: str) -> float:
+    """Sum of the series of ``name`` on a tritonserver's metrics ``port`` whose labels include ``labels``."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    total = 0.0
+    for line in text.splitlines():
+        m = re.fullmatch(rf"{name}(?:{{(.*)}})? (\S+)", line)
+        if m and labels.items() <= dict(re.findall(r'(\w+)="([^"]*)"', m.group(1) or "")).items():
+            total += float(m.group(2))
+    return total
+
+
+def stub_processes(server: Server) -> dict[str, Any]:
+    """The Python backend stubs of a running test server, as ``psutil.Process`` keyed by the
+    model each serves (its command line holds ``<repo>/<model>/1/model.py``)."""
+    import psutil
+
+    proc = server.server.proc
+    assert proc is not None
+    out = {}
+    for child in psutil.Process(proc.pid).children(recursive=True):
+        args = child.cmdline()
+        if child.name() == "triton_python_backend_stub" and len(args) > 1:
+            out[Path(args[1]).parent.parent.name] = child
+    return out
+
+
+def wait_until(pred: Any, timeout_s: float = 60.0) -> bool:
+    """Poll ``pred`` until it is true (True) or ``timeout_s`` passed (its last value)."""
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        if pred():
+            return True
+        time.sleep(0.02)
+    return bool(pred())
+
+
+@contextmanager
+def running_gateway(settings: Any) -> Iterator[str]:
+    """The OpenAI gateway app for ``settings`` (a ``GatewaySettings``) served by uvicorn in a
+    thread; yields its base URL and stops it afterwards."""
+    import uvicorn
+
+    from chattts_serving.gateway import create_app
+
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(create_app(settings), host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, name="gateway", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "gateway did not start"
+        time.sleep(0.05)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(15)

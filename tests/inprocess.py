@@ -1,6 +1,7 @@
-"""The pipeline's stages in process, without Triton: the real front end, the real GPT engine
-driven step by step with ``Engine.run_once`` by the thread that reads its tokens, and the real
-vocoder runners, over the small generated artifacts.
+"""The pipeline's stages in process, without Triton: the real front end (with the DVAE encoder
+and the prompt cache, as the front-end model runs them), the real GPT engine driven step by
+step with ``Engine.run_once`` by the thread that reads its tokens, and the real vocoder
+runners, over the small generated artifacts.
 
 :class:`InProcessStages` implements :class:`chattts_serving.serving.pipeline.Stages`, so the
 entry service, the stream lifecycle and the pipeline run exactly as in the server, with BLS
@@ -18,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from chattts_serving.audio.encoder import DvaeEncoderRunner
 from chattts_serving.audio.vocoder import VocoderRunner
 from chattts_serving.contract import VocoderPath
 from chattts_serving.engine.gpt import Embeddings, GptStepRunner
@@ -25,8 +27,10 @@ from chattts_serving.engine.scheduler import Engine, EngineConfig, Sequence
 from chattts_serving.engine.sinks import CollectingSink
 from chattts_serving.errors import RequestError
 from chattts_serving.runtime import Artifacts
+from chattts_serving.serving.frontend import FrontendService
 from chattts_serving.serving.pipeline import FrontendCall, FrontendOutput, GenerateCall, TokenBatch
-from chattts_serving.text.frontend import FrontEnd, FrontendError
+from chattts_serving.text.frontend import FrontEnd
+from chattts_serving.text.voices import VoiceBook
 
 
 class EngineTokens:
@@ -42,7 +46,7 @@ class EngineTokens:
         engine.submit(Sequence(np.asarray(call.input_ids, np.int64), call.spk_emb, call.params, self.sink,
                                emit_tokens=call.emit_tokens, first_emit_tokens=call.first_emit_tokens,
                                priority=call.priority, deadline_s=deadline, request_id=self.stream_id,
-                               mode=call.mode))
+                               mode=call.mode, prompt_codes=call.prompt_codes))
 
     def __iter__(self) -> Iterator[TokenBatch]:
         while True:
@@ -76,8 +80,10 @@ class InProcessStages:
     calls each stage received in ``calls``."""
 
     def __init__(self, artifacts: Artifacts, max_text_chars: int = 4096, default_voice_seed: int = 2,
-                 engine_config: EngineConfig | None = None) -> None:
-        self.frontend_impl = FrontEnd(artifacts, max_text_chars, default_voice_seed)
+                 engine_config: EngineConfig | None = None, voices: VoiceBook | None = None) -> None:
+        self.encoder = DvaeEncoderRunner(artifacts)
+        self.frontend_impl = FrontendService(FrontEnd(artifacts, max_text_chars, default_voice_seed, voices=voices),
+                                             self.encoder.run)
         self.engine = Engine(GptStepRunner(artifacts), Embeddings(artifacts), engine_config or EngineConfig())
         self.vocoders = {path: VocoderRunner(artifacts, path) for path in VocoderPath}
         self.lock = threading.Lock()
@@ -85,12 +91,7 @@ class InProcessStages:
 
     def frontend(self, call: FrontendCall) -> FrontendOutput:
         self.calls["frontend"] += 1
-        try:
-            p = self.frontend_impl.prepare(call.text, call.voice, call.refine_prompt, call.refined_ids)
-        except FrontendError as exc:
-            raise RequestError(str(exc)) from None
-        return FrontendOutput(input_ids=p.input_ids, spk_emb=p.spk_emb, normalized_text=p.normalized,
-                              dropped=p.dropped, refine_ids=p.refine_ids)
+        return self.frontend_impl.prepare(call)
 
     def generate(self, call: GenerateCall) -> EngineTokens:
         self.calls["generate"] += 1

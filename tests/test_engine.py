@@ -29,26 +29,41 @@ def _chattts_filtered_logits(logits: np.ndarray, history: np.ndarray, p: Samplin
     return x.numpy()
 
 
-@pytest.mark.parametrize("params", [
-    SamplingParams(),
-    SamplingParams(temperature=0.7, top_p=0.9, top_k=50, repetition_penalty=1.3),
-    SamplingParams(temperature=1.0, top_p=0.2, top_k=1, repetition_penalty=1.0),
+@pytest.mark.parametrize("params, scale", [
+    (SamplingParams(), 1.0),                                                                # top-k binds (20)
+    (SamplingParams(temperature=0.7, top_p=0.9, top_k=50, repetition_penalty=1.3), 1.0),    # top-k binds (50)
+    (SamplingParams(temperature=1.0, top_p=0.2, top_k=1, repetition_penalty=1.0), 1.0),     # min_tokens_to_keep: 3
+    (SamplingParams(temperature=1.0, top_p=0.5, top_k=626, repetition_penalty=1.05), 3.0),  # top-p binds
 ])
-def test_sampler_keeps_exactly_the_tokens_chattts_keeps(params: SamplingParams) -> None:
+def test_sampler_can_draw_exactly_the_tokens_chattts_keeps(params: SamplingParams, scale: float) -> None:
+    """The set of codes our sampler draws over many seeds equals, head by head, the set
+    ChatTTS' own processors and warpers (gen_logits: repetition penalty, transformers'
+    TopPLogitsWarper then TopKLogitsWarper with min_tokens_to_keep=3) leave finite: nothing
+    outside it is ever drawn, and every code inside it is (the logits are scaled so that each
+    kept code has a few percent of the mass, so 2000 draws reach each of them)."""
     rng = np.random.default_rng(0)
-    for trial in range(20):
-        logits = rng.normal(0, 3, (1, contract.NUM_VQ, contract.NUM_AUDIO_TOKENS)).astype(np.float32)
-        history = rng.integers(0, 625, (trial % 17, contract.NUM_VQ))
-        ref = _chattts_filtered_logits(logits[0], history, params)
-        allowed = np.isfinite(ref)
-        for draw in range(30):
+    draws = 2000
+    for trial in range(2):
+        # logits / temperature have a standard deviation of ``scale`` whatever the temperature
+        logits = (rng.normal(0, scale, (1, contract.NUM_VQ, contract.NUM_AUDIO_TOKENS)) * params.temperature
+                  ).astype(np.float32)
+        history = rng.integers(0, 625, (5 + 4 * trial, contract.NUM_VQ))
+        for q in range(contract.NUM_VQ):  # the penalty must matter: penalise some of the strongest codes
+            logits[0, q, history[:3, q]] += 2.0 * params.temperature
+        allowed = np.isfinite(_chattts_filtered_logits(logits[0], history, params))
+        samplers = []
+        for draw in range(draws):
             s = RequestSampler(SamplingParams(**{**params.__dict__, "seed": draw}))
             for h in history:
                 s.record(h)
             s.steps = 10**6  # past min_new_tokens
-            codes = sample_batch(logits, [s])[0]
-            for q in range(contract.NUM_VQ):
-                assert allowed[q, codes[q]], f"head {q} picked a token ChatTTS filters out"
+            samplers.append(s)
+        codes = sample_batch(np.repeat(logits, draws, axis=0), samplers)
+        for q in range(contract.NUM_VQ):
+            drawn = set(np.unique(codes[:, q]).tolist())
+            kept = set(np.flatnonzero(allowed[q]).tolist())
+            assert drawn == kept, (f"trial {trial} head {q}: drawn but filtered out by ChatTTS {sorted(drawn - kept)}, "
+                                   f"kept by ChatTTS but never drawn {sorted(kept - drawn)}")
 
 
 def test_sampler_probabilities_follow_chattts_softmax() -> None:
@@ -171,15 +186,50 @@ def test_admission_limit_raises_busy_and_accepted_requests_complete(parts) -> No
     assert all(len(s.all_codes) == 6 and s.reason == contract.StopReason.MAX_TOKENS for s in sinks)
 
 
-def test_eos_ends_a_sequence_without_emitting_the_end_code(parts) -> None:
-    eng = Engine(*parts, EngineConfig())
-    sink = Sink()
-    eng.submit(Sequence(_prompt(15, 9), None, SamplingParams(temperature=3.0, top_p=1.0, top_k=626,
-                                                             max_new_tokens=2000, seed=4), sink, emit_tokens=7))
+class _EndCodeAt(GptStepRunner):
+    """The real GPT step, except that at call ``call`` (0: the prefill) the end code's logit
+    of head ``head`` is raised by 1000 on ``rows``: the model "says" end of sequence there, so
+    that an end must come at a known step."""
+
+    def __init__(self, artifacts: Artifacts, call: int, rows: tuple[int, ...], head: int = 2) -> None:
+        super().__init__(artifacts)
+        self.calls, self.call, self.rows, self.head = 0, call, rows, head
+
+    def step(self, embeds, mask, past, *, reuse_outputs=False):  # type: ignore[no-untyped-def]
+        logits, hidden, kv = super().step(embeds, mask, past, reuse_outputs=reuse_outputs)
+        if self.calls == self.call:
+            logits = logits.copy()
+            logits[list(self.rows), self.head, contract.EOS_CODE] += 1000.0
+        self.calls += 1
+        return logits, hidden, kv
+
+
+def test_eos_ends_a_sequence_at_its_step_without_emitting_the_end_code(parts, small_artifacts: Artifacts) -> None:
+    """Three sequences share a batch; at the 11th sampled token the model puts all its mass on
+    the end code (one head) for the first and the third. The first ends there with reason
+    'eos' after exactly its 10 earlier tokens (the same as without the end code), the end code
+    itself not emitted; the third has min_new_tokens=20, so it goes on to max_new_tokens; the
+    second, never told to end, gets its solo codes."""
+    k, n = 10, 40
+    reqs = [(_prompt(18, 70 + i), _spk(small_artifacts, i),
+             SamplingParams(seed=20 + i, max_new_tokens=n, min_new_tokens=20 if i == 2 else 0)) for i in range(3)]
+    solo = [_solo(parts, small_artifacts, *r) for r in reqs]
+    assert all(s.reason == contract.StopReason.MAX_TOKENS for s in solo)  # no end code of their own
+    eng = Engine(_EndCodeAt(small_artifacts, call=k, rows=(0, 2)), parts[1], EngineConfig())
+    sinks = [Sink() for _ in reqs]
+    for r, sink in zip(reqs, sinks):
+        eng.submit(Sequence(r[0], r[1], r[2], sink, emit_tokens=3))  # prefilled together: rows 0, 1, 2
     while eng.live_count():
         eng.run_once()
-    assert sink.reason in (contract.StopReason.EOS, contract.StopReason.MAX_TOKENS)
-    assert (sink.all_codes < contract.EOS_CODE).all()
+    ended, other, held = sinks
+    assert ended.reason == contract.StopReason.EOS and not ended.errors
+    np.testing.assert_array_equal(ended.all_codes, solo[0].all_codes[:k])
+    assert (ended.all_codes < contract.EOS_CODE).all()
+    assert other.reason == contract.StopReason.MAX_TOKENS
+    np.testing.assert_array_equal(other.all_codes, solo[1].all_codes)
+    assert held.reason == contract.StopReason.MAX_TOKENS and len(held.all_codes) == n
+    np.testing.assert_array_equal(held.all_codes[:k], solo[2].all_codes[:k])
+    assert (held.all_codes < contract.EOS_CODE).all()
 
 
 def test_prompt_longer_than_context_is_refused(parts) -> None:

@@ -31,6 +31,7 @@ from test_overload import Stream, _serve
 from chattts_serving import contract
 from chattts_serving.client import ClientError, SynthesisRequest, synthesize_stream
 from chattts_serving.deploy import server as server_mod
+from chattts_serving.deploy.admin import TOKEN_ENV, TOKEN_FILE_ENV
 from chattts_serving.deploy.probe import ProbeResult, probe
 from chattts_serving.deploy.server import (
     CheckResult,
@@ -47,9 +48,12 @@ NOT_HEALTHY = "not healthy"  # Triton 2.51's error for a request to a model whos
 BREAKER_OPEN = "server unavailable: engine is failing"  # GuardedBreaker + CircuitBreaker.before()
 
 
-def _probe_cli(*args: str, timeout: float = 120) -> tuple[int, dict[str, Any]]:
+def _probe_cli(*args: str, timeout: float = 120, admin_token: str | None = None) -> tuple[int, dict[str, Any]]:
+    env = {k: v for k, v in os.environ.items() if k not in (TOKEN_ENV, TOKEN_FILE_ENV)}
+    if admin_token:
+        env[TOKEN_ENV] = admin_token
     proc = subprocess.run([sys.executable, "-m", "chattts_serving.deploy.probe", *args], capture_output=True, text=True,
-                          timeout=timeout)
+                          timeout=timeout, env=env)
     lines = proc.stdout.strip().splitlines()
     return proc.returncode, (json.loads(lines[-1]) if lines else {"stderr": proc.stderr})
 
@@ -67,6 +71,12 @@ def _engine_stub_pid(repo: Path) -> int | None:
     out = subprocess.run(["pgrep", "-f", f"{repo}/{contract.MODEL_ENGINE}/1/model.py"], capture_output=True,
                          text=True).stdout.split()
     return int(out[0]) if out else None
+
+
+def _engine_gauge(srv: TritonServer, name: str) -> float:
+    with urllib.request.urlopen(f"http://127.0.0.1:{srv.metrics_port}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + "{"))
 
 
 def _kill_engine(srv: TritonServer) -> None:
@@ -109,7 +119,8 @@ def _killed(state: dict[str, Any]) -> TritonServer:
 @pytest.mark.server
 def test_probe_cli_reports_a_fresh_server_healthy(crashable: dict[str, Any]) -> None:
     http, grpc = _urls(crashable["server"])
-    code, out = _probe_cli("--http-url", http, "--grpc-url", grpc, "--timeout-s", "60")
+    code, out = _probe_cli("--http-url", http, "--grpc-url", grpc, "--timeout-s", "60",
+                           admin_token=crashable["server"].admin_token)
     assert code == 0, out
     assert out["healthy"] is True and out["reason"] == "ok"
     assert set(out["checks"]) == {"live", "ready", "models", "synthesis"}
@@ -126,7 +137,7 @@ def test_probe_counts_server_busy_as_healthy(crashable: dict[str, Any]) -> None:
     try:
         for h in hogs:
             assert h.first_chunk.wait(60) and h.error is None, h.error
-        result = probe(http, grpc, 60)
+        result = probe(http, grpc, 60, admin_token=srv.admin_token)
     finally:
         for h in hogs:
             h.close()
@@ -134,14 +145,43 @@ def test_probe_counts_server_busy_as_healthy(crashable: dict[str, Any]) -> None:
     assert result.checks["synthesis"]["busy"] is True
     assert "server busy" in result.checks["synthesis"]["message"]
     # the cancelled hogs free their slots a moment after the client closed them
-    assert _wait_for(lambda: not probe(http, grpc, 60).checks["synthesis"].get("busy"), 60)
+    assert _wait_for(lambda: not probe(http, grpc, 60, admin_token=srv.admin_token).checks["synthesis"].get("busy"),
+                     60)
+
+
+@pytest.mark.server
+def test_a_frozen_engine_ends_the_stream_by_the_stall_watchdog_and_the_server_serves_on(
+        crashable: dict[str, Any]) -> None:
+    """SIGSTOP the GPT engine's stub mid-stream (a hung engine; unlike a kill, tritonserver
+    itself is never at risk): the BLS iterator gets nothing more, and the entry model's stall
+    watchdog ends the stream with its own error after stall_timeout_s (3 s here), while
+    tritonserver stays up. Once the stub runs again the server serves the next request."""
+    srv: TritonServer = crashable["server"]
+    _, grpc = _urls(srv)
+    pid = _engine_stub_pid(srv.repo)
+    assert pid is not None
+    s = Stream(grpc, "卡住测试。", 2, 2000).start()
+    assert s.first_chunk.wait(60) and s.error is None, s.error
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        assert s.done.wait(60), "the stream hung while the engine was frozen"
+        assert srv.proc is not None and srv.proc.poll() is None, "tritonserver died"
+        assert s.error is not None and "stopped responding" in s.error, s.error
+    finally:
+        os.kill(pid, signal.SIGCONT)
+        s.close()
+    # the frozen sequence runs on to its end (nobody reads it any more); then the server serves again
+    assert _wait_for(lambda: _engine_gauge(srv, "tts_engine_active_sequences") == 0, 120)
+    again = synthesize_stream(grpc, SynthesisRequest(text="恢复了。", max_new_tokens=8, min_new_tokens=8), timeout_s=60)
+    assert again.audio.size == contract.samples_for_tokens(8)
 
 
 @pytest.mark.server
 def test_engine_death_ready_stays_200_but_the_probe_and_the_supervisor_see_it(crashable: dict[str, Any]) -> None:
-    """Kill the GPT engine's stub mid-stream: the stream ends with an explicit error after the
-    stall limit (no hang); Triton 2.51 still says ready; the probe and the supervisor's
-    process check report the failure, naming it."""
+    """Kill the GPT engine's stub mid-stream: the stream ends with an explicit error, no hang
+    (the stall watchdog's when tritonserver survives, a dropped connection when it aborts; the
+    watchdog itself is pinned by the frozen-engine test above); Triton 2.51 still says ready;
+    the probe and the supervisor's process check report the failure, naming it."""
     srv: TritonServer = crashable["server"]
     http, grpc = _urls(srv)
     sup = Supervisor(srv, HealthProfile(interval_s=1.0, failures=2, probe_every=0, probe_timeout_s=30.0))
@@ -181,7 +221,7 @@ def test_engine_death_ready_stays_200_but_the_probe_and_the_supervisor_see_it(cr
     assert not cheap.ok and contract.MODEL_ENGINE in cheap.reason, cheap
 
     # The deep probe: states all READY, the synthesis fails with Triton's own message.
-    result = probe(http, grpc, 60)
+    result = probe(http, grpc, 60, admin_token=srv.admin_token)
     crashable["failed_requests"] += 1
     assert not result.healthy
     assert result.checks["ready"]["ok"] and result.checks["models"]["ok"]
@@ -189,7 +229,7 @@ def test_engine_death_ready_stays_200_but_the_probe_and_the_supervisor_see_it(cr
     assert result.reason.startswith("synthesis:") and NOT_HEALTHY in result.reason, result.reason
     assert contract.MODEL_ENGINE in result.reason, result.reason
 
-    code, out = _probe_cli("--http-url", http, "--grpc-url", grpc, "--timeout-s", "60")
+    code, out = _probe_cli("--http-url", http, "--grpc-url", grpc, "--timeout-s", "60", admin_token=srv.admin_token)
     crashable["failed_requests"] += 1
     assert code == 1 and out["healthy"] is False and NOT_HEALTHY in out["reason"], out
 
@@ -213,7 +253,7 @@ def test_circuit_breaker_fails_fast_after_breaker_failures(crashable: dict[str, 
     assert all(NOT_HEALTHY in e for e in errors[:reached]), errors
     assert all(e.startswith(BREAKER_OPEN) for e in errors[reached:]), errors
     # and the probe reports the open breaker as a failure (not as "server busy")
-    result = probe(*_urls(srv), timeout_s=60)
+    result = probe(*_urls(srv), timeout_s=60, admin_token=srv.admin_token)
     assert not result.healthy and BREAKER_OPEN in result.reason, result.reason
 
 

@@ -40,7 +40,12 @@ def _tensors(text: str = TEXT, **values: Any) -> dict[str, np.ndarray]:
     dtypes = {s.name: s.tensor().np_dtype for s in contract.SAMPLING_PARAMS}
     dtypes["timeout_s"] = np.dtype(np.float32)
     for name, v in values.items():
-        out[name] = np.array([v.encode()], np.object_) if isinstance(v, str) else np.array([v], dtypes[name])
+        if isinstance(v, str):
+            out[name] = np.array([v.encode()], np.object_)
+        elif isinstance(v, bool):
+            out[name] = np.array([v], np.bool_)
+        else:
+            out[name] = np.array([v], dtypes.get(name, np.int32))
     return out
 
 
@@ -212,14 +217,24 @@ def test_offline_returns_the_whole_utterance_and_its_info(stages: InProcessStage
     assert [f[0] for f in observer.finishes] == ["ok"] and service.admission.slots.live == 0
 
 
-def test_degraded_mode_takes_the_cheaper_path_and_sheds_batch_requests(stages: InProcessStages) -> None:
+def _degrading_profile(**degrade: Any) -> Profile:
     base = load_profile("cpu")
-    profile = base.model_copy(update={"degrade": base.degrade.model_copy(update={
-        "live_high": 1, "live_low": 0, "min_dwell_s": 0.0, "max_new_tokens": 12})})
+    return base.model_copy(update={"degrade": base.degrade.model_copy(update={"min_dwell_s": 0.0, **degrade})})
+
+
+def test_degraded_mode_takes_the_cheaper_path_and_sheds_batch_requests(stages: InProcessStages,
+                                                                       small_artifacts: Artifacts) -> None:
+    """While degraded a request is made cheaper in every documented way: the codes vocoder
+    (its audio is the codes path's, not the hidden one's), chunks chunk_scale times larger,
+    max_new_tokens capped, refine-text skipped; batch-priority requests are shed as busy."""
+    profile = _degrading_profile(live_high=1, live_low=0, max_new_tokens=40)
     service, observer = _service(stages, profile)
+    rf = small_artifacts.receptive_field_tokens("codes")
     held = service.admit(_tensors(max_new_tokens=50), {}, "first")  # one live stream: degrade at the next arrival
-    job = service.admit(_tensors(max_new_tokens=50, min_new_tokens=50, vocoder="hidden"), {}, "second")
-    assert job.degraded and job.req.vocoder == "codes" and job.req.params.max_new_tokens == 12
+    job = service.admit(_tensors(max_new_tokens=50, min_new_tokens=50, vocoder="hidden", refine_text=True, seed=4,
+                                 lookahead_tokens=rf), {}, "second")
+    assert job.degraded and job.req.vocoder == "codes" and job.req.params.max_new_tokens == 40
+    assert job.req.refine is None
     assert job.schedule.first_chunk_tokens == 2 * profile.stream.first_chunk_tokens
     with pytest.raises(RequestError) as err:
         service.admit(_tensors(priority="batch"), {}, "third")
@@ -227,9 +242,42 @@ def test_degraded_mode_takes_the_cheaper_path_and_sheds_batch_requests(stages: I
     channel = RecordingChannel()
     service.stream(job, channel)
     final = json.loads(channel.events[-1][1])
-    assert final["degraded"] is True and final["vocoder"] == "codes" and final["tokens"] == 12
+    assert final["degraded"] is True and final["vocoder"] == "codes" and final["refined"] is False
+    assert final["tokens"] == 40 and final["capped_segments"] == [0]
+    spt, half = contract.SAMPLES_PER_TOKEN, profile.stream.crossfade_samples // 2
+    sizes = [c.size for c in channel.chunks]
+    assert sizes[:2] == [8 * spt - half, 16 * spt]  # 2 x (4 tokens, then 8): cpu profile, chunk_scale 2
     assert observer.degraded == [True]
     service.stream(held, RecordingChannel())
+    # the audio is what the codes vocoder makes of those 40 tokens (full lookahead: exact)
+    offline = EntryService(contract.MODEL_OFFLINE, _profile(), stages, RecordingObserver(), offline=True)
+    ref, _ = offline.offline(offline.admit(_tensors(max_new_tokens=40, min_new_tokens=40, vocoder="codes", seed=4),
+                                           {}, "ref"))
+    hidden, _ = offline.offline(offline.admit(_tensors(max_new_tokens=40, min_new_tokens=40, seed=4), {}, "hidden"))
+    streamed = np.concatenate(channel.chunks)
+    assert streamed.size == ref.size == hidden.size
+    np.testing.assert_allclose(streamed, ref, rtol=0, atol=1e-4)
+    assert np.abs(streamed - hidden).max() > 1e-2
+
+
+def test_slow_first_audio_alone_switches_degraded_mode_on(stages: InProcessStages) -> None:
+    """The TTFA criterion, wired through the entry service: with one stream at a time (far
+    below live_high) and a TTFA p95 threshold every real request exceeds, requests stay in
+    normal mode until the Degrader has its 10 TTFA samples (min_samples), and the next one
+    is degraded."""
+    profile = _degrading_profile(live_high=1000, live_low=999, ttfa_p95_high_s=1e-9, ttfa_p95_low_s=1e-9,
+                                 max_age_s=3600.0)
+    service, observer = _service(stages, profile)
+    for i in range(10):
+        job = service.admit(_tensors(max_new_tokens=4, min_new_tokens=4, seed=i), {}, f"r{i}")
+        assert not job.degraded, f"request {i} degraded with {i} TTFA samples"
+        channel = RecordingChannel()
+        service.stream(job, channel)
+        assert channel.chunks and [f[0] for f in observer.finishes][-1] == "ok"
+    assert all(f[4] is not None and f[4] > 1e-9 for f in observer.finishes)  # each had a TTFA
+    job = service.admit(_tensors(max_new_tokens=4, min_new_tokens=4), {}, "after")
+    assert job.degraded and job.req.vocoder == "codes" and observer.degraded == [True]
+    service.stream(job, RecordingChannel())
 
 
 def test_the_watchdog_leaves_queued_streams_alone_while_others_progress() -> None:

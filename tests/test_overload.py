@@ -30,6 +30,7 @@ pytestmark = pytest.mark.server
 MAX_STREAMS = 4
 ENGINE_BATCH = 2
 OFFLINE_THREADS = 2
+DEGRADED_TOKENS = 40
 
 
 def _serve(artifacts: Artifacts, work: Path, **changes: dict[str, Any]) -> TritonServer:
@@ -63,10 +64,12 @@ def tight(small_artifacts: Artifacts, tmp_path_factory: pytest.TempPathFactory) 
 
 @pytest.fixture(scope="module")
 def degrading(small_artifacts: Artifacts, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    """A server whose degradation thresholds are forced low: on at 3 live streams, off at 1."""
+    """A server whose degradation thresholds are forced low: on at 3 live streams, off at 1
+    (TTFA never decides here: tests/test_lifecycle.py covers that criterion); degraded requests
+    are capped at DEGRADED_TOKENS."""
     srv = _serve(small_artifacts, tmp_path_factory.mktemp("degrading"),
                  degrade={"live_high": 3, "live_low": 1, "ttfa_p95_high_s": 1000.0, "ttfa_p95_low_s": 999.0,
-                          "min_dwell_s": 0.0})
+                          "min_dwell_s": 0.0, "max_new_tokens": DEGRADED_TOKENS})
     try:
         yield _info(srv)
     finally:
@@ -363,19 +366,57 @@ def test_unknown_request_parameter_is_refused(tight) -> None:
     assert s.error is not None and "unknown request parameter" in s.error
 
 
-def test_degradation_switches_on_under_load_and_back_off(degrading) -> None:
-    port = degrading["metrics"]
-    streams = [Stream(degrading["grpc"], "降级测试。", i, 400) for i in range(4)]
-    for s in streams:
-        s.start()
-        time.sleep(0.05)
-    seen_on = wait_for(lambda: gauge(port, "tts_degraded_mode") == 1.0, 30)
-    for s in streams:
-        s.done.wait(120)
-        s.close()
-    assert seen_on
+def test_degradation_switches_on_under_load_makes_requests_cheaper_and_switches_back_off(
+        degrading, small_artifacts: Artifacts) -> None:
+    """Three long streams hold the server at live_high: the degraded gauge goes to 1. A request
+    arriving then is made cheaper in every documented way, seen from the client: info says
+    degraded, vocoder 'codes' and not refined (refine_text was asked for), its tokens are capped
+    at the profile's degrade.max_new_tokens, its chunks are chunk_scale (2) times larger than
+    the cpu profile's, and its audio is the codes vocoder's (the offline model, not degraded,
+    gives the same samples with vocoder='codes'); a batch-priority request is shed as busy.
+    When the load has gone the gauge returns to 0 without any new request."""
+    from chattts_serving.client import ClientError, SynthesisRequest, synthesize_offline, synthesize_stream
+    from chattts_serving.serving.profile import load_profile
+
+    port, grpc = degrading["metrics"], degrading["grpc"]
+    srv: TritonServer = degrading["server"]
+    http = f"127.0.0.1:{srv.http_port}"
+    assert gauge(port, "tts_degraded_mode") == 0.0
+    hogs = [Stream(grpc, "降级测试。", i, 2000) for i in range(3)]
+    try:
+        for h in hogs:
+            h.start()
+            assert h.first_chunk.wait(60) and h.error is None, h.error
+        first_chunks = {h.chunks[0].size for h in hogs}  # admitted below live_high: normal chunks
+        assert wait_for(lambda: gauge(port, "tts_degraded_mode") == 1.0, 30), "degraded mode never switched on"
+        rf = small_artifacts.receptive_field_tokens("codes")
+        cheap = synthesize_stream(grpc, SynthesisRequest(
+            text="降级之后的请求。", seed=4, voice="4", max_new_tokens=300, min_new_tokens=300, vocoder="hidden",
+            refine_text=True, lookahead_tokens=rf), timeout_s=120)
+        with pytest.raises(ClientError) as shed:
+            synthesize_stream(grpc, SynthesisRequest(text="批量请求。", max_new_tokens=8, priority="batch"),
+                              timeout_s=60)
+    finally:
+        for h in hogs:
+            h.close()
+    info = cheap.info
+    assert info["degraded"] is True and info["vocoder"] == "codes" and info["refined"] is False
+    assert info["tokens"] == DEGRADED_TOKENS and info["capped_segments"] == [0]
+    stream = load_profile("cpu").stream
+    spt, half = contract.SAMPLES_PER_TOKEN, stream.crossfade_samples // 2
+    assert first_chunks == {stream.first_chunk_tokens * spt - half}
+    assert cheap.chunk_samples[:2] == [2 * stream.first_chunk_tokens * spt - half,
+                                       2 * int(stream.first_chunk_tokens * stream.growth) * spt]
+    assert shed.value.kind == "busy" and "shed" in shed.value.message, shed.value.message
+    reference = synthesize_offline(http, SynthesisRequest(text="降级之后的请求。", seed=4, voice="4",
+                                                          max_new_tokens=DEGRADED_TOKENS,
+                                                          min_new_tokens=DEGRADED_TOKENS, vocoder="codes"),
+                                   timeout_s=120)
+    assert reference.info["degraded"] is False and reference.info["vocoder"] == "codes"
+    assert cheap.audio.size == reference.audio.size == contract.samples_for_tokens(DEGRADED_TOKENS)
+    np.testing.assert_allclose(cheap.audio, reference.audio, rtol=0, atol=1e-4)
     # no further request arrives: the server re-evaluates on its own once load has gone
-    assert wait_for(lambda: gauge(port, "tts_degraded_mode") == 0.0, 10)
+    assert wait_for(lambda: gauge(port, "tts_degraded_mode") == 0.0, 30)
     events = [json.loads(line[line.index("{"):]) for line in Path(degrading["log"]).read_text().splitlines()
               if '"event":"degraded_mode"' in line]
     assert [e["degraded"] for e in events][-2:] == [True, False]

@@ -207,44 +207,53 @@ def test_server_still_streams_after_bad_inputs(triton_server) -> None:
     assert err is None and sum(c.size for c in chunks) == contract.samples_for_tokens(30)
 
 
-def test_refine_text_speaks_the_text_the_engine_refined(triton_server) -> None:
-    """refine_text runs ChatTTS' refine stage in the engine: the code stage speaks exactly the
-    refined text that the same front end and engine produce in-process, deterministically."""
-    from engine_helpers import refine_sequence, text_ids
+GREEDY = 1e-6  # ../shared/NOTES.md: token-for-token comparisons with ChatTTS need 1e-6
 
-    from chattts_serving.client import SynthesisRequest, synthesize_sse, synthesize_stream
-    from chattts_serving.engine.gpt import Embeddings, GptStepRunner
-    from chattts_serving.engine.scheduler import Engine, EngineConfig
-    from chattts_serving.engine.sinks import CollectingSink
-    from chattts_serving.serving.profile import load_profile
-    from chattts_serving.text.frontend import FrontEnd
-    from chattts_serving.text.refine import RefineParams
 
-    text, n = TEXTS[0], 12
-    req = SynthesisRequest(text=text, seed=3, max_new_tokens=30, refine_text=True, refine_max_new_tokens=n,
-                           refine_min_new_tokens=n, refine_seed=5)
+def test_refine_text_speaks_the_text_chattts_refines(triton_server, small_chat) -> None:  # type: ignore[no-untyped-def]
+    """refine_text runs ChatTTS' refine stage: at greedy settings the server speaks exactly the
+    text ChatTTS' own ``Chat.infer(refine_text_only=True)`` refines (small checkpoint), and its
+    offline audio is ChatTTS' code stage and decoder on that text for the same voice seed.
+    gRPC streaming and SSE give the same audio and text; without refine_text nothing is refined."""
+    import torch
+
+    from chattts_serving.client import SynthesisRequest, synthesize_offline, synthesize_sse, synthesize_stream
+
+    chat = small_chat
+    text, voice, n_refine, n_code = TEXTS[0], 3, 12, 24
+    req = SynthesisRequest(text=text, voice=str(voice), temperature=GREEDY, max_new_tokens=n_code,
+                           min_new_tokens=n_code, refine_text=True, refine_temperature=GREEDY,
+                           refine_max_new_tokens=n_refine, refine_min_new_tokens=n_refine)
+    offline = synthesize_offline(triton_server.http_url, req)
     first = synthesize_stream(triton_server.grpc_url, req)
     again = synthesize_sse(triton_server.http_url, req)
-    plain = synthesize_stream(triton_server.grpc_url, SynthesisRequest(text=text, seed=3, max_new_tokens=30))
-    assert first.info["refined"] is True and plain.info["refined"] is False
+    plain = synthesize_stream(triton_server.grpc_url, SynthesisRequest(text=text, max_new_tokens=4))
+    assert offline.info["refined"] is first.info["refined"] is True and plain.info["refined"] is False
     np.testing.assert_array_equal(first.audio, again.audio)
-    assert first.info["normalized_text"] == again.info["normalized_text"]
+    assert first.info["normalized_text"] == again.info["normalized_text"] == offline.info["normalized_text"]
 
-    art = triton_server.artifacts
-    fp = load_profile("cpu").frontend
-    fe = FrontEnd(art, fp.max_text_chars, fp.default_voice_seed)
-    prepared = fe.prepare(text, refine_prompt="")
-    assert plain.info["normalized_text"] == [prepared.normalized]
-    engine = Engine(GptStepRunner(art), Embeddings(art), EngineConfig())
+    (normalized,) = plain.info["normalized_text"]
+    assert chat.normalizer(text, True, True) == normalized  # ChatTTS reads the same text before refining
+    refined = chat.infer([normalized], skip_refine_text=False, refine_text_only=True, split_text=False,
+                         do_text_normalization=False, do_homophone_replacement=False,
+                         params_refine_text=chat.RefineTextParams(temperature=GREEDY, manual_seed=0,
+                                                                  max_new_token=n_refine, min_new_token=n_refine,
+                                                                  show_tqdm=False))[0]
+    # what ChatTTS' code stage then speaks: its code prompt without the wrapper tokens
+    (prompt,) = chat.speaker.decorate_code_prompts([refined], "", None, "any-speaker")
+    assert prompt.startswith("[Stts][spk_emb]") and prompt.endswith("[Ptts]")
+    spoken = prompt[len("[Stts][spk_emb]"):-len("[Ptts]")]
+    assert spoken != normalized  # the refine stage changed the text
+    assert offline.info["normalized_text"] == [spoken]
 
-    sink = CollectingSink()
-    engine.submit(refine_sequence(prepared.refine_ids, RefineParams(max_new_tokens=n, min_new_tokens=n, seed=5), sink))
-    while engine.live_count():
-        engine.run_once()
-    assert not sink.errors
-    refined = fe.prepare(text, refined_ids=text_ids(sink.all_codes))
-    assert len(text_ids(sink.all_codes)) == n
-    assert first.info["normalized_text"] == [refined.normalized]
+    torch.manual_seed(voice)
+    spk = chat.sample_random_speaker()
+    code_params = chat.InferCodeParams(spk_emb=spk, temperature=GREEDY, manual_seed=0, max_new_token=n_code,
+                                       min_new_token=n_code, show_tqdm=False)
+    generated = next(chat._infer_code([refined], False, torch.device("cpu"), True, code_params))
+    reference = np.asarray(chat._decode_to_wavs(generated.hiddens, True))[0]
+    assert offline.audio.size == reference.size == contract.samples_for_tokens(n_code)
+    np.testing.assert_allclose(offline.audio, reference, rtol=0, atol=1e-5)
 
 
 def test_cancel_during_refine_text_ends_the_refine_sequence_at_once(triton_server) -> None:

@@ -64,14 +64,20 @@ class Embeddings:
         ChatTTS' text mode embeds each new token (``self.emb_text(inputs_ids[:, :, 0])``)."""
         return self.emb_text[ids]
 
-    def prompt(self, input_ids: np.ndarray, spk_emb: np.ndarray | None) -> np.ndarray:
-        """Prefill embeddings (T, H) float32 of prompt ids (T,): text embeddings, with the
+    def prompt(self, input_ids: np.ndarray, spk_emb: np.ndarray | None,
+               prompt_codes: np.ndarray | None = None) -> np.ndarray:
+        """Prefill embeddings (T+P, H) float32 of prompt ids (T,): text embeddings, with the
         ``[spk_emb]`` positions replaced by ``spk_emb`` (H,), the speaker vector already
         normalised by :func:`chattts_serving.text.speaker.normalize_speaker` (ChatTTS'
-        ``Speaker.apply``)."""
+        ``Speaker.apply``), followed by the P positions of ``prompt_codes`` (P, 4) int (an
+        audio prompt, ChatTTS' ``spk_smp``), each the sum of its 4 code embeddings: what
+        ChatTTS' ``Embed.forward`` computes where ``text_mask`` is false, the positions its
+        ``Tokenizer.encode(..., prompt=codes)`` appends after ``[Ptts]``. P = 0 when None."""
         emb = self.emb_text[input_ids]
         if spk_emb is not None and spk_emb.size:
             emb[input_ids == self.spk_emb_id] = spk_emb.astype(np.float32)
+        if prompt_codes is not None and len(prompt_codes):
+            emb = np.concatenate([emb, self.codes(np.asarray(prompt_codes, np.int64))])
         return emb
 
     def codes(self, codes: np.ndarray) -> np.ndarray:

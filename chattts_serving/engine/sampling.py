@@ -145,8 +145,11 @@ def _top_p_top_k(x: np.ndarray, top_p: np.ndarray, top_k: np.ndarray) -> None:
     remove = np.zeros_like(remove_sorted)
     np.put_along_axis(remove, order, remove_sorted, axis=1)
     x[remove] = -np.inf
+    # the k-th largest value left after top-p, read from the ascending sort above (top-p removed
+    # a prefix of it). np.partition with one kth per row partitions every row at all of them:
+    # with top_k = 626 and most codes removed by top-p, up to 100 ms per step at batch 16.
     k = np.minimum(np.maximum(top_k, keep), n)
-    kth = -np.partition(-x, k - 1, axis=1)[np.arange(x.shape[0]), k - 1]
+    kth = np.where(remove_sorted, -np.inf, sorted_x)[np.arange(x.shape[0]), n - k]
     x[x < kth[:, None]] = -np.inf
 
 

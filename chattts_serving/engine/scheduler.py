@@ -144,7 +144,10 @@ class Sequence:
     :meth:`chattts_serving.text.refine.RefineParams.sampling_params`); acknowledge: the engine
     thread's first sink call for the sequence is an empty one (no tokens, stop reason ''),
     made as soon as it sees the submission (a BLS caller returns from its call at the first
-    response and can then watch its client; every response is sent from the engine thread).
+    response and can then watch its client; every response is sent from the engine thread);
+    prompt_codes: (P, 4) int audio-prompt codes in [0, 625) placed after the text prompt and
+    embedded as the sum of the 4 code embeddings (ChatTTS' ``spk_smp``, see
+    :mod:`chattts_serving.audio.reference`), code mode only; None (default) for none.
     """
 
     prompt_ids: np.ndarray
@@ -158,6 +161,7 @@ class Sequence:
     request_id: str = ""
     mode: SequenceMode = SequenceMode.CODE
     acknowledge: bool = False
+    prompt_codes: np.ndarray | None = None
     sampler: RequestSampler = field(init=False)
     length: int = 0  # tokens in this sequence's KV cache
     generated: int = 0
@@ -172,6 +176,11 @@ class Sequence:
 
     def __post_init__(self) -> None:
         self.sampler = RequestSampler(self.params)
+
+    @property
+    def prompt_length(self) -> int:
+        """Prompt positions: text ids plus audio-prompt codes."""
+        return int(self.prompt_ids.size) + (0 if self.prompt_codes is None else len(self.prompt_codes))
 
 
 @dataclass
@@ -227,9 +236,17 @@ class Engine:
     def submit(self, seq: Sequence) -> None:
         """Queue a sequence. Raises :class:`EngineBusy` when the waiting queue is full and
         ValueError when its prompt is empty or cannot fit the context, its mode is unknown,
-        or a text-mode sequence has a speaker vector or the artifacts lack the text head."""
+        a text-mode sequence has a speaker vector or audio-prompt codes or the artifacts lack
+        the text head, or audio-prompt codes are not (P, 4) in [0, 625)."""
         if seq.prompt_ids.size == 0:
             raise ValueError("empty prompt")
+        if seq.prompt_codes is not None:
+            pc = seq.prompt_codes
+            if seq.mode != SequenceMode.CODE:
+                raise ValueError("only a code-mode sequence takes audio-prompt codes")
+            if pc.ndim != 2 or pc.shape[1] != contract.NUM_VQ or (
+                    pc.size and (pc.min() < 0 or pc.max() >= contract.EOS_CODE)):
+                raise ValueError(f"audio-prompt codes must be (P, {contract.NUM_VQ}) in [0, {contract.EOS_CODE})")
         if seq.mode not in tuple(SequenceMode):
             raise ValueError(f"unknown sequence mode {seq.mode!r}; expected one of {[m.value for m in SequenceMode]}")
         if seq.mode == SequenceMode.TEXT:
@@ -237,8 +254,8 @@ class Engine:
                 raise ValueError("a text-mode (refine) sequence takes no speaker vector")
             if not self.emb.has_text_head:
                 raise ValueError("these artifacts have no text head for refine-text; re-run `make export`")
-        if seq.prompt_ids.size + seq.params.max_new_tokens > self.config.max_context_tokens:
-            raise ValueError(f"prompt ({seq.prompt_ids.size} tokens) + max_new_tokens "
+        if seq.prompt_length + seq.params.max_new_tokens > self.config.max_context_tokens:
+            raise ValueError(f"prompt ({seq.prompt_length} tokens) + max_new_tokens "
                              f"({seq.params.max_new_tokens}) exceeds the context of "
                              f"{self.config.max_context_tokens} tokens")
         with self._cv:
@@ -443,7 +460,7 @@ class Engine:
                 if self._expired_or_named(seq, now):
                     gone.append(heapq.heappop(self._waiting)[2])
                     continue
-                width = max([len(s.prompt_ids) for s in out] + [len(seq.prompt_ids)])
+                width = max([s.prompt_length for s in out] + [seq.prompt_length])
                 if out and width * (len(out) + 1) > self.config.max_prefill_tokens:
                     break
                 out.append(heapq.heappop(self._waiting)[2])
@@ -458,19 +475,19 @@ class Engine:
         return admitted
 
     def _prefill(self, seqs: list[Sequence]) -> None:
-        width = max(len(s.prompt_ids) for s in seqs)
+        width = max(s.prompt_length for s in seqs)
         h = self.emb.emb_text.shape[1]
         embeds = np.zeros((len(seqs), width, h), np.float32)
         mask = np.zeros((len(seqs), width), np.int64)
         for i, s in enumerate(seqs):
-            n = len(s.prompt_ids)
-            embeds[i, width - n:] = self.emb.prompt(s.prompt_ids, s.spk_emb)
+            n = s.prompt_length
+            embeds[i, width - n:] = self.emb.prompt(s.prompt_ids, s.spk_emb, s.prompt_codes)
             mask[i, width - n:] = 1
         logits, hidden, present = self.runner.step(embeds, self._xp.to_device(mask), self.runner.empty_past(len(seqs)))
         with self._stats_lock:
             self.stats_data.prefill_calls += 1
         for i, s in enumerate(seqs):
-            s.length = len(s.prompt_ids)
+            s.length = s.prompt_length
             s.prefill_kv = [p[i:i + 1] for p in present]
             s.prefill_width = width
         self._accept(seqs, self._sample(seqs, logits, hidden), hidden)

@@ -75,7 +75,9 @@ class Admission:
         self.slots = StreamSlots(limit)
         self.limits = EntryLimits(max_new_tokens_cap=profile.engine.max_new_tokens_cap,
                                   max_text_chars=profile.frontend.max_text_chars,
-                                  default_vocoder=profile.stream.default_vocoder)
+                                  default_vocoder=profile.stream.default_vocoder,
+                                  default_segmentation=profile.frontend.segmentation,
+                                  reference=profile.reference.limits())
         self.schedule = profile.stream.schedule()
         self.segments = SegmentRules(max_chars=profile.frontend.max_segment_chars,
                                      merge_chars=profile.frontend.merge_segment_chars)

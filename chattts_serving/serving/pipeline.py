@@ -1,16 +1,27 @@
 """The synthesis pipeline of the entry models, free of Triton.
 
-A request's text is split into sentence segments; each goes through three stages:
+A request's text is split into segments (:class:`~chattts_serving.contract.Segmentation`:
+``streaming`` sentence segments, or ``chattts``, ChatTTS' own pieces); each goes through three
+stages:
 
-1. the front end (normalisation, prompt ids, speaker vector): :meth:`Stages.frontend`;
+1. the front end (normalisation, prompt ids, speaker vector, and a reference recording encoded
+   into audio-prompt codes): :meth:`Stages.frontend`;
 2. the GPT engine, which streams token batches: :meth:`Stages.generate` (with refine-text,
    a text-mode sequence per segment runs first and the code prompt is built from its output);
 3. the vocoder, over token windows: :meth:`Stages.vocode`.
 
+An audio prompt (ChatTTS' ``spk_smp`` + ``txt_smp``: the request's recording or ``spk_smp``,
+or a voice's recording) precedes every segment's prompt. In ``chattts`` segmentation a text of
+several pieces without one gets ChatTTS' own: the first piece generated and vocoded alone,
+its audio encoded, then every piece generated with that audio and the first piece's text
+(:func:`prepare_segments`; ChatTTS 0.2.5 ``Chat.infer``, docs/chattts-multisentence.md).
+
 :func:`stream_audio` vocodes each window of the chunk schedule as soon as its tokens exist and
 hands every chunk to a :class:`StreamOutput`; :func:`offline_audio` vocodes each segment in one
-window (ChatTTS' offline decode). In the server :class:`Stages` is a set of BLS calls
-(:class:`chattts_serving.triton.stages.BlsStages`); in tests the same stages run in process.
+window (ChatTTS' offline decode; in ``chattts`` segmentation zero-padded to the longest piece of
+its group of 4, as ChatTTS' ``_decode_to_wavs`` does). In the server :class:`Stages` is a set of
+BLS calls (:class:`chattts_serving.triton.stages.BlsStages`); in tests the same stages run in
+process.
 """
 
 from __future__ import annotations
@@ -18,47 +29,45 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 import numpy as np
 
 from .. import contract
 from ..audio.chunking import ChunkSchedule, StreamChunker
-from ..contract import SequenceMode, StopReason, VocoderPath
+from ..contract import Segmentation, SequenceMode, StopReason, VocoderPath
 from ..errors import Cancelled, DeadlineExceeded, ErrorKind, RequestError
 from ..params import SamplingParams
-from ..text.normalize import carry_speed
-from ..text.segments import SegmentRules, split_segments
-from .request import EntryRequest
+from ..text.normalize import carry_speed, speakable
+from ..text.segments import SegmentRules, chattts_groups, split_like_chattts, split_segments
+from .request import EntryRequest, FrontendCall, Reference
+
+__all__ = ["FrontendCall", "FrontendOutput", "GenerateCall", "PreparedText", "Stages", "StreamOutput", "StreamResult",
+           "SynthesisJob", "TokenBatch", "TokenStream", "info_json", "offline_audio", "prepare_segments",
+           "stream_audio"]
 
 
 # --- what crosses the stage boundary --------------------------------------------------------
-@dataclass(frozen=True, kw_only=True)
-class FrontendCall:
-    """One segment for the front end: its text and voice; ``refine_prompt`` (control tokens,
-    '' for none) also asks for the refine-text prompt; ``refined_ids`` ((N,) int32 text ids
-    the refine stage generated for this segment) builds the code prompt from them."""
-
-    text: str
-    voice: str = ""
-    request_id: str = ""
-    refine_prompt: str | None = None
-    refined_ids: np.ndarray | None = None
+# FrontendCall (one segment for the front end) lives with the request parsers
+# (:mod:`chattts_serving.serving.request`): the front-end model parses its tensors into one.
 
 
 @dataclass(frozen=True, kw_only=True)
 class FrontendOutput:
-    """One segment after the front end: prompt ids (T,) int32, speaker vector (H,) float32,
-    the text after normalisation (or refinement), what was not spoken (characters or reserved
-    tokens, in order of appearance) and, when asked for, the refine-text prompt ids (T',)
-    int32 (``[Sbreak]{normalized}[Pbreak]{refine_prompt}``)."""
+    """One segment after the front end: prompt ids (T,) int32, speaker vector (H,) float32
+    (None without one: ``[empty_spk]`` prompt), the text after normalisation (or refinement),
+    what was not spoken (characters or reserved tokens, in order of appearance), when asked
+    for the refine-text prompt ids (T',) int32 (``[Sbreak]{normalized}[Pbreak]{refine_prompt}``;
+    None also for a piece with nothing speakable), and the audio-prompt codes (P, 4) int32 of
+    the call's recording or of the voice's (None for none)."""
 
     input_ids: np.ndarray
-    spk_emb: np.ndarray
+    spk_emb: np.ndarray | None
     normalized_text: str = ""
     dropped: tuple[str, ...] = ()
     refine_ids: np.ndarray | None = None
+    prompt_codes: np.ndarray | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -70,7 +79,8 @@ class GenerateCall:
     exactly this many tokens exist (the first chunk's need; 0: off); priority: the engine's
     scheduling class (0 realtime); timeout_s: the engine ends the sequence with a DEADLINE
     error after this long, None for never; mode: code (speech) or text (refine-text: codes
-    (N, 4) carry the text id in every column).
+    (N, 4) carry the text id in every column); prompt_codes: (P, 4) int32 audio-prompt codes
+    after the text prompt (ChatTTS' ``spk_smp``), None for none.
     """
 
     input_ids: np.ndarray
@@ -82,6 +92,7 @@ class GenerateCall:
     timeout_s: float | None = None
     request_id: str = ""
     mode: SequenceMode = SequenceMode.CODE
+    prompt_codes: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
@@ -166,11 +177,14 @@ class StreamResult:
     """Indices of segments that hit max_new_tokens (their sentence may be cut short)."""
     normalized_text: list[str] = field(default_factory=list)
     dropped: list[str] = field(default_factory=list)
+    reference: str = ""
+    """Where the audio prompt came from (``contract.REFERENCE_SOURCES``)."""
 
-    def add_prepared(self, prepared: list[FrontendOutput]) -> None:
+    def add_prepared(self, prepared: PreparedText) -> None:
         """Record the front end's view of every segment (before any audio is sent)."""
-        self.normalized_text = [p.normalized_text for p in prepared]
-        self.dropped = list(dict.fromkeys(d for p in prepared for d in p.dropped))
+        self.normalized_text = [p.normalized_text for p in prepared.segments]
+        self.dropped = list(dict.fromkeys(d for p in prepared.segments for d in p.dropped))
+        self.reference = prepared.reference
 
     @property
     def cancelled(self) -> bool:
@@ -186,7 +200,7 @@ def info_json(job: SynthesisJob, result: StreamResult, final: bool) -> str:
         "request_id": req.request_id, "sample_rate_hz": contract.SAMPLE_RATE_HZ,
         "normalized_text": result.normalized_text, "dropped": result.dropped,
         "segments": len(result.normalized_text), "vocoder": req.vocoder, "refined": req.refine is not None,
-        "degraded": job.degraded, "final": final}
+        "degraded": job.degraded, "segmentation": req.segmentation, "reference": result.reference, "final": final}
     if final:
         info.update(audio_s=round(result.samples / contract.SAMPLE_RATE_HZ, 6), chunks=result.chunks,
                     tokens=result.tokens, capped_segments=result.capped_segments,
@@ -241,6 +255,17 @@ class _TokenStore:
     def window(self, path: VocoderPath, start: int, end: int) -> np.ndarray:
         return self.hidden[start:end] if path == VocoderPath.HIDDEN else self.codes[start:end]
 
+    def padded(self, path: VocoderPath, width: int) -> np.ndarray:
+        """The whole sequence as one vocoder window of ``width`` >= n tokens, right-padded with
+        zeros as ChatTTS' ``_decode_to_wavs`` pads a batch (zero hidden states, or code 0 on
+        every head)."""
+        src = self.window(path, 0, self.n)
+        if width == self.n:
+            return src
+        out = np.zeros((width, src.shape[1]), src.dtype)
+        out[:self.n] = src
+        return out
+
 
 def seconds_left(job: SynthesisJob) -> float | None:
     """Seconds before the request's deadline (None without one). Raises DeadlineExceeded."""
@@ -258,59 +283,164 @@ REFINE_EMIT_TOKENS = 16
 NO_AUDIO = "the model ended the utterance before producing any audio; try another seed or set min_new_tokens"
 
 
-def prepare_segments(job: SynthesisJob, stages: Stages, watch: Watch = _no_watch) -> list[FrontendOutput]:
-    """Split the text into segments and run the front end on each; with ``req.refine``, run
-    the refine-text stage for all segments at once (one engine text-mode sequence each,
-    batched together) and build each code prompt from its refined text, as ChatTTS'
-    ``_infer`` does (refine, then ``_infer_code`` on the refined text). ``watch`` ends the
-    refine sequences in the engine as soon as the client cancels.
-    Raises RequestError (DeadlineExceeded past the deadline; Cancelled when the client
-    cancelled during refine-text)."""
-    req = job.req
-    segments = carry_speed(split_segments(req.text, job.segments))
-    prompt = req.refine.prompt if req.refine is not None else None
-    prepared = [stages.frontend(FrontendCall(text=seg, voice=req.voice, request_id=req.request_id,
-                                             refine_prompt=prompt)) for seg in segments]
-    if req.refine is None:
-        return prepared
-    params = req.refine.sampling_params()
+@dataclass(frozen=True)
+class PreparedText:
+    """A request's text ready for the engine: one :class:`FrontendOutput` per segment, each
+    carrying the request's audio-prompt codes (None for none), and where that prompt came from
+    (``contract.REFERENCE_SOURCES``)."""
+
+    segments: list[FrontendOutput]
+    reference: str = ""
+
+
+def _run_all(stages: Stages, calls: list[GenerateCall], watch: Watch,
+             cancelled: str) -> list[tuple[_TokenStore, StopReason | None]]:
+    """Start every sequence of ``calls`` at once (the engine batches them), then read each to
+    its end: its tokens and stop reason, in order. ``watch`` ends them in the engine as soon as
+    the client cancels. A BLS call to a decoupled model returns at its first response, so each
+    sequence is watched a few steps after it starts. Raises RequestError (:class:`Cancelled`
+    with ``cancelled`` when the client cancelled)."""
     streams: list[TokenStream] = []
     unwatch: list[Callable[[], None]] = []
-    refined: list[np.ndarray] = []
+    out = []
     try:
-        for p in prepared:
-            # A BLS call to a decoupled model returns at its first response: the engine
-            # answers every REFINE_EMIT_TOKENS tokens, so each sequence is watched for a
-            # client cancel a few steps after it starts (not after its whole text).
-            stream = stages.generate(GenerateCall(
-                input_ids=p.refine_ids if p.refine_ids is not None else np.zeros(0, np.int32), spk_emb=None,
-                params=params, emit_tokens=REFINE_EMIT_TOKENS, priority=req.priority.engine_class,
-                timeout_s=seconds_left(job), request_id=req.request_id, mode=SequenceMode.TEXT))
+        for call in calls:
+            stream = stages.generate(call)
             streams.append(stream)
             unwatch.append(watch(stream.request_cancel))
         for stream in streams:
-            ids: list[np.ndarray] = []
+            store = _TokenStore()
+            reason: StopReason | None = None
             for batch in stream:
-                ids.append(np.asarray(batch.codes)[:, 0])
-                if batch.stop_reason == StopReason.CANCELLED:
-                    raise Cancelled("cancelled by the client during refine-text")
-                if batch.stop_reason:
+                store.add(batch)
+                reason = batch.stop_reason or reason
+                if reason == StopReason.CANCELLED:
+                    raise Cancelled(cancelled)
+                if reason:
                     break
-            refined.append(np.concatenate(ids).astype(np.int32) if ids else np.zeros(0, np.int32))
+            out.append((store, reason))
     finally:
         for stop in unwatch:
             stop()
         for stream in streams:
             stream.cancel()  # ends and drains what an error or a cancel left running; no-op on finished ones
+    return out
+
+
+def _code_call(job: SynthesisJob, seg: FrontendOutput, first_emit_tokens: int = 0) -> GenerateCall:
+    """The speech sequence of one prepared segment (``first_emit_tokens``: a streamed one's
+    first chunk)."""
+    req = job.req
+    return GenerateCall(input_ids=seg.input_ids, spk_emb=seg.spk_emb, params=req.params, emit_tokens=job.emit_tokens,
+                        first_emit_tokens=first_emit_tokens, priority=req.priority.engine_class,
+                        timeout_s=seconds_left(job), request_id=req.request_id, prompt_codes=seg.prompt_codes)
+
+
+def prepare_segments(job: SynthesisJob, stages: Stages, watch: Watch = _no_watch) -> PreparedText:
+    """Split the text into segments (``req.segmentation``) and run the front end on each.
+
+    With ``req.refine``, the refine-text stage runs for all segments at once (one engine
+    text-mode sequence each, batched together) and each code prompt is built from its refined
+    text, as ChatTTS' ``_infer`` does (refine, then ``_infer_code`` on the refined text).
+
+    The audio prompt: the request's ``spk_smp`` codes, its recording (sent to the front end
+    once, with the first segment, which encodes and caches it), or a reference voice's
+    recording (the front end's); its transcript precedes ``[speed_N]`` in every prompt and a
+    request that brings a recording without a voice has no speaker vector (``[empty_spk]``,
+    ChatTTS' zero-shot use). In ``chattts`` segmentation pieces with nothing speakable are kept,
+    as ChatTTS keeps them; and a text of several pieces without an audio prompt gets ChatTTS'
+    own: :func:`_first_piece_audio` (piece 0 generated alone and vocoded whole), encoded by the
+    front end (neither cached nor held to the recording limits), with piece 0's text as the
+    transcript of every piece.
+
+    ``watch`` ends the refine and reference-pass sequences in the engine as soon as the client
+    cancels. Raises RequestError (DeadlineExceeded past the deadline; Cancelled when the client
+    cancelled before the first audio; INVALID for a text with nothing speakable)."""
+    req = job.req
+    chattts = req.segmentation == Segmentation.CHATTTS
+    texts = carry_speed(split_like_chattts(req.text) if chattts else split_segments(req.text, job.segments))
+    if not texts:
+        raise RequestError("text is empty")
+    ref = req.reference
+    base = FrontendCall(text="", voice=req.voice, request_id=req.request_id,
+                        reference_text=ref.transcript if ref is not None else None,
+                        no_speaker=ref is not None and not req.voice.strip(), keep_unspeakable=chattts)
+    refined = _refine(job, stages, watch, texts, base) if req.refine is not None else [None] * len(texts)
+    calls = [replace(base, text=t, refined_ids=r) for t, r in zip(texts, refined, strict=True)]
+    if ref is not None and ref.audio is not None:  # the recording travels once, with the first segment
+        calls[0] = replace(calls[0], reference_audio=ref.audio, reference_rate_hz=ref.rate_hz)
+    prepared = [stages.frontend(c) for c in calls]
+    if chattts and not any(speakable(p.normalized_text) for p in prepared):
+        raise RequestError("text has nothing speakable after normalisation (only punctuation, symbols or "
+                           "unsupported characters)")
+    codes, source = _request_prompt(ref, prepared[0])
+    if codes is None and chattts and len(prepared) > 1:
+        wav = _first_piece_audio(job, stages, watch, prepared[0])
+        transcript = prepared[0].normalized_text
+        first = stages.frontend(replace(calls[0], reference_text=transcript, reference_audio=wav,
+                                        reference_rate_hz=contract.SAMPLE_RATE_HZ, transient_reference=True))
+        codes, source = first.prompt_codes, "first_piece"
+        prepared = [first, *(stages.frontend(replace(c, reference_text=transcript)) for c in calls[1:])]
+    return PreparedText([replace(p, prompt_codes=codes) for p in prepared], source)
+
+
+def _request_prompt(ref: Reference | None, first: FrontendOutput) -> tuple[np.ndarray | None, str]:
+    """The request's audio-prompt codes and their source: a ``spk_smp``, else what the front
+    end encoded for the first segment (the request's recording, or the voice's)."""
+    if ref is not None and ref.codes is not None:
+        return ref.codes, "spk_smp"
+    if first.prompt_codes is not None and len(first.prompt_codes):
+        return first.prompt_codes, "recording" if ref is not None else "voice"
+    return None, ""
+
+
+def _refine(job: SynthesisJob, stages: Stages, watch: Watch, texts: list[str],
+            base: FrontendCall) -> list[np.ndarray | None]:
+    """The refine-text stage for every segment: the refined text ids (N,) int32 of each, None
+    for a segment the front end gave no refine prompt (nothing speakable in it). Raises
+    RequestError (Cancelled, DeadlineExceeded)."""
+    req = job.req
+    assert req.refine is not None
+    prompts = [stages.frontend(replace(base, text=t, refine_prompt=req.refine.prompt)).refine_ids for t in texts]
+    params = req.refine.sampling_params()
+    todo = {i: ids for i, ids in enumerate(prompts) if ids is not None and ids.size}
+    runs = _run_all(stages, [GenerateCall(input_ids=ids, spk_emb=None, params=params,
+                                          emit_tokens=REFINE_EMIT_TOKENS, priority=req.priority.engine_class,
+                                          timeout_s=seconds_left(job), request_id=req.request_id,
+                                          mode=SequenceMode.TEXT) for ids in todo.values()],
+                    watch, "cancelled by the client during refine-text")
     seconds_left(job)
-    return [stages.frontend(FrontendCall(text=seg, voice=req.voice, request_id=req.request_id, refined_ids=r))
-            for seg, r in zip(segments, refined, strict=True)]
+    refined: list[np.ndarray | None] = [None] * len(texts)
+    for i, (store, _) in zip(todo, runs, strict=True):
+        refined[i] = store.codes[:store.n, 0].astype(np.int32)
+    return refined
+
+
+def _first_piece_audio(job: SynthesisJob, stages: Stages, watch: Watch, first: FrontendOutput) -> np.ndarray:
+    """ChatTTS' reference pass (``Chat.infer`` with several pieces and no ``spk_smp``): the first
+    piece generated alone, without an audio prompt, and vocoded whole on the request's vocoder
+    path (``_infer_code`` + ``_decode_to_wavs`` of ``text[0]``): (N,) float32 at 24 kHz.
+    Raises RequestError: Cancelled, DeadlineExceeded, INTERNAL when the piece ended too early
+    to be encoded (fewer than ``contract.ENCODER_MIN_SAMPLES`` samples)."""
+    req = job.req
+    ((store, reason),) = _run_all(stages, [_code_call(job, first)], watch,
+                                  "cancelled by the client during the first piece's reference pass")
+    _checked(reason, store.n)
+    seconds_left(job)
+    wav = stages.vocode(req.vocoder, store.window(req.vocoder, 0, store.n), req.request_id)
+    if wav.size < contract.ENCODER_MIN_SAMPLES:
+        raise RequestError(f"the first sentence ended after {store.n} token(s), too short to be ChatTTS' audio "
+                           "prompt; try another seed or set min_new_tokens", ErrorKind.INTERNAL)
+    return wav
 
 
 def stream_audio(job: SynthesisJob, stages: Stages, out: StreamOutput) -> StreamResult:
     """Run one streaming request: hand each audio chunk to ``out`` as soon as it is ready.
 
-    Segments are generated one after the other and streamed in order; a client cancel
+    Segments are generated one after the other and streamed in order (in ``chattts``
+    segmentation after :func:`prepare_segments`' reference pass, when it makes one; a stream
+    cannot pad a piece to its group's longest, so its audio differs from :func:`offline_audio`'s
+    in the last ~52 tokens of pieces shorter than their group's longest); a client cancel
     (``out.watch``) reaches the engine at its next step. Returns the :class:`StreamResult`
     (stop reason CANCELLED, without error, when the client cancelled). Raises RequestError
     (the caller sends it as the stream's error), DeadlineExceeded past the request's deadline.
@@ -324,7 +454,7 @@ def stream_audio(job: SynthesisJob, stages: Stages, out: StreamOutput) -> Stream
         result.stop_reason = StopReason.CANCELLED
         return result
     result.add_prepared(prepared)
-    for index, seg in enumerate(prepared):
+    for index, seg in enumerate(prepared.segments):
         result.segments += 1
         reason, n = _stream_segment(job, stages, schedule, seg, result, out)
         result.tokens += n
@@ -341,10 +471,7 @@ def _stream_segment(job: SynthesisJob, stages: Stages, schedule: ChunkSchedule, 
     req = job.req
     chunker = StreamChunker(schedule)
     store = _TokenStore()
-    tokens = stages.generate(GenerateCall(
-        input_ids=seg.input_ids, spk_emb=seg.spk_emb, params=req.params, emit_tokens=job.emit_tokens,
-        first_emit_tokens=schedule.tokens_before_first_chunk(), priority=req.priority.engine_class,
-        timeout_s=seconds_left(job), request_id=req.request_id))
+    tokens = stages.generate(_code_call(job, seg, first_emit_tokens=schedule.tokens_before_first_chunk()))
     unwatch = out.watch(tokens.request_cancel)
     reason: StopReason | None = None
     try:
@@ -386,29 +513,32 @@ def _checked(reason: StopReason | None, tokens: int) -> StopReason:
 
 def offline_audio(job: SynthesisJob, stages: Stages) -> tuple[np.ndarray, StreamResult]:
     """Run one request to the end and vocode each segment in one window (ChatTTS' offline
-    decode). Returns (audio (sum of 512N-256 per segment,) float32, result). Raises
-    RequestError."""
+    decode). In ``chattts`` segmentation the pieces are generated and vocoded in ChatTTS'
+    groups of 4 (:func:`~chattts_serving.text.segments.chattts_groups`), each piece's window
+    zero-padded to its group's longest, so every piece of a group has ``512 * T_max - 256``
+    samples, as ``Chat._decode_to_wavs`` returns them (``Chat.infer`` then deletes every sample
+    with ``|x| <= 1e-5``; the server does not). Otherwise one segment after the other.
+    Returns (audio (n,) float32, result). Raises RequestError."""
     req = job.req
     result = StreamResult()
-    pieces = []
     prepared = prepare_segments(job, stages)
     result.add_prepared(prepared)
-    for index, seg in enumerate(prepared):
-        store = _TokenStore()
-        reason: StopReason | None = None
-        for batch in stages.generate(GenerateCall(
-                input_ids=seg.input_ids, spk_emb=seg.spk_emb, params=req.params, emit_tokens=job.emit_tokens,
-                priority=req.priority.engine_class, timeout_s=seconds_left(job), request_id=req.request_id)):
-            store.add(batch)
-            reason = batch.stop_reason or reason
-        reason = _checked(reason, store.n)
+    segs = prepared.segments
+    chattts = req.segmentation == Segmentation.CHATTTS
+    groups = chattts_groups(len(segs)) if chattts else [range(i, i + 1) for i in range(len(segs))]
+    pieces = []
+    for group in groups:
+        runs = _run_all(stages, [_code_call(job, segs[i]) for i in group], _no_watch, "cancelled")
         seconds_left(job)
-        pieces.append(stages.vocode(req.vocoder, store.window(req.vocoder, 0, store.n), req.request_id))
-        result.segments += 1
-        result.tokens += store.n
-        result.stop_reason = reason
-        if reason == StopReason.MAX_TOKENS:
-            result.capped_segments.append(index)
+        width = max(store.n for store, _ in runs)
+        for index, (store, reason) in zip(group, runs, strict=True):
+            reason = _checked(reason, store.n)
+            pieces.append(stages.vocode(req.vocoder, store.padded(req.vocoder, width), req.request_id))
+            result.segments += 1
+            result.tokens += store.n
+            result.stop_reason = reason
+            if reason == StopReason.MAX_TOKENS:
+                result.capped_segments.append(index)
     audio = np.concatenate(pieces).astype(np.float32, copy=False)
     result.samples, result.chunks = int(audio.size), 1
     return audio, result

@@ -5,7 +5,7 @@ one function here and gets a typed, validated request back, or a
 :class:`~chattts_serving.errors.RequestError` of kind INVALID whose message names the input:
 
 * :func:`parse_entry` -> :class:`EntryRequest` (``chattts`` and ``chattts_offline``),
-* :func:`parse_frontend` -> :class:`FrontendRequest` (``chattts_frontend``),
+* :func:`parse_frontend` -> :class:`FrontendCall` (``chattts_frontend``),
 * :func:`parse_engine` -> :class:`EngineRequest` or :class:`EngineControl` (``chattts_gpt``).
 
 Names, dtypes, defaults and ranges come from :mod:`chattts_serving.contract`.
@@ -14,13 +14,21 @@ Names, dtypes, defaults and ranges come from :mod:`chattts_serving.contract`.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
 from .. import contract
-from ..contract import Priority, SequenceMode, VocoderPath
+from ..audio.reference import (
+    RecordingError,
+    ReferenceLimits,
+    SpkSmpError,
+    check_recording,
+    check_transcript,
+    decode_spk_smp,
+)
+from ..contract import Priority, Segmentation, SequenceMode, VocoderPath
 from ..errors import RequestError
 from ..params import ParamError, SamplingParams
 from ..text.normalize import length_error
@@ -149,7 +157,32 @@ def refuse_request_params(params: Mapping[str, object]) -> None:
                            f"({', '.join(t.name for t in contract.ENTRY_INPUTS)})")
 
 
+def codes_input(inputs: Inputs, name: str) -> np.ndarray | None:
+    """Audio-prompt codes (P, 4) int32 in [0, 625) of INT32 input ``name``, None when absent.
+    Raises RequestError for another dtype, shape or range."""
+    arr = inputs.get(name)
+    if arr is None:
+        return None
+    if arr.dtype != np.int32 or arr.ndim != 2 or arr.shape[1] != contract.NUM_VQ:
+        raise RequestError(f"{name} must be an INT32 tensor of shape [P, {contract.NUM_VQ}]")
+    if arr.size and (arr.min() < 0 or arr.max() >= contract.EOS_CODE):
+        raise RequestError(f"{name} must be codes in [0, {contract.EOS_CODE})")
+    return arr
+
+
 # --- the entry models ----------------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True)
+class Reference:
+    """A request's audio prompt (ChatTTS' ``spk_smp`` + ``txt_smp``), checked: its transcript
+    and either a recording (``audio`` (N,) float32 mono at ``rate_hz``, encoded by the front
+    end) or the codes of a ``spk_smp`` string (``codes`` (P, 4) int32)."""
+
+    transcript: str
+    audio: np.ndarray | None = None
+    rate_hz: int = contract.SAMPLE_RATE_HZ
+    codes: np.ndarray | None = None
+
+
 @dataclass(frozen=True, kw_only=True)
 class EntryRequest:
     """A validated entry-point request (``chattts`` / ``chattts_offline``).
@@ -159,7 +192,9 @@ class EntryRequest:
     (resolved by the front end); lookahead_tokens: right context per streamed chunk, None for
     the profile's; timeout_s: deadline of the whole request from its arrival, None for none;
     request_id: the client's Triton request id (or a generated one) for logs and ``info``;
-    refine: refine-text parameters, None to skip that stage (the default).
+    refine: refine-text parameters, None to skip that stage (the default); segmentation: how
+    the text is cut into GPT sequences; reference: the audio prompt the request brought, None
+    for none (a voice from the voices file may still bring its recording).
     """
 
     text: str
@@ -171,16 +206,21 @@ class EntryRequest:
     timeout_s: float | None = None
     request_id: str = ""
     refine: RefineParams | None = None
+    segmentation: Segmentation = Segmentation.STREAMING
+    reference: Reference | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
 class EntryLimits:
     """The profile's limits that parsing applies (``engine.max_new_tokens_cap``,
-    ``frontend.max_text_chars``, ``stream.default_vocoder``)."""
+    ``frontend.max_text_chars``, ``stream.default_vocoder``, ``frontend.segmentation``,
+    ``[reference]``)."""
 
     max_new_tokens_cap: int
     max_text_chars: int = 4096
     default_vocoder: VocoderPath = VocoderPath.HIDDEN
+    default_segmentation: Segmentation = Segmentation.STREAMING
+    reference: ReferenceLimits = field(default_factory=ReferenceLimits)
 
 
 MAX_TIMEOUT_S = 3600.0
@@ -214,7 +254,45 @@ def parse_entry(inputs: Inputs, limits: EntryLimits, request_params: Mapping[str
             raise RequestError("lookahead_tokens must be >= 1 (or -1 for the default)")
     return EntryRequest(text=text, voice=voice, vocoder=vocoder, params=params, lookahead_tokens=lookahead,
                         priority=priority, timeout_s=float(timeout) if timeout is not None else None,
-                        request_id=request_id, refine=_entry_refine(inputs, limits.max_new_tokens_cap))
+                        request_id=request_id, refine=_entry_refine(inputs, limits.max_new_tokens_cap),
+                        segmentation=enum_input(inputs, contract.IN_SEGMENTATION.name, Segmentation,
+                                                limits.default_segmentation),
+                        reference=_entry_reference(inputs, limits.reference))
+
+
+def _entry_reference(inputs: Inputs, limits: ReferenceLimits) -> Reference | None:
+    """The request's audio prompt: ``reference_audio`` (+ ``reference_sample_rate_hz``) or
+    ``spk_smp``, each with its ``reference_text``, checked against ``limits`` (duration, sample
+    rate, transcript length; a ``spk_smp`` of at most ``limits.max_tokens`` tokens). None
+    without one. Raises RequestError: both given, a transcript without either (or either
+    without a transcript), a rate without a recording, a malformed recording or spk_smp."""
+    audio = inputs.get(contract.IN_REFERENCE_AUDIO.name)
+    spk_smp = string_input(inputs, contract.IN_SPK_SMP.name, required=False)
+    transcript = string_input(inputs, contract.IN_REFERENCE_TEXT.name, required=False)
+    rate_given = contract.IN_REFERENCE_RATE.name in inputs
+    rate = int_input(inputs, contract.IN_REFERENCE_RATE.name, contract.SAMPLE_RATE_HZ, 1, 2**31 - 1)
+    if audio is None and spk_smp is None:
+        if transcript is not None:
+            raise RequestError("reference_text is the transcript of reference_audio or spk_smp; send one of them "
+                               "with it")
+        if rate_given:
+            raise RequestError("reference_sample_rate_hz needs reference_audio")
+        return None
+    if audio is not None and spk_smp is not None:
+        raise RequestError("send either reference_audio or spk_smp, not both")
+    if spk_smp is not None and rate_given:
+        raise RequestError("reference_sample_rate_hz needs reference_audio (a spk_smp string is already encoded)")
+    try:
+        text = check_transcript(transcript or "", limits)
+        if audio is None:
+            return Reference(transcript=text, codes=decode_spk_smp(spk_smp or "", limits.max_tokens))
+        if audio.dtype != np.float32 or audio.ndim != 1:
+            raise RequestError(f"reference_audio must be a 1-D FP32 tensor of mono samples, got {audio.dtype} "
+                               f"{list(audio.shape)}")
+        check_recording(audio, rate, limits)
+    except (RecordingError, SpkSmpError) as exc:
+        raise RequestError(str(exc)) from None
+    return Reference(transcript=text, audio=audio, rate_hz=rate)
 
 
 def _entry_refine(inputs: Inputs, max_new_tokens_cap: int) -> RefineParams | None:
@@ -232,25 +310,51 @@ def _entry_refine(inputs: Inputs, max_new_tokens_cap: int) -> RefineParams | Non
 
 # --- the front end ---------------------------------------------------------------------------
 @dataclass(frozen=True, kw_only=True)
-class FrontendRequest:
-    """A ``chattts_frontend`` request: one text segment, its voice, and optionally the refine
-    prompt (build the refine-text prompt too) or the refined ids (build the code prompt from
-    them: (N,) int32 text ids)."""
+class FrontendCall:
+    """One segment for the front end (``chattts_frontend``): its text and voice;
+    ``refine_prompt`` (control tokens, '' for none) also asks for the refine-text prompt;
+    ``refined_ids`` ((N,) int32 text ids the refine stage generated for this segment) builds
+    the code prompt from them.
+
+    The audio prompt: ``reference_text`` is placed before ``[speed_N]`` in the code prompt
+    (ChatTTS' ``txt_smp``; None: the voice's own transcript for a reference-recording voice,
+    else none); ``reference_audio`` ((N,) float32 mono at ``reference_rate_hz``) is encoded
+    into the output's ``prompt_codes`` (cached; ``transient_reference``: encoded once, neither
+    checked against the recording limits nor cached: the first piece's own audio);
+    ``no_speaker``: no speaker vector (``[empty_spk]``); ``keep_unspeakable``: a piece of
+    ChatTTS' split, prompted even with nothing speakable in it.
+    """
 
     text: str
     voice: str = ""
     request_id: str = ""
     refine_prompt: str | None = None
     refined_ids: np.ndarray | None = None
+    reference_text: str | None = None
+    reference_audio: np.ndarray | None = None
+    reference_rate_hz: int = contract.SAMPLE_RATE_HZ
+    transient_reference: bool = False
+    no_speaker: bool = False
+    keep_unspeakable: bool = False
 
 
-def parse_frontend(inputs: Inputs, request_id: str = "") -> FrontendRequest:
+def parse_frontend(inputs: Inputs, request_id: str = "") -> FrontendCall:
     """Validate a front-end request's tensors. Raises RequestError."""
-    return FrontendRequest(text=string_input(inputs, contract.IN_TEXT.name, required=True) or "",
-                           voice=string_input(inputs, contract.IN_VOICE.name, required=False) or "",
-                           request_id=request_id,
-                           refine_prompt=string_input(inputs, contract.IN_REFINE_PROMPT.name, required=False),
-                           refined_ids=inputs.get(contract.FE_REFINED_IDS.name))
+    audio = inputs.get(contract.IN_REFERENCE_AUDIO.name)
+    if audio is not None and (audio.dtype != np.float32 or audio.ndim != 1):
+        raise RequestError("reference_audio must be a 1-D FP32 tensor of mono samples")
+    return FrontendCall(text=string_input(inputs, contract.IN_TEXT.name, required=True) or "",
+                        voice=string_input(inputs, contract.IN_VOICE.name, required=False) or "",
+                        request_id=request_id,
+                        refine_prompt=string_input(inputs, contract.IN_REFINE_PROMPT.name, required=False),
+                        refined_ids=inputs.get(contract.FE_REFINED_IDS.name),
+                        reference_text=string_input(inputs, contract.IN_REFERENCE_TEXT.name, required=False),
+                        reference_audio=audio,
+                        reference_rate_hz=int_input(inputs, contract.IN_REFERENCE_RATE.name, contract.SAMPLE_RATE_HZ,
+                                                    1, 2**31 - 1),
+                        transient_reference=bool_input(inputs, contract.FE_TRANSIENT_REFERENCE.name),
+                        no_speaker=bool_input(inputs, contract.FE_NO_SPEAKER.name),
+                        keep_unspeakable=bool_input(inputs, contract.FE_KEEP_UNSPEAKABLE.name))
 
 
 # --- the GPT engine ----------------------------------------------------------------------------
@@ -262,7 +366,8 @@ class EngineRequest:
     params: sampling parameters; emit_tokens: tokens per response; first_emit_tokens: also
     respond when exactly this many tokens exist (0: off); priority: scheduling class (0
     realtime); timeout_s: the engine ends the sequence this long after submission, None for
-    never; stream_id: the caller's handle for a later cancel; mode: code or text.
+    never; stream_id: the caller's handle for a later cancel; mode: code or text;
+    prompt_codes: (P, 4) int32 audio-prompt codes after the text prompt, None for none.
     """
 
     input_ids: np.ndarray
@@ -274,6 +379,7 @@ class EngineRequest:
     timeout_s: float | None = None
     stream_id: str = ""
     mode: SequenceMode = SequenceMode.CODE
+    prompt_codes: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
@@ -313,9 +419,10 @@ def parse_engine(inputs: Inputs, hidden_size: int, max_new_tokens_cap: int) -> E
     spk = inputs.get(contract.EN_SPK_EMB.name)
     if spk is not None and (spk.dtype != np.float32 or spk.shape != (hidden_size,) or not np.isfinite(spk).all()):
         raise RequestError(f"spk_emb must be a finite FP32 tensor of shape [{hidden_size}]")
+    prompt_codes = codes_input(inputs, contract.EN_PROMPT_CODES.name)
     if mode == SequenceMode.TEXT:
-        if spk is not None:
-            raise RequestError("a text-mode (refine) sequence takes no spk_emb")
+        if spk is not None or prompt_codes is not None:
+            raise RequestError("a text-mode (refine) sequence takes no spk_emb and no prompt_codes")
         params = refine_input(inputs, max_new_tokens_cap).sampling_params()
     else:
         params = sampling_input(inputs, max_new_tokens_cap)
@@ -325,4 +432,5 @@ def parse_engine(inputs: Inputs, hidden_size: int, max_new_tokens_cap: int) -> E
                          emit_tokens=int_input(inputs, contract.EN_EMIT_TOKENS.name, 1, 1, MAX_EMIT_TOKENS),
                          first_emit_tokens=int_input(inputs, contract.EN_FIRST_EMIT.name, 0, 0, MAX_EMIT_TOKENS),
                          priority=int_input(inputs, contract.EN_PRIORITY.name, 0, 0, priority_high),
-                         timeout_s=timeout_ms / 1000 or None, stream_id=stream_id, mode=mode)
+                         timeout_s=timeout_ms / 1000 or None, stream_id=stream_id, mode=mode,
+                         prompt_codes=prompt_codes)

@@ -12,6 +12,8 @@ import threading
 import time
 from typing import Any
 
+from .. import contract
+
 BATCH_BUCKETS = [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0]
 
 
@@ -57,7 +59,7 @@ class EngineMetrics:
             self.memory.maybe_update()
 
 
-LATENCY_BUCKETS_S = [0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 20.0, 60.0]
+LATENCY_BUCKETS_S = list(contract.LATENCY_BUCKETS_S)
 
 
 class MemoryGauges:

@@ -30,18 +30,22 @@ from typing import Any, ClassVar
 import numpy as np
 
 from .. import contract
+from ..audio.encoder import DvaeEncoderRunner
 from ..audio.vocoder import VocoderRunner
 from ..engine.gpt import Embeddings, GptStepRunner
 from ..engine.scheduler import Engine, Sequence
 from ..errors import ErrorKind, RequestError
+from ..runtime import OrtOptions
 from ..serving.entry import EntryService
+from ..serving.frontend import FrontendService
 from ..serving.logs import log_event
 from ..serving.pipeline import SynthesisJob
-from ..serving.request import EngineControl, parse_engine, parse_frontend
-from ..text.frontend import FrontEnd, FrontendError
+from ..serving.request import EngineControl, FrontendCall, parse_engine, parse_frontend
+from ..text.frontend import FrontEnd
+from .cancels import CancelListener, cancel_address
 from .metrics import EngineMetrics, EntryMetrics, MemoryGauges
 from .responses import EngineSink, SenderChannel, send_engine_error, send_final_error
-from .setup import ModelSetup
+from .setup import ModelSetup, lower_priority
 from .stages import BlsStages
 from .tensors import request_inputs, string_tensor, triton_error
 
@@ -126,29 +130,36 @@ class DecoupledModel(TritonModel):
 
 # --- stage models ----------------------------------------------------------------------------
 class FrontendModel(UnaryModel):
-    """chattts_frontend: text (BYTES [1]) + voice, refine_prompt (BYTES [1]) and refined_ids
-    (INT32 [N]), all optional -> input_ids (INT32 [T]), spk_emb (FP32 [H], L2-normalised),
-    normalized_text (BYTES [1]), dropped (BYTES [1], JSON list of what is not spoken),
-    refine_ids (INT32 [T'], the refine-text prompt)."""
+    """chattts_frontend: text (BYTES [1]) + voice, refine_prompt, reference_text (BYTES [1]),
+    refined_ids (INT32 [N]), reference_audio (FP32 [N]) at reference_sample_rate_hz (INT32 [1]),
+    no_speaker, keep_unspeakable, transient_reference (BOOL [1]), all optional -> input_ids
+    (INT32 [T]), spk_emb (FP32 [H], L2-normalised; [0] without a speaker), normalized_text
+    (BYTES [1]), dropped (BYTES [1], JSON list of what is not spoken), refine_ids (INT32 [T'],
+    the refine-text prompt), prompt_codes (INT32 [P, 4], the audio prompt; [0, 4] for none).
+    The DVAE encoder runs here (:class:`~chattts_serving.serving.frontend.FrontendService`)."""
 
     def start(self, setup: ModelSetup) -> None:
-        fp = setup.profile.frontend
-        self.frontend = FrontEnd(setup.artifacts, fp.max_text_chars, fp.default_voice_seed, wetext=fp.wetext)
-        self.frontend.prepare(WARM_UP_TEXT, "")
+        fp, ref = setup.profile.frontend, setup.profile.reference
+        encoder = DvaeEncoderRunner(setup.artifacts, OrtOptions(intra_op_threads=ref.encoder_intra_op_threads))
+        encoder.run(np.zeros(contract.SAMPLE_RATE_HZ, np.float32))  # first-run allocations before serving
+        self.service = FrontendService(
+            FrontEnd(setup.artifacts, fp.max_text_chars, fp.default_voice_seed, wetext=fp.wetext), encoder.run,
+            ref.limits(), ref.prompt_cache_entries)
+        self.service.prepare(FrontendCall(text=WARM_UP_TEXT))
 
     def respond(self, request: Any) -> list[Any]:
         pb = self.pb
-        call = parse_frontend(request_inputs(pb, request, contract.FRONTEND_INPUTS), request.request_id())
-        try:
-            p = self.frontend.prepare(call.text, call.voice, call.refine_prompt, call.refined_ids)
-        except FrontendError as exc:
-            raise RequestError(str(exc)) from None
+        p = self.service.prepare(parse_frontend(request_inputs(pb, request, contract.FRONTEND_INPUTS),
+                                                request.request_id()))
+        none = np.zeros((0, contract.NUM_VQ), np.int32)
         return [pb.Tensor(contract.FE_INPUT_IDS.name, p.input_ids),
-                pb.Tensor(contract.FE_SPK_EMB.name, p.spk_emb.astype(np.float32)),
-                string_tensor(pb, contract.FE_NORMALIZED.name, p.normalized),
+                pb.Tensor(contract.FE_SPK_EMB.name,
+                          p.spk_emb.astype(np.float32) if p.spk_emb is not None else np.zeros(0, np.float32)),
+                string_tensor(pb, contract.FE_NORMALIZED.name, p.normalized_text),
                 string_tensor(pb, contract.FE_DROPPED.name, json.dumps(list(p.dropped), ensure_ascii=False)),
                 pb.Tensor(contract.FE_REFINE_IDS.name,
-                          p.refine_ids if p.refine_ids is not None else np.zeros(0, np.int32))]
+                          p.refine_ids if p.refine_ids is not None else np.zeros(0, np.int32)),
+                pb.Tensor(contract.FE_PROMPT_CODES.name, p.prompt_codes if p.prompt_codes is not None else none)]
 
 
 class EngineModel(DecoupledModel):
@@ -170,6 +181,14 @@ class EngineModel(DecoupledModel):
             log.warning("%s: the artifacts have no text head (exported before exporter version 3): "
                         "refine_text requests will fail until `make export` runs again", setup.artifacts.root)
         self.engine.start()
+        if ep.nice:
+            log.info("%s: niceness %d on %d threads (profile [engine] nice)", setup.name, ep.nice,
+                     lower_priority(ep.nice))
+        self.cancels: CancelListener | None = None
+        try:
+            self.cancels = CancelListener(cancel_address(setup.name), self.engine.cancel).start()
+        except OSError as exc:  # the entry models fall back to control requests
+            log.warning("%s: no cancel socket (%s): cancels arrive as control requests only", setup.name, exc)
 
     def accept(self, request: Any, sender: Any) -> None:
         req = parse_engine(request_inputs(self.pb, request, contract.ENGINE_INPUTS), self.hidden_size,
@@ -179,12 +198,14 @@ class EngineModel(DecoupledModel):
             sender.send(flags=self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
             return
         deadline = time.monotonic() + req.timeout_s if req.timeout_s else None
-        sink = EngineSink(self.pb, sender, self.name, request.request_id(), req.input_ids.size)
+        prompt_tokens = req.input_ids.size + (len(req.prompt_codes) if req.prompt_codes is not None else 0)
+        sink = EngineSink(self.pb, sender, self.name, request.request_id(), prompt_tokens)
         try:
             self.engine.submit(Sequence(req.input_ids, req.spk_emb, req.params, sink, mode=req.mode,
                                         acknowledge=True, emit_tokens=req.emit_tokens,
                                         first_emit_tokens=req.first_emit_tokens, priority=req.priority,
-                                        deadline_s=deadline, request_id=req.stream_id or request.request_id()))
+                                        deadline_s=deadline, request_id=req.stream_id or request.request_id(),
+                                        prompt_codes=req.prompt_codes))
         except ValueError as exc:
             raise RequestError(str(exc)) from None
 
@@ -192,6 +213,8 @@ class EngineModel(DecoupledModel):
         send_engine_error(self.pb, sender, exc)
 
     def finalize(self) -> None:
+        if self.cancels is not None:
+            self.cancels.close()
         self.engine.stop()
 
 

@@ -107,6 +107,8 @@ class EngineSink:
         if stop_reason == StopReason.CANCELLED and self.sender.is_cancelled():
             self.closed = True  # the client is gone: nobody to tell
             return
+        # The final flag travels alone, after the last batch: a BLS caller's iterator releases a
+        # final response's shared memory when it finishes, so a last batch must not be final.
         self.sender.send(self.pb.InferenceResponse(output_tensors=engine_outputs(self.pb, codes, hidden,
                                                                                  stop_reason or "")))
         if stop_reason is not None:

@@ -21,6 +21,7 @@ from ..contract import StopReason, VocoderPath
 from ..errors import decode_stop
 from ..serving.pipeline import FrontendCall, FrontendOutput, GenerateCall, TokenBatch
 from ..serving.resilience import BreakerCall, CircuitBreaker, enter, settle
+from .cancels import cancel_address, send_cancel
 from .tensors import error_from_triton, first_string, string_tensor
 
 STAGES = ("frontend", "engine", "vocoder")
@@ -30,11 +31,14 @@ STAGES = ("frontend", "engine", "vocoder")
 class BlsStages:
     """:class:`~chattts_serving.serving.pipeline.Stages` over BLS calls to the other models
     (``pb``: the ``triton_python_backend_utils`` module). ``failure_threshold`` consecutive
-    INTERNAL failures of a stage open its breaker for ``cooldown_s`` seconds."""
+    INTERNAL failures of a stage open its breaker for ``cooldown_s`` seconds. Engine streams
+    are cancelled over the engine's cancel socket (:mod:`~chattts_serving.triton.cancels`),
+    whose address is this server's."""
 
     def __init__(self, pb: Any, failure_threshold: int = 5, cooldown_s: float = 10.0) -> None:
         self.pb = pb
         self.breakers = {stage: CircuitBreaker(stage, failure_threshold, cooldown_s) for stage in STAGES}
+        self.cancel_address = cancel_address(contract.MODEL_ENGINE)
 
     def _unary(self, stage: str, request: Any) -> Any:
         """Run one BLS call through ``stage``'s breaker: the response, or RequestError (the
@@ -60,6 +64,17 @@ class BlsStages:
             inputs.append(string_tensor(pb, contract.IN_REFINE_PROMPT.name, call.refine_prompt))
         if call.refined_ids is not None:
             inputs.append(pb.Tensor(contract.FE_REFINED_IDS.name, np.ascontiguousarray(call.refined_ids, np.int32)))
+        if call.reference_text is not None:
+            inputs.append(string_tensor(pb, contract.IN_REFERENCE_TEXT.name, call.reference_text))
+        if call.reference_audio is not None:
+            inputs += [pb.Tensor(contract.IN_REFERENCE_AUDIO.name, np.ascontiguousarray(call.reference_audio,
+                                                                                        np.float32)),
+                       pb.Tensor(contract.IN_REFERENCE_RATE.name, np.array([call.reference_rate_hz], np.int32))]
+        for spec, on in ((contract.FE_TRANSIENT_REFERENCE, call.transient_reference),
+                         (contract.FE_NO_SPEAKER, call.no_speaker),
+                         (contract.FE_KEEP_UNSPEAKABLE, call.keep_unspeakable)):
+            if on:
+                inputs.append(pb.Tensor(spec.name, np.array([True])))
         resp = self._unary("frontend", pb.InferenceRequest(
             model_name=contract.MODEL_FRONTEND, request_id=call.request_id, inputs=inputs,
             requested_output_names=[t.name for t in contract.FRONTEND_OUTPUTS]))
@@ -67,13 +82,14 @@ class BlsStages:
         def out(spec: contract.TensorSpec) -> np.ndarray:
             return pb.get_output_tensor_by_name(resp, spec.name).as_numpy()
 
-        return FrontendOutput(input_ids=out(contract.FE_INPUT_IDS), spk_emb=out(contract.FE_SPK_EMB),
+        spk, codes, refine = out(contract.FE_SPK_EMB), out(contract.FE_PROMPT_CODES), out(contract.FE_REFINE_IDS)
+        return FrontendOutput(input_ids=out(contract.FE_INPUT_IDS), spk_emb=spk if spk.size else None,
                               normalized_text=first_string(out(contract.FE_NORMALIZED)),
                               dropped=tuple(json.loads(first_string(out(contract.FE_DROPPED)) or "[]")),
-                              refine_ids=out(contract.FE_REFINE_IDS))
+                              refine_ids=refine if refine.size else None, prompt_codes=codes if codes.size else None)
 
     def generate(self, call: GenerateCall) -> EngineStream:
-        return EngineStream(self.pb, call, enter(self.breakers["engine"]))
+        return EngineStream(self.pb, call, enter(self.breakers["engine"]), self.cancel_address)
 
     def vocode(self, path: VocoderPath, window: np.ndarray, request_id: str = "") -> np.ndarray:
         pb = self.pb
@@ -97,6 +113,8 @@ def engine_inputs(pb: Any, call: GenerateCall, stream_id: str) -> list[Any]:
         inputs.append(pb.Tensor(contract.EN_SPK_EMB.name, call.spk_emb.astype(np.float32)))
     if call.timeout_s is not None:
         inputs.append(pb.Tensor(contract.EN_TIMEOUT_MS.name, np.array([int(call.timeout_s * 1000) + 1], np.int64)))
+    if call.prompt_codes is not None:
+        inputs.append(pb.Tensor(contract.EN_PROMPT_CODES.name, np.ascontiguousarray(call.prompt_codes, np.int32)))
     for spec in contract.SAMPLING_PARAMS:
         inputs.append(pb.Tensor(spec.name, np.array([getattr(call.params, spec.name)], dtype=spec.tensor().np_dtype)))
     return inputs
@@ -105,13 +123,15 @@ def engine_inputs(pb: Any, call: GenerateCall, stream_id: str) -> list[Any]:
 class EngineStream:
     """One sequence on the GPT engine over a decoupled BLS call: iterate for
     :class:`~chattts_serving.serving.pipeline.TokenBatch` es; :meth:`cancel` ends it early
-    (Triton 2.51's BLS cannot cancel a request it sent, so a control request names the
-    sequence by its ``stream_id``). ``call`` (the engine breaker's) is settled exactly once:
+    (Triton 2.51's BLS cannot cancel a request it sent: a datagram to the engine's cancel
+    socket at ``cancel_address`` names the sequence by its ``stream_id``, or, when nothing
+    listens there, a control request to the engine model does). ``call`` (the engine breaker's) is settled exactly once:
     success at the last batch, failure on an INTERNAL error, release otherwise."""
 
-    def __init__(self, pb: Any, call: GenerateCall, breaker_call: BreakerCall) -> None:
+    def __init__(self, pb: Any, call: GenerateCall, breaker_call: BreakerCall, cancel_address: str = "") -> None:
         self.pb = pb
         self.breaker_call = breaker_call
+        self.cancel_address = cancel_address
         self.stream_id = uuid.uuid4().hex
         try:
             req = pb.InferenceRequest(model_name=contract.MODEL_ENGINE, inputs=engine_inputs(pb, call, self.stream_id),
@@ -160,7 +180,11 @@ class EngineStream:
 
     def request_cancel(self) -> None:
         """Ask the engine to end the sequence (any thread); iteration then ends with a
-        CANCELLED batch."""
+        CANCELLED batch. Over the cancel socket when the engine listens there (never blocks),
+        else with a control request to the engine model (a BLS round trip; see
+        :mod:`~chattts_serving.triton.cancels` for why that is only the fallback)."""
+        if self.cancel_address and send_cancel(self.cancel_address, self.stream_id):
+            return
         pb = self.pb
         req = pb.InferenceRequest(model_name=contract.MODEL_ENGINE,
                                   inputs=[string_tensor(pb, contract.EN_STREAM_ID.name, self.stream_id),
