@@ -42,9 +42,10 @@ K8S_VERSION = "1.31.0"
 # The Triton image the server is built on: tritonserver 2.51, as bundled for the CPU tests.
 TRITON_IMAGE = "nvcr.io/nvidia/tritonserver:24.10-py3"
 
-# The server command line: the image's CMD and the Kubernetes container's args.
+# The server command line: the image's CMD and the Kubernetes container's args
+# (chattts-tritonserver: tritonserver with the admin APIs behind the token header).
 SERVER_COMMAND = [
-    "tritonserver",
+    "chattts-tritonserver",
     "--model-repository=/opt/model_repository",
     "--http-port=8000",
     "--grpc-port=8001",
@@ -87,8 +88,19 @@ TRITON_METRICS = {
     "nv_gpu_memory_used_bytes",
     "nv_gpu_memory_total_bytes",
 }
+
+
+def _gateway_series() -> frozenset[str]:
+    """Series names of the gateway's metric families, read from its registry (so that a
+    dashboard query naming a gateway metric that does not exist fails)."""
+    metrics = pytest.importorskip("chattts_serving.gateway.metrics", reason="pip install -e '.[gateway]'")
+    return frozenset(sample.name for family in metrics.GatewayMetrics().registry.collect()
+                     for sample in family.samples)
+
+
+GATEWAY_SERIES = _gateway_series()
 KNOWN_METRICS = frozenset(
-    COUNTERS | GAUGES | TRITON_METRICS
+    COUNTERS | GAUGES | TRITON_METRICS | GATEWAY_SERIES
     | {f"{h}{suffix}" for h in HISTOGRAMS for suffix in ("_bucket", "_sum", "_count")}
 )
 
@@ -282,7 +294,11 @@ def test_dockerfile_builds_the_server_on_pinned_triton_as_a_non_root_user() -> N
     user = serve.get("USER", "")
     assert user.isdigit() and int(user) != 0, f"serve must run as a numeric non-root USER, not {user!r}"
     assert json.loads(serve["CMD"]) == SERVER_COMMAND
-    assert set(serve["EXPOSE"].split()) == {"8000", "8001", "8002"}
+    # the command is this package's admin-restricting launcher, installed by the editable install
+    tomllib = pytest.importorskip("tomllib", reason="Python 3.11+ reads pyproject.toml")
+    scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
+    assert scripts[SERVER_COMMAND[0]] == "chattts_serving.deploy.admin:main"
+    assert set(serve["EXPOSE"].split()) == {"8000", "8001", "8002", "8080"}
     # The deep probe (Triton 2.51 stays ready when a model's process dies), exec form.
     healthcheck = serve["HEALTHCHECK"]
     assert json.loads(healthcheck[healthcheck.index("CMD") + 3:].strip()) == PROBE_COMMAND
@@ -358,7 +374,7 @@ def test_compose_config_with_the_docker_cli() -> None:
 def test_compose_stack_serves_triton_on_one_gpu_with_monitoring() -> None:
     compose = _compose()
     services = compose["services"]
-    assert set(services) == {"export", "triton", "prometheus", "grafana"}
+    assert set(services) == {"export", "triton", "gateway", "prometheus", "grafana"}
 
     triton = services["triton"]
     build = triton["build"]
@@ -368,6 +384,7 @@ def test_compose_stack_serves_triton_on_one_gpu_with_monitoring() -> None:
     devices = triton["deploy"]["resources"]["reservations"]["devices"]
     assert devices == [{"driver": "nvidia", "count": 1, "capabilities": ["gpu"]}]
     assert triton["healthcheck"]["test"] == ["CMD", *PROBE_COMMAND]
+    assert triton["environment"] == {"CHATTTS_ADMIN_TOKEN": "${CHATTTS_ADMIN_TOKEN:-}"}
     assert _duration_s(triton["healthcheck"]["timeout"]) > PROBE_TIMEOUT_S
     assert "artifacts:/models:ro" in triton["volumes"], "the server mounts the artifacts read-only"
 
@@ -411,6 +428,31 @@ def test_compose_mounts_match_the_prometheus_and_grafana_files() -> None:
     assert datasource["url"] == "http://prometheus:9090"
 
 
+GATEWAY_MODULE = ["python3", "-m", "chattts_serving.gateway"]
+
+
+def _gateway_argv(argv: list[str]) -> Any:
+    """The gateway's own parser applied to a container's command (after the module name)."""
+    main = pytest.importorskip("chattts_serving.gateway.__main__", reason="pip install -e '.[gateway]'")
+    assert argv[:3] == GATEWAY_MODULE, argv
+    return main.parse_args(argv[3:])
+
+
+def test_compose_runs_the_gateway_from_the_server_image_in_front_of_triton() -> None:
+    services = _compose()["services"]
+    gateway, triton = services["gateway"], services["triton"]
+    assert gateway["image"] == triton["image"] and gateway["build"] == triton["build"]
+    args = _gateway_argv(gateway["command"])
+    assert (args.host, args.port) == ("0.0.0.0", 8080)
+    assert {p.split(":")[-1] for p in gateway["ports"]} == {"8080"}
+    grpc_port = next(p.split(":")[-1] for p in triton["ports"] if p.endswith("8001"))
+    assert gateway["environment"]["CHATTTS_TRITON_URL"] == f"triton:{grpc_port}"
+    assert "deploy" not in gateway, "the gateway needs no GPU"
+    assert "8080/health" in " ".join(gateway["healthcheck"]["test"])
+    scrape = {job["job_name"]: job for job in _load_yaml(PROMETHEUS / "prometheus.yml")["scrape_configs"]}
+    assert scrape["gateway"]["static_configs"][0]["targets"] == ["gateway:8080"]
+
+
 # ----------------------------------------------------------------------------- Kubernetes
 
 def _k8s_ids() -> list[str]:
@@ -450,6 +492,10 @@ def test_deployment_requests_one_gpu_and_probes_triton_health() -> None:
     spec = _pod_spec(deployment)
     (triton,) = spec["containers"]
     assert triton["args"] == SERVER_COMMAND
+    # the admin token from an optional Secret (without it, the container generates one)
+    (token,) = triton["env"]
+    assert token["name"] == "CHATTTS_ADMIN_TOKEN"
+    assert token["valueFrom"]["secretKeyRef"] == {"name": "chattts-admin", "key": "token", "optional": True}
     assert triton["resources"]["limits"]["nvidia.com/gpu"] == 1
     ports = {p["name"]: p["containerPort"] for p in triton["ports"]}
     assert ports == {"http": 8000, "grpc": 8001, "metrics": 8002}
@@ -488,6 +534,43 @@ def test_service_selects_the_server_pods_and_is_scraped() -> None:
     annotations = service["metadata"]["annotations"]
     assert annotations["prometheus.io/scrape"] == "true"
     assert annotations["prometheus.io/port"] == "8002"
+
+
+def test_gateway_deployment_probes_its_health_and_reaches_triton_by_the_service() -> None:
+    deployment = _k8s_object("Deployment", "chattts-gateway")
+    spec = _pod_spec(deployment)
+    (gateway,) = spec["containers"]
+    assert gateway["image"].split(":")[0] == "chattts-serving"
+    args = _gateway_argv(gateway["args"])
+    ports = {p["name"]: p["containerPort"] for p in gateway["ports"]}
+    assert ports == {"http": args.port} and args.host == "0.0.0.0"
+    assert "resources" in gateway and "nvidia.com/gpu" not in gateway["resources"].get("limits", {})
+    # readiness: Triton ready through the gateway; liveness: the process only (a Triton outage
+    # must not restart every gateway)
+    for probe, path in (("readinessProbe", "/health"), ("livenessProbe", "/health/live")):
+        get = gateway[probe]["httpGet"]
+        assert get["path"] == path and ports.get(get["port"], get["port"]) == args.port
+    # Triton by its headless Service: one address per pod, which the gateway's channel uses
+    # round robin (a ClusterIP would pin each gateway to one Triton replica)
+    env = {e["name"]: e for e in gateway["env"]}
+    headless = _k8s_object("Service", "chattts-triton-headless")
+    assert headless["spec"]["clusterIP"] == "None"
+    assert headless["spec"]["selector"].items() <= \
+        _k8s_object("Deployment", "chattts-triton")["spec"]["template"]["metadata"]["labels"].items()
+    (grpc,) = headless["spec"]["ports"]
+    assert grpc["targetPort"] == "grpc"
+    assert env["CHATTTS_TRITON_URL"]["value"] == f"dns:///{headless['metadata']['name']}:{grpc['port']}"
+    assert env["CHATTTS_API_KEY"]["valueFrom"]["secretKeyRef"]["optional"] is True
+    assert spec["securityContext"]["runAsNonRoot"] is True
+
+    service = _k8s_object("Service", "chattts-gateway")
+    pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= pod_labels.items()
+    by_name = {p["name"]: p for p in service["spec"]["ports"]}
+    assert by_name["http"]["targetPort"] == "http" and by_name["http"]["port"] == args.port
+    # scraped by prometheus-config.yaml's job, which keeps endpoint ports named `metrics`
+    assert by_name["metrics"]["targetPort"] == "http"
+    assert service["metadata"]["annotations"]["prometheus.io/scrape"] == "true"
 
 
 def _adapter_rules() -> list[dict[str, Any]]:

@@ -1,5 +1,7 @@
-"""The OpenAI-compatible gateway: speed mapping and error mapping (no server), then the
-official ``openai`` client against the gateway in front of a real tritonserver."""
+"""The OpenAI-compatible gateway: speed mapping, error mapping and settings (no server), then
+the real gateway (uvicorn) in front of a real tritonserver: the official ``openai`` client,
+raw HTTP for every client mistake, voices, CORS, metrics, overload (503 with Retry-After) and
+streams that end by inactivity rather than by a wall clock."""
 
 from __future__ import annotations
 
@@ -9,29 +11,39 @@ import json
 import os
 import subprocess
 import sys
-import threading
 import time
 import urllib.error
 import urllib.request
 import wave
 from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
 
+import httpx2 as httpx
 import numpy as np
 import pytest
-from conftest import ROOT, Server, free_port
+from conftest import ROOT, Server, free_port, running_gateway, serve_profile
 from fastapi.testclient import TestClient
 
 from chattts_serving import contract
 from chattts_serving.audio.formats import to_pcm16
 from chattts_serving.client import ClientError, SynthesisRequest, iter_chunks
+from chattts_serving.errors import ErrorKind
 from chattts_serving.gateway import GatewaySettings, create_app, speed_to_token
+from chattts_serving.gateway.__main__ import parse_args, settings_from_args
 from chattts_serving.gateway.errors import from_client_error
+from chattts_serving.runtime import Artifacts
+from chattts_serving.text.voices import OPENAI_VOICES, VoiceBook
 
 API_KEY = "test-key-123"
 TOKENS = 40
 """max_new_tokens of the test requests: 40 tokens = 0.85 s of audio, a few chunks."""
 EXTRA = {"max_new_tokens": TOKENS, "min_new_tokens": TOKENS, "seed": 7}
 TEXT = "你好，欢迎使用ChatTTS, the weather is 25°C today."
+ORIGIN = "https://app.example"
+"""The browser origin the test gateway allows (CORS)."""
+RETRY_AFTER_S = 3
 
 
 # --- no server ----------------------------------------------------------------------------
@@ -52,109 +64,130 @@ def test_speed_mapping_is_monotonic_and_bounded() -> None:
             speed_to_token(bad)
 
 
+INV, BUSY, UNAV, DEAD = ErrorKind.INVALID, ErrorKind.BUSY, ErrorKind.UNAVAILABLE, ErrorKind.DEADLINE
 ERRORS = [
-    (ClientError("cannot connect", "StatusCode.UNAVAILABLE", connection=True), 503, "backend_unavailable"),
-    (ClientError("[invalid] text is empty"), 400, "invalid_value"),
-    (ClientError("[invalid] unknown voice 'x': not a seed"), 400, "invalid_value"),
-    (ClientError("[busy] server busy: 8 streams already live"), 503, "server_busy"),
-    (ClientError("Exceeds maximum queue size", "StatusCode.UNAVAILABLE"), 503, "server_busy"),
-    (ClientError("Request timeout expired", 503), 503, "server_busy"),
-    (ClientError("[deadline] deadline exceeded: the request did not finish within timeout_s=1"), 503, "server_busy"),
-    (ClientError("[cancelled] cancelled by the client"), 499, "cancelled"),
-    (ClientError("[internal] internal error: RuntimeError"), 500, "internal_error"),
-    (ClientError("Stub process 'chattts_gpt_0_0' is not healthy."), 500, "internal_error"),
-    (ClientError("[internal] vocoder failed"), 500, "internal_error"),
-    (ClientError("[unavailable] server unavailable: engine is failing"), 503, "server_busy"),
-    (ClientError("[invalid] top_p=3 is out of range"), 400, "invalid_value"),
-    (ClientError("no response within 5 s", "timeout"), 503, "server_busy"),
-    (ClientError("bad", "StatusCode.INVALID_ARGUMENT"), 400, "invalid_value"),
-    (ClientError("boom", "StatusCode.INTERNAL"), 500, "internal_error"),
+    (ClientError("cannot connect", "StatusCode.UNAVAILABLE", connection=True), 503, "backend_unavailable", UNAV),
+    (ClientError("[invalid] text is empty"), 400, "invalid_value", INV),
+    (ClientError("[invalid] unknown voice 'x': not a seed"), 400, "invalid_value", INV),
+    (ClientError("[busy] server busy: 8 streams already live"), 503, "server_busy", BUSY),
+    (ClientError("Exceeds maximum queue size", "StatusCode.UNAVAILABLE"), 503, "server_busy", BUSY),
+    (ClientError("Request timeout expired", 503), 503, "server_busy", BUSY),
+    (ClientError("[deadline] deadline exceeded: the request did not finish within timeout_s=1"), 503, "server_busy",
+     DEAD),
+    (ClientError("[cancelled] cancelled by the client"), 499, "cancelled", ErrorKind.CANCELLED),
+    (ClientError("[internal] internal error: RuntimeError"), 500, "internal_error", ErrorKind.INTERNAL),
+    (ClientError("Stub process 'chattts_gpt_0_0' is not healthy."), 500, "internal_error", ErrorKind.INTERNAL),
+    (ClientError("[internal] vocoder failed"), 500, "internal_error", ErrorKind.INTERNAL),
+    (ClientError("[unavailable] server unavailable: engine is failing"), 503, "server_busy", UNAV),
+    (ClientError("[invalid] top_p=3 is out of range"), 400, "invalid_value", INV),
+    (ClientError("no response within 5 s", "timeout"), 503, "server_busy", DEAD),
+    (ClientError("bad", "StatusCode.INVALID_ARGUMENT"), 400, "invalid_value", INV),
+    (ClientError("boom", "StatusCode.INTERNAL"), 500, "internal_error", ErrorKind.INTERNAL),
 ]
 
 
-@pytest.mark.parametrize("error, status, code", ERRORS, ids=[e[0].message[:24] for e in ERRORS])
-def test_triton_errors_map_to_openai_errors(error: ClientError, status: int, code: str) -> None:
+@pytest.mark.parametrize("error, status, code, kind", ERRORS, ids=[e[0].message[:24] for e in ERRORS])
+def test_triton_errors_map_to_openai_errors(error: ClientError, status: int, code: str, kind: ErrorKind) -> None:
     api = from_client_error(error, "127.0.0.1:1")
-    assert (api.status, api.code) == (status, code)
+    assert (api.status, api.code, api.kind) == (status, code, kind)
     body = api.body()["error"]
     assert set(body) == {"message", "type", "param", "code"} and not body["message"].startswith("[")
 
 
 @pytest.fixture
 def offline_client() -> Iterator[TestClient]:
-    """The app pointed at a port where nothing listens, with an API key."""
-    app = create_app(GatewaySettings(triton_url=f"127.0.0.1:{free_port()}", api_key=API_KEY, health_timeout_s=0.5))
+    """The app pointed at a port where nothing listens, with an API key and default settings
+    otherwise (CORS off)."""
+    app = create_app(GatewaySettings(triton_url=f"127.0.0.1:{free_port()}", api_key=API_KEY, health_timeout_s=0.5,
+                                     retry_after_s=RETRY_AFTER_S))
     with TestClient(app) as client:
         yield client
 
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
-BAD_REQUESTS = [
-    ("no key", {}, {"model": "tts-1", "input": "hi", "voice": "alloy"}, 401, "invalid_api_key"),
-    ("wrong key", {"Authorization": "Bearer nope"}, {"model": "tts-1", "input": "hi", "voice": "alloy"}, 401,
-     "invalid_api_key"),
-    ("unknown model", AUTH, {"model": "whisper-1", "input": "hi", "voice": "alloy"}, 404, "model_not_found"),
-    ("input too long", AUTH, {"model": "tts-1", "input": "好" * 4097, "voice": "alloy"}, 400,
-     "string_above_max_length"),
-    ("empty input", AUTH, {"model": "tts-1", "input": "  ", "voice": "alloy"}, 400, "invalid_value"),
-    ("bad format", AUTH, {"model": "tts-1", "input": "hi", "voice": "alloy", "response_format": "ogg"}, 400,
-     "invalid_value"),
-    ("speed too high", AUTH, {"model": "tts-1", "input": "hi", "voice": "alloy", "speed": 5}, 400, "invalid_value"),
-    ("missing voice", AUTH, {"model": "tts-1", "input": "hi"}, 400, "invalid_value"),
-    ("instructions", AUTH, {"model": "tts-1", "input": "hi", "voice": "alloy", "instructions": "whisper"}, 400,
-     "unsupported_parameter"),
-    ("triton unreachable", AUTH, {"model": "tts-1", "input": "hi", "voice": "alloy"}, 503, "backend_unavailable"),
-]
 
 
-@pytest.mark.parametrize("case, headers, body, status, code", BAD_REQUESTS, ids=[c[0] for c in BAD_REQUESTS])
-def test_refusals_are_openai_style_json(offline_client: TestClient, case: str, headers: dict, body: dict,
-                                        status: int, code: str) -> None:
-    r = offline_client.post("/v1/audio/speech", json=body, headers=headers)
-    assert r.status_code == status, r.text
-    err = r.json()["error"]
-    assert err["code"] == code and err["message"] and "Traceback" not in err["message"]
-    assert err["type"] in ("invalid_request_error", "authentication_error", "server_error")
+def test_without_triton_speech_is_503_with_retry_after_and_auth_is_still_checked(offline_client: TestClient) -> None:
+    body = {"model": "tts-1", "input": "hi", "voice": "alloy"}
+    r = offline_client.post("/v1/audio/speech", json=body, headers=AUTH)
+    assert r.status_code == 503 and r.headers["retry-after"] == str(RETRY_AFTER_S)
+    assert r.json()["error"]["code"] == "backend_unavailable"
+    for headers in ({}, {"Authorization": "Bearer nope"}):
+        r = offline_client.post("/v1/audio/speech", json=body, headers=headers)
+        assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+        assert r.headers["www-authenticate"] == "Bearer"
 
 
-def test_models_and_health_without_triton(offline_client: TestClient) -> None:
+def test_models_health_and_metrics_without_triton(offline_client: TestClient) -> None:
     assert offline_client.get("/v1/models").status_code == 401
     models = offline_client.get("/v1/models", headers=AUTH).json()
     assert models["object"] == "list" and "tts-1" in [m["id"] for m in models["data"]]
     assert offline_client.get("/v1/models/chattts", headers=AUTH).json()["id"] == "chattts"
     health = offline_client.get("/health")  # no key needed
     assert health.status_code == 503 and health.json()["triton"] == "not ready"
+    assert offline_client.get("/health/live").status_code == 200  # liveness does not depend on Triton
+    assert "tts_gateway_streams_in_flight 0.0" in offline_client.get("/metrics").text  # no key needed
 
 
-def test_settings_from_environment() -> None:
-    s = GatewaySettings.from_env({"CHATTTS_API_KEY": " k ", "CHATTTS_TRITON_URL": "h:1"}, max_streams=3)
-    assert (s.api_key, s.triton_url, s.max_streams) == ("k", "h:1", 3)
-    assert GatewaySettings.from_env({}).api_key is None
-    with pytest.raises(ValueError):
-        GatewaySettings(max_input_chars=0)
+def test_cors_is_off_by_default(offline_client: TestClient) -> None:
+    r = offline_client.options("/v1/audio/speech", headers={"Origin": ORIGIN, "Access-Control-Request-Method": "POST"})
+    assert r.status_code == 405 and "access-control-allow-origin" not in r.headers
+
+
+def test_settings_from_environment_and_flags() -> None:
+    env = {"CHATTTS_API_KEY": " k ", "CHATTTS_TRITON_URL": "h:1", "CHATTTS_GATEWAY_STREAM_IDLE_TIMEOUT_S": "30",
+           "CHATTTS_GATEWAY_CORS_ORIGINS": "https://a.example/, http://localhost:3000",
+           "CHATTTS_GATEWAY_STREAM_MAX_S": "600"}
+    s = GatewaySettings.from_env(env, max_streams=3)
+    assert (s.api_key, s.triton_url, s.max_streams, s.stream_idle_timeout_s, s.stream_max_s) == ("k", "h:1", 3, 30.0,
+                                                                                                 600.0)
+    assert s.cors_origins == ("https://a.example", "http://localhost:3000")
+    default = GatewaySettings.from_env({})
+    assert default.api_key is None and default.stream_max_s is None and default.cors_origins == ()
+    assert GatewaySettings.from_env({"CHATTTS_GATEWAY_STREAM_MAX_S": "0"}).stream_max_s is None
+    with pytest.raises(ValueError, match="CHATTTS_GATEWAY_MAX_STREAMS"):
+        GatewaySettings.from_env({"CHATTTS_GATEWAY_MAX_STREAMS": "many"})
+    for bad in ({"max_input_chars": 0}, {"stream_idle_timeout_s": 0.0}, {"stream_max_s": -1.0},
+                {"max_streams": 0}, {"retry_after_s": -1}):
+        with pytest.raises(ValueError):
+            GatewaySettings(**bad)  # type: ignore[arg-type]
+
+
+def test_every_knob_is_documented_with_its_flag_and_variable() -> None:
+    from chattts_serving.gateway.settings import OPTIONS
+
+    doc = (ROOT / "docs" / "openai-gateway.md").read_text(encoding="utf-8")
+    for opt in OPTIONS:
+        assert f"| `{opt.flag}` | `{opt.env}` |" in doc, opt.flag
+
+
+def test_the_command_line_refuses_a_malformed_voices_file(tmp_path: Path) -> None:
+    bad = tmp_path / "voices.toml"
+    bad.write_text("[voices]\nnarrator = -5\n", encoding="utf-8")
+    proc = subprocess.run([sys.executable, "-m", "chattts_serving.gateway", "--voices-file", str(bad)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "narrator" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_a_flag_wins_over_its_environment_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CHATTTS_GATEWAY_STREAM_MAX_S", "600")
+    monkeypatch.setenv("CHATTTS_GATEWAY_RETRY_AFTER_S", "7")
+    s = settings_from_args(parse_args(["--stream-max-s", "0", "--stream-idle-timeout-s", "12",
+                                       "--cors-origins", "*"]))
+    assert (s.stream_max_s, s.stream_idle_timeout_s, s.retry_after_s, s.cors_origins) == (None, 12.0, 7, ("*",))
+    with pytest.raises(ValueError, match="--max-streams"):
+        settings_from_args(parse_args(["--max-streams", "x"]))
 
 
 # --- against a real tritonserver ------------------------------------------------------------
 
 @pytest.fixture(scope="module")
 def gateway_url(triton_server: Server) -> Iterator[str]:
-    """The gateway in a thread (uvicorn) in front of the test tritonserver, with an API key."""
-    import uvicorn
-
-    port = free_port()
-    settings = GatewaySettings(triton_url=triton_server.grpc_url, api_key=API_KEY, stream_timeout_s=120)
-    server = uvicorn.Server(uvicorn.Config(create_app(settings), host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, name="gateway", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "gateway did not start"
-        time.sleep(0.05)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(15)
+    """The gateway in front of the test tritonserver, with an API key and one allowed origin."""
+    settings = GatewaySettings(triton_url=triton_server.grpc_url, api_key=API_KEY, cors_origins=(ORIGIN,),
+                               retry_after_s=RETRY_AFTER_S)
+    with running_gateway(settings) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
@@ -277,22 +310,89 @@ def test_auth_and_length_errors_through_the_openai_client(gateway_url: str, clie
     assert long.value.status_code == 400 and long.value.code == "string_above_max_length"
 
 
-TRITON_REFUSALS = [
-    ("nothing speakable", {"input": "，。！"}, "nothing speakable", "input"),
-    ("unknown voice", {"voice": "nobody"}, "unknown voice", "voice"),
-    ("bad sampling parameter", {"extra_body": {"top_p": 3.0}}, "top_p", None),
-    ("control token out of range", {"input": "你好[break_9]"}, "out of range", "input"),
+SPEECH_BODY = {"model": "tts-1", "input": "你好。", "voice": "alloy", "response_format": "pcm", **EXTRA}
+DROP = object()
+"""A change that removes the field."""
+MISTAKES: list[tuple[str, bytes | dict[str, Any], int, str, str | None]] = [
+    # the body itself
+    ("malformed JSON", b'{"model": "tts-1", "input": ', 400, "invalid_json", None),
+    ("not UTF-8", b'{"model": "tts-1", "input": "\xff\xfe", "voice": "alloy"}', 400, "invalid_body", None),
+    ("not an object", b'["tts-1", "hello", "alloy"]', 400, "invalid_value", None),
+    ("empty body", b"", 400, "invalid_value", None),
+    # lone surrogates (valid JSON escapes, no valid UTF-8 text)
+    ("lone surrogate in input", b'{"model":"tts-1","input":"\\u4f60\\u597d\\ud83d","voice":"alloy"}', 400,
+     "invalid_value", "input"),
+    ("lone surrogate in voice", b'{"model":"tts-1","input":"hi","voice":"\\udc00"}', 400, "invalid_value", "voice"),
+    ("lone surrogate in voice id", b'{"model":"tts-1","input":"hi","voice":{"id":"a\\ud800"}}', 400,
+     "invalid_value", "voice"),
+    # wrong types
+    ("input a number", {"input": 123}, 400, "invalid_value", "input"),
+    ("voice a float", {"voice": 1.5}, 400, "invalid_value", "voice"),
+    ("voice a boolean", {"voice": True}, 400, "invalid_value", "voice"),
+    ("speed a string", {"speed": "fast"}, 400, "invalid_value", "speed"),
+    ("seed a string", {"seed": "3"}, 400, "invalid_value", "seed"),
+    ("top_k a boolean", {"top_k": True}, 400, "invalid_value", "top_k"),
+    ("refine_text a string", {"refine_text": "yes"}, 400, "invalid_value", "refine_text"),
+    # unknown formats
+    ("unknown response_format", {"response_format": "ogg"}, 400, "invalid_value", "response_format"),
+    ("unknown stream_format", {"stream_format": "websocket"}, 400, "invalid_value", "stream_format"),
+    # out of range
+    ("speed too low", {"speed": 0.1}, 400, "invalid_value", "speed"),
+    ("speed too high", {"speed": 5}, 400, "invalid_value", "speed"),
+    ("speed NaN", b'{"model":"tts-1","input":"hi","voice":"alloy","speed":NaN}', 400, "invalid_value", "speed"),
+    ("temperature infinite", b'{"model":"tts-1","input":"hi","voice":"alloy","temperature":Infinity}', 400,
+     "invalid_value", "temperature"),
+    ("top_k beyond int32", {"top_k": 2**40}, 400, "invalid_value", "top_k"),
+    ("top_p above 1", {"top_p": 3.0}, 400, "invalid_value", "top_p"),
+    ("negative seed", {"seed": -1}, 400, "invalid_value", "seed"),
+    ("max_new_tokens 0", {"max_new_tokens": 0}, 400, "invalid_value", "max_new_tokens"),
+    ("max_new_tokens above the profile's cap", {"max_new_tokens": 3000, "min_new_tokens": 0}, 400, "invalid_value",
+     None),
+    # missing or empty
+    ("missing model", {"model": DROP}, 400, "invalid_value", "model"),
+    ("missing voice", {"voice": DROP}, 400, "invalid_value", "voice"),
+    ("empty input", {"input": ""}, 400, "invalid_value", "input"),
+    ("blank input", {"input": "  \n "}, 400, "invalid_value", "input"),
+    ("empty voice", {"voice": " "}, 400, "invalid_value", "voice"),
+    # too long, unsupported, unknown
+    ("input too long", {"input": "好" * 4097}, 400, "string_above_max_length", "input"),
+    ("instructions", {"instructions": "whisper"}, 400, "unsupported_parameter", "instructions"),
+    ("unknown model", {"model": "whisper-1"}, 404, "model_not_found", "model"),
+    # refused by the chattts model itself
+    ("nothing speakable", {"input": "，。！"}, 400, "invalid_value", "input"),
+    ("unknown voice", {"voice": "nobody"}, 400, "invalid_value", "voice"),
+    ("control token out of range", {"input": "你好[break_9]"}, 400, "invalid_value", "input"),
+    ("unknown vocoder", {"vocoder": "magic"}, 400, "invalid_value", None),
 ]
 
 
-@pytest.mark.server
-@pytest.mark.parametrize("case, kw, fragment, param", TRITON_REFUSALS, ids=[c[0] for c in TRITON_REFUSALS])
-def test_triton_refusals_become_400(client, case: str, kw: dict, fragment: str, param: str | None) -> None:
-    import openai
+def _body(change: bytes | dict[str, Any]) -> bytes:
+    if isinstance(change, bytes):
+        return change
+    body = {k: v for k, v in {**SPEECH_BODY, **change}.items() if v is not DROP}
+    return json.dumps(body).encode()
 
-    with pytest.raises(openai.BadRequestError) as info:
-        _speech(client, "mp3", **kw)
-    assert fragment in info.value.message and info.value.param == param
+
+@pytest.mark.server
+@pytest.mark.parametrize("case, change, status, code, param", MISTAKES, ids=[m[0] for m in MISTAKES])
+def test_every_client_mistake_is_a_4xx_openai_error(gateway_url: str, case: str, change: bytes | dict[str, Any],
+                                                     status: int, code: str, param: str | None) -> None:
+    r = httpx.post(f"{gateway_url}/v1/audio/speech", content=_body(change), timeout=60,
+                   headers={**AUTH, "Content-Type": "application/json"})
+    assert r.status_code == status, r.text
+    assert r.headers["content-type"] == "application/json"
+    error = r.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert (error["type"], error["code"], error["param"]) == ("invalid_request_error", code, param), error
+    assert error["message"] and "Traceback" not in error["message"] and not error["message"].startswith("[")
+
+
+@pytest.mark.server
+def test_wrong_routes_and_methods_are_openai_errors_too(gateway_url: str) -> None:
+    for method, path, status in (("GET", "/v1/audio/speech", 405), ("PUT", "/v1/audio/voices", 405),
+                                 ("GET", "/v1/audio/nothing", 404)):
+        r = httpx.request(method, gateway_url + path, headers=AUTH, timeout=10)
+        assert r.status_code == status and r.json()["error"]["type"] == "invalid_request_error", r.text
 
 
 @pytest.mark.server
@@ -343,3 +443,219 @@ def test_closing_the_response_cancels_the_synthesis(client, triton_server: Serve
     while _cancelled_total(triton_server.metrics_port) <= before:
         assert time.monotonic() < deadline, "the server never saw the cancel"
         time.sleep(0.1)
+
+
+# --- voices, CORS, metrics ----------------------------------------------------------------
+
+@pytest.mark.server
+@pytest.mark.parametrize("path", ["/v1/audio/voices", "/v1/voices"])
+def test_voice_list_names_every_builtin_and_file_voice(gateway_url: str, path: str) -> None:
+    assert httpx.get(gateway_url + path, timeout=10).status_code == 401
+    voices = httpx.get(gateway_url + path, headers=AUTH, timeout=10).json()["voices"]
+    ids = [v["id"] for v in voices]
+    assert all(set(v) == {"id", "name"} and v["name"] for v in voices)
+    assert ids[:len(OPENAI_VOICES)] == list(OPENAI_VOICES)
+    assert set(ids) == set(VoiceBook.load().names()) and len(ids) == len(set(ids))
+    assert {"narrator", "storyteller"} <= set(ids)  # from voices/voices.toml
+
+
+@pytest.mark.server
+def test_every_listed_voice_speaks(gateway_url: str) -> None:
+    voices = httpx.get(gateway_url + "/v1/audio/voices", headers=AUTH, timeout=10).json()["voices"]
+    for voice in voices:
+        body = {**SPEECH_BODY, "voice": voice["id"], "max_new_tokens": 4, "min_new_tokens": 4}
+        r = httpx.post(gateway_url + "/v1/audio/speech", json=body, headers=AUTH, timeout=60)
+        assert r.status_code == 200, (voice, r.text)
+        assert len(r.content) == 2 * contract.samples_for_tokens(4), voice
+
+
+@pytest.mark.server
+def test_cors_preflight_needs_no_key_and_responses_expose_the_audio_headers(gateway_url: str) -> None:
+    preflight = {"Origin": ORIGIN, "Access-Control-Request-Method": "POST",
+                 "Access-Control-Request-Headers": "authorization, content-type, x-request-id"}
+    r = httpx.options(gateway_url + "/v1/audio/speech", headers=preflight, timeout=10)
+    assert r.status_code == 200, r.text
+    assert r.headers["access-control-allow-origin"] == ORIGIN
+    assert "POST" in r.headers["access-control-allow-methods"]
+    assert {"authorization", "content-type", "x-request-id"} <= {
+        h.strip().lower() for h in r.headers["access-control-allow-headers"].split(",")}
+    other = httpx.options(gateway_url + "/v1/audio/speech", timeout=10,
+                          headers={**preflight, "Origin": "https://elsewhere.example"})
+    assert "access-control-allow-origin" not in other.headers
+
+    r = httpx.post(gateway_url + "/v1/audio/speech", json={**SPEECH_BODY, "input": "你好😀。"}, timeout=60,
+                   headers={**AUTH, "Origin": ORIGIN, "X-Request-Id": "browser-1"})
+    assert r.status_code == 200 and r.headers["access-control-allow-origin"] == ORIGIN
+    exposed = {h.strip().lower() for h in r.headers["access-control-expose-headers"].split(",")}
+    assert {"x-request-id", "x-sample-rate", "x-unspoken-text"} <= exposed
+    assert r.headers["x-request-id"] == "browser-1" and json.loads(r.headers["x-unspoken-text"]) == ["😀"]
+    refused = httpx.post(gateway_url + "/v1/audio/speech", json=SPEECH_BODY, headers={"Origin": ORIGIN}, timeout=10)
+    assert refused.status_code == 401 and refused.headers["access-control-allow-origin"] == ORIGIN
+
+
+def _scrape(url: str) -> dict[str, float]:
+    """``/metrics`` of the gateway: sample name with labels -> value."""
+    text = httpx.get(url + "/metrics", timeout=10).text
+    return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+            if line.startswith("tts_gateway_")}
+
+
+@contextmanager
+def open_stream(url: str, tokens: int = 2000, text: str = "这是一个一直占着位置的长请求。") -> Iterator[httpx.Response]:
+    """A speech stream through the gateway that is held open (its first audio read) until the
+    block ends; closing it cancels the synthesis."""
+    body = {**SPEECH_BODY, "input": text, "max_new_tokens": tokens, "min_new_tokens": tokens}
+    with httpx.stream("POST", url + "/v1/audio/speech", json=body, headers=AUTH, timeout=60) as r:
+        assert r.status_code == 200, r.read()
+        chunks = r.iter_bytes()  # kept: a discarded iterator would close the response
+        next(chunks)
+        yield r
+
+
+def wait_for(what: str, check: Any, timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+@pytest.mark.server
+def test_metrics_count_requests_errors_ttfa_and_streams_in_flight(gateway_url: str) -> None:
+    before = _scrape(gateway_url)
+    ok = httpx.post(gateway_url + "/v1/audio/speech", json=SPEECH_BODY, headers=AUTH, timeout=60)
+    assert ok.status_code == 200
+    assert httpx.post(gateway_url + "/v1/audio/speech", json={**SPEECH_BODY, "speed": 9}, headers=AUTH,
+                      timeout=60).status_code == 400
+    assert httpx.post(gateway_url + "/v1/audio/speech", json={**SPEECH_BODY, "voice": "nobody"}, headers=AUTH,
+                      timeout=60).status_code == 400
+    with open_stream(gateway_url):
+        assert _scrape(gateway_url)["tts_gateway_streams_in_flight"] == 1.0
+    wait_for("the held stream to be released", lambda: _scrape(gateway_url)["tts_gateway_streams_in_flight"] == 0.0)
+    after = _scrape(gateway_url)
+    delta = {k: after[k] - before.get(k, 0.0) for k in after}
+    assert delta['tts_gateway_requests_total{status="ok"}'] == 1
+    assert delta['tts_gateway_requests_total{status="error"}'] == 2
+    assert delta['tts_gateway_requests_total{status="cancelled"}'] == 1
+    assert delta['tts_gateway_errors_total{kind="invalid",phase="before_audio"}'] == 2
+    assert delta["tts_gateway_time_to_first_audio_seconds_count"] == 2  # the ok one and the held one
+    assert delta["tts_gateway_request_duration_seconds_count"] == 1
+    assert delta["tts_gateway_audio_seconds_total"] >= len(ok.content) / 2 / contract.SAMPLE_RATE_HZ
+    assert after['tts_gateway_time_to_first_audio_seconds_bucket{le="+Inf"}'] == \
+        after["tts_gateway_time_to_first_audio_seconds_count"]
+    for kind in ErrorKind:  # every kind exists from the start, so rates over it exist
+        assert f'tts_gateway_errors_total{{kind="{kind.value}",phase="mid_stream"}}' in after
+
+
+# --- overload: 503 with Retry-After at once ------------------------------------------------
+
+def _assert_busy(r: httpx.Response) -> None:
+    assert r.status_code == 503, r.text
+    assert r.headers["retry-after"] == str(RETRY_AFTER_S)
+    error = r.json()["error"]
+    assert (error["type"], error["code"]) == ("server_error", "server_busy") and "busy" in error["message"]
+
+
+@pytest.mark.server
+def test_the_gateways_own_stream_limit_answers_503_with_retry_after(triton_server: Server) -> None:
+    settings = GatewaySettings(triton_url=triton_server.grpc_url, api_key=API_KEY, max_streams=1,
+                               retry_after_s=RETRY_AFTER_S)
+    with running_gateway(settings) as url:
+        with open_stream(url):
+            _assert_busy(httpx.post(url + "/v1/audio/speech", json=SPEECH_BODY, headers=AUTH, timeout=60))
+            assert _scrape(url)['tts_gateway_errors_total{kind="busy",phase="before_audio"}'] == 1
+        wait_for("the slot to be free", lambda: _scrape(url)["tts_gateway_streams_in_flight"] == 0.0)
+        assert httpx.post(url + "/v1/audio/speech", json=SPEECH_BODY, headers=AUTH, timeout=60).status_code == 200
+
+
+@pytest.fixture(scope="module")
+def one_slot_server(small_artifacts: Artifacts, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A tritonserver whose entry model admits one stream at a time; yields its gRPC URL."""
+    srv = serve_profile(small_artifacts, tmp_path_factory.mktemp("one-slot"), entry={"max_concurrent_streams": 1})
+    try:
+        yield f"127.0.0.1:{srv.grpc_port}"
+    finally:
+        srv.stop()
+
+
+@pytest.mark.server
+def test_triton_server_busy_becomes_503_with_retry_after(one_slot_server: str) -> None:
+    settings = GatewaySettings(triton_url=one_slot_server, api_key=API_KEY, retry_after_s=RETRY_AFTER_S)
+    with running_gateway(settings) as url:
+        with open_stream(url):
+            _assert_busy(httpx.post(url + "/v1/audio/speech", json=SPEECH_BODY, headers=AUTH, timeout=60))
+            sse = httpx.post(url + "/v1/audio/speech", json={**SPEECH_BODY, "stream_format": "sse"}, headers=AUTH,
+                             timeout=60)
+            _assert_busy(sse)  # refused before any audio: a status, not an event
+        assert _scrape(url)['tts_gateway_errors_total{kind="busy",phase="before_audio"}'] == 2
+
+
+# --- streams end by inactivity, not by a wall clock ----------------------------------------
+
+def _sse_events(url: str, body: dict[str, Any]) -> list[dict[str, Any]]:
+    with httpx.stream("POST", url + "/v1/audio/speech", json={**body, "stream_format": "sse"}, headers=AUTH,
+                      timeout=600) as r:
+        assert r.status_code == 200, r.read()
+        return [json.loads(line[len("data: "):]) for line in r.iter_lines() if line.startswith("data: ")]
+
+
+LONG_INPUT = ("今天天气很好，我们一起去公园散步吧。" * 300)[:4096]
+"""The longest legal input (4096 characters): over 200 sentences."""
+
+
+@pytest.mark.server
+def test_the_longest_input_streams_to_the_end_under_an_idle_timeout(triton_server: Server) -> None:
+    """With an idle timeout of a few seconds and no total cap, the longest legal input runs
+    for longer than the idle timeout and completes: only silence from Triton ends a stream."""
+    idle_s = 5.0
+    settings = GatewaySettings(triton_url=triton_server.grpc_url, api_key=API_KEY, stream_idle_timeout_s=idle_s)
+    with running_gateway(settings) as url:
+        t0 = time.monotonic()
+        events = _sse_events(url, {**SPEECH_BODY, "input": LONG_INPUT, "max_new_tokens": 8, "min_new_tokens": 8})
+        elapsed = time.monotonic() - t0
+    print(f"\n4096 characters: {len(events)} events in {elapsed:.1f} s (idle timeout {idle_s:g} s)")
+    assert [e["type"] for e in events if e["type"] != "speech.audio.delta"] == ["speech.audio.done"]
+    assert events[-1]["usage"]["input_tokens"] == 4096
+    assert events[-1]["usage"]["output_tokens"] > 200 * 7  # every sentence spoke (8 tokens each)
+
+
+@pytest.mark.server
+def test_the_optional_total_cap_cuts_a_stream_with_an_error_event(triton_server: Server) -> None:
+    settings = GatewaySettings(triton_url=triton_server.grpc_url, api_key=API_KEY, stream_max_s=3.0)
+    with running_gateway(settings) as url:
+        events = _sse_events(url, {**SPEECH_BODY, "input": LONG_INPUT[:600], "max_new_tokens": 500,
+                                   "min_new_tokens": 500})
+        assert events[0]["type"] == "speech.audio.delta" and events[-1]["type"] == "error"
+        assert events[-1]["error"]["code"] == "server_busy" and "within 3 s" in events[-1]["error"]["message"]
+        # a raw audio body cannot carry an error: it is cut, never ended as if complete
+        body = {**SPEECH_BODY, "input": LONG_INPUT[:600], "max_new_tokens": 500, "min_new_tokens": 500}
+        with pytest.raises(httpx.RemoteProtocolError), \
+                httpx.stream("POST", url + "/v1/audio/speech", json=body, headers=AUTH, timeout=60) as r:
+            assert r.status_code == 200
+            for _ in r.iter_bytes():
+                pass
+        assert _scrape(url)['tts_gateway_errors_total{kind="deadline",phase="mid_stream"}'] == 2
+
+
+@pytest.mark.server
+def test_a_reference_wav_in_base64_speaks_in_chattts_segmentation_and_a_bad_one_is_400(client) -> None:
+    """``reference_audio`` (base64 of a PCM WAV, here 16 kHz) + ``reference_text`` and
+    ``segmentation`` reach the server; the server's refusal of a missing transcript and the
+    gateway's of bytes that are no WAV are 400 naming the parameter."""
+    import openai
+
+    buf = io.BytesIO()
+    with wave.open(buf, "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(16000)
+        w.writeframes(np.round(0.2 * np.sin(np.arange(16000) / 16000 * 2 * np.pi * 220) * 32767).astype("<i2"))
+    ref = base64.b64encode(buf.getvalue()).decode()
+    extra = {**EXTRA, "reference_audio": ref, "reference_text": "参考录音。", "segmentation": "chattts"}
+    pcm = _speech(client, "pcm", input="今天天气很好。明天见。", extra_body=extra).content
+    assert len(pcm) == 2 * 2 * contract.samples_for_tokens(TOKENS)  # two pieces of min = max tokens
+    with pytest.raises(openai.BadRequestError) as info:
+        _speech(client, "pcm", extra_body={**EXTRA, "reference_audio": ref})
+    assert "needs its transcript" in info.value.message
+    with pytest.raises(openai.BadRequestError) as info:
+        _speech(client, "pcm", extra_body={**EXTRA, "reference_audio": "bm90IGEgd2F2", "reference_text": "参考。"})
+    assert info.value.param == "reference_audio" and "PCM WAV" in info.value.message

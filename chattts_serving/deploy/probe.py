@@ -8,7 +8,9 @@ is not healthy". :func:`probe` therefore checks, within one deadline:
 1. ``live``: HTTP ``GET /v2/health/live`` answers 200;
 2. ``ready``: HTTP ``GET /v2/health/ready`` answers 200;
 3. ``models``: every model of the repository index (``POST /v2/repository/index``) is READY,
-   and every model of :data:`chattts_serving.contract.ALL_MODELS` is in it;
+   and every model of :data:`chattts_serving.contract.ALL_MODELS` is in it. The index is a
+   restricted admin API: the probe sends the admin token (``$CHATTTS_ADMIN_TOKEN`` or the
+   token file, :mod:`chattts_serving.deploy.admin`);
 4. ``synthesis``: one real 2-token synthesis through the decoupled streaming entry model
    (``contract.MODEL_STREAM``) over gRPC ends with audio. A "server busy" answer counts as
    healthy: admission itself answered, the server is overloaded, not broken.
@@ -32,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import contract
+from .admin import TOKEN_ENV, AdminTokenError, http_headers, token_from_env
 
 DEFAULT_HTTP_URL = "127.0.0.1:8000"
 DEFAULT_GRPC_URL = "127.0.0.1:8001"
@@ -69,10 +72,11 @@ def _base(url: str) -> str:
     return url if "://" in url else f"http://{url}"
 
 
-def _http(url: str, timeout_s: float, method: str = "GET", body: bytes | None = None) -> tuple[int, bytes]:
+def _http(url: str, timeout_s: float, method: str = "GET", body: bytes | None = None,
+          headers: dict[str, str] | None = None) -> tuple[int, bytes]:
     """(HTTP status, body). Raises OSError when the server cannot be reached in time."""
-    req = urllib.request.Request(url, data=body, method=method,
-                                 headers={"Content-Type": "application/json"} if body is not None else {})
+    req = urllib.request.Request(url, data=body, method=method, headers={
+        **({"Content-Type": "application/json"} if body is not None else {}), **(headers or {})})
     try:
         with urllib.request.urlopen(req, timeout=max(timeout_s, 0.001)) as r:
             return int(r.status), r.read()
@@ -89,12 +93,15 @@ def _check_status(base: str, path: str, timeout_s: float) -> dict[str, Any]:
             **({} if status == 200 else {"error": f"GET {path} answered {status}"})}
 
 
-def _check_models(base: str, timeout_s: float) -> dict[str, Any]:
+def _check_models(base: str, timeout_s: float, admin_token: str | None) -> dict[str, Any]:
     try:
-        status, body = _http(f"{base}/v2/repository/index", timeout_s, "POST", b"{}")
+        status, body = _http(f"{base}/v2/repository/index", timeout_s, "POST", b"{}", http_headers(admin_token))
         index = json.loads(body) if status == 200 else None
     except (OSError, ValueError) as exc:
         return {"ok": False, "error": f"repository index: {exc}"}
+    if status == 403:
+        hint = "the admin token is wrong" if admin_token else f"no admin token: set {TOKEN_ENV}"
+        return {"ok": False, "status": status, "error": f"repository index answered 403 ({hint})"}
     if not isinstance(index, list):
         return {"ok": False, "error": f"repository index answered {status}"}
     states = {str(m.get("name")): str(m.get("state", "")) for m in index if isinstance(m, dict)}
@@ -134,18 +141,21 @@ def _check_synthesis(grpc_url: str, timeout_s: float, text: str) -> dict[str, An
 
 
 def probe(http_url: str = DEFAULT_HTTP_URL, grpc_url: str = DEFAULT_GRPC_URL, timeout_s: float = DEFAULT_TIMEOUT_S,
-          synthesis: bool = True, text: str = PROBE_TEXT) -> ProbeResult:
+          synthesis: bool = True, text: str = PROBE_TEXT, admin_token: str | None = None) -> ProbeResult:
     """Run the deep health check against the server at ``http_url`` (``host:port`` of Triton's
     HTTP endpoint, or a full ``http://`` URL) and ``grpc_url`` (``host:port`` of its gRPC
-    endpoint), all checks within ``timeout_s`` seconds in total.
+    endpoint), all checks within ``timeout_s`` seconds in total. ``admin_token`` is sent with
+    the repository index (default: :func:`chattts_serving.deploy.admin.token_from_env`).
 
     ``synthesis=False`` skips the synthesis (live, ready and model states only). Never raises
     for a server fault: unreachable ports, error statuses and failed or timed-out syntheses
     become an unhealthy :class:`ProbeResult` whose ``reason`` names the first failed check.
-    Raises ValueError when ``timeout_s`` is not positive.
+    Raises ValueError when ``timeout_s`` is not positive, AdminTokenError (a ValueError) when
+    the configured token is unusable and OSError when its file cannot be read.
     """
     if not timeout_s > 0:
         raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+    token = admin_token or token_from_env()
     t0 = time.monotonic()
     deadline = t0 + timeout_s
     base = _base(http_url).rstrip("/")
@@ -153,7 +163,7 @@ def probe(http_url: str = DEFAULT_HTTP_URL, grpc_url: str = DEFAULT_GRPC_URL, ti
     steps: list[tuple[str, Any]] = [
         ("live", lambda left: _check_status(base, "/v2/health/live", left)),
         ("ready", lambda left: _check_status(base, "/v2/health/ready", left)),
-        ("models", lambda left: _check_models(base, left)),
+        ("models", lambda left: _check_models(base, left, token)),
     ]
     if synthesis:
         steps.append(("synthesis", lambda left: _check_synthesis(grpc_url, left, text)))
@@ -176,7 +186,9 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m chattts_serving.deploy.probe",
         description="Deep health check of a running ChatTTS Triton server: live, ready, every model READY "
                     "and one 2-token streamed synthesis, within a deadline. Prints one JSON line; exit code 0 "
-                    "healthy, 1 unhealthy, 2 usage error. 'server busy' counts as healthy.")
+                    "healthy, 1 unhealthy, 2 usage error. 'server busy' counts as healthy. The repository index "
+                    "is an admin API: the token comes from $CHATTTS_ADMIN_TOKEN, else the file "
+                    "$CHATTTS_ADMIN_TOKEN_FILE (default ~/.config/chattts/admin-token).")
     ap.add_argument("--http-url", default=DEFAULT_HTTP_URL,
                     help="Triton HTTP endpoint, host:port (default %(default)s)")
     ap.add_argument("--grpc-url", default=DEFAULT_GRPC_URL,
@@ -191,7 +203,10 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--timeout-s must be > 0, got {args.timeout_s}")
     if not args.text.strip():
         ap.error("--text must not be empty")
-    result = probe(args.http_url, args.grpc_url, args.timeout_s, synthesis=not args.no_synthesis, text=args.text)
+    try:
+        result = probe(args.http_url, args.grpc_url, args.timeout_s, synthesis=not args.no_synthesis, text=args.text)
+    except (AdminTokenError, OSError) as exc:
+        ap.error(str(exc))
     print(result.to_json(), flush=True)
     return 0 if result.healthy else 1
 

@@ -5,7 +5,8 @@ The wheel ships Triton 2.51 with the Python backend and a backend stub per Pytho
 next to ``libtriton_python.so``), puts this virtual environment's ``bin/`` first on the
 server's PATH (the stub runs ``python3`` from there, so it sees this venv's site-packages),
 starts the server, waits for ``/v2/health/ready`` and stops it with SIGINT (then SIGKILL).
-See ../shared/TRITON.md for why each step is needed.
+See ../shared/TRITON.md for why each step is needed. Its admin APIs (logging, trace, shared
+memory, model repository, statistics) need the header of :mod:`chattts_serving.deploy.admin`.
 
 :class:`Supervisor` (``chattts-serve --restart-on-failure``) restarts the server when one of
 its model processes dies or the deep probe (:mod:`chattts_serving.deploy.probe`) keeps failing:
@@ -37,6 +38,16 @@ import psutil
 
 from ..serving.logs import log_event
 from ..serving.profile import HealthProfile, ProfileError, load_profile
+from .admin import (
+    ADMIN_HEADER,
+    RESTRICTED_APIS,
+    TOKEN_ENV,
+    AdminTokenError,
+    new_token,
+    publish,
+    restriction_args,
+    token_from_env,
+)
 from .probe import ProbeResult, probe
 from .render import RenderError, render_repository
 
@@ -99,18 +110,26 @@ class TritonServer:
     """A tritonserver process on a model repository; a context manager.
 
     Ports are TCP ports on 127.0.0.1 (HTTP, gRPC, metrics); ``log_path`` receives the
-    server's stdout and stderr.
+    server's stdout and stderr. The admin APIs are always restricted: ``admin_token`` is the
+    header's value, by default the configured one (``$CHATTTS_ADMIN_TOKEN`` or the token file,
+    :mod:`chattts_serving.deploy.admin`) or one generated for this object and kept nowhere
+    (``admin_token_generated``); restarts keep it. Raises AdminTokenError when the configured
+    token is unusable, OSError when its file cannot be read.
     """
 
     def __init__(self, repo: Path, *, http_port: int = 8000, grpc_port: int = 8001, metrics_port: int = 8002,
                  log_path: Path | None = None, build_dir: Path = Path("build"), exit_timeout_s: int = 10,
-                 extra_args: tuple[str, ...] = ()) -> None:
+                 extra_args: tuple[str, ...] = (), admin_token: str | None = None) -> None:
         self.repo = Path(repo).resolve()
         self.http_port, self.grpc_port, self.metrics_port = http_port, grpc_port, metrics_port
         self.log_path = log_path
         self.build_dir = Path(build_dir).resolve()
         self.exit_timeout_s = exit_timeout_s
         self.extra_args = extra_args
+        configured = admin_token or token_from_env()
+        self.admin_token = configured or new_token()
+        self.admin_token_generated = configured is None
+        self._restriction = restriction_args(self.admin_token)
         self.proc: subprocess.Popen[bytes] | None = None
         self._log: object | None = None
         self._shm_before: set[str] = set()
@@ -125,7 +144,7 @@ class TritonServer:
                 f"--metrics-port={self.metrics_port}", "--allow-metrics=true", "--allow-gpu-metrics=false",
                 "--metrics-config=summary_latencies=true",
                 "--disable-auto-complete-config", f"--exit-timeout-secs={self.exit_timeout_s}",
-                "--log-verbose=0", *self.extra_args]
+                "--log-verbose=0", *self._restriction, *self.extra_args]
 
     def start(self, ready_timeout_s: float = 180.0) -> TritonServer:
         """Start and wait until ready. Raises ServerError with the log's tail on failure, and at
@@ -314,7 +333,8 @@ class Supervisor:
         self.server = server
         self.health = health
         self.policy = RestartPolicy(health.failures, health.probe_every)
-        self.probe_fn = probe_fn or (lambda http, grpc, timeout: probe(http, grpc, timeout))
+        self.probe_fn = probe_fn or (lambda http, grpc, timeout: probe(http, grpc, timeout,
+                                                                       admin_token=server.admin_token))
         self.expected: Counter[str] = Counter()
         self.restarts = 0
 
@@ -379,8 +399,11 @@ class Supervisor:
 
 
 def main(argv: list[str] | None = None) -> int:
+    apis = ", ".join(RESTRICTED_APIS)
     ap = argparse.ArgumentParser(prog="chattts-serve", description="Render the model repository and serve it "
-                                 "with the bundled tritonserver until Ctrl-C.")
+                                 f"with the bundled tritonserver until Ctrl-C. The admin APIs ({apis}) need the "
+                                 f"header '{ADMIN_HEADER}: ${TOKEN_ENV}'; when {TOKEN_ENV} is unset a token is "
+                                 "generated and printed once on stderr.")
     ap.add_argument("--profile", default="cpu")
     ap.add_argument("--artifacts", type=Path, default=Path("artifacts/small"))
     ap.add_argument("--repo", type=Path, default=Path("build/model_repository"))
@@ -402,8 +425,14 @@ def main(argv: list[str] | None = None) -> int:
     except (ProfileError, RenderError, FileNotFoundError) as exc:
         print(f"chattts-serve: error: {exc}", file=sys.stderr)
         return 2
-    server = TritonServer(args.repo, http_port=args.http_port, grpc_port=args.grpc_port,
-                          metrics_port=args.metrics_port, log_path=args.log)
+    try:
+        server = TritonServer(args.repo, http_port=args.http_port, grpc_port=args.grpc_port,
+                              metrics_port=args.metrics_port, log_path=args.log)
+    except (AdminTokenError, OSError) as exc:
+        print(f"chattts-serve: error: {exc}", file=sys.stderr)
+        return 2
+    if server.admin_token_generated:
+        publish("chattts-serve", server.admin_token)
 
     def _interrupt(signum: int, _frame: object) -> None:
         raise KeyboardInterrupt

@@ -1,4 +1,9 @@
-"""The FastAPI application: routes, authentication, error handlers and streaming."""
+"""The FastAPI application: routes, authentication, CORS, error handlers, metrics and streaming.
+
+One :class:`~chattts_serving.client.AioStreamClient` (one gRPC channel to Triton) is created
+in the application's lifespan and shared by every request; streams are awaited in the event
+loop, and only the lossy encoders (mp3, aac, opus) run in worker threads.
+"""
 
 from __future__ import annotations
 
@@ -7,67 +12,122 @@ import hmac
 import json
 import logging
 import re
+import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, Final
 
 import anyio
-import anyio.to_thread
-from fastapi import Depends, FastAPI, Request
+from fastapi import Depends, FastAPI, Request, WebSocket
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.middleware.cors import CORSMiddleware
+from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..audio import formats as audio_format
-from ..client import ClientError
-from .errors import AUTHENTICATION, INVALID_REQUEST, ApiError, from_client_error
+from ..client import AioStreamClient, ClientError
+from ..errors import ErrorKind
+from ..text.voices import OPENAI_VOICES, VoiceBook
+from .errors import AUTHENTICATION, INVALID_REQUEST, SERVER_ERROR, ApiError, from_client_error
+from .metrics import CONTENT_TYPE, GatewayMetrics
 from .settings import GatewaySettings
 from .speech import EncodedStream, SpeechRequest, build_request, delta_event, done_event, error_event
+from .ws import WS_PATH, page_html, serve_speech_stream
 
 log = logging.getLogger("chattts_serving.gateway")
 
-SAMPLE_RATE_HEADER = "X-Sample-Rate"
-REQUEST_ID_HEADER = "X-Request-Id"
+SPEECH_PATH: Final = "/v1/audio/speech"
+SAMPLE_RATE_HEADER: Final = "X-Sample-Rate"
+"""Response header stating the sample rate of the audio, in Hz."""
+REQUEST_ID_HEADER: Final = "X-Request-Id"
 """Taken from the client when it is a plain token (letters, digits, ``-_.:``, at most 128),
 otherwise generated; passed to Triton as the request id and returned on the response."""
-DROPPED_HEADER = "X-Unspoken-Text"
+DROPPED_HEADER: Final = "X-Unspoken-Text"
 """JSON list (ASCII, \\u escapes) of the characters the front end could not speak; absent when none."""
+EXPOSED_HEADERS: Final = (REQUEST_ID_HEADER, SAMPLE_RATE_HEADER, DROPPED_HEADER, "X-Audio-Format", "Retry-After")
+"""Response headers a browser script may read on a cross-origin response (CORS)."""
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
-"""Response header stating the sample rate of the audio, in Hz."""
+
+
+class StreamCut(Exception):
+    """Raised inside a chunked audio body after a mid-stream failure and caught by the response,
+    which returns unfinished: the server closes the connection without the terminating chunk,
+    so the client sees a truncated response (not one that looks complete)."""
+
+
+def _voice_list(book: VoiceBook) -> list[dict[str, str]]:
+    """``{"id", "name"}`` for every named voice; the built-in OpenAI names first, in OpenAI's
+    order, then the voices file's in alphabetical order."""
+    names = [n for n in OPENAI_VOICES if book.get(n) is not None]
+    names += [n for n in book.names() if n not in OPENAI_VOICES]
+    return [{"id": n, "name": n} for n in names]
 
 
 def create_app(settings: GatewaySettings | None = None) -> FastAPI:
     """The gateway application for ``settings`` (default: :meth:`GatewaySettings.from_env`).
 
-    Routes: ``POST /v1/audio/speech``, ``GET /v1/models``, ``GET /v1/models/{id}``,
-    ``GET /health``. With an API key set, ``/v1/*`` requires ``Authorization: Bearer <key>``.
+    Routes: ``POST /v1/audio/speech``, ``GET /v1/audio/voices`` (and ``/v1/voices``),
+    ``GET /v1/models``, ``GET /v1/models/{id}``, ``GET /health`` (Triton ready),
+    ``GET /health/live`` (the process answers), ``GET /metrics`` (Prometheus), the WebSocket
+    ``/v1/audio/speech/stream`` (:mod:`.ws`: text in deltas, audio frames back) and ``GET /``
+    (a page that plays that stream). With an API key set, ``/v1/*`` requires
+    ``Authorization: Bearer <key>`` (the WebSocket also takes a ``bearer.<key>`` subprotocol);
+    health, metrics, the page and CORS preflights never do.
+
+    Raises :class:`~chattts_serving.text.voices.VoiceError` when the voices file is malformed.
     """
     cfg = settings if settings is not None else GatewaySettings.from_env()
-    state: dict[str, Any] = {}
+    voices = _voice_list(VoiceBook.load(cfg.voices_file) if cfg.voices_file is not None else VoiceBook())
+    metrics = GatewayMetrics()
+    live = {"streams": 0}
+    clients: dict[str, AioStreamClient] = {}
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        state["limiter"] = anyio.CapacityLimiter(cfg.max_streams)
-        yield
+        clients["triton"] = AioStreamClient(cfg.triton_url)
+        try:
+            yield
+        finally:
+            await clients.pop("triton").close()
 
     app = FastAPI(title="ChatTTS speech gateway", version="1", lifespan=lifespan,
                   summary="OpenAI-compatible text-to-speech over Triton")
     app.state.settings = cfg
+    if cfg.cors_origins:
+        app.add_middleware(CORSMiddleware, allow_origins=list(cfg.cors_origins), allow_methods=["GET", "POST"],
+                           allow_headers=["Authorization", "Content-Type", REQUEST_ID_HEADER],
+                           expose_headers=list(EXPOSED_HEADERS), max_age=600)
+
+    def error_response(request: Request, exc: ApiError) -> JSONResponse:
+        if request.url.path == SPEECH_PATH:
+            metrics.error(exc.kind, "before_audio")
+        headers = {}
+        if exc.status == 401:
+            headers["WWW-Authenticate"] = "Bearer"
+        if exc.status == 503:
+            headers["Retry-After"] = str(cfg.retry_after_s)
+        return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
 
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
-        headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
-        return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
+        return error_response(request, exc)
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-        errors = exc.errors()
-        first = errors[0] if errors else {}
-        loc = [str(p) for p in first.get("loc", ()) if p != "body"]
-        param = loc[0] if loc else None
-        msg = str(first.get("msg", "invalid request"))
-        return JSONResponse(ApiError(400, f"{'.'.join(loc) or 'body'}: {msg}", INVALID_REQUEST, param=param,
-                                     code="invalid_value").body(), status_code=400)
+        return error_response(request, _validation_api_error(exc))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unexpected error in %s %s", request.method, request.url.path)
+        return error_response(request, ApiError(500, f"internal error: {type(exc).__name__}", SERVER_ERROR,
+                                                code="internal_error", kind=ErrorKind.INTERNAL))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = {400: "invalid_body", 404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+        return error_response(request, ApiError(exc.status_code, f"{request.method} {request.url.path}: "
+                                                f"{exc.detail}", INVALID_REQUEST, code=code))
 
     def authorize(request: Request) -> None:
         if cfg.api_key is None:
@@ -80,11 +140,21 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
 
     @app.get("/health")
     async def health() -> JSONResponse:
-        """200 when Triton answers ready within ``health_timeout_s``, else 503."""
-        ready = await anyio.to_thread.run_sync(_triton_ready, cfg.triton_url, cfg.health_timeout_s)
+        """Readiness: 200 when Triton answers ready within ``health_timeout_s``, else 503."""
+        ready = await clients["triton"].ready(cfg.health_timeout_s)
         body = {"status": "ok" if ready else "unavailable", "triton": "ready" if ready else "not ready",
-                "triton_url": cfg.triton_url}
+                "triton_url": cfg.triton_url, "streams_in_flight": live["streams"]}
         return JSONResponse(body, status_code=200 if ready else 503)
+
+    @app.get("/health/live")
+    async def health_live() -> dict[str, str]:
+        """Liveness: 200 while the process serves requests, whatever Triton's state."""
+        return {"status": "ok"}
+
+    @app.get("/metrics")
+    async def prometheus_metrics() -> Response:
+        """The gateway's metrics in Prometheus' text format (:mod:`.metrics`)."""
+        return Response(metrics.render(), media_type=CONTENT_TYPE)
 
     @app.get("/v1/models", dependencies=[Depends(authorize)])
     async def models() -> dict[str, Any]:
@@ -97,76 +167,158 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
                            code="model_not_found")
         return _model_card(model_id)
 
-    @app.post("/v1/audio/speech", dependencies=[Depends(authorize)], response_model=None)
+    @app.get("/v1/audio/voices", dependencies=[Depends(authorize)])
+    @app.get("/v1/voices", dependencies=[Depends(authorize)], include_in_schema=False)
+    async def list_voices() -> dict[str, Any]:
+        """Every voice name ``voice`` accepts (``{"voices": [{"id", "name"}]}``, the shape Open
+        WebUI reads): the built-in names and the voices file's. Integer seeds and ChatTTS
+        ``spk_emb`` strings are accepted too and not listed."""
+        return {"voices": voices}
+
+    @app.websocket(WS_PATH)
+    async def speech_stream(websocket: WebSocket) -> None:
+        """Text deltas in, sentence by sentence audio out (:mod:`.ws`)."""
+        await serve_speech_stream(websocket, cfg, clients["triton"], metrics, live)
+
+    @app.get("/", include_in_schema=False)
+    async def page() -> HTMLResponse:
+        """The demo page: type text, pick a voice, hear it stream (``gateway/static/index.html``)."""
+        return HTMLResponse(page_html(), headers={"Cache-Control": "no-store"})
+
+    @app.post(SPEECH_PATH, dependencies=[Depends(authorize)], response_model=None)
     async def speech(body: SpeechRequest, http_request: Request) -> Response:
         """Synthesise ``input`` and stream it: chunked bytes of ``response_format``
         (``stream_format`` 'audio') or ``speech.audio.delta`` events ('sse')."""
+        t0 = time.perf_counter()
         request_id = http_request.headers.get(REQUEST_ID_HEADER, "")
         if not _REQUEST_ID.fullmatch(request_id):
             request_id = uuid.uuid4().hex
         request = dataclasses.replace(build_request(body, cfg.models, cfg.max_input_chars), request_id=request_id)
         info = audio_format.format_info(body.response_format)
-        limiter = state["limiter"]
-        stream = await anyio.to_thread.run_sync(EncodedStream, cfg.triton_url, request, info.name,
-                                                cfg.stream_timeout_s, limiter=limiter)
+        if live["streams"] >= cfg.max_streams:
+            raise ApiError(503, f"server busy: the gateway relays {cfg.max_streams} streams already", SERVER_ERROR,
+                           code="server_busy", kind=ErrorKind.BUSY)
+        live["streams"] += 1
+        metrics.in_flight.inc()
+        stream = EncodedStream(clients["triton"].stream(request, idle_timeout_s=cfg.stream_idle_timeout_s,
+                                                        max_duration_s=cfg.stream_max_s), info.name)
         try:  # wait for the first audio, so that refusals get their HTTP status
-            first = await anyio.to_thread.run_sync(stream.next_bytes, limiter=limiter)
-        except ClientError as exc:
-            await anyio.to_thread.run_sync(stream.close)
-            raise from_client_error(exc, cfg.triton_url) from None
-        except BaseException:
+            first = await stream.next_bytes()
+        except BaseException as exc:
             with anyio.CancelScope(shield=True):
-                await anyio.to_thread.run_sync(stream.close)
+                await stream.aclose()
+            live["streams"] -= 1
+            metrics.in_flight.dec()
+            if isinstance(exc, ClientError):
+                raise from_client_error(exc, cfg.triton_url) from None
+            if not isinstance(exc, Exception):
+                metrics.requests.labels(status="cancelled").inc()
             raise
+        if first is not None:
+            metrics.ttfa.observe(time.perf_counter() - t0)
         headers = {SAMPLE_RATE_HEADER: str(info.sample_rate_hz), "X-Audio-Format": info.name,
                    "Cache-Control": "no-store", REQUEST_ID_HEADER: request_id}
         if stream.info.get("dropped"):
             headers[DROPPED_HEADER] = json.dumps(stream.info["dropped"])
-        sse = body.stream_format == "sse"
-        return StreamingResponse(_relay(stream, first, sse, len(body.input), limiter, cfg.triton_url),
-                                 media_type="text/event-stream" if sse else info.media_type, headers=headers)
+        relay = _Relay(stream, first, body.stream_format == "sse", len(body.input), request_id, t0, cfg.triton_url,
+                       metrics, live)
+        return _RelayResponse(relay, media_type="text/event-stream" if relay.sse else info.media_type,
+                              headers=headers)
 
     return app
 
 
-async def _relay(stream: EncodedStream, first: bytes | None, sse: bool, input_chars: int,
-                 limiter: anyio.CapacityLimiter, url: str) -> AsyncIterator[bytes]:
-    """Body of a speech response; closes (cancels) the Triton stream however it ends."""
-    try:
-        data = first
-        while data is not None:
-            if data:
-                yield delta_event(data) if sse else data
-            try:
-                data = await anyio.to_thread.run_sync(stream.next_bytes, limiter=limiter)
-            except ClientError as exc:
-                error = from_client_error(exc, url)
-                log.warning("stream failed after it started: %s", error.message)
-                if sse:
-                    yield error_event(error)
-                    return
-                raise  # aborts the chunked response: the client sees a truncated body
-        if sse:
-            yield done_event(input_chars, stream.audio_tokens)
-    finally:
-        with anyio.CancelScope(shield=True):
-            await anyio.to_thread.run_sync(stream.close)
+class _Relay:
+    """The body of one speech response, and the release of what its stream holds (the Triton
+    stream, the in-flight count, the request's metrics) exactly once, however it ends."""
+
+    def __init__(self, stream: EncodedStream, first: bytes | None, sse: bool, input_chars: int, request_id: str,
+                 t0: float, url: str, metrics: GatewayMetrics, live: dict[str, int]) -> None:
+        self.stream, self.first, self.sse, self.input_chars = stream, first, sse, input_chars
+        self.request_id, self.t0, self.url, self.metrics, self.live = request_id, t0, url, metrics, live
+        self.status = "cancelled"
+        """ok, error, or cancelled (the client went away first)."""
+        self._released = False
+
+    async def body(self) -> AsyncIterator[bytes]:
+        """Encoded audio (or SSE events) until the stream ends; a failure after the first
+        audio ends SSE with an ``error`` event and cuts an audio body (:class:`StreamCut`)."""
+        try:
+            data = self.first
+            while data is not None:
+                if data:
+                    yield delta_event(data) if self.sse else data
+                try:
+                    data = await self.stream.next_bytes()
+                except ClientError as exc:
+                    error = from_client_error(exc, self.url)
+                    self.status = "error"
+                    self.metrics.error(error.kind, "mid_stream")
+                    log.warning("request %s: stream failed after audio started: [%s] %s", self.request_id,
+                                error.kind.value, error.message)
+                    if self.sse:
+                        yield error_event(error)
+                        return
+                    raise StreamCut(error.message) from None
+            if self.sse:
+                yield done_event(self.input_chars, self.stream.audio_tokens)
+            self.status = "ok"
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self.release()
+
+    async def release(self) -> None:
+        """Close the Triton stream (cancelling it if it still runs) and record the request's
+        outcome; later calls do nothing."""
+        if self._released:
+            return
+        self._released = True
+        try:
+            await self.stream.aclose()
+        finally:
+            self.live["streams"] -= 1
+            m = self.metrics
+            m.in_flight.dec()
+            m.audio.inc(self.stream.audio_s)
+            if self.status != "error":
+                m.requests.labels(status=self.status).inc()
+            if self.status == "ok":
+                m.duration.observe(time.perf_counter() - self.t0)
+
+
+class _RelayResponse(StreamingResponse):
+    """A streaming response that releases its :class:`_Relay` even when the body was never
+    iterated (a client gone before the first byte was sent)."""
+
+    def __init__(self, relay: _Relay, **kwargs: Any) -> None:
+        super().__init__(relay.body(), **kwargs)
+        self.relay = relay
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        except StreamCut:
+            pass  # logged by the relay; returning unfinished makes the server close the connection
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self.relay.release()
+
+
+def _validation_api_error(exc: RequestValidationError) -> ApiError:
+    """The 400 for a body that is not JSON or does not match :class:`SpeechRequest` (its first
+    problem; ``param`` is the field)."""
+    errors = exc.errors()
+    first = errors[0] if errors else {}
+    if first.get("type") == "json_invalid":
+        reason = (first.get("ctx") or {}).get("error", "")
+        return ApiError(400, f"the body is not valid JSON{': ' + str(reason) if reason else ''}", INVALID_REQUEST,
+                        code="invalid_json")
+    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+    param = loc[0] if loc else None  # the request field (deeper parts name pydantic's union branches)
+    msg = str(first.get("msg", "invalid request"))
+    return ApiError(400, f"{param or 'body'}: {msg}", INVALID_REQUEST, param=param, code="invalid_value")
 
 
 def _model_card(model_id: str) -> dict[str, Any]:
     return {"id": model_id, "object": "model", "created": 0, "owned_by": "chattts-serving"}
 
-
-def _triton_ready(url: str, timeout_s: float) -> bool:
-    import tritonclient.grpc as grpcclient
-
-    try:
-        client = grpcclient.InferenceServerClient(url)
-    except Exception:  # malformed URL
-        return False
-    try:
-        return bool(client.is_server_ready(client_timeout=timeout_s))
-    except Exception:  # unreachable or timed out: not ready
-        return False
-    finally:
-        client.close()

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any, Final
 
 from ..client import ClientError
-from ..errors import STATUS, ErrorKind
+from ..errors import STATUS, ErrorKind, kind_from_status
 
 INVALID_REQUEST: Final = "invalid_request_error"
 AUTHENTICATION: Final = "authentication_error"
@@ -23,16 +23,19 @@ _CODE: Final = {ErrorKind.BUSY: "server_busy", ErrorKind.UNAVAILABLE: "server_bu
 
 
 class ApiError(Exception):
-    """An error answered to the client: HTTP ``status`` and OpenAI's error fields."""
+    """An error answered to the client: HTTP ``status``, OpenAI's error fields and the
+    :class:`~chattts_serving.errors.ErrorKind` it counts as in the metrics (default: the one
+    the status implies, e.g. every 4xx is INVALID)."""
 
     def __init__(self, status: int, message: str, type_: str = INVALID_REQUEST, param: str | None = None,
-                 code: str | None = None) -> None:
+                 code: str | None = None, kind: ErrorKind | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.type = type_
         self.param = param
         self.code = code
+        self.kind = kind or kind_from_status(status) or ErrorKind.INTERNAL
 
     def body(self) -> dict[str, Any]:
         """The JSON body: ``{"error": {"message", "type", "param", "code"}}``."""
@@ -47,12 +50,13 @@ def from_client_error(exc: ClientError, url: str) -> ApiError:
     known kind 500."""
     message = exc.message.strip() or "synthesis failed"
     if exc.connection:
-        return ApiError(503, f"the speech backend is unreachable ({url})", SERVER_ERROR, code="backend_unavailable")
+        return ApiError(503, f"the speech backend is unreachable ({url})", SERVER_ERROR, code="backend_unavailable",
+                        kind=ErrorKind.UNAVAILABLE)
     kind = exc.kind or ErrorKind.INTERNAL
     status = STATUS[kind].http
     if kind == ErrorKind.INVALID:
-        return ApiError(status, message, INVALID_REQUEST, param=_param_of(message), code="invalid_value")
-    return ApiError(status, message, SERVER_ERROR, code=_CODE[kind])
+        return ApiError(status, message, INVALID_REQUEST, param=_param_of(message), code="invalid_value", kind=kind)
+    return ApiError(status, message, SERVER_ERROR, code=_CODE[kind], kind=kind)
 
 
 def _param_of(message: str) -> str | None:

@@ -1,22 +1,26 @@
 """The speech service: request validation, speed mapping and the encoded audio stream.
 
-Nothing here knows HTTP: :class:`EncodedStream` turns one Triton synthesis stream into bytes
-of the requested format, and :func:`sse_event` frames them as OpenAI's speech events.
+Nothing here knows HTTP: :class:`EncodedStream` turns one Triton synthesis stream (an async
+generator of :class:`~chattts_serving.client.StreamPart`) into bytes of the requested format,
+and :func:`sse_event` frames them as OpenAI's speech events.
 """
 
 from __future__ import annotations
 
 import base64
+import binascii
 import json
 import math
-from collections.abc import Iterator
+from collections.abc import AsyncGenerator
 from typing import Annotated, Any, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+import anyio.to_thread
+import numpy as np
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt
 
 from .. import contract
 from ..audio import formats as audio_format
-from ..client import StreamPart, SynthesisRequest, iter_parts
+from ..client import StreamPart, SynthesisRequest, read_wav
 from ..text.normalize import CONTROL_NUMBERED, DEFAULT_SPEED, length_error
 from .errors import INVALID_REQUEST, ApiError
 
@@ -46,42 +50,79 @@ def speed_to_token(speed: float) -> int:
     return max(0, min(CONTROL_NUMBERED["speed"] - 1, math.floor(n + 0.5)))
 
 
+def _unicode_text(value: str) -> str:
+    """``value`` if it encodes as UTF-8; a JSON string may hold a lone surrogate escape
+    (``"\\ud83d"``), which no UTF-8 text can carry. Raises ValueError naming its position."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"not valid Unicode text: lone surrogate {value[exc.start]!a} at character "
+                         f"{exc.start}") from None
+    return value
+
+
+Text = Annotated[str, AfterValidator(_unicode_text)]
+"""A string that can be sent as UTF-8 (lone surrogates refused with 400)."""
+
+_RANGES: Final = {p.name: p for p in (*contract.SAMPLING_PARAMS, *contract.STREAM_PARAMS)}
+
+
+def _param(name: str) -> Any:
+    """The pydantic field of a numeric extension, with the contract's range for ``name``
+    (:data:`chattts_serving.contract.SAMPLING_PARAMS`): out-of-range values are refused here
+    with 400, never wrapped into the tensor's dtype. The server's profile may cap further."""
+    spec = _RANGES[name]
+    return Field(default=None, ge=spec.low if spec.low_inclusive else None,
+                 gt=None if spec.low_inclusive else spec.low, le=spec.high,
+                 allow_inf_nan=False if spec.triton_dtype == "TYPE_FP32" else None)
+
+
 class VoiceRef(BaseModel):
     """OpenAI's custom-voice form ``{"id": "..."}``."""
 
-    id: str
+    id: Text
 
 
 class SpeechRequest(BaseModel):
     """Body of ``POST /v1/audio/speech`` (OpenAI's fields, then this server's extensions).
 
-    Extensions (optional, passed to the ``chattts`` model, which validates them): ``seed``
-    (sampler seed: same input, voice and seed give the same audio), ``temperature``,
-    ``top_p``, ``top_k``, ``repetition_penalty``, ``max_new_tokens``, ``min_new_tokens``,
-    ``vocoder`` ('hidden' or 'codes'), ``lookahead_tokens``, ``refine_text`` (ChatTTS'
-    refine-text stage first), ``refine_prompt``.
+    Types are strict (``"speed": "fast"``, ``"top_k": true`` or ``"seed": "3"`` are refused),
+    strings must be valid Unicode, numbers within the contract's ranges. Extensions (optional,
+    passed to the ``chattts`` model): ``seed`` (sampler seed: same input, voice and seed give
+    the same audio), ``temperature``, ``top_p``, ``top_k``, ``repetition_penalty``,
+    ``max_new_tokens``, ``min_new_tokens``, ``vocoder`` ('hidden' or 'codes'),
+    ``lookahead_tokens``, ``refine_text`` (ChatTTS' refine-text stage first), ``refine_prompt``,
+    ``segmentation`` ('streaming' or 'chattts'), ``reference_audio`` (a reference recording:
+    base64 of a PCM WAV file; a voice of the server's voices file may bring its own, by name in
+    ``voice``), ``reference_text`` (its transcript), ``spk_smp`` (a ChatTTS audio-prompt string
+    instead of a recording).
+    Unknown fields are ignored, as OpenAI's clients may send newer ones.
     """
 
     model_config = ConfigDict(extra="ignore")
 
-    model: str
-    input: str
-    voice: Annotated[str | int | VoiceRef, Field(union_mode="left_to_right")]
-    instructions: str | None = None
+    model: Text
+    input: Text
+    voice: Annotated[Text | StrictInt | VoiceRef, Field(union_mode="left_to_right")]
+    instructions: Text | None = None
     response_format: Literal["mp3", "opus", "aac", "flac", "wav", "pcm", "float32"] = "mp3"
-    speed: Annotated[float, Field(ge=MIN_SPEED, le=MAX_SPEED)] | None = None
+    speed: Annotated[StrictFloat, Field(ge=MIN_SPEED, le=MAX_SPEED, allow_inf_nan=False)] | None = None
     stream_format: Literal["sse", "audio"] = "audio"
-    seed: Annotated[int, Field(ge=0, le=2**63 - 1)] | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    repetition_penalty: float | None = None
-    max_new_tokens: int | None = None
-    min_new_tokens: int | None = None
-    vocoder: str | None = None
-    lookahead_tokens: int | None = None
-    refine_text: bool | None = None
-    refine_prompt: str | None = None
+    seed: StrictInt | None = _param("seed")
+    temperature: StrictFloat | None = _param("temperature")
+    top_p: StrictFloat | None = _param("top_p")
+    top_k: StrictInt | None = _param("top_k")
+    repetition_penalty: StrictFloat | None = _param("repetition_penalty")
+    max_new_tokens: StrictInt | None = _param("max_new_tokens")
+    min_new_tokens: StrictInt | None = _param("min_new_tokens")
+    vocoder: Text | None = None
+    lookahead_tokens: StrictInt | None = _param("lookahead_tokens")
+    refine_text: StrictBool | None = None
+    refine_prompt: Text | None = None
+    segmentation: Text | None = None
+    reference_audio: Text | None = None
+    reference_text: Text | None = None
+    spk_smp: Text | None = None
 
     @property
     def voice_string(self) -> str:
@@ -98,9 +139,13 @@ def build_request(req: SpeechRequest, models: tuple[str, ...], max_input_chars: 
     ``speed`` becomes a ``[speed_N]`` token in front of the text (the front end moves the first
     such token into the prompt, so it wins over one written in the input).
 
+    ``reference_audio`` (base64 of a PCM WAV file) becomes the recording's samples and sample
+    rate; the server checks them (duration, rate) and its transcript.
+
     Raises:
         ApiError: unknown model (404), input empty or longer than ``max_input_chars`` (400),
-            empty voice (400), non-empty ``instructions`` (400; ChatTTS takes no instructions).
+            empty voice (400), non-empty ``instructions`` (400; ChatTTS takes no instructions),
+            ``reference_audio`` that is not base64 of a PCM WAV file (400).
     """
     if req.model not in models:
         raise ApiError(404, f"The model '{req.model}' does not exist; available: {', '.join(models)}",
@@ -120,24 +165,41 @@ def build_request(req: SpeechRequest, models: tuple[str, ...], max_input_chars: 
     text = req.input
     if req.speed is not None:
         text = f"[speed_{speed_to_token(req.speed)}]" + text
+    audio, rate = None, None
+    if req.reference_audio is not None:
+        try:
+            audio, rate = read_wav(base64.b64decode(req.reference_audio, validate=True))
+        except (ValueError, binascii.Error) as exc:
+            raise ApiError(400, f"reference_audio must be base64 of a PCM WAV file: {exc}", INVALID_REQUEST,
+                           param="reference_audio", code="invalid_value") from None
     return SynthesisRequest(text=text, voice=voice, seed=req.seed, temperature=req.temperature, top_p=req.top_p,
                             top_k=req.top_k, repetition_penalty=req.repetition_penalty,
                             max_new_tokens=req.max_new_tokens, min_new_tokens=req.min_new_tokens,
                             vocoder=req.vocoder, lookahead_tokens=req.lookahead_tokens,
-                            refine_text=req.refine_text, refine_prompt=req.refine_prompt)
+                            refine_text=req.refine_text, refine_prompt=req.refine_prompt,
+                            segmentation=req.segmentation, reference_audio=audio, reference_sample_rate_hz=rate,
+                            reference_text=req.reference_text, spk_smp=req.spk_smp)
+
+
+OFFLOADED_FORMATS: Final = frozenset(name for name, info in audio_format.FORMATS.items()
+                                      if info.bit_rate_bps is not None)
+"""Formats encoded in a worker thread (the lossy codecs mp3, aac, opus): measured here
+(2 busy cores) at 30 to 50 ms per 64-token chunk (1.4 s of audio), too long to hold the event
+loop that relays every other stream. pcm, float32, wav and flac take at most about 1 ms per
+such chunk and are encoded in the loop."""
 
 
 class EncodedStream:
-    """One synthesis streamed from Triton and encoded on the fly. Blocking; not thread-safe
-    (one caller at a time, e.g. one worker thread after another).
+    """One synthesis streamed from Triton and encoded on the fly, for one consumer task.
 
-    ``url``: Triton gRPC ``host:port``; ``fmt``: a key of ``audio_format.FORMATS``;
-    ``timeout_s``: deadline of the whole stream in seconds.
+    ``parts``: the stream (e.g. :meth:`chattts_serving.client.AioStreamClient.stream`), which
+    this object closes; ``fmt``: a key of ``audio_format.FORMATS``.
     """
 
-    def __init__(self, url: str, request: SynthesisRequest, fmt: str, timeout_s: float) -> None:
+    def __init__(self, parts: AsyncGenerator[StreamPart, None], fmt: str) -> None:
         self.encoder = audio_format.new_encoder(fmt)
-        self._chunks: Iterator[StreamPart] = iter_parts(url, request, timeout_s=timeout_s)
+        self._offload = fmt in OFFLOADED_FORMATS
+        self._parts = parts
         self.samples = 0
         """Samples received so far (at ``contract.SAMPLE_RATE_HZ``)."""
         self.info: dict[str, Any] = {}
@@ -145,34 +207,42 @@ class EncodedStream:
         ``contract.INFO_HEADER_KEYS``): complete for the header once the first audio arrived."""
         self.done = False
 
-    def next_bytes(self) -> bytes | None:
+    async def _encode(self, audio: np.ndarray | None) -> bytes:
+        work = self.encoder.finish if audio is None else (lambda: self.encoder.encode(audio))
+        return await anyio.to_thread.run_sync(work) if self._offload else work()
+
+    async def next_bytes(self) -> bytes | None:
         """Wait for the next audio chunk and return its encoded bytes (the encoder's remainder
         at the end of the stream); None once everything was returned.
 
-        Raises :class:`chattts_serving.client.ClientError` when Triton reports an error.
+        Raises :class:`chattts_serving.client.ClientError` when Triton reports an error or the
+        stream times out.
         """
         while not self.done:
             try:
-                part = next(self._chunks)
-            except StopIteration:
+                part = await self._parts.__anext__()
+            except StopAsyncIteration:
                 self.done = True
-                return self.encoder.finish()
+                return await self._encode(None)
             if part.info:
                 self.info.update(part.info)
             if not part.audio.size:
                 continue
             self.samples += int(part.audio.size)
-            data = self.encoder.encode(part.audio)
+            data = await self._encode(part.audio)
             if data:
                 return data
         return None
 
-    def close(self) -> None:
+    async def aclose(self) -> None:
         """Stop the synthesis if it is still running (cancels the Triton request)."""
         self.done = True
-        close = getattr(self._chunks, "close", None)
-        if close is not None:
-            close()
+        await self._parts.aclose()
+
+    @property
+    def audio_s(self) -> float:
+        """Seconds of audio received so far."""
+        return self.samples / contract.SAMPLE_RATE_HZ
 
     @property
     def audio_tokens(self) -> int:

@@ -1,0 +1,494 @@
+"""``/v1/audio/speech/stream``: text that arrives as it is written, audio that leaves as it is made.
+
+One WebSocket per utterance (or conversation turn). The client sends JSON text messages::
+
+    {"type": "start", "voice": "alloy", "response_format": "pcm", "seed": 3, ...}   # first, once
+    {"type": "text", "text": "Hello, wor"}                                           # any number
+    {"type": "flush"}                                                                # optional
+    {"type": "end"}                                                                  # last
+
+The gateway cuts the text into sentences as they complete
+(:class:`~chattts_serving.text.sentences.SentenceSplitter`; a sentence also ends on ``flush``,
+``end`` or after ``ws_idle_flush_s`` without text) and synthesises each as one ``chattts``
+stream over the shared :class:`~chattts_serving.client.AioStreamClient`, with the start
+message's fields (the same seed for every sentence): sentence *i*'s audio is what
+``POST /v1/audio/speech`` returns for sentence *i* alone with those fields. Up to
+``ws_lookahead`` sentences are synthesised ahead of the one being sent; audio is sent strictly
+in sentence order, as binary frames of ``response_format`` (one encoder for the connection:
+a WAV header comes once), between JSON events (:func:`event`): ``started``, then per sentence
+``sentence_start`` / ``sentence_done``, then ``done`` (or ``error``), and the server closes
+with a code of :class:`Close`.
+
+Back-pressure: each sentence holds at most ``ws_queue_chunks`` undelivered chunks; when that is
+full the gateway stops reading its Triton stream, and at most ``1 + ws_lookahead`` sentences
+are in synthesis, so a connection's memory is bounded whatever the client does. A client that
+takes no frame for ``ws_send_timeout_s`` is cut off: its syntheses are cancelled and the
+socket closed with 1008. Closing the socket cancels every synthesis of the connection in the
+engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import functools
+import hmac
+import json
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import IntEnum
+from importlib import resources
+from typing import Any, Final
+
+import anyio
+import anyio.abc
+import anyio.to_thread
+from fastapi import WebSocket, WebSocketDisconnect
+from fastapi.websockets import WebSocketState
+from pydantic import ValidationError
+
+from .. import contract
+from ..audio import formats as audio_format
+from ..client import AioStreamClient, ClientError, StreamPart
+from ..errors import ErrorKind
+from ..text.sentences import SentenceSplitter
+from .errors import AUTHENTICATION, INVALID_REQUEST, SERVER_ERROR, ApiError, from_client_error
+from .metrics import GatewayMetrics
+from .settings import GatewaySettings
+from .speech import OFFLOADED_FORMATS, SpeechRequest, build_request
+
+log = logging.getLogger("chattts_serving.gateway.ws")
+
+WS_PATH: Final = "/v1/audio/speech/stream"
+SUBPROTOCOL: Final = "chattts.v1"
+"""The WebSocket subprotocol the server selects when the client offers it (browsers must be
+answered with one of the protocols they offered)."""
+BEARER_PROTOCOL: Final = "bearer."
+"""Prefix of the subprotocol carrying the API key (``bearer.<key>``): browsers cannot set an
+``Authorization`` header on a WebSocket, so they offer ``["chattts.v1", "bearer.<key>"]``. The
+key is never taken from the URL, where access logs would keep it."""
+MAX_QUEUED_SENTENCES: Final = 64
+"""Complete sentences waiting for synthesis; beyond it the gateway stops reading the socket
+(TCP back-pressure on a client that writes faster than the voice speaks)."""
+
+
+class Close(IntEnum):
+    """The close codes the server sends (RFC 6455)."""
+
+    NORMAL = 1000
+    """``done`` was sent: every sentence was spoken."""
+    UNSUPPORTED = 1003
+    """A binary message from the client (only JSON text messages are understood)."""
+    INVALID_DATA = 1007
+    """A message that is not JSON, of an unknown type, or with invalid fields."""
+    POLICY = 1008
+    """Missing or wrong API key; a client that took no audio for ``ws_send_timeout_s``; no
+    message for ``stream_idle_timeout_s`` before ``end``."""
+    SERVER_ERROR = 1011
+    """A failure inside the gateway or the pipeline."""
+    TRY_AGAIN = 1013
+    """Busy (the gateway's ``--max-streams`` or Triton's admission), a stage unavailable, or a
+    deadline: retry later."""
+
+
+CLOSE_FOR_KIND: Final = {ErrorKind.INVALID: Close.INVALID_DATA, ErrorKind.BUSY: Close.TRY_AGAIN,
+                         ErrorKind.UNAVAILABLE: Close.TRY_AGAIN, ErrorKind.DEADLINE: Close.TRY_AGAIN,
+                         ErrorKind.CANCELLED: Close.NORMAL, ErrorKind.INTERNAL: Close.SERVER_ERROR}
+
+
+class StreamEnd(Exception):
+    """Ends a connection: ``error`` (None for a normal end) is sent as an ``error`` event first,
+    then the socket is closed with ``code``."""
+
+    def __init__(self, code: Close, error: ApiError | None = None) -> None:
+        super().__init__(error.message if error is not None else code.name)
+        self.code = code
+        self.error = error
+
+
+class ClientGone(Exception):
+    """The client closed the socket (or the connection dropped)."""
+
+
+def event(type_: str, **fields: Any) -> str:
+    """One JSON event: ``{"type": type_, **fields}``."""
+    return json.dumps({"type": type_, **fields}, ensure_ascii=False, separators=(",", ":"))
+
+
+def error_fields(error: ApiError, retryable: bool) -> dict[str, Any]:
+    """The fields of an ``error`` event: ``kind`` (:class:`~chattts_serving.errors.ErrorKind`),
+    OpenAI's ``code`` and ``param``, the ``message``, and ``retryable`` (true exactly when the
+    close code is 1013: busy, unavailable, deadline from the backend)."""
+    return {"kind": error.kind.value, "code": error.code, "param": error.param, "message": error.message,
+            "retryable": retryable}
+
+
+def invalid(message: str, param: str | None = None, code: str = "invalid_message") -> StreamEnd:
+    """A malformed message: error event of kind invalid, close 1007."""
+    return StreamEnd(Close.INVALID_DATA, ApiError(400, message, INVALID_REQUEST, param=param, code=code))
+
+
+def offered_key(websocket: WebSocket) -> str | None:
+    """The API key the client sent: ``Authorization: Bearer <key>``, else a ``bearer.<key>``
+    subprotocol; None when neither."""
+    scheme, _, token = websocket.headers.get("authorization", "").partition(" ")
+    if scheme.lower() == "bearer" and token.strip():
+        return token.strip()
+    for proto in websocket.scope.get("subprotocols") or ():
+        if proto.startswith(BEARER_PROTOCOL):
+            return proto[len(BEARER_PROTOCOL):]
+    return None
+
+
+def parse_start(msg: dict[str, Any]) -> tuple[SpeechRequest, str]:
+    """The start message as a :class:`~chattts_serving.gateway.speech.SpeechRequest` (``model``
+    defaults to ``chattts``, ``response_format`` to ``pcm``; ``input``, when given, is the first
+    text) and that first text.
+
+    Raises :class:`StreamEnd` (invalid, 1007) naming the field that is wrong."""
+    fields = {k: v for k, v in msg.items() if k != "type"}
+    first = fields.pop("input", "")
+    if not isinstance(first, str):
+        raise invalid("input: must be a string", "input")
+    if "stream_format" in fields:
+        raise invalid("stream_format: not used on the WebSocket stream (audio comes as binary frames)",
+                      "stream_format", code="unsupported_parameter")
+    fields.setdefault("model", "chattts")
+    fields.setdefault("response_format", "pcm")
+    try:
+        body = SpeechRequest.model_validate({**fields, "input": first or "-"})
+    except ValidationError as exc:
+        problem = exc.errors()[0]
+        loc = [str(p) for p in problem.get("loc", ())]
+        raise invalid(f"{loc[0] if loc else 'start'}: {problem.get('msg', 'invalid')}", loc[0] if loc else None,
+                      code="invalid_value") from None
+    return body, first
+
+
+@dataclass
+class _Sentence:
+    """One sentence in synthesis: its index, text, and the queue of what its stream produced
+    (:class:`StreamPart`, then None at the end, or the error that ended it)."""
+
+    index: int
+    text: str
+    queue: asyncio.Queue[StreamPart | ClientError | ApiError | None]
+    released_at: float
+    """``time.perf_counter()`` when the splitter released the sentence."""
+
+
+class SpeechStream:
+    """One WebSocket connection of ``/v1/audio/speech/stream`` (module docstring): reads the
+    client's messages, synthesises sentences in order with bounded lookahead, sends events and
+    audio frames, and releases everything however the connection ends."""
+
+    def __init__(self, websocket: WebSocket, cfg: GatewaySettings, client: AioStreamClient,
+                 metrics: GatewayMetrics, live: dict[str, int]) -> None:
+        self.ws, self.cfg, self.client, self.metrics, self.live = websocket, cfg, client, metrics, live
+        self.request_id = uuid.uuid4().hex
+        self.splitter = SentenceSplitter(min(cfg.ws_max_sentence_chars, cfg.max_input_chars))
+        self.sentences: asyncio.Queue[tuple[str, float] | None] = asyncio.Queue(MAX_QUEUED_SENTENCES)
+        self.jobs: asyncio.Queue[_Sentence | None] = asyncio.Queue()
+        self.slots = asyncio.Semaphore(1 + cfg.ws_lookahead)
+        self.audio_s = 0.0
+        self.count = 0
+        self.audio_started = False
+        """Whether any audio frame has been sent (errors after it count as ``mid_stream``)."""
+
+    # --- the connection -------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Serve the connection to its end (never raises for anything the client does)."""
+        offered = self.ws.scope.get("subprotocols") or []
+        await self.ws.accept(subprotocol=SUBPROTOCOL if SUBPROTOCOL in offered else None)
+        holding = False
+        status = "cancelled"
+        try:
+            try:
+                self._authorize()
+                try:
+                    start = await self._receive_message(self.cfg.stream_idle_timeout_s, start=True)
+                except TimeoutError:
+                    raise self._idle_timeout() from None
+                body, first = parse_start(start)
+                if body.model not in self.cfg.models:
+                    build_request(body, self.cfg.models, self.cfg.max_input_chars)  # raises the 404's ApiError
+                if self.live["streams"] >= self.cfg.max_streams:
+                    raise StreamEnd(Close.TRY_AGAIN, ApiError(
+                        503, f"server busy: the gateway relays {self.cfg.max_streams} streams already", SERVER_ERROR,
+                        code="server_busy", kind=ErrorKind.BUSY))
+                self.live["streams"] += 1
+                self.metrics.in_flight.inc()
+                holding = True
+                info = audio_format.format_info(body.response_format)
+                await self._send_text(event("started", request_id=self.request_id, format=info.name,
+                                            sample_rate_hz=info.sample_rate_hz))
+                try:
+                    async with anyio.create_task_group() as tg:
+                        tg.start_soon(self._read, first)
+                        tg.start_soon(self._schedule, body, tg)
+                        await self._send_all(body.response_format)
+                        tg.cancel_scope.cancel()
+                except Exception as group:  # anyio's ExceptionGroup (a backport's on Python 3.10)
+                    if not hasattr(group, "exceptions"):
+                        raise
+                    raise _first_cause(group) from None
+                raise StreamEnd(Close.NORMAL)
+            except ApiError as exc:
+                raise StreamEnd(CLOSE_FOR_KIND[exc.kind], exc) from None
+        except StreamEnd as end:
+            status = "ok" if end.error is None else "error"
+            if end.error is not None:
+                self.metrics.error(end.error.kind, "mid_stream" if self.audio_started else "before_audio")
+                if end.error.kind == ErrorKind.BUSY:
+                    log.info("stream %s: busy", self.request_id)
+            await self._close(end)
+        except (ClientGone, WebSocketDisconnect):
+            status = "cancelled"
+        except Exception:
+            log.exception("stream %s failed", self.request_id)
+            status = "error"
+            self.metrics.error(ErrorKind.INTERNAL, "mid_stream" if self.audio_started else "before_audio")
+            await self._close(StreamEnd(Close.SERVER_ERROR, ApiError(500, "internal error", SERVER_ERROR,
+                                                                     code="internal_error", kind=ErrorKind.INTERNAL)))
+        finally:
+            if holding:
+                self.live["streams"] -= 1
+                self.metrics.in_flight.dec()
+                self.metrics.audio.inc(self.audio_s)
+            if status != "error":
+                self.metrics.requests.labels(status=status).inc()
+
+    def _authorize(self) -> None:
+        key = self.cfg.api_key
+        if key is None:
+            return
+        offered = offered_key(self.ws)
+        if offered is None or not hmac.compare_digest(offered.encode(), key.encode()):
+            raise StreamEnd(Close.POLICY, ApiError(
+                401, "Incorrect or missing API key: send 'Authorization: Bearer <key>' or offer the subprotocol "
+                "'bearer.<key>'", AUTHENTICATION, code="invalid_api_key"))
+
+    async def _close(self, end: StreamEnd) -> None:
+        """Send the error event (if any) and close with ``end.code``; a client that is gone or
+        takes nothing is left as it is (bounded by ``ws_send_timeout_s``)."""
+        if self.ws.client_state != WebSocketState.CONNECTED:
+            return
+        with contextlib.suppress(Exception), anyio.move_on_after(self.cfg.ws_send_timeout_s):
+            if end.error is not None:
+                await self.ws.send_text(event("error", **error_fields(end.error, end.code == Close.TRY_AGAIN)))
+            await self.ws.close(int(end.code), reason=end.code.name.lower())
+
+    async def _send_text(self, text: str) -> None:
+        await self._send(functools.partial(self.ws.send_text, text))
+
+    async def _send(self, send: Callable[[], Any]) -> None:
+        """Send one message; a client that has not taken it after ``ws_send_timeout_s`` ends
+        the connection (1008)."""
+        try:
+            with anyio.fail_after(self.cfg.ws_send_timeout_s):
+                await send()
+        except TimeoutError:
+            raise StreamEnd(Close.POLICY, ApiError(
+                408, f"the client took no audio for {self.cfg.ws_send_timeout_s:g} s: stream cancelled",
+                INVALID_REQUEST, code="slow_reader", kind=ErrorKind.DEADLINE)) from None
+        except (WebSocketDisconnect, RuntimeError, OSError):
+            raise ClientGone() from None
+
+    # --- reading the client's messages ----------------------------------------------------
+
+    async def _receive_message(self, timeout_s: float | None, start: bool = False) -> dict[str, Any]:
+        """The next JSON object from the client (``start``: it must be the start message).
+
+        Raises ClientGone, TimeoutError (no message within ``timeout_s``) or StreamEnd for a
+        malformed message."""
+        with anyio.fail_after(timeout_s):
+            msg = await self.ws.receive()
+        if msg["type"] == "websocket.disconnect":
+            raise ClientGone()
+        if msg.get("text") is None:
+            raise StreamEnd(Close.UNSUPPORTED, ApiError(400, "binary messages are not understood: send JSON text "
+                                                        "messages", INVALID_REQUEST, code="invalid_message"))
+        try:
+            data = json.loads(msg["text"])
+        except json.JSONDecodeError as exc:
+            raise invalid(f"the message is not valid JSON: {exc}", code="invalid_json") from None
+        if not isinstance(data, dict) or not isinstance(data.get("type"), str):
+            raise invalid('every message is a JSON object with a "type"', "type")
+        kind = data["type"]
+        if start and kind != "start":
+            raise invalid(f'the first message must be {{"type": "start", ...}}, not "{kind}"', "type")
+        if not start and kind not in ("text", "flush", "end"):
+            raise invalid(f'unknown message type "{kind}": expected text, flush or end', "type")
+        return data
+
+    async def _read(self, first: str) -> None:
+        """Feed the client's text to the splitter and queue complete sentences until ``end``,
+        then wait for the client to go (so that a close cancels the syntheses)."""
+        await self._queue(self.splitter.feed(first))
+        ended = False
+        while True:
+            pending = bool(self.splitter.pending.strip())
+            timeout = None if ended else (self.cfg.ws_idle_flush_s if pending else self.cfg.stream_idle_timeout_s)
+            try:
+                msg = await self._receive_message(timeout)
+            except TimeoutError:
+                if pending:
+                    await self._queue(self.splitter.flush())
+                    continue
+                raise self._idle_timeout() from None
+            if ended:
+                raise invalid(f'"{msg["type"]}" after "end"', "type")
+            if msg["type"] == "text":
+                text = msg.get("text")
+                if not isinstance(text, str):
+                    raise invalid('"text" must be a string', "text")
+                try:
+                    text.encode("utf-8")
+                except UnicodeEncodeError:
+                    raise invalid("text: not valid Unicode (a lone surrogate)", "text") from None
+                await self._queue(self.splitter.feed(text))
+            elif msg["type"] == "flush":
+                await self._queue(self.splitter.flush())
+            else:
+                await self._queue(self.splitter.end())
+                await self.sentences.put(None)
+                ended = True
+
+    def _idle_timeout(self) -> StreamEnd:
+        return StreamEnd(Close.POLICY, ApiError(
+            408, f"no message for {self.cfg.stream_idle_timeout_s:g} s before end", INVALID_REQUEST,
+            code="idle_timeout", kind=ErrorKind.DEADLINE))
+
+    async def _queue(self, sentences: list[str]) -> None:
+        now = time.perf_counter()
+        for s in sentences:
+            await self.sentences.put((s, now))
+
+    # --- synthesis ------------------------------------------------------------------------
+
+    async def _schedule(self, body: SpeechRequest, tg: anyio.abc.TaskGroup) -> None:
+        """Start each sentence's synthesis as soon as it is complete and a lookahead slot is free."""
+        index = 0
+        while True:
+            item = await self.sentences.get()
+            if item is None:
+                await self.jobs.put(None)
+                return
+            await self.slots.acquire()
+            job = _Sentence(index, item[0], asyncio.Queue(self.cfg.ws_queue_chunks), item[1])
+            tg.start_soon(self._produce, body, job)
+            await self.jobs.put(job)
+            index += 1
+
+    async def _produce(self, body: SpeechRequest, job: _Sentence) -> None:
+        """Pull one sentence's Triton stream into its bounded queue (a full queue pauses the pull)."""
+        try:
+            request = build_request(body.model_copy(update={"input": job.text}), self.cfg.models,
+                                    self.cfg.max_input_chars)
+            request = dataclasses.replace(request, request_id=f"{self.request_id}-{job.index}")
+            async with contextlib.aclosing(self.client.stream(
+                    request, idle_timeout_s=self.cfg.stream_idle_timeout_s,
+                    max_duration_s=self.cfg.stream_max_s)) as parts:
+                async for part in parts:
+                    await job.queue.put(part)
+        except (ClientError, ApiError) as exc:
+            await job.queue.put(exc)
+            return
+        await job.queue.put(None)
+
+    async def _send_all(self, fmt: str) -> None:
+        """Send every sentence's events and audio, in order, then ``done``."""
+        encoder = audio_format.new_encoder(fmt)
+        offload = fmt in OFFLOADED_FORMATS
+
+        async def encode(work: Callable[[], bytes]) -> bytes:
+            return await anyio.to_thread.run_sync(work) if offload else work()
+
+        while (job := await self.jobs.get()) is not None:
+            try:
+                await self._send_sentence(job, encoder, encode)
+            finally:
+                self.slots.release()
+            self.count += 1
+        tail = await encode(encoder.finish)
+        if tail:
+            await self._send(functools.partial(self.ws.send_bytes, tail))
+        await self._send_text(event("done", sentences=self.count, audio_s=round(self.audio_s, 4)))
+
+    async def _send_sentence(self, job: _Sentence, encoder: Any, encode: Callable[..., Any]) -> None:
+        info: dict[str, Any] = {}
+        started = False
+        samples = 0
+        first_audio_ms: float | None = None
+        while True:
+            item = await job.queue.get()
+            if isinstance(item, (ClientError, ApiError)):
+                error = item if isinstance(item, ApiError) else from_client_error(item, self.cfg.triton_url)
+                if error.kind != ErrorKind.INVALID:
+                    raise StreamEnd(CLOSE_FOR_KIND[error.kind], error)
+                # this sentence cannot be spoken (e.g. nothing speakable): say so, go on with the next
+                self.metrics.errors.labels(kind=error.kind.value, phase="mid_stream").inc()
+                await self._send_text(event("error", index=job.index, **error_fields(error, False)))
+                break
+            if item is not None and item.info:
+                info.update(item.info)
+            if not started and (item is None or item.audio.size):
+                started = True
+                normalized = info.get("normalized_text") or []
+                await self._send_text(event(
+                    "sentence_start", index=job.index, text=job.text,
+                    normalized_text="".join(normalized) if isinstance(normalized, list) else str(normalized),
+                    unspoken=info.get("dropped") or []))
+            if item is None:
+                break
+            if not item.audio.size:
+                continue
+            if first_audio_ms is None:
+                first_audio_ms = (time.perf_counter() - job.released_at) * 1000
+                self.metrics.ws_sentence_first_audio.observe(first_audio_ms / 1000)
+            samples += int(item.audio.size)
+            data = await encode(functools.partial(encoder.encode, item.audio))
+            if data:
+                self.audio_started = True
+                await self._send(functools.partial(self.ws.send_bytes, data))
+        audio_s = samples / contract.SAMPLE_RATE_HZ
+        self.audio_s += audio_s
+        await self._send_text(event("sentence_done", index=job.index, audio_s=round(audio_s, 4),
+                                    first_audio_ms=None if first_audio_ms is None else round(first_audio_ms, 1)))
+
+
+def _first_cause(group: BaseException) -> BaseException:
+    """The exception that ended a connection's task group: the first :class:`StreamEnd`, else
+    the first of the client going away, else the first of any kind."""
+    leaves: list[BaseException] = []
+
+    def walk(exc: BaseException) -> None:
+        inner_group = getattr(exc, "exceptions", None)
+        if isinstance(inner_group, tuple):
+            for inner in inner_group:
+                walk(inner)
+        else:
+            leaves.append(exc)
+
+    walk(group)
+    for kinds in ((StreamEnd, ApiError), (ClientGone, WebSocketDisconnect)):
+        for exc in leaves:
+            if isinstance(exc, kinds):
+                return exc
+    return leaves[0]
+
+
+async def serve_speech_stream(websocket: WebSocket, cfg: GatewaySettings, client: AioStreamClient,
+                              metrics: GatewayMetrics, live: dict[str, int]) -> None:
+    """Serve one ``/v1/audio/speech/stream`` connection (:class:`SpeechStream`)."""
+    await SpeechStream(websocket, cfg, client, metrics, live).run()
+
+
+def page_html() -> str:
+    """The demo page served at ``/`` (``static/index.html``, no build step, no external assets)."""
+    return resources.files(__package__).joinpath("static/index.html").read_text(encoding="utf-8")
