@@ -17,7 +17,8 @@ the bottom (``tests/test_layout.py`` checks it):
   pipeline over the three stages (``pipeline``), admission, the stream lifecycle, circuit
   breakers and degradation, the entry service, profiles and JSON logs.
 * ``triton/``: the Triton adapters. One class per model (``models``; each
-  ``model_repository/*/1/model.py`` subclasses one), BLS stages, responses, metrics.
+  ``model_repository/*/1/model.py`` subclasses one), BLS stages, responses, metrics, the
+  engine's cancel socket (``cancels``).
 * ``client/``, ``gateway/``, ``export/``, ``deploy/`` (repository renderer, server launcher,
   probe), ``bench/``, ``demo``: the applications around it.
 """

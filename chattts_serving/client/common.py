@@ -67,8 +67,13 @@ class SynthesisRequest:
     whole request in seconds (FP32). refine_text: run ChatTTS' refine-text stage first (BOOL);
     refine_prompt: its control tokens, e.g. '[oral_2][laugh_0][break_6]'; refine_temperature,
     refine_top_p, refine_top_k, refine_max_new_tokens, refine_min_new_tokens, refine_seed: its sampling (defaults in
-    ``contract.REFINE_PARAMS``). request_id: Triton request id (not a tensor): echoed in
-    every response's ``id`` and in ``info``; the server generates one when it is None.
+    ``contract.REFINE_PARAMS``). segmentation: 'streaming' or 'chattts' (ChatTTS' split and
+    first-piece audio prompt). reference_audio: a reference recording, (N,) float32 mono
+    samples in [-1, 1] at reference_sample_rate_hz (INT32, default 24000; :func:`read_wav`
+    reads one); reference_text: its transcript (required with it or with spk_smp); spk_smp: a
+    ChatTTS audio-prompt string instead of a recording. request_id: Triton request id (not a
+    tensor): echoed in every response's ``id`` and in ``info``; the server generates one when
+    it is None.
     """
 
     text: str
@@ -92,11 +97,17 @@ class SynthesisRequest:
     refine_max_new_tokens: int | None = None
     refine_min_new_tokens: int | None = None
     refine_seed: int | None = None
+    segmentation: str | None = None
+    reference_audio: np.ndarray | None = field(default=None, compare=False)
+    reference_sample_rate_hz: int | None = None
+    reference_text: str | None = None
+    spk_smp: str | None = None
     request_id: str | None = None
 
     def tensors(self) -> Iterator[tuple[str, np.ndarray, str]]:
-        """Yield ``(input name, numpy array of shape [1], client datatype)`` for each field
-        that is set, with the dtype the contract declares (object/bytes for BYTES).
+        """Yield ``(input name, numpy array, client datatype)`` for each field that is set, with
+        the dtype the contract declares (object/bytes for BYTES): shape [1], except
+        ``reference_audio`` ([N] float32).
 
         Raises KeyError if a field has no matching entry input in the contract (a contract
         change the client has not followed).
@@ -106,19 +117,24 @@ class SynthesisRequest:
             if value is None or f.name == "request_id":
                 continue
             spec = _SPECS[f.name]
-            if spec.np_dtype == np.dtype(object):
+            if spec.dims == (-1,):
+                arr = np.ascontiguousarray(value, dtype=spec.np_dtype).reshape(-1)
+            elif spec.np_dtype == np.dtype(object):
                 arr = np.array([str(value).encode("utf-8")], dtype=np.object_)
             else:
                 arr = np.array([value], dtype=spec.np_dtype)
             yield spec.name, arr, spec.client_dtype
 
-    def json_inputs(self) -> dict[str, str | int | float | bool]:
+    def json_inputs(self) -> dict[str, str | int | float | bool | list[float]]:
         """The set fields as a JSON object for ``generate_stream``: strings plain, BOOL as JSON
-        booleans, INT32/INT64 as JSON integers, FP32 as JSON floats."""
-        out: dict[str, str | int | float | bool] = {}
+        booleans, INT32/INT64 as JSON integers, FP32 as JSON floats (``reference_audio`` as a
+        JSON array of them)."""
+        out: dict[str, str | int | float | bool | list[float]] = {}
         for name, arr, _ in self.tensors():
-            v = arr[0]
-            if isinstance(v, bytes):
+            v = arr[0] if arr.size == 1 and name != contract.IN_REFERENCE_AUDIO.name else None
+            if v is None:
+                out[name] = [float(x) for x in arr]
+            elif isinstance(v, bytes):
                 out[name] = v.decode("utf-8")
             elif arr.dtype == np.bool_:
                 out[name] = bool(v)
@@ -243,6 +259,38 @@ def audio_only(parts: Iterator[StreamPart]) -> Iterator[np.ndarray]:
         close = getattr(parts, "close", None)
         if close is not None:
             close()
+
+
+def read_wav(source: str | Path | bytes) -> tuple[np.ndarray, int]:
+    """A PCM WAV file (a path, or its bytes) as ((N,) float32 mono samples in [-1, 1], sample
+    rate in Hz): 8-bit unsigned or 16/24/32-bit signed integer samples, several channels
+    averaged to one. For a ``reference_audio``.
+
+    Raises:
+        ValueError: not a PCM WAV file (a compressed or floating-point WAV, another format),
+            or a file that cannot be read (an OSError's message).
+    """
+    import io
+
+    try:
+        with wave.open(io.BytesIO(source) if isinstance(source, bytes) else str(source), "rb") as w:
+            channels, width, rate = w.getnchannels(), w.getsampwidth(), w.getframerate()
+            raw = w.readframes(w.getnframes())
+    except (wave.Error, EOFError) as exc:
+        why = f" ({exc})" if str(exc) else ""
+        raise ValueError(f"not a PCM WAV file{why}; convert it, e.g. "
+                         "`ffmpeg -i in -c:a pcm_s16le out.wav`") from None
+    except OSError as exc:
+        raise ValueError(str(exc)) from None
+    if width == 1:
+        x = (np.frombuffer(raw, np.uint8).astype(np.float32) - 128.0) / 128.0
+    elif width == 3:
+        b = np.frombuffer(raw, np.uint8).reshape(-1, 3).astype(np.int32)
+        x = (((b[:, 2] << 24) | (b[:, 1] << 16) | (b[:, 0] << 8)) >> 8).astype(np.float32) / float(1 << 23)
+    else:
+        dtype = {2: "<i2", 4: "<i4"}[width]
+        x = np.frombuffer(raw, dtype).astype(np.float32) / float(1 << (8 * width - 1))
+    return x.reshape(-1, channels).mean(axis=1).astype(np.float32), int(rate)
 
 
 def write_wav(path: str | Path, audio: np.ndarray, sample_rate_hz: int = contract.SAMPLE_RATE_HZ) -> None:

@@ -48,7 +48,8 @@ def _client_error(exc: InferenceServerException, url: str) -> ClientError:
     return ClientError(message, status)
 
 
-def _inputs(request: SynthesisRequest) -> list[grpcclient.InferInput]:
+def grpc_inputs(request: SynthesisRequest) -> list[grpcclient.InferInput]:
+    """The request's input tensors for a tritonclient gRPC call (sync or asyncio)."""
     out = []
     for name, arr, dtype in request.tensors():
         inp = grpcclient.InferInput(name, list(arr.shape), dtype)
@@ -57,9 +58,16 @@ def _inputs(request: SynthesisRequest) -> list[grpcclient.InferInput]:
     return out
 
 
-def _is_final(result: Any) -> bool:
+def response_part(result: Any) -> tuple[StreamPart, bool]:
+    """One streamed ``InferResult`` as a :class:`StreamPart` (audio: (n,) float32, possibly
+    empty; ``info`` when the response carries it), and whether it is the stream's final one.
+    Raises ClientError when ``info`` is not a JSON object."""
+    audio = result.as_numpy(contract.OUT_AUDIO.name)
+    info = result.as_numpy(contract.OUT_INFO.name)
     params = result.get_response().parameters
-    return "triton_final_response" in params and bool(params["triton_final_response"].bool_param)
+    final = "triton_final_response" in params and bool(params["triton_final_response"].bool_param)
+    return StreamPart(np.zeros(0, np.float32) if audio is None else np.asarray(audio, np.float32).reshape(-1),
+                      parse_info(info) if info is not None else None), final
 
 
 def iter_chunks(url: str, request: SynthesisRequest,
@@ -97,7 +105,7 @@ def iter_parts(url: str, request: SynthesisRequest,
             finished = True
             raise _client_error(exc, url) from None
         try:
-            client.async_stream_infer(contract.MODEL_STREAM, _inputs(request), request_id=request.request_id or "",
+            client.async_stream_infer(contract.MODEL_STREAM, grpc_inputs(request), request_id=request.request_id or "",
                                       enable_empty_final_response=True)
         except InferenceServerException as exc:
             # A stream that failed at once (server unreachable) refuses new requests; the
@@ -117,14 +125,10 @@ def iter_parts(url: str, request: SynthesisRequest,
             if error is not None:
                 finished = True  # the server has ended this request
                 raise _client_error(error, url)
-            audio = result.as_numpy(contract.OUT_AUDIO.name)
-            info = result.as_numpy(contract.OUT_INFO.name)
-            part = StreamPart(np.zeros(0, np.float32) if audio is None else
-                              np.asarray(audio, dtype=np.float32).reshape(-1),
-                              parse_info(info) if info is not None else None)
+            part, final = response_part(result)
             if part.audio.size or part.info:
                 yield part
-            if _is_final(result):
+            if final:
                 finished = True
                 return
     finally:

@@ -2,20 +2,22 @@
 
 The request body is a JSON object keyed by input name; the server answers with
 ``data: {json}`` events, each holding one audio chunk as a JSON number array, or an
-``"error"`` key. Events are parsed from a single growing buffer scanned once, because
-``requests.Response.iter_lines`` rescans long lines and is quadratic in their length.
+``"error"`` key. The transport is httpx and the event parser httpx-sse (``EventSource``):
+linear in the stream's length, with no limit on an event's size (a 30 s chunk is one line of
+several MB; ``requests.Response.iter_lines`` rescans long lines and is quadratic in their
+length). httpx2 carries the same parser but needs Python 3.11; the GPU image has 3.10.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Generator, Iterator
+from collections.abc import Generator, Iterable, Iterator
 from typing import Any
 
+import httpx
 import numpy as np
-import requests
-import urllib3
+from httpx_sse import EventSource
 
 from .. import contract
 from .common import (
@@ -31,68 +33,37 @@ from .common import (
 
 DEFAULT_TIMEOUT_S = 300.0
 """Default deadline of a whole stream, in seconds."""
-READ_BYTES = 1 << 16
-"""Bytes read from the socket at a time."""
+_EVENT_STREAM = "text/event-stream"
 
 
-def iter_events(byte_chunks: Iterator[bytes]) -> Iterator[dict[str, Any]]:
-    """Parse a server-sent-event byte stream into the JSON objects of its ``data:`` fields.
-
-    Linear in the stream's length: the buffer is scanned for the blank line that ends an
-    event from where the previous scan stopped, and consumed once per read. Lines other than
-    ``data:`` (comments, ``event:``, ``id:``) are ignored; an event's data lines are joined
-    with newlines as the SSE specification says. Raises :class:`ClientError` on data that is
-    not a JSON object.
-    """
-    buf = bytearray()
-    scan = 0
-    for piece in byte_chunks:
-        if not piece:
+def _json_events(response: httpx.Response) -> Iterator[dict[str, Any]]:
+    """The JSON objects of the events of ``response`` (an event stream) that carry data; raises
+    ClientError on data that is not a JSON object, httpx_sse.SSEError (an httpx.HTTPError) when
+    the response is not an event stream."""
+    for event in EventSource(response).iter_sse():
+        if not event.data:
             continue
-        buf += piece
-        start = 0
-        while True:
-            end, sep = _event_end(buf, max(start, scan - 3))
-            if end < 0:
-                break
-            event = _parse_event(bytes(buf[start:end]))
-            start = end + sep
-            if event is not None:
-                yield event
-        if start:
-            del buf[:start]
-        scan = len(buf)
-    tail = _parse_event(bytes(buf)) if buf.strip() else None
-    if tail is not None:
-        yield tail
+        try:
+            obj = json.loads(event.data)
+        except ValueError:
+            raise ClientError(f"malformed server-sent event: {event.data[:200]!r}") from None
+        if not isinstance(obj, dict):
+            raise ClientError(f"server-sent event is not a JSON object: {event.data[:200]!r}")
+        yield obj
 
 
-def _event_end(buf: bytearray, since: int) -> tuple[int, int]:
-    """(index where the first event ending at or after ``since`` ends, separator length), or (-1, 0)."""
-    best, sep_len = -1, 0
-    for sep in (b"\n\n", b"\r\n\r\n"):
-        i = buf.find(sep, since)
-        if i >= 0 and (best < 0 or i < best):
-            best, sep_len = i, len(sep)
-    return best, sep_len
-
-
-def _parse_event(raw: bytes) -> dict[str, Any] | None:
-    data = [line[5:].removeprefix(b" ") for line in raw.splitlines() if line.startswith(b"data:")]
-    if not data:
-        return None
-    text = b"\n".join(data)
-    try:
-        obj = json.loads(text)
-    except ValueError:
-        raise ClientError(f"malformed server-sent event: {text[:200]!r}") from None
-    if not isinstance(obj, dict):
-        raise ClientError(f"server-sent event is not a JSON object: {text[:200]!r}")
-    return obj
+def iter_events(byte_chunks: Iterable[bytes]) -> Iterator[dict[str, Any]]:
+    """Parse a server-sent-event byte stream (read elsewhere, e.g. by a load-test client) into
+    the JSON objects of its ``data:`` fields, with httpx-sse's parser: comments, ``event:`` and
+    ``id:`` lines are skipped, an event's data lines are joined with newlines, events of any
+    size are accepted. Raises :class:`ClientError` on data that is not a JSON object."""
+    response = httpx.Response(200, headers={"content-type": _EVENT_STREAM}, content=iter(byte_chunks),
+                              request=httpx.Request("GET", "http://sse.invalid/"))
+    yield from _json_events(response)
 
 
 def _root_cause(exc: BaseException) -> str:
-    """The innermost OS-level reason of a requests/urllib3 error ("Connection refused"), else str(exc)."""
+    """The innermost OS-level reason of a transport error ("Connection refused"), else str(exc)."""
     seen: set[int] = set()
     todo: list[BaseException] = [exc]
     while todo:
@@ -102,26 +73,25 @@ def _root_cause(exc: BaseException) -> str:
         seen.add(id(e))
         if isinstance(e, OSError) and e.strerror:
             return e.strerror
-        todo.extend(x for x in (e.__cause__, e.__context__, getattr(e, "reason", None), *e.args)
-                    if isinstance(x, BaseException))
-    return str(exc)
+        todo.extend(x for x in (e.__cause__, e.__context__, *e.args) if isinstance(x, BaseException))
+    return str(exc) or type(exc).__name__
 
 
-def _error_message(resp: requests.Response) -> str:
+def _error_message(resp: httpx.Response) -> str:
     """The server's message from a non-200 answer: a JSON ``{"error": ...}`` body, or the same
     as one ``data:`` event (what ``generate_stream`` sends when the first response fails)."""
-    raw = resp.content
+    raw = resp.read()
     body: Any = None
     try:
         body = json.loads(raw)
     except ValueError:
         try:
-            body = next(iter_events(iter([raw])), None)
+            body = next(iter_events([raw]), None)
         except ClientError:
             body = None
     if isinstance(body, dict) and "error" in body:
         return str(body["error"])
-    return raw.decode("utf-8", "replace").strip() or resp.reason or f"HTTP {resp.status_code}"
+    return raw.decode("utf-8", "replace").strip() or resp.reason_phrase or f"HTTP {resp.status_code}"
 
 
 def iter_sse_chunks(url: str, request: SynthesisRequest,
@@ -145,23 +115,15 @@ def iter_sse_parts(url: str, request: SynthesisRequest,
     """
     endpoint = f"http://{url}/v2/models/{contract.MODEL_STREAM}/generate_stream"
     deadline = time.monotonic() + timeout_s
+    body: dict[str, Any] = dict(request.json_inputs())
+    if request.request_id:
+        body["id"] = request.request_id
     try:
-        body: dict[str, Any] = dict(request.json_inputs())
-        if request.request_id:
-            body["id"] = request.request_id
-        resp = requests.post(endpoint, json=body, stream=True,
-                             headers={"Accept": "text/event-stream"}, timeout=(timeout_s, timeout_s))
-    except requests.ConnectionError as exc:
-        raise ClientError(f"cannot connect to {url}: {_root_cause(exc)}", connection=True) from None
-    except requests.Timeout:
-        raise ClientError(f"no response from {url} within {timeout_s:g} s", TIMEOUT) from None
-    except requests.RequestException as exc:
-        raise ClientError(f"request to {endpoint} failed: {exc}") from None
-    with resp:
-        if resp.status_code != 200:
-            raise ClientError(_error_message(resp), resp.status_code)
-        try:
-            for event in iter_events(resp.raw.stream(READ_BYTES, decode_content=True)):
+        with httpx.stream("POST", endpoint, json=body, headers={"Accept": _EVENT_STREAM},
+                          timeout=httpx.Timeout(timeout_s)) as resp:
+            if resp.status_code != 200:
+                raise ClientError(_error_message(resp), resp.status_code)
+            for event in _json_events(resp):
                 if "error" in event:  # the stream began (HTTP 200) and then failed: no status
                     raise ClientError(str(event["error"]))
                 audio = event.get(contract.OUT_AUDIO.name)
@@ -173,10 +135,12 @@ def iter_sse_parts(url: str, request: SynthesisRequest,
                     yield part
                 if time.monotonic() > deadline:
                     raise ClientError(f"stream from {url} did not finish within {timeout_s:g} s", TIMEOUT)
-        except urllib3.exceptions.ReadTimeoutError:
-            raise ClientError(f"no data from {url} for {timeout_s:g} s", TIMEOUT) from None
-        except (requests.RequestException, urllib3.exceptions.HTTPError, OSError) as exc:
-            raise ClientError(f"stream from {url} failed: {exc}") from None
+    except httpx.ConnectError as exc:
+        raise ClientError(f"cannot connect to {url}: {_root_cause(exc)}", connection=True) from None
+    except httpx.TimeoutException:
+        raise ClientError(f"no data from {url} for {timeout_s:g} s", TIMEOUT) from None
+    except httpx.HTTPError as exc:  # transport failures, and an answer that is not an event stream
+        raise ClientError(f"stream from {url} failed: {_root_cause(exc)}") from None
 
 
 def synthesize_sse(url: str, request: SynthesisRequest,

@@ -1,0 +1,152 @@
+"""Asyncio streaming client for the decoupled entry model (``contract.MODEL_STREAM``) over gRPC.
+
+One :class:`AioStreamClient` per process (per event loop) holds one
+``tritonclient.grpc.aio.InferenceServerClient``: one gRPC channel, one HTTP/2 connection over
+which every stream of the process is multiplexed. Streams are awaited in the event loop itself;
+no thread waits for a chunk. Use::
+
+    client = AioStreamClient("127.0.0.1:8001")          # inside the running event loop
+    async with contextlib.aclosing(client.stream(request, idle_timeout_s=90)) as parts:
+        async for part in parts:                          # StreamPart: audio (float32) and info
+            ...
+    await client.close()                                  # at shutdown
+
+Leaving the ``async for`` early (an exception, a ``break``, the task being cancelled) and then
+closing the generator cancels the request on the server: Triton's ``is_cancelled()`` turns
+true and the engine drops the sequence. Errors raise :class:`ClientError` with the server's
+kind (:attr:`ClientError.kind`, from the ``[kind]`` tag of the message).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncGenerator, AsyncIterator
+from typing import Any, Final
+
+import grpc
+import tritonclient.grpc.aio as grpcaio
+from tritonclient.utils import InferenceServerException
+
+from .. import contract
+from .common import TIMEOUT, ClientError, StreamPart, SynthesisRequest
+from .grpc_stream import grpc_inputs, response_part
+
+DEFAULT_IDLE_TIMEOUT_S: Final = 90.0
+"""Default longest wait for the next response of a stream, in seconds: longer than the entry
+model's own ``entry.stall_timeout_s`` (60 s in the profiles), so that a stalled engine is
+reported by the server's clearer error first."""
+
+RECONNECT_BACKOFF_MAX_MS: Final = 2000
+"""Longest pause between reconnection attempts of the shared channel, in milliseconds (gRPC's
+default grows to 120 s: a restarted Triton would stay unreachable for minutes)."""
+
+_CHANNEL_ARGS: Final = [
+    # Every address the target resolves to gets a connection and streams take turns over them:
+    # with ``dns:///<headless service>:8001`` one gateway spreads its streams over every Triton
+    # replica (a plain ClusterIP resolves to one address: the same as pick_first).
+    ("grpc.lb_policy_name", "round_robin"),
+    ("grpc.max_send_message_length", 2**31 - 1),
+    ("grpc.max_receive_message_length", 2**31 - 1),
+    ("grpc.keepalive_time_ms", 30_000),
+    ("grpc.keepalive_timeout_ms", 10_000),
+    ("grpc.keepalive_permit_without_calls", 0),
+    ("grpc.http2.max_pings_without_data", 2),
+    ("grpc.initial_reconnect_backoff_ms", 200),
+    ("grpc.min_reconnect_backoff_ms", 200),
+    ("grpc.max_reconnect_backoff_ms", RECONNECT_BACKOFF_MAX_MS),
+]
+
+
+class AioStreamClient:
+    """Streams requests to ``contract.MODEL_STREAM`` at ``url`` (``host:port`` of Triton's
+    gRPC endpoint, or any gRPC target such as ``dns:///triton-headless:8001``, whose addresses
+    then share the streams round robin) over one shared channel.
+
+    Create it inside the running event loop; it serves any number of concurrent streams of
+    that loop (it is not thread-safe). Nothing connects until the first call; an unreachable
+    server shows as a :class:`ClientError` with ``connection=True`` on the stream (or False
+    from :meth:`ready`)."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self._client = grpcaio.InferenceServerClient(url, channel_args=_CHANNEL_ARGS)
+
+    async def close(self) -> None:
+        """Close the channel; streams still open fail."""
+        await self._client.close()
+
+    async def ready(self, timeout_s: float) -> bool:
+        """Whether Triton answers ready within ``timeout_s`` seconds (never raises)."""
+        try:
+            return bool(await self._client.is_server_ready(client_timeout=timeout_s))
+        except (InferenceServerException, grpc.RpcError, OSError):
+            return False
+
+    def _error(self, exc: BaseException) -> ClientError:
+        if isinstance(exc, grpc.aio.AioRpcError):
+            status, message = str(exc.code()), exc.details() or str(exc.code())
+        elif isinstance(exc, InferenceServerException):
+            status, message = exc.status(), exc.message() or str(exc)
+        else:
+            status, message = None, str(exc)
+        if status == str(grpc.StatusCode.UNAVAILABLE):
+            return ClientError(f"cannot reach {self.url}: {message}", status, connection=True)
+        return ClientError(message, status)
+
+    async def stream(self, request: SynthesisRequest, *, idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S,
+                     max_duration_s: float | None = None) -> AsyncGenerator[StreamPart, None]:
+        """Send ``request`` and yield each response as a :class:`StreamPart` (its audio: (n,)
+        float32 mono at ``contract.SAMPLE_RATE_HZ``, possibly empty; its ``info`` object on
+        the first audio response and the final one). Responses with neither are skipped.
+
+        ``idle_timeout_s``: longest wait for the next response, seconds (the stream fails only
+        when the server goes quiet, however long it runs). ``max_duration_s``: optional cap
+        on the whole stream, seconds (None: none).
+
+        Raises :class:`ClientError`: the server's error for the request (its ``kind`` from the
+        message's tag), an unreachable server (``connection=True``), or a timeout above
+        (``status`` ``"timeout"``, kind DEADLINE). Closing the generator before the end
+        (``aclose()``) cancels the request on the server.
+        """
+        if idle_timeout_s <= 0 or (max_duration_s is not None and max_duration_s <= 0):
+            raise ValueError("idle_timeout_s and max_duration_s must be > 0 seconds")
+        inputs = grpc_inputs(request)
+
+        async def one_request() -> AsyncIterator[dict[str, Any]]:
+            # One request, then the request side closes: Triton ends the call once that
+            # request's last response is sent.
+            yield {"model_name": contract.MODEL_STREAM, "inputs": inputs, "request_id": request.request_id or ""}
+
+        call = self._client.stream_infer(one_request())
+        deadline = None if max_duration_s is None else time.monotonic() + max_duration_s
+        finished = False
+        try:
+            while True:
+                wait_s = idle_timeout_s
+                if deadline is not None:
+                    wait_s = min(wait_s, deadline - time.monotonic())
+                try:
+                    result, error = await asyncio.wait_for(call.__anext__(), timeout=max(wait_s, 0.0))
+                except StopAsyncIteration:
+                    finished = True  # the server closed the call: the request is complete
+                    return
+                except asyncio.TimeoutError:
+                    if deadline is not None and time.monotonic() >= deadline:
+                        raise ClientError(f"the stream did not finish within {max_duration_s:g} s",
+                                          TIMEOUT) from None
+                    raise ClientError(f"no response from {self.url} for {idle_timeout_s:g} s", TIMEOUT) from None
+                except (grpc.aio.AioRpcError, InferenceServerException) as exc:
+                    raise self._error(exc) from None
+                if error is not None:
+                    finished = True  # an error ends the request on the server
+                    raise self._error(error)
+                part, final = response_part(result)
+                if part.audio.size or part.info:
+                    yield part
+                if final:
+                    finished = True
+                    return
+        finally:
+            if not finished:
+                call.cancel()
