@@ -1,7 +1,8 @@
 """Locust load test of a running chattts-serving Triton server.
 
-Three user classes, each a closed loop of whole utterances (weights 1:1:1; pick classes by
-naming them on Locust's command line, e.g. ``GrpcStreamUser``):
+Four user classes, each a closed loop of whole utterances (weights 1:1:1:1; pick classes by
+naming them on Locust's command line, e.g. ``GrpcStreamUser``; ``loadtest/run.sh`` runs the
+gateway user only when ``CHATTTS_GATEWAY_PORT`` is set):
 
 - ``GrpcStreamUser``: the decoupled ``chattts`` model over a gRPC stream. Reports two request
   types per stream: ``grpc:ttfa`` (send to first audio chunk) and ``grpc:total`` (send to the
@@ -10,16 +11,21 @@ naming them on Locust's command line, e.g. ``GrpcStreamUser``):
   (``/v2/models/chattts/generate_stream``): ``sse:ttfa`` and ``sse:total``.
 - ``HttpOfflineUser``: ``chattts_offline`` over HTTP ``/infer`` (whole utterance, binary output):
   ``http:infer``.
+- ``GatewaySpeechUser``: the OpenAI gateway's ``POST /v1/audio/speech`` (``response_format``
+  pcm, streamed): ``gateway:ttfa`` (send to the first audio bytes) and ``gateway:total``.
 
 Response lengths are audio bytes (float32 PCM: 4 bytes per sample at
-``contract.SAMPLE_RATE_HZ``). Chunks and audio seconds per request type are counted and, at
-test stop, printed and written to ``$CHATTTS_AUDIO_SUMMARY`` (JSON) when that is set.
+``contract.SAMPLE_RATE_HZ``; 2 bytes for the gateway's 16-bit pcm). Chunks and audio seconds
+per request type are counted and, at test stop, printed and written to
+``$CHATTTS_AUDIO_SUMMARY`` (JSON) when that is set.
 
 Environment: CHATTTS_HOST (127.0.0.1), CHATTTS_GRPC_PORT (8001), CHATTTS_HTTP_PORT (8000; the
 HTTP users' host unless Locust's --host is given), CHATTTS_TEXT (one fixed text; default: cycle
 through chattts_serving/bench/sentences.txt), CHATTTS_MAX_NEW_TOKENS (100) and
 CHATTTS_MIN_NEW_TOKENS (= max: a fixed budget per request), CHATTTS_VOICE (2),
-CHATTTS_TIMEOUT_S (300, per request), CHATTTS_WAIT_S (0, pause between a user's requests).
+CHATTTS_TIMEOUT_S (300, per request), CHATTTS_WAIT_S (0, pause between a user's requests),
+CHATTTS_GATEWAY_PORT (8080: the gateway user's port on CHATTTS_HOST) and CHATTTS_API_KEY (the
+gateway's bearer key, when it requires one).
 """
 
 # gRPC must cooperate with gevent before anything imports it: without this a gRPC user never
@@ -33,6 +39,7 @@ import json  # noqa: E402
 import os  # noqa: E402
 import threading  # noqa: E402
 import time  # noqa: E402
+from collections.abc import Callable, Iterator  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
@@ -48,6 +55,8 @@ from chattts_serving.client.sse import iter_events  # noqa: E402
 HOST = os.environ.get("CHATTTS_HOST", "127.0.0.1")
 GRPC_PORT = int(os.environ.get("CHATTTS_GRPC_PORT", "8001"))
 HTTP_PORT = int(os.environ.get("CHATTTS_HTTP_PORT", "8000"))
+GATEWAY_PORT = int(os.environ.get("CHATTTS_GATEWAY_PORT") or "8080")
+API_KEY = os.environ.get("CHATTTS_API_KEY", "").strip()
 MAX_NEW_TOKENS = int(os.environ.get("CHATTTS_MAX_NEW_TOKENS", "100"))
 MIN_NEW_TOKENS = int(os.environ.get("CHATTTS_MIN_NEW_TOKENS", str(MAX_NEW_TOKENS)))
 VOICE = os.environ.get("CHATTTS_VOICE", "2")
@@ -61,7 +70,7 @@ _texts = itertools.cycle(enumerate(TEXTS))
 _seq = itertools.count()
 _lock = threading.Lock()
 AUDIO: dict[str, dict[str, float]] = {}
-"""Per reporting prefix ('grpc', 'sse', 'http'): requests, chunks, audio_s (seconds), ok."""
+"""Per reporting prefix ('grpc', 'sse', 'http', 'gateway'): requests, chunks, audio_s (seconds), ok."""
 
 
 def next_request() -> SynthesisRequest:
@@ -124,15 +133,63 @@ class GrpcStreamUser(User):
         count_audio("grpc", chunks, samples)
 
 
-class _TritonHttpUser(FastHttpUser):
-    """Shared settings of the HTTP users: Triton's HTTP endpoint, closed loop, timeouts."""
+class _HttpUser(FastHttpUser):
+    """Shared settings of the HTTP users (closed loop, timeouts) and their streamed POST."""
 
     abstract = True
     wait_time = constant(WAIT_S)
     weight = 1
-    host = f"http://{HOST}:{HTTP_PORT}"
     network_timeout = TIMEOUT_S
     connection_timeout = TIMEOUT_S
+
+    def _stream(self, url: str, kind: str, name: str, audio_bytes: Callable[[Iterator[bytes]], Iterator[int]],
+                bytes_per_sample: int, **kwargs: Any) -> None:
+        """POST ``url`` and read the body as it streams; ``audio_bytes`` turns the raw body into
+        the audio bytes of each chunk (raising ClientError for an error inside the stream).
+        Reports ``<kind>:ttfa`` at the first audio and ``<kind>:total`` at the end."""
+        chunks = received = 0
+        t0 = time.perf_counter()
+        with self.client.request("POST", url, stream=True, catch_response=True, **kwargs) as resp:
+            resp.request_meta["request_type"] = f"{kind}:total"
+            resp.request_meta["name"] = name
+            try:
+                if resp.status_code != 200:
+                    resp.failure(f"HTTP {resp.status_code}: {(resp.text or '')[:200]}")
+                    return
+                for n in audio_bytes(resp.iter_content(chunk_size=1 << 16, decode_content=False)):
+                    if chunks == 0:
+                        self.environment.events.request.fire(
+                            request_type=f"{kind}:ttfa", name=name, response_time=(time.perf_counter() - t0) * 1e3,
+                            response_length=n, exception=None, context={})
+                    chunks += 1
+                    received += n
+                if not received:
+                    resp.failure("stream ended without audio")
+                    return
+                resp.success()
+                count_audio(kind, chunks, received // bytes_per_sample)
+            except (ClientError, OSError) as exc:  # an error event, or a stream cut after it started
+                resp.failure(f"stream failed: {exc}")
+            finally:
+                resp.request_meta["response_time"] = (time.perf_counter() - t0) * 1e3
+                resp.request_meta["response_length"] = received
+
+
+class _TritonHttpUser(_HttpUser):
+    """The HTTP users of Triton's HTTP endpoint."""
+
+    abstract = True
+    host = f"http://{HOST}:{HTTP_PORT}"
+
+
+def _sse_audio_bytes(raw: Iterator[bytes]) -> Iterator[int]:
+    """Audio bytes (float32) of each ``generate_stream`` event; an ``error`` event raises."""
+    for event in iter_events(raw):
+        if "error" in event:
+            raise ClientError(f"stream error: {event['error']}")
+        audio = event.get(contract.OUT_AUDIO.name)
+        if isinstance(audio, list) and audio:
+            yield len(audio) * BYTES_PER_SAMPLE
 
 
 class SseStreamUser(_TritonHttpUser):
@@ -140,42 +197,9 @@ class SseStreamUser(_TritonHttpUser):
 
     @task
     def stream(self) -> None:
-        req = next_request()
-        chunks = samples = 0
-        t0 = time.perf_counter()
-        with self.client.request("POST", f"/v2/models/{contract.MODEL_STREAM}/generate_stream",
-                                 json=req.json_inputs(), stream=True, catch_response=True,
-                                 headers={"Accept": "text/event-stream"}) as resp:
-            resp.request_meta["request_type"] = "sse:total"
-            resp.request_meta["name"] = contract.MODEL_STREAM
-            try:
-                if resp.status_code != 200:
-                    resp.failure(f"HTTP {resp.status_code}: {(resp.text or '')[:200]}")
-                    return
-                for event in iter_events(resp.iter_content(chunk_size=1 << 16, decode_content=False)):
-                    if "error" in event:
-                        resp.failure(f"stream error: {event['error']}")
-                        return
-                    audio = event.get(contract.OUT_AUDIO.name)
-                    n = len(audio) if isinstance(audio, list) else 0
-                    if n:
-                        if chunks == 0:
-                            self.environment.events.request.fire(
-                                request_type="sse:ttfa", name=contract.MODEL_STREAM,
-                                response_time=(time.perf_counter() - t0) * 1e3,
-                                response_length=n * BYTES_PER_SAMPLE, exception=None, context={})
-                        chunks += 1
-                        samples += n
-                if not chunks:
-                    resp.failure("stream ended without audio")
-                    return
-                resp.success()
-                count_audio("sse", chunks, samples)
-            except (ClientError, OSError) as exc:
-                resp.failure(f"stream failed: {exc}")
-            finally:
-                resp.request_meta["response_time"] = (time.perf_counter() - t0) * 1e3
-                resp.request_meta["response_length"] = samples * BYTES_PER_SAMPLE
+        self._stream(f"/v2/models/{contract.MODEL_STREAM}/generate_stream", "sse", contract.MODEL_STREAM,
+                     _sse_audio_bytes, BYTES_PER_SAMPLE, json=next_request().json_inputs(),
+                     headers={"Accept": "text/event-stream"})
 
 
 class HttpOfflineUser(_TritonHttpUser):
@@ -207,3 +231,22 @@ class HttpOfflineUser(_TritonHttpUser):
                 return
             resp.success()
             count_audio("http", 1, samples)
+
+
+class GatewaySpeechUser(_HttpUser):
+    """Streams ``POST /v1/audio/speech`` through the OpenAI gateway (16-bit pcm); reports
+    ``gateway:ttfa`` and ``gateway:total``."""
+
+    PATH = "/v1/audio/speech"
+    URL = f"http://{HOST}:{GATEWAY_PORT}{PATH}"
+    """Absolute: Locust's --host (Triton's HTTP endpoint in run.sh) replaces every user's host."""
+    PCM_BYTES_PER_SAMPLE = 2
+
+    @task
+    def speech(self) -> None:
+        req = next_request()
+        body = {"model": "tts-1", "input": req.text, "voice": VOICE, "response_format": "pcm", "seed": req.seed,
+                "max_new_tokens": MAX_NEW_TOKENS, "min_new_tokens": MIN_NEW_TOKENS}
+        headers = {"Authorization": f"Bearer {API_KEY}"} if API_KEY else {}
+        self._stream(self.URL, "gateway", self.PATH, lambda raw: (len(data) for data in raw if data),
+                     self.PCM_BYTES_PER_SAMPLE, json=body, headers=headers)

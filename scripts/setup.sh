@@ -11,7 +11,9 @@
 #   `import torchaudio` (and so `import ChatTTS`) fail, so they are removed there and
 #   torchaudio falls back to pure Python.
 # - ChatTTS imports `requests` without declaring it (listed in pyproject.toml).
-# - The bundled tritonserver's Python backend stub links the system libpython3.11.
+# - The bundled tritonserver's Python backend stub links the system libpython3.11, and the
+#   deployment and observability tests run promtool and a Prometheus server: the Debian
+#   packages are installed when missing (scripts/debian_packages.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
@@ -19,14 +21,8 @@ PY=${PYTHON:-python3}
 ONNX_FLAVOUR=${CHATTTS_ONNX:-cpu}
 case "$ONNX_FLAVOUR" in cpu|gpu) ;; *) echo "setup: CHATTTS_ONNX must be cpu or gpu, not '$ONNX_FLAVOUR'" >&2; exit 2;; esac
 
-if ! ldconfig -p 2>/dev/null | grep -q 'libpython3.11.so.1.0'; then
-  echo "setup: installing libpython3.11 (needed by Triton's Python backend stub)"
-  if command -v apt-get >/dev/null; then
-    (apt-get install -y -q libpython3.11 >/dev/null 2>&1 || (apt-get update -q >/dev/null && apt-get install -y -q libpython3.11 >/dev/null))
-  else
-    echo "setup: no apt-get; install the shared libpython3.11 by hand" >&2
-  fi
-fi
+# Debian packages: libpython3.11 for the stub, prometheus (promtool and the server) for the tests.
+bash scripts/debian_packages.sh
 
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
 PIP=("$VENV/bin/python" -m pip install -q --disable-pip-version-check)

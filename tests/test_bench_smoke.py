@@ -2,10 +2,11 @@
 
 - ``python -m chattts_serving.bench --smoke`` runs every part (front end, the three upstream
   baselines, raw step and minimal pipeline, a real default-path server at three closed-loop
-  levels, open-loop arrivals, the overload burst, the as-deployed row) and writes the JSON, the
+  levels, open-loop arrivals, the OpenAI gateway against direct gRPC at 1 and 16, the overload
+  burst, the as-deployed row) and writes the JSON, the
   Markdown report and the plots; every request's ``info`` is recorded and every headline figure
-  is either a number or null with its reason. The smoke runs the ``cpu`` (fp32) profile only:
-  the int8 profile is not on this branch's base yet (``--profiles cpu,cpu-int8`` once it is).
+  is either a number or null with its reason. The smoke runs both precisions: the ``cpu``
+  (fp32) profile and ``cpu-int8`` over the same small artifacts with their int8 GPT graph.
 - ``loadtest/run.sh`` drives Locust headless against the session's test server and every user
   type completes requests without a failure.
 - The benchmark's pure helpers (percentiles, capacity, figures, outcomes, Prometheus diffs,
@@ -23,8 +24,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import running_gateway
 
 from chattts_serving.bench import load_sentences
+from chattts_serving.bench.gatewayload import GATEWAY_FIGURES, gateway_figures
+from chattts_serving.bench.modes import MODE_KEYS
 from chattts_serving.bench.openloop import BUDGET_SCALES, open_loop_plan
 from chattts_serving.bench.outcomes import Outcome, classify_error, count_outcomes
 from chattts_serving.bench.report import (
@@ -46,6 +50,7 @@ from chattts_serving.bench.stats import (
     realtime_summary,
     summarize,
 )
+from chattts_serving.bench.wsload import WS_FIGURES, last_deltas, tokens_of
 from chattts_serving.client.common import TIMEOUT, ClientError
 from chattts_serving.errors import ErrorKind, encode
 from chattts_serving.serving.profile import load_profile
@@ -62,22 +67,23 @@ PROFILE_KEYS = {"throughput_ratio_c16", "ttfa_ratio_c1", "p95_over_p50_c16", "pi
 """Issue #13: the figures every benchmarked profile reports."""
 TOP_KEYS = {"config", "machine", "baseline", "raw_step", "pipeline", "levels", "open_loop", "burst", "as_deployed",
             "profiles", "definitions", "null_reasons", "degradation", "started_at", "elapsed_s", "frontend",
-            "frontend_p99_ms", "frontend_share_of_ttfa_c1", *FIGURES}
-LOCUST_TYPES = {"grpc:ttfa", "grpc:total", "sse:ttfa", "sse:total", "http:infer"}
+            "frontend_p99_ms", "frontend_share_of_ttfa_c1", "gateway", "modes", "ws", *FIGURES, *GATEWAY_FIGURES,
+            *MODE_KEYS.values(), *WS_FIGURES}
+LOCUST_TYPES = {"grpc:ttfa", "grpc:total", "sse:ttfa", "sse:total", "http:infer", "gateway:ttfa", "gateway:total"}
 
 
 @pytest.mark.server
-@pytest.mark.timeout(600)
-def test_bench_smoke_writes_report(small_weights: Path, small_artifacts, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.timeout(900)
+def test_bench_smoke_writes_report(small_weights: Path, small_int8_artifacts, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     out = tmp_path / "results"
     proc = subprocess.run(
-        [sys.executable, "-m", "chattts_serving.bench", "--smoke", "--artifacts", str(small_artifacts.root),
-         "--weights", str(small_weights), "--profiles", "cpu", "--out", str(out)],
-        cwd=ROOT, capture_output=True, text=True, timeout=580)
+        [sys.executable, "-m", "chattts_serving.bench", "--smoke", "--artifacts", str(small_int8_artifacts.root),
+         "--weights", str(small_weights), "--profiles", "cpu,cpu-int8", "--out", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=880)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads((out / "bench.json").read_text())
     assert result.keys() >= TOP_KEYS, TOP_KEYS - result.keys()
-    assert result["config"]["tokens"] == 16 and result["config"]["profiles"] == ["cpu"]
+    assert result["config"]["tokens"] == 16 and result["config"]["profiles"] == ["cpu", "cpu-int8"]
     assert result["degradation"] == "off for default-path levels"
 
     # every level ran its requests on the default path and counted the tokens the server generated
@@ -115,9 +121,14 @@ def test_bench_smoke_writes_report(small_weights: Path, small_artifacts, tmp_pat
     assert result["burst"]["saturated"]["hold"] == load_profile("cpu").entry.max_concurrent_streams
     assert result["as_deployed"]["concurrency"] == 16 and result["as_deployed"]["ok"] == 16
 
-    # every figure is a number or null with its reason, the same at the top and in profiles.cpu
+    # every figure is a number or null with its reason, the same at the top and in profiles.cpu;
+    # the int8 profile ran its own server over the int8 GPT graph and has the same figures
     prof = result["profiles"]["cpu"]
     assert prof.keys() >= PROFILE_KEYS
+    int8 = result["profiles"]["cpu-int8"]
+    assert "skipped" not in int8 and int8.keys() >= PROFILE_KEYS, int8.get("skipped")
+    assert [lv["concurrency"] for lv in int8["levels"]] == [1, 2, 16]
+    assert all(lv["ok"] == lv["requests"] and lv["degraded_requests"] == 0 for lv in int8["levels"])
     assert set(result["definitions"]) == set(FIGURES)
     for name in FIGURES:
         assert result[name] == prof[name], name
@@ -134,19 +145,46 @@ def test_bench_smoke_writes_report(small_weights: Path, small_artifacts, tmp_pat
     for heading in ("## Text front end", "## Baselines", "### Open loop", "### Under load, as deployed",
                     "## Overload burst", "#### Ceilings and where the rest goes"):
         assert heading in md
+    # the gateway phase ran at 1 and 16 (one request per stream) on both paths without error
+    assert [lv["concurrency"] for lv in result["gateway"]["levels"]] == [1, 16]
+    for lv in result["gateway"]["levels"]:
+        assert lv["direct"]["ok"] == lv["gateway"]["ok"] == lv["concurrency"], lv["errors"]
+        assert lv["gateway"]["audio_s_total"] == pytest.approx(lv["direct"]["audio_s_total"])
+    assert all(result[name] > 0 for name in GATEWAY_FIGURES)
+    assert "## OpenAI gateway overhead" in md
+    # the segmentation modes and the reference voice, one request each, all completed
+    assert {k: m["ok"] for k, m in result["modes"].items()} == dict.fromkeys(MODE_KEYS, 1)
+    assert all(result[key] > 0 for key in MODE_KEYS.values()) and "## Segmentation modes" in md
+    # the WebSocket phase replayed text at LLM speed at 1 and 8 connections, every sentence spoken
+    assert [lv["concurrency"] for lv in result["ws"]["levels"]] == [1, 8]
+    for lv in result["ws"]["levels"]:
+        assert lv["ok"] == lv["connections"] == lv["concurrency"], lv["errors"]
+        assert lv["sentences_with_audio"] == lv["sentences"] >= 2 * lv["connections"]
+        assert 0.0 < lv["sentence_latency_p50_s"] <= lv["sentence_latency_max_s"]
+        assert lv["needed_buffer_max_s"] >= lv["sentence_buffer_max_s"] >= 0.0
+        assert 0.0 <= lv["gapless_fraction"] <= 1.0
+        for r in lv["records"]:
+            assert r["audio_s"] == pytest.approx(r["sentences"] * 16 * 512 / 24000, abs=0.05)
+            assert len(r["sentence_buffer_s"]) == len(r["sentence_latency_s"]) == r["sentences"]
+    assert all(isinstance(result[k], float) for k in WS_FIGURES), {k: result[k] for k in WS_FIGURES}
+    assert "## Text at LLM speed" in md
 
 
 @pytest.mark.server
 @pytest.mark.timeout(90)
 def test_locust_smoke_every_user_type_succeeds(triton_server, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     out = tmp_path / "loadtest"
-    # one user per class (Locust spreads users over the three classes evenly)
-    env = {**os.environ, "USERS": "3", "SPAWN_RATE": "3", "DURATION": "5s", "OUT_DIR": str(out),
-           "CHATTTS_HOST": "127.0.0.1", "CHATTTS_HTTP_PORT": str(triton_server.http_port),
-           "CHATTTS_GRPC_PORT": str(triton_server.grpc_port), "CHATTTS_MAX_NEW_TOKENS": "16",
-           "LOCUST": str(Path(sys.executable).parent / "locust")}
-    proc = subprocess.run(["bash", str(ROOT / "loadtest" / "run.sh")], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=80)
+    from chattts_serving.gateway import GatewaySettings
+
+    with running_gateway(GatewaySettings(triton_url=triton_server.grpc_url, api_key="locust-key")) as gateway:
+        # one user per class (Locust spreads users over the four classes evenly)
+        env = {**os.environ, "USERS": "4", "SPAWN_RATE": "4", "DURATION": "5s", "OUT_DIR": str(out),
+               "CHATTTS_HOST": "127.0.0.1", "CHATTTS_HTTP_PORT": str(triton_server.http_port),
+               "CHATTTS_GRPC_PORT": str(triton_server.grpc_port), "CHATTTS_MAX_NEW_TOKENS": "16",
+               "CHATTTS_GATEWAY_PORT": gateway.rsplit(":", 1)[1], "CHATTTS_API_KEY": "locust-key",
+               "LOCUST": str(Path(sys.executable).parent / "locust")}
+        proc = subprocess.run(["bash", str(ROOT / "loadtest" / "run.sh")], cwd=ROOT, env=env, capture_output=True,
+                              text=True, timeout=80)
     stats_csv = out / "locust_stats.csv"
     assert stats_csv.is_file(), proc.stderr[-3000:]
     rows = {row["Type"]: row for row in csv.DictReader(stats_csv.open()) if row["Name"] != "Aggregated"}
@@ -157,11 +195,20 @@ def test_locust_smoke_every_user_type_succeeds(triton_server, tmp_path: Path) ->
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (out / "report.html").is_file()
     audio = json.loads((out / "audio_summary.json").read_text())["per_type"]
-    assert {"grpc", "sse", "http"} <= audio.keys()
+    assert {"grpc", "sse", "http", "gateway"} <= audio.keys()
     assert all(a["audio_s"] > 0 and a["chunks"] >= a["requests"] > 0 for a in audio.values())
 
 
 # --- pure helpers -------------------------------------------------------------------------
+def test_llm_tokens_cover_the_text_and_each_sentence_ends_in_the_delta_of_its_last_character() -> None:
+    text = "你好，欢迎。The weather is 25.5 today.  明天见！"
+    deltas = tokens_of(text)
+    assert "".join(deltas) == text
+    assert deltas[:6] == ["你", "好", "，", "欢", "迎", "。"] and "25.5 " in deltas and "today.  " in deltas
+    assert [deltas[i][-1:] if not deltas[i].strip() else deltas[i].strip()[-1] for i in last_deltas(deltas)] \
+        == ["。", ".", "！"]
+
+
 def test_sentences_are_real_chinese_of_10_to_50_chars() -> None:
     sentences = load_sentences()
     assert len(sentences) >= 10
@@ -320,22 +367,25 @@ def test_soak_accounting_confirms_cancels_on_the_server_and_finds_the_lost() -> 
 
 
 def test_prometheus_diff_gives_batch_histogram_and_model_counters() -> None:
-    before = parse_prometheus(
-        '# HELP x\nnv_inference_count{model="chattts_vocoder",version="1"} 10\n'
-        'nv_inference_exec_count{model="chattts_vocoder",version="1"} 10\n'
-        'tts_engine_batch_size_bucket{model="chattts_gpt",le="1"} 5\n'
-        'tts_engine_batch_size_bucket{model="chattts_gpt",le="4"} 5\n'
-        'tts_engine_batch_size_bucket{model="chattts_gpt",le="+Inf"} 5\n'
-        'tts_engine_batch_size_sum{model="chattts_gpt"} 5\ntts_engine_batch_size_count{model="chattts_gpt"} 5\n')
-    after = parse_prometheus(
-        'nv_inference_count{model="chattts_vocoder",version="1"} 30\n'
-        'nv_inference_exec_count{model="chattts_vocoder",version="1"} 15\n'
-        'nv_inference_compute_infer_duration_us{model="chattts_vocoder",version="1"} 2000000\n'
-        'tts_engine_batch_size_bucket{model="chattts_gpt",le="1"} 6\n'
-        'tts_engine_batch_size_bucket{model="chattts_gpt",le="4"} 9\n'
-        'tts_engine_batch_size_bucket{model="chattts_gpt",le="+Inf"} 9\n'
-        'tts_engine_batch_size_sum{model="chattts_gpt"} 17\ntts_engine_batch_size_count{model="chattts_gpt"} 9\n'
-        'tts_engine_decode_steps_total{model="chattts_gpt"} 4\n')
+    def exposition(count: int, execs: int, compute_us: int, buckets: tuple[int, int, int], total: int,
+                   steps: int) -> str:  # the shape of Triton's /metrics: HELP and TYPE lines, then samples
+        voc = 'model="chattts_vocoder",version="1"'
+        return (f"# HELP nv_inference_count Number of inferences performed\n# TYPE nv_inference_count counter\n"
+                f"nv_inference_count{{{voc}}} {count}\n"
+                f"# TYPE nv_inference_exec_count counter\nnv_inference_exec_count{{{voc}}} {execs}\n"
+                f"# TYPE nv_inference_compute_infer_duration_us counter\n"
+                f"nv_inference_compute_infer_duration_us{{{voc}}} {compute_us}\n"
+                "# TYPE tts_engine_batch_size histogram\n"
+                + "".join(f'tts_engine_batch_size_bucket{{model="chattts_gpt",le="{le}"}} {n}\n'
+                          for le, n in zip(("1", "4", "+Inf"), buckets))
+                + f'tts_engine_batch_size_sum{{model="chattts_gpt"}} {total}\n'
+                f'tts_engine_batch_size_count{{model="chattts_gpt"}} {buckets[-1]}\n'
+                f'# TYPE tts_engine_decode_steps_total counter\ntts_engine_decode_steps_total{{model="chattts_gpt"}} '
+                f"{steps}\n")
+
+    before = parse_prometheus(exposition(10, 10, 0, (5, 5, 5), 5, 0))
+    after = parse_prometheus(exposition(30, 15, 2_000_000, (6, 9, 9), 17, 4))
+    assert ("nv_inference_count_total", (("model", "chattts_vocoder"), ("version", "1"))) in after
     delta = diff_samples(before, after)
     voc = model_stats(delta)["chattts_vocoder"]
     assert voc["requests"] == 20 and voc["mean_batch"] == pytest.approx(4.0) and voc["compute_s"] == 2.0
@@ -344,9 +394,43 @@ def test_prometheus_diff_gives_batch_histogram_and_model_counters() -> None:
     assert engine_batches(diff_samples({}, {})) is None
 
 
+def test_prometheus_parser_refuses_what_is_not_an_exposition() -> None:
+    with pytest.raises(ValueError):
+        parse_prometheus('tts_request_total{status="ok" 3\n')  # unclosed label set
+
+
+@pytest.mark.server
+def test_a_real_triton_exposition_parses_with_labels(triton_server) -> None:  # type: ignore[no-untyped-def]
+    from chattts_serving import contract
+    from chattts_serving.bench.serverload import scrape
+    from chattts_serving.client import SynthesisRequest, synthesize_stream
+
+    synthesize_stream(triton_server.grpc_url, SynthesisRequest(text="指标。", max_new_tokens=4, min_new_tokens=4))
+    samples = scrape(f"http://127.0.0.1:{triton_server.metrics_port}/metrics")
+    stream = model_stats(diff_samples({}, samples)).get(contract.MODEL_STREAM)
+    assert stream is not None and stream["requests"] >= 1 and stream["executions"] >= 1, model_stats(samples)
+    buckets = {dict(labels)["le"] for (name, labels), _ in samples.items() if name == "tts_engine_batch_size_bucket"}
+    assert "+Inf" in buckets and len(buckets) > 2, buckets
+    engine = engine_batches(diff_samples({}, samples))
+    # 4 tokens: the prefill gives the first, 3 decode steps the rest
+    assert engine is not None and engine["decode_steps"] >= 3 and engine["rows"] >= 3, engine
+
+
 def test_frontend_figures_are_p99_and_share_of_ttfa_at_c1() -> None:
     fe = {"bench": {"p50_ms": 2.0, "p99_ms": 5.0}, "numbers": {"p50_ms": 8.0, "p99_ms": 20.0}}
     figures = frontend_figures(fe, [{"concurrency": 1, "ttfa_p50_s": 0.4}, {"concurrency": 4, "ttfa_p50_s": 1.0}])
     assert figures == pytest.approx({"frontend_p99_ms": 5.0, "frontend_share_of_ttfa_c1": 0.005,
                                      "frontend_numbers_p99_ms": 20.0, "frontend_numbers_share_of_ttfa_c1": 0.02})
     assert frontend_figures(fe, [])["frontend_share_of_ttfa_c1"] is None
+
+
+def test_gateway_figures_are_gateway_over_direct_at_1_and_16() -> None:
+    def level(c: int, ttfa_direct: float, ttfa_gateway: float, direct_tput: float, gateway_tput: float) -> dict:
+        return {"concurrency": c, "direct": {"ttfa_p50_s": ttfa_direct, "audio_s_per_s": direct_tput},
+                "gateway": {"ttfa_p50_s": ttfa_gateway, "audio_s_per_s": gateway_tput}}
+
+    result = {"levels": [level(1, 0.2, 0.25, 1.0, 0.9), level(16, 1.0, 1.1, 4.0, 3.8)]}
+    assert gateway_figures(result) == pytest.approx({"gateway_ttfa_ratio_c1": 1.25, "gateway_ttfa_ratio_c16": 1.1,
+                                                     "gateway_throughput_ratio_c16": 0.95})
+    assert gateway_figures({"error": "did not start", "levels": []}) == dict.fromkeys(GATEWAY_FIGURES)
+    assert gateway_figures(None)["gateway_ttfa_ratio_c1"] is None

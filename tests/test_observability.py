@@ -2,9 +2,10 @@
 and a memory-leak check.
 
 * A Prometheus server (Debian's ``prometheus`` package) is started on a free port with a
-  generated scrape config (1 s scrape interval) and the repository's recording and alert rules;
-  after a small load it must see every ``tts_*`` family with sensible values, evaluate every
-  rule without error and answer the dashboard's queries.
+  generated scrape config (1 s scrape interval) for the server and an OpenAI gateway in front of
+  it, and the repository's recording and alert rules; after a small load it must see every
+  ``tts_*`` family with sensible values, evaluate every rule without error and answer the
+  dashboard's queries (the gateway's row included).
 * The server log holds one JSON object per request event, and a client-chosen Triton request
   id shows up in that request's lines.
 * The RSS of the whole server process tree grows by less than 5% over 40 requests after warm-up.
@@ -13,8 +14,11 @@ and a memory-leak check.
 from __future__ import annotations
 
 import json
+import logging
 import queue
+import re
 import subprocess
+import sys
 import time
 import urllib.parse
 import urllib.request
@@ -30,11 +34,11 @@ import psutil
 import pytest
 import tritonclient.grpc as grpcclient
 import yaml
-from conftest import ROOT, Server, free_port
+from conftest import ROOT, Server, free_port, running_gateway
 
 from chattts_serving import contract
 from chattts_serving.client import ClientError, SynthesisRequest, synthesize_offline, synthesize_stream
-from chattts_serving.serving.logs import event_line
+from chattts_serving.serving.logs import JsonLineFormatter, event_line
 
 pytestmark = pytest.mark.server
 
@@ -57,7 +61,9 @@ TTS_FAMILIES = ("tts_request_total", "tts_request_duration_seconds_count", "tts_
 PANELS_WITH_DATA = ("Time to first audio (p50, p95)", "Request duration (p50, p95, p99)", "Requests per second",
                     "Audio produced (audio seconds per second)", "Real-time factor (wall s per audio s)",
                     "Request queue size", "Engine batch size", "Active sequences", "KV cache usage",
-                    "Errors and rejections per second", "Process memory (RSS)")
+                    "Errors and rejections per second", "Process memory (RSS)",
+                    "Gateway: time to first audio (p50, p95)", "Gateway: requests and errors per second",
+                    "Gateway: streams in flight", "Gateway: audio relayed (audio seconds per second)")
 
 # Grafana's $__rate_interval is at least four scrape intervals; 1m keeps the whole load in
 # the window of an instant query made a few seconds after it.
@@ -134,8 +140,18 @@ def _rule_files(dest: Path) -> list[Path]:
 
 
 @pytest.fixture(scope="module")
-def prometheus(triton_server: Server, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prometheus]:
-    """A real Prometheus scraping the test server every second, with the repository's rules."""
+def gateway(triton_server: Server) -> Iterator[str]:
+    """The OpenAI gateway in front of the test server (its base URL)."""
+    from chattts_serving.gateway import GatewaySettings
+
+    with running_gateway(GatewaySettings(triton_url=triton_server.grpc_url)) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def prometheus(triton_server: Server, gateway: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prometheus]:
+    """A real Prometheus scraping the test server and the gateway every second, with the
+    repository's rules."""
     _need_prometheus()
     work = tmp_path_factory.mktemp("prometheus")
     rules = _rule_files(work)
@@ -144,6 +160,9 @@ def prometheus(triton_server: Server, tmp_path_factory: pytest.TempPathFactory) 
         "rule_files": [str(p) for p in rules],
         "scrape_configs": [{"job_name": "triton", "metrics_path": "/metrics",
                             "static_configs": [{"targets": [f"127.0.0.1:{triton_server.metrics_port}"],
+                                                "labels": {"service": "chattts"}}]},
+                           {"job_name": "gateway", "metrics_path": "/metrics",
+                            "static_configs": [{"targets": [gateway.removeprefix("http://")],
                                                 "labels": {"service": "chattts"}}]}],
     }
     config_path = work / "prometheus.yml"
@@ -220,9 +239,22 @@ def _prime(server: Server) -> None:
         synthesize_stream(server.grpc_url, SynthesisRequest(text="你好。", temperature=100.0), timeout_s=30)
 
 
-def _run_load(server: Server) -> dict[str, Any]:
-    """6 streamed requests (3 at a time), 2 offline ones and 2 refused for out-of-range
-    parameters; returns the audio the clients received and the refusals they saw."""
+def _gateway_speech(gateway: str, text: str, seed: int) -> float:
+    """One request through the OpenAI gateway (pcm); returns the seconds of audio received."""
+    body = json.dumps({"model": "tts-1", "input": text, "voice": "alloy", "response_format": "pcm", "seed": seed,
+                       "max_new_tokens": MAX_NEW_TOKENS}).encode()
+    req = urllib.request.Request(f"{gateway}/v1/audio/speech", data=body, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=120) as resp:
+        return len(resp.read()) / 2 / contract.SAMPLE_RATE_HZ
+
+
+GATEWAY_REQUESTS = 2
+
+
+def _run_load(server: Server, gateway: str) -> dict[str, Any]:
+    """6 streamed requests (3 at a time), 2 offline ones, 2 refused for out-of-range
+    parameters and 2 through the OpenAI gateway; returns the audio the clients received and
+    the refusals they saw."""
     streamed = [SynthesisRequest(text=t, seed=i, max_new_tokens=MAX_NEW_TOKENS) for i, t in enumerate(TEXTS)]
     with ThreadPoolExecutor(3) as pool:
         results = list(pool.map(lambda r: synthesize_stream(server.grpc_url, r, timeout_s=120), streamed))
@@ -233,10 +265,12 @@ def _run_load(server: Server) -> dict[str, Any]:
         with pytest.raises(ClientError) as info:
             synthesize_stream(server.grpc_url, bad, timeout_s=30)
         refused.append(str(info.value))
-    return {"audio_s": sum(r.audio_s for r in results + offline), "streams": results, "refused": refused}
+    via_gateway = sum(_gateway_speech(gateway, t, 20 + i) for i, t in enumerate(TEXTS[:GATEWAY_REQUESTS]))
+    return {"audio_s": sum(r.audio_s for r in results + offline) + via_gateway, "streams": results,
+            "refused": refused}
 
 
-def test_prometheus_scrapes_series_and_evaluates_rules_and_dashboard(triton_server: Server,
+def test_prometheus_scrapes_series_and_evaluates_rules_and_dashboard(triton_server: Server, gateway: str,
                                                                       prometheus: Prometheus) -> None:
     """Series, rules and dashboard queries through a real Prometheus after a small load."""
     prom = prometheus
@@ -252,12 +286,15 @@ def test_prometheus_scrapes_series_and_evaluates_rules_and_dashboard(triton_serv
                  "sum(tts_request_queue_size)"), timeout_s=30)
     before = _counters(prom)
 
-    load = _run_load(triton_server)
+    load = _run_load(triton_server, gateway)
     expected_requests = _server_total_requests(triton_server.metrics_port)
 
-    # Prometheus has scraped the server after the load once it sees the server's own count ...
+    # Prometheus has scraped the server (and the gateway) after the load once it sees their
+    # own counts ...
     wait_for("Prometheus to scrape the counters after the load",
-             lambda: (prom.scalar("sum(tts_request_total)") or 0.0) >= expected_requests, timeout_s=20)
+             lambda: (prom.scalar("sum(tts_request_total)") or 0.0) >= expected_requests
+             and (prom.scalar('sum(tts_gateway_requests_total{status="ok"})') or 0.0) >= GATEWAY_REQUESTS,
+             timeout_s=20)
     t_seen = time.time()
 
     # ... and the rules have been evaluated after that scrape.
@@ -271,9 +308,10 @@ def test_prometheus_scrapes_series_and_evaluates_rules_and_dashboard(triton_serv
     print(f"\nPrometheus deltas over the load: {json.dumps({k: round(v, 3) for k, v in delta.items()})}")
 
     # The scrape target.
-    targets = [t for t in prom.api("targets")["activeTargets"] if t["labels"]["job"] == "triton"]
-    assert len(targets) == 1 and targets[0]["health"] == "up", targets
-    assert targets[0]["lastError"] == "", targets[0]["lastError"]
+    for job in ("triton", "gateway"):
+        targets = [t for t in prom.api("targets")["activeTargets"] if t["labels"]["job"] == job]
+        assert len(targets) == 1 and targets[0]["health"] == "up", targets
+        assert targets[0]["lastError"] == "", targets[0]["lastError"]
 
     # Every tts_* family is there, with values that match the load.
     present = {s["metric"]["__name__"] for s in prom.query('{__name__=~"tts_.+"}')}
@@ -289,14 +327,19 @@ def test_prometheus_scrapes_series_and_evaluates_rules_and_dashboard(triton_serv
     assert delta["audio_s"] == pytest.approx(load["audio_s"], rel=1e-3), (delta["audio_s"], load["audio_s"])
     assert delta["batch_count"] > 0 and delta["decode_steps"] == delta["batch_count"], delta
     assert delta["batch_sum"] >= delta["batch_count"], "a decode step has at least one sequence"
-    # Idle after the load: nothing queued or decoding; ratios in range; memory plausible.
+    # Idle after the load: nothing queued or decoding, no KV cache held; memory plausible.
     assert prom.scalar("sum(tts_request_queue_size)") == 0.0
     assert prom.scalar("sum(tts_engine_active_sequences)") == 0.0
-    kv = prom.scalar("max(tts_kv_cache_usage_ratio)")
-    assert kv is not None and 0.0 <= kv <= 1.0
+    assert prom.scalar("max(tts_kv_cache_usage_ratio)") == 0.0  # the engine released its KV cache when idle
+    # The degraded gauge of each entry model is exactly the state its last degraded_mode log
+    # line announced, 0 when it never switched (this load, 3 streams at a time, is far below
+    # the cpu profile's live_high of 48).
     degraded = {s["metric"]["model"]: float(s["value"][1]) for s in prom.query("tts_degraded_mode")}
-    print(f"tts_degraded_mode after the load: {degraded}")
-    assert set(degraded.values()) <= {0.0, 1.0}, degraded
+    switches = [e for e in _event_lines(triton_server.log_path) if e["event"] == "degraded_mode"]
+    expected = {m: float(next((e["degraded"] for e in reversed(switches) if e["model"] == m), False))
+                for m in (contract.MODEL_STREAM, contract.MODEL_OFFLINE)}
+    print(f"tts_degraded_mode after the load: {degraded}; switches logged: {len(switches)}")
+    assert degraded == expected, (degraded, switches)
     rss = {s["metric"]["model"]: float(s["value"][1]) for s in prom.query("tts_process_resident_memory_bytes")}
     assert set(rss) == {contract.MODEL_STREAM, contract.MODEL_OFFLINE, contract.MODEL_ENGINE,
                         *contract.VOCODER_PATHS.values()}, rss
@@ -353,6 +396,23 @@ def test_event_lines_are_ascii_json_whatever_the_text() -> None:
     assert line.isascii() and "\n" not in line
     record = json.loads(line)
     assert record["dropped"] == ["😀", "ß"] and record["text"] == "你好" and record["event"] == "request_finished"
+
+
+def test_plain_log_records_format_as_json_lines_with_the_event_keys() -> None:
+    try:
+        raise ValueError("boom")
+    except ValueError:
+        record = logging.getLogger("chattts_serving.x").makeRecord(
+            "chattts_serving.x", logging.WARNING, __file__, 1, "not spoken: %s", ("😀 你好",), sys.exc_info(),
+            extra={"request_id": "r1"})
+    line = JsonLineFormatter().format(record)
+    assert line.isascii() and "\n" not in line
+    data = json.loads(line)
+    assert list(data)[:5] == ["ts", "level", "event", "logger", "message"]
+    assert data["level"] == "warning" and data["event"] == "log" and data["logger"] == "chattts_serving.x"
+    assert data["message"] == "not spoken: 😀 你好" and data["request_id"] == "r1"
+    assert "ValueError: boom" in data["exc_info"]
+    datetime.fromisoformat(data["ts"])
 
 
 def _event_lines(log_path: Path) -> list[dict[str, Any]]:
@@ -432,6 +492,23 @@ def test_structured_logs_carry_the_client_request_id(triton_server: Server) -> N
     # Requests without a client id get a generated one: every accepted request id is unique.
     accepted_ids = [e["request_id"] for e in request_events if e["event"] == "request_accepted"]
     assert len(accepted_ids) == len(set(accepted_ids)), "request ids repeat"
+
+
+def test_the_models_plain_log_lines_are_json_too(triton_server: Server) -> None:
+    """A record of the root logger inside a model (the front end's "characters not spoken")
+    reaches the Triton log as a JSON line; no line of ours keeps the former plain format."""
+    text = f"日志格式{uuid.uuid4().hex[:6]}😀。"
+    synthesize_stream(triton_server.grpc_url, SynthesisRequest(text=text, max_new_tokens=4, min_new_tokens=4))
+
+    def dropped_lines() -> list[dict[str, Any]]:
+        return [e for e in _event_lines(triton_server.log_path)
+                if e["event"] == "log" and "characters not spoken" in e.get("message", "")]
+
+    line = wait_for("the front end's log line", dropped_lines, timeout_s=10)[0]
+    assert line["logger"] == "chattts_serving.text.frontend" and line["level"] == "info", line
+    datetime.fromisoformat(line["ts"])
+    plain = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} chattts_serving", re.MULTILINE)
+    assert not plain.search(triton_server.log_path.read_text(encoding="utf-8", errors="replace"))
 
 
 # ---------------------------------------------------------------------------------- memory

@@ -33,8 +33,8 @@ from .stats import mean
 
 
 def pipeline_prompts(artifacts_dir: Path, profile: Any, texts: Sequence[str],
-                     voice: str) -> list[tuple[np.ndarray, np.ndarray]]:
-    """(prompt ids (T,) int32, speaker vector (H,) float32) of each text, from the real front
+                     voice: str) -> list[tuple[np.ndarray, np.ndarray | None]]:
+    """(prompt ids (T,) int32, speaker vector (H,) float32 or None) of each text, from the real front
     end with ``profile``'s ``[frontend]`` settings (what the server's front end model sends)."""
     from ..text.frontend import FrontEnd
 

@@ -8,7 +8,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .gatewayload import gateway_markdown
+from .modes import modes_markdown
 from .stats import REALTIME_MIN_FRACTION, REALTIME_TOLERANCE_S, cdf, fmt, ratio
+from .wsload import ws_markdown
 
 DEGRADATION_NOTE = "off for default-path levels"
 """How the default-path servers run: a copy of the profile whose degraded mode is out of reach
@@ -495,7 +498,9 @@ def _plots(_result: Mapping[str, Any]) -> list[str]:
 
 
 SECTIONS: list[Callable[[Mapping[str, Any]], list[str]]] = [
-    _header, _headline, _baselines, _profile_sections, _burst, _frontend, _warnings, _plots]
+    _header, _headline, _baselines, _profile_sections, _burst, gateway_markdown, ws_markdown, modes_markdown,
+    _frontend, _warnings,
+    _plots]
 """The report's sections in order; a new benchmark phase appends (or inserts) its own."""
 
 

@@ -18,6 +18,11 @@ part has the machine to itself):
    arrivals, the overload burst);
 3. for the default profile, one row "under load, as deployed": the profile as shipped (its
    degraded mode live) at the top concurrency level.
+4. for the default profile, the OpenAI gateway in front of the same server against direct
+   gRPC (:mod:`~chattts_serving.bench.gatewayload`), then text replayed at LLM speed over its
+   WebSocket at concurrency 1 and 8 (:mod:`~chattts_serving.bench.wsload`).
+5. for the default profile, on the same server, the time to first audio of each segmentation
+   mode and of a reference recording (:mod:`~chattts_serving.bench.modes`).
 
 Every request records the server's ``info`` (generated tokens, degraded mode, vocoder); a
 figure whose measurement ran a degraded request, or ran while other processes loaded the
@@ -51,7 +56,10 @@ from typing import Any
 from .. import contract
 from . import load_sentences
 from .cpuload import CpuWindow
+from .gatewayload import GATEWAY_FIGURES, gateway_figures
+from .modes import MODE_KEYS, mode_figures
 from .report import DEGRADATION_NOTE, definitions, frontend_figures, markdown, plot, profile_figures
+from .wsload import WS_FIGURES, ws_figures
 
 SMOKE_ARTIFACTS = Path("artifacts/small")
 SMOKE: dict[str, Any] = {"levels": (1, 2, 16), "tokens": 16, "baseline_requests": 2, "stream_requests": 1,
@@ -72,6 +80,9 @@ BURST_TOKENS = 16
 UNREACHABLE_STREAMS = 10**9
 UNREACHABLE_TTFA_S = 1e9
 """Degradation thresholds of the default-path servers: never reached."""
+GATEWAY_LEVELS = (1, 16)
+"""Concurrency levels of the gateway phase (its figures are at 1 and 16; in smoke runs too,
+with one request per stream at each level)."""
 
 
 @dataclass(frozen=True)
@@ -102,6 +113,8 @@ class Config:
     skip_baseline: bool
     as_deployed: bool = True
     label: str = ""
+    gateway_levels: tuple[int, ...] = GATEWAY_LEVELS
+    """Levels of the gateway-overhead phase; () skips it."""
 
     def requests_for(self, c: int) -> int:
         """Requests at concurrency ``c``: the fixed ``--requests-per-level``, else three waves
@@ -179,6 +192,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-as-deployed", action="store_true",
                    help="skip the row of the profile as shipped, degraded mode live")
     p.add_argument("--skip-baseline", action="store_true", help="do not run ChatTTS (no torch needed)")
+    p.add_argument("--skip-gateway", action="store_true", help="do not measure the OpenAI gateway's overhead")
     p.add_argument("--out", type=Path, default=Path("results"), help="output directory (default results)")
     p.add_argument("--label", default="", help="free text stored in the report, e.g. the server version measured")
     p.add_argument("--smoke", action="store_true",
@@ -216,7 +230,7 @@ def resolve(args: argparse.Namespace) -> Config:
         open_loop_requests=pick(args.open_loop_requests, "open_loop_requests"),
         burst_clients=pick(args.burst_clients, "burst_clients"), hold_tokens=pick(args.hold_tokens, "hold_tokens"),
         out=args.out, smoke=smoke, skip_baseline=bool(args.skip_baseline), as_deployed=not args.no_as_deployed,
-        label=args.label)
+        label=args.label, gateway_levels=() if args.skip_gateway else GATEWAY_LEVELS)
 
 
 def weights_from_manifest(artifacts: Path) -> Path:
@@ -401,9 +415,45 @@ def _burst_phase(ctx: PhaseContext) -> Any:
     return out
 
 
+def _gateway_phase(ctx: PhaseContext) -> Any:
+    from .gatewayload import run_gateway_overhead
+
+    s, cfg = ctx.session, ctx.cfg
+    if not cfg.gateway_levels:
+        return {"skipped": "--skip-gateway", "levels": []}
+    s.progress(f"gateway: /v1/audio/speech against direct gRPC, levels {list(cfg.gateway_levels)}")
+    return run_gateway_overhead(s.grpc_url, s.sentences, levels=cfg.gateway_levels,
+                                requests_for=(lambda c: c) if cfg.smoke else cfg.requests_for, tokens=cfg.tokens,
+                                voice=str(cfg.voice_seed), port=free_port(), log_path=cfg.out / "bench_gateway.log",
+                                progress=s.progress)
+
+
+def _ws_phase(ctx: PhaseContext) -> Any:
+    from .wsload import WS_LEVELS, run_ws_phase
+
+    s, cfg = ctx.session, ctx.cfg
+    if not cfg.gateway_levels:
+        return {"skipped": "--skip-gateway", "levels": []}
+    s.progress(f"websocket: text at LLM speed through /v1/audio/speech/stream, levels {list(WS_LEVELS)}")
+    return run_ws_phase(s.grpc_url, s.sentences, tokens=cfg.tokens, voice=str(cfg.voice_seed), port=free_port(),
+                        log_path=cfg.out / "bench_ws.log", sentences_per_text=2 if cfg.smoke else 3,
+                        progress=s.progress)
+
+
+def _modes_phase(ctx: PhaseContext) -> Any:
+    from .modes import measure_modes
+
+    s = ctx.session
+    return measure_modes(s.grpc_url, s.sentences, tokens=ctx.cfg.tokens, requests=1 if ctx.cfg.smoke else 4,
+                         voice=s.voice, timeout_s=s.timeout_s, progress=s.progress)
+
+
 SERVER_PHASES: list[ServerPhase] = [
     ServerPhase("levels", _levels_phase),
     ServerPhase("open_loop", _open_loop_phase),
+    ServerPhase("gateway", _gateway_phase, default_only=True),
+    ServerPhase("ws", _ws_phase, default_only=True),
+    ServerPhase("modes", _modes_phase, default_only=True),
     ServerPhase("burst", _burst_phase, default_only=True),
 ]
 """The server phases, in order, on one default-path server per profile. ``levels`` comes first
@@ -571,6 +621,9 @@ def run(cfg: Config) -> dict[str, Any]:
             result[key] = top[key]
     result.update({k: v for k, v in top.items() if k in definitions()})
     result.update(frontend_figures(result["frontend"], result["levels"]))
+    result.update(gateway_figures(result.get("gateway")))
+    result.update(ws_figures(result.get("ws")))
+    result.update(mode_figures(result.get("modes")))
     result["definitions"] = definitions()
     result["elapsed_s"] = time.perf_counter() - started
     result = _clean(result)
@@ -632,7 +685,7 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     from .report import FRONTEND_FIGURES
 
-    for name in (*definitions(), *FRONTEND_FIGURES):
+    for name in (*definitions(), *FRONTEND_FIGURES, *GATEWAY_FIGURES, *WS_FIGURES, *MODE_KEYS.values()):
         print(f"{name}: {result.get(name)}")
     for name, reason in result.get("null_reasons", {}).items():
         print(f"{name} is null: {reason}")

@@ -157,7 +157,8 @@ class TreeMonitor:
 
 
 def scrape(metrics_url: str, timeout_s: float = 5.0) -> dict[MetricKey, float]:
-    """Parsed samples of Triton's ``/metrics`` at ``metrics_url``; {} if unreachable."""
+    """Parsed samples of Triton's ``/metrics`` at ``metrics_url``; {} if unreachable. Raises
+    ValueError when the answer is not a Prometheus text exposition."""
     try:
         with urllib.request.urlopen(metrics_url, timeout=timeout_s) as r:
             return parse_prometheus(r.read().decode("utf-8", errors="replace"))
@@ -215,10 +216,16 @@ def stream_request(url: str, job: Job, voice: str, phase_t0: float, timeout_s: f
                          chunk_times_s=tuple(times), chunk_samples=tuple(samples))
 
 
+SendFn = Callable[[str, Job, str, float, float], RequestRecord]
+"""One request: (url, job, voice, phase start, timeout s) -> its record."""
+
+
 def run_closed_loop(url: str, jobs: Sequence[Job], concurrency: int, *, voice: str,
-                    timeout_s: float) -> tuple[list[RequestRecord], float]:
-    """Run ``jobs`` through ``concurrency`` client threads, each streaming one request at a time
-    over gRPC. Returns (records in job order, wall seconds from the first send to the last end)."""
+                    timeout_s: float, send: SendFn | None = None) -> tuple[list[RequestRecord], float]:
+    """Run ``jobs`` through ``concurrency`` client threads, each sending one request at a time
+    with ``send`` (default :func:`stream_request`: a gRPC stream to ``url``). Returns (records
+    in job order, wall seconds from the first send to the last end)."""
+    send = send or stream_request
     todo: queue.Queue[Job] = queue.Queue()
     for j in jobs:
         todo.put(j)
@@ -232,7 +239,7 @@ def run_closed_loop(url: str, jobs: Sequence[Job], concurrency: int, *, voice: s
                 job = todo.get_nowait()
             except queue.Empty:
                 return
-            rec = stream_request(url, job, voice, t0, timeout_s)
+            rec = send(url, job, voice, t0, timeout_s)
             with lock:
                 records.append(rec)
 

@@ -6,11 +6,12 @@ Nothing here talks to a server or loads a model; everything is unit-testable.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import numpy as np
+from prometheus_client.parser import text_string_to_metric_families
 
 from .. import contract
 from .outcomes import Outcome
@@ -35,6 +36,19 @@ def fmt(v: object, digits: int = 3) -> str:
     if isinstance(v, float):
         return f"{v:.{digits}f}"
     return str(v)
+
+
+def phase_section(result: Mapping[str, Any], key: str, title: str) -> tuple[Mapping[str, Any] | None, list[str]]:
+    """The opening of a report section on the server phase stored under ``key``: (the phase's
+    result, or None when its section is complete already, and the lines so far). No lines when
+    the phase did not run; a heading and why when it was skipped or failed; else the heading."""
+    phase = result.get(key)
+    if not phase:
+        return None, []
+    lines = ["", f"## {title}", ""]
+    if phase.get("error") or phase.get("skipped"):
+        return None, [*lines, f"Not measured: {phase.get('error') or phase.get('skipped')}"]
+    return phase, lines
 
 
 def ratio(num: float | None, den: float | None) -> float | None:
@@ -167,32 +181,18 @@ def summarize(records: Sequence[RequestRecord], wall_s: float) -> dict[str, obje
 
 
 # --- Prometheus text exposition ------------------------------------------------------------
-_SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)')
-_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
-
 MetricKey = tuple[str, tuple[tuple[str, str], ...]]
 """(metric name, sorted (label, value) pairs)."""
 
 
 def parse_prometheus(text: str) -> dict[MetricKey, float]:
-    """Samples of a Prometheus text exposition: {(name, sorted labels): value}.
-
-    Comment lines and unparsable values are skipped.
-    """
-    out: dict[MetricKey, float] = {}
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        m = _SAMPLE.match(line)
-        if not m:
-            continue
-        try:
-            value = float(m.group(3))
-        except ValueError:
-            continue
-        labels = tuple(sorted(_LABEL.findall(m.group(2) or "")))
-        out[(m.group(1), labels)] = value
-    return out
+    """Samples of a Prometheus text exposition: {(sample name, sorted labels): value}, parsed
+    by ``prometheus_client.parser``, which names samples as OpenMetrics does: a counter's
+    samples end in ``_total`` (Triton's ``# TYPE nv_inference_count counter`` gives
+    ``nv_inference_count_total``), histograms keep ``_bucket``, ``_sum``, ``_count``. Raises
+    ValueError on text that is not a valid exposition."""
+    return {(sample.name, tuple(sorted(sample.labels.items()))): float(sample.value)
+            for family in text_string_to_metric_families(text) for sample in family.samples}
 
 
 def diff_samples(before: Mapping[MetricKey, float],
@@ -216,12 +216,13 @@ def model_stats(delta: Mapping[MetricKey, float]) -> dict[str, dict[str, float |
     Per model: requests (``nv_inference_count``), executions (``nv_inference_exec_count``),
     mean_batch (requests per execution), compute_s (``nv_inference_compute_infer_duration_us``
     in seconds; for decoupled models it stops when ``execute`` returns, not at stream end),
-    queue_s (``nv_inference_queue_duration_us`` in seconds). Models with no request are left out.
+    queue_s (``nv_inference_queue_duration_us`` in seconds). Models with no request are left
+    out. These Triton counters' samples are named with ``_total`` (:func:`parse_prometheus`).
     """
-    count = _by_label(delta, "nv_inference_count", "model")
-    execs = _by_label(delta, "nv_inference_exec_count", "model")
-    compute = _by_label(delta, "nv_inference_compute_infer_duration_us", "model")
-    queue = _by_label(delta, "nv_inference_queue_duration_us", "model")
+    count = _by_label(delta, "nv_inference_count_total", "model")
+    execs = _by_label(delta, "nv_inference_exec_count_total", "model")
+    compute = _by_label(delta, "nv_inference_compute_infer_duration_us_total", "model")
+    queue = _by_label(delta, "nv_inference_queue_duration_us_total", "model")
     out: dict[str, dict[str, float | None]] = {}
     for model, n in sorted(count.items()):
         if n <= 0:
