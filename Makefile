@@ -66,6 +66,10 @@ bench-smoke:  ## every part of the benchmark on the small config, tiny load (1-2
 	$(if $(INT8_PROFILE),$(PY) -m chattts_serving.export --synthetic --size small --precision int8 --quiet)
 	$(PY) -m chattts_serving.bench --smoke --out results/smoke
 
+.PHONY: perf-analyzer
+perf-analyzer:  ## NVIDIA perf_analyzer on the streaming model of a running server (GRPC_PORT; CONCURRENCY="1 4 8 16")
+	GRPC_URL=127.0.0.1:$(GRPC_PORT) bash scripts/perf_analyzer.sh
+
 textnorm-report:  ## accuracy per category on the normalisation corpus: our rules / wetext alone / shipped
 	$(PY) -m chattts_serving.text.normalize_report
 
@@ -73,9 +77,10 @@ loadtest:  ## Locust headless against a running server (USERS, SPAWN_RATE, DURAT
 	CHATTTS_HTTP_PORT=$(HTTP_PORT) CHATTTS_GRPC_PORT=$(GRPC_PORT) bash loadtest/run.sh
 
 GATEWAY_PORT ?= 8080
+GATEWAY_ARGS ?=
 
-gateway:  ## OpenAI-compatible /v1/audio/speech on GATEWAY_PORT over a running server's gRPC (GRPC_PORT)
-	$(PY) -m chattts_serving.gateway --triton-url 127.0.0.1:$(GRPC_PORT) --port $(GATEWAY_PORT)
+gateway: setup  ## OpenAI /v1/audio/speech, the WebSocket stream and its page (/) on GATEWAY_PORT over a running server's gRPC (GRPC_PORT); GATEWAY_ARGS for more flags
+	$(PY) -m chattts_serving.gateway --triton-url 127.0.0.1:$(GRPC_PORT) --port $(GATEWAY_PORT) $(GATEWAY_ARGS)
 
 soak: setup  ## N minutes at concurrency K (MINUTES, CONCURRENCY, ARTIFACTS) -> results/soak.json; fails unless 0 lost, 0 failed, server agrees
 	$(PY) scripts/soak.py --artifacts $(ARTIFACTS) --minutes $(or $(MINUTES),30) --concurrency $(or $(CONCURRENCY),8)

@@ -86,7 +86,8 @@ def timeseries(title: str, description: str, unit: str, queries: list[tuple[str,
 
 
 def panels() -> list[dict[str, Any]]:
-    """The dashboard's panels, in reading order (left to right, top to bottom)."""
+    """The dashboard's panels, in reading order (left to right, top to bottom); the gateway's
+    row last."""
     return [
         timeseries(
             "Time to first audio (p50, p95)",
@@ -200,6 +201,45 @@ def panels() -> list[dict[str, Any]]:
             "short",
             [("max by (instance) (tts_degraded_mode)", "{{instance}}")],
             threshold=1, maximum=1),
+        *gateway_panels(),
+    ]
+
+
+def _quantile(q: float, histogram: str) -> str:
+    return f"histogram_quantile({q}, sum by (le) (rate({histogram}_bucket[{RATE}])))"
+
+
+def gateway_panels() -> list[dict[str, Any]]:
+    """The OpenAI gateway's row (its own /metrics, tts_gateway_*): what users of
+    /v1/audio/speech see, next to what Triton sees."""
+    return [
+        timeseries(
+            "Gateway: time to first audio (p50, p95)",
+            "Request received by the gateway to first encoded audio bytes, all replicas, against "
+            "Triton's own p95: the gap is the gateway's overhead (HTTP, gRPC relay, encoding).",
+            "s",
+            [(_quantile(0.5, "tts_gateway_time_to_first_audio_seconds"), "gateway p50"),
+             (_quantile(0.95, "tts_gateway_time_to_first_audio_seconds"), "gateway p95"),
+             ("chattts:tts_time_to_first_audio_seconds:p95_5m", "triton p95")],
+            threshold=TTFA_P95_LIMIT_SECONDS),
+        timeseries(
+            "Gateway: requests and errors per second",
+            "Speech requests finished by status, and errors by kind (400s are invalid, 503s busy, "
+            "unavailable or deadline) and phase (before_audio: an HTTP status; mid_stream: a cut stream).",
+            "reqps",
+            [(f"sum by (status) (rate(tts_gateway_requests_total[{RATE}]))", "{{status}}"),
+             (f"sum by (kind, phase) (rate(tts_gateway_errors_total[{RATE}])) > 0", "error {{kind}} ({{phase}})")]),
+        timeseries(
+            "Gateway: streams in flight",
+            "Speech streams each gateway replica relays now (--max-streams answers 503 beyond it).",
+            "short",
+            [("sum by (instance) (tts_gateway_streams_in_flight)", "{{instance}}")]),
+        timeseries(
+            "Gateway: audio relayed (audio seconds per second)",
+            "Seconds of audio the gateway relayed per wall-clock second, and its request duration p95.",
+            "none",
+            [(f"sum(rate(tts_gateway_audio_seconds_total[{RATE}]))", "audio s / s"),
+             (_quantile(0.95, "tts_gateway_request_duration_seconds"), "request duration p95 (s)")]),
     ]
 
 
