@@ -101,6 +101,28 @@ class Cancelled(RequestError):
         super().__init__(detail, ErrorKind.CANCELLED)
 
 
+def drop_tracebacks(exc: BaseException | None) -> None:
+    """Forget the traceback of ``exc`` and of every exception chained to it (``__cause__``,
+    ``__context__``), once it has been logged and a request's outcome no longer needs it.
+
+    Why: a traceback holds the frames it passed through, and a frame that keeps the exception
+    in a local (``error = exc``, ``failed = ...; raise failed``) closes a reference cycle. The
+    objects in those frames (in the server, a stream's BLS response iterator and responses)
+    are then freed only by the cyclic garbage collector, later, on whichever thread triggers
+    it, and Triton 2.51's Python stub dies of a segmentation fault when that frees BLS
+    responses (``~ResponseIterator``, seen in core dumps of the entry model's stub).
+    Dropping the tracebacks frees them by reference counting, on the request's own thread."""
+    seen: set[int] = set()
+    todo = [exc]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        e.__traceback__ = None
+        todo += [e.__cause__, e.__context__]
+
+
 _TAG: Final = re.compile(r"^\[(" + "|".join(k.value for k in ErrorKind) + r")\] ")
 STOP_ERROR_PREFIX: Final = "error:"
 """Start of the GPT engine's stop reason for a failed sequence: ``error:<kind>:<message>``."""

@@ -12,7 +12,7 @@ import socket
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +31,53 @@ from chattts_serving.serving.profile import PROFILES_DIR, Profile, load_profile
 ROOT = Path(__file__).resolve().parent.parent
 BUILD = ROOT / "build" / "test"
 SMALL_SEED = 0
+
+
+CRASH_MARKERS = ("Fatal Python error", "Segmentation fault", "is not healthy", "terminate called")
+"""Server-log lines that say a stub process crashed (faulthandler's report, Triton's verdict)."""
+
+
+def _servers_in(value: Any) -> list[TritonServer]:
+    """The TritonServers a fixture value holds: itself, a ``Server``'s, or a dict's values."""
+    if isinstance(value, TritonServer):
+        return [value]
+    if isinstance(getattr(value, "server", None), TritonServer):
+        return [value.server]
+    if isinstance(value, dict):
+        return [v for v in value.values() if isinstance(v, TritonServer)]
+    return []
+
+
+def server_log_report(server: TritonServer, tail_lines: int = 40, crash_lines: int = 80) -> str:
+    """What a failing test's report shows of ``server``'s log: the first crash report (from
+    the first line with a :data:`CRASH_MARKERS` entry, ``crash_lines`` long) and the last
+    ``tail_lines`` lines. Empty when the server has no log file."""
+    if server.log_path is None or not Path(server.log_path).is_file():
+        return ""
+    lines = Path(server.log_path).read_text(errors="replace").splitlines()
+    first = next((i for i, line in enumerate(lines) if any(m in line for m in CRASH_MARKERS)), None)
+    parts = []
+    if first is not None:
+        parts.append("--- first crash report ---\n" + "\n".join(lines[first:first + crash_lines]))
+    parts.append(f"--- last {tail_lines} lines ---\n" + "\n".join(lines[-tail_lines:]))
+    return f"{server.log_path}\n" + "\n".join(parts)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, Any, None]:
+    """A failing test that used a real server gets that server's log (crash report and tail)
+    as a report section: CI keeps only pytest's output, and a stub that died says why only
+    there."""
+    outcome = yield
+    report = outcome.get_result()
+    if not report.failed:
+        return
+    seen: set[int] = set()
+    for value in getattr(item, "funcargs", {}).values():
+        for server in _servers_in(value):
+            if id(server) not in seen and (text := server_log_report(server)):
+                seen.add(id(server))
+                report.sections.append(("tritonserver log", text))
 
 
 def free_port() -> int:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -77,7 +78,8 @@ class EngineTokens:
 
 class InProcessStages:
     """Front end, engine and vocoders in this process (see the module docstring). Counts the
-    calls each stage received in ``calls``."""
+    calls each stage received in ``calls`` and keeps weak references to the token streams it
+    made in ``token_streams``."""
 
     def __init__(self, artifacts: Artifacts, max_text_chars: int = 4096, default_voice_seed: int = 2,
                  engine_config: EngineConfig | None = None, voices: VoiceBook | None = None) -> None:
@@ -88,6 +90,8 @@ class InProcessStages:
         self.vocoders = {path: VocoderRunner(artifacts, path) for path in VocoderPath}
         self.lock = threading.Lock()
         self.calls = {"frontend": 0, "generate": 0, "vocode": 0}
+        self.token_streams: weakref.WeakSet[EngineTokens] = weakref.WeakSet()
+        """The token streams :meth:`generate` returned that are still alive."""
 
     def frontend(self, call: FrontendCall) -> FrontendOutput:
         self.calls["frontend"] += 1
@@ -95,7 +99,9 @@ class InProcessStages:
 
     def generate(self, call: GenerateCall) -> EngineTokens:
         self.calls["generate"] += 1
-        return EngineTokens(self.engine, self.lock, call)
+        tokens = EngineTokens(self.engine, self.lock, call)
+        self.token_streams.add(tokens)
+        return tokens
 
     def vocode(self, path: VocoderPath, window: np.ndarray, request_id: str = "") -> np.ndarray:
         self.calls["vocode"] += 1

@@ -10,7 +10,9 @@ tests (test_server.py, test_overload.py, test_faults.py) keep what only Triton s
 
 from __future__ import annotations
 
+import gc
 import json
+import logging
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -203,6 +205,43 @@ def test_an_unexpected_failure_is_one_internal_error_without_a_traceback(stages:
     exc = channel.events[0][1]
     assert exc.kind == ErrorKind.INTERNAL and str(exc) == "internal error: RuntimeError"
     assert stages.engine.live_count() == 0 and [f[0] for f in observer.finishes] == ["error"]
+
+
+@pytest.mark.parametrize("end", ["completed", "cancelled", "deadline", "internal", "offline"])
+def test_a_finished_request_frees_its_engine_streams_without_the_cyclic_gc(stages: InProcessStages, end: str,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """However a request ends, its engine streams (in the server: BLS response iterators and
+    responses) are freed when it ends, by reference counting alone (the cyclic garbage
+    collector is off here). Nothing of them may wait in a reference cycle, typically through
+    an exception's traceback, for the collector to free later on another thread: Triton
+    2.51's stub dies of a segmentation fault when that frees BLS responses."""
+    # pytest's log capture keeps the records of logged exceptions, tracebacks included (the
+    # server's log handler writes them and lets go): the entry service's own logger keeps none here
+    monkeypatch.setattr(logging.getLogger("chattts_serving.serving.entry"), "handlers", [logging.NullHandler()])
+    monkeypatch.setattr(logging.getLogger("chattts_serving.serving.entry"), "propagate", False)
+    service, _ = _service(_FailingVocoder(stages) if end == "internal" else stages)
+    tensors = {"completed": _tensors(max_new_tokens=30, min_new_tokens=30),
+               "cancelled": _tensors(max_new_tokens=600, min_new_tokens=600),
+               "deadline": _tensors(max_new_tokens=2000, min_new_tokens=2000, timeout_s=0.2),
+               "internal": _tensors(max_new_tokens=30),
+               "offline": _tensors(max_new_tokens=30, min_new_tokens=30)}[end]
+    channel = RecordingChannel(cancel_after_chunks=1 if end == "cancelled" else None)
+    generated = stages.calls["generate"]
+    gc.collect()
+    gc.disable()
+    try:
+        if end == "offline":
+            offline = EntryService(contract.MODEL_OFFLINE, _profile(), stages, RecordingObserver(), offline=True)
+            offline.offline(offline.admit(tensors, {}, end))
+        else:
+            service.stream(service.admit(tensors, {}, end), channel)
+        alive = len(stages.token_streams)
+    finally:
+        gc.enable()
+    assert stages.calls["generate"] > generated
+    expected = {"completed": "final", "cancelled": "final", "deadline": "error", "internal": "error"}
+    assert end == "offline" or [e[0] for e in channel.events][-1] == expected[end]
+    assert alive == 0, f"{alive} engine stream(s) of a finished request wait for the cyclic GC"
 
 
 def test_offline_returns_the_whole_utterance_and_its_info(stages: InProcessStages) -> None:

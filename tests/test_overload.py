@@ -31,6 +31,7 @@ MAX_STREAMS = 4
 ENGINE_BATCH = 2
 OFFLINE_THREADS = 2
 DEGRADED_TOKENS = 40
+STREAM_TOKENS = 1000
 
 
 def _serve(artifacts: Artifacts, work: Path, **changes: dict[str, Any]) -> TritonServer:
@@ -188,13 +189,17 @@ def _rejected_busy(port: int, model: str) -> float:
 
 
 def test_overload_rejects_the_excess_at_once_and_completes_the_accepted(tight) -> None:
+    """3 x MAX_STREAMS requests at once: MAX_STREAMS are accepted and complete, the rest get
+    "busy" before any accepted stream ends. The accepted streams are long (STREAM_TOKENS
+    decode steps, seconds on the small model) so that none can end, and free its slot for a
+    late request of the burst, while the burst is still arriving on a loaded machine."""
     n = 3 * MAX_STREAMS
     rejected_before = _rejected_busy(tight["metrics"], contract.MODEL_STREAM)
-    solo = Stream(tight["grpc"], "过载测试的句子。", 100, 300).start()
+    solo = Stream(tight["grpc"], "过载测试的句子。", 100, STREAM_TOKENS).start()
     solo.done.wait(60)
     solo.close()
     assert solo.error is None
-    streams = [Stream(tight["grpc"], "过载测试的句子。", 100, 300) for _ in range(n)]
+    streams = [Stream(tight["grpc"], "过载测试的句子。", 100, STREAM_TOKENS) for _ in range(n)]
     for s in streams:  # connect first, then send all requests together
         s.client.start_stream(callback=lambda result, error, q=s.q: q.put((result, error)))
     for s in streams:
@@ -252,7 +257,8 @@ def test_offline_refuses_at_once_when_its_instance_is_full(tight) -> None:
     long_ones = [threading.Thread(target=one, args=(1500,)) for _ in range(OFFLINE_THREADS)]
     for t in long_ones:
         t.start()
-    assert wait_for(lambda: gauge(tight["metrics"], "tts_engine_active_sequences") >= 1)
+    # both long requests hold their slots (one engine sequence each) before the extra ones come
+    assert wait_for(lambda: gauge(tight["metrics"], "tts_engine_active_sequences") >= OFFLINE_THREADS)
     extra = [threading.Thread(target=one, args=(10,)) for _ in range(3)]
     for t in extra:
         t.start()

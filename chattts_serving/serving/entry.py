@@ -25,7 +25,7 @@ from typing import Protocol
 import numpy as np
 
 from .. import contract
-from ..errors import ErrorKind, RequestError
+from ..errors import ErrorKind, RequestError, drop_tracebacks
 from .admission import Admission, rejection_reason
 from .lifecycle import CancelWatcher, ResponseChannel, StreamGuard
 from .logs import log_event
@@ -140,6 +140,7 @@ class EntryService:
             error = RequestError(f"internal error: {type(exc).__name__}", ErrorKind.INTERNAL)
         finally:
             unguard()
+        drop_tracebacks(error)  # free the stream's engine call here, not in the cyclic GC
         if error is not None:
             closed = guard.fail(error)
         else:
@@ -168,9 +169,10 @@ class EntryService:
         except Exception as exc:
             log.exception("offline request failed")
             error = RequestError(f"internal error: {type(exc).__name__}", ErrorKind.INTERNAL)
+        drop_tracebacks(error)  # free the request's BLS objects here, not in the cyclic GC
         self.finish(job, Outcome(result=result, error=error))
         if error is not None:
-            raise error
+            raise error  # this frame holds it: the caller drops its traceback again
         assert result is not None
         return audio, info_json(job, result, final=True)
 

@@ -1,7 +1,11 @@
 """Prometheus metrics of the Python models, on Triton's metrics port (``pb_utils.MetricFamily``).
 
 Names are the ones the alert rules and the dashboard in ``docker/`` use. The families are
-created once per model instance and must stay referenced for the model's lifetime.
+created once per model instance and must stay referenced for the model's lifetime, then be
+released by ``close()`` in the model's ``finalize``: a metric or family still alive when the
+stub's interpreter exits is deleted after the stub's shared memory is gone, and Triton 2.51's
+stub then dies of a segmentation fault on every unload (``Metric::Clear`` from
+``~MetricFamily``, seen in a core dump).
 """
 
 from __future__ import annotations
@@ -57,6 +61,15 @@ class EngineMetrics:
         self.kv.set(0.0)
         if self.memory is not None:
             self.memory.maybe_update()
+
+    def close(self) -> None:
+        """Delete the metrics, then their families (the backend's order), while the stub can
+        still tell the server. Call once the engine thread has stopped; nothing may be
+        recorded afterwards."""
+        self.batch = self.steps = self.active = self.kv = None
+        if self.memory is not None:
+            self.memory.close()
+        self._fam.clear()
 
 
 LATENCY_BUCKETS_S = list(contract.LATENCY_BUCKETS_S)
@@ -122,6 +135,12 @@ class MemoryGauges:
             used.set(float(info.used))
             total.set(float(info.total))
 
+    def close(self) -> None:
+        """Delete the gauges, then their families; nothing may be refreshed afterwards."""
+        self.rss = None
+        self._gpu = None
+        self._fam.clear()
+
 
 def _nvml_device(index: int, nvml: Any) -> tuple[Any, Any]:
     """(NVML handle of GPU ``index``, the nvml module), or (None, None) without NVML/GPU."""
@@ -177,6 +196,7 @@ class EntryMetrics:
         # The Python backend's metric calls are not safe from several threads at once (Triton
         # 2.51 crashed under concurrent streams): every metric update takes this lock.
         self.lock = threading.Lock()
+        self._closed = False
 
     def _counter(self, family: str, **labels: str) -> Any:
         key = (family, *sorted(labels.items()))
@@ -187,6 +207,8 @@ class EntryMetrics:
     def finished(self, status: str, priority: str, duration_s: float, audio_s: float,
                  ttfa_s: float | None) -> None:
         with self.lock:
+            if self._closed:
+                return
             self._counter("requests", status=status, priority=priority).increment(1.0)
             self.duration.observe(duration_s)
             if ttfa_s is not None:
@@ -197,12 +219,25 @@ class EntryMetrics:
 
     def rejected(self, reason: str) -> None:
         with self.lock:
-            self._counter("rejected", reason=reason).increment(1.0)
+            if not self._closed:
+                self._counter("rejected", reason=reason).increment(1.0)
 
     def set_queue(self, waiting: int) -> None:
         with self.lock:
-            self.queue.set(float(waiting))
+            if not self._closed:
+                self.queue.set(float(waiting))
 
     def set_degraded(self, on: bool) -> None:
         with self.lock:
-            self.degraded.set(1.0 if on else 0.0)
+            if not self._closed:
+                self.degraded.set(1.0 if on else 0.0)
+
+    def close(self) -> None:
+        """Delete the metrics, then their families, while the stub can still tell the server;
+        later updates (a worker thread still finishing) are dropped."""
+        with self.lock:
+            self._closed = True
+            self._counters.clear()
+            self.duration = self.ttfa = self.audio = self.queue = self.degraded = None
+            self.memory.close()
+            self._fam.clear()

@@ -20,6 +20,7 @@ service (:mod:`chattts_serving.serving.entry`).
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import logging
 import time
@@ -34,7 +35,7 @@ from ..audio.encoder import DvaeEncoderRunner
 from ..audio.vocoder import VocoderRunner
 from ..engine.gpt import Embeddings, GptStepRunner
 from ..engine.scheduler import Engine, Sequence
-from ..errors import ErrorKind, RequestError
+from ..errors import ErrorKind, RequestError, drop_tracebacks
 from ..runtime import OrtOptions
 from ..serving.entry import EntryService
 from ..serving.frontend import FrontendService
@@ -70,6 +71,10 @@ class TritonModel:
     decoupled: ClassVar[bool] = False
 
     def initialize(self, args: dict[str, Any]) -> None:
+        # A stub that dies of a fatal signal (a crash in a C extension or in the backend)
+        # otherwise leaves only Triton's "Stub process '<instance>' is not healthy." behind:
+        # this writes every thread's Python stack to the stub's stderr, i.e. the server log.
+        faulthandler.enable(all_threads=True)
         self.setup = ModelSetup.from_args(self.pb, args, decoupled=self.decoupled)
         self.name = self.setup.name
         self.start(self.setup)
@@ -96,9 +101,11 @@ class UnaryModel(TritonModel):
         try:
             return pb.InferenceResponse(output_tensors=self.respond(request))
         except RequestError as exc:
+            drop_tracebacks(exc)  # see errors.drop_tracebacks
             return pb.InferenceResponse(error=triton_error(pb, exc))
         except Exception as exc:
             log.exception("%s: request failed", self.name)
+            drop_tracebacks(exc)
             return pb.InferenceResponse(error=triton_error(pb, internal_error(exc)))
 
 
@@ -115,9 +122,11 @@ class DecoupledModel(TritonModel):
             try:
                 self.accept(request, sender)
             except RequestError as exc:
+                drop_tracebacks(exc)  # see errors.drop_tracebacks
                 self.refuse(sender, exc)
             except Exception as exc:
                 log.exception("%s: request failed", self.name)
+                drop_tracebacks(exc)
                 self.refuse(sender, internal_error(exc))
         return None
 
@@ -216,6 +225,7 @@ class EngineModel(DecoupledModel):
         if self.cancels is not None:
             self.cancels.close()
         self.engine.stop()
+        self.metrics.close()
 
 
 class VocoderModel(TritonModel):
@@ -228,6 +238,9 @@ class VocoderModel(TritonModel):
         self.memory = MemoryGauges(self.pb, setup.name, setup.gpu_index)
         self.runner = VocoderRunner(setup.artifacts, setup.parameters["vocoder_path"], setup.ort("vocoder"))
         self.runner.warm_up(setup.artifacts.hidden_size)
+
+    def finalize(self) -> None:
+        self.memory.close()
 
     def execute(self, requests: list[Any]) -> list[Any]:
         pb, runner = self.pb, self.runner
@@ -277,8 +290,8 @@ class EntryModel(TritonModel):
     def start(self, setup: ModelSetup) -> None:
         entry = setup.profile.entry
         stages = BlsStages(self.pb, entry.breaker_failures, entry.breaker_cooldown_s)
-        self.service = EntryService(setup.name, setup.profile, stages, EntryMetrics(self.pb, setup.name),
-                                    offline=self.offline)
+        self.metrics = EntryMetrics(self.pb, setup.name)
+        self.service = EntryService(setup.name, setup.profile, stages, self.metrics, offline=self.offline)
         self.workers = ThreadPoolExecutor(self.service.admission.slots.limit, thread_name_prefix="entry")
         self.refusals = ThreadPoolExecutor(entry.refusal_threads, thread_name_prefix="refuse")
 
@@ -303,10 +316,12 @@ class EntryModel(TritonModel):
             inputs, params, request_id = entry_request(self.pb, request)
             job = self.service.admit(inputs, params, request_id, arrival_s, reserved=True)
         except RequestError as exc:  # counted, logged, slot given back
+            drop_tracebacks(exc)  # see errors.drop_tracebacks
             send_final_error(self.pb, sender, exc)
             return
         except Exception as exc:
             log.exception("%s: admission failed", self.name)
+            drop_tracebacks(exc)
             self.service.admission.release()
             send_final_error(self.pb, sender, internal_error(exc))
             return
@@ -318,6 +333,7 @@ class EntryModel(TritonModel):
     def finalize(self) -> None:
         self.workers.shutdown(wait=False, cancel_futures=True)
         self.refusals.shutdown(wait=False, cancel_futures=True)
+        self.metrics.close()
 
 
 class StreamingEntryModel(EntryModel):
@@ -346,6 +362,7 @@ class OfflineEntryModel(EntryModel):
         try:
             audio, info = self.service.offline(job)
         except RequestError as exc:
+            drop_tracebacks(exc)  # see errors.drop_tracebacks
             send_final_error(pb, sender, exc)
             return
         response = pb.InferenceResponse(output_tensors=[pb.Tensor(contract.OUT_AUDIO.name, audio),

@@ -148,15 +148,23 @@ class EngineStream:
         the calling model from unloading at shutdown."""
         for _ in self._responses:
             pass
+        self._finish()
+
+    def _finish(self) -> None:
+        """The engine's last response has been read: release the BLS iterator and its
+        responses now, on this thread (see :func:`chattts_serving.errors.drop_tracebacks` for
+        why they must not be left to the cyclic garbage collector)."""
         self.finished = True
+        self._responses = iter(())
 
     def __iter__(self) -> Iterator[TokenBatch]:
         pb = self.pb
         try:
             for resp in self._responses:
                 if resp.has_error():
-                    self.finished = True  # the engine's errors are final responses
                     err = error_from_triton(resp.error())
+                    del resp
+                    self._finish()  # the engine's errors are final responses
                     settle(self.breaker_call, err)
                     raise err
                 codes_t = pb.get_output_tensor_by_name(resp, contract.EN_CODES.name)
@@ -174,7 +182,7 @@ class EngineStream:
                     self.breaker_call.success()
                     self._drain()  # before handing over the last batch
                 yield batch
-            self.finished = True
+            self._finish()
         finally:
             self.breaker_call.release()  # a no-op once settled; else the caller abandoned the stream
 
