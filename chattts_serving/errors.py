@@ -107,11 +107,12 @@ def drop_tracebacks(exc: BaseException | None) -> None:
 
     Why: a traceback holds the frames it passed through, and a frame that keeps the exception
     in a local (``error = exc``, ``failed = ...; raise failed``) closes a reference cycle. The
-    objects in those frames (in the server, a stream's BLS response iterator and responses)
-    are then freed only by the cyclic garbage collector, later, on whichever thread triggers
-    it, and Triton 2.51's Python stub dies of a segmentation fault when that frees BLS
-    responses (``~ResponseIterator``, seen in core dumps of the entry model's stub).
-    Dropping the tracebacks frees them by reference counting, on the request's own thread."""
+    objects in those frames (in the server, a stream's BLS responses, tensors and audio) are
+    then freed only by the cyclic garbage collector: during serving at an unpredictable time
+    on whichever thread triggers it, and at the stub's exit after its shared memory is gone,
+    where Triton 2.51's stub dies of a segmentation fault in ``~ResponseIterator`` (core dumps
+    of the entry model's stub, at every unload). Dropping the tracebacks frees them by
+    reference counting, on the request's own thread."""
     seen: set[int] = set()
     todo = [exc]
     while todo:

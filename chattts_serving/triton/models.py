@@ -47,7 +47,7 @@ from .cancels import CancelListener, cancel_address
 from .metrics import EngineMetrics, EntryMetrics, MemoryGauges
 from .responses import EngineSink, SenderChannel, send_engine_error, send_final_error
 from .setup import ModelSetup, lower_priority
-from .stages import BlsStages
+from .stages import BlsStages, release_held_iterators
 from .tensors import request_inputs, string_tensor, triton_error
 
 log = logging.getLogger(__name__)
@@ -333,6 +333,7 @@ class EntryModel(TritonModel):
     def finalize(self) -> None:
         self.workers.shutdown(wait=False, cancel_futures=True)
         self.refusals.shutdown(wait=False, cancel_futures=True)
+        release_held_iterators()
         self.metrics.close()
 
 

@@ -10,7 +10,10 @@ caller), so a half-open breaker's trial can never stay in flight
 from __future__ import annotations
 
 import json
+import threading
+import time
 import uuid
+from collections import deque
 from collections.abc import Iterator
 from typing import Any
 
@@ -26,6 +29,89 @@ from .tensors import error_from_triton, first_string, string_tensor
 
 STAGES = ("frontend", "engine", "vocoder")
 """The stages of the pipeline, each behind its own circuit breaker."""
+
+ITERATOR_GRACE_S = 2.0
+"""How long a finished BLS response iterator is kept referenced after its last response was
+read (see :class:`IteratorGrave`)."""
+
+
+class IteratorGrave:
+    """Keeps finished decoupled-BLS response iterators referenced for ``grace_s`` seconds, then
+    lets them go from its own Python thread.
+
+    Why: in Triton 2.51's Python stub (python_backend r24.10) a response iterator is also owned
+    by the stub's iterator map until the stub's stub-to-parent thread has sent the cleanup
+    message its last response queued. If Python lets go of the iterator first, that thread
+    frees it, its responses and their numpy arrays without holding the GIL (fixed upstream in
+    December 2024, "Hold GIL when deleting numpy array", after r24.10), which corrupts the
+    interpreter's memory: the entry stub died of a segmentation fault or "corrupted size vs.
+    prev_size" during bursts of cancelled streams, when that thread is busiest. Kept here past
+    the cleanup, the iterator is freed by the last Python reference, with the GIL. Costs the
+    iterator's responses' memory for ``grace_s`` seconds."""
+
+    def __init__(self, grace_s: float = ITERATOR_GRACE_S) -> None:
+        self.grace_s = grace_s
+        self._held: deque[tuple[float, Any]] = deque()
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        threading.Thread(target=self._loop, name="bls-iterator-grave", daemon=True).start()
+
+    def keep(self, iterator: Any) -> None:
+        """Hold ``iterator`` (whose last response has been read) for ``grace_s`` seconds."""
+        with self._lock:
+            self._held.append((time.monotonic() + self.grace_s, iterator))
+        self._wake.set()
+
+    def held(self) -> int:
+        """Iterators held now."""
+        with self._lock:
+            return len(self._held)
+
+    def release_due(self, now_s: float | None = None) -> int:
+        """Let go of the iterators whose grace has passed (on the calling Python thread);
+        returns how many."""
+        now_s = time.monotonic() if now_s is None else now_s
+        due = []
+        with self._lock:
+            while self._held and self._held[0][0] <= now_s:
+                due.append(self._held.popleft())
+        n = len(due)
+        del due  # the last references: freed here, with the GIL
+        return n
+
+    def _loop(self) -> None:
+        while True:
+            self._wake.wait()
+            self._wake.clear()  # before looking: a keep() from now on sets it again
+            while True:
+                with self._lock:
+                    next_due = self._held[0][0] if self._held else None
+                if next_due is None:
+                    break
+                time.sleep(max(0.0, next_due - time.monotonic()))
+                self.release_due()
+
+
+_GRAVE: IteratorGrave | None = None
+_GRAVE_LOCK = threading.Lock()
+
+
+def iterator_grave() -> IteratorGrave:
+    """The process's :class:`IteratorGrave` (started on first use)."""
+    global _GRAVE
+    with _GRAVE_LOCK:
+        if _GRAVE is None:
+            _GRAVE = IteratorGrave()
+        return _GRAVE
+
+
+def release_held_iterators() -> int:
+    """Let go of every iterator the process's grave holds, grace or not (a model's
+    ``finalize``: held past the stub's exit, they would be freed after its shared memory is
+    gone). Returns how many."""
+    with _GRAVE_LOCK:
+        grave = _GRAVE
+    return grave.release_due(now_s=float("inf")) if grave is not None else 0
 
 
 class BlsStages:
@@ -120,6 +206,14 @@ def engine_inputs(pb: Any, call: GenerateCall, stream_id: str) -> list[Any]:
     return inputs
 
 
+class _Done:
+    """An exhausted response iterator (what an :class:`EngineStream` holds once its BLS
+    iterator is in the :class:`IteratorGrave`)."""
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(())
+
+
 class EngineStream:
     """One sequence on the GPT engine over a decoupled BLS call: iterate for
     :class:`~chattts_serving.serving.pipeline.TokenBatch` es; :meth:`cancel` ends it early
@@ -151,11 +245,14 @@ class EngineStream:
         self._finish()
 
     def _finish(self) -> None:
-        """The engine's last response has been read: release the BLS iterator and its
-        responses now, on this thread (see :func:`chattts_serving.errors.drop_tracebacks` for
-        why they must not be left to the cyclic garbage collector)."""
+        """The engine's last response has been read: hand the BLS iterator to the
+        :class:`IteratorGrave`, which frees it after the stub's cleanup of it (never the stub's
+        own thread, nor the cyclic garbage collector: see
+        :func:`chattts_serving.errors.drop_tracebacks`)."""
         self.finished = True
-        self._responses = iter(())
+        if not isinstance(self._responses, _Done):
+            iterator_grave().keep(self._responses)
+            self._responses = _Done()
 
     def __iter__(self) -> Iterator[TokenBatch]:
         pb = self.pb
@@ -198,8 +295,10 @@ class EngineStream:
                                   inputs=[string_tensor(pb, contract.EN_STREAM_ID.name, self.stream_id),
                                           string_tensor(pb, contract.EN_CONTROL.name, "cancel")],
                                   requested_output_names=[t.name for t in contract.ENGINE_OUTPUTS])
-        for _ in req.exec(decoupled=True):
+        responses = req.exec(decoupled=True)
+        for _ in responses:
             pass
+        iterator_grave().keep(responses)
 
     def cancel(self) -> None:
         """End the sequence in the engine and drain its responses. A no-op once the engine's

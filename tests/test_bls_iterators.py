@@ -1,0 +1,124 @@
+"""Finished BLS response iterators are let go by a Python thread after a grace period
+(:class:`chattts_serving.triton.stages.IteratorGrave`), never dropped at once: Triton 2.51's
+stub frees an iterator whose last Python reference is gone before its cleanup message was sent
+on its own thread, without the GIL, and corrupts the interpreter's memory (seen as the entry
+stub's segmentation faults under bursts of cancels).
+
+The engine stream is driven here over a stand-in for ``triton_python_backend_utils`` that
+records which response iterators it handed out; tests/test_overload.py covers the real stub.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+import numpy as np
+from conftest import wait_until
+
+from chattts_serving import contract
+from chattts_serving.contract import StopReason
+from chattts_serving.params import SamplingParams
+from chattts_serving.serving.pipeline import GenerateCall
+from chattts_serving.serving.resilience import CircuitBreaker, enter
+from chattts_serving.triton import stages
+from chattts_serving.triton.stages import EngineStream, IteratorGrave
+
+
+class _Held:
+    """Something to hold (weak-referenceable)."""
+
+
+def test_the_grave_holds_an_iterator_for_its_grace_then_its_thread_lets_go() -> None:
+    grave = IteratorGrave(grace_s=3600.0)
+    item = _Held()
+    ref = weakref.ref(item)
+    grave.keep(item)
+    del item
+    assert ref() is not None and grave.held() == 1
+    assert grave.release_due() == 0 and ref() is not None  # within its grace: still held
+    assert grave.release_due(now_s=float("inf")) == 1
+    assert ref() is None, "the grave kept a reference after letting go"
+
+    quick = IteratorGrave(grace_s=0.05)
+    item = _Held()
+    ref = weakref.ref(item)
+    quick.keep(item)
+    del item
+    assert wait_until(lambda: ref() is None, 10.0), "the grave's thread never let go"
+    assert quick.held() == 0
+
+
+class _Tensor:
+    def __init__(self, name: str, value: np.ndarray) -> None:
+        self.name, self.value = name, value
+
+    def as_numpy(self) -> np.ndarray:
+        return self.value
+
+
+class _Response:
+    def __init__(self, tensors: dict[str, np.ndarray] | None) -> None:
+        self.tensors = tensors or {}
+
+    def has_error(self) -> bool:
+        return False
+
+
+class _Iterator:
+    """A decoupled BLS call's responses: batches of 2 tokens, the last with stop reason eos,
+    then the empty final response."""
+
+    def __init__(self, batches: int, hidden: int) -> None:
+        def batch(i: int) -> _Response:
+            stop = "eos" if i == batches - 1 else ""
+            return _Response({contract.EN_CODES.name: np.zeros((2, contract.NUM_VQ), np.int32),
+                              contract.EN_HIDDEN.name: np.zeros((2, hidden), np.float32),
+                              contract.EN_STOP.name: np.array([stop.encode()], np.object_)})
+        self._items = iter([batch(i) for i in range(batches)] + [_Response(None)])
+
+    def __iter__(self) -> _Iterator:
+        return self
+
+    def __next__(self) -> _Response:
+        return next(self._items)
+
+
+class _FakePb:
+    """The parts of ``triton_python_backend_utils`` an engine stream uses."""
+
+    def __init__(self) -> None:
+        self.iterators: list[weakref.ref[_Iterator]] = []
+
+    Tensor = _Tensor
+
+    def InferenceRequest(self, **_: Any) -> Any:  # Triton's name
+        pb = self
+
+        class _Request:
+            def exec(self, decoupled: bool = False) -> _Iterator:
+                assert decoupled
+                it = _Iterator(3, 8)
+                pb.iterators.append(weakref.ref(it))
+                return it
+        return _Request()
+
+    @staticmethod
+    def get_output_tensor_by_name(resp: _Response, name: str) -> _Tensor | None:
+        return _Tensor(name, resp.tensors[name]) if name in resp.tensors else None
+
+
+def test_an_engine_stream_hands_its_finished_iterator_to_the_grave(monkeypatch: Any) -> None:
+    grave = IteratorGrave(grace_s=3600.0)
+    monkeypatch.setattr(stages, "_GRAVE", grave)
+    pb = _FakePb()
+    call = GenerateCall(input_ids=np.arange(4), spk_emb=np.zeros(8, np.float32), params=SamplingParams(),
+                        emit_tokens=2)
+    stream = EngineStream(pb, call, enter(CircuitBreaker("engine", 5, 10.0)), cancel_address="")
+    batches = list(stream)
+    assert [b.stop_reason for b in batches] == [None, None, StopReason.EOS] and stream.finished
+    del stream, batches
+    (ref,) = pb.iterators
+    assert ref() is not None and grave.held() == 1, "the finished iterator was dropped at once"
+    grave.release_due(now_s=float("inf"))
+    assert ref() is None
