@@ -158,7 +158,7 @@ class ReferenceLimits:
     """What a reference recording may be.
 
     min_s, max_s: its duration in seconds (after resampling). The whole recording becomes
-    audio-prompt tokens in every sentence's prompt (46.875 per second: 30 s = 1407 tokens of
+    audio-prompt tokens in every sentence's prompt (46.875 per second: 30 s = 1406 tokens of
     the GPT's 4096-token context, and prefill cost with them), so long recordings are refused
     rather than cut. min_rate_hz, max_rate_hz: accepted sample rates in Hz (a request holds
     its recording until it ends: 30 s at 48 kHz is 5.8 MB of float32).
@@ -290,7 +290,7 @@ def recording_key(audio: np.ndarray, rate_hz: int, transcript: str) -> str:
 
 
 DEFAULT_PROMPT_CACHE_ENTRIES: Final = 64
-"""Encoded references kept by default: at most 1407 x 4 int32 codes (22 KB) each at the
+"""Encoded references kept by default: at most 1406 x 4 int32 codes (22 KB) each at the
 default 30 s limit."""
 
 

@@ -10,7 +10,7 @@ Three request kinds, each a two-sentence text (two benchmark sentences joined) a
   encoded (the reference pass) before it is generated again with that audio prompt and
   streamed; expected TTFA(streaming) + ``tokens`` decode steps + a vocoder window + the DVAE
   encoder;
-* ``reference``: streaming segmentation with a 5 s reference recording and its transcript (235
+* ``reference``: streaming segmentation with a 5 s reference recording and its transcript (234
   audio-prompt tokens more in every prefill; the recording is encoded on the first request and
   cached after, so that request is left out as warm-up).
 
