@@ -4,7 +4,8 @@ WebSocket, and shows the time to first audio. ``CHATTTS_UPDATE_SCREENSHOT=1`` al
 README's picture (``docs/ws-page.png``).
 
 Without Chromium (or Playwright) the test is skipped, naming what to install; under CI
-(``$CI`` set, as ``.ci/run`` does) it fails instead, since ``make setup`` installs both."""
+(``$CI`` true: ``1``, ``true``, ``yes`` or ``on``, as ``.ci/run`` and CI services set it) it
+fails instead, since ``make setup`` installs both; ``CI=0`` or ``CI=false`` is not CI."""
 
 from __future__ import annotations
 
@@ -24,6 +25,30 @@ SCREENSHOT = ROOT / "docs" / "ws-page.png"
 API_KEY = "page-key-1"
 
 
+TRUE_VALUES = frozenset({"1", "true", "yes", "on"})
+
+
+def under_ci() -> bool:
+    """Whether ``$CI`` holds a true value (case-insensitive ``1``, ``true``, ``yes``, ``on``):
+    ``CI=0``, ``CI=false`` or an empty ``CI`` is a developer's machine."""
+    return os.environ.get("CI", "").strip().lower() in TRUE_VALUES
+
+
+@pytest.mark.parametrize("value, ci", [(None, False), ("", False), ("0", False), ("false", False), ("no", False),
+                                       ("off", False), ("1", True), ("true", True), ("TRUE", True), ("yes", True),
+                                       ("on", True)])
+def test_only_a_true_ci_variable_turns_a_missing_browser_into_a_failure(monkeypatch: pytest.MonkeyPatch,
+                                                                        value: str | None, ci: bool) -> None:
+    if value is None:
+        monkeypatch.delenv("CI", raising=False)
+    else:
+        monkeypatch.setenv("CI", value)
+    assert under_ci() is ci
+    monkeypatch.setitem(globals(), "CHROMIUM", "/nonexistent/chromium")  # a host without the browser
+    with pytest.raises(pytest.fail.Exception if ci else pytest.skip.Exception, match="/nonexistent/chromium"):
+        _need_browser()
+
+
 def _need_browser() -> None:
     problem = None
     if not Path(CHROMIUM).is_file():
@@ -35,7 +60,7 @@ def _need_browser() -> None:
             problem = "Playwright for Python is not installed (pip install playwright; the browser is Debian's)"
     if problem is None:
         return
-    if os.environ.get("CI"):
+    if under_ci():
         pytest.fail(f"{problem}: make setup installs it")
     pytest.skip(problem)
 
