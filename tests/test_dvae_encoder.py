@@ -12,7 +12,8 @@ import torch
 
 from chattts_serving import contract
 from chattts_serving.audio.encoder import DvaeEncoderRunner
-from chattts_serving.export.build import EXPORTER_VERSION
+from chattts_serving.export.build import ENCODER_MISMATCH_TOLERANCE, EXPORTER_VERSION, check_encoder_parity
+from chattts_serving.export.weights import WeightsError
 from chattts_serving.runtime import Artifacts
 
 SR = contract.SAMPLE_RATE_HZ
@@ -72,6 +73,26 @@ def test_manifest_lists_the_encoder_and_its_parity(small_artifacts: Artifacts) -
     assert {contract.DVAE_ENCODER_GRAPH, contract.MEL_FILE} <= set(man["files"])
     parity = man["encoder_parity"]
     assert parity["mismatched_codes"] == 0 and parity["length_mismatches"] == 0 and parity["codes"] > 1000
+    check_encoder_parity(parity)  # the export's own gate passes what it recorded
+
+
+def _report(codes: float = 4000, bad: float = 0, lengths: float = 0) -> dict[str, float]:
+    return {"codes": codes, "mismatched_codes": bad, "mismatch_fraction": bad / max(codes, 1),
+            "length_mismatches": lengths}
+
+
+def test_the_export_gate_fails_on_any_length_mismatch_and_on_too_many_differing_codes() -> None:
+    check_encoder_parity(_report())
+    check_encoder_parity(_report(bad=3))  # under the tolerance: a rare level-boundary case
+    with pytest.raises(WeightsError, match=r"different number of tokens .* for 1 parity recording"):
+        check_encoder_parity(_report(lengths=1))  # even with every compared code equal
+    with pytest.raises(WeightsError, match="different number of tokens"):
+        check_encoder_parity(_report(codes=0, lengths=2))  # every recording's length wrong: nothing compared
+    with pytest.raises(WeightsError, match="compared no codes"):
+        check_encoder_parity(_report(codes=0))
+    bad = int(4000 * ENCODER_MISMATCH_TOLERANCE) + 1
+    with pytest.raises(WeightsError, match=f"in {bad} of 4000 codes"):
+        check_encoder_parity(_report(bad=bad))
 
 
 def test_runner_refuses_what_the_encoder_cannot_take(small_artifacts: Artifacts, tmp_path: Path) -> None:

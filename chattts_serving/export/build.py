@@ -53,6 +53,28 @@ generated DVAE. The bound only keeps a rare boundary case from failing an export
 require exact equality."""
 
 
+def check_encoder_parity(report: dict[str, float], tolerance: float = ENCODER_MISMATCH_TOLERANCE) -> None:
+    """The export's gate on the DVAE encoder: ``report`` is
+    :func:`chattts_serving.export.parity.encoder_parity`'s (``codes``, ``mismatched_codes``,
+    ``mismatch_fraction``, ``length_mismatches``; counts as floats).
+
+    Raises:
+        WeightsError: a parity recording whose token count differs from ChatTTS'
+            (``length_mismatches`` > 0: its codes were not compared at all, and a wrong length
+            shifts every prompt code after it), no code compared, or more than ``tolerance``
+            of the compared codes differing.
+    """
+    if report["length_mismatches"] > 0:
+        raise WeightsError(f"the exported DVAE encoder gives a different number of tokens than ChatTTS' "
+                           f"sample_audio for {report['length_mismatches']:g} parity recording(s): {report}")
+    if report["codes"] <= 0:
+        raise WeightsError(f"the DVAE encoder parity check compared no codes: {report}")
+    if report["mismatch_fraction"] > tolerance:
+        raise WeightsError(f"the exported DVAE encoder's codes differ from ChatTTS' sample_audio in "
+                           f"{report['mismatched_codes']:g} of {report['codes']:g} codes "
+                           f"(> {tolerance:g} of them): {report}")
+
+
 def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
     """Hex sha256 of a file's bytes."""
     h = hashlib.sha256()
@@ -236,9 +258,7 @@ def _export_into(chat: Any, weights_root: Path, tmp: Path, say: Progress) -> dic
         raise WeightsError(f"exported graphs differ from ChatTTS' modules by {worst:.3g} "
                            f"(> {PARITY_TOLERANCE}): {parity}")
     enc_parity = encoder_parity(chat, tmp)
-    if enc_parity["mismatch_fraction"] > ENCODER_MISMATCH_TOLERANCE:
-        raise WeightsError(f"the exported DVAE encoder's codes differ from ChatTTS' sample_audio in "
-                           f"{enc_parity['mismatched_codes']} of {enc_parity['codes']} codes: {enc_parity}")
+    check_encoder_parity(enc_parity)
 
     sizes = read_sizes(Path(weights_root) / "asset")
     rf_hidden = graphs.receptive_field_tokens([chat.decoder.decoder, chat.decoder.out_conv], chat.vocos)
