@@ -387,3 +387,25 @@ def test_a_voices_file_recording_is_the_voice_and_its_transcript_precedes_the_te
     voices.write_text('[voices]\nmissing = { recording = "refs/none.wav", transcript = "无。" }\n')
     with pytest.raises(FrontendError, match="not a file"):
         FrontEnd(small_artifacts, 4096, 2, voices=VoiceBook.load(voices))
+
+
+def test_the_sample_voices_files_commented_examples_load_as_the_kinds_they_claim(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """voices/voices.toml's commented ``reader`` / ``reader7`` entries, uncommented next to a
+    recording, are reference voices with the keys voices.py reads (recording relative to the
+    file, transcript, optional speaker); the file as shipped loads with seeds only."""
+    from pathlib import Path
+
+    from chattts_serving.text.voices import load_voices_file
+
+    shipped = Path(__file__).resolve().parent.parent / "voices" / "voices.toml"
+    assert {v.kind for v in load_voices_file(shipped).values()} == {"seed"}
+    lines = shipped.read_text(encoding="utf-8").splitlines()
+    examples = [ln[2:] for ln in lines if ln.startswith("# reader")]
+    assert len(examples) == 2
+    _write_wav(tmp_path / "reader.wav", _recordings(1, seed=33)[0], SR)
+    (tmp_path / "voices.toml").write_text("\n".join([*lines, *examples]) + "\n", encoding="utf-8")
+    voices = load_voices_file(tmp_path / "voices.toml")
+    reader, reader7 = voices["reader"], voices["reader7"]
+    assert reader.kind == reader7.kind == "reference"
+    assert reader.recording == (tmp_path / "reader.wav").resolve() and reader.transcript == "这是一段参考录音。"
+    assert reader.speaker is None and reader7.speaker is not None and reader7.speaker.seed == 7
