@@ -13,6 +13,7 @@ import pytest
 from chattts_serving.runtime import Artifacts
 from chattts_serving.serving.profile import load_profile, profile_from_json
 from chattts_serving.text import normalize as textnorm
+from chattts_serving.text import wetext
 from chattts_serving.text.frontend import FrontEnd
 from chattts_serving.text.normalize_report import CORPUS, CorpusError, evaluate, load_corpus, table
 from chattts_serving.text.voices import VoiceBook
@@ -70,21 +71,59 @@ def test_library_and_our_rules_agree_where_the_library_reads() -> None:
     assert evaluate(ROWS, "ours")["all"].correct == evaluate(ROWS, "shipped")["all"].correct == len(ROWS)
 
 
-def test_routed_kinds_are_read_by_the_library() -> None:
-    """12/25 is where the library (a date) and our rules (a fraction) read differently; a span
-    the library cannot read (a signed percentage) stays ours."""
+def _spy_library(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Record every span handed to the library (the real library still reads it)."""
+    asked: list[str] = []
+    real = wetext.read_zh
+
+    def spy(span: str, left: str = "", right: str = "") -> str | None:
+        asked.append(span)
+        return real(span, left, right)
+
+    monkeypatch.setattr(wetext, "read_zh", spy)
+    return asked
+
+
+def test_routed_kinds_are_read_by_the_library(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Chinese spans of the routed kinds are handed to the library when it is on and never
+    when it is off; a span the library cannot read (a signed percentage) stays ours."""
     assert {"ymd", "fraction", "percent", "ratio"} == textnorm.LIBRARY_KINDS
-    assert textnorm.normalize("圣诞节是12/25", library=True).text == "圣诞节是十二月二十五日"
-    assert textnorm.normalize("圣诞节是12/25", library=False).text == "圣诞节是二十五分之十二"
+    asked = _spy_library(monkeypatch)
+    assert textnorm.normalize("配比3:2，占50%，于2024-03-05", library=True).text == \
+        "配比三比二，占百分之五十，于二零二四年三月五日"
+    assert asked == ["3:2", "50%", "2024-03-05"]
+    asked.clear()
+    assert textnorm.normalize("配比3:2，占50%，于2024-03-05", library=False).text == \
+        "配比三比二，占百分之五十，于二零二四年三月五日"
+    assert asked == []
     assert textnorm.normalize("增长-2%", library=True).text == "增长负百分之二"
 
 
-def test_wetext_knob_switches_the_library_reading(small_artifacts: Artifacts) -> None:
-    """12/25 is where the library (a date) and our rules (a fraction) read differently."""
-    on = FrontEnd(small_artifacts, 4096, 2, voices=VoiceBook(), wetext=True).prepare("圣诞节是12/25")
-    off = FrontEnd(small_artifacts, 4096, 2, voices=VoiceBook(), wetext=False).prepare("圣诞节是12/25")
-    assert on.normalized == "圣诞节是十二月二十五日"
-    assert off.normalized == "圣诞节是二十五分之十二"
+@pytest.mark.parametrize("library", [True, False], ids=["shipped", "ours"])
+@pytest.mark.parametrize("text, expected", [
+    ("圣诞节是12/25", "圣诞节是十二月二十五日"),
+    ("截止12/31", "截止十二月三十一日"),
+    ("大约11/12的时间", "大约十二分之十一的时间"),
+    ("12/25的人", "二十五分之十二的人"),
+    ("截止3/5", "截止三月五日"),
+    ("3/5的人", "五分之三的人"),
+])
+def test_month_day_or_fraction_is_decided_by_context_in_both_modes(text: str, expected: str, library: bool) -> None:
+    """The library reads every m/d with m <= 12 as a date (11/12 -> 十一月十二日) and others as
+    a fraction; context words decide instead, and the library's reading is used only where it
+    is of the sort they choose, so the knob changes no reading."""
+    assert textnorm.normalize(text, library=library).text == expected
+
+
+def test_wetext_knob_switches_the_library_reading(small_artifacts: Artifacts, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The front end asks the library for the routed spans only with the knob on."""
+    asked = _spy_library(monkeypatch)
+    on = FrontEnd(small_artifacts, 4096, 2, voices=VoiceBook(), wetext=True).prepare("约占50%")
+    assert asked == ["50%"]
+    asked.clear()
+    off = FrontEnd(small_artifacts, 4096, 2, voices=VoiceBook(), wetext=False).prepare("约占50%")
+    assert asked == []
+    assert on.normalized == off.normalized == "约占百分之五十"
 
 
 def test_profile_knob_defaults_on_and_round_trips() -> None:

@@ -190,9 +190,9 @@ _ZH_LIANG_BEFORE: Final = tuple(sorted(
     set("个位只本次件条天年点岁倍种台辆张把棵名块斤周项家间层份分米克秒瓶杯双碗盘盒箱袋包支枝朵颗粒片根对副篇首部场"
         "届轮局回趟遍顿声下口排行列队组批门所座栋幢套匹头艘架款类样封册卷集幕道笔枚盏顶具扇面幅页章节段句步圈眼拳脚刀针"
         "滴串束捆桶罐壶勺碟户处人成亿万千元角毛升吨尺寸亩晚夜餐代辈群伙帮剂听盆锅沓摞缸筐篮瓣阵番遭枪炮轴曲辑桩宗起例"
-        "则题栏格株丛簇挂窝胎任堵峰羽团堆摊尊杆柄室厅卫打")
+        "则题栏格株丛簇挂窝胎任堵峰羽团堆摊尊杆柄室厅卫打通桌席堂票尾科帧站季")
     | {"公里", "公斤", "千克", "小时", "分钟", "美元", "欧元", "英镑", "日元", "港元", "周年", "个月", "星期", "厘米",
-       "毫米", "毫升", "千米", "公顷", "平方米", "立方米", "英里", "英尺", "磅", "加仑"},
+       "毫米", "毫升", "千米", "公顷", "平方米", "立方米", "英里", "英尺", "磅", "加仑", "刻钟"},
     key=len, reverse=True))
 """Measure words (and 千/万/亿) after which a lone 2 is read 两 rather than 二 (2瓶 -> 两瓶)."""
 _ZH_ER_BEFORE: Final = ("号", "楼", "路", "级", "年级", "班", "两", "月", "日", "线", "手", "维", "等", "次元", "季度")
@@ -446,13 +446,21 @@ DURATION_BEFORE: Final = ("用时", "耗时", "成绩", "时长", "历时", "净
 """Written right before ``h:mm:ss``, they make it a duration (成绩2:03:45: 两小时零三分四十五秒)."""
 PACE_BEFORE: Final = ("配速",)
 """Written right before ``m:ss``, they make it minutes and seconds (配速5:30 -> 五分三十秒)."""
+COUNTDOWN_BEFORE: Final = ("倒计时", "剩余时间", "剩余", "还剩下", "还剩", "仅剩", "只剩", "剩下")
+"""Written right before ``mm:ss``, they make it a countdown read as minutes and seconds
+(倒计时05:00 -> 五分钟, 剩余时间01:30 -> 一分三十秒). 还有 does so only before ``00:ss``
+(距开赛还有00:30 -> 三十秒): 还有10:30的航班 is a clock time."""
+DAY_PARTS: Final = ("凌晨", "早上", "早晨", "清晨", "上午", "中午", "下午", "傍晚", "晚上", "夜里", "夜间", "深夜",
+                    "午夜")
+"""Written right before a time with am/pm (下午2:30pm), they already say which half of the
+day it is: am/pm is not read a second time."""
 IDENTIFIER_BEFORE: Final = ("电话", "手机", "手机号", "座机", "传真", "热线", "客服", "拨打", "致电", "呼叫", "号码",
                             "卡号", "账号", "帐号", "单号", "编号", "工号", "学号", "尾号", "验证码", "密码", "邮编",
                             "QQ号", "QQ", "微信号", "身份证号码", "身份证号", "身份证", "分机号", "分机", "拨",
                             "车次", "航班", "航班号", "房间号", "订单")
 """Written right before a number of three or more digits (spaces, ``:``, 是/为 between
 allowed), they make it an identifier read digit by digit with 幺 (拨打110, 验证码385921)."""
-TEMPERATURE_BEFORE: Final = ("气温", "温度", "低温", "高温", "最低", "最高", "体温", "水温", "室温")
+TEMPERATURE_BEFORE: Final = ("气温", "温度", "低温", "高温", "最低", "最高", "体温", "水温", "室温", "温差")
 """Before ``-N度`` in the same clause, they make it a temperature: 零下 N 度."""
 _SENTENCE_END: Final = re.compile(r"[。！？!?\n]|\.(?=\s|$)")
 
@@ -481,6 +489,12 @@ _RULES: Final = [
     ("url", rf"(?P<url>(?:https?://|www\.){_URL_TAIL}"
             rf"|(?<![A-Za-z0-9.@/_-])(?:[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?\.)+(?:{_TLD})(?![A-Za-z0-9-])"
             rf"(?:/{_URL_TAIL})?)"),
+    ("drange", r"(?<![\d.])(?P<da_y>\d{4})(?P<da_sep>[-/.])(?P<da_m>1[0-2]|0?[1-9])(?P=da_sep)"
+               r"(?P<da_d>3[01]|[12]\d|0?[1-9])\s?(?P<dr_sep>[-~–—])\s?"
+               r"(?:(?P<db_y>\d{4})(?P=da_sep))?"
+               r"(?P<db_m>1[0-2]|0?[1-9])(?P=da_sep)(?P<db_d>3[01]|[12]\d|0?[1-9])(?!\d|\.\d)"),
+    ("mdrange", r"(?<![\d/.])(?P<ma_m>\d{1,2})/(?P<ma_d>\d{1,2})\s?(?P<mr_sep>[-~–—]|到|至)\s?"
+                r"(?P<mb_m>\d{1,2})/(?P<mb_d>\d{1,2})(?![\d/])"),
     ("ymd", r"(?<![\d.])(?P<ymd_y>\d{4})(?P<ymd_sep>[-/.])(?P<ymd_m>1[0-2]|0?[1-9])(?P=ymd_sep)"
             r"(?P<ymd_d>3[01]|[12]\d|0?[1-9])(?!\d|\.\d)"),
     ("mdy", r"(?<![\d/])(?P<mdy_m>1[0-2]|0?[1-9])/(?P<mdy_d>3[01]|[12]\d|0?[1-9])/(?P<mdy_y>\d{4})(?![\d/])"),
@@ -491,23 +505,25 @@ _RULES: Final = [
            r"(?:,?\s+(?P<dm_y>\d{4})(?!\d))?"),
     ("trange", _time_re("ta") + r"(?P<tr_sep>\s?[-~–—]\s?|至|到)" + _time_re("tb")),
     ("time", _time_re("t") + r"(?:\s?(?P<t_ap>[AaPp])\.?[Mm](?:\.(?=\S| [a-z]))?(?![A-Za-z]))?"
-             r"(?P<t_unit>分(?![钟别享析之配为成组批])|秒|整)?"),
+             r"(?P<t_unit>分(?![钟别享析之配为成组批])|秒|整|点钟|点(?![名评击赞菜餐燃亮播头数滴]))?"),
     ("ratio", r"(?<![\d.])(?<!\d:)(?P<ra_a>\d{1,3}):(?P<ra_b>\d{1,3})(?![\d:])"),
     ("hap", r"(?<![\d:.])(?P<hap_h>1[0-2]|0?[1-9])\s?(?P<hap_ap>[AaPp])\.?[Mm](?:\.(?=\S| [a-z]))?(?![A-Za-z])"),
     ("phone", r"(?P<phone>(?<![\d+])(?:\+?86[-\s]?)?1[3-9]\d(?:[-\s]?\d{4}){2}(?!\d)"
               r"|(?<!\d)0\d{2,3}-\d{7,8}(?!\d)"
               r"|(?<!\d)0\d{2,3}-\d{3,4}[-\s]\d{4}(?!\d)"
-              r"|\(0\d{2,3}\)\s?\d{7,8}(?!\d)"
+              r"|\(0\d{2,3}\)\s?(?:\d{7,8}|\d{3,4}[-\s]\d{4})(?!\d)"
               r"|(?<![\d+])[48]00[-\s]?\d{3}[-\s]?\d{4}(?!\d)"
               r"|(?<![\d+-])\d{3,4}(?:-\d{3,4}){2,}(?![\d-])"
               r"|(?<![\d*])\d{3}\*{3,4}\d{4}(?![\d*])"
               r"|(?<![\d+])(?:\+?1[-.\s])?(?:\(\d{3}\)\s?|\d{3}[-.])\d{3}[-.]\d{4}(?!\d)"
-              r"|\+\d{1,3}(?:[-\s]\d{1,4}){2,5}(?!\d))"),
-    ("groups", r"(?<![\d.,])(?P<groups>\d{2,4}(?: \d{2,4}){2,})(?![\d.,])"),
-    ("hm", r"(?<![\d.])(?P<hm_h>\d+)\s?h(?:rs?)?\s?(?P<hm_m>\d+)\s?min(?![A-Za-z0-9])"),
+              r"|\+\d{1,3}(?:[-\s]\d{1,4}){2,5}(?!\d)"
+              r"|\+\d{1,3}[-\s]\d{1,4}[-\s]\d{5,8}(?!\d))"),
+    ("groups", r"(?<![\d.,])(?P<groups>\d{2,4}(?: \d{2,4}){2,})(?![\d]|[.,]\d)"),
+    ("hm", r"(?<![\d.])(?P<hm_h>\d+)\s?h(?:rs?)?\s?(?P<hm_m>\d+)\s?(?:mins?|m)(?![A-Za-z0-9])"),
     ("money", r"(?P<mp_neg>(?<![A-Za-z0-9.])-)?"
               r"(?P<mp_cur>(?:US|HK|NT|AU?|CA?|S)\$|[$¥€£]|(?:USD|CNY|RMB|EUR|GBP|HKD|JPY|TWD|AUD|CAD|SGD)\s?)"
-              rf"(?P<mp_amt>{_NUM})(?:\s?(?P<mp_mult>万|亿|(?:thousand|million|billion|trillion)(?![A-Za-z])"
+              rf"(?P<mp_amt>{_NUM})(?:\s?[-~–—]\s?(?:(?:US|HK|NT|AU?|CA?|S)\$|[$¥€£])?(?P<mp_amt2>{_NUM}))?"
+              r"(?:\s?(?P<mp_mult>万|亿|(?:thousand|million|billion|trillion)(?![A-Za-z])"
               r"|(?:[kKmMbBtT]|[mMbBtT]n)(?![A-Za-z])))?"
               r"(?P<mp_unit>元(?![素旦首宵件老气帅])|块(?![头状])|美元|欧元|英镑|港元|港币|日元)?"),
     ("yuan", rf"(?P<ms_amt>{_NUM})\s?(?P<ms_cur>元(?![素旦首宵件老气帅])|块(?![头状]))"),
@@ -517,9 +533,11 @@ _RULES: Final = [
     ("perunit", rf"(?<=[\u4e00-\u9fa5A-Za-z²³\d])/(?P<pu_unit>{_alt(UNITS)}|{_alt(GLUED_UNITS)})(?![A-Za-z0-9])"),
     ("decade", r"(?<![\d.])(?P<dec>\d{3}0)s(?![A-Za-z])|(?<![A-Za-z0-9])'(?P<dec2>\d0)s(?![A-Za-z])"
                r"|(?<![A-Za-z0-9.'])(?P<dec3>[1-9]0)s(?![A-Za-z])"),
+    ("kilo", rf"(?<![A-Za-z0-9.])(?P<kk_a>{_NUM})(?:(?P<kk_ka>[kKw])?\s?(?P<kk_sep>[-~–—])\s?(?P<kk_b>{_NUM}))?"
+             r"(?P<kk_k>[kKw])(?![A-Za-z0-9])"),
     ("range", rf"(?P<r_sign>(?<![A-Za-z0-9.])[-−])?(?<![\d.])(?P<r_a>{_NUM})(?P<r_pa>[%‰])?"
-              rf"(?P<r_ua>(?:{_alt(UNITS)})(?=\s?[~–—-]\s?\d))?"
-              rf"(?P<r_sep>\s?[~–—]\s?|-)(?P<r_b>{_NUM})(?![\d])"
+              rf"(?P<r_ua>(?:{_alt(UNITS)})(?=\s?[~–—-]\s?[-−]?\d))?"
+              rf"(?P<r_sep>\s?[~–—]\s?|-)(?P<r_bsign>[-−])?(?P<r_b>{_NUM})(?![\d])"
               rf"(?P<r_suf>\s?[%‰]|\s?(?:{_alt(UNITS)})(?![A-Za-z0-9])|(?:{_alt(GLUED_UNITS)})(?![A-Za-z0-9]))?"),
     ("percent", rf"(?P<pc_sign>{_SIGN})?(?P<pc_num>{_NUM})\s?(?P<pc_sym>[%‰])"),
     ("unit", rf"(?P<u_sign>{_SIGN})?(?P<u_num>{_NUM})(?:\s?(?P<u_unit>{_alt(UNITS)})"
@@ -532,8 +550,9 @@ _RULES: Final = [
 ]
 _SCANNER: Final = re.compile("|".join(f"(?P<k_{kind}>{pattern})" for kind, pattern in _RULES))
 _TAG_SCANNER: Final = re.compile(f"(?P<k_tag>{_RULES[0][1]})")
-_INTRINSIC: Final[dict[str, Lang]] = {"md": "en", "dm": "en", "ordinal": "en", "hap": "en", "yuan": "zh"}
-"""Kinds whose language is fixed by their own words (English month names, 3rd, 5pm; 元)."""
+_INTRINSIC: Final[dict[str, Lang]] = {"md": "en", "dm": "en", "ordinal": "en", "yuan": "zh"}
+"""Kinds whose language is fixed by their own words (English month names, 3rd; 元). 5pm is
+read in the language around it (下午5pm见 -> 下午五点见), as 5:30pm is."""
 
 
 @dataclass
@@ -982,19 +1001,32 @@ def _entity(ctx: _Context, kind: str, m: re.Match[str], out: _Out) -> None:
     lang = _INTRINSIC.get(kind) or ctx.lang(m.start(), m.end(), counts=kind in ("number", "dotted"))
     before, after = _near(ctx.view, m.start(), m.end())
     words = None
-    if ctx.library and lang == "zh" and kind in LIBRARY_KINDS and _library_may_read(kind, g):
+    if ctx.library and lang == "zh" and kind in LIBRARY_KINDS and _library_may_read(kind, g, before, after):
         from .wetext import read_zh
 
         words = read_zh(m.group(0))
+        if words is not None and not _library_reading_fits(kind, g, words, before, after):
+            words = None
     if words is None:
         words = _HANDLERS[kind](lang, g, before, after)
     out.words(lang, words)
 
 
-def _library_may_read(kind: str, g: Callable[[str], str | None]) -> bool:
+def _library_may_read(kind: str, g: Callable[[str], str], before: str, after: str) -> bool:
     """Guards on the spans of :data:`LIBRARY_KINDS` the corpus shows the library reading wrongly."""
     if kind == "percent":  # the library reads -2% as 百分之负二 and 5‰ as 五千分号
         return not g("pc_sign") and g("pc_sym") == "%"
+    if kind == "ratio":  # 45:30秒 and 倒计时59:59 are minutes and seconds, not a ratio
+        return not _mm_ss(g("ra_a"), g("ra_b"), before, after)
+    return True
+
+
+def _library_reading_fits(kind: str, g: Callable[[str], str], words: str, before: str, after: str) -> bool:
+    """Whether the library's reading is of the sort our context words choose: it reads every
+    m/d as a date (11/12 -> 十一月十二日, also in 大约11/12的时间) and other a/b as a fraction
+    (3/5, also in 截止3/5), so a fraction must read 分之 and a date 月."""
+    if kind == "fraction":
+        return ("月" in words) == _zh_slash_date(g("fr_a"), g("fr_b"), before, after)
     return True
 
 
@@ -1069,7 +1101,31 @@ def _score(lang: Lang, a: str, b: str) -> str:
     return f"{zh_number(a)}比{zh_number(b)}" if lang == "zh" else f"{en_number(a)} to {en_number(b)}"
 
 
+def _countdown(before: str, mm: str) -> bool:
+    """``mm:ss`` after a countdown word (:data:`COUNTDOWN_BEFORE`; 还有 only before 00:ss)."""
+    return _ends_with(before, COUNTDOWN_BEFORE, " :为是") or (mm == "00" and _ends_with(before, ("还有",), " :"))
+
+
+def _minutes_seconds(lang: Lang, m: int, s: int, unit_follows: bool = False) -> str:
+    """``mm:ss`` as minutes and seconds: 五分三十秒, 三十秒, on the minute 五分钟 (五分 when
+    ``unit_follows``: the 秒 written after it is read next) / five minutes thirty seconds."""
+    if lang == "zh":
+        if not m:
+            return _zh_int_plain(s) + ("" if unit_follows else "秒")
+        if not s and not unit_follows:
+            return _liang(_zh_int_plain(m), "分钟") + "分钟"
+        return _zh_int_plain(m) + "分" + ("零" if s < 10 else "") + _zh_int_plain(s) + ("" if unit_follows else "秒")
+    parts = [f"{en_int(m)} {'minute' if m == 1 else 'minutes'}"] if m else []
+    if s or not m:
+        parts.append(f"{en_int(s)} {'second' if s == 1 else 'seconds'}")
+    return " ".join(parts)
+
+
 def _h_time(lang: Lang, g: Callable[[str], str], before: str, after: str) -> str:
+    """A clock time, or what its context makes of ``a:b``: a score (比分为21:19), a duration
+    (成绩2:03:45), a pace (配速5:30), minutes and seconds (``10:30秒``, 倒计时05:00). A unit
+    written after it that the reading already says (17:20分, 15:16:36秒, 12:00点, 9:30点) is
+    read once; am/pm after a day part (下午2:30pm) is not read again."""
     h, m, sec, unit = int(g("t_h")), int(g("t_m")), g("t_s"), g("t_unit") or ""
     s = int(sec) if sec else None
     if s is None and not g("t_ap") and _score_near(before, after[len(unit):] if unit else after):
@@ -1078,12 +1134,20 @@ def _h_time(lang: Lang, g: Callable[[str], str], before: str, after: str) -> str
         return _duration(lang, h, m, s) + ("" if unit == "秒" else unit)  # 成绩2:03:45
     if s is None and lang == "zh" and _ends_with(before, PACE_BEFORE, " :为是"):
         return f"{_zh_int_plain(h)}分{_zh_int_plain(m)}秒"  # 配速5:30
-    words = _time(lang, h, m, s, g("t_ap"), whole=unit != "整" or m != 0)
+    if s is None and not g("t_ap") and (unit == "秒" or (unit in ("", "整") and _countdown(before, g("t_h")))):
+        return _minutes_seconds(lang, h, m) + ("" if unit == "秒" else unit)  # 10:30秒, 倒计时05:00
+    ap: str | None = g("t_ap")
+    if ap and lang == "zh" and _ends_with(before, DAY_PARTS):
+        ap = None  # 下午2:30pm: 下午 is said once
+    on_hour = m == 0 and s is None
+    words = _time(lang, h, m, s, ap, whole=not (on_hour and unit in ("整", "点", "点钟")))
     if lang == "zh":
         if unit == "整":
             return words + "整"
-        # 17:20分, 15:16:36秒: the unit the reading already ends with is written once
-        if (unit == "分" and s is None) or (unit == "秒" and s is not None):
+        if unit == "点钟":
+            return words + ("钟" if on_hour else "")  # 10:00点钟 -> 十点钟
+        # 17:20分, 15:16:36秒, 12:00点: the unit the reading already says is written once
+        if (unit == "分" and s is None) or (unit == "秒" and s is not None) or unit == "点":
             return words
     return words + unit
 
@@ -1100,11 +1164,26 @@ def _h_trange(lang: Lang, g: Callable[[str], str], before: str, after: str) -> s
 
 
 def _h_ratio(lang: Lang, g: Callable[[str], str], before: str, after: str) -> str:
-    return _score(lang, g("ra_a"), g("ra_b"))
+    """``a:b`` that is no clock time: a ratio or score (三比二), or minutes and seconds before
+    秒 or after a countdown word (45:30秒 -> 四十五分三十, the 秒 read next; 倒计时59:59)."""
+    a, b = g("ra_a"), g("ra_b")
+    if _mm_ss(a, b, before, after):
+        return _minutes_seconds(lang, int(a), int(b), unit_follows=after.startswith("秒"))
+    return _score(lang, a, b)
+
+
+def _mm_ss(a: str, b: str, before: str, after: str) -> bool:
+    """Whether ``a:b`` (no clock time) is minutes and seconds: two-digit seconds under 60
+    followed by 秒 or after a countdown word."""
+    return len(b) == 2 and int(b) < 60 and int(a) < 1000 and (after.startswith("秒") or _countdown(before, a))
 
 
 def _h_hap(lang: Lang, g: Callable[[str], str], before: str, after: str) -> str:
-    return _time("en", int(g("hap_h")), 0, None, g("hap_ap"))
+    """5pm: five PM / 下午五点 (五点 after a day part: 下午5pm)."""
+    ap: str | None = g("hap_ap")
+    if lang == "zh" and _ends_with(before, DAY_PARTS):
+        ap = None
+    return _time(lang, int(g("hap_h")), 0, None, ap, whole=False)
 
 
 def _h_phone(lang: Lang, g: Callable[[str], str], before: str, after: str) -> str:
@@ -1127,15 +1206,40 @@ _CURRENCY_WORDS: Final = {"CNY": ("元", "块"), "USD": ("美元",), "EUR": ("�
 
 
 def _h_money(lang: Lang, g: Callable[[str], str], before: str, after: str) -> str:
+    """An amount after its currency sign or code, or a range of two (¥100-200, $3-5万: the
+    currency once, after the second amount). A currency word written after it that the
+    reading already says (¥100元, €1.2亿元, $5亿美元) is read once."""
     code = _CURRENCY_OF[g("mp_cur").strip()]
     amount, unit = g("mp_amt"), g("mp_unit")
-    if lang == "zh" and code == "CNY" and "." in amount and not g("mp_mult") and after.lstrip().startswith("/"):
+    if g("mp_amt2"):
+        words = _money_range(lang, bool(g("mp_neg")), code, amount, g("mp_amt2"), g("mp_mult"))
+    elif lang == "zh" and code == "CNY" and "." in amount and not g("mp_mult") and after.lstrip().startswith("/"):
         words = zh_number(amount) + "元"  # ¥7.5/升: a price per unit reads the decimal
     else:
         words = _money(lang, bool(g("mp_neg")), code, amount, g("mp_mult"))
-    if unit and unit not in _CURRENCY_WORDS[code]:
+    if unit and unit not in _CURRENCY_WORDS[code] and not (unit in ("元", "块") and CURRENCIES[code].zh.endswith("元")):
         words += unit  # not the currency's own word: keep it
     return words  # ¥100元: the unit is written twice, read once
+
+
+def _money_range(lang: Lang, neg: bool, code: str, a: str, b: str, mult: str | None) -> str:
+    """¥100-200 -> 一百到二百元, $3-5万 -> 三到五万美元, $10-20 -> ten to twenty dollars: both
+    amounts read as numbers (decimals with 点, never 元角分), the multiplier and the currency
+    once at the end."""
+    cur = CURRENCIES[code]
+    scale = _MULTIPLIERS.get(mult.lower() if mult.isascii() else mult) if mult else None
+    if lang == "zh":
+        if mult in ("万", "亿"):
+            return ("负" if neg else "") + f"{_liang(zh_number(a), mult)}到{_liang(zh_number(b), mult)}{mult}{cur.zh}"
+        if scale is not None:  # $3-5m: three to five million, read in 万
+            a, b = _plain_decimal(_decimal(a) * scale[0]), _plain_decimal(_decimal(b) * scale[0])
+        return ("负" if neg else "") + f"{_liang(zh_number(a), cur.zh)}到{_liang(zh_number(b), cur.zh)}{cur.zh}"
+    if mult in ("万", "亿") and scale is not None:
+        a, b = _plain_decimal(_decimal(a) * scale[0]), _plain_decimal(_decimal(b) * scale[0])
+        tail = cur.en_many
+    else:
+        tail = f"{scale[1]} {cur.en_many}" if scale is not None else cur.en_many
+    return ("minus " if neg else "") + f"{en_number(a)} to {en_number(b)} {tail}"
 
 
 def _h_yuan(lang: Lang, g: Callable[[str], str], before: str, after: str) -> str:
@@ -1178,6 +1282,41 @@ def _h_decade(lang: Lang, g: Callable[[str], str], before: str, after: str) -> s
     return _decade(lang, g("dec") or g("dec2") or short)
 
 
+KILO_SENTENCE: Final = ("薪", "工资", "收入", "月入", "年入", "预算", "价", "奖金", "年终奖", "元", "块", "钱", "租",
+                        "待遇", "税前", "税后", "存款", "费", "赚", "涨", "粉丝", "阅读", "播放", "点赞")
+"""In the clause of a number with a capital K, they make the K a thousand (月薪15K) and a small w
+ten thousand (月入2w); without them a capital K is a letter (4K电视, 8K屏幕). A small k after a
+number in Chinese is always 千."""
+
+
+def _zh_thousands(num: str, letter: str = "k") -> str:
+    """N k (N w) in Chinese: N thousand (ten thousand) read the way it is said, the last unit
+    left out after a higher one (12k -> 一万二, 1.5k -> 一千五, 8k -> 八千, 20k -> 两万, 1.5w ->
+    一万五)."""
+    words = zh_number(_plain_decimal(_decimal(num) * (10000 if letter == "w" else 1000)))
+    m = re.fullmatch(r"(.*[万千])([一二三四五六七八九])([千百])", words)
+    if m and {"万": "千", "千": "百"}[m.group(1)[-1]] == m.group(3):
+        return m.group(1) + m.group(2)
+    return words
+
+
+def _h_kilo(lang: Lang, g: Callable[[str], str], before: str, after: str) -> str:
+    """8k, 8k-12k, 8-12K, 2w: a number of thousands (薪资8k-12k -> 八千到一万二) or of ten
+    thousands (月入2w -> 两万) in Chinese when the k is small or a word of :data:`KILO_SENTENCE`
+    is in the clause; else the number and the letter (4K电视 -> 四K, 功率10w -> 十w, and in
+    English: 5k -> five k)."""
+    a, b, k = g("kk_a"), g("kk_b"), g("kk_k")
+    clause = _clause(before) + re.split(r"[，,；;]", after)[0]
+    if lang == "zh" and (k == "k" or any(w in clause for w in KILO_SENTENCE)):
+        return _zh_thousands(a, g("kk_ka") or k) + ("到" + _zh_thousands(b, k) if b else "")
+    read = zh_number if lang == "zh" else en_number
+    letter = k if lang == "zh" else f" {k}"
+    if not b:
+        return read(a) + letter
+    sep = "到" if lang == "zh" else " to "
+    return read(a) + (letter if g("kk_ka") else "") + sep + read(b) + letter
+
+
 def _range_side(lang: Lang, num: str, year: bool) -> str:
     if year:
         return zh_digits(num) if lang == "zh" else en_year(int(num))
@@ -1194,24 +1333,38 @@ def _h_range(lang: Lang, g: Callable[[str], str], before: str, after: str) -> st
     years = four and 1000 <= int(a) < int(b) <= 2100 and int(b) - int(a) <= 100  # 2024-2025赛季
     year = four and not suf and (after.startswith("年") or (years and not measured) if lang == "zh"
                                  else 1000 <= int(a) <= 2099)
-    plain = g("r_sep") == "-" and not measured and not g("r_sign") and a.isdigit() and b.isdigit()
+    plain = (g("r_sep") == "-" and not measured and not g("r_sign") and not g("r_bsign") and a.isdigit()
+             and b.isdigit())
     if plain and len(a) == 3 and len(b) == 4 and (
             lang == "en" or b.startswith("0") or _ends_with(before, IDENTIFIER_BEFORE, " :是为")):
         return _read_groups(lang, [a, b])  # 555-0123: a local phone number, not a range
     if plain and not year and len(a) <= 3 and len(b) <= 3 and (
             int(a) >= int(b) or _score_near(before, after) or _score_sentence(before, after)):
         return _score(lang, a, b)
-    words = _range_words(lang, a, b, g("r_pa"), g("r_ua"), suf, year, after)
-    if g("r_sign"):  # -5~3℃: 零下五到三摄氏度
-        temperature = (g("r_ua") or suf) in _TEMPERATURE_UNITS
-        return (("零下" if temperature else "负") if lang == "zh" else "minus ") + words
-    return words
+    signs = ["", ""]
+    if g("r_sign") or g("r_bsign"):  # -5~3℃: 零下五到三摄氏度; -10~-5℃: 零下十到零下五摄氏度
+        temperature = (g("r_ua") or suf) in _TEMPERATURE_UNITS or _temperature_degrees(lang, before, after)
+        minus = ("零下" if temperature else "负") if lang == "zh" else "minus "
+        signs = [minus if g("r_sign") and not _said_below(before) else "", minus if g("r_bsign") else ""]
+    return _range_words(lang, a, b, g("r_pa"), g("r_ua"), suf, year, after, signs)
+
+
+def _temperature_degrees(lang: Lang, before: str, after: str) -> bool:
+    """A signed number before 度 after a temperature word of the clause (气温-3度, 温差-5~-1度)."""
+    return lang == "zh" and after.lstrip().startswith("度") and any(w in _clause(before) for w in TEMPERATURE_BEFORE)
+
+
+def _said_below(before: str) -> bool:
+    """零下 written right before a minus sign (零下-3℃): the sign is not read a second time."""
+    return before.rstrip().endswith("零下")
 
 
 def _range_words(lang: Lang, a: str, b: str, pa: str | None, ua: str | None, suf: str, year: bool,
-                 after: str) -> str:
+                 after: str, signs: list[str] | None = None) -> str:
     """The reading of a range ``a`` to ``b`` with its percent sign (``pa`` after ``a`` or as
-    ``suf``), unit (``ua`` after ``a``, ``suf`` after ``b``) or year reading."""
+    ``suf``), unit (``ua`` after ``a``, ``suf`` after ``b``) or year reading; ``signs``: the
+    words for a minus sign before each side (负, 零下, minus), empty for none."""
+    sa, sb = signs or ("", "")
     pct = suf in ("%", "‰") or pa is not None
     sym = suf if suf in ("%", "‰") else pa or "%"
     unit = UNITS.get(suf) or GLUED_UNITS.get(suf)
@@ -1219,14 +1372,14 @@ def _range_words(lang: Lang, a: str, b: str, pa: str | None, ua: str | None, suf
     if lang == "zh":
         if pct:
             head = "百分之" if sym == "%" else "千分之"
-            return f"{head}{zh_number(a)}到{head}{zh_number(b)}"
+            return f"{sa}{head}{zh_number(a)}到{sb}{head}{zh_number(b)}"
         if unit_a is not None:  # 5℃~10℃
-            return f"{_unit_reading(lang, unit_a, a)}到{_unit_reading(lang, unit or unit_a, b)}"
+            return f"{sa}{_unit_reading(lang, unit_a, a)}到{sb}{_unit_reading(lang, unit or unit_a, b)}"
         left, right = _range_side(lang, a, year), _range_side(lang, b, year)
         if unit is None and _takes_liang(after):  # 2-3个 -> 两到三个, 1-2天 -> 一到两天
             left, right = _liang(left, after), _liang(right, after)
-        return f"{left}到{right}" + (unit.zh if unit else "")
-    out = f"{_range_side(lang, a, year)} to {_range_side(lang, b, year)}"
+        return f"{sa}{left}到{sb}{right}" + (unit.zh if unit else "")
+    out = f"{sa}{_range_side(lang, a, year)} to {sb}{_range_side(lang, b, year)}"
     if pct:
         return out + (" percent" if sym == "%" else " per mille")
     return out + (f" {unit.en_many}" if unit else "")
@@ -1256,7 +1409,9 @@ def _h_unit(lang: Lang, g: Callable[[str], str], before: str, after: str) -> str
     symbol = g("u_unit")
     unit = UNITS[symbol] if symbol else GLUED_UNITS[g("u_glued")]
     words = _unit_reading(lang, unit, g("u_num"))
-    if sign == "-":
+    if sign == "-" and lang == "zh" and _said_below(before):
+        pass  # 零下-3℃: 零下 is written, the sign is not read again
+    elif sign == "-":
         below = lang == "zh" and symbol in _TEMPERATURE_UNITS  # -5℃: 零下五摄氏度
         words = ("零下" if below else "负" if lang == "zh" else "minus ") + words
     elif sign == "+":
@@ -1267,12 +1422,106 @@ def _h_unit(lang: Lang, g: Callable[[str], str], before: str, after: str) -> str
 _EN_DATE_BEFORE: Final = ("on", "by", "due", "until", "till", "since", "from", "before", "after", "date", "dated")
 
 
+FRACTION_BEFORE: Final = ("大约", "大概", "约占", "约", "占", "超过", "将近", "接近", "近", "不到", "不足", "仅有",
+                          "仅", "只有", "达到", "达", "的", "其中", "增长到", "增加到", "提高到", "上升到", "升到",
+                          "下降到", "降低到", "减少到", "降到", "乘以", "除以", "等于", "加上", "减去")
+"""Written right before ``a/b`` in Chinese, they make it a fraction (大约11/12的时间, 占总数的2/5)."""
+FRACTION_AFTER: Final = re.compile(
+    r"的(?:人|时间|用户|学生|老师|人口|概率|几率|比例|份额|部分|面积|员工|家庭|企业|公司|患者|受访者|网友|样本|收入|"
+    r"工作|精力|预算|市场|选民|居民|土地|资金|成本|观众|玩家|股份|情况|可能)|以上|以下|左右|之多|之一|之间|强|弱")
+"""Written right after ``a/b`` (or a range of two), they make it a fraction (12/25的人, 3/5以上),
+as does a measure word (3/4杯水)."""
+DATE_BEFORE: Final = ("截止到", "截止日期", "截止", "截至", "直到", "直至", "定于", "将于", "定在", "到", "至", "于",
+                      "从", "自", "日期为", "日期是", "日期", "期限", "有效期至", "有效期", "每年", "今年", "明年",
+                      "去年", "节是", "节", "生日是", "生日", "纪念日")
+"""Written right before ``a/b`` in Chinese, they make it a month and day (截止12/31, 于3/5)."""
+DATE_AFTER: Final = ("之前", "之后", "以前", "以后", "前", "后", "起", "开始", "截止", "到期", "当天", "那天", "当日",
+                     "晚上", "晚", "上午", "下午", "中午", "早上", "凌晨", "举行", "举办", "开幕", "发布", "上映",
+                     "上线", "生效", "出发", "放假", "过期", "开业", "开学", "周", "星期", "(周", "（周")
+"""Written right after ``a/b`` (or a range of two), they make it a month and day (12/31前, 3/5举行)."""
+
+
+def _zh_slash_kind(a: str, b: str, before: str, after: str) -> Literal["date", "fraction", "either"]:
+    """What context words make of ``a/b`` in Chinese: a fraction (:data:`FRACTION_BEFORE`; after
+    it :data:`FRACTION_AFTER` or a measure word), a date (:data:`DATE_BEFORE`,
+    :data:`DATE_AFTER`), ``either`` when no word decides. Words before it are looked at first,
+    then words after; a/b that is no month and day is a fraction."""
+    if not (1 <= int(a) <= 12 and 1 <= int(b) <= 31):
+        return "fraction"
+    after = after.lstrip()
+    if _ends_with(before, FRACTION_BEFORE):
+        return "fraction"
+    if _ends_with(before, DATE_BEFORE, " :：是为"):
+        return "date"
+    if after.startswith(DATE_AFTER):
+        return "date"
+    if FRACTION_AFTER.match(after) or _takes_liang(after):
+        return "fraction"
+    return "either"
+
+
+def _zh_slash_date(a: str, b: str, before: str, after: str) -> bool:
+    """Whether ``a/b`` in Chinese is a month and day rather than a fraction: as context words
+    say (:func:`_zh_slash_kind`), else a date when it is written with a leading zero (03/05),
+    has a day over 12 (12/25: no fraction has such a denominator in running text) or a month
+    greater than its day (10/1, an improper fraction is rare); else a fraction (3/5)."""
+    kind = _zh_slash_kind(a, b, before, after)
+    if kind != "either":
+        return kind == "date"
+    return a.startswith("0") or b.startswith("0") or int(b) > 12 or int(a) > int(b)
+
+
+def _en_slash_date(a: str, b: str, before: str) -> bool:
+    """English: m/d is a date when zero-padded (03/05) or after on/by/until/... (on 3/5)."""
+    return 1 <= int(a) <= 12 and 1 <= int(b) <= 31 and (
+        a.startswith("0") or b.startswith("0") or _ends_with(before.lower(), _EN_DATE_BEFORE))
+
+
 def _h_fraction(lang: Lang, g: Callable[[str], str], before: str, after: str) -> str:
+    """``a/b``: a fraction (五分之三) or, as its context says, a month and day (US order in
+    English: on 3/5; 截止12/31 in Chinese, see :func:`_zh_slash_date`)."""
     a, b = g("fr_a"), g("fr_b")
-    if lang == "en" and 1 <= int(a) <= 12 and 1 <= int(b) <= 31 and (
-            (a.startswith("0") or b.startswith("0")) or _ends_with(before.lower(), _EN_DATE_BEFORE)):
-        return _en_date(None, int(a), int(b))  # 03/05, on 3/5: a month and day (US order)
+    if _zh_slash_date(a, b, before, after) if lang == "zh" else _en_slash_date(a, b, before):
+        return _zh_date(None, int(a), int(b)) if lang == "zh" else _en_date(None, int(a), int(b))
     return _fraction(lang, int(a), int(b))
+
+
+def _h_mdrange(lang: Lang, g: Callable[[str], str], before: str, after: str) -> str:
+    """``a/b-c/d``: two months and days (3/5-3/8 -> 三月五日到三月八日) or two fractions
+    (1/3-1/2的人 -> 三分之一到二分之一). Context words decide as for one (:func:`_zh_slash_kind`);
+    without them it is a date range when the dates run forward and the fractions do not
+    (3/5-3/8), or when either side alone reads as a date (12/24-12/26)."""
+    a1, b1, a2, b2 = g("ma_m"), g("ma_d"), g("mb_m"), g("mb_d")
+    sep = g("mr_sep").strip()
+    valid = all(1 <= int(m) <= 12 and 1 <= int(d) <= 31 for m, d in ((a1, b1), (a2, b2)))
+    # the dates run forward while the fractions do not grow: 3/5-3/8
+    forward = (int(a1), int(b1)) < (int(a2), int(b2)) and int(a1) * int(b2) >= int(a2) * int(b1)
+    if lang == "zh":
+        kind = _zh_slash_kind(a1, b1, before, after) if valid else "fraction"
+        if kind == "either":
+            kind = _zh_slash_kind(a2, b2, "", after)
+        date = kind == "date" or (kind == "either" and (
+            forward or _zh_slash_date(a1, b1, "", "") or _zh_slash_date(a2, b2, "", "")))
+    else:
+        date = valid and (_en_slash_date(a1, b1, before) or forward)
+    if date:
+        sides = [_zh_date(None, int(m), int(d)) if lang == "zh" else _en_date(None, int(m), int(d))
+                 for m, d in ((a1, b1), (a2, b2))]
+    else:
+        sides = [_fraction(lang, int(x), int(y)) for x, y in ((a1, b1), (a2, b2))]
+    if lang == "zh":
+        return sides[0] + ("至" if sep == "至" else "到") + sides[1]
+    return f"{sides[0]} to {sides[1]}"
+
+
+def _h_drange(lang: Lang, g: Callable[[str], str], before: str, after: str) -> str:
+    """``2024.3.5-2024.3.8``, ``2024/3/5-3/8``: a range of dates, read 到 / to; a second date
+    without its year is read without it."""
+    first = (g("da_y"), int(g("da_m")), int(g("da_d")))
+    second = (g("db_y"), int(g("db_m")), int(g("db_d")))
+    if lang == "zh":
+        return _zh_date(*first) + "到" + _zh_date(*second)
+    return _en_date(*first) + " to " + _en_date(*second)
 
 
 def _h_ordinal(lang: Lang, g: Callable[[str], str], before: str, after: str) -> str:
@@ -1306,7 +1555,9 @@ def _h_number(lang: Lang, g: Callable[[str], str], before: str, after: str) -> s
     num, plus = g("n_num"), bool(g("n_plus"))
     if lang == "zh":
         words = _zh_count(num, before, after.lstrip())
-        if sign == "-" and after.lstrip().startswith("度") and any(w in _clause(before) for w in TEMPERATURE_BEFORE):
+        if sign == "-" and _said_below(before):
+            return words  # 零下-3度
+        if sign == "-" and _temperature_degrees(lang, before, after):
             return "零下" + words  # 温度-3.5度
         return ("负" if sign == "-" else "正" if sign == "+" else "") + words + ("多" if plus else "")
     if not sign and len(num) == 4 and num.isdigit() and 1100 <= int(num) <= 2099 and _year_context(before):
@@ -1379,10 +1630,11 @@ def _h_url(lang: Lang, g: Callable[[str], str], before: str, after: str) -> str:
 
 
 _HANDLERS: Final[dict[str, Callable[[Lang, Callable[[str], str], str, str], str]]] = {
-    "ymd": _h_ymd, "mdy": _h_mdy, "md": _h_md, "dm": _h_dm, "trange": _h_trange, "time": _h_time,
+    "drange": _h_drange, "mdrange": _h_mdrange, "ymd": _h_ymd, "mdy": _h_mdy, "md": _h_md, "dm": _h_dm,
+    "trange": _h_trange, "time": _h_time,
     "ratio": _h_ratio, "hap": _h_hap, "phone": _h_phone, "groups": _h_groups, "hm": _h_hm, "money": _h_money,
     "yuan": _h_yuan, "coded": _h_coded, "times": _h_times, "twentyfour": _h_twentyfour, "perunit": _h_perunit,
-    "decade": _h_decade, "range": _h_range, "percent": _h_percent, "unit": _h_unit,
+    "decade": _h_decade, "kilo": _h_kilo, "range": _h_range, "percent": _h_percent, "unit": _h_unit,
     "fraction": _h_fraction, "ordinal": _h_ordinal, "numero": _h_numero, "dotted": _h_dotted, "number": _h_number,
     "email": _h_email, "url": _h_url,
 }
@@ -1415,6 +1667,13 @@ def _range_mark(text: str, i: int) -> bool:
     if nxt.isdigit() and _is_cjk(prev):
         return any(ch.isdigit() for ch in text[max(0, i - 4):i])
     return bool(_WEEKDAY.search(text[max(0, i - 3):i]) and _WEEKDAY.match(text, i + 1))
+
+
+def _after_myriad(text: str, i: int) -> bool:
+    """A plus sign right after a number written with 万/亿/千/百 (1万+, 10亿+) and before no
+    number: "more than", read 多."""
+    return (re.search(r"\d[百千万亿]$", text[max(0, i - 2):i]) is not None
+            and not _neighbour(text, i + 1, 1).isdigit())
 
 
 def _per_unit(text: str, i: int) -> bool:
@@ -1457,6 +1716,8 @@ def _plain(ctx: _Context, start: int, end: int, out: _Out) -> None:
             out.words(lang, "约" if lang == "zh" else "about")  # ~100人: about
         elif c == "/" and _per_unit(text, i):
             out.words("zh", "每")
+        elif c == "+" and _after_myriad(text, i):
+            out.words("zh", "多")  # 1万+人: 一万多人, as 6000+ reads 六千多
         elif c in ("-", "_") and 0 < i < len(text) - 1 and text[i - 1].isalnum() and text[i + 1].isalnum():
             out.pieces.append(" ")  # e-mail, snake_case: a word break
         elif c == "#":
