@@ -28,7 +28,8 @@ from fastapi.testclient import TestClient
 
 from chattts_serving import contract
 from chattts_serving.audio.formats import to_pcm16
-from chattts_serving.client import ClientError, SynthesisRequest, iter_chunks
+from chattts_serving.audio.reference import encode_spk_smp
+from chattts_serving.client import ClientError, SynthesisRequest, iter_chunks, read_wav
 from chattts_serving.errors import ErrorKind
 from chattts_serving.gateway import GatewaySettings, create_app, speed_to_token
 from chattts_serving.gateway.__main__ import parse_args, settings_from_args
@@ -354,6 +355,8 @@ MISTAKES: list[tuple[str, bytes | dict[str, Any], int, str, str | None]] = [
     ("empty input", {"input": ""}, 400, "invalid_value", "input"),
     ("blank input", {"input": "  \n "}, 400, "invalid_value", "input"),
     ("empty voice", {"voice": " "}, 400, "invalid_value", "voice"),
+    ("null voice without a reference", {"voice": None}, 400, "invalid_value", "voice"),
+    ("voice none without a reference", {"voice": "none"}, 400, "invalid_value", "voice"),
     # too long, unsupported, unknown
     ("input too long", {"input": "好" * 4097}, 400, "string_above_max_length", "input"),
     ("instructions", {"instructions": "whisper"}, 400, "unsupported_parameter", "instructions"),
@@ -362,7 +365,7 @@ MISTAKES: list[tuple[str, bytes | dict[str, Any], int, str, str | None]] = [
     ("nothing speakable", {"input": "，。！"}, 400, "invalid_value", "input"),
     ("unknown voice", {"voice": "nobody"}, 400, "invalid_value", "voice"),
     ("control token out of range", {"input": "你好[break_9]"}, 400, "invalid_value", "input"),
-    ("unknown vocoder", {"vocoder": "magic"}, 400, "invalid_value", None),
+    ("unknown vocoder", {"vocoder": "magic"}, 400, "invalid_value", "vocoder"),
 ]
 
 
@@ -604,18 +607,33 @@ LONG_INPUT = ("今天天气很好，我们一起去公园散步吧。" * 300)[:4
 
 @pytest.mark.server
 def test_the_longest_input_streams_to_the_end_under_an_idle_timeout(triton_server: Server) -> None:
-    """With an idle timeout of a few seconds and no total cap, the longest legal input runs
-    for longer than the idle timeout and completes: only silence from Triton ends a stream."""
+    """With an idle timeout of a few seconds and no total cap, the longest legal input runs for
+    longer than the idle timeout and completes: only silence from Triton ends a stream, never
+    its length, so a total deadline of the idle timeout's size would have cut this one.
+
+    The stream outlasts the idle timeout by construction, not by the host's speed: the client
+    reads its events slowly (``pause_s`` after each, ``1.5 * idle_s`` over the 200 sentences'
+    events at least); the gateway then waits on the client (HTTP back-pressure), not on Triton,
+    so no wait for Triton grows by it."""
     idle_s = 5.0
+    pause_s = 1.5 * idle_s / 200
     settings = GatewaySettings(triton_url=triton_server.grpc_url, api_key=API_KEY, stream_idle_timeout_s=idle_s)
+    body = {**SPEECH_BODY, "input": LONG_INPUT, "max_new_tokens": 8, "min_new_tokens": 8, "stream_format": "sse"}
+    events: list[dict[str, Any]] = []
     with running_gateway(settings) as url:
         t0 = time.monotonic()
-        events = _sse_events(url, {**SPEECH_BODY, "input": LONG_INPUT, "max_new_tokens": 8, "min_new_tokens": 8})
+        with httpx.stream("POST", url + "/v1/audio/speech", json=body, headers=AUTH, timeout=600) as r:
+            assert r.status_code == 200, r.read()
+            for line in r.iter_lines():
+                if line.startswith("data: "):
+                    events.append(json.loads(line[len("data: "):]))
+                    time.sleep(pause_s)
         elapsed = time.monotonic() - t0
     print(f"\n4096 characters: {len(events)} events in {elapsed:.1f} s (idle timeout {idle_s:g} s)")
     assert [e["type"] for e in events if e["type"] != "speech.audio.delta"] == ["speech.audio.done"]
     assert events[-1]["usage"]["input_tokens"] == 4096
     assert events[-1]["usage"]["output_tokens"] > 200 * 7  # every sentence spoke (8 tokens each)
+    assert len(events) > 200 and elapsed >= len(events) * pause_s > idle_s  # it outlived the idle timeout
 
 
 @pytest.mark.server
@@ -659,3 +677,65 @@ def test_a_reference_wav_in_base64_speaks_in_chattts_segmentation_and_a_bad_one_
     with pytest.raises(openai.BadRequestError) as info:
         _speech(client, "pcm", extra_body={**EXTRA, "reference_audio": "bm90IGEgd2F2", "reference_text": "参考。"})
     assert info.value.param == "reference_audio" and "PCM WAV" in info.value.message
+
+
+def _pcm_over_http(url: str, body: dict[str, Any]) -> bytes:
+    r = httpx.post(f"{url}/v1/audio/speech", json=body, headers=AUTH, timeout=120)
+    assert r.status_code == 200, r.text
+    return r.content
+
+
+@pytest.mark.server
+def test_spk_smp_with_or_without_a_voice_speaks_as_the_triton_door_does(gateway_url: str,
+                                                                         triton_server: Server) -> None:
+    """The gateway's ``spk_smp`` (+ ``reference_text``) reaches the server: with a voice the PCM
+    equals a direct Triton stream with that voice and spk_smp; with ``voice`` omitted, null,
+    ``"none"`` (any case) or ``{"id": "none"}`` it equals the direct stream with voice ``''``,
+    the Triton door's prompt without a speaker vector (``[empty_spk]``: ChatTTS' zero-shot use,
+    tests/test_refvoice_server.py), and differs from the voiced one. A malformed spk_smp is the
+    server's 400."""
+    smp = encode_spk_smp(np.random.default_rng(5).integers(0, 625, (30, contract.NUM_VQ)))
+    ref = {"spk_smp": smp, "reference_text": "参考。"}
+    body = {**SPEECH_BODY, **ref}
+
+    def direct(voice: str) -> bytes:
+        req = SynthesisRequest(text=SPEECH_BODY["input"], voice=voice, **EXTRA, **ref)  # type: ignore[arg-type]
+        return to_pcm16(np.concatenate(list(iter_chunks(triton_server.grpc_url, req))))
+
+    voiced = _pcm_over_http(gateway_url, body)
+    assert voiced == direct("alloy") and len(voiced) == 2 * contract.samples_for_tokens(TOKENS)
+    unvoiced = direct("")
+    assert unvoiced != voiced
+    no_voice = {k: v for k, v in body.items() if k != "voice"}
+    for voice in (DROP, None, "none", "NONE", {"id": "none"}):
+        got = _pcm_over_http(gateway_url, no_voice if voice is DROP else {**no_voice, "voice": voice})
+        assert got == unvoiced, voice
+    r = httpx.post(f"{gateway_url}/v1/audio/speech", json={**body, "spk_smp": "not an audio prompt"}, headers=AUTH,
+                   timeout=60)
+    assert r.status_code == 400 and "spk_smp" in r.json()["error"]["message"], r.text
+
+
+@pytest.mark.server
+def test_a_reference_recording_without_a_voice_has_no_speaker_vector(gateway_url: str, triton_server: Server) -> None:
+    """``reference_audio`` with ``voice`` omitted: the same audio as the Triton door's request
+    with that recording and voice ``''`` (no speaker vector), not the one with a voice."""
+    rec = (0.2 * np.sin(np.arange(12000) / 24000 * 2 * np.pi * 180)).astype(np.float32)
+    buf = io.BytesIO()
+    with wave.open(buf, "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(contract.SAMPLE_RATE_HZ)
+        w.writeframes(np.round(rec * 32767).astype("<i2").tobytes())
+    body = {k: v for k, v in SPEECH_BODY.items() if k != "voice"}
+    body.update(reference_audio=base64.b64encode(buf.getvalue()).decode(), reference_text="参考录音。")
+    got = _pcm_over_http(gateway_url, body)
+    samples, rate = read_wav(buf.getvalue())  # what the gateway sends of that WAV
+    assert rate == contract.SAMPLE_RATE_HZ
+
+    def direct(voice: str) -> bytes:
+        req = SynthesisRequest(text=SPEECH_BODY["input"], voice=voice, reference_audio=samples,
+                               reference_sample_rate_hz=contract.SAMPLE_RATE_HZ, reference_text="参考录音。",
+                               **EXTRA)  # type: ignore[arg-type]
+        return to_pcm16(np.concatenate(list(iter_chunks(triton_server.grpc_url, req))))
+
+    assert got == direct("") != direct("alloy")

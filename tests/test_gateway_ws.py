@@ -175,8 +175,17 @@ def test_deltas_split_mid_word_give_the_audio_of_each_sentence_requested_alone(t
     ``/v1/audio/speech`` requests of s1..sn with the start message's fields (same seed), with
     sentences synthesised one at a time (lookahead 0). With lookahead, sentence i+1's GPT and
     vocoder run batched with sentence i's, and the vocoder's float sums may round differently:
-    the codes are the same, the PCM16 samples within one step."""
+    the codes are the same, the PCM16 samples within one step.
+
+    At the default lookahead (1) the whole text sent at once and the same text split mid-word
+    and mid-sentence are also compared with each other, directly, within that one PCM16 step
+    (both are the same float samples up to rounding noise far below one step, so after rounding
+    they can differ by one step at most). Exact equality holds only at lookahead 0: only then is
+    every sentence alone in the engine; with lookahead, which sentences share a batch, and from
+    which step on, depends on when each delta arrived and how far the previous sentence had got,
+    which differs between the two ways of sending, and so does the order of the float sums."""
     assert split_sentences(SPOKEN) == SENTENCES
+    assert GatewaySettings().ws_lookahead == 1  # the default, the second case
     settings = GatewaySettings(triton_url=triton_server.grpc_url, api_key=API_KEY, ws_idle_flush_s=30.0,
                                ws_lookahead=lookahead)
     with running_gateway(settings) as url:
@@ -204,9 +213,29 @@ def test_deltas_split_mid_word_give_the_audio_of_each_sentence_requested_alone(t
         else:
             for got in (whole.audio[i], split.audio[i]):
                 assert np.abs(_pcm16(got) - _pcm16(alone[i])).max() <= 1, f"sentence {i} differs"
+            diff = np.abs(_pcm16(whole.audio[i]) - _pcm16(split.audio[i])).max()
+            assert diff <= 1, f"sentence {i}: whole and split text differ by {diff} PCM16 steps"
     done = whole.events[-1]
     assert done["sentences"] == 3 and done["audio_s"] == pytest.approx(3 * contract.samples_for_tokens(TOKENS)
                                                                        / contract.SAMPLE_RATE_HZ, abs=1e-3)
+
+
+@pytest.mark.server
+def test_a_start_without_a_voice_but_with_spk_smp_speaks_with_no_speaker_vector(gateway_url: str) -> None:
+    """As on ``POST /v1/audio/speech``: with ``spk_smp`` the start may omit ``voice`` (no speaker
+    vector); the sentence's audio is that request's."""
+    from chattts_serving.audio.reference import encode_spk_smp
+
+    ref = {"spk_smp": encode_spk_smp(np.random.default_rng(5).integers(0, 625, (30, contract.NUM_VQ))),
+           "reference_text": "参考。"}
+    start = {k: v for k, v in {**START, **ref}.items() if k != "voice"}
+    conv = asyncio.run(_converse(gateway_url, [start, {"type": "text", "text": "你好。"}, {"type": "end"}]))
+    assert conv.close_code == Close.NORMAL and conv.types()[-1] == "done", conv.events
+    body = {k: v for k, v in start.items() if k != "type"}
+    alone = httpx.post(gateway_url + "/v1/audio/speech", json={**body, "model": "tts-1", "input": "你好。",
+                                                               "response_format": "pcm"},
+                       headers={"Authorization": f"Bearer {API_KEY}"}, timeout=60)
+    assert alone.status_code == 200 and bytes(conv.audio[0]) == alone.content
 
 
 @pytest.mark.server
@@ -310,6 +339,10 @@ MALFORMED = [
     ("unknown type", [START, {"type": "say", "text": "hi"}], Close.INVALID_DATA, "invalid_message"),
     ("text not a string", [START, {"type": "text", "text": 5}], Close.INVALID_DATA, "invalid_message"),
     ("lone surrogate", [START, '{"type": "text", "text": "\\ud83d"}'], Close.INVALID_DATA, "invalid_message"),
+    ("no voice and no reference", [{k: v for k, v in START.items() if k != "voice"}], Close.INVALID_DATA,
+     "invalid_value"),
+    ("voice none without a reference", [{**START, "voice": "none"}], Close.INVALID_DATA, "invalid_value"),
+    ("empty voice", [{**START, "voice": " "}], Close.INVALID_DATA, "invalid_value"),
 ]
 
 

@@ -28,6 +28,10 @@ MIN_SPEED: Final = 0.25
 MAX_SPEED: Final = 4.0
 RESPONSE_FORMATS: Final = ("mp3", "opus", "aac", "flac", "wav", "pcm", "float32")
 """OpenAI's six formats plus ``float32`` (raw little-endian float samples, an extension)."""
+NO_VOICE: Final = "none"
+"""``voice`` (case-insensitive) for no speaker vector at all, with ``reference_audio`` or
+``spk_smp`` only: the prompt has ``[empty_spk]`` (ChatTTS' zero-shot use, ``spk_emb=None``).
+Reserved at the gateway: a voices-file voice named ``none`` is not reachable through it."""
 
 
 def speed_to_token(speed: float) -> int:
@@ -96,6 +100,8 @@ class SpeechRequest(BaseModel):
     base64 of a PCM WAV file; a voice of the server's voices file may bring its own, by name in
     ``voice``), ``reference_text`` (its transcript), ``spk_smp`` (a ChatTTS audio-prompt string
     instead of a recording).
+    ``voice`` is required, except with ``reference_audio`` or ``spk_smp``: omitted (or null, or
+    :data:`NO_VOICE`) there, the prompt has no speaker vector (ChatTTS' zero-shot use).
     Unknown fields are ignored, as OpenAI's clients may send newer ones.
     """
 
@@ -103,7 +109,7 @@ class SpeechRequest(BaseModel):
 
     model: Text
     input: Text
-    voice: Annotated[Text | StrictInt | VoiceRef, Field(union_mode="left_to_right")]
+    voice: Annotated[Text | StrictInt | VoiceRef, Field(union_mode="left_to_right")] | None = None
     instructions: Text | None = None
     response_format: Literal["mp3", "opus", "aac", "flac", "wav", "pcm", "float32"] = "mp3"
     speed: Annotated[StrictFloat, Field(ge=MIN_SPEED, le=MAX_SPEED, allow_inf_nan=False)] | None = None
@@ -125,12 +131,38 @@ class SpeechRequest(BaseModel):
     spk_smp: Text | None = None
 
     @property
-    def voice_string(self) -> str:
-        """The voice as the ``chattts`` model takes it (seed digits, name or spk_emb string)."""
+    def voice_string(self) -> str | None:
+        """The voice as the ``chattts`` model takes it (seed digits, name or spk_emb string);
+        None when ``voice`` is omitted or null."""
         v = self.voice
+        if v is None:
+            return None
         if isinstance(v, VoiceRef):
             return v.id
         return str(v)
+
+
+def speaker_voice(req: SpeechRequest) -> str:
+    """The ``voice`` input for Triton: the request's voice, stripped; ``''`` for no speaker
+    vector (``voice`` omitted, null or :data:`NO_VOICE`, allowed only with ``reference_audio``
+    or ``spk_smp``: the ``chattts`` model then builds an ``[empty_spk]`` prompt, as it does for
+    a recording sent without a voice).
+
+    Raises:
+        ApiError: 400 (param ``voice``) for a voice that is omitted or ``none`` without a
+            reference, or empty.
+    """
+    voice = req.voice_string
+    if voice is None or voice.strip().lower() == NO_VOICE:
+        if req.reference_audio is None and req.spk_smp is None:
+            raise ApiError(400, f"voice is required (a voice name, a seed or a ChatTTS spk_emb string); it may be "
+                           f"omitted or '{NO_VOICE}' only with reference_audio or spk_smp, for a prompt without "
+                           f"a speaker vector", INVALID_REQUEST, param="voice", code="invalid_value")
+        return ""
+    if not voice.strip():
+        raise ApiError(400, f"voice is empty (omit it or send '{NO_VOICE}' with reference_audio or spk_smp for "
+                       "no speaker vector)", INVALID_REQUEST, param="voice", code="invalid_value")
+    return voice.strip()
 
 
 def build_request(req: SpeechRequest, models: tuple[str, ...], max_input_chars: int) -> SynthesisRequest:
@@ -140,11 +172,13 @@ def build_request(req: SpeechRequest, models: tuple[str, ...], max_input_chars: 
     such token into the prompt, so it wins over one written in the input).
 
     ``reference_audio`` (base64 of a PCM WAV file) becomes the recording's samples and sample
-    rate; the server checks them (duration, rate) and its transcript.
+    rate; the server checks them (duration, rate) and its transcript. ``voice``: see
+    :func:`speaker_voice` (omitted or ``none`` with a reference: no speaker vector).
 
     Raises:
         ApiError: unknown model (404), input empty or longer than ``max_input_chars`` (400),
-            empty voice (400), non-empty ``instructions`` (400; ChatTTS takes no instructions),
+            empty voice, or none without ``reference_audio`` / ``spk_smp`` (400), non-empty
+            ``instructions`` (400; ChatTTS takes no instructions),
             ``reference_audio`` that is not base64 of a PCM WAV file (400).
     """
     if req.model not in models:
@@ -155,9 +189,7 @@ def build_request(req: SpeechRequest, models: tuple[str, ...], max_input_chars: 
         raise ApiError(400, f"input: {too_long}", INVALID_REQUEST, param="input", code="string_above_max_length")
     if not req.input.strip():
         raise ApiError(400, "input is empty", INVALID_REQUEST, param="input", code="invalid_value")
-    voice = req.voice_string.strip()
-    if not voice:
-        raise ApiError(400, "voice is empty", INVALID_REQUEST, param="voice", code="invalid_value")
+    voice = speaker_voice(req)
     if req.instructions and req.instructions.strip():
         raise ApiError(400, "instructions are not supported by ChatTTS; use control tokens such as [laugh] "
                        "or [uv_break] in the input instead", INVALID_REQUEST, param="instructions",

@@ -59,7 +59,7 @@ from ..text.sentences import SentenceSplitter
 from .errors import AUTHENTICATION, INVALID_REQUEST, SERVER_ERROR, ApiError, from_client_error
 from .metrics import GatewayMetrics
 from .settings import GatewaySettings
-from .speech import OFFLOADED_FORMATS, SpeechRequest, build_request
+from .speech import OFFLOADED_FORMATS, SpeechRequest, build_request, speaker_voice
 
 log = logging.getLogger("chattts_serving.gateway.ws")
 
@@ -217,6 +217,7 @@ class SpeechStream:
                 body, first = parse_start(start)
                 if body.model not in self.cfg.models:
                     build_request(body, self.cfg.models, self.cfg.max_input_chars)  # raises the 404's ApiError
+                speaker_voice(body)  # a missing or empty voice fails at the start, not on the first sentence
                 if self.live["streams"] >= self.cfg.max_streams:
                     raise StreamEnd(Close.TRY_AGAIN, ApiError(
                         503, f"server busy: the gateway relays {self.cfg.max_streams} streams already", SERVER_ERROR,
