@@ -105,12 +105,12 @@ def test_routed_kinds_are_read_by_the_library(monkeypatch: pytest.MonkeyPatch) -
     ("截止12/31", "截止十二月三十一日"),
     ("大约11/12的时间", "大约十二分之十一的时间"),
     ("12/25的人", "二十五分之十二的人"),
-    ("截止3/5", "截止三月五日"),
+    ("截止6/30", "截止六月三十日"),
     ("3/5的人", "五分之三的人"),
 ])
 def test_month_day_or_fraction_is_decided_by_context_in_both_modes(text: str, expected: str, library: bool) -> None:
-    """The library reads every m/d with m <= 12 as a date (11/12 -> 十一月十二日) and others as
-    a fraction; context words decide instead, and the library's reading is used only where it
+    """The library reads a/b with a of 10 to 12 as a date (11/12 -> 十一月十二日) and others as
+    fractions (6/30 -> 三十分之六); context words decide instead, and the library's reading is used only where it
     is of the sort they choose, so the knob changes no reading."""
     assert textnorm.normalize(text, library=library).text == expected
 

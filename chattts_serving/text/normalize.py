@@ -1022,9 +1022,9 @@ def _library_may_read(kind: str, g: Callable[[str], str], before: str, after: st
 
 
 def _library_reading_fits(kind: str, g: Callable[[str], str], words: str, before: str, after: str) -> bool:
-    """Whether the library's reading is of the sort our context words choose: it reads every
-    m/d as a date (11/12 -> 十一月十二日, also in 大约11/12的时间) and other a/b as a fraction
-    (3/5, also in 截止3/5), so a fraction must read 分之 and a date 月."""
+    """Whether the library's reading is of the sort our context words choose: it reads a/b
+    with a of 10 to 12 as a date (11/12 -> 十一月十二日, also in 大约11/12的时间) and the others
+    as fractions (6/30, also in 截止6/30), so a fraction must read 分之 and a date 月."""
     if kind == "fraction":
         return ("月" in words) == _zh_slash_date(g("fr_a"), g("fr_b"), before, after)
     return True
