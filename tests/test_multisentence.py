@@ -172,3 +172,42 @@ def test_a_voices_file_recording_replaces_the_reference_pass(small_chat: Any, sm
 def test_strip_deletes_near_silent_samples_anywhere() -> None:
     w = np.array([0.0, 2e-5, -1e-5, 1e-5, 0.5, -3e-6, -0.2, 0.0], np.float32)
     np.testing.assert_array_equal(strip_like_chattts(w), np.array([2e-5, 0.5, -0.2], np.float32))
+
+
+@pytest.mark.parametrize("default", ["streaming", "chattts"])
+def test_the_profiles_segmentation_default_serves_a_request_that_sends_none(stages: Recording, tmp_path: Any,
+                                                                            default: str) -> None:
+    """``[frontend] segmentation`` of the profile (a TOML file) decides for a request without a
+    ``segmentation`` input: ``chattts`` runs ChatTTS' split and first-piece reference pass,
+    ``streaming`` neither; a request's own ``segmentation`` still wins."""
+    import re
+
+    from chattts_serving.serving.profile import PROFILES_DIR
+
+    toml = (PROFILES_DIR / "cpu.toml").read_text(encoding="utf-8")
+    toml, n = re.subn(r'(?m)^segmentation = "streaming"', f'segmentation = "{default}"', toml)
+    assert n == 1
+    (tmp_path / "profile.toml").write_text(toml, encoding="utf-8")
+    profile = load_profile(tmp_path / "profile.toml")
+    assert profile.frontend.segmentation == Segmentation(default)
+    service = EntryService(contract.MODEL_STREAM, profile, stages, RecordingObserver())
+    text = "今天天气很好。我们一起去公园散步吧。"
+
+    def run(**extra: np.ndarray) -> dict[str, Any]:
+        stages.frontend_log.clear()
+        inputs = {"text": np.array([text.encode()], np.object_), "voice": np.array([str(VOICE).encode()], np.object_),
+                  "max_new_tokens": np.array([12], np.int32), "min_new_tokens": np.array([12], np.int32), **extra}
+        channel = RecordingChannel()
+        service.stream(service.admit(inputs, {}, f"default-{default}"), channel)
+        assert [e[0] for e in channel.events][-1] == "final" and channel.violations == [], channel.events
+        return json.loads(channel.events[-1][1])
+
+    info = run()
+    passes = [c for c, _ in stages.frontend_log if c.transient_reference]
+    assert info["segmentation"] == default
+    if default == "chattts":  # ChatTTS' split at every 。 and its reference pass on piece 0
+        assert (info["segments"], info["reference"], len(passes)) == (2, "first_piece", 1)
+    else:
+        assert (info["reference"], len(passes)) == ("", 0)
+    other = "streaming" if default == "chattts" else "chattts"
+    assert run(segmentation=np.array([other.encode()], np.object_))["segmentation"] == other

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ from chattts_serving.audio.reference import encode_spk_smp, resample_to_model_ra
 from chattts_serving.client import (
     ClientError,
     SynthesisRequest,
+    read_wav,
     synthesize_offline,
     synthesize_sse,
     synthesize_stream,
@@ -120,6 +122,37 @@ def test_the_cli_sends_a_wav_file_and_its_transcript(triton_server: Any, small_c
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     assert proc.stderr.strip() == ("chattts-client: error: a reference recording needs its transcript (txt_smp): "
                                    "the text spoken in it")
+
+
+@pytest.mark.parametrize("flags,field", [
+    (["--spk-smp", encode_spk_smp(np.random.default_rng(9).integers(0, 625, (30, contract.NUM_VQ))),
+      "--reference-text", "参考。"], "spk_smp"),
+    (["--segmentation", "chattts"], "segmentation"),
+])
+def test_the_cli_sends_spk_smp_and_segmentation(triton_server: Any, tmp_path: Path, flags: list[str],
+                                                field: str) -> None:
+    """``--spk-smp`` (+ ``--reference-text``) and ``--segmentation`` reach the server: the
+    CLI's WAV is the direct gRPC stream of the request with that field, and not the one
+    without it (for a two-sentence text, ``chattts``' first-piece audio prompt changes it)."""
+    text, out = "今天天气很好。我们一起去公园散步吧。", tmp_path / "cli.wav"
+    proc = subprocess.run([sys.executable, "-m", "chattts_serving.client", "--url", triton_server.grpc_url,
+                           "--text", text, "--voice", "7", "--seed", "3", "--max-new-tokens", "20",
+                           "--min-new-tokens", "20", *flags, "--out", str(out), "--json"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert proc.returncode == 0, proc.stderr
+    got = read_wav(out)[0]
+    sent = ({"spk_smp": flags[1], "reference_text": flags[3]} if field == "spk_smp"
+            else {"segmentation": "chattts"})
+    base = SynthesisRequest(text=text, voice="7", seed=3, max_new_tokens=20, min_new_tokens=20)
+
+    def direct(req: SynthesisRequest) -> np.ndarray:
+        wav = tmp_path / "direct.wav"  # through the same 16-bit WAV the CLI writes
+        write_wav(wav, synthesize_stream(triton_server.grpc_url, req, timeout_s=TIMEOUT_S).audio)
+        return read_wav(wav)[0]
+
+    np.testing.assert_array_equal(got, direct(replace(base, **sent)))
+    without = direct(base)
+    assert got.shape != without.shape or not np.array_equal(got, without)
 
 
 SR = contract.SAMPLE_RATE_HZ
