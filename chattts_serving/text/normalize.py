@@ -537,7 +537,7 @@ _RULES: Final = [
              r"(?P<kk_k>[kKw])(?![A-Za-z0-9])"),
     ("range", rf"(?P<r_sign>(?<![A-Za-z0-9.])[-−])?(?<![\d.])(?P<r_a>{_NUM})(?P<r_pa>[%‰])?"
               rf"(?P<r_ua>(?:{_alt(UNITS)})(?=\s?[~–—-]\s?[-−]?\d))?"
-              rf"(?P<r_sep>\s?[~–—]\s?|-)(?P<r_bsign>[-−])?(?P<r_b>{_NUM})(?![\d])"
+              rf"(?P<r_sep>\s?[~–—]\s?|-|\s?[至到]\s?(?=[-−]\d))(?P<r_bsign>[-−])?(?P<r_b>{_NUM})(?![\d])"
               rf"(?P<r_suf>\s?[%‰]|\s?(?:{_alt(UNITS)})(?![A-Za-z0-9])|(?:{_alt(GLUED_UNITS)})(?![A-Za-z0-9]))?"),
     ("percent", rf"(?P<pc_sign>{_SIGN})?(?P<pc_num>{_NUM})\s?(?P<pc_sym>[%‰])"),
     ("unit", rf"(?P<u_sign>{_SIGN})?(?P<u_num>{_NUM})(?:\s?(?P<u_unit>{_alt(UNITS)})"
@@ -1346,7 +1346,8 @@ def _h_range(lang: Lang, g: Callable[[str], str], before: str, after: str) -> st
         temperature = (g("r_ua") or suf) in _TEMPERATURE_UNITS or _temperature_degrees(lang, before, after)
         minus = ("零下" if temperature else "负") if lang == "zh" else "minus "
         signs = [minus if g("r_sign") and not _said_below(before) else "", minus if g("r_bsign") else ""]
-    return _range_words(lang, a, b, g("r_pa"), g("r_ua"), suf, year, after, signs)
+    return _range_words(lang, a, b, g("r_pa"), g("r_ua"), suf, year, after, signs,
+                        "至" if g("r_sep").strip() == "至" else "到")
 
 
 def _temperature_degrees(lang: Lang, before: str, after: str) -> bool:
@@ -1360,10 +1361,11 @@ def _said_below(before: str) -> bool:
 
 
 def _range_words(lang: Lang, a: str, b: str, pa: str | None, ua: str | None, suf: str, year: bool,
-                 after: str, signs: list[str] | None = None) -> str:
+                 after: str, signs: list[str] | None = None, to: str = "到") -> str:
     """The reading of a range ``a`` to ``b`` with its percent sign (``pa`` after ``a`` or as
     ``suf``), unit (``ua`` after ``a``, ``suf`` after ``b``) or year reading; ``signs``: the
-    words for a minus sign before each side (负, 零下, minus), empty for none."""
+    words for a minus sign before each side (负, 零下, minus), empty for none; ``to``: 到, or 至
+    where it is written (-10至-5℃)."""
     sa, sb = signs or ("", "")
     pct = suf in ("%", "‰") or pa is not None
     sym = suf if suf in ("%", "‰") else pa or "%"
@@ -1372,13 +1374,13 @@ def _range_words(lang: Lang, a: str, b: str, pa: str | None, ua: str | None, suf
     if lang == "zh":
         if pct:
             head = "百分之" if sym == "%" else "千分之"
-            return f"{sa}{head}{zh_number(a)}到{sb}{head}{zh_number(b)}"
+            return f"{sa}{head}{zh_number(a)}{to}{sb}{head}{zh_number(b)}"
         if unit_a is not None:  # 5℃~10℃
-            return f"{sa}{_unit_reading(lang, unit_a, a)}到{sb}{_unit_reading(lang, unit or unit_a, b)}"
+            return f"{sa}{_unit_reading(lang, unit_a, a)}{to}{sb}{_unit_reading(lang, unit or unit_a, b)}"
         left, right = _range_side(lang, a, year), _range_side(lang, b, year)
         if unit is None and _takes_liang(after):  # 2-3个 -> 两到三个, 1-2天 -> 一到两天
             left, right = _liang(left, after), _liang(right, after)
-        return f"{sa}{left}到{sb}{right}" + (unit.zh if unit else "")
+        return f"{sa}{left}{to}{sb}{right}" + (unit.zh if unit else "")
     out = f"{sa}{_range_side(lang, a, year)} to {sb}{_range_side(lang, b, year)}"
     if pct:
         return out + (" percent" if sym == "%" else " per mille")
@@ -1422,10 +1424,12 @@ def _h_unit(lang: Lang, g: Callable[[str], str], before: str, after: str) -> str
 _EN_DATE_BEFORE: Final = ("on", "by", "due", "until", "till", "since", "from", "before", "after", "date", "dated")
 
 
-FRACTION_BEFORE: Final = ("大约", "大概", "约占", "约", "占", "超过", "将近", "接近", "近", "不到", "不足", "仅有",
-                          "仅", "只有", "达到", "达", "的", "其中", "增长到", "增加到", "提高到", "上升到", "升到",
-                          "下降到", "降低到", "减少到", "降到", "乘以", "除以", "等于", "加上", "减去")
-"""Written right before ``a/b`` in Chinese, they make it a fraction (大约11/12的时间, 占总数的2/5)."""
+FRACTION_BEFORE: Final = ("大约", "大概", "约占", "占比", "比重", "比例", "约", "占", "超过", "将近", "接近", "近",
+                          "不到", "不足", "仅有", "仅", "只有", "达到", "达", "的", "其中", "增长到", "增加到",
+                          "提高到", "上升到", "升到", "下降到", "降低到", "减少到", "降到", "乘以", "除以", "等于",
+                          "加上", "减去")
+"""Written right before ``a/b`` in Chinese (为/是 between allowed), they make it a fraction
+(大约11/12的时间, 占总数的2/5, 约为1/3)."""
 FRACTION_AFTER: Final = re.compile(
     r"的(?:人|时间|用户|学生|老师|人口|概率|几率|比例|份额|部分|面积|员工|家庭|企业|公司|患者|受访者|网友|样本|收入|"
     r"工作|精力|预算|市场|选民|居民|土地|资金|成本|观众|玩家|股份|情况|可能)|以上|以下|左右|之多|之一|之间|强|弱")
@@ -1433,12 +1437,20 @@ FRACTION_AFTER: Final = re.compile(
 as does a measure word (3/4杯水)."""
 DATE_BEFORE: Final = ("截止到", "截止日期", "截止", "截至", "直到", "直至", "定于", "将于", "定在", "到", "至", "于",
                       "从", "自", "日期为", "日期是", "日期", "期限", "有效期至", "有效期", "每年", "今年", "明年",
-                      "去年", "节是", "节", "生日是", "生日", "纪念日")
-"""Written right before ``a/b`` in Chinese, they make it a month and day (截止12/31, 于3/5)."""
+                      "去年", "节是", "节", "生日是", "生日", "纪念日", "今天", "明天", "昨天", "后天", "前天")
+"""Written right before ``a/b`` in Chinese (是/为 between allowed), they make it a month and day
+(截止12/31, 于3/5, 明天是3/5), as does a weekday (周二3/5)."""
 DATE_AFTER: Final = ("之前", "之后", "以前", "以后", "前", "后", "起", "开始", "截止", "到期", "当天", "那天", "当日",
                      "晚上", "晚", "上午", "下午", "中午", "早上", "凌晨", "举行", "举办", "开幕", "发布", "上映",
                      "上线", "生效", "出发", "放假", "过期", "开业", "开学", "周", "星期", "(周", "（周")
-"""Written right after ``a/b`` (or a range of two), they make it a month and day (12/31前, 3/5举行)."""
+"""Written right after ``a/b`` (or a range of two), also after an adverb of
+:data:`_DATE_ADVERBS`, they make it a month and day (12/31前, 3/5举行, 3/5正式上线)."""
+_DATE_ADVERBS: Final = ("正式", "将会", "准时", "如期", "统一", "全面")
+_WEEKDAY_END: Final = re.compile(r"(?:周|星期|礼拜)[一二三四五六日天]\s?[(（]?\s?$")
+
+
+_FESTIVAL: Final = re.compile(r"(?:(?!的)[\u4e00-\u9fa5]){0,3}节(?![课目奏约省能点拍])|元旦|除夕|大促")
+"""A festival or sale day right after m/d (3/8妇女节, 5/1劳动节, 1/1元旦, 6/18大促): a date."""
 
 
 def _zh_slash_kind(a: str, b: str, before: str, after: str) -> Literal["date", "fraction", "either"]:
@@ -1449,11 +1461,12 @@ def _zh_slash_kind(a: str, b: str, before: str, after: str) -> Literal["date", "
     if not (1 <= int(a) <= 12 and 1 <= int(b) <= 31):
         return "fraction"
     after = after.lstrip()
-    if _ends_with(before, FRACTION_BEFORE):
+    if _ends_with(before, FRACTION_BEFORE, " 为是"):
         return "fraction"
-    if _ends_with(before, DATE_BEFORE, " :：是为"):
+    if _ends_with(before, DATE_BEFORE, " :：是为") or _WEEKDAY_END.search(before):
         return "date"
-    if after.startswith(DATE_AFTER):
+    if (after.startswith(DATE_AFTER) or (after[:2] in _DATE_ADVERBS and after[2:].startswith(DATE_AFTER))
+            or _FESTIVAL.match(after)):
         return "date"
     if FRACTION_AFTER.match(after) or _takes_liang(after):
         return "fraction"
@@ -1464,11 +1477,11 @@ def _zh_slash_date(a: str, b: str, before: str, after: str) -> bool:
     """Whether ``a/b`` in Chinese is a month and day rather than a fraction: as context words
     say (:func:`_zh_slash_kind`), else a date when it is written with a leading zero (03/05),
     has a day over 12 (12/25: no fraction has such a denominator in running text) or a month
-    greater than its day (10/1, an improper fraction is rare); else a fraction (3/5)."""
+    not less than its day (10/1, 11/11: an improper fraction is rare); else a fraction (3/5)."""
     kind = _zh_slash_kind(a, b, before, after)
     if kind != "either":
         return kind == "date"
-    return a.startswith("0") or b.startswith("0") or int(b) > 12 or int(a) > int(b)
+    return a.startswith("0") or b.startswith("0") or int(b) > 12 or int(a) >= int(b)
 
 
 def _en_slash_date(a: str, b: str, before: str) -> bool:
