@@ -4,7 +4,10 @@ model that raised it to the status the client sees.
 Every way a request can fail is one :class:`ErrorKind`. A kind has one Triton error code,
 one HTTP status and one gRPC status (:data:`STATUS`). On its way to the client the kind
 travels inside the error message as a tag, ``[kind] message`` (:func:`encode` /
-:func:`decode`), because neither of Triton 2.51's two carriers keeps the code:
+:func:`decode`), because neither of Triton 2.51's two carriers keeps the code. An error about
+one input also names it: ``[kind:param] message`` (``param`` an input name such as ``voice``,
+:attr:`RequestError.param`), so that clients (the gateway's OpenAI ``param`` field) know which
+input was wrong without reading the message:
 
 * a BLS caller receives every error of a model it called as INTERNAL, whatever its code;
 * an error inside a gRPC stream (a decoupled model) reaches the client as the stream's last
@@ -71,19 +74,25 @@ request", the gateway's status for a cancelled request)."""
 
 class RequestError(Exception):
     """A request that ends with an error of ``kind``; ``str(exc)`` is the message for the
-    client (without the tag, which :func:`encode` adds on the wire)."""
+    client (without the tag, which :func:`encode` adds on the wire). ``param``: the name of
+    the input (a ``contract`` tensor name, e.g. ``"voice"``) the error is about, None when it
+    is about no one input. Raises ValueError for an unknown kind or a ``param`` that is not an
+    identifier (it must fit the tag, :func:`encode`)."""
 
-    def __init__(self, message: str, kind: ErrorKind = ErrorKind.INVALID) -> None:
+    def __init__(self, message: str, kind: ErrorKind = ErrorKind.INVALID, *, param: str | None = None) -> None:
         super().__init__(message)
         self.kind = ErrorKind(kind)
+        if param is not None and not _PARAM.fullmatch(param):
+            raise ValueError(f"param must be an input name (an identifier), got {param!r}")
+        self.param = param
 
     @property
     def status(self) -> Status:
         return STATUS[self.kind]
 
     def wire(self) -> str:
-        """The message as models send it: ``[kind] message``."""
-        return encode(self.kind, str(self))
+        """The message as models send it: ``[kind] message``, or ``[kind:param] message``."""
+        return encode(self.kind, str(self), self.param)
 
 
 class DeadlineExceeded(RequestError):
@@ -124,33 +133,58 @@ def drop_tracebacks(exc: BaseException | None) -> None:
         todo += [e.__cause__, e.__context__]
 
 
-_TAG: Final = re.compile(r"^\[(" + "|".join(k.value for k in ErrorKind) + r")\] ")
+_PARAM: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+"""What a ``param`` may be: an input name."""
+_TAG: Final = re.compile(r"^\[(" + "|".join(k.value for k in ErrorKind) + r")(?::(" + _PARAM.pattern + r"))?\] ")
 STOP_ERROR_PREFIX: Final = "error:"
 """Start of the GPT engine's stop reason for a failed sequence: ``error:<kind>:<message>``."""
 
 
-def encode(kind: ErrorKind, message: str) -> str:
-    """``[kind] message``: the form in which every model of ours sends an error."""
-    return f"[{ErrorKind(kind).value}] {message}"
+def encode(kind: ErrorKind, message: str, param: str | None = None) -> str:
+    """``[kind] message``, or ``[kind:param] message`` for an error about input ``param``:
+    the form in which every model of ours sends an error."""
+    tag = ErrorKind(kind).value if param is None else f"{ErrorKind(kind).value}:{param}"
+    return f"[{tag}] {message}"
+
+
+@dataclass(frozen=True)
+class Tagged:
+    """An error message taken apart (:func:`decode_tagged`): its kind and input name (None
+    when the tag says none, or there is no tag) and the message without the tag."""
+
+    kind: ErrorKind | None
+    param: str | None
+    message: str
+
+
+def decode_tagged(text: str) -> Tagged:
+    """The kind, input name and message of an error message (:func:`encode`); kind and param
+    None when it carries no tag (an error raised by Triton itself, or by a server that is not
+    ours), the text then left as it is."""
+    m = _TAG.match(text)
+    if not m:
+        return Tagged(None, None, text)
+    return Tagged(ErrorKind(m.group(1)), m.group(2), text[m.end():])
 
 
 def decode(text: str) -> tuple[ErrorKind | None, str]:
     """(kind, message) of an error message; (None, text) when it carries no tag (an error
-    raised by Triton itself, or by a server that is not ours)."""
-    m = _TAG.match(text)
-    if not m:
-        return None, text
-    return ErrorKind(m.group(1)), text[m.end():]
+    raised by Triton itself, or by a server that is not ours). The input name, if any, is
+    dropped: :func:`decode_tagged` keeps it."""
+    t = decode_tagged(text)
+    return t.kind, t.message
 
 
 def from_message(text: str, default: ErrorKind = ErrorKind.INTERNAL) -> RequestError:
-    """The :class:`RequestError` an error message describes; ``default`` kind without a tag."""
-    kind, message = decode(text)
-    return RequestError(message, kind or default)
+    """The :class:`RequestError` an error message describes (kind, ``param`` and message);
+    ``default`` kind without a tag."""
+    t = decode_tagged(text)
+    return RequestError(t.message, t.kind or default, param=t.param)
 
 
 def encode_stop(exc: RequestError) -> str:
-    """The GPT engine's stop reason for a sequence that failed with ``exc``."""
+    """The GPT engine's stop reason for a sequence that failed with ``exc`` (its ``param`` is
+    not carried: the engine's inputs are the pipeline's, never a client's)."""
     return f"{STOP_ERROR_PREFIX}{exc.kind.value}:{exc}"
 
 

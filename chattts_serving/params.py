@@ -15,7 +15,12 @@ from . import contract
 
 
 class ParamError(ValueError):
-    """A request parameter outside its documented range (message names it)."""
+    """A request parameter outside its documented range (message names it); ``param``: its
+    name (the input's, ``prefix`` included: :func:`check_params`), None when unknown."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
 
 
 @dataclass(frozen=True)
@@ -54,12 +59,12 @@ def check_params(params: object, specs: tuple[contract.ParamSpec, ...], max_new_
         v = getattr(params, spec.name)
         name = prefix + spec.name
         if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)):
-            raise ParamError(f"{name} must be a number, got {v!r}")
+            raise ParamError(f"{name} must be a number, got {v!r}", name)
         is_int = isinstance(v, (int, np.integer))
         if not is_int and not np.isfinite(v):
-            raise ParamError(f"{name} must be a finite number, got {v}")
+            raise ParamError(f"{name} must be a finite number, got {v}", name)
         if spec.triton_dtype != "TYPE_FP32" and not is_int and not float(v).is_integer():
-            raise ParamError(f"{name} must be an integer, got {v!r}")
+            raise ParamError(f"{name} must be an integer, got {v!r}", name)
         low_ok = v >= spec.low if spec.low_inclusive else v > spec.low
         if not low_ok or v > spec.high:
             lo = "[" if spec.low_inclusive else "("
@@ -67,9 +72,11 @@ def check_params(params: object, specs: tuple[contract.ParamSpec, ...], max_new_
                 shown, low, high = f"{float(v):.6g}", f"{spec.low:g}", f"{spec.high:g}"
             else:
                 shown, low, high = str(int(v)), str(int(spec.low)), str(int(spec.high))
-            raise ParamError(f"{name}={shown} is out of range {lo}{low}, {high}]: {spec.doc}")
+            raise ParamError(f"{name}={shown} is out of range {lo}{low}, {high}]: {spec.doc}", name)
     max_new, min_new = getattr(params, "max_new_tokens"), getattr(params, "min_new_tokens")  # noqa: B009
     if max_new_tokens_cap is not None and max_new > max_new_tokens_cap:
-        raise ParamError(f"{prefix}max_new_tokens={max_new} exceeds this deployment's cap of {max_new_tokens_cap}")
+        raise ParamError(f"{prefix}max_new_tokens={max_new} exceeds this deployment's cap of {max_new_tokens_cap}",
+                         f"{prefix}max_new_tokens")
     if min_new > max_new:
-        raise ParamError(f"{prefix}min_new_tokens={min_new} exceeds {prefix}max_new_tokens={max_new}")
+        raise ParamError(f"{prefix}min_new_tokens={min_new} exceeds {prefix}max_new_tokens={max_new}",
+                         f"{prefix}min_new_tokens")

@@ -112,7 +112,22 @@ def test_text_the_front_end_refuses_ends_the_stream_with_one_invalid_error(stage
     service.stream(service.admit(_tensors("。。！"), {}, "p"), channel)
     assert [e[0] for e in channel.events] == ["error"]
     assert channel.events[0][1].kind == ErrorKind.INVALID and "nothing speakable" in str(channel.events[0][1])
+    assert channel.events[0][1].param == contract.IN_TEXT.name  # the OpenAI gateway's param "input"
     assert [f[0] for f in observer.finishes] == ["invalid"] and observer.rejections == ["invalid"]
+
+
+@pytest.mark.parametrize("values, param", [({"voice": "nobody"}, "voice"), ({"voice": "~not a spk_emb~"}, "voice"),
+                                           ({"voice": "99999999999"}, "voice"), ({}, "text")])
+def test_the_front_end_names_the_input_it_refuses(stages: InProcessStages, values: dict[str, Any],
+                                                  param: str) -> None:
+    service, _ = _service(stages)
+    channel = RecordingChannel()
+    text = "你好[break_9]" if param == "text" else TEXT  # a control token out of range
+    service.stream(service.admit(_tensors(text, **values), {}, "v"), channel)
+    assert [e[0] for e in channel.events] == ["error"]
+    exc = channel.events[0][1]
+    assert (exc.kind, exc.param) == (ErrorKind.INVALID, param), str(exc)
+    assert exc.wire().startswith(f"[invalid:{param}] ")
 
 
 def test_a_client_cancel_ends_the_engine_sequence(stages: InProcessStages) -> None:

@@ -16,7 +16,7 @@ from fake_triton import FINAL, FakePb, Host, InferenceResponse, MetricFamily, Re
 
 from chattts_serving import contract
 from chattts_serving.deploy.render import render_repository
-from chattts_serving.errors import decode
+from chattts_serving.errors import decode, decode_tagged
 from chattts_serving.runtime import Artifacts
 from chattts_serving.serving.profile import load_profile
 
@@ -89,7 +89,8 @@ def test_offline_answers_audio_or_an_error_response_with_its_code(host: Host) ->
     good, refused = ok.sender.responses[0], bad.sender.responses[0]
     assert not good.has_error() and good.output_tensors()[0].as_numpy().size == contract.samples_for_tokens(20)
     assert refused.has_error() and refused.error().code() == TritonError.INVALID_ARG
-    assert decode(refused.error().message()) == ("invalid", refused.error().message().removeprefix("[invalid] "))
+    tagged = decode_tagged(refused.error().message())  # the kind and the input at fault travel in the tag
+    assert (tagged.kind, tagged.param) == ("invalid", "top_k") and tagged.message.startswith("top_k=0 is out of range")
 
 
 def test_engine_control_requests(host: Host) -> None:

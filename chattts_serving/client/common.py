@@ -17,7 +17,8 @@ from typing import Any
 import numpy as np
 
 from .. import contract
-from ..errors import ErrorKind, decode, kind_from_status
+from ..contract import Priority, Segmentation, VocoderPath, WireEnum
+from ..errors import ErrorKind, decode_tagged, kind_from_status
 
 _SPECS: dict[str, contract.TensorSpec] = {spec.name: spec for spec in contract.ENTRY_INPUTS}
 
@@ -28,18 +29,22 @@ class ClientError(Exception):
     ``message`` is the server's message without its kind tag (or the transport's); ``kind``
     is the :class:`~chattts_serving.errors.ErrorKind` the server tagged it with, else the one
     its transport status implies (:func:`~chattts_serving.errors.kind_from_status`), else
-    None; ``status`` is the HTTP status code (int), the gRPC status name (str, e.g.
-    ``"StatusCode.INVALID_ARGUMENT"``), ``"timeout"`` for a client-side timeout, or None when
-    unknown. ``connection`` is True when the server could not be reached at all.
+    None; ``param`` is the entry input the server named in the tag (``[invalid:voice]``: the
+    error is about ``voice``), else None; ``status`` is the HTTP status code (int), the gRPC
+    status name (str, e.g. ``"StatusCode.INVALID_ARGUMENT"``), ``"timeout"`` for a client-side
+    timeout, or None when unknown. ``connection`` is True when the server could not be
+    reached at all.
     """
 
     def __init__(self, message: str, status: int | str | None = None, connection: bool = False) -> None:
-        kind, text = decode(message)
+        tagged = decode_tagged(message)
+        kind = tagged.kind
         if kind is None:
             kind = ErrorKind.DEADLINE if status == TIMEOUT else kind_from_status(status)
-        super().__init__(text)
-        self.message = text
+        super().__init__(tagged.message)
+        self.message = tagged.message
         self.kind = kind
+        self.param = tagged.param
         self.status = status
         self.connection = connection
 
@@ -49,6 +54,11 @@ class ClientError(Exception):
 
 TIMEOUT = "timeout"
 """``ClientError.status`` of a request this client stopped waiting for."""
+
+_MODES: dict[str, type[WireEnum]] = {contract.IN_VOCODER.name: VocoderPath, contract.IN_PRIORITY.name: Priority,
+                                     contract.IN_SEGMENTATION.name: Segmentation}
+"""The request fields whose values are an enum's (see :class:`SynthesisRequest`)."""
+_VALUES: dict[str, frozenset[str]] = {name: frozenset(m.value for m in enum) for name, enum in _MODES.items()}
 
 
 @dataclass(frozen=True)
@@ -61,19 +71,25 @@ class SynthesisRequest:
     text: UTF-8 text, Chinese and/or English. voice: integer seed as a string, a ChatTTS
     spk_emb string, or '' for the default voice. seed: sampler seed (INT64).
     temperature, top_p, repetition_penalty: FP32. top_k, max_new_tokens, min_new_tokens:
-    INT32 (tokens; 1 token = ``contract.SAMPLES_PER_TOKEN`` samples). vocoder: 'hidden' or
-    'codes'. lookahead_tokens: right context per streamed chunk in tokens (INT32, streaming
-    only; -1 = server default). priority: 'realtime' or 'batch'. timeout_s: deadline for the
-    whole request in seconds (FP32). refine_text: run ChatTTS' refine-text stage first (BOOL);
-    refine_prompt: its control tokens, e.g. '[oral_2][laugh_0][break_6]'; refine_temperature,
-    refine_top_p, refine_top_k, refine_max_new_tokens, refine_min_new_tokens, refine_seed: its sampling (defaults in
-    ``contract.REFINE_PARAMS``). segmentation: 'streaming' or 'chattts' (ChatTTS' split and
-    first-piece audio prompt). reference_audio: a reference recording, (N,) float32 mono
-    samples in [-1, 1] at reference_sample_rate_hz (INT32, default 24000; :func:`read_wav`
-    reads one); reference_text: its transcript (required with it or with spk_smp); spk_smp: a
-    ChatTTS audio-prompt string instead of a recording. request_id: Triton request id (not a
-    tensor): echoed in every response's ``id`` and in ``info``; the server generates one when
-    it is None.
+    INT32 (tokens; 1 token = ``contract.SAMPLES_PER_TOKEN`` samples). vocoder: a
+    :class:`~chattts_serving.contract.VocoderPath` ('hidden' or 'codes'). lookahead_tokens:
+    right context per streamed chunk in tokens (INT32, streaming only; -1 = server default).
+    priority: a :class:`~chattts_serving.contract.Priority` ('realtime' or 'batch').
+    timeout_s: deadline for the whole request in seconds (FP32). refine_text: run ChatTTS'
+    refine-text stage first (BOOL); refine_prompt: its control tokens, e.g.
+    '[oral_2][laugh_0][break_6]'; refine_temperature, refine_top_p, refine_top_k,
+    refine_max_new_tokens, refine_min_new_tokens, refine_seed: its sampling (defaults in
+    ``contract.REFINE_PARAMS``). segmentation: a :class:`~chattts_serving.contract.Segmentation`,
+    'streaming' or 'chattts' (ChatTTS' split and first-piece audio prompt). reference_audio: a
+    reference recording, (N,) float32 mono samples in [-1, 1] at reference_sample_rate_hz
+    (INT32, default 24000; :func:`read_wav` reads one); reference_text: its transcript
+    (required with it or with spk_smp); spk_smp: a ChatTTS audio-prompt string instead of a
+    recording. request_id: Triton request id (not a tensor): echoed in every response's ``id``
+    and in ``info``; the server generates one when it is None.
+
+    vocoder, priority and segmentation also take their values as strings (from a command line
+    or a JSON body): a known value becomes its enum member, any other string is kept and sent
+    as it is, for the server to refuse (INVALID, ``param`` naming the input).
     """
 
     text: str
@@ -85,9 +101,9 @@ class SynthesisRequest:
     repetition_penalty: float | None = None
     max_new_tokens: int | None = None
     min_new_tokens: int | None = None
-    vocoder: str | None = None
+    vocoder: VocoderPath | str | None = None
     lookahead_tokens: int | None = None
-    priority: str | None = None
+    priority: Priority | str | None = None
     timeout_s: float | None = None
     refine_text: bool | None = None
     refine_prompt: str | None = None
@@ -97,12 +113,18 @@ class SynthesisRequest:
     refine_max_new_tokens: int | None = None
     refine_min_new_tokens: int | None = None
     refine_seed: int | None = None
-    segmentation: str | None = None
+    segmentation: Segmentation | str | None = None
     reference_audio: np.ndarray | None = field(default=None, compare=False)
     reference_sample_rate_hz: int | None = None
     reference_text: str | None = None
     spk_smp: str | None = None
     request_id: str | None = None
+
+    def __post_init__(self) -> None:
+        for name, enum in _MODES.items():
+            value = getattr(self, name)
+            if isinstance(value, str) and value in _VALUES[name]:
+                object.__setattr__(self, name, enum(value))
 
     def tensors(self) -> Iterator[tuple[str, np.ndarray, str]]:
         """Yield ``(input name, numpy array, client datatype)`` for each field that is set, with

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Final
 
+from .. import contract
 from ..client import ClientError
 from ..errors import STATUS, ErrorKind, kind_from_status
 
@@ -47,7 +48,8 @@ def from_client_error(exc: ClientError, url: str) -> ApiError:
     transport status for Triton's own errors: :attr:`ClientError.kind`), with the kind's HTTP
     status (:data:`chattts_serving.errors.STATUS`): invalid input 400; busy, unavailable and
     deadline 503; cancelled 499; failures 500. An unreachable server is 503, an error of no
-    known kind 500."""
+    known kind 500. An invalid request's ``param`` is the field of the entry input the server
+    named (:func:`request_field`), None when it named none."""
     message = exc.message.strip() or "synthesis failed"
     if exc.connection:
         return ApiError(503, f"the speech backend is unreachable ({url})", SERVER_ERROR, code="backend_unavailable",
@@ -55,15 +57,18 @@ def from_client_error(exc: ClientError, url: str) -> ApiError:
     kind = exc.kind or ErrorKind.INTERNAL
     status = STATUS[kind].http
     if kind == ErrorKind.INVALID:
-        return ApiError(status, message, INVALID_REQUEST, param=_param_of(message), code="invalid_value", kind=kind)
+        return ApiError(status, message, INVALID_REQUEST, param=request_field(exc.param), code="invalid_value",
+                        kind=kind)
     return ApiError(status, message, SERVER_ERROR, code=_CODE[kind], kind=kind)
 
 
-def _param_of(message: str) -> str | None:
-    """The request field a backend validation message is about, when it says."""
-    low = message.lower()
-    if "voice" in low:
-        return "voice"
-    if "text" in low or "control token" in low:
-        return "input"
-    return None
+_GATEWAY_FIELD: Final = {contract.IN_TEXT.name: "input", contract.IN_REFERENCE_RATE.name: "reference_audio"}
+"""The request field (:class:`~chattts_serving.gateway.speech.SpeechRequest`) of each entry
+input whose name differs from it; every other input has its field's name."""
+
+
+def request_field(param: str | None) -> str | None:
+    """The request field an error about entry input ``param`` (:attr:`ClientError.param`) is
+    about: ``text`` is ``input``, the sample rate is part of ``reference_audio`` (the gateway
+    reads it from the WAV file); None stays None."""
+    return None if param is None else _GATEWAY_FIELD.get(param, param)

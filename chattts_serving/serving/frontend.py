@@ -29,7 +29,9 @@ from ..audio.reference import (
     prepare_recording,
 )
 from ..errors import ErrorKind, RequestError
+from ..params import ParamError
 from ..text.frontend import FrontEnd, FrontendError
+from ..text.refine import RefineParams
 from .pipeline import FrontendOutput
 from .request import FrontendCall
 
@@ -72,12 +74,24 @@ class FrontendService:
         the call's recording (which wins over a reference voice's) or of its reference voice.
 
         Raises:
-            RequestError: INVALID for what the front end refuses (text, voice, refine prompt),
-                a recording outside the limits or without transcript; INTERNAL for a transient
+            RequestError: INVALID for what the front end refuses, its ``param`` the input at
+                fault: ``voice`` (checked first: an unknown name, a seed out of range, a bad
+                spk_emb string), ``refine_prompt``, ``reference_audio`` (a recording outside
+                the limits or without transcript), else ``text``; INTERNAL for a transient
                 (generated) recording the encoder cannot take.
         """
         try:
             voice = self.frontend.voice(call.voice)
+            if not call.no_speaker:
+                self.frontend.speaker(call.voice)  # decodes a spk_emb string now (cached for prepare)
+        except FrontendError as exc:
+            raise RequestError(str(exc), param=contract.IN_VOICE.name) from None
+        if call.refine_prompt is not None:
+            try:
+                RefineParams(prompt=call.refine_prompt).validate()
+            except ParamError as exc:
+                raise RequestError(str(exc), param=contract.IN_REFINE_PROMPT.name) from None
+        try:
             prompt = None
             txt_smp = call.reference_text
             if call.reference_audio is not None:
@@ -88,8 +102,10 @@ class FrontendService:
                 txt_smp = prompt.transcript
             p = self.frontend.prepare(call.text, call.voice, call.refine_prompt, call.refined_ids, txt_smp=txt_smp,
                                       no_speaker=call.no_speaker, keep_unspeakable=call.keep_unspeakable)
-        except (FrontendError, RecordingError) as exc:
-            raise RequestError(str(exc)) from None
+        except RecordingError as exc:
+            raise RequestError(str(exc), param=contract.IN_REFERENCE_AUDIO.name) from None
+        except FrontendError as exc:
+            raise RequestError(str(exc), param=contract.IN_TEXT.name) from None
         return FrontendOutput(input_ids=p.input_ids, spk_emb=p.spk_emb, normalized_text=p.normalized,
                               dropped=p.dropped, refine_ids=p.refine_ids,
                               prompt_codes=prompt.codes if prompt is not None else None)

@@ -360,7 +360,7 @@ def prepare_segments(job: SynthesisJob, stages: Stages, watch: Watch = _no_watch
     chattts = req.segmentation == Segmentation.CHATTTS
     texts = carry_speed(split_like_chattts(req.text) if chattts else split_segments(req.text, job.segments))
     if not texts:
-        raise RequestError("text is empty")
+        raise RequestError("text is empty", param=contract.IN_TEXT.name)
     ref = req.reference
     base = FrontendCall(text="", voice=req.voice, request_id=req.request_id,
                         reference_text=ref.transcript if ref is not None else None,
@@ -372,7 +372,7 @@ def prepare_segments(job: SynthesisJob, stages: Stages, watch: Watch = _no_watch
     prepared = [stages.frontend(c) for c in calls]
     if chattts and not any(speakable(p.normalized_text) for p in prepared):
         raise RequestError("text has nothing speakable after normalisation (only punctuation, symbols or "
-                           "unsupported characters)")
+                           "unsupported characters)", param=contract.IN_TEXT.name)
     codes, source = _request_prompt(ref, prepared[0])
     if codes is None and chattts and len(prepared) > 1:
         wav = _first_piece_audio(job, stages, watch, prepared[0])

@@ -2,7 +2,9 @@
 
 Each model hands its request's tensors (name -> numpy array, as ``pb_utils`` gives them) to
 one function here and gets a typed, validated request back, or a
-:class:`~chattts_serving.errors.RequestError` of kind INVALID whose message names the input:
+:class:`~chattts_serving.errors.RequestError` of kind INVALID whose message names the input
+and whose ``param`` is that input's name (None for what concerns no one input: Triton request
+parameters):
 
 * :func:`parse_entry` -> :class:`EntryRequest` (``chattts`` and ``chattts_offline``),
 * :func:`parse_frontend` -> :class:`FrontendCall` (``chattts_frontend``),
@@ -47,9 +49,10 @@ def scalar_input(inputs: Inputs, spec: contract.ParamSpec) -> float | int | None
         return None
     if arr.dtype != np.dtype(contract.TensorSpec(spec.name, spec.triton_dtype, (1,)).np_dtype):
         raise RequestError(f"input '{spec.name}' must be {spec.triton_dtype.removeprefix('TYPE_')}, "
-                           f"got {arr.dtype}")
+                           f"got {arr.dtype}", param=spec.name)
     if arr.size != 1:
-        raise RequestError(f"input '{spec.name}' must hold exactly one value, got shape {list(arr.shape)}")
+        raise RequestError(f"input '{spec.name}' must hold exactly one value, got shape {list(arr.shape)}",
+                           param=spec.name)
     v = arr.reshape(-1)[0]
     return int(v) if spec.triton_dtype.startswith("TYPE_INT") else float(v)
 
@@ -60,19 +63,19 @@ def string_input(inputs: Inputs, name: str, required: bool) -> str | None:
     arr = inputs.get(name)
     if arr is None:
         if required:
-            raise RequestError(f"missing required input '{name}'")
+            raise RequestError(f"missing required input '{name}'", param=name)
         return None
     if arr.dtype != np.object_ and arr.dtype.kind not in ("S", "U"):
-        raise RequestError(f"input '{name}' must be BYTES (UTF-8 string), got {arr.dtype}")
+        raise RequestError(f"input '{name}' must be BYTES (UTF-8 string), got {arr.dtype}", param=name)
     if arr.size != 1:
-        raise RequestError(f"input '{name}' must hold exactly one string, got shape {list(arr.shape)}")
+        raise RequestError(f"input '{name}' must hold exactly one string, got shape {list(arr.shape)}", param=name)
     v = arr.reshape(-1)[0]
     if isinstance(v, str):
         return v
     try:
         return bytes(v).decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise RequestError(f"input '{name}' is not valid UTF-8 (byte {exc.start})") from None
+        raise RequestError(f"input '{name}' is not valid UTF-8 (byte {exc.start})", param=name) from None
 
 
 def int_input(inputs: Inputs, name: str, default: int, low: int, high: int) -> int:
@@ -82,10 +85,10 @@ def int_input(inputs: Inputs, name: str, default: int, low: int, high: int) -> i
     if arr is None:
         return default
     if arr.size != 1 or arr.dtype.kind not in "iu":
-        raise RequestError(f"{name} must be one integer")
+        raise RequestError(f"{name} must be one integer", param=name)
     v = int(arr.reshape(-1)[0])
     if not low <= v <= high:
-        raise RequestError(f"{name}={v} is out of range [{low}, {high}]")
+        raise RequestError(f"{name}={v} is out of range [{low}, {high}]", param=name)
     return v
 
 
@@ -95,7 +98,7 @@ def bool_input(inputs: Inputs, name: str) -> bool:
     if arr is None:
         return False
     if arr.size != 1 or arr.dtype != np.bool_:
-        raise RequestError(f"input '{name}' must be one BOOL")
+        raise RequestError(f"input '{name}' must be one BOOL", param=name)
     return bool(arr.reshape(-1)[0])
 
 
@@ -109,7 +112,8 @@ def enum_input(inputs: Inputs, name: str, enum: Any, default: Any) -> Any:
     try:
         return enum(value)
     except ValueError:
-        raise RequestError(f"{name} must be one of {sorted(m.value for m in enum)}, got {value!r}") from None
+        raise RequestError(f"{name} must be one of {sorted(m.value for m in enum)}, got {value!r}",
+                           param=name) from None
 
 
 # --- parameter groups --------------------------------------------------------------------
@@ -124,7 +128,7 @@ def sampling_input(inputs: Inputs, max_new_tokens_cap: int) -> SamplingParams:
     try:
         return SamplingParams(**values).validate(max_new_tokens_cap)  # type: ignore[arg-type]
     except ParamError as exc:
-        raise RequestError(str(exc)) from None
+        raise RequestError(str(exc), param=exc.param) from None
 
 
 def refine_input(inputs: Inputs, max_new_tokens_cap: int | None = None, prefix: str = "",
@@ -142,7 +146,9 @@ def refine_input(inputs: Inputs, max_new_tokens_cap: int | None = None, prefix: 
     try:
         return RefineParams(prompt=prompt, **values).validate(max_new_tokens_cap)
     except ParamError as exc:
-        raise RequestError(str(exc)) from None
+        # check_params names the number it refused; RefineParams' other checks are the prompt's
+        prompt_input = contract.IN_REFINE_PROMPT.name if prefix else None
+        raise RequestError(str(exc), param=exc.param or prompt_input) from None
 
 
 def refuse_request_params(params: Mapping[str, object]) -> None:
@@ -164,9 +170,9 @@ def codes_input(inputs: Inputs, name: str) -> np.ndarray | None:
     if arr is None:
         return None
     if arr.dtype != np.int32 or arr.ndim != 2 or arr.shape[1] != contract.NUM_VQ:
-        raise RequestError(f"{name} must be an INT32 tensor of shape [P, {contract.NUM_VQ}]")
+        raise RequestError(f"{name} must be an INT32 tensor of shape [P, {contract.NUM_VQ}]", param=name)
     if arr.size and (arr.min() < 0 or arr.max() >= contract.EOS_CODE):
-        raise RequestError(f"{name} must be codes in [0, {contract.EOS_CODE})")
+        raise RequestError(f"{name} must be codes in [0, {contract.EOS_CODE})", param=name)
     return arr
 
 
@@ -235,11 +241,12 @@ def parse_entry(inputs: Inputs, limits: EntryLimits, request_params: Mapping[str
     priority = enum_input(inputs, contract.IN_PRIORITY.name, Priority, Priority.REALTIME)
     timeout = scalar_input(inputs, contract.ParamSpec(contract.IN_TIMEOUT.name, "TYPE_FP32", 0, 0, MAX_TIMEOUT_S))
     if timeout is not None and not (np.isfinite(timeout) and 0.0 < timeout <= MAX_TIMEOUT_S):
-        raise RequestError(f"timeout_s={timeout} is out of range (0, {MAX_TIMEOUT_S:g}]")
+        raise RequestError(f"timeout_s={timeout} is out of range (0, {MAX_TIMEOUT_S:g}]",
+                           param=contract.IN_TIMEOUT.name)
     text = string_input(inputs, contract.IN_TEXT.name, required=True) or ""
     too_long = length_error(text, limits.max_text_chars)
     if too_long:
-        raise RequestError(too_long)
+        raise RequestError(too_long, param=contract.IN_TEXT.name)
     voice = string_input(inputs, contract.IN_VOICE.name, required=False) or ""
     vocoder = enum_input(inputs, contract.IN_VOCODER.name, VocoderPath, limits.default_vocoder)
     params = sampling_input(inputs, limits.max_new_tokens_cap)
@@ -247,11 +254,11 @@ def parse_entry(inputs: Inputs, limits: EntryLimits, request_params: Mapping[str
     for spec in contract.STREAM_PARAMS:
         v = scalar_input(inputs, spec)
         if v is not None and not (spec.low <= v <= spec.high):
-            raise RequestError(f"{spec.name}={v} is out of range [{spec.low:g}, {spec.high:g}]")
+            raise RequestError(f"{spec.name}={v} is out of range [{spec.low:g}, {spec.high:g}]", param=spec.name)
         if spec.name == "lookahead_tokens" and v is not None and v >= 1:
             lookahead = int(v)
         elif spec.name == "lookahead_tokens" and v == 0:
-            raise RequestError("lookahead_tokens must be >= 1 (or -1 for the default)")
+            raise RequestError("lookahead_tokens must be >= 1 (or -1 for the default)", param=spec.name)
     return EntryRequest(text=text, voice=voice, vocoder=vocoder, params=params, lookahead_tokens=lookahead,
                         priority=priority, timeout_s=float(timeout) if timeout is not None else None,
                         request_id=request_id, refine=_entry_refine(inputs, limits.max_new_tokens_cap),
@@ -274,24 +281,31 @@ def _entry_reference(inputs: Inputs, limits: ReferenceLimits) -> Reference | Non
     if audio is None and spk_smp is None:
         if transcript is not None:
             raise RequestError("reference_text is the transcript of reference_audio or spk_smp; send one of them "
-                               "with it")
+                               "with it", param=contract.IN_REFERENCE_TEXT.name)
         if rate_given:
-            raise RequestError("reference_sample_rate_hz needs reference_audio")
+            raise RequestError("reference_sample_rate_hz needs reference_audio", param=contract.IN_REFERENCE_RATE.name)
         return None
     if audio is not None and spk_smp is not None:
-        raise RequestError("send either reference_audio or spk_smp, not both")
+        raise RequestError("send either reference_audio or spk_smp, not both", param=contract.IN_SPK_SMP.name)
     if spk_smp is not None and rate_given:
-        raise RequestError("reference_sample_rate_hz needs reference_audio (a spk_smp string is already encoded)")
+        raise RequestError("reference_sample_rate_hz needs reference_audio (a spk_smp string is already encoded)",
+                           param=contract.IN_REFERENCE_RATE.name)
     try:
         text = check_transcript(transcript or "", limits)
-        if audio is None:
+    except RecordingError as exc:
+        raise RequestError(str(exc), param=contract.IN_REFERENCE_TEXT.name) from None
+    if audio is None:
+        try:
             return Reference(transcript=text, codes=decode_spk_smp(spk_smp or "", limits.max_tokens))
-        if audio.dtype != np.float32 or audio.ndim != 1:
-            raise RequestError(f"reference_audio must be a 1-D FP32 tensor of mono samples, got {audio.dtype} "
-                               f"{list(audio.shape)}")
+        except SpkSmpError as exc:
+            raise RequestError(str(exc), param=contract.IN_SPK_SMP.name) from None
+    if audio.dtype != np.float32 or audio.ndim != 1:
+        raise RequestError(f"reference_audio must be a 1-D FP32 tensor of mono samples, got {audio.dtype} "
+                           f"{list(audio.shape)}", param=contract.IN_REFERENCE_AUDIO.name)
+    try:
         check_recording(audio, rate, limits)
-    except (RecordingError, SpkSmpError) as exc:
-        raise RequestError(str(exc)) from None
+    except RecordingError as exc:
+        raise RequestError(str(exc), param=contract.IN_REFERENCE_AUDIO.name) from None
     return Reference(transcript=text, audio=audio, rate_hz=rate)
 
 
@@ -303,7 +317,7 @@ def _entry_refine(inputs: Inputs, max_new_tokens_cap: int) -> RefineParams | Non
     given = sorted(k for k in inputs if k.startswith(contract.REFINE_PREFIX) and k != contract.IN_REFINE_TEXT.name)
     if not on:
         if given:
-            raise RequestError(f"{given} need refine_text=true")
+            raise RequestError(f"{given} need refine_text=true", param=contract.IN_REFINE_TEXT.name)
         return None
     return refine_input(inputs, max_new_tokens_cap, prefix=contract.REFINE_PREFIX, prompt=prompt or "")
 
@@ -342,7 +356,8 @@ def parse_frontend(inputs: Inputs, request_id: str = "") -> FrontendCall:
     """Validate a front-end request's tensors. Raises RequestError."""
     audio = inputs.get(contract.IN_REFERENCE_AUDIO.name)
     if audio is not None and (audio.dtype != np.float32 or audio.ndim != 1):
-        raise RequestError("reference_audio must be a 1-D FP32 tensor of mono samples")
+        raise RequestError("reference_audio must be a 1-D FP32 tensor of mono samples",
+                           param=contract.IN_REFERENCE_AUDIO.name)
     return FrontendCall(text=string_input(inputs, contract.IN_TEXT.name, required=True) or "",
                         voice=string_input(inputs, contract.IN_VOICE.name, required=False) or "",
                         request_id=request_id,
@@ -403,26 +418,29 @@ def parse_engine(inputs: Inputs, hidden_size: int, max_new_tokens_cap: int) -> E
     control = (string_input(inputs, contract.EN_CONTROL.name, required=False) or "").strip()
     stream_id = string_input(inputs, contract.EN_STREAM_ID.name, required=False) or ""
     if control not in ("", CONTROL_CANCEL):
-        raise RequestError(f"unknown control {control!r}; the only control is '{CONTROL_CANCEL}'")
+        raise RequestError(f"unknown control {control!r}; the only control is '{CONTROL_CANCEL}'",
+                           param=contract.EN_CONTROL.name)
     if control:
         if not stream_id:
-            raise RequestError("a control request needs stream_id")
+            raise RequestError("a control request needs stream_id", param=contract.EN_STREAM_ID.name)
         return EngineControl(stream_id)
     mode = enum_input(inputs, contract.EN_MODE.name, SequenceMode, SequenceMode.CODE)
     ids = inputs.get(contract.FE_INPUT_IDS.name)
     if ids is None:
-        raise RequestError("missing required input 'input_ids'")
+        raise RequestError("missing required input 'input_ids'", param=contract.FE_INPUT_IDS.name)
     if ids.dtype != np.int32 or ids.ndim != 1 or ids.size == 0:
-        raise RequestError("input_ids must be a non-empty 1-D INT32 tensor")
+        raise RequestError("input_ids must be a non-empty 1-D INT32 tensor", param=contract.FE_INPUT_IDS.name)
     if ids.min() < 0 or ids.max() >= contract.TEXT_VOCAB_SIZE:
-        raise RequestError(f"input_ids must be in [0, {contract.TEXT_VOCAB_SIZE})")
+        raise RequestError(f"input_ids must be in [0, {contract.TEXT_VOCAB_SIZE})", param=contract.FE_INPUT_IDS.name)
     spk = inputs.get(contract.EN_SPK_EMB.name)
     if spk is not None and (spk.dtype != np.float32 or spk.shape != (hidden_size,) or not np.isfinite(spk).all()):
-        raise RequestError(f"spk_emb must be a finite FP32 tensor of shape [{hidden_size}]")
+        raise RequestError(f"spk_emb must be a finite FP32 tensor of shape [{hidden_size}]",
+                           param=contract.EN_SPK_EMB.name)
     prompt_codes = codes_input(inputs, contract.EN_PROMPT_CODES.name)
     if mode == SequenceMode.TEXT:
         if spk is not None or prompt_codes is not None:
-            raise RequestError("a text-mode (refine) sequence takes no spk_emb and no prompt_codes")
+            raise RequestError("a text-mode (refine) sequence takes no spk_emb and no prompt_codes",
+                               param=contract.EN_SPK_EMB.name if spk is not None else contract.EN_PROMPT_CODES.name)
         params = refine_input(inputs, max_new_tokens_cap).sampling_params()
     else:
         params = sampling_input(inputs, max_new_tokens_cap)
