@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from . import contract
+from .contract import Precision, VocoderPath
 
 
 @dataclass(frozen=True)
@@ -24,7 +25,9 @@ class OrtOptions:
     ``io_binding``: the GPT step runs through ONNX Runtime's IO binding, its KV cache in
     buffers of the runner's :class:`~chattts_serving.engine.arrays.ArrayBackend` (device memory with
     cupy on the CUDA EP, numpy on the CPU EP) that are bound in place, never copied per step.
-    ``precision``: ``"fp32"``, ``"fp16"`` or ``"int8"`` graphs (see :func:`graph_path`).
+    ``precision``: fp32, fp16 or int8 graphs, a :class:`~chattts_serving.contract.Precision`
+    (its string value is taken too and becomes the member; another raises ValueError; see
+    :func:`graph_path`).
     ``device_id``: the GPU ordinal for the CUDA/TensorRT execution providers and cupy.
     """
 
@@ -32,8 +35,11 @@ class OrtOptions:
     allow_spinning: bool = False
     providers: tuple[str, ...] = ("CPUExecutionProvider",)
     io_binding: bool = False
-    precision: str = "fp32"
+    precision: Precision = Precision.FP32
     device_id: int = 0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "precision", _precision(self.precision))
 
 
 PRECISIONS = tuple(p.value for p in contract.Precision)
@@ -46,7 +52,15 @@ manifest.json."""
 FP16_GRAPH_FILES = contract.FP16_GRAPH_FILES
 
 
-def graph_path(artifacts: Artifacts, graph: str, precision: str = "fp32") -> Path:
+def _precision(value: Precision | str) -> Precision:
+    """``value`` as a :class:`~chattts_serving.contract.Precision`. Raises ValueError."""
+    try:
+        return Precision(value)
+    except ValueError:
+        raise ValueError(f"unknown precision {value!r}; expected one of {PRECISIONS}") from None
+
+
+def graph_path(artifacts: Artifacts, graph: str, precision: Precision | str = Precision.FP32) -> Path:
     """Path of graph file ``graph`` (a ``contract.*_GRAPH`` name) in ``precision``.
 
     fp32 is the file itself; fp16 and int8 are the files the manifest lists under
@@ -54,9 +68,8 @@ def graph_path(artifacts: Artifacts, graph: str, precision: str = "fp32") -> Pat
     FileNotFoundError when the artifacts have no such variant (re-export with
     ``chattts-export --precision <precision>``; int8 exists for the GPT step only).
     """
-    if precision not in PRECISIONS:
-        raise ValueError(f"unknown precision {precision!r}; expected one of {PRECISIONS}")
-    if precision == "fp32":
+    precision = _precision(precision)
+    if precision is Precision.FP32:
         return artifacts.root / graph
     variant = artifacts.manifest.get("precisions", {}).get(precision, {}).get(graph)
     if not variant or not (artifacts.root / variant).is_file():
@@ -114,7 +127,8 @@ class Artifacts:
     def head_dim(self) -> int:
         return int(self.manifest["config"]["head_dim"])
 
-    def receptive_field_tokens(self, path: str) -> int:
-        """Context in tokens on each side that fully determines a token's audio (``path``:
-        'hidden' or 'codes')."""
-        return int(self.manifest["receptive_field_tokens"][path])
+    def receptive_field_tokens(self, path: VocoderPath | str) -> int:
+        """Context in tokens on each side that fully determines a token's audio on vocoder
+        ``path`` (a :class:`~chattts_serving.contract.VocoderPath` or its value). Raises
+        ValueError for another path, KeyError when the manifest lacks it."""
+        return int(self.manifest["receptive_field_tokens"][VocoderPath(path).value])

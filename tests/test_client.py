@@ -312,3 +312,38 @@ def test_request_tensors_follow_the_contract() -> None:
     assert got["text"][0][0] == b"hi"
     assert req.json_inputs() == {"text": "hi", "voice": "3", "seed": 5, "temperature": 0.5, "top_k": 10,
                                  "lookahead_tokens": 4}
+
+
+def test_mode_fields_become_their_enums_and_other_strings_go_to_the_server() -> None:
+    from chattts_serving.contract import Priority, Segmentation, VocoderPath
+
+    req = SynthesisRequest("hi", vocoder="codes", priority="batch", segmentation="chattts")
+    assert req.vocoder is VocoderPath.CODES and req.priority is Priority.BATCH
+    assert req.segmentation is Segmentation.CHATTTS
+    assert req == SynthesisRequest("hi", vocoder=VocoderPath.CODES, priority=Priority.BATCH,
+                                   segmentation=Segmentation.CHATTTS)
+    got = {name: arr[0] for name, arr, _ in req.tensors()}
+    assert (got["vocoder"], got["priority"], got["segmentation"]) == (b"codes", b"batch", b"chattts")  # the wire
+    assert req.json_inputs()["vocoder"] == "codes"
+    odd = SynthesisRequest("hi", vocoder="magic")  # the server refuses it, naming the input
+    assert odd.vocoder == "magic" and not isinstance(odd.vocoder, VocoderPath)
+    assert {n: a[0] for n, a, _ in odd.tensors()}["vocoder"] == b"magic"
+
+
+def test_vocoder_paths_and_precisions_are_enums_that_take_their_strings(small_artifacts: Any) -> None:
+    from chattts_serving.audio.vocoder import VocoderRunner
+    from chattts_serving.contract import Precision, VocoderPath
+    from chattts_serving.runtime import OrtOptions, graph_path
+
+    runner = VocoderRunner(small_artifacts, "codes")
+    assert runner.path is VocoderPath.CODES and runner.input_name == contract.VO_CODES.name
+    assert VocoderRunner(small_artifacts, VocoderPath.HIDDEN).input_name == contract.VO_HIDDEN.name
+    with pytest.raises(ValueError, match="unknown vocoder path 'mel'"):
+        VocoderRunner(small_artifacts, "mel")
+    assert OrtOptions(precision="fp16").precision is Precision.FP16  # type: ignore[arg-type]
+    assert OrtOptions().precision is Precision.FP32
+    with pytest.raises(ValueError, match="unknown precision 'fp8'"):
+        OrtOptions(precision="fp8")  # type: ignore[arg-type]
+    assert graph_path(small_artifacts, contract.GPT_GRAPH, "fp32") == graph_path(small_artifacts, contract.GPT_GRAPH)
+    assert small_artifacts.receptive_field_tokens("codes") == small_artifacts.receptive_field_tokens(
+        VocoderPath.CODES)

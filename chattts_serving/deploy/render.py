@@ -21,6 +21,7 @@ from typing import Any
 import jinja2
 
 from .. import contract
+from ..contract import VocoderPath
 from ..serving.profile import Profile, ProfileError, load_profile
 
 REPO_SRC = Path(__file__).resolve().parents[2] / "model_repository"
@@ -87,7 +88,7 @@ def model_specs(profile: Profile, artifacts_dir: Path, repo_dir: Path) -> list[M
                   instance_count=profile.entry.offline_instance_count, batching=entry, parameters=dict(params)),
     ]
     for path, name in contract.VOCODER_PATHS.items():
-        tensor = contract.VO_HIDDEN if path == "hidden" else contract.VO_CODES
+        tensor = contract.VO_HIDDEN if path is VocoderPath.HIDDEN else contract.VO_CODES
         specs.append(ModelSpec(name, (tensor,), (contract.VO_AUDIO,),
                                max_batch_size=profile.vocoder.max_batch_size, ragged=True,
                                instance_count=profile.vocoder.instance_count, batching=vocoder_batching,

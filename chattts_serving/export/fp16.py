@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import contract
+from ..contract import Precision
 from ..runtime import FP16_GRAPH_FILES, Artifacts, OrtOptions
 from .weights import WeightsError
 
@@ -96,7 +97,7 @@ def fp16_parity(chat: Any, root: Path, opts: OrtOptions | None = None) -> dict[s
     from .parity import parity_report
 
     scales: dict[str, float] = {}
-    report = parity_report(chat, Path(root), replace(opts or OrtOptions(), precision="fp16"), scales)
+    report = parity_report(chat, Path(root), replace(opts or OrtOptions(), precision=Precision.FP16), scales)
     return {k: {"abs": report[k], "scale": scales[k], "rel": report[k] / max(scales[k], 1e-12)}
             for k in FP16_STAGES}
 

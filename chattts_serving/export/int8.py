@@ -52,6 +52,7 @@ import numpy as np
 
 from .. import contract
 from ..audio.vocoder import VocoderRunner
+from ..contract import Precision
 from ..engine.gpt import Embeddings, GptStepRunner
 from ..runtime import Artifacts, OrtOptions
 from .weights import WeightsError
@@ -295,7 +296,8 @@ def _runners(art: Artifacts, opts: OrtOptions | None) -> tuple[GptStepRunner, Gp
     from dataclasses import replace
 
     base = opts or OrtOptions()
-    return GptStepRunner(art, replace(base, precision="fp32")), GptStepRunner(art, replace(base, precision="int8"))
+    return (GptStepRunner(art, replace(base, precision=Precision.FP32)),
+            GptStepRunner(art, replace(base, precision=Precision.INT8)))
 
 
 def int8_parity(art: Artifacts, opts: OrtOptions | None = None) -> dict[str, Any]:

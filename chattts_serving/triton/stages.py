@@ -23,6 +23,7 @@ from .. import contract
 from ..contract import StopReason, VocoderPath
 from ..errors import decode_stop
 from ..serving.pipeline import FrontendCall, FrontendOutput, GenerateCall, TokenBatch
+from ..serving.request import CONTROL_CANCEL
 from ..serving.resilience import BreakerCall, CircuitBreaker, enter, settle
 from .cancels import cancel_address, send_cancel
 from .tensors import error_from_triton, first_string, string_tensor
@@ -293,7 +294,7 @@ class EngineStream:
         pb = self.pb
         req = pb.InferenceRequest(model_name=contract.MODEL_ENGINE,
                                   inputs=[string_tensor(pb, contract.EN_STREAM_ID.name, self.stream_id),
-                                          string_tensor(pb, contract.EN_CONTROL.name, "cancel")],
+                                          string_tensor(pb, contract.EN_CONTROL.name, CONTROL_CANCEL)],
                                   requested_output_names=[t.name for t in contract.ENGINE_OUTPUTS])
         responses = req.exec(decoupled=True)
         for _ in responses:
