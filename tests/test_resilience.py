@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 
-from chattts_serving.errors import RequestError
+from chattts_serving.errors import Cancelled, DeadlineExceeded, ErrorKind, RequestError
 from chattts_serving.serving.request import EntryLimits, parse_entry, refuse_request_params
-from chattts_serving.serving.resilience import CircuitBreaker, CircuitOpen, Degrader, DegradeThresholds
+from chattts_serving.serving.resilience import (
+    CircuitBreaker,
+    CircuitOpen,
+    Degrader,
+    DegradeThresholds,
+    settle,
+)
 from chattts_serving.text.segments import SegmentRules, split_segments
 
 LIMITS = EntryLimits(max_new_tokens_cap=1024)
@@ -119,3 +127,83 @@ def test_text_over_the_limit_is_refused_before_any_work() -> None:
     text = np.array(["好".encode() * 50], dtype=np.object_)
     with pytest.raises(RequestError, match="limit is 10"):
         parse_entry({"text": text}, EntryLimits(max_new_tokens_cap=1024, max_text_chars=10))
+
+
+def _half_open(clock: Clock) -> CircuitBreaker:
+    """A breaker opened by two failures at t=0 whose cool-down (10 s) has passed."""
+    b = CircuitBreaker("engine", failure_threshold=2, cooldown_s=10.0, clock=clock)
+    for _ in range(2):
+        settle(b.before(), RequestError("engine step failed", ErrorKind.INTERNAL))
+    assert b.state == "open"
+    clock.t = 10.5
+    assert b.state == "half-open"
+    return b
+
+
+@pytest.mark.parametrize("end", [DeadlineExceeded(2.0), Cancelled(), RequestError("server busy", ErrorKind.BUSY),
+                                 RequestError("server unavailable", ErrorKind.UNAVAILABLE)],
+                         ids=["deadline", "client-cancel", "busy", "unavailable"])
+def test_a_trial_that_says_nothing_about_the_stage_lets_the_next_call_be_the_trial(end: RequestError) -> None:
+    clock = Clock()
+    b = _half_open(clock)
+    trial = b.before()
+    assert trial.trial and b.trial_in_flight
+    with pytest.raises(CircuitOpen):
+        b.before()  # one trial at a time
+    settle(trial, end)
+    assert not b.trial_in_flight and b.state == "half-open"  # released: nothing learnt, still half-open
+    again = b.before()  # let through, as the new trial, not refused as "trial in flight"
+    assert again.trial
+    settle(again, None)
+    assert b.state == "closed" and b.failures == 0
+    b.before().success()  # healthy traffic flows
+
+
+def test_a_trial_refused_for_its_input_closes_the_breaker() -> None:
+    clock = Clock()
+    b = _half_open(clock)
+    settle(b.before(), RequestError("text is empty", param="text"))  # INVALID: the stage answered
+    assert b.state == "closed" and not b.trial_in_flight
+    b.before()
+    b.before()  # closed: every call passes, no trial
+
+
+def test_a_failed_trial_reopens_and_the_next_cooldown_gives_a_new_trial() -> None:
+    clock = Clock()
+    b = _half_open(clock)
+    settle(b.before(), RequestError("engine step failed", ErrorKind.INTERNAL))
+    assert b.state == "open" and not b.trial_in_flight
+    clock.t = 21.0
+    assert b.before().trial
+
+
+@pytest.mark.parametrize("first", ["success", "failure", "release"])
+def test_a_breaker_call_settles_exactly_once(first: str) -> None:
+    clock = Clock()
+    b = _half_open(clock)
+    call = b.before()
+    getattr(call, first)()
+    assert call.settled
+    state = (b.state, b.failures, b.trial_in_flight, b.opened_at, b.opened_total)
+    for later in ("success", "failure", "release", "success", "failure"):
+        getattr(call, later)()  # every other path of the call (finally blocks, error handlers) is a no-op
+        assert (b.state, b.failures, b.trial_in_flight, b.opened_at, b.opened_total) == state
+    settle(call, RequestError("engine step failed", ErrorKind.INTERNAL))
+    assert (b.state, b.failures, b.trial_in_flight, b.opened_at, b.opened_total) == state
+
+
+def test_a_breaker_call_settles_once_across_threads() -> None:
+    b = CircuitBreaker("engine", failure_threshold=1000, cooldown_s=10.0)
+    call = b.before()
+    barrier = threading.Barrier(8)
+
+    def fail() -> None:
+        barrier.wait()
+        call.failure()
+
+    workers = [threading.Thread(target=fail) for _ in range(8)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    assert b.failures == 1
