@@ -25,7 +25,7 @@ from chattts_serving import contract
 from chattts_serving.errors import ErrorKind, RequestError
 from chattts_serving.runtime import Artifacts
 from chattts_serving.serving.entry import EntryService
-from chattts_serving.serving.pipeline import GenerateCall, TokenBatch
+from chattts_serving.serving.pipeline import GenerateCall, StreamResult, TokenBatch, stream_audio
 from chattts_serving.serving.profile import Profile, load_profile
 
 TEXT = "今天天气很好。"
@@ -350,3 +350,38 @@ def test_the_watchdog_leaves_queued_streams_alone_while_others_progress() -> Non
     running.last_activity -= 11.0  # now nothing has moved for longer than stall_s
     watcher.poll()
     assert sorted(stalled) == ["running", "waiting"]
+
+
+class _WatchFails:
+    """A :class:`~chattts_serving.serving.pipeline.StreamOutput` whose cancel watcher cannot
+    be set up (in the server: the watcher thread refuses a new stream)."""
+
+    def __init__(self) -> None:
+        self.chunks: list[np.ndarray] = []
+
+    def audio(self, chunk: np.ndarray, result: StreamResult) -> None:
+        self.chunks.append(chunk)
+
+    def cancelled(self) -> bool:
+        return False
+
+    def progress(self) -> None:
+        pass
+
+    def watch(self, on_cancel: Any) -> Any:
+        raise RuntimeError("cannot watch this stream")
+
+
+def test_a_stream_whose_cancel_watch_fails_still_ends_its_engine_sequence(stages: InProcessStages) -> None:
+    service, _ = _service(stages)
+    job = service.admit(_tensors(max_new_tokens=600, min_new_tokens=600), {}, "w")
+    generated = stages.calls["generate"]
+    try:
+        with pytest.raises(RuntimeError, match="cannot watch"):
+            stream_audio(job, stages, _WatchFails())
+        assert stages.calls["generate"] == generated + 1  # the sequence was started, then the watch failed
+        assert stages.engine.live_count() == 0, "the engine sequence was left running"
+        assert all(t.sink.done for t in stages.token_streams)
+    finally:
+        for t in list(stages.token_streams):
+            t.cancel()  # leave the shared engine clean whatever happened
