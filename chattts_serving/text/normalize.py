@@ -15,10 +15,14 @@ would delete carries meaning:
   module constants): ``a-b`` is a score (四比零) after or before score words (:data:`SCORE_BEFORE`,
   :data:`SCORE_AFTER`, :data:`SCORE_SENTENCE`) or when ``a >= b``, else a range (三到五天); a
   colon is a time (十点三十分), a score after 比分, a ratio between small numbers (三比二), a
-  duration after 成绩/用时; a number after 电话/卡号/拨打 (:data:`IDENTIFIER_BEFORE`), in spaced
-  digit groups or of 12 digits and more is an identifier read digit by digit with 幺 and a
-  pause between groups; a lone 2 reads 两 before a measure word but 二 in 第2, 2号, 2楼, 2两;
-  ``N+`` reads N多; a unit written after a time (17:20分) or an amount (¥100元) is read once.
+  duration after 成绩/用时, minutes and seconds before 秒 or after a countdown word (倒计时05:00);
+  ``a/b`` is a fraction or a month and day as its context words say (:func:`_zh_slash_date`:
+  大约11/12的时间, 截止12/31), with or without the library; a number after 电话/卡号/拨打
+  (:data:`IDENTIFIER_BEFORE`), in spaced digit groups or of 12 digits and more is an identifier
+  read digit by digit with 幺 and a pause between groups; a lone 2 reads 两 before a measure
+  word but 二 in 第2, 2号, 2楼, 2两; ``N+`` and ``N万+`` read N多; ``8k`` reads 八千; a unit
+  written after a time (17:20分, 12:00点) or an amount (¥100元, €1.2亿元) is read once; a range
+  of amounts, dates or negative numbers keeps its 到 (¥100-200, 3/5-3/8, -10~-5℃).
 * Full-width letters, digits and punctuation are folded to half-width first, and characters
   with a readable form are replaced by it (Kangxi radicals and enclosed ideographs by their
   ideograph, 〇 by 零, ㎡ by m², Greek letters by their names); punctuation is then mapped to
@@ -511,7 +515,7 @@ _RULES: Final = [
     ("phone", r"(?P<phone>(?<![\d+])(?:\+?86[-\s]?)?1[3-9]\d(?:[-\s]?\d{4}){2}(?!\d)"
               r"|(?<!\d)0\d{2,3}-\d{7,8}(?!\d)"
               r"|(?<!\d)0\d{2,3}-\d{3,4}[-\s]\d{4}(?!\d)"
-              r"|\(0\d{2,3}\)\s?(?:\d{7,8}|\d{3,4}[-\s]\d{4})(?!\d)"
+              r"|\(0\d{1,3}\)[-\s]?(?:\d{7,8}|\d{3,4}[-\s]\d{4})(?!\d)"
               r"|(?<![\d+])[48]00[-\s]?\d{3}[-\s]?\d{4}(?!\d)"
               r"|(?<![\d+-])\d{3,4}(?:-\d{3,4}){2,}(?![\d-])"
               r"|(?<![\d*])\d{3}\*{3,4}\d{4}(?![\d*])"
