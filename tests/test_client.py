@@ -208,6 +208,8 @@ def test_cli_writes_wav_and_json(triton_server: Any, tmp_path: Path) -> None:
         frames = w.getnframes()
     assert frames == contract.samples_for_tokens(server["tokens"]) and 0 < server["tokens"] <= 60
     assert round(frames / contract.SAMPLE_RATE_HZ, 3) == server["audio_s"]
+    # The summary's duration is the audio written, to the sample (one sample is 4.2e-5 s).
+    assert summary["audio_s"] == pytest.approx(frames / contract.SAMPLE_RATE_HZ, abs=1e-6)
     assert summary["chunks"] == server["chunks"]
     assert summary["capped_segments"] == server["capped_segments"]
 

@@ -333,7 +333,9 @@ def test_prometheus_scrapes_series_and_evaluates_rules_and_dashboard(triton_serv
     assert prom.scalar("max(tts_kv_cache_usage_ratio)") == 0.0  # the engine released its KV cache when idle
     # The degraded gauge of each entry model is exactly the state its last degraded_mode log
     # line announced, 0 when it never switched (this load, 3 streams at a time, is far below
-    # the cpu profile's live_high of 48).
+    # the cpu profile's live_high of 48). Here that checks the series Prometheus holds per
+    # model and their idle value; that a switch sets the gauge (and back) is checked where the
+    # load switches it, tests/test_overload.py (it fails when set_degraded does nothing).
     degraded = {s["metric"]["model"]: float(s["value"][1]) for s in prom.query("tts_degraded_mode")}
     switches = [e for e in _event_lines(triton_server.log_path) if e["event"] == "degraded_mode"]
     expected = {m: float(next((e["degraded"] for e in reversed(switches) if e["model"] == m), False))
