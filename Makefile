@@ -83,6 +83,7 @@ gateway: setup  ## OpenAI /v1/audio/speech, the WebSocket stream and its page (/
 	$(PY) -m chattts_serving.gateway --triton-url 127.0.0.1:$(GRPC_PORT) --port $(GATEWAY_PORT) $(GATEWAY_ARGS)
 
 soak: setup  ## N minutes at concurrency K (MINUTES, CONCURRENCY, ARTIFACTS) -> results/soak.json; fails unless 0 lost, 0 failed, server agrees
+	$(if $(filter artifacts/small,$(ARTIFACTS)),$(PY) -m chattts_serving.export --synthetic --size small --quiet)
 	$(PY) scripts/soak.py --artifacts $(ARTIFACTS) --minutes $(or $(MINUTES),30) --concurrency $(or $(CONCURRENCY),8)
 
 clean:  ## remove build outputs (keeps the venv)

@@ -45,7 +45,7 @@ from chattts_serving.bench.outcomes import FAILURES, Outcome, classify_error, co
 from chattts_serving.bench.serverload import busy_gauges, scrape, wait_idle
 from chattts_serving.bench.stats import diff_samples
 from chattts_serving.client import SynthesisRequest, iter_chunks, synthesize_stream
-from chattts_serving.contract import MODEL_STREAM
+from chattts_serving.contract import MANIFEST, MODEL_STREAM
 from chattts_serving.deploy.render import render_repository
 from chattts_serving.deploy.server import TritonServer
 from chattts_serving.serving.profile import load_profile
@@ -149,6 +149,10 @@ def main() -> int:
     ap.add_argument("--timeout-s", type=float, default=120.0, help="client timeout of one stream (s)")
     ap.add_argument("--out", type=Path, default=Path("results/soak.json"))
     args = ap.parse_args()
+    if not (args.artifacts / MANIFEST).is_file():
+        print(f"soak: no exported artifacts in {args.artifacts} (no {MANIFEST}): run "
+              "`make export-small` (or pass --artifacts)", file=sys.stderr)
+        return 2
     work = Path(tempfile.mkdtemp(prefix="chattts-soak-"))
     render_repository(load_profile("cpu"), args.artifacts, work / "repo")
     ports = _port(), _port(), _port()
