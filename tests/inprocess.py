@@ -163,8 +163,8 @@ class RecordingObserver:
         self.queue: list[int] = []
         self.degraded: list[bool] = []
 
-    def rejected(self, reason: str) -> None:
-        self.rejections.append(reason)
+    def rejected(self, reason: str, count: int = 1) -> None:
+        self.rejections.extend([reason] * count)
 
     def finished(self, status: str, priority: str, duration_s: float, audio_s: float, ttfa_s: float | None) -> None:
         self.finishes.append((status, priority, duration_s, audio_s, ttfa_s))

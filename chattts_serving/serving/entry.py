@@ -16,6 +16,7 @@ metrics and the response channel; tests provide in-process ones.
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -42,8 +43,8 @@ class EntryObserver(Protocol):
     """Request-level measurements of an entry model (Prometheus in the server:
     :class:`chattts_serving.triton.metrics.EntryMetrics`)."""
 
-    def rejected(self, reason: str) -> None:
-        """A request was refused before any work ('busy' or 'invalid')."""
+    def rejected(self, reason: str, count: int = 1) -> None:
+        """``count`` requests were refused before any work ('busy' or 'invalid')."""
 
     def finished(self, status: str, priority: str, duration_s: float, audio_s: float, ttfa_s: float | None) -> None:
         """An accepted request ended with ``status`` ('ok', 'cancelled', 'error', 'invalid')."""
@@ -62,6 +63,64 @@ class Outcome:
 
     result: StreamResult | None
     error: RequestError | None
+
+
+class RefusalRecorder:
+    """Counts and logs refusals off the refusal path, after their errors were sent.
+
+    Under overload "busy" answers come in bursts (200 clients at once in ``make bench``), and in
+    Triton every metric update is a round trip from the model's process to the server's, through
+    the same channel as the refusals still being sent. :meth:`add` only queues; one thread waits
+    until no refusal has arrived for ``settle_s`` seconds (at most ``max_delay_s`` after the
+    first of a burst), then makes one ``observer.rejected(reason, count)`` call per reason and
+    writes one ``request_rejected`` log line per request. A queued refusal is therefore counted
+    about ``max_delay_s`` (plus one such update) after it was sent at the latest;
+    :meth:`record` counts one at once, on the caller's thread.
+    """
+
+    def __init__(self, model: str, observer: EntryObserver, settle_s: float = 0.01,
+                 max_delay_s: float = 0.1) -> None:
+        self.model, self.observer = model, observer
+        self.settle_s, self.max_delay_s = settle_s, max_delay_s
+        self._queue: queue.SimpleQueue[tuple[str, RequestError]] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        threading.Thread(target=self._loop, name="refusal-record", daemon=True).start()
+
+    def add(self, request_id: str, exc: RequestError) -> None:
+        """A refusal whose error has been sent: count and log it soon."""
+        self._queue.put((request_id, exc))
+
+    def record(self, request_id: str, exc: RequestError) -> None:
+        """Count and log one refusal now (a refusal off the busy path, e.g. invalid input)."""
+        with self._lock:
+            self._record([(request_id, exc)])
+
+    def _record(self, items: list[tuple[str, RequestError]]) -> None:
+        counts: dict[str, int] = {}
+        for _, exc in items:
+            reason = rejection_reason(exc)
+            counts[reason] = counts.get(reason, 0) + 1
+        for reason, n in counts.items():
+            self.observer.rejected(reason, n)
+        for request_id, exc in items:
+            log_event("request_rejected", level="warning", model=self.model, request_id=request_id,
+                      reason=rejection_reason(exc), status=exc.kind, message=str(exc))
+
+    def _loop(self) -> None:
+        while True:
+            first = self._queue.get()
+            items = [first]
+            deadline = time.monotonic() + self.max_delay_s
+            while (left := deadline - time.monotonic()) > 0:
+                try:
+                    items.append(self._queue.get(timeout=min(self.settle_s, left)))
+                except queue.Empty:
+                    break  # the burst has settled
+            try:
+                with self._lock:
+                    self._record(items)
+            except Exception:  # a failing metric or log call must not stop the recorder
+                log.exception("refusal recorder")
 
 
 class EntryService:
@@ -84,6 +143,7 @@ class EntryService:
                           Admission(profile, entry.max_concurrent_streams, on_degrade_switch=self._on_switch))
         self.watcher = None if offline else CancelWatcher(entry.cancel_poll_interval_s, entry.stall_timeout_s,
                                                           self._stalled, entry.cancel_polls_per_s)
+        self.refusals = RefusalRecorder(model, observer)
         self._waiting = 0
         self._lock = threading.Lock()
         # Re-evaluate the degraded mode once a second too, not only on arrivals: a server
@@ -93,7 +153,7 @@ class EntryService:
     # ---- admission -------------------------------------------------------------------------
     def reserve(self) -> RequestError | None:
         """Take a slot for a request that has just arrived, before reading anything of it:
-        None when taken, else the BUSY error to send at once (then :meth:`rejected`)."""
+        None when taken, else the BUSY error to send at once (then :meth:`refused`)."""
         return self.admission.reserve()
 
     def admit(self, inputs: Mapping[str, np.ndarray], params: Mapping[str, object], request_id: str,
@@ -114,11 +174,13 @@ class EntryService:
         return job
 
     def rejected(self, request_id: str, exc: RequestError) -> None:
-        """Count and log a request refused before any work (after its error was sent)."""
-        reason = rejection_reason(exc)
-        self.observer.rejected(reason)
-        log_event("request_rejected", level="warning", model=self.model, request_id=request_id,
-                  reason=reason, status=exc.kind, message=str(exc))
+        """Count and log a request refused before any work, now (the admission path)."""
+        self.refusals.record(request_id, exc)
+
+    def refused(self, request_id: str, exc: RequestError) -> None:
+        """A :meth:`reserve` refusal whose error has been sent: counted and logged by the
+        :class:`RefusalRecorder` once the burst it belongs to has settled."""
+        self.refusals.add(request_id, exc)
 
     # ---- streaming ---------------------------------------------------------------------------
     def stream(self, job: SynthesisJob, channel: ResponseChannel) -> None:

@@ -217,10 +217,10 @@ class EntryMetrics:
                 self.audio.increment(audio_s)
             self.memory.maybe_update()
 
-    def rejected(self, reason: str) -> None:
+    def rejected(self, reason: str, count: int = 1) -> None:
         with self.lock:
             if not self._closed:
-                self._counter("rejected", reason=reason).increment(1.0)
+                self._counter("rejected", reason=reason).increment(float(count))
 
     def set_queue(self, waiting: int) -> None:
         with self.lock:

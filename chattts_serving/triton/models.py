@@ -282,7 +282,9 @@ class EntryModel(TritonModel):
     for metrics) delays every refusal queued behind it. Here ``execute`` takes a slot or not
     (:meth:`EntryService.reserve`, a counter), queues the refusal on the refusal threads or
     the request on the workers, and returns; the busy error is sent first, counted and logged
-    after (measured in ``make bench``: ``busy_p99_s_saturated``).
+    after the burst has settled (:class:`~chattts_serving.serving.entry.RefusalRecorder`: one
+    metric update per burst instead of one round trip per refusal; measured in
+    ``make bench``: ``busy_p99_s_saturated``).
     """
 
     offline: ClassVar[bool] = False
@@ -308,7 +310,7 @@ class EntryModel(TritonModel):
 
     def _refuse(self, request: Any, sender: Any, busy: RequestError) -> None:
         send_final_error(self.pb, sender, busy)
-        self.service.rejected(request.request_id(), busy)
+        self.service.refused(request.request_id(), busy)
 
     def _serve(self, request: Any, sender: Any, arrival_s: float) -> None:
         """Admit a request that holds a slot and run it to its end (on a worker thread)."""
