@@ -1,14 +1,18 @@
 """The overload burst: many clients send one stream request at the same moment.
 
-``clients`` gRPC clients (one channel each, connected and warmed first) each send one
-streaming request to ``chattts`` at once; the server admits as many as it has stream slots and
-must refuse the rest with an explicit "busy" error at once. Measured from each request's send:
-the time to its refusal (busy) or to its first audio (accepted), every refusal's kind, and
-whether every request ended (audio then final response, or one error). ``make bench`` runs it
-as a phase (``bench.run``): once on an idle server and once with every stream slot held by long
-streams, written into ``bench.json`` as ``busy_p99_s_burst`` and ``busy_p99_s_saturated``
-(issue: at most 0.1 s on 2 cores with every slot taken by full-size streams), the whole
-summaries, accepted streams' TTFA included, under ``burst.burst`` and ``burst.saturated``.
+``clients`` gRPC clients (one channel each, connected and warmed first) each open a stream to
+``chattts`` and then, all at one start signal, send one request on it; the server admits as
+many as it has stream slots and must refuse the rest with an explicit "busy" error at once.
+Measured from each request's send (the moment gRPC takes the request message to write it on its
+open stream): the time to its refusal (busy) or to its first audio (accepted), every refusal's
+kind, and whether every request ended (audio then final response, or one error); also from the
+start signal (``busy_p99_s_from_start``: what one load-generating process adds by sending 200
+requests itself). ``rounds`` bursts run one after another on the same server (with ``hold``,
+the same held streams) and are pooled. ``make bench`` runs it as a phase (``bench.run``): on an
+idle server and with every stream slot held by long streams, written into ``bench.json`` as
+``busy_p99_s_burst`` and ``busy_p99_s_saturated`` (issue: at most 0.1 s on 2 cores with every
+slot taken by full-size streams), the whole summaries, accepted streams' TTFA and each round's
+busy p99 included, under ``burst.burst`` and ``burst.saturated``.
 
 ``python -m chattts_serving.bench.burst --url 127.0.0.1:8001 --clients 200`` runs it against a
 running server and prints the JSON summary.
@@ -36,13 +40,17 @@ DEFAULT_TEXT = "今天天气很好，我们一起去公园散步吧。"
 @dataclass
 class Outcome:
     """One burst request: seconds from its send to its first response (audio or error) and to
-    its end, its error kind (None when it streamed audio to the end) and its message."""
+    its end, its error kind (None when it streamed audio to the end) and its message;
+    ``sent_at`` is its send (``time.perf_counter()``; 0.0 until sent), ``sent_after_start_s``
+    its send after the burst's start signal."""
 
     first_s: float | None = None
     end_s: float | None = None
     kind: str | None = None
     message: str = ""
     audio_samples: int = 0
+    sent_at: float = 0.0
+    sent_after_start_s: float | None = None
 
 
 def _inputs(request: SynthesisRequest) -> list[Any]:
@@ -58,19 +66,22 @@ def _inputs(request: SynthesisRequest) -> list[Any]:
 
 async def _one(client: Any, request: SynthesisRequest, start: asyncio.Event, timeout_s: float,
                out: Outcome | None = None) -> Outcome:
-    """Send ``request`` once ``start`` is set and follow its stream to the end; ``out``
-    (optional) is filled as the stream goes, for a caller that watches it."""
+    """Open a stream now, send ``request`` on it once ``start`` is set and follow the stream
+    to the end; ``out`` (optional) is filled as the stream goes, for a caller that watches it.
+    Times count from the moment gRPC takes the request to write it (``out.sent_at``): the
+    client's own work for the other requests of a burst before that is not the server's."""
     out = out if out is not None else Outcome()
+    inputs = _inputs(request)
 
     async def requests() -> AsyncIterator[dict[str, Any]]:
-        yield {"model_name": contract.MODEL_STREAM, "inputs": _inputs(request), "request_id": request.request_id or "",
+        await start.wait()
+        out.sent_at = time.perf_counter()
+        yield {"model_name": contract.MODEL_STREAM, "inputs": inputs, "request_id": request.request_id or "",
                "enable_empty_final_response": True}
 
-    await start.wait()
-    t0 = time.perf_counter()
     try:
         async for result, error in client.stream_infer(requests(), stream_timeout=timeout_s):
-            now = time.perf_counter() - t0
+            now = time.perf_counter() - out.sent_at  # a response follows its request: sent_at is set
             if error is not None:
                 kind, message = decode(error.message())
                 exc = ClientError(error.message(), error.status())
@@ -106,22 +117,25 @@ def _accepted_waiting(metrics_url: str) -> int:
 
 async def run_burst(url: str, clients: int, tokens: int, text: str = DEFAULT_TEXT, timeout_s: float = 600.0,
                     hold: int = 0, hold_tokens: int = 2048, metrics_url: str | None = None,
-                    hold_wait_s: float = 120.0) -> dict[str, Any]:
-    """Connect ``clients`` clients, then send one request each at the same moment (``tokens``
-    new tokens each). With ``hold``, first start that many long streams (``hold_tokens`` each)
-    and wait until each has been accepted, so that the burst meets a server already saturated;
-    they are cancelled after the burst. A held stream counts as accepted once it has sent
-    audio or, with ``metrics_url`` (Triton's ``/metrics``), as soon as the server counts it
-    among its accepted streams waiting for audio (the engine decodes at most its batch size at
-    once: the rest of the held streams wait there without audio). Waits at most
-    ``hold_wait_s`` seconds (``hold_ready`` in the summary says whether every one was accepted).
-    Returns the summary (see the module docstring)."""
+                    hold_wait_s: float = 120.0, rounds: int = 1, pause_s: float = 1.0) -> dict[str, Any]:
+    """Connect ``clients`` clients, then send one request each at the same moment (``tokens`` new
+    tokens each), ``rounds`` times, ``pause_s`` seconds apart (each round waits until all its
+    requests have ended); the summary pools the rounds. With ``hold``, first start that many
+    long streams (``hold_tokens`` each) and wait until each has been accepted, so that the
+    bursts meet a server already saturated; they are cancelled after the last. A held stream
+    counts as accepted once it has sent audio or, with ``metrics_url`` (Triton's ``/metrics``),
+    as soon as the server counts it among its accepted streams waiting for audio (the engine
+    decodes at most its batch size at once: the rest of the held streams wait there without
+    audio). Waits at most ``hold_wait_s`` seconds (``hold_ready`` in the summary says whether
+    every one was accepted). Returns the summary (see the module docstring)."""
     import tritonclient.grpc.aio as aio
 
     conns = [aio.InferenceServerClient(url) for _ in range(clients + hold)]
     held: list[asyncio.Task[Outcome]] = []
     hold_ready: bool | None = None
     held_running = 0
+    pooled: list[Outcome] = []
+    round_p99: list[float | None] = []
     try:
         await asyncio.gather(*(c.is_server_live() for c in conns))  # every channel connected
         if hold:
@@ -135,24 +149,40 @@ async def run_burst(url: str, clients: int, tokens: int, text: str = DEFAULT_TEX
             give_up = time.perf_counter() + hold_wait_s
             while not (hold_ready := _held_accepted(outs, metrics_url)) and time.perf_counter() < give_up:
                 await asyncio.sleep(0.1)
-        start = asyncio.Event()
-        tasks = [asyncio.create_task(_one(c, SynthesisRequest(text=text, max_new_tokens=tokens, min_new_tokens=tokens,
-                                                              request_id=f"burst-{i}"), start, timeout_s))
-                 for i, c in enumerate(conns[:clients])]
-        await asyncio.sleep(0.2)  # every task waits at the start line
-        start.set()
-        outcomes = await asyncio.gather(*tasks)
+        for r in range(rounds):
+            if r:
+                await asyncio.sleep(pause_s)
+            outcomes = await _round(conns[:clients], tokens, text, timeout_s, tag=f"burst-{r}")
+            pooled.extend(outcomes)
+            round_p99.append(summarize(outcomes)["busy_p99_s"])
         held_running = sum(1 for t in held if not t.done())
     finally:
         for t in held:
             t.cancel()
         await asyncio.gather(*held, return_exceptions=True)
         await asyncio.gather(*(c.close() for c in conns), return_exceptions=True)
-    summary = summarize(outcomes)
+    summary = summarize(pooled)
+    summary.update({"rounds": rounds, "round_busy_p99_s": round_p99})
     if hold:
         summary.update({"hold": hold, "hold_tokens": hold_tokens, "hold_ready": hold_ready,
                         "held_running_at_end": held_running})
     return summary
+
+
+async def _round(conns: list[Any], tokens: int, text: str, timeout_s: float, tag: str) -> list[Outcome]:
+    """One burst: a stream opened on each client, then one request sent on each at once."""
+    start = asyncio.Event()
+    outs = [Outcome() for _ in conns]
+    tasks = [asyncio.create_task(_one(c, SynthesisRequest(text=text, max_new_tokens=tokens, min_new_tokens=tokens,
+                                                          request_id=f"{tag}-{i}"), start, timeout_s, outs[i]))
+             for i, c in enumerate(conns)]
+    await asyncio.sleep(0.2)  # every stream open, waiting at the start line
+    start_at = time.perf_counter()
+    start.set()
+    await asyncio.gather(*tasks)
+    for o in outs:
+        o.sent_after_start_s = o.sent_at - start_at if o.sent_at else None
+    return outs
 
 
 def _held_accepted(outs: list[Outcome], metrics_url: str | None) -> bool:
@@ -166,6 +196,8 @@ def _held_accepted(outs: list[Outcome], metrics_url: str | None) -> bool:
 def summarize(outcomes: list[Outcome]) -> dict[str, Any]:
     """Counts by outcome, busy-refusal latency and accepted streams' TTFA (s): p50, p99, max."""
     busy = [o.first_s for o in outcomes if o.kind == ErrorKind.BUSY and o.first_s is not None]
+    busy_from_start = [o.first_s + o.sent_after_start_s for o in outcomes
+                       if o.kind == ErrorKind.BUSY and o.first_s is not None and o.sent_after_start_s is not None]
     ok = [o for o in outcomes if o.kind is None and o.end_s is not None]
     ttfa = [o.first_s for o in ok if o.first_s is not None]
     kinds: dict[str, int] = {}
@@ -177,6 +209,7 @@ def summarize(outcomes: list[Outcome]) -> dict[str, Any]:
         "lost": sum(1 for o in outcomes if o.end_s is None and o.kind is None),
         "busy_p50_s": percentile(busy, 50) if busy else None, "busy_p99_s": percentile(busy, 99) if busy else None,
         "busy_max_s": max(busy) if busy else None,
+        "busy_p99_s_from_start": percentile(busy_from_start, 99) if busy_from_start else None,
         "busy_before_first_accepted_end": (all(b <= first_final for b in busy)
                                            if busy and first_final is not None else None),
         "accepted_ttfa_p50_s": percentile(ttfa, 50) if ttfa else None,
@@ -192,12 +225,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tokens", type=int, default=16)
     ap.add_argument("--text", default=DEFAULT_TEXT)
     ap.add_argument("--hold", type=int, default=0, help="long streams started (and accepted) before the burst")
+    ap.add_argument("--rounds", type=int, default=1, help="bursts one after another, pooled in the summary")
     ap.add_argument("--metrics-url", default=None,
                     help="Triton's metrics, e.g. http://127.0.0.1:8002/metrics: held streams count as accepted "
                          "while they wait for the engine (else only once they send audio)")
     args = ap.parse_args(argv)
     summary = asyncio.run(run_burst(args.url, args.clients, args.tokens, args.text, hold=args.hold,
-                                    metrics_url=args.metrics_url))
+                                    metrics_url=args.metrics_url, rounds=args.rounds))
     json.dump(summary, sys.stdout, indent=1, ensure_ascii=False)
     print()
     return 0

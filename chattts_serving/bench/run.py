@@ -64,12 +64,13 @@ from .wsload import WS_FIGURES, ws_figures
 SMOKE_ARTIFACTS = Path("artifacts/small")
 SMOKE: dict[str, Any] = {"levels": (1, 2, 16), "tokens": 16, "baseline_requests": 2, "stream_requests": 1,
                          "batched_repeats": 1, "baseline_batch": 4, "raw_repeats": 5, "pipeline_repeats": 3,
-                         "frontend_repeats": 2, "open_loop_requests": 6, "burst_clients": 16, "hold_tokens": 256}
+                         "frontend_repeats": 2, "open_loop_requests": 6, "burst_clients": 16, "burst_rounds": 2,
+                         "hold_tokens": 256}
 """``--smoke``: small artifacts, tiny load; exercises every part in a minute or two."""
 FULL: dict[str, Any] = {"levels": (1, 2, 3, 4, 6, 8, 16), "tokens": 100, "baseline_requests": 4,
                         "stream_requests": 2, "batched_repeats": 2, "baseline_batch": 16, "raw_repeats": 20,
                         "pipeline_repeats": 3, "frontend_repeats": 20, "open_loop_requests": 60, "burst_clients": 200,
-                        "hold_tokens": 2048}
+                        "burst_rounds": 5, "hold_tokens": 2048}
 """The full run's sizes: about 15 minutes on 2 cores for two profiles (README "Performance")."""
 DEFAULT_PROFILES = ("cpu", "cpu-int8")
 """Profiles benchmarked by default, those of them that exist (the first is the default profile)."""
@@ -107,6 +108,7 @@ class Config:
     frontend_repeats: int
     open_loop_requests: int
     burst_clients: int
+    burst_rounds: int
     hold_tokens: int
     out: Path
     smoke: bool
@@ -187,6 +189,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="timed passes over the sentences of the front-end measurement (20)")
     p.add_argument("--open-loop-requests", type=int, default=None, help="open-loop arrivals (60; 0 skips)")
     p.add_argument("--burst-clients", type=int, default=None, help="clients of the overload burst (200; 0 skips)")
+    p.add_argument("--burst-rounds", type=int, default=None, help="bursts per server state, pooled (5)")
     p.add_argument("--hold-tokens", type=_positive, default=None,
                    help="token budget of the streams that hold every slot in the saturated burst (2048)")
     p.add_argument("--no-as-deployed", action="store_true",
@@ -228,7 +231,8 @@ def resolve(args: argparse.Namespace) -> Config:
                                                                                  "pipeline_repeats"),
         frontend_repeats=pick(args.frontend_repeats, "frontend_repeats"),
         open_loop_requests=pick(args.open_loop_requests, "open_loop_requests"),
-        burst_clients=pick(args.burst_clients, "burst_clients"), hold_tokens=pick(args.hold_tokens, "hold_tokens"),
+        burst_clients=pick(args.burst_clients, "burst_clients"), burst_rounds=pick(args.burst_rounds, "burst_rounds"),
+        hold_tokens=pick(args.hold_tokens, "hold_tokens"),
         out=args.out, smoke=smoke, skip_baseline=bool(args.skip_baseline), as_deployed=not args.no_as_deployed,
         label=args.label, gateway_levels=() if args.skip_gateway else GATEWAY_LEVELS)
 
@@ -403,11 +407,12 @@ def _burst_phase(ctx: PhaseContext) -> Any:
     out: dict[str, Any] = {}
     hold = s.profile.entry.max_concurrent_streams
     for name, kwargs in (("burst", {}), ("saturated", {"hold": hold, "hold_tokens": cfg.hold_tokens})):
-        s.progress(f"server burst ({name}): {cfg.burst_clients} clients, {BURST_TOKENS} tokens each"
+        s.progress(f"server burst ({name}): {cfg.burst_rounds} x {cfg.burst_clients} clients, "
+                   f"{BURST_TOKENS} tokens each"
                    + (f", after {hold} streams of {cfg.hold_tokens} tokens hold every slot" if kwargs else ""))
         window = s.monitor.begin()
         summary = asyncio.run(run_burst(s.grpc_url, cfg.burst_clients, BURST_TOKENS, timeout_s=s.timeout_s,
-                                        metrics_url=s.metrics_url, **kwargs))
+                                        metrics_url=s.metrics_url, rounds=cfg.burst_rounds, **kwargs))
         usage = s.monitor.end(window)
         out[name] = {**summary, "other_cpu_percent": usage["other_cpu_percent"], "cpu_percent": usage["cpu_percent"]}
         s.progress(f"server burst ({name}): {summary['outcomes']}, busy p99 {summary['busy_p99_s']} s")
@@ -576,6 +581,7 @@ def run(cfg: Config) -> dict[str, Any]:
             "baseline_batch": cfg.baseline_batch, "batched_repeats": cfg.batched_repeats,
             "pipeline_batch": PIPELINE_BATCH, "pipeline_repeats": cfg.pipeline_repeats,
             "open_loop_requests": cfg.open_loop_requests, "burst_clients": cfg.burst_clients,
+            "burst_rounds": cfg.burst_rounds,
             "burst_tokens": BURST_TOKENS, "hold_tokens": cfg.hold_tokens, "as_deployed": cfg.as_deployed,
             "voice_seed": cfg.voice_seed, "sentences": len(sentences), "smoke": cfg.smoke, "label": cfg.label,
             "engine_max_batch_size": default.engine.max_batch_size,
