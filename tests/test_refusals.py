@@ -1,7 +1,10 @@
-"""The refusal recorder: "busy" refusals are counted and logged after their errors were sent,
-a burst with one metric update per reason (each update is a round trip to the server in
-Triton), every refused request still counted and logged once. The real server's count of a
-burst's refusals is checked in test_overload.py."""
+"""The refusal path's two helpers. The recorder: "busy" refusals are counted and logged after
+their errors were sent, a burst with one metric update per reason (each update is a round trip
+to the server in Triton), every refused request still counted and logged once. Refusals
+first: an accepted request's work starts once its burst's refusals are sent and arrivals have
+settled, or at the latest ``max_wait_s`` after its arrival. The real server's count of a
+burst's refusals, and their order before the accepted streams' ends, are checked in
+test_overload.py."""
 
 from __future__ import annotations
 
@@ -14,6 +17,7 @@ from collections.abc import Iterator
 import pytest
 
 from chattts_serving.errors import ErrorKind, RequestError
+from chattts_serving.serving.admission import RefusalsFirst
 from chattts_serving.serving.entry import RefusalRecorder
 from chattts_serving.serving.logs import log_event
 
@@ -120,3 +124,55 @@ def test_record_counts_and_logs_at_once_on_the_callers_thread(events: EventLines
     assert observer.calls == [("invalid", 1)]  # no wait: the admission path's refusals
     assert [(line["request_id"], line["model"], line["reason"], line["message"]) for line in events.lines] == [
         ("x", "chattts_offline", "invalid", "temperature must be in (0, 2]")]
+
+
+# --- refusals first: accepted work waits for the burst's refusals ----------------------------
+def _waiter(gate: RefusalsFirst, arrival_s: float, log: list[str]) -> threading.Event:
+    done = threading.Event()
+
+    def run() -> None:
+        gate.wait(arrival_s)
+        log.append("admitted")
+        done.set()
+    threading.Thread(target=run, daemon=True).start()
+    return done
+
+
+def test_an_accepted_request_waits_until_the_refusals_of_its_burst_are_sent() -> None:
+    gate = RefusalsFirst(settle_s=0.0, max_wait_s=60.0)
+    log: list[str] = []
+    now = time.monotonic()
+    gate.arrived(False, now)  # the accepted request
+    for _ in range(3):
+        gate.arrived(True, now)  # three refusals behind it
+    done = _waiter(gate, now, log)
+    assert not done.wait(0.2) and gate.pending == 3
+    for _ in range(3):
+        log.append("sent")
+        gate.sent()
+    assert done.wait(30) and log == ["sent", "sent", "sent", "admitted"] and gate.pending == 0
+
+
+def test_the_wait_ends_at_max_wait_even_if_a_refusal_is_never_sent() -> None:
+    gate = RefusalsFirst(settle_s=0.0, max_wait_s=0.05)
+    gate.arrived(True, time.monotonic())
+    assert _waiter(gate, time.monotonic(), []).wait(30)
+    assert gate.pending == 1
+
+
+def test_arrivals_still_coming_hold_the_accepted_work_until_they_settle() -> None:
+    gate = RefusalsFirst(settle_s=1.0, max_wait_s=60.0)
+    log: list[str] = []
+    gate.arrived(False, time.monotonic())
+    done = _waiter(gate, time.monotonic(), log)
+    for _ in range(10):  # a burst still arriving, every 10 ms: far under settle_s apart
+        gate.arrived(False, time.monotonic())
+        log.append("arrival")
+        time.sleep(0.01)
+    assert done.wait(30) and log[-1] == "admitted" and log.count("arrival") == 10
+
+
+def test_a_request_alone_is_not_held_once_settled() -> None:
+    gate = RefusalsFirst(settle_s=0.0, max_wait_s=60.0)
+    gate.arrived(False, time.monotonic())
+    assert _waiter(gate, time.monotonic(), []).wait(30)  # no refusal pending, nothing arriving

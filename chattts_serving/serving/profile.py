@@ -123,8 +123,11 @@ class EntryProfile(_Strict):
     breaker, the stall watchdog, how often live streams are polled for client cancels
     (``cancel_poll_interval_s``, and at most ``cancel_polls_per_s`` polls a second in all:
     :class:`~chattts_serving.serving.lifecycle.CancelWatcher`), the threads that send "busy"
-    refusals, and ``chattts_offline``'s requests per instance (``offline_threads``: its
-    admission limit) and tokens per engine batch."""
+    refusals, how long an accepted request waits for its burst's refusals to go out first
+    (``admission_settle_s``, at most ``admission_max_wait_s``:
+    :class:`~chattts_serving.serving.admission.RefusalsFirst`), and ``chattts_offline``'s
+    requests per instance (``offline_threads``: its admission limit) and tokens per engine
+    batch."""
 
     max_concurrent_streams: int = Field(ge=1)
     max_queue_size: int = Field(ge=1)
@@ -137,6 +140,8 @@ class EntryProfile(_Strict):
     cancel_poll_interval_s: float = Field(gt=0, le=1)
     cancel_polls_per_s: float = Field(gt=0)
     refusal_threads: int = Field(ge=1)
+    admission_settle_s: float = Field(ge=0, le=0.1)
+    admission_max_wait_s: float = Field(ge=0, le=1)
     offline_threads: int = Field(ge=1)
     offline_emit_tokens: int = Field(ge=1)
 

@@ -23,6 +23,8 @@ from __future__ import annotations
 import faulthandler
 import json
 import logging
+import queue
+import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -37,6 +39,7 @@ from ..engine.gpt import Embeddings, GptStepRunner
 from ..engine.scheduler import Engine, Sequence
 from ..errors import ErrorKind, RequestError, drop_tracebacks
 from ..runtime import OrtOptions
+from ..serving.admission import RefusalsFirst
 from ..serving.entry import EntryService
 from ..serving.frontend import FrontendService
 from ..serving.logs import log_event
@@ -281,7 +284,9 @@ class EntryModel(TritonModel):
     request (reading and validating its tensors, logs, metrics, each a round trip to the server
     for metrics) delays every refusal queued behind it. Here ``execute`` takes a slot or not
     (:meth:`EntryService.reserve`, a counter), queues the refusal on the refusal threads or
-    the request on the workers, and returns; the busy error is sent first, counted and logged
+    the request on the workers, and returns; a worker starts on its request once the burst's
+    refusals are out (:class:`~chattts_serving.serving.admission.RefusalsFirst`); the busy
+    error is sent first, counted and logged
     after the burst has settled (:class:`~chattts_serving.serving.entry.RefusalRecorder`: one
     metric update per burst instead of one round trip per refusal; measured in
     ``make bench``: ``busy_p99_s_saturated``).
@@ -296,20 +301,38 @@ class EntryModel(TritonModel):
         self.service = EntryService(setup.name, setup.profile, stages, self.metrics, offline=self.offline)
         self.workers = ThreadPoolExecutor(self.service.admission.slots.limit, thread_name_prefix="entry")
         self.refusals = ThreadPoolExecutor(entry.refusal_threads, thread_name_prefix="refuse")
+        self.refusals_first = RefusalsFirst(entry.admission_settle_s, entry.admission_max_wait_s)
+        self._accepted: queue.SimpleQueue[tuple[Any, Any, float] | None] = queue.SimpleQueue()
+        threading.Thread(target=self._dispatch, name="entry-dispatch", daemon=True).start()
 
     def execute(self, requests: list[Any]) -> None:
         for request in requests:
             arrival = time.monotonic()
             sender = request.get_response_sender()
             busy = self.service.reserve()
+            self.refusals_first.arrived(busy is not None, arrival)
             if busy is not None:
                 self.refusals.submit(self._refuse, request, sender, busy)
             else:
-                self.workers.submit(self._serve, request, sender, arrival)
+                self._accepted.put((request, sender, arrival))
         return None
 
+    def _dispatch(self) -> None:
+        """Hand accepted requests to the workers, in arrival order, each once the refusals of
+        its burst have been sent (:class:`RefusalsFirst`): one thread waits, not one per
+        request."""
+        while (item := self._accepted.get()) is not None:
+            self.refusals_first.wait(item[2])
+            try:
+                self.workers.submit(self._serve, *item)
+            except RuntimeError:  # the workers were shut down: the model is unloading
+                return
+
     def _refuse(self, request: Any, sender: Any, busy: RequestError) -> None:
-        send_final_error(self.pb, sender, busy)
+        try:
+            send_final_error(self.pb, sender, busy)
+        finally:
+            self.refusals_first.sent()
         self.service.refused(request.request_id(), busy)
 
     def _serve(self, request: Any, sender: Any, arrival_s: float) -> None:
@@ -333,6 +356,7 @@ class EntryModel(TritonModel):
         raise NotImplementedError
 
     def finalize(self) -> None:
+        self._accepted.put(None)
         self.workers.shutdown(wait=False, cancel_futures=True)
         self.refusals.shutdown(wait=False, cancel_futures=True)
         release_held_iterators()
