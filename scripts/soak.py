@@ -213,7 +213,16 @@ def main() -> int:
             t.join()
         idle_after_s = wait_idle(metrics_url, timeout_s=60.0)
         gauges = busy_gauges(metrics_url)
-        counters = counter_deltas(before, scrape(metrics_url))
+        # refusals are counted once their burst has settled (at most ~0.1 s later: the entry
+        # models' RefusalRecorder): scrape until two scrapes 0.3 s apart agree
+        after = scrape(metrics_url)
+        for _ in range(20):
+            time.sleep(0.3)
+            again = scrape(metrics_url)
+            if not any(counter_deltas(after, again).values()):
+                break
+            after = again
+        counters = counter_deltas(before, after)
     final, mismatches = reconcile(client_outcomes, cancels, server_records(log_path))
     outcomes = count_outcomes(collections.Counter(final.values()))
     sent = len(client_outcomes)

@@ -123,7 +123,7 @@ def test_bench_smoke_writes_report(small_weights: Path, small_int8_artifacts, tm
     assert sat["hold"] == load_profile("cpu").entry.max_concurrent_streams and sat["hold_ready"] is True
     assert sat["outcomes"] == {"busy": 32}, sat  # every slot held: each burst request refused
     assert all(v is not None for v in sat["round_busy_p99_s"])
-    assert sat["busy_p99_s_from_start"] >= sat["busy_p99_s"]  # the send comes after the start signal
+    assert sat["busy_p99_s_from_start"] is not None and sat["busy_before_first_accepted_end"] is None  # none accepted
     assert result["as_deployed"]["concurrency"] == 16 and result["as_deployed"]["ok"] == 16
 
     # every figure is a number or null with its reason, the same at the top and in profiles.cpu;

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import pytest
@@ -154,5 +155,31 @@ def test_busy_is_decided_before_reading_the_request_and_sent_before_accepted_str
     for req in accepted:
         assert req.sender.closed.wait(60) and req.sender.violations == []
         assert not any(r.has_error() for r in req.sender.responses)
-    time.sleep(0.05)
+    end = time.monotonic() + 30  # counted once the burst has settled (RefusalRecorder)
+    while MetricFamily.total("tts_rejected_total", model="chattts", reason="busy") - before < 6 \
+            and time.monotonic() < end:
+        time.sleep(0.01)
     assert MetricFamily.total("tts_rejected_total", model="chattts", reason="busy") - before == 6
+
+
+def test_an_accepted_request_the_dispatcher_cannot_hand_over_ends_with_an_error_and_frees_its_slot(
+        host: Host, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The one dispatcher thread survives a failing hand-over: that request ends with an
+    internal error (never a hang), its slot comes back, and the next request is served."""
+    stream = host.models["chattts"]
+    live = stream.service.admission.slots.live  # type: ignore[attr-defined]
+    real_submit = stream.workers.submit  # type: ignore[attr-defined]
+    calls = []
+
+    def failing_once(fn: Any, *args: Any) -> Any:
+        if not calls:
+            calls.append(fn)
+            raise ValueError("no worker")
+        return real_submit(fn, *args)
+    monkeypatch.setattr(stream.workers, "submit", failing_once)  # type: ignore[attr-defined]
+    failed = _stream(host, _entry(request_id="lost-worker"))
+    err = failed[0].error()
+    assert len(failed) == 1 and err is not None and decode(err.message())[0] == "internal", err
+    assert stream.service.admission.slots.live == live  # type: ignore[attr-defined]
+    served = _stream(host, _entry(max_new_tokens=10, min_new_tokens=10))
+    assert not any(r.has_error() for r in served) and _audio(served).size == contract.samples_for_tokens(10)

@@ -130,12 +130,15 @@ async def run_burst(url: str, clients: int, tokens: int, text: str = DEFAULT_TEX
     every one was accepted). Returns the summary (see the module docstring)."""
     import tritonclient.grpc.aio as aio
 
+    if rounds < 1:
+        raise ValueError(f"rounds must be at least 1, got {rounds}")
     conns = [aio.InferenceServerClient(url) for _ in range(clients + hold)]
     held: list[asyncio.Task[Outcome]] = []
     hold_ready: bool | None = None
     held_running = 0
     pooled: list[Outcome] = []
     round_p99: list[float | None] = []
+    round_order: list[bool | None] = []
     try:
         await asyncio.gather(*(c.is_server_live() for c in conns))  # every channel connected
         if hold:
@@ -154,7 +157,9 @@ async def run_burst(url: str, clients: int, tokens: int, text: str = DEFAULT_TEX
                 await asyncio.sleep(pause_s)
             outcomes = await _round(conns[:clients], tokens, text, timeout_s, tag=f"burst-{r}")
             pooled.extend(outcomes)
-            round_p99.append(summarize(outcomes)["busy_p99_s"])
+            one = summarize(outcomes)
+            round_p99.append(one["busy_p99_s"])
+            round_order.append(one["busy_before_first_accepted_end"])
         held_running = sum(1 for t in held if not t.done())
     finally:
         for t in held:
@@ -162,7 +167,9 @@ async def run_burst(url: str, clients: int, tokens: int, text: str = DEFAULT_TEX
         await asyncio.gather(*held, return_exceptions=True)
         await asyncio.gather(*(c.close() for c in conns), return_exceptions=True)
     summary = summarize(pooled)
-    summary.update({"rounds": rounds, "round_busy_p99_s": round_p99})
+    known = [v for v in round_order if v is not None]  # each round's refusals against its own accepted ends
+    summary.update({"rounds": rounds, "round_busy_p99_s": round_p99,
+                    "busy_before_first_accepted_end": all(known) if known else None})
     if hold:
         summary.update({"hold": hold, "hold_tokens": hold_tokens, "hold_ready": hold_ready,
                         "held_running_at_end": held_running})
@@ -225,7 +232,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tokens", type=int, default=16)
     ap.add_argument("--text", default=DEFAULT_TEXT)
     ap.add_argument("--hold", type=int, default=0, help="long streams started (and accepted) before the burst")
-    ap.add_argument("--rounds", type=int, default=1, help="bursts one after another, pooled in the summary")
+    ap.add_argument("--rounds", type=int, default=1, choices=range(1, 1001), metavar="N",
+                    help="bursts one after another (1 to 1000), pooled in the summary")
     ap.add_argument("--metrics-url", default=None,
                     help="Triton's metrics, e.g. http://127.0.0.1:8002/metrics: held streams count as accepted "
                          "while they wait for the engine (else only once they send audio)")

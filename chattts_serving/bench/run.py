@@ -189,7 +189,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="timed passes over the sentences of the front-end measurement (20)")
     p.add_argument("--open-loop-requests", type=int, default=None, help="open-loop arrivals (60; 0 skips)")
     p.add_argument("--burst-clients", type=int, default=None, help="clients of the overload burst (200; 0 skips)")
-    p.add_argument("--burst-rounds", type=int, default=None, help="bursts per server state, pooled (5)")
+    p.add_argument("--burst-rounds", type=_positive, default=None, help="bursts per server state, pooled (5)")
     p.add_argument("--hold-tokens", type=_positive, default=None,
                    help="token budget of the streams that hold every slot in the saturated burst (2048)")
     p.add_argument("--no-as-deployed", action="store_true",

@@ -40,8 +40,10 @@ class RefusalsFirst:
     each, which returns once no refusal waits to be sent and no
     request has arrived for ``settle_s`` seconds, or ``max_wait_s`` after its own arrival,
     whichever comes first. A request alone waits ``settle_s`` (profile ``[entry]
-    admission_settle_s``; a few ms of a TTFA of hundreds); figures in the README
-    ("Where the busy time goes").
+    admission_settle_s``; a few ms of a TTFA of hundreds); while requests keep arriving less
+    than ``settle_s`` apart (clients retrying "busy" at once, say), or refusals keep waiting,
+    each accepted one waits the whole ``max_wait_s``. Figures in the README ("Where the busy
+    time goes").
     """
 
     def __init__(self, settle_s: float, max_wait_s: float) -> None:

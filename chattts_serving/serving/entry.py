@@ -83,7 +83,6 @@ class RefusalRecorder:
         self.model, self.observer = model, observer
         self.settle_s, self.max_delay_s = settle_s, max_delay_s
         self._queue: queue.SimpleQueue[tuple[str, RequestError]] = queue.SimpleQueue()
-        self._lock = threading.Lock()
         threading.Thread(target=self._loop, name="refusal-record", daemon=True).start()
 
     def add(self, request_id: str, exc: RequestError) -> None:
@@ -92,8 +91,7 @@ class RefusalRecorder:
 
     def record(self, request_id: str, exc: RequestError) -> None:
         """Count and log one refusal now (a refusal off the busy path, e.g. invalid input)."""
-        with self._lock:
-            self._record([(request_id, exc)])
+        self._record([(request_id, exc)])
 
     def _record(self, items: list[tuple[str, RequestError]]) -> None:
         counts: dict[str, int] = {}
@@ -117,8 +115,7 @@ class RefusalRecorder:
                 except queue.Empty:
                     break  # the burst has settled
             try:
-                with self._lock:
-                    self._record(items)
+                self._record(items)
             except Exception:  # a failing metric or log call must not stop the recorder
                 log.exception("refusal recorder")
 

@@ -228,6 +228,8 @@ class Profile(_Strict):
             raise ValueError("instance_kind KIND_GPU needs gpu_ids")
         if self.entry.default_priority_level > self.entry.priority_levels:
             raise ValueError("entry.default_priority_level exceeds entry.priority_levels")
+        if self.entry.admission_settle_s > self.entry.admission_max_wait_s:
+            raise ValueError("entry.admission_settle_s exceeds entry.admission_max_wait_s")
         d = self.degrade
         if d.live_low >= d.live_high or d.ttfa_p95_low_s > d.ttfa_p95_high_s:
             raise ValueError("degrade: the recover thresholds must be below the degrade thresholds")

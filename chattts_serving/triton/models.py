@@ -284,8 +284,8 @@ class EntryModel(TritonModel):
     request (reading and validating its tensors, logs, metrics, each a round trip to the server
     for metrics) delays every refusal queued behind it. Here ``execute`` takes a slot or not
     (:meth:`EntryService.reserve`, a counter), queues the refusal on the refusal threads or
-    the request on the workers, and returns; a worker starts on its request once the burst's
-    refusals are out (:class:`~chattts_serving.serving.admission.RefusalsFirst`); the busy
+    the request for the dispatcher thread, and returns; the dispatcher hands a request to the
+    workers once its burst's refusals are out (:class:`~chattts_serving.serving.admission.RefusalsFirst`); the busy
     error is sent first, counted and logged
     after the burst has settled (:class:`~chattts_serving.serving.entry.RefusalRecorder`: one
     metric update per burst instead of one round trip per refusal; measured in
@@ -322,18 +322,39 @@ class EntryModel(TritonModel):
         its burst have been sent (:class:`RefusalsFirst`): one thread waits, not one per
         request."""
         while (item := self._accepted.get()) is not None:
-            self.refusals_first.wait(item[2])
             try:
+                self.refusals_first.wait(item[2])
                 self.workers.submit(self._serve, *item)
             except RuntimeError:  # the workers were shut down: the model is unloading
-                return
+                unloading = RequestError("model unloading", ErrorKind.UNAVAILABLE)
+                self._unserved(item, unloading)
+                while True:
+                    try:
+                        rest = self._accepted.get_nowait()
+                    except queue.Empty:
+                        return
+                    if rest is not None:
+                        self._unserved(rest, unloading)
+            except Exception as exc:  # never leave an accepted request without an answer
+                log.exception("%s: dispatching a request failed", self.name)
+                self._unserved(item, internal_error(exc))
+
+    def _unserved(self, item: tuple[Any, Any, float], exc: RequestError) -> None:
+        """An accepted request that no worker will run: its slot back, its stream ended."""
+        self.service.admission.release()
+        try:
+            send_final_error(self.pb, item[1], exc)
+        except Exception:
+            log.exception("%s: ending an unserved request failed", self.name)
 
     def _refuse(self, request: Any, sender: Any, busy: RequestError) -> None:
         try:
             send_final_error(self.pb, sender, busy)
+        except Exception:  # the client is gone: still counted and logged
+            log.exception("%s: sending a refusal failed", self.name)
         finally:
             self.refusals_first.sent()
-        self.service.refused(request.request_id(), busy)
+            self.service.refused(request.request_id(), busy)
 
     def _serve(self, request: Any, sender: Any, arrival_s: float) -> None:
         """Admit a request that holds a slot and run it to its end (on a worker thread)."""
