@@ -284,12 +284,13 @@ class EntryModel(TritonModel):
     request (reading and validating its tensors, logs, metrics, each a round trip to the server
     for metrics) delays every refusal queued behind it. Here ``execute`` takes a slot or not
     (:meth:`EntryService.reserve`, a counter), queues the refusal on the refusal threads or
-    the request for the dispatcher thread, and returns; the dispatcher hands a request to the
-    workers once its burst's refusals are out (:class:`~chattts_serving.serving.admission.RefusalsFirst`); the busy
-    error is sent first, counted and logged
-    after the burst has settled (:class:`~chattts_serving.serving.entry.RefusalRecorder`: one
-    metric update per burst instead of one round trip per refusal; measured in
-    ``make bench``: ``busy_p99_s_saturated``).
+    the request for the dispatcher thread, and returns. The dispatcher hands a request to the
+    workers once its burst's refusals are out
+    (:class:`~chattts_serving.serving.admission.RefusalsFirst`); the busy error is sent first,
+    counted and logged after the burst has settled
+    (:class:`~chattts_serving.serving.entry.RefusalRecorder`: one metric update per burst
+    instead of one round trip per refusal). Measured in ``make bench``:
+    ``busy_p99_s_saturated`` and ``busy_p99_s_burst``.
     """
 
     offline: ClassVar[bool] = False
