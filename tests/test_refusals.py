@@ -15,6 +15,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
+from conftest import wait_until
 
 from chattts_serving.errors import ErrorKind, RequestError
 from chattts_serving.serving.admission import RefusalsFirst
@@ -50,9 +51,7 @@ INVALID = RequestError("temperature must be in (0, 2]", ErrorKind.INVALID, param
 
 
 def _wait_total(observer: CallObserver, n: int) -> None:
-    end = time.monotonic() + 30
-    while observer.total() < n and time.monotonic() < end:
-        time.sleep(0.01)
+    wait_until(lambda: observer.total() >= n, 30)
     assert observer.total() == n, observer.calls
 
 
@@ -90,9 +89,7 @@ def test_a_burst_is_counted_with_one_update_per_reason_and_every_request_logged(
         recorder.add(f"b{i}", INVALID if i % 50 == 0 else BUSY)
     _wait_total(observer, 200)
     assert sorted(observer.calls) == [("busy", 196), ("invalid", 4)]
-    end = time.monotonic() + 30  # the lines follow the count
-    while len(events.lines) < 200 and time.monotonic() < end:
-        time.sleep(0.01)
+    wait_until(lambda: len(events.lines) >= 200, 30)  # the lines follow the count
     lines = events.lines
     assert sorted(str(line["request_id"]) for line in lines) == sorted(f"b{i}" for i in range(200))
     assert {(line["reason"], line["status"]) for line in lines} == {("busy", "busy"), ("invalid", "invalid")}

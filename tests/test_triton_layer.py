@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from conftest import wait_until
 from fake_triton import FINAL, FakePb, Host, InferenceResponse, MetricFamily, Request, Tensor, TritonError
 
 from chattts_serving import contract
@@ -155,10 +156,8 @@ def test_busy_is_decided_before_reading_the_request_and_sent_before_accepted_str
     for req in accepted:
         assert req.sender.closed.wait(60) and req.sender.violations == []
         assert not any(r.has_error() for r in req.sender.responses)
-    end = time.monotonic() + 30  # counted once the burst has settled (RefusalRecorder)
-    while MetricFamily.total("tts_rejected_total", model="chattts", reason="busy") - before < 6 \
-            and time.monotonic() < end:
-        time.sleep(0.01)
+    wait_until(lambda: MetricFamily.total("tts_rejected_total", model="chattts", reason="busy") - before >= 6,
+               30)  # counted once the burst has settled (RefusalRecorder)
     assert MetricFamily.total("tts_rejected_total", model="chattts", reason="busy") - before == 6
 
 

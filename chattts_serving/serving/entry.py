@@ -15,6 +15,7 @@ metrics and the response channel; tests provide in-process ones.
 
 from __future__ import annotations
 
+import collections
 import logging
 import queue
 import threading
@@ -94,15 +95,12 @@ class RefusalRecorder:
         self._record([(request_id, exc)])
 
     def _record(self, items: list[tuple[str, RequestError]]) -> None:
-        counts: dict[str, int] = {}
-        for _, exc in items:
-            reason = rejection_reason(exc)
-            counts[reason] = counts.get(reason, 0) + 1
-        for reason, n in counts.items():
+        reasons = [rejection_reason(exc) for _, exc in items]
+        for reason, n in collections.Counter(reasons).items():
             self.observer.rejected(reason, n)
-        for request_id, exc in items:
+        for (request_id, exc), reason in zip(items, reasons, strict=True):
             log_event("request_rejected", level="warning", model=self.model, request_id=request_id,
-                      reason=rejection_reason(exc), status=exc.kind, message=str(exc))
+                      reason=reason, status=exc.kind, message=str(exc))
 
     def _loop(self) -> None:
         while True:
