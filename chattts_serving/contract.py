@@ -122,7 +122,14 @@ SPECIAL_TOKEN_IDS: Final = {"[Stts]": 21131, "[Ebreak]": 21136, "[laugh]": 21142
 
 # --- Triton model names ------------------------------------------------------------------
 MODEL_STREAM: Final = "chattts"
-"""Decoupled BLS entry point: text in, audio chunks streamed out."""
+"""Decoupled entry point: text in, audio chunks streamed out. With the admission gate on (the
+default, profile ``[entry] gate``) it is the C++ gate (``chattts_serving/gate/gate.cc``), which
+answers "server busy" itself and forwards the rest to :data:`MODEL_STREAM_ENTRY`; without it,
+the Python BLS entry model under this name."""
+MODEL_STREAM_ENTRY: Final = "chattts_entry"
+"""The Python BLS entry model behind the gate (metrics and logs labelled ``model="chattts"``)."""
+GATE_BACKEND: Final = "chattts_gate"
+"""The gate's Triton backend name (``backends/chattts_gate/libtriton_chattts_gate.so``)."""
 MODEL_OFFLINE: Final = "chattts_offline"
 """Non-decoupled entry point for HTTP ``/v2/models/chattts_offline/infer``: the whole utterance."""
 MODEL_FRONTEND: Final = "chattts_frontend"
@@ -132,7 +139,20 @@ MODEL_VOCODER: Final = "chattts_vocoder"
 MODEL_VOCODER_CODES: Final = "chattts_dvae_vocoder"
 """codes (T, 4) -> DVAE -> Vocos -> waveform (about half the cost)."""
 ALL_MODELS: Final = (MODEL_FRONTEND, MODEL_ENGINE, MODEL_VOCODER, MODEL_VOCODER_CODES, MODEL_STREAM,
-                     MODEL_OFFLINE)
+                     MODEL_OFFLINE, MODEL_STREAM_ENTRY)
+"""Every model of the repository with the gate on (the default); without it, all but
+:data:`MODEL_STREAM_ENTRY` (:func:`models`)."""
+
+
+def models(gate: bool) -> tuple[str, ...]:
+    """The repository's models, with or without the admission gate."""
+    return ALL_MODELS if gate else tuple(m for m in ALL_MODELS if m != MODEL_STREAM_ENTRY)
+
+REJECTED_METRIC: Final = "tts_rejected_total"
+REJECTED_HELP: Final = "Requests refused before any work, by reason"
+"""The refusal counter (labels ``model``, ``reason``) and its help text: the entry models and
+the admission gate register the same family, which Triton merges only when name and help agree
+(deploy/render.py passes both to the gate)."""
 
 VOCODER_PATHS: Final = {VocoderPath.HIDDEN: MODEL_VOCODER, VocoderPath.CODES: MODEL_VOCODER_CODES}
 """The vocoder model that serves each path."""

@@ -193,7 +193,8 @@ CLASSES = {"chattts_frontend": models.FrontendModel, "chattts_gpt": models.Engin
 class Host:
     """Every model of a rendered repository, initialised in this process with ``pb``.
     ``override`` maps a model name to a function ``(request, decoupled) -> response`` that
-    answers in its place (a failing stage)."""
+    answers in its place (a failing stage). The repository is one rendered without the
+    admission gate (``[entry] gate = false``: a C++ backend runs in tritonserver only)."""
 
     def __init__(self, repo: Path, pb: FakePb) -> None:
         self.pb = pb

@@ -8,6 +8,7 @@ import queue
 import threading
 import time
 import urllib.request
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -183,6 +184,18 @@ def tree_rss(server: TritonServer) -> int:
     return sum(p.memory_info().rss for p in [root, *root.children(recursive=True)])
 
 
+def _rejected_ids(log: Path, tag: str) -> set[str]:
+    """Request ids of the ``request_rejected`` lines for ``chattts`` in the server log whose id
+    holds ``tag`` (each line once: a repeated id fails the caller's comparison by count)."""
+    ids: list[str] = []
+    for line in log.read_text(errors="replace").splitlines():
+        if '"request_rejected"' in line and tag in line:
+            event = json.loads(line[line.index("{"):])
+            if event.get("model") == contract.MODEL_STREAM and event.get("reason") == "busy":
+                ids.append(event["request_id"])
+    return set(ids) if len(ids) == len(set(ids)) else set()
+
+
 def _rejected_busy(port: int, model: str) -> float:
     return sum(v for k, v in metrics(port).items()
                if k.startswith("tts_rejected_total") and 'reason="busy"' in k and f'model="{model}"' in k)
@@ -202,9 +215,11 @@ def test_overload_rejects_the_excess_at_once_and_completes_the_accepted(tight) -
     streams = [Stream(tight["grpc"], "过载测试的句子。", 100, STREAM_TOKENS) for _ in range(n)]
     for s in streams:  # connect first, then send all requests together
         s.client.start_stream(callback=lambda result, error, q=s.q: q.put((result, error)))
-    for s in streams:
+    tag = uuid.uuid4().hex[:8]
+    for i, s in enumerate(streams):
         s.t0 = time.perf_counter()
-        s.client.async_stream_infer(contract.MODEL_STREAM, s.inputs(), enable_empty_final_response=True)
+        s.client.async_stream_infer(contract.MODEL_STREAM, s.inputs(), enable_empty_final_response=True,
+                                    request_id=f"burst-{tag}-{i}")
         threading.Thread(target=s._read, daemon=True).start()
     for s in streams:
         assert s.done.wait(120)
@@ -225,6 +240,9 @@ def test_overload_rejects_the_excess_at_once_and_completes_the_accepted(tight) -
     assert slowest_reject < first_end
     assert gauge(tight["metrics"], "tts_engine_active_sequences") == 0
     assert wait_for(lambda: _rejected_busy(tight["metrics"], contract.MODEL_STREAM) - rejected_before == len(busy))
+    # each refusal logged once (by the admission gate, after the burst settled), under its request id
+    busy_ids = {f"burst-{tag}-{i}" for i, s in enumerate(streams) if s.error}
+    assert wait_for(lambda: _rejected_ids(tight["log"], tag) == busy_ids, 10), _rejected_ids(tight["log"], tag)
 
 
 def test_offline_refuses_at_once_when_its_instance_is_full(tight) -> None:

@@ -56,8 +56,9 @@ def test_the_served_engine_runs_at_the_profiles_niceness(triton_server: Server) 
     model's stub keeps the niceness it was started with (its admission and refusals must not
     wait): that of this test process."""
     stubs = stub_processes(triton_server)
-    assert {contract.MODEL_ENGINE, contract.MODEL_STREAM} <= stubs.keys(), stubs
+    entry = contract.MODEL_STREAM_ENTRY  # the Python entry model, behind the gate (in the server process)
+    assert {contract.MODEL_ENGINE, entry} <= stubs.keys(), stubs
     nice, own = load_profile("cpu").engine.nice, os.getpriority(os.PRIO_PROCESS, 0)
     assert nice > 0
     assert _thread_nices(stubs[contract.MODEL_ENGINE]) == {max(nice, own)}
-    assert _thread_nices(stubs[contract.MODEL_STREAM]) == {own}
+    assert _thread_nices(stubs[entry]) == {own}

@@ -28,8 +28,10 @@ COOLDOWN_S = 0.3
 @pytest.fixture(scope="module")
 def host(small_artifacts: Artifacts, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Host]:
     base = load_profile("cpu")
+    # No admission gate (C++, in tritonserver only): chattts is the Python entry model, which
+    # then refuses "busy" itself (tests/test_gate.py covers the gate against a real server).
     profile = base.model_copy(update={"entry": base.entry.model_copy(update={
-        "breaker_failures": 2, "breaker_cooldown_s": COOLDOWN_S, "max_concurrent_streams": 4})})
+        "breaker_failures": 2, "breaker_cooldown_s": COOLDOWN_S, "max_concurrent_streams": 4, "gate": False})})
     repo = tmp_path_factory.mktemp("fake-triton") / "model_repository"
     render_repository(profile, small_artifacts.root, repo)
     h = Host(repo, FakePb())

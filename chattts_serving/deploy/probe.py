@@ -8,7 +8,7 @@ is not healthy". :func:`probe` therefore checks, within one deadline:
 1. ``live``: HTTP ``GET /v2/health/live`` answers 200;
 2. ``ready``: HTTP ``GET /v2/health/ready`` answers 200;
 3. ``models``: every model of the repository index (``POST /v2/repository/index``) is READY,
-   and every model of :data:`chattts_serving.contract.ALL_MODELS` is in it. The index is a
+   and every model of :func:`chattts_serving.contract.models` (with or without the gate) is in it. The index is a
    restricted admin API: the probe sends the admin token (``$CHATTTS_ADMIN_TOKEN`` or the
    token file, :mod:`chattts_serving.deploy.admin`);
 4. ``synthesis``: one real 2-token synthesis through the decoupled streaming entry model
@@ -106,7 +106,8 @@ def _check_models(base: str, timeout_s: float, admin_token: str | None) -> dict[
         return {"ok": False, "error": f"repository index answered {status}"}
     states = {str(m.get("name")): str(m.get("state", "")) for m in index if isinstance(m, dict)}
     not_ready = {name: st or "UNKNOWN" for name, st in states.items() if st != "READY"}
-    missing = [m for m in contract.ALL_MODELS if m not in states]
+    # A repository with the gate lists chattts_entry (loaded or not); one without it does not.
+    missing = [m for m in contract.models(gate=contract.MODEL_STREAM_ENTRY in states) if m not in states]
     out: dict[str, Any] = {"ok": not not_ready and not missing, "models": len(states)}
     if not_ready:
         out["not_ready"] = not_ready

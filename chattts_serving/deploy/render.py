@@ -57,14 +57,38 @@ class ModelSpec:
     batching: Batching | None = None
     parameters: dict[str, str] = field(default_factory=dict)
     adapter: str = ""  # model_repository/<adapter>/1/model.py; default: the model's own name
+    backend: str = "python"  # another backend (the gate) has no model.py
 
     @property
     def adapter_dir(self) -> str:
         return self.adapter or self.name
 
 
+def gate_spec(profile: Profile) -> ModelSpec:
+    """``chattts`` as the admission gate (chattts_serving/gate/gate.cc) in front of
+    ``chattts_entry``: the same tensors, the busy message the Python entry model would send
+    (:func:`~chattts_serving.serving.admission.busy_error`), the Python models' help text of
+    ``tts_rejected_total``, the cancel poll interval of the profile, and the refusal log's
+    settling times of :class:`~chattts_serving.serving.entry.RefusalRecorder`."""
+    from ..serving.admission import busy_error
+    from ..serving.entry import RefusalRecorder
+
+    entry = profile.entry
+    busy = busy_error(entry.max_concurrent_streams)
+    return ModelSpec(contract.MODEL_STREAM, contract.ENTRY_INPUTS, contract.ENTRY_OUTPUTS, decoupled=True,
+                     backend=contract.GATE_BACKEND,
+                     parameters={"target_model": contract.MODEL_STREAM_ENTRY,
+                                 "max_live": str(entry.max_concurrent_streams),
+                                 "busy_message": busy.wire(),
+                                 "label_model": contract.MODEL_STREAM, "rejected_metric": contract.REJECTED_METRIC,
+                                 "rejected_help": contract.REJECTED_HELP,
+                                 "cancel_poll_ms": f"{entry.cancel_poll_interval_s * 1000:g}",
+                                 "log_settle_ms": f"{RefusalRecorder.SETTLE_S * 1000:g}",
+                                 "log_max_wait_ms": f"{RefusalRecorder.MAX_DELAY_S * 1000:g}"})
+
+
 def model_specs(profile: Profile, artifacts_dir: Path, repo_dir: Path) -> list[ModelSpec]:
-    """The six models of the repository for ``profile``."""
+    """The models of the repository for ``profile`` (:func:`contract.models`)."""
     params = {"artifacts_dir": str(artifacts_dir), "profile_path": str(repo_dir / PROFILE_JSON)}
     accel = {"kind": profile.instance_kind, "gpus": list(profile.gpu_ids)}
     entry = Batching(max_queue_size=profile.entry.max_queue_size,
@@ -82,11 +106,18 @@ def model_specs(profile: Profile, artifacts_dir: Path, repo_dir: Path) -> list[M
         # simultaneous streams admitted over 1.5 s instead of 25 ms). Its admission limit and
         # priorities are the model's own (entry.max_concurrent_streams, request parameter
         # `priority`), since a decoupled model empties Triton's queue at once anyway.
+        # With the gate, the Python entry model sits behind it under another name and labels
+        # its metrics and logs with the public one.
+        ModelSpec(contract.MODEL_STREAM_ENTRY, contract.ENTRY_INPUTS, contract.ENTRY_OUTPUTS, decoupled=True,
+                  parameters={**params, "label_model": contract.MODEL_STREAM, "gated": "true"},
+                  adapter=contract.MODEL_STREAM) if profile.entry.gate else
         ModelSpec(contract.MODEL_STREAM, contract.ENTRY_INPUTS, contract.ENTRY_OUTPUTS, decoupled=True,
                   parameters=dict(params)),
         ModelSpec(contract.MODEL_OFFLINE, contract.ENTRY_INPUTS, contract.ENTRY_OUTPUTS,
                   instance_count=profile.entry.offline_instance_count, batching=entry, parameters=dict(params)),
     ]
+    if profile.entry.gate:
+        specs.append(gate_spec(profile))
     for path, name in contract.VOCODER_PATHS.items():
         tensor = contract.VO_HIDDEN if path is VocoderPath.HIDDEN else contract.VO_CODES
         specs.append(ModelSpec(name, (tensor,), (contract.VO_AUDIO,),
@@ -155,7 +186,7 @@ def render_repository(profile: Profile, artifacts_dir: Path, out: Path) -> list[
     specs = model_specs(profile, artifacts_dir, out)
     rendered = {s.name: render_config(s, profile.name) for s in specs}
     for s in specs:
-        if not (REPO_SRC / s.adapter_dir / "1" / "model.py").is_file():
+        if s.backend == "python" and not (REPO_SRC / s.adapter_dir / "1" / "model.py").is_file():
             raise RenderError(f"{s.name}: no adapter model_repository/{s.adapter_dir}/1/model.py")
     if out.exists():
         shutil.rmtree(out)
@@ -164,7 +195,8 @@ def render_repository(profile: Profile, artifacts_dir: Path, out: Path) -> list[
     written = []
     for s in specs:
         (out / s.name / "1").mkdir(parents=True)
-        shutil.copy2(REPO_SRC / s.adapter_dir / "1" / "model.py", out / s.name / "1" / "model.py")
+        if s.backend == "python":
+            shutil.copy2(REPO_SRC / s.adapter_dir / "1" / "model.py", out / s.name / "1" / "model.py")
         (out / s.name / "config.pbtxt").write_text(rendered[s.name])
         written.append(out / s.name / "config.pbtxt")
     return written

@@ -36,6 +36,7 @@ from types import TracebackType
 
 import psutil
 
+from .. import contract
 from ..serving.logs import log_event
 from ..serving.profile import HealthProfile, ProfileError, load_profile
 from .admin import (
@@ -48,6 +49,7 @@ from .admin import (
     restriction_args,
     token_from_env,
 )
+from .gate import GateBuildError, build_gate
 from .probe import ProbeResult, probe
 from .render import RenderError, render_repository
 
@@ -70,8 +72,16 @@ def bundled_triton() -> Path:
     return root
 
 
-def backend_dir(build_dir: Path) -> Path:
-    """A backend directory whose ``python/`` holds the Python backend and this Python's stub."""
+def uses_gate(repo: Path) -> bool:
+    """Whether a model of the repository ``repo`` runs on the admission gate's backend."""
+    marker = f'backend: "{contract.GATE_BACKEND}"'
+    return any(marker in cfg.read_text() for cfg in Path(repo).glob("*/config.pbtxt"))
+
+
+def backend_dir(build_dir: Path, gate: bool = False) -> Path:
+    """A backend directory whose ``python/`` holds the Python backend and this Python's stub,
+    and, with ``gate``, ``chattts_gate/`` the admission gate (built if needed: :mod:`.gate`).
+    Raises ServerError when the gate cannot be built."""
     root = bundled_triton()
     ver = f"{sys.version_info.major}.{sys.version_info.minor}"
     stub = root / "python_backend_stubs" / ver / "triton_python_backend_stub"
@@ -85,6 +95,11 @@ def backend_dir(build_dir: Path) -> Path:
         if link.is_symlink() or link.exists():
             link.unlink()
         link.symlink_to(src)
+    if gate:
+        try:
+            build_gate(build_dir / "backends")
+        except GateBuildError as exc:
+            raise ServerError(str(exc)) from None
     return build_dir / "backends"
 
 
@@ -145,7 +160,7 @@ class TritonServer:
     def command(self) -> list[str]:
         root = bundled_triton()
         return [str(root / "bin" / "tritonserver"), f"--model-repository={self.repo}",
-                f"--backend-directory={backend_dir(self.build_dir)}",
+                f"--backend-directory={backend_dir(self.build_dir, uses_gate(self.repo))}",
                 f"--http-port={self.http_port}", f"--grpc-port={self.grpc_port}",
                 f"--metrics-port={self.metrics_port}", "--allow-metrics=true", "--allow-gpu-metrics=false",
                 "--metrics-config=summary_latencies=true",

@@ -111,6 +111,12 @@ class StreamSlots:
             self.live -= 1
 
 
+def busy_error(limit: int, detail: str = "streams already live") -> RequestError:
+    """The "server busy" refusal of an entry model that already runs ``limit`` requests (the
+    admission gate sends the same text, rendered into its config)."""
+    return RequestError(f"server busy: {limit} {detail}", ErrorKind.BUSY)
+
+
 def rejection_reason(exc: RequestError) -> str:
     """The ``tts_rejected_total`` reason of a refusal: 'busy' for BUSY and UNAVAILABLE,
     'invalid' for INVALID, else the kind."""
@@ -147,7 +153,7 @@ class Admission:
         else the BUSY error to answer at once."""
         if self.slots.acquire():
             return None
-        return RequestError(f"server busy: {self.slots.limit} {self.busy_detail}", ErrorKind.BUSY)
+        return busy_error(self.slots.limit, self.busy_detail)
 
     def admit(self, inputs: Mapping[str, np.ndarray], params: Mapping[str, object], request_id: str,
               arrival_s: float, emit_tokens: int) -> SynthesisJob:

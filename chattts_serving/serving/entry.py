@@ -22,7 +22,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import ClassVar, Protocol
 
 import numpy as np
 
@@ -76,11 +76,15 @@ class RefusalRecorder:
     first of a burst), then makes one ``observer.rejected(reason, count)`` call per reason and
     writes one ``request_rejected`` log line per request. A queued refusal is therefore counted
     about ``max_delay_s`` (plus one such update) after it was sent at the latest;
-    :meth:`record` counts one at once, on the caller's thread.
+    :meth:`record` counts one at once, on the caller's thread. The admission gate logs its
+    refusals with the same settling times (``SETTLE_S``, ``MAX_DELAY_S``).
     """
 
-    def __init__(self, model: str, observer: EntryObserver, settle_s: float = 0.01,
-                 max_delay_s: float = 0.1) -> None:
+    SETTLE_S: ClassVar[float] = 0.01
+    MAX_DELAY_S: ClassVar[float] = 0.1
+
+    def __init__(self, model: str, observer: EntryObserver, settle_s: float = SETTLE_S,
+                 max_delay_s: float = MAX_DELAY_S) -> None:
         self.model, self.observer = model, observer
         self.settle_s, self.max_delay_s = settle_s, max_delay_s
         self._queue: queue.SimpleQueue[tuple[str, RequestError]] = queue.SimpleQueue()
@@ -125,17 +129,21 @@ class EntryService:
     ``observer``: the metrics; ``offline``: serve ``chattts_offline`` (whole utterances, at most
     ``entry.offline_threads`` at once, ``entry.offline_emit_tokens`` per engine batch) instead
     of streams (at most ``entry.max_concurrent_streams``, ``stream.emit_tokens`` per batch,
-    client cancels polled by a :class:`CancelWatcher`).
+    client cancels polled by a :class:`CancelWatcher`). ``gated``: the streams come through
+    the admission gate, which holds the limit; the gate frees a slot at a stream's final
+    response, a moment before :meth:`finish` frees this instance's, so here the limit is
+    twice as high and never the one that refuses.
     """
 
     def __init__(self, model: str, profile: Profile, stages: Stages, observer: EntryObserver,
-                 offline: bool = False) -> None:
+                 offline: bool = False, gated: bool = False) -> None:
         self.model, self.profile, self.stages, self.observer = model, profile, stages, observer
         entry = profile.entry
         self.emit_tokens = entry.offline_emit_tokens if offline else profile.stream.emit_tokens
         self.admission = (Admission(profile, entry.offline_threads, "requests already running",
                                     on_degrade_switch=self._on_switch) if offline else
-                          Admission(profile, entry.max_concurrent_streams, on_degrade_switch=self._on_switch))
+                          Admission(profile, entry.max_concurrent_streams * (2 if gated else 1),
+                                    on_degrade_switch=self._on_switch))
         self.watcher = None if offline else CancelWatcher(entry.cancel_poll_interval_s, entry.stall_timeout_s,
                                                           self._stalled, entry.cancel_polls_per_s)
         self.refusals = RefusalRecorder(model, observer)

@@ -127,8 +127,13 @@ class EntryProfile(_Strict):
     (``admission_settle_s``, at most ``admission_max_wait_s``:
     :class:`~chattts_serving.serving.admission.RefusalsFirst`), and ``chattts_offline``'s
     requests per instance (``offline_threads``: its admission limit) and tokens per engine
-    batch."""
+    batch. ``gate``: ``chattts`` is the C++ admission gate (``chattts_serving/gate/gate.cc``,
+    built at server start with the host's C++ compiler), which refuses "busy" in the server
+    process and forwards the rest to the Python entry model ``chattts_entry``; false: the
+    Python entry model is ``chattts`` itself and refuses on its own (no compiler needed,
+    slower refusals under load: README, "Where the busy time goes")."""
 
+    gate: bool
     max_concurrent_streams: int = Field(ge=1)
     max_queue_size: int = Field(ge=1)
     priority_levels: int = Field(ge=1, le=8)

@@ -181,7 +181,7 @@ class EntryMetrics:
             "duration": m("tts_request_duration_seconds", "Request duration, arrival to last audio", m.HISTOGRAM),
             "ttfa": m("tts_time_to_first_audio_seconds", "Arrival to first audio chunk", m.HISTOGRAM),
             "audio": m("tts_audio_seconds_total", "Seconds of audio sent", m.COUNTER),
-            "rejected": m("tts_rejected_total", "Requests refused before any work, by reason", m.COUNTER),
+            "rejected": m(contract.REJECTED_METRIC, contract.REJECTED_HELP, m.COUNTER),
             "queue": m("tts_request_queue_size", "Accepted requests that have not produced audio yet", m.GAUGE),
             "degraded": m("tts_degraded_mode", "1 while the service runs in its cheaper mode", m.GAUGE),
         }

@@ -298,8 +298,10 @@ class EntryModel(TritonModel):
     def start(self, setup: ModelSetup) -> None:
         entry = setup.profile.entry
         stages = BlsStages(self.pb, entry.breaker_failures, entry.breaker_cooldown_s)
-        self.metrics = EntryMetrics(self.pb, setup.name)
-        self.service = EntryService(setup.name, setup.profile, stages, self.metrics, offline=self.offline)
+        label = setup.parameters.get("label_model", setup.name)  # behind the gate: the public name
+        self.metrics = EntryMetrics(self.pb, label)
+        self.service = EntryService(label, setup.profile, stages, self.metrics, offline=self.offline,
+                                    gated=setup.parameters.get("gated") == "true")
         self.workers = ThreadPoolExecutor(self.service.admission.slots.limit, thread_name_prefix="entry")
         self.refusals = ThreadPoolExecutor(entry.refusal_threads, thread_name_prefix="refuse")
         self.refusals_first = RefusalsFirst(entry.admission_settle_s, entry.admission_max_wait_s)

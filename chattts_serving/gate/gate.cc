@@ -1,0 +1,604 @@
+// chattts admission gate: a Triton backend (C++, in the server process) in front of the Python
+// entry model.
+//
+// Why: a refusal answered by the Python entry model costs two inter-process round trips (the
+// request into the stub, the error back through the response sender), one request at a time;
+// with every core busy decoding, 136 refusals of a 200-request burst took 0.1 to 0.3 s to come
+// out (README, "Where the busy time goes"). Here "busy" is decided and sent in the server's own
+// process, before any Python code runs.
+//
+// What: each request either takes one of `max_live` slots and is forwarded unchanged (inputs,
+// requested outputs, request id, request parameters) to `target_model` through Triton's
+// in-process C API, every response of which is copied back onto the client's stream; or it is
+// answered at once with `busy_message` (a tagged error, chattts_serving.errors.encode) and the
+// final flag. A slot is held until the target's final response. A client's cancellation is
+// passed on to the target (polled every `cancel_poll_ms`). Refusals are counted at once in
+// `<rejected_metric>{model=<label_model>,reason="busy"}` (tts_rejected_total, the Python models'
+// family: same name and help) and logged as `request_rejected` JSON lines on stderr, the form every model here
+// writes, once their burst has settled (`log_settle_ms` without a refusal, at most
+// `log_max_wait_ms` after the first): logging does not delay the refusals behind it.
+//
+// Parameters (model config, all strings; rendered by chattts_serving/deploy/render.py):
+//   target_model, max_live, busy_message, label_model, rejected_metric, rejected_help, cancel_poll_ms,
+//   log_settle_ms, log_max_wait_ms.
+// Built by chattts_serving/deploy/gate.py (g++ -std=c++17 -O2 -shared -fPIC).
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_set>
+#include <vector>
+
+#include "triton_api.h"
+
+namespace {
+
+uint64_t NowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+// A JSON string literal of UTF-8 `s`, ASCII only (\uXXXX escapes, surrogate pairs above the BMP), as
+// chattts_serving.serving.logs.event_line writes it. Invalid UTF-8 bytes become U+FFFD.
+std::string JsonString(const std::string& s) {
+  std::string out = "\"";
+  char buf[16];
+  auto escape = [&](uint32_t cp) {
+    if (cp > 0xFFFF) {
+      cp -= 0x10000;
+      std::snprintf(buf, sizeof buf, "\\u%04x\\u%04x", 0xD800 + (cp >> 10), 0xDC00 + (cp & 0x3FF));
+    } else {
+      std::snprintf(buf, sizeof buf, "\\u%04x", cp);
+    }
+    out += buf;
+  };
+  for (size_t i = 0; i < s.size();) {
+    unsigned char c = static_cast<unsigned char>(s[i]);
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += static_cast<char>(c);
+      ++i;
+    } else if (c >= 0x20 && c < 0x80) {
+      out += static_cast<char>(c);
+      ++i;
+    } else if (c < 0x20) {
+      escape(c);
+      ++i;
+    } else {
+      int n = c >= 0xF0 ? 3 : c >= 0xE0 ? 2 : c >= 0xC0 ? 1 : -1;
+      uint32_t cp = n == 3 ? (c & 0x07) : n == 2 ? (c & 0x0F) : (c & 0x1F);
+      bool ok = n > 0 && i + n < s.size();
+      for (int k = 1; ok && k <= n; ++k) {
+        unsigned char cc = static_cast<unsigned char>(s[i + k]);
+        ok = (cc & 0xC0) == 0x80;
+        cp = (cp << 6) | (cc & 0x3F);
+      }
+      if (ok) {
+        escape(cp);
+        i += n + 1;
+      } else {
+        escape(0xFFFD);
+        ++i;
+      }
+    }
+  }
+  return out + "\"";
+}
+
+// "2026-12-02T00:55:43.103+00:00": the timestamp form of chattts_serving.serving.logs.
+std::string Timestamp() {
+  auto now = std::chrono::system_clock::now();
+  std::time_t t = std::chrono::system_clock::to_time_t(now);
+  int ms = static_cast<int>(
+      std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count() % 1000);
+  std::tm tm {};
+  gmtime_r(&t, &tm);
+  char buf[96];
+  std::snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02d.%03d+00:00", tm.tm_year + 1900, tm.tm_mon + 1,
+                tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, ms);
+  return buf;
+}
+
+// The string value of model-config parameter `key` in Triton's JSON form of the config
+// ("parameters":{"key":{"string_value":"..."}}); `fallback` when absent. Values rendered by
+// render.py hold no escaped characters except \" and \\, undone here.
+std::string ConfigParameter(const std::string& json, const std::string& key, const std::string& fallback) {
+  size_t p = json.find("\"parameters\"");
+  if (p == std::string::npos) return fallback;
+  p = json.find("\"" + key + "\"", p);
+  if (p == std::string::npos) return fallback;
+  p = json.find("\"string_value\"", p);
+  if (p == std::string::npos) return fallback;
+  p = json.find('"', p + 14);
+  if (p == std::string::npos) return fallback;
+  std::string out;
+  for (size_t i = p + 1; i < json.size(); ++i) {
+    if (json[i] == '\\' && i + 1 < json.size()) {
+      out += json[++i];
+    } else if (json[i] == '"') {
+      return out;
+    } else {
+      out += json[i];
+    }
+  }
+  return fallback;
+}
+
+struct Gate;
+
+// One forwarded request. Freed once both the target's final response and the release of the
+// target request have happened (`pending` counts them down).
+struct Stream {
+  Gate* gate = nullptr;
+  TRITONBACKEND_Request* outer = nullptr;  // the client's request: its inputs back the target's
+  TRITONBACKEND_ResponseFactory* factory = nullptr;
+  TRITONSERVER_InferenceRequest* inner = nullptr;
+  std::atomic<int> pending {2};
+  bool cancel_sent = false;  // guarded by Gate::mu
+};
+
+struct Gate {
+  std::string name, target, busy_message, label_model;
+  TRITONSERVER_Server* server = nullptr;
+  TRITONSERVER_ResponseAllocator* allocator = nullptr;
+  TRITONSERVER_MetricFamily* rejected_family = nullptr;
+  TRITONSERVER_Metric* rejected_busy = nullptr;
+  uint32_t max_live = 1;
+  std::atomic<uint32_t> live {0};
+  std::chrono::microseconds cancel_poll {5000}, log_settle {10000}, log_max_wait {100000};
+
+  std::mutex mu;
+  std::condition_variable wake;
+  bool stopping = false;
+  std::unordered_set<Stream*> streams;  // forwarded, final response not relayed yet
+  std::vector<std::string> unlogged;    // request ids of refusals not logged yet
+  std::chrono::steady_clock::time_point first_unlogged, last_unlogged;
+  std::thread worker;
+
+  bool TryAcquire() {
+    uint32_t cur = live.load();
+    do {
+      if (cur >= max_live) return false;
+    } while (!live.compare_exchange_weak(cur, cur + 1));
+    return true;
+  }
+
+  void Refused(const char* request_id) {
+    if (rejected_busy != nullptr) TRITONSERVER_ErrorDelete(TRITONSERVER_MetricIncrement(rejected_busy, 1.0));
+    std::lock_guard<std::mutex> lk(mu);
+    auto now = std::chrono::steady_clock::now();
+    if (unlogged.empty()) first_unlogged = now;
+    last_unlogged = now;
+    unlogged.emplace_back(request_id ? request_id : "");
+  }
+
+  // The worker thread: passes clients' cancellations on to the target and writes the log lines
+  // of refusals whose burst has settled.
+  void Run() {
+    std::unique_lock<std::mutex> lk(mu);
+    while (!stopping) {
+      wake.wait_for(lk, cancel_poll);
+      for (Stream* s : streams) {
+        if (s->cancel_sent || s->factory == nullptr) continue;
+        bool cancelled = false;
+        TRITONSERVER_ErrorDelete(TRITONBACKEND_ResponseFactoryIsCancelled(s->factory, &cancelled));
+        if (cancelled) {
+          s->cancel_sent = true;
+          TRITONSERVER_ErrorDelete(TRITONSERVER_InferenceRequestCancel(s->inner));
+        }
+      }
+      auto now = std::chrono::steady_clock::now();
+      if (!unlogged.empty() && (stopping || now - last_unlogged >= log_settle || now - first_unlogged >= log_max_wait)) {
+        std::vector<std::string> ids;
+        ids.swap(unlogged);
+        lk.unlock();
+        WriteRefusals(ids);
+        lk.lock();
+      }
+    }
+    std::vector<std::string> ids;
+    ids.swap(unlogged);
+    lk.unlock();
+    WriteRefusals(ids);
+  }
+
+  void WriteRefusals(const std::vector<std::string>& ids) {
+    if (ids.empty()) return;
+    std::string ts = Timestamp(), lines;
+    std::string tail = ",\"reason\":\"busy\",\"status\":\"busy\",\"message\":" + JsonString(busy_message) + "}\n";
+    std::string head = "{\"ts\":\"" + ts + "\",\"level\":\"warning\",\"event\":\"request_rejected\",\"model\":" +
+                       JsonString(label_model) + ",\"stage\":\"gate\",\"request_id\":";
+    for (const auto& id : ids) lines += head + JsonString(id) + tail;
+    std::fwrite(lines.data(), 1, lines.size(), stderr);
+    std::fflush(stderr);
+  }
+
+  void Forget(Stream* s) {
+    if (s->pending.fetch_sub(1) == 1) {
+      TRITONSERVER_ErrorDelete(TRITONSERVER_InferenceRequestDelete(s->inner));
+      delete s;
+    }
+  }
+};
+
+void SendError(TRITONBACKEND_ResponseFactory* factory, TRITONSERVER_Error_Code code, const std::string& message) {
+  TRITONBACKEND_Response* response = nullptr;
+  if (TRITONBACKEND_ResponseNewFromFactory(&response, factory) == nullptr) {
+    TRITONSERVER_Error* err = TRITONSERVER_ErrorNew(code, message.c_str());
+    TRITONSERVER_ErrorDelete(TRITONBACKEND_ResponseSend(response, TRITONSERVER_RESPONSE_COMPLETE_FINAL, err));
+    TRITONSERVER_ErrorDelete(err);
+  } else {
+    TRITONSERVER_ErrorDelete(TRITONBACKEND_ResponseFactorySendFlags(factory, TRITONSERVER_RESPONSE_COMPLETE_FINAL));
+  }
+}
+
+// Response buffers for the target's outputs: host memory, freed once copied to the client's.
+TRITONSERVER_Error* Alloc(TRITONSERVER_ResponseAllocator*, const char*, size_t byte_size, TRITONSERVER_MemoryType,
+                          int64_t, void*, void** buffer, void** buffer_userp, TRITONSERVER_MemoryType* actual_type,
+                          int64_t* actual_type_id) {
+  *buffer = byte_size ? std::malloc(byte_size) : nullptr;
+  *buffer_userp = nullptr;
+  *actual_type = TRITONSERVER_MEMORY_CPU;
+  *actual_type_id = 0;
+  if (byte_size && *buffer == nullptr) return TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_INTERNAL, "gate: out of memory");
+  return nullptr;
+}
+
+TRITONSERVER_Error* Release(TRITONSERVER_ResponseAllocator*, void* buffer, void*, size_t, TRITONSERVER_MemoryType,
+                            int64_t) {
+  std::free(buffer);
+  return nullptr;
+}
+
+// Copy one target response's outputs and parameters onto `out`; the first error, else nullptr.
+TRITONSERVER_Error* CopyResponse(TRITONSERVER_InferenceResponse* in, TRITONBACKEND_Response* out) {
+  uint32_t n = 0;
+  if (auto* err = TRITONSERVER_InferenceResponseOutputCount(in, &n)) return err;
+  for (uint32_t i = 0; i < n; ++i) {
+    const char* name;
+    TRITONSERVER_DataType dtype;
+    const int64_t* shape;
+    uint64_t dims;
+    const void* base;
+    size_t size;
+    TRITONSERVER_MemoryType mtype;
+    int64_t mid;
+    void* userp;
+    if (auto* err = TRITONSERVER_InferenceResponseOutput(in, i, &name, &dtype, &shape, &dims, &base, &size, &mtype,
+                                                         &mid, &userp))
+      return err;
+    TRITONBACKEND_Output* output;
+    if (auto* err = TRITONBACKEND_ResponseOutput(out, &output, name, dtype, shape, static_cast<uint32_t>(dims)))
+      return err;
+    void* buf = nullptr;
+    TRITONSERVER_MemoryType otype = TRITONSERVER_MEMORY_CPU;
+    int64_t oid = 0;
+    if (auto* err = TRITONBACKEND_OutputBuffer(output, &buf, size, &otype, &oid)) return err;
+    if (size && otype == TRITONSERVER_MEMORY_GPU)
+      return TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_INTERNAL, "gate: client output buffer in GPU memory");
+    if (size) std::memcpy(buf, base, size);
+  }
+  if (auto* err = TRITONSERVER_InferenceResponseParameterCount(in, &n)) return err;
+  for (uint32_t i = 0; i < n; ++i) {
+    const char* key;
+    TRITONSERVER_ParameterType type;
+    const void* value;
+    if (auto* err = TRITONSERVER_InferenceResponseParameter(in, i, &key, &type, &value)) return err;
+    TRITONSERVER_Error* err = nullptr;
+    switch (type) {
+      case TRITONSERVER_PARAMETER_STRING:
+        err = TRITONBACKEND_ResponseSetStringParameter(out, key, static_cast<const char*>(value));
+        break;
+      case TRITONSERVER_PARAMETER_INT:
+        err = TRITONBACKEND_ResponseSetIntParameter(out, key, *static_cast<const int64_t*>(value));
+        break;
+      case TRITONSERVER_PARAMETER_BOOL:
+        err = TRITONBACKEND_ResponseSetBoolParameter(out, key, *static_cast<const bool*>(value));
+        break;
+      case TRITONSERVER_PARAMETER_DOUBLE:
+        err = TRITONBACKEND_ResponseSetDoubleParameter(out, key, *static_cast<const double*>(value));
+        break;
+      default:
+        break;
+    }
+    if (err) return err;
+  }
+  return nullptr;
+}
+
+void OnTargetResponse(TRITONSERVER_InferenceResponse* response, const uint32_t flags, void* userp) {
+  auto* s = static_cast<Stream*>(userp);
+  Gate* g = s->gate;
+  const bool final = (flags & TRITONSERVER_RESPONSE_COMPLETE_FINAL) != 0;
+  if (response != nullptr) {
+    TRITONBACKEND_Response* out = nullptr;
+    if (TRITONBACKEND_ResponseNewFromFactory(&out, s->factory) == nullptr) {
+      TRITONSERVER_Error* send = nullptr;
+      if (TRITONSERVER_Error* err = TRITONSERVER_InferenceResponseError(response)) {  // owned by the response
+        send = TRITONSERVER_ErrorNew(TRITONSERVER_ErrorCode(err), TRITONSERVER_ErrorMessage(err));
+      } else if (TRITONSERVER_Error* err = CopyResponse(response, out)) {
+        std::string msg = std::string("[internal] gate: relaying a response failed: ") + TRITONSERVER_ErrorMessage(err);
+        TRITONSERVER_ErrorDelete(err);
+        // A half-built response cannot be sent: drop it and end the stream with the error.
+        TRITONSERVER_ErrorDelete(TRITONBACKEND_ResponseDelete(out));
+        TRITONSERVER_ErrorDelete(TRITONSERVER_InferenceResponseDelete(response));
+        SendError(s->factory, TRITONSERVER_ERROR_INTERNAL, msg);
+        TRITONSERVER_ErrorDelete(TRITONSERVER_InferenceRequestCancel(s->inner));
+        // The target still ends its stream; that final response finds the factory already final.
+        if (!final) return;
+        response = nullptr;
+        out = nullptr;
+      }
+      if (out != nullptr) {
+        TRITONSERVER_ErrorDelete(TRITONBACKEND_ResponseSend(out, final ? TRITONSERVER_RESPONSE_COMPLETE_FINAL : 0, send));
+      }
+      TRITONSERVER_ErrorDelete(send);
+    }
+    if (response != nullptr) TRITONSERVER_ErrorDelete(TRITONSERVER_InferenceResponseDelete(response));
+  } else if (final) {
+    TRITONSERVER_ErrorDelete(TRITONBACKEND_ResponseFactorySendFlags(s->factory, TRITONSERVER_RESPONSE_COMPLETE_FINAL));
+  }
+  if (!final) return;
+  {
+    std::lock_guard<std::mutex> lk(g->mu);
+    g->streams.erase(s);
+  }
+  TRITONSERVER_ErrorDelete(TRITONBACKEND_ResponseFactoryDelete(s->factory));
+  s->factory = nullptr;
+  g->live.fetch_sub(1);
+  g->Forget(s);
+}
+
+void OnTargetRelease(TRITONSERVER_InferenceRequest*, const uint32_t, void* userp) {
+  auto* s = static_cast<Stream*>(userp);
+  // The target no longer reads the inputs: the client's request can go (its response factory stays).
+  TRITONSERVER_ErrorDelete(TRITONBACKEND_RequestRelease(s->outer, TRITONSERVER_REQUEST_RELEASE_ALL));
+  s->outer = nullptr;
+  s->gate->Forget(s);
+}
+
+// Build the target's request from the client's; on success the Stream owns both.
+TRITONSERVER_Error* Forward(Gate* g, TRITONBACKEND_Request* request, Stream* s) {
+  const char* id = nullptr;
+  if (auto* err = TRITONBACKEND_RequestId(request, &id)) return err;
+  if (auto* err = TRITONSERVER_InferenceRequestNew(&s->inner, g->server, g->target.c_str(), -1)) return err;
+  TRITONSERVER_InferenceRequest* r = s->inner;
+  if (id && *id)
+    if (auto* err = TRITONSERVER_InferenceRequestSetId(r, id)) return err;
+  uint32_t n = 0;
+  if (auto* err = TRITONBACKEND_RequestInputCount(request, &n)) return err;
+  for (uint32_t i = 0; i < n; ++i) {
+    TRITONBACKEND_Input* input;
+    if (auto* err = TRITONBACKEND_RequestInputByIndex(request, i, &input)) return err;
+    const char* name;
+    TRITONSERVER_DataType dtype;
+    const int64_t* shape;
+    uint32_t dims, buffers;
+    uint64_t size;
+    if (auto* err = TRITONBACKEND_InputProperties(input, &name, &dtype, &shape, &dims, &size, &buffers)) return err;
+    if (auto* err = TRITONSERVER_InferenceRequestAddInput(r, name, dtype, shape, dims)) return err;
+    for (uint32_t b = 0; b < buffers; ++b) {
+      const void* base;
+      uint64_t bsize;
+      TRITONSERVER_MemoryType mtype = TRITONSERVER_MEMORY_CPU;
+      int64_t mid = 0;
+      if (auto* err = TRITONBACKEND_InputBuffer(input, b, &base, &bsize, &mtype, &mid)) return err;
+      if (auto* err = TRITONSERVER_InferenceRequestAppendInputData(r, name, base, bsize, mtype, mid)) return err;
+    }
+  }
+  if (auto* err = TRITONBACKEND_RequestOutputCount(request, &n)) return err;
+  for (uint32_t i = 0; i < n; ++i) {
+    const char* name;
+    if (auto* err = TRITONBACKEND_RequestOutputName(request, i, &name)) return err;
+    if (auto* err = TRITONSERVER_InferenceRequestAddRequestedOutput(r, name)) return err;
+  }
+  if (auto* err = TRITONBACKEND_RequestParameterCount(request, &n)) return err;
+  for (uint32_t i = 0; i < n; ++i) {
+    const char* key;
+    TRITONSERVER_ParameterType type;
+    const void* value;
+    if (auto* err = TRITONBACKEND_RequestParameter(request, i, &key, &type, &value)) return err;
+    TRITONSERVER_Error* err = nullptr;
+    switch (type) {
+      case TRITONSERVER_PARAMETER_STRING:
+        err = TRITONSERVER_InferenceRequestSetStringParameter(r, key, static_cast<const char*>(value));
+        break;
+      case TRITONSERVER_PARAMETER_INT:
+        err = TRITONSERVER_InferenceRequestSetIntParameter(r, key, *static_cast<const int64_t*>(value));
+        break;
+      case TRITONSERVER_PARAMETER_BOOL:
+        err = TRITONSERVER_InferenceRequestSetBoolParameter(r, key, *static_cast<const bool*>(value));
+        break;
+      case TRITONSERVER_PARAMETER_DOUBLE:
+        err = TRITONSERVER_InferenceRequestSetDoubleParameter(r, key, *static_cast<const double*>(value));
+        break;
+      default:
+        break;
+    }
+    if (err) return err;
+  }
+  if (auto* err = TRITONSERVER_InferenceRequestSetReleaseCallback(r, OnTargetRelease, s)) return err;
+  if (auto* err = TRITONSERVER_InferenceRequestSetResponseCallback(r, g->allocator, nullptr, OnTargetResponse, s))
+    return err;
+  {
+    std::lock_guard<std::mutex> lk(g->mu);
+    g->streams.insert(s);
+  }
+  if (auto* err = TRITONSERVER_ServerInferAsync(g->server, r, nullptr)) {  // the request is still ours
+    std::lock_guard<std::mutex> lk(g->mu);
+    g->streams.erase(s);
+    return err;
+  }
+  return nullptr;
+}
+
+// A request answered here (not forwarded): statistics, then factory and request released.
+void Done(TRITONBACKEND_ModelInstance* instance, TRITONBACKEND_Request* request, TRITONBACKEND_ResponseFactory* factory,
+          uint64_t start) {
+  const uint64_t end = NowNs();
+  TRITONSERVER_ErrorDelete(TRITONBACKEND_ModelInstanceReportStatistics(instance, request, true, start, start, end, end));
+  TRITONSERVER_ErrorDelete(TRITONBACKEND_ResponseFactoryDelete(factory));
+  TRITONSERVER_ErrorDelete(TRITONBACKEND_RequestRelease(request, TRITONSERVER_REQUEST_RELEASE_ALL));
+}
+
+TRITONSERVER_Error* Fail(const std::string& msg) {
+  return TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_INVALID_ARG, ("chattts gate: " + msg).c_str());
+}
+
+}  // namespace
+
+extern "C" {
+
+TRITONSERVER_Error* TRITONBACKEND_Initialize(TRITONBACKEND_Backend*) {
+  uint32_t major = 0, minor = 0;
+  if (auto* err = TRITONBACKEND_ApiVersion(&major, &minor)) return err;
+  if (major != TRITONBACKEND_API_VERSION_MAJOR || minor < TRITONBACKEND_API_VERSION_MINOR)
+    return TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_UNSUPPORTED,
+                                 ("chattts gate: needs Triton backend API 1." +
+                                  std::to_string(TRITONBACKEND_API_VERSION_MINOR) + " or newer 1.x, server has " +
+                                  std::to_string(major) + "." + std::to_string(minor))
+                                     .c_str());
+  return nullptr;
+}
+
+TRITONSERVER_Error* TRITONBACKEND_ModelInitialize(TRITONBACKEND_Model* model) {
+  TRITONSERVER_Message* message = nullptr;
+  if (auto* err = TRITONBACKEND_ModelConfig(model, 1, &message)) return err;
+  const char* base = nullptr;
+  size_t size = 0;
+  TRITONSERVER_Error* err = TRITONSERVER_MessageSerializeToJson(message, &base, &size);
+  std::string json = err ? "" : std::string(base, size);
+  TRITONSERVER_ErrorDelete(TRITONSERVER_MessageDelete(message));
+  if (err) return err;
+
+  auto* g = new Gate();
+  const char* name = nullptr;
+  TRITONSERVER_ErrorDelete(TRITONBACKEND_ModelName(model, &name));
+  g->name = name ? name : "";
+  g->target = ConfigParameter(json, "target_model", "");
+  g->busy_message = ConfigParameter(json, "busy_message", "");
+  g->label_model = ConfigParameter(json, "label_model", g->name);
+  std::string metric = ConfigParameter(json, "rejected_metric", "");
+  std::string help = ConfigParameter(json, "rejected_help", "");
+  long max_live = std::atol(ConfigParameter(json, "max_live", "0").c_str());
+  double poll_ms = std::atof(ConfigParameter(json, "cancel_poll_ms", "5").c_str());
+  double settle_ms = std::atof(ConfigParameter(json, "log_settle_ms", "10").c_str());
+  double max_wait_ms = std::atof(ConfigParameter(json, "log_max_wait_ms", "100").c_str());
+  std::string problem = g->target.empty()          ? "parameter target_model is missing"
+                        : g->target == g->name     ? "target_model names the gate itself"
+                        : g->busy_message.empty()  ? "parameter busy_message is missing"
+                        : metric.empty() || help.empty() ? "parameters rejected_metric and rejected_help are required"
+                        : max_live < 1             ? "parameter max_live must be a positive integer"
+                        : !(poll_ms > 0)           ? "parameter cancel_poll_ms must be positive"
+                        : !(settle_ms > 0) || !(max_wait_ms >= settle_ms)
+                            ? "parameters log_settle_ms > 0 and log_max_wait_ms >= log_settle_ms required"
+                            : "";
+  if (!problem.empty()) {
+    delete g;
+    return Fail(problem);
+  }
+  g->max_live = static_cast<uint32_t>(max_live);
+  g->cancel_poll = std::chrono::microseconds(static_cast<int64_t>(poll_ms * 1000));
+  g->log_settle = std::chrono::microseconds(static_cast<int64_t>(settle_ms * 1000));
+  g->log_max_wait = std::chrono::microseconds(static_cast<int64_t>(max_wait_ms * 1000));
+  if ((err = TRITONBACKEND_ModelServer(model, &g->server)) ||
+      (err = TRITONSERVER_ResponseAllocatorNew(&g->allocator, Alloc, Release, nullptr))) {
+    delete g;
+    return err;
+  }
+  // Metrics may be disabled (--allow-metrics=false): the gate then only logs.
+  if (TRITONSERVER_Error* merr = TRITONSERVER_MetricFamilyNew(&g->rejected_family, TRITONSERVER_METRIC_KIND_COUNTER,
+                                                              metric.c_str(), help.c_str())) {
+    TRITONSERVER_ErrorDelete(merr);
+    g->rejected_family = nullptr;
+  } else {
+    const TRITONSERVER_Parameter* labels[2] = {
+        TRITONSERVER_ParameterNew("model", TRITONSERVER_PARAMETER_STRING, g->label_model.c_str()),
+        TRITONSERVER_ParameterNew("reason", TRITONSERVER_PARAMETER_STRING, "busy")};
+    TRITONSERVER_ErrorDelete(TRITONSERVER_MetricNew(&g->rejected_busy, g->rejected_family, labels, 2));
+    for (auto* p : labels) TRITONSERVER_ParameterDelete(const_cast<TRITONSERVER_Parameter*>(p));
+  }
+  g->worker = std::thread([g] { g->Run(); });
+  return TRITONBACKEND_ModelSetState(model, g);
+}
+
+TRITONSERVER_Error* TRITONBACKEND_ModelFinalize(TRITONBACKEND_Model* model) {
+  void* state = nullptr;
+  if (auto* err = TRITONBACKEND_ModelState(model, &state)) return err;
+  auto* g = static_cast<Gate*>(state);
+  {
+    std::lock_guard<std::mutex> lk(g->mu);
+    g->stopping = true;
+  }
+  g->wake.notify_all();
+  g->worker.join();  // Triton finalizes a model after its requests are released: no stream is left
+  if (g->rejected_busy) TRITONSERVER_ErrorDelete(TRITONSERVER_MetricDelete(g->rejected_busy));
+  if (g->rejected_family) TRITONSERVER_ErrorDelete(TRITONSERVER_MetricFamilyDelete(g->rejected_family));
+  TRITONSERVER_ErrorDelete(TRITONSERVER_ResponseAllocatorDelete(g->allocator));
+  delete g;
+  return nullptr;
+}
+
+TRITONSERVER_Error* TRITONBACKEND_ModelInstanceInitialize(TRITONBACKEND_ModelInstance*) { return nullptr; }
+
+TRITONSERVER_Error* TRITONBACKEND_ModelInstanceFinalize(TRITONBACKEND_ModelInstance*) { return nullptr; }
+
+TRITONSERVER_Error* TRITONBACKEND_ModelInstanceExecute(TRITONBACKEND_ModelInstance* instance,
+                                                       TRITONBACKEND_Request** requests, const uint32_t count) {
+  TRITONBACKEND_Model* model = nullptr;
+  void* state = nullptr;
+  if (auto* err = TRITONBACKEND_ModelInstanceModel(instance, &model)) return err;
+  if (auto* err = TRITONBACKEND_ModelState(model, &state)) return err;
+  auto* g = static_cast<Gate*>(state);
+  const uint64_t exec_start = NowNs();
+  for (uint32_t i = 0; i < count; ++i) {
+    TRITONBACKEND_Request* request = requests[i];
+    const uint64_t start = NowNs();
+    TRITONBACKEND_ResponseFactory* factory = nullptr;
+    if (TRITONSERVER_Error* err = TRITONBACKEND_ResponseFactoryNew(&factory, request)) {
+      // Without a factory there is no way to answer: Triton ends the request with this error.
+      TRITONSERVER_ErrorDelete(err);
+      TRITONSERVER_ErrorDelete(TRITONBACKEND_RequestRelease(request, TRITONSERVER_REQUEST_RELEASE_ALL));
+      continue;
+    }
+    if (!g->TryAcquire()) {
+      const char* id = nullptr;
+      TRITONSERVER_ErrorDelete(TRITONBACKEND_RequestId(request, &id));
+      SendError(factory, TRITONSERVER_ERROR_UNAVAILABLE, g->busy_message);
+      g->Refused(id);
+      Done(instance, request, factory, start);
+      continue;
+    }
+    // Statistics first: once forwarded, the request may be released on another thread.
+    const uint64_t end = NowNs();
+    TRITONSERVER_ErrorDelete(TRITONBACKEND_ModelInstanceReportStatistics(instance, request, true, start, start, end, end));
+    auto* s = new Stream();
+    s->gate = g;
+    s->outer = request;
+    s->factory = factory;
+    if (TRITONSERVER_Error* err = Forward(g, request, s)) {
+      std::string msg = std::string("[unavailable] ") + g->target + " cannot take the request: " +
+                        TRITONSERVER_ErrorMessage(err);
+      TRITONSERVER_ErrorDelete(err);
+      if (s->inner) TRITONSERVER_ErrorDelete(TRITONSERVER_InferenceRequestDelete(s->inner));
+      delete s;
+      g->live.fetch_sub(1);
+      SendError(factory, TRITONSERVER_ERROR_UNAVAILABLE, msg);
+      TRITONSERVER_ErrorDelete(TRITONBACKEND_ResponseFactoryDelete(factory));
+      TRITONSERVER_ErrorDelete(TRITONBACKEND_RequestRelease(request, TRITONSERVER_REQUEST_RELEASE_ALL));
+    }
+  }
+  const uint64_t exec_end = NowNs();
+  TRITONSERVER_ErrorDelete(
+      TRITONBACKEND_ModelInstanceReportBatchStatistics(instance, count, exec_start, exec_start, exec_end, exec_end));
+  return nullptr;
+}
+
+}  // extern "C"

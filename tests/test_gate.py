@@ -1,0 +1,279 @@
+"""The admission gate (chattts_serving/gate/gate.cc): built and cached, rendered in front of the
+Python entry model, forwarding requests, responses, errors and request parameters unchanged
+(against a real tritonserver), and the profile's ``[entry] gate = false`` serving without it."""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import queue
+import stat
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import tomllib
+import tritonclient.grpc as grpcclient
+from conftest import free_port, metric
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2
+
+from chattts_serving import contract
+from chattts_serving.deploy.admin import grpc_headers
+from chattts_serving.deploy.gate import LIBRARY, GateBuildError, build_gate
+from chattts_serving.deploy.render import render_repository
+from chattts_serving.deploy.server import TritonServer
+from chattts_serving.runtime import Artifacts
+from chattts_serving.serving.admission import busy_error
+from chattts_serving.serving.profile import PROFILES_DIR, Profile, load_profile
+
+
+# --- build ---------------------------------------------------------------------------------------
+def test_the_gate_is_compiled_once_then_copied_from_the_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CHATTTS_GATE_CACHE", str(tmp_path / "cache"))
+    lib = build_gate(tmp_path / "a")
+    assert lib == tmp_path / "a" / contract.GATE_BACKEND / LIBRARY
+    (cached,) = (tmp_path / "cache").glob("*.so")
+    built_ns = cached.stat().st_mtime_ns
+    again = build_gate(tmp_path / "b")  # another server's backend directory: no second compile
+    assert again.read_bytes() == lib.read_bytes() and cached.stat().st_mtime_ns == built_ns
+    assert build_gate(tmp_path / "a") == lib  # up to date where it is: kept
+    # what Triton looks up in a backend library (undefined Triton symbols resolve only in tritonserver)
+    so = ctypes.CDLL(str(lib), mode=os.RTLD_LAZY)
+    for symbol in ("TRITONBACKEND_Initialize", "TRITONBACKEND_ModelInitialize", "TRITONBACKEND_ModelFinalize",
+                   "TRITONBACKEND_ModelInstanceInitialize", "TRITONBACKEND_ModelInstanceFinalize",
+                   "TRITONBACKEND_ModelInstanceExecute"):
+        assert hasattr(so, symbol), symbol
+
+
+def test_no_compiler_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CHATTTS_GATE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("CXX", "")
+    monkeypatch.setenv("PATH", str(tmp_path))  # no g++, no c++
+    with pytest.raises(GateBuildError, match=r"gate = false"):
+        build_gate(tmp_path / "backends")
+
+
+def test_a_failing_compiler_shows_its_output(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cxx = tmp_path / "broken-cxx"
+    cxx.write_text("#!/bin/sh\necho 'gate.cc:1: error: no such thing' >&2\nexit 1\n")
+    cxx.chmod(cxx.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("CHATTTS_GATE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("CXX", str(cxx))
+    with pytest.raises(GateBuildError, match=r"exit 1[\s\S]*no such thing"):
+        build_gate(tmp_path / "backends")
+    assert not list((tmp_path / "cache").glob("*.so"))  # nothing half-built is kept
+
+
+# --- render --------------------------------------------------------------------------------------
+def _profile(**entry: Any) -> Profile:
+    data = tomllib.loads((PROFILES_DIR / "cpu.toml").read_text())
+    data["entry"].update(entry)
+    return Profile.model_validate(data)
+
+
+def _config(repo: Path, model: str) -> Any:
+    return text_format.Parse((repo / model / "config.pbtxt").read_text(), model_config_pb2.ModelConfig())
+
+
+def test_the_gate_is_rendered_in_front_of_the_python_entry_model(tmp_path: Path) -> None:
+    profile = load_profile("cpu")
+    assert profile.entry.gate
+    render_repository(profile, tmp_path / "art", tmp_path / "repo")
+    repo = tmp_path / "repo"
+    gate, entry = _config(repo, contract.MODEL_STREAM), _config(repo, contract.MODEL_STREAM_ENTRY)
+    assert gate.backend == contract.GATE_BACKEND and entry.backend == "python"
+    assert gate.model_transaction_policy.decoupled and entry.model_transaction_policy.decoupled
+    assert [(t.name, t.data_type, list(t.dims), t.optional) for t in gate.input] == \
+        [(t.name, t.data_type, list(t.dims), t.optional) for t in entry.input]
+    assert [(t.name, t.data_type) for t in gate.output] == [(t.name, t.data_type) for t in entry.output]
+    params = {k: v.string_value for k, v in gate.parameters.items()}
+    limit = profile.entry.max_concurrent_streams
+    assert params["target_model"] == contract.MODEL_STREAM_ENTRY
+    assert params["max_live"] == str(limit)
+    assert params["busy_message"] == busy_error(limit).wire() == f"[busy] server busy: {limit} streams already live"
+    assert params["label_model"] == contract.MODEL_STREAM and params["rejected_help"] == contract.REJECTED_HELP
+    assert params["rejected_metric"] == contract.REJECTED_METRIC
+    assert float(params["cancel_poll_ms"]) == profile.entry.cancel_poll_interval_s * 1000
+    assert entry.parameters["label_model"].string_value == contract.MODEL_STREAM
+    assert not (tmp_path / "repo" / contract.MODEL_STREAM / "1" / "model.py").exists()
+    assert (tmp_path / "repo" / contract.MODEL_STREAM / "1").is_dir()  # Triton needs the version directory
+    assert (tmp_path / "repo" / contract.MODEL_STREAM_ENTRY / "1" / "model.py").is_file()
+
+
+def test_without_the_gate_chattts_is_the_python_entry_model(tmp_path: Path) -> None:
+    render_repository(_profile(gate=False), tmp_path / "art", tmp_path / "repo")
+    models = {p.parent.name for p in (tmp_path / "repo").glob("*/config.pbtxt")}
+    assert models == set(contract.models(gate=False)) and contract.MODEL_STREAM_ENTRY not in models
+    stream = _config(tmp_path / "repo", contract.MODEL_STREAM)
+    assert stream.backend == "python" and "label_model" not in stream.parameters
+    assert (tmp_path / "repo" / contract.MODEL_STREAM / "1" / "model.py").is_file()
+
+
+# --- a real server ---------------------------------------------------------------------------------
+def _inputs(text: str, seed: int, tokens: int, **extra: Any) -> list[grpcclient.InferInput]:
+    values: list[tuple[str, np.ndarray, str]] = [
+        ("text", np.array([text.encode()], np.object_), "BYTES"), ("seed", np.array([seed], np.int64), "INT64"),
+        ("max_new_tokens", np.array([tokens], np.int32), "INT32"),
+        ("min_new_tokens", np.array([tokens], np.int32), "INT32")]
+    for name, value in extra.items():
+        spec = {t.name: t for t in contract.ENTRY_INPUTS}[name]
+        arr = (np.array([value.encode()], np.object_) if spec.triton_dtype == "TYPE_STRING"
+               else np.array([value], spec.np_dtype))
+        values.append((name, arr, spec.client_dtype))
+    out = []
+    for name, arr, dtype in values:
+        i = grpcclient.InferInput(name, list(arr.shape), dtype)
+        i.set_data_from_numpy(arr)
+        out.append(i)
+    return out
+
+
+def _stream(url: str, model: str, inputs: list[grpcclient.InferInput], request_id: str = "",
+            parameters: dict[str, Any] | None = None) -> tuple[list[Any], str | None]:
+    """All responses of one stream on ``model`` (the final, empty one included) and its error."""
+    client = grpcclient.InferenceServerClient(url)
+    q: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    client.start_stream(callback=lambda result, error: q.put((result, error)))
+    responses: list[Any] = []
+    try:
+        client.async_stream_infer(model, inputs, request_id=request_id, enable_empty_final_response=True,
+                                  parameters=parameters)
+        while True:
+            result, error = q.get(timeout=120)
+            if error is not None:
+                return responses, str(error)
+            responses.append(result)
+            if result.get_response().parameters["triton_final_response"].bool_param:
+                return responses, None
+    finally:
+        client.stop_stream()
+        client.close()
+
+
+def _audio(responses: list[Any]) -> np.ndarray:
+    parts = [a for r in responses if (a := r.as_numpy(contract.OUT_AUDIO.name)) is not None]
+    return np.concatenate(parts) if parts else np.zeros(0, np.float32)
+
+
+def _infos(responses: list[Any]) -> list[dict[str, Any]]:
+    return [json.loads(i[0]) for r in responses if (i := r.as_numpy(contract.OUT_INFO.name)) is not None]
+
+
+@pytest.mark.server
+def test_a_stream_through_the_gate_is_the_stream_of_the_entry_model(triton_server: Any) -> None:
+    """Same request to ``chattts`` (the gate) and to ``chattts_entry`` behind it: the same audio
+    bit for bit, the same chunking, the same info apart from timings; the request id reaches
+    the entry model."""
+    url = triton_server.grpc_url
+    via_gate, err_gate = _stream(url, contract.MODEL_STREAM, _inputs("网关转发测试。", 7, 48), request_id="gate-fwd-1")
+    direct, err_direct = _stream(url, contract.MODEL_STREAM_ENTRY, _inputs("网关转发测试。", 7, 48),
+                                 request_id="gate-fwd-2")
+    assert err_gate is None and err_direct is None
+    assert len(via_gate) == len(direct) >= 3  # first chunk, more chunks, final info
+    np.testing.assert_array_equal(_audio(via_gate), _audio(direct))
+    assert [r.as_numpy(contract.OUT_AUDIO.name).shape if r.as_numpy(contract.OUT_AUDIO.name) is not None else None
+            for r in via_gate] == [r.as_numpy(contract.OUT_AUDIO.name).shape
+                                   if r.as_numpy(contract.OUT_AUDIO.name) is not None else None for r in direct]
+    info_gate, info_direct = _infos(via_gate), _infos(direct)
+    assert [sorted(i) for i in info_gate] == [sorted(i) for i in info_direct]
+    assert info_gate[0]["request_id"] == "gate-fwd-1" and info_direct[0]["request_id"] == "gate-fwd-2"
+    assert via_gate[-1].get_response().parameters["triton_final_response"].bool_param
+
+
+@pytest.mark.server
+@pytest.mark.parametrize(("inputs", "parameters", "expect"), [
+    (lambda: _inputs("参数。", 1, 20, temperature=9.0), None, "[invalid:temperature]"),
+    (lambda: _inputs("参数。", 1, 20), {"priorty": "batch"}, "unknown request parameter"),
+    (lambda: _inputs("", 1, 20), None, "[invalid"),
+], ids=["bad-input", "unknown-parameter", "empty-text"])
+def test_errors_come_through_the_gate_as_the_entry_model_sends_them(triton_server: Any, inputs: Any,
+                                                                     parameters: Any, expect: str) -> None:
+    """A refused request: the same error (tag, message) through the gate as straight from the
+    entry model, and the stream ends; request parameters are forwarded (the misspelt one is
+    refused by the entry model, behind the gate)."""
+    url = triton_server.grpc_url
+    _, err_gate = _stream(url, contract.MODEL_STREAM, inputs(), parameters=parameters)
+    _, err_direct = _stream(url, contract.MODEL_STREAM_ENTRY, inputs(), parameters=parameters)
+    assert err_gate is not None and expect in err_gate, err_gate
+    assert err_gate == err_direct
+
+
+@pytest.mark.server
+def test_a_client_cancel_passes_through_the_gate(triton_server: Any) -> None:
+    """A client that cancels its stream mid-way: the entry model behind the gate sees the
+    cancel (its request ends 'cancelled' in the log) and the engine lets the sequence go."""
+    url, port = triton_server.grpc_url, triton_server.metrics_port
+    client = grpcclient.InferenceServerClient(url)
+    got: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    client.start_stream(callback=lambda result, error: got.put((result, error)))
+    client.async_stream_infer(contract.MODEL_STREAM, _inputs("一直说下去，不要停。", 3, 2000),
+                              request_id="gate-cancel-1", enable_empty_final_response=True)
+    result, error = got.get(timeout=60)
+    assert error is None and result.as_numpy(contract.OUT_AUDIO.name) is not None
+    client.stop_stream(cancel_requests=True)
+    client.close()
+    deadline = time.monotonic() + 30
+    finished: dict[str, Any] = {}
+    while time.monotonic() < deadline and not finished:
+        for line in triton_server.log_path.read_text(errors="replace").splitlines():
+            if '"gate-cancel-1"' in line and '"request_finished"' in line:
+                finished = json.loads(line[line.index("{"):])
+        time.sleep(0.1)
+    assert finished.get("status") == "cancelled" and finished.get("model") == contract.MODEL_STREAM, finished
+    while time.monotonic() < deadline and metric(port, "tts_engine_active_sequences") > 0:
+        time.sleep(0.05)
+    assert metric(port, "tts_engine_active_sequences") == 0
+
+
+# --- without the gate ------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def ungated(small_artifacts: Artifacts, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritonServer]:
+    """A server rendered with ``[entry] gate = false`` and 2 stream slots."""
+    work = tmp_path_factory.mktemp("ungated")
+    render_repository(_profile(gate=False, max_concurrent_streams=2), small_artifacts.root, work / "repo")
+    srv = TritonServer(work / "repo", http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
+                       log_path=work / "tritonserver.log", build_dir=work / "build")
+    srv.start()
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+@pytest.mark.server
+def test_without_the_gate_the_python_entry_model_refuses_first_and_counts(ungated: TritonServer) -> None:
+    """``gate = false``: no gate library is built, ``chattts`` is the Python model, and a burst
+    of 6 long requests on 2 slots gets 4 refusals, each before the first accepted stream ends,
+    counted in tts_rejected_total."""
+    assert not (ungated.build_dir / "backends" / contract.GATE_BACKEND).exists()
+    url = f"127.0.0.1:{ungated.grpc_port}"
+    index = grpcclient.InferenceServerClient(url).get_model_repository_index(headers=grpc_headers(ungated.admin_token))
+    assert {m.name for m in index.models} == set(contract.models(gate=False))
+    before = metric(ungated.metrics_port, "tts_rejected_total", model=contract.MODEL_STREAM, reason="busy")
+    outcome: dict[int, tuple[float, str | None]] = {}
+    t0 = time.perf_counter()
+
+    def one(i: int) -> None:
+        _, err = _stream(url, contract.MODEL_STREAM, _inputs("没有网关。", 5, 400), request_id=f"ungated-{i}")
+        outcome[i] = (time.perf_counter() - t0, err)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    busy = [(t, e) for t, e in outcome.values() if e is not None]
+    ok = [t for t, e in outcome.values() if e is None]
+    assert len(ok) == 2 and len(busy) == 4 and all("server busy: 2 streams" in e for _, e in busy), outcome
+    assert max(t for t, _ in busy) < min(ok)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and metric(ungated.metrics_port, "tts_rejected_total",
+                                                  model=contract.MODEL_STREAM, reason="busy") - before < 4:
+        time.sleep(0.05)
+    assert metric(ungated.metrics_port, "tts_rejected_total", model=contract.MODEL_STREAM, reason="busy") - before == 4
