@@ -92,7 +92,8 @@ async def _storm(url: str, streams: int, metrics_url: str) -> int:
              for i, c in enumerate(conns)]
     try:
         end = time.monotonic() + 120
-        while not (accepted := _held_accepted(outs, metrics_url)) and time.monotonic() < end:
+        while not (accepted := _held_accepted(sum(1 for o in outs if o.first_s is not None or o.kind), streams,
+                                              metrics_url)) and time.monotonic() < end:
             await asyncio.sleep(0.05)
         assert accepted, "the streams were not all accepted"
         assert not any(o.kind for o in outs), [o.message for o in outs if o.kind]

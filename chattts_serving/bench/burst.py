@@ -8,7 +8,9 @@ open stream): the time to its refusal (busy) or to its first audio (accepted), e
 kind, and whether every request ended (audio then final response, or one error); also from the
 start signal (``busy_p99_s_from_start``: what one load-generating process adds by sending 200
 requests itself). ``rounds`` bursts run one after another on the same server (with ``hold``,
-the same held streams) and are pooled. ``make bench`` runs it as a phase (``bench.run``): on an
+the same held streams, opened by a process of their own: their audio is other users' work,
+not the measuring client's) and are pooled; for the saturated bursts ``make bench`` runs the
+client at niceness :data:`CLIENT_NICE` where allowed (``client_nice`` in the summary). ``make bench`` runs it as a phase (``bench.run``): on an
 idle server and with every stream slot held by long streams, written into ``bench.json`` as
 ``busy_p99_s_burst`` and ``busy_p99_s_saturated`` (issue: at most 0.1 s on 2 cores with every
 slot taken by full-size streams), the whole summaries, accepted streams' TTFA and each round's
@@ -22,10 +24,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
+import os
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -115,64 +119,134 @@ def _accepted_waiting(metrics_url: str) -> int:
                      if name == QUEUED_GAUGE and dict(labels).get("model") == contract.MODEL_STREAM))
 
 
+CLIENT_NICE = -10
+"""Niceness the burst client asks for while it measures a saturated server (``make bench``;
+granted to root only, else it keeps its own)."""
+
+
+def _hold_main(url: str, hold: int, hold_tokens: int, text: str, timeout_s: float, streaming: Any,
+               running: Any, stop: Any) -> None:
+    """The held streams, in their own process: ``hold`` long streams; ``streaming`` (shared int)
+    counts those that have sent audio or ended, ``running`` those not ended; they are cancelled
+    once ``stop`` (a multiprocessing event) is set."""
+    import tritonclient.grpc.aio as aio
+
+    async def main() -> None:
+        conns = [aio.InferenceServerClient(url) for _ in range(hold)]
+        go = asyncio.Event()
+        go.set()
+        outs = [Outcome() for _ in range(hold)]
+        tasks = [asyncio.create_task(_one(c, SynthesisRequest(text=text, max_new_tokens=hold_tokens,
+                                                              min_new_tokens=hold_tokens, request_id=f"hold-{i}"),
+                                          go, timeout_s, outs[i]))
+                 for i, c in enumerate(conns)]
+        try:
+            while not stop.is_set():
+                streaming.value = sum(1 for o in outs if o.first_s is not None or o.kind)
+                running.value = sum(1 for t in tasks if not t.done())
+                await asyncio.sleep(0.05)
+            running.value = sum(1 for t in tasks if not t.done())
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await asyncio.gather(*(c.close() for c in conns), return_exceptions=True)
+
+    asyncio.run(main())
+
+
+def _set_nice(nice: int) -> None:
+    """Every thread of this process at niceness ``nice`` (Linux keeps one per thread); raises
+    OSError where the OS refuses (lowering it needs root)."""
+    for tid in os.listdir("/proc/self/task"):
+        with contextlib.suppress(ProcessLookupError):  # a thread that ended meanwhile
+            os.setpriority(os.PRIO_PROCESS, int(tid), nice)
+
+
+@contextlib.contextmanager
+def _priority(nice: int | None) -> Iterator[int]:
+    """Run the block at niceness ``nice`` (None: unchanged) if the OS allows it (root), else at
+    the current one; yields the niceness in effect and restores the old one after."""
+    old = os.getpriority(os.PRIO_PROCESS, 0)
+    with contextlib.suppress(OSError):  # an unprivileged process cannot lower its niceness
+        if nice is not None:
+            _set_nice(nice)
+    try:
+        yield os.getpriority(os.PRIO_PROCESS, 0)
+    finally:
+        with contextlib.suppress(OSError):
+            _set_nice(old)
+
+
 async def run_burst(url: str, clients: int, tokens: int, text: str = DEFAULT_TEXT, timeout_s: float = 600.0,
                     hold: int = 0, hold_tokens: int = 2048, metrics_url: str | None = None,
-                    hold_wait_s: float = 120.0, rounds: int = 1, pause_s: float = 1.0) -> dict[str, Any]:
+                    hold_wait_s: float = 120.0, rounds: int = 1, pause_s: float = 1.0,
+                    client_nice: int | None = None) -> dict[str, Any]:
     """Connect ``clients`` clients, then send one request each at the same moment (``tokens`` new
     tokens each), ``rounds`` times, ``pause_s`` seconds apart (each round waits until all its
     requests have ended); the summary pools the rounds. With ``hold``, first start that many
-    long streams (``hold_tokens`` each) and wait until each has been accepted, so that the
-    bursts meet a server already saturated; they are cancelled after the last. A held stream
-    counts as accepted once it has sent audio or, with ``metrics_url`` (Triton's ``/metrics``),
-    as soon as the server counts it among its accepted streams waiting for audio (the engine
-    decodes at most its batch size at once: the rest of the held streams wait there without
-    audio). Waits at most ``hold_wait_s`` seconds (``hold_ready`` in the summary says whether
-    every one was accepted). Returns the summary (see the module docstring)."""
+    long streams (``hold_tokens`` each) in another process (their clients are other users: their
+    audio is not this client's work) and wait until each has been accepted, so that the bursts
+    meet a server already saturated; they are cancelled after the last. A held stream counts as
+    accepted once it has sent audio or, with ``metrics_url`` (Triton's ``/metrics``), as soon as
+    the server counts it among its accepted streams waiting for audio (the engine decodes at
+    most its batch size at once: the rest of the held streams wait there without audio). Waits
+    at most ``hold_wait_s`` seconds (``hold_ready`` in the summary says whether every one was
+    accepted).
+
+    The client stands for 200 machines but shares the server's cores. With ``client_nice``
+    (``make bench`` passes :data:`CLIENT_NICE` for the saturated bursts) it runs the bursts at
+    that niceness where the OS grants it (``client_nice`` in the summary is the one in effect),
+    so that what it measures is the server's delay rather than its own wait for a core that a
+    saturated server keeps busy. Where bursts are accepted, it also receives their audio:
+    raised, it would take the cores from the streams whose TTFA it measures. Returns the
+    summary (see the module docstring)."""
+    import multiprocessing as mp
+
     import tritonclient.grpc.aio as aio
 
     if rounds < 1:
         raise ValueError(f"rounds must be at least 1, got {rounds}")
-    conns = [aio.InferenceServerClient(url) for _ in range(clients + hold)]
-    held: list[asyncio.Task[Outcome]] = []
+    conns = [aio.InferenceServerClient(url) for _ in range(clients)]
     hold_ready: bool | None = None
-    held_running = 0
     pooled: list[Outcome] = []
     round_p99: list[float | None] = []
     round_order: list[bool | None] = []
+    ctx = mp.get_context("spawn")
+    streaming, running, stop = ctx.Value("i", 0), ctx.Value("i", 0), ctx.Event()
+    holder = (ctx.Process(target=_hold_main, args=(url, hold, hold_tokens, text, timeout_s, streaming, running, stop),
+                          name="burst-hold", daemon=True) if hold else None)
     try:
         await asyncio.gather(*(c.is_server_live() for c in conns))  # every channel connected
-        if hold:
-            go = asyncio.Event()
-            go.set()
-            outs = [Outcome() for _ in range(hold)]
-            held = [asyncio.create_task(_one(c, SynthesisRequest(text=text, max_new_tokens=hold_tokens,
-                                                                 min_new_tokens=hold_tokens, request_id=f"hold-{i}"),
-                                             go, timeout_s, outs[i]))
-                    for i, c in enumerate(conns[clients:])]
+        if holder is not None:
+            holder.start()  # before the priority changes: the held streams keep the default one
             give_up = time.perf_counter() + hold_wait_s
-            while not (hold_ready := _held_accepted(outs, metrics_url)) and time.perf_counter() < give_up:
+            while not (hold_ready := _held_accepted(streaming.value, hold, metrics_url)) \
+                    and time.perf_counter() < give_up and holder.is_alive():
                 await asyncio.sleep(0.1)
-        for r in range(rounds):
-            if r:
-                await asyncio.sleep(pause_s)
-            outcomes = await _round(conns[:clients], tokens, text, timeout_s, tag=f"burst-{r}")
-            pooled.extend(outcomes)
-            one = summarize(outcomes)
-            round_p99.append(one["busy_p99_s"])
-            round_order.append(one["busy_before_first_accepted_end"])
-        held_running = sum(1 for t in held if not t.done())
+        with _priority(client_nice) as nice_in_effect:
+            for r in range(rounds):
+                if r:
+                    await asyncio.sleep(pause_s)
+                outcomes = await _round(conns, tokens, text, timeout_s, tag=f"burst-{r}")
+                pooled.extend(outcomes)
+                one = summarize(outcomes)
+                round_p99.append(one["busy_p99_s"])
+                round_order.append(one["busy_before_first_accepted_end"])
     finally:
-        for t in held:
-            t.cancel()
-        await asyncio.gather(*held, return_exceptions=True)
+        if holder is not None and holder.pid is not None:
+            stop.set()
+            await asyncio.to_thread(holder.join, 30.0)
+            if holder.is_alive():
+                holder.terminate()
         await asyncio.gather(*(c.close() for c in conns), return_exceptions=True)
     summary = summarize(pooled)
     known = [v for v in round_order if v is not None]  # each round's refusals against its own accepted ends
     summary.update({"rounds": rounds, "round_busy_p99_s": round_p99,
-                    "busy_before_first_accepted_end": all(known) if known else None})
+                    "busy_before_first_accepted_end": all(known) if known else None, "client_nice": nice_in_effect})
     if hold:
         summary.update({"hold": hold, "hold_tokens": hold_tokens, "hold_ready": hold_ready,
-                        "held_running_at_end": held_running})
+                        "held_running_at_end": running.value})
     return summary
 
 
@@ -192,12 +266,12 @@ async def _round(conns: list[Any], tokens: int, text: str, timeout_s: float, tag
     return outs
 
 
-def _held_accepted(outs: list[Outcome], metrics_url: str | None) -> bool:
-    """Every held stream has sent audio or, with ``metrics_url``, is accepted and waiting."""
-    streaming = sum(1 for o in outs if o.first_s is not None or o.kind)
-    if streaming == len(outs):
+def _held_accepted(streaming: int, hold: int, metrics_url: str | None) -> bool:
+    """Every one of ``hold`` held streams has sent audio or ended (``streaming`` of them) or,
+    with ``metrics_url``, is accepted and waiting."""
+    if streaming >= hold:
         return True
-    return metrics_url is not None and streaming + _accepted_waiting(metrics_url) >= len(outs)
+    return metrics_url is not None and streaming + _accepted_waiting(metrics_url) >= hold
 
 
 def summarize(outcomes: list[Outcome]) -> dict[str, Any]:
@@ -237,9 +311,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--metrics-url", default=None,
                     help="Triton's metrics, e.g. http://127.0.0.1:8002/metrics: held streams count as accepted "
                          "while they wait for the engine (else only once they send audio)")
+    ap.add_argument("--client-nice", type=int, default=None,
+                    help=f"niceness of the client during the bursts (root only below 0; make bench: {CLIENT_NICE} "
+                         "with --hold)")
     args = ap.parse_args(argv)
     summary = asyncio.run(run_burst(args.url, args.clients, args.tokens, args.text, hold=args.hold,
-                                    metrics_url=args.metrics_url, rounds=args.rounds))
+                                    metrics_url=args.metrics_url, rounds=args.rounds, client_nice=args.client_nice))
     json.dump(summary, sys.stdout, indent=1, ensure_ascii=False)
     print()
     return 0

@@ -398,7 +398,7 @@ def _open_loop_phase(ctx: PhaseContext) -> Any:
 def _burst_phase(ctx: PhaseContext) -> Any:
     import asyncio
 
-    from .burst import run_burst
+    from .burst import CLIENT_NICE, run_burst
     from .serverload import wait_idle
 
     s, cfg = ctx.session, ctx.cfg
@@ -406,7 +406,9 @@ def _burst_phase(ctx: PhaseContext) -> Any:
         return {"skipped": "--burst-clients 0"}
     out: dict[str, Any] = {}
     hold = s.profile.entry.max_concurrent_streams
-    for name, kwargs in (("burst", {}), ("saturated", {"hold": hold, "hold_tokens": cfg.hold_tokens})):
+    # Saturated: the client receives only refusals and runs at CLIENT_NICE where allowed (see run_burst).
+    saturated = {"hold": hold, "hold_tokens": cfg.hold_tokens, "client_nice": CLIENT_NICE}
+    for name, kwargs in (("burst", {}), ("saturated", saturated)):
         s.progress(f"server burst ({name}): {cfg.burst_rounds} x {cfg.burst_clients} clients, "
                    f"{BURST_TOKENS} tokens each"
                    + (f", after {hold} streams of {cfg.hold_tokens} tokens hold every slot" if kwargs else ""))
