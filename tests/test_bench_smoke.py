@@ -27,6 +27,7 @@ import pytest
 from conftest import running_gateway
 
 from chattts_serving.bench import load_sentences
+from chattts_serving.bench.burst import CLIENT_NICE
 from chattts_serving.bench.gatewayload import GATEWAY_FIGURES, gateway_figures
 from chattts_serving.bench.modes import MODE_KEYS
 from chattts_serving.bench.openloop import BUDGET_SCALES, open_loop_plan
@@ -124,6 +125,9 @@ def test_bench_smoke_writes_report(small_weights: Path, small_int8_artifacts, tm
     assert sat["outcomes"] == {"busy": 32}, sat  # every slot held: each burst request refused
     assert all(v is not None for v in sat["round_busy_p99_s"])
     assert sat["busy_p99_s_from_start"] is not None and sat["busy_before_first_accepted_end"] is None  # none accepted
+    # the saturated bursts ran the client at CLIENT_NICE where allowed (root), the idle ones at its own niceness
+    want = CLIENT_NICE if os.geteuid() == 0 else os.getpriority(os.PRIO_PROCESS, 0)
+    assert sat["client_nice"] == want and result["burst"]["burst"]["client_nice"] == os.getpriority(os.PRIO_PROCESS, 0)
     assert result["as_deployed"]["concurrency"] == 16 and result["as_deployed"]["ok"] == 16
 
     # every figure is a number or null with its reason, the same at the top and in profiles.cpu;

@@ -232,11 +232,9 @@ def test_a_client_cancel_passes_through_the_gate(triton_server: Any) -> None:
 
 
 # --- without the gate ------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def ungated(small_artifacts: Artifacts, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritonServer]:
-    """A server rendered with ``[entry] gate = false`` and 2 stream slots."""
-    work = tmp_path_factory.mktemp("ungated")
-    render_repository(_profile(gate=False, max_concurrent_streams=2), small_artifacts.root, work / "repo")
+def _serve(artifacts: Artifacts, work: Path, **entry: Any) -> Iterator[TritonServer]:
+    """A started server over ``artifacts`` with the cpu profile's ``[entry]`` changed; stopped after."""
+    render_repository(_profile(**entry), artifacts.root, work / "repo")
     srv = TritonServer(work / "repo", http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
                        log_path=work / "tritonserver.log", build_dir=work / "build")
     srv.start()
@@ -244,6 +242,12 @@ def ungated(small_artifacts: Artifacts, tmp_path_factory: pytest.TempPathFactory
         yield srv
     finally:
         srv.stop()
+
+
+@pytest.fixture(scope="module")
+def ungated(small_artifacts: Artifacts, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritonServer]:
+    """A server rendered with ``[entry] gate = false`` and 2 stream slots."""
+    yield from _serve(small_artifacts, tmp_path_factory.mktemp("ungated"), gate=False, max_concurrent_streams=2)
 
 
 @pytest.mark.server
@@ -277,3 +281,46 @@ def test_without_the_gate_the_python_entry_model_refuses_first_and_counts(ungate
                                                   model=contract.MODEL_STREAM, reason="busy") - before < 4:
         time.sleep(0.05)
     assert metric(ungated.metrics_port, "tts_rejected_total", model=contract.MODEL_STREAM, reason="busy") - before == 4
+
+
+# --- the gate's refusals -----------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def one_slot(small_artifacts: Artifacts, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritonServer]:
+    """A server with the gate and 1 stream slot."""
+    yield from _serve(small_artifacts, tmp_path_factory.mktemp("one-slot"), max_concurrent_streams=1)
+
+
+@pytest.mark.server
+def test_the_gates_refusals_are_counted_and_logged_with_their_request_ids(one_slot: TritonServer) -> None:
+    """The one slot held by a long stream: requests whose ids hold quotes, backslashes, Chinese
+    and an emoji are refused "busy" by the gate, counted under stage="gate", and logged once
+    each as request_rejected JSON lines that give the ids back exactly."""
+    url, port = f"127.0.0.1:{one_slot.grpc_port}", one_slot.metrics_port
+    holder = grpcclient.InferenceServerClient(url)
+    got: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    holder.start_stream(callback=lambda result, error: got.put((result, error)))
+    holder.async_stream_infer(contract.MODEL_STREAM, _inputs("占住唯一的位置。", 3, 2000), request_id="holder",
+                              enable_empty_final_response=True)
+    try:
+        first, error = got.get(timeout=60)  # audio: the slot is taken
+        assert error is None and first.as_numpy(contract.OUT_AUDIO.name) is not None
+        before = metric(port, "tts_rejected_total", model=contract.MODEL_STREAM, reason="busy", stage="gate")
+        ids = ['q"uote\\back', "中文请求", "emoji-\U0001f600", "tab\there"]
+        for rid in ids:
+            _, err = _stream(url, contract.MODEL_STREAM, _inputs("被拒绝。", 1, 8), request_id=rid)
+            assert err is not None and "[busy] server busy: 1 streams already live" in err, err
+        deadline = time.monotonic() + 10
+        logged: list[str] = []
+        while time.monotonic() < deadline:
+            lines = one_slot.log_path.read_text(errors="replace").splitlines()
+            events = [json.loads(line[line.index("{"):]) for line in lines if '"request_rejected"' in line]
+            logged = [e["request_id"] for e in events if e.get("stage") == "gate"]
+            if len(logged) >= len(ids):
+                break
+            time.sleep(0.05)
+        assert logged == ids
+        assert metric(port, "tts_rejected_total", model=contract.MODEL_STREAM, reason="busy", stage="gate") \
+            - before == len(ids)
+    finally:
+        holder.stop_stream(cancel_requests=True)
+        holder.close()

@@ -9,9 +9,9 @@ kind, and whether every request ended (audio then final response, or one error);
 start signal (``busy_p99_s_from_start``: what one load-generating process adds by sending 200
 requests itself). ``rounds`` bursts run one after another on the same server (with ``hold``,
 the same held streams, opened by a process of their own: their audio is other users' work,
-not the measuring client's) and are pooled; for the saturated bursts ``make bench`` runs the
-client at niceness :data:`CLIENT_NICE` where allowed (``client_nice`` in the summary). ``make bench`` runs it as a phase (``bench.run``): on an
-idle server and with every stream slot held by long streams, written into ``bench.json`` as
+not the measuring client's) and are pooled. ``make bench`` runs it as a phase (``bench.run``):
+on an idle server and with every stream slot held by long streams (the client then at niceness
+:data:`CLIENT_NICE` where allowed: ``client_nice`` in the summary), written into ``bench.json`` as
 ``busy_p99_s_burst`` and ``busy_p99_s_saturated`` (issue: at most 0.1 s on 2 cores with every
 slot taken by full-size streams), the whole summaries, accepted streams' TTFA and each round's
 busy p99 included, under ``burst.burst`` and ``burst.saturated``.

@@ -450,11 +450,12 @@ def _burst(result: Mapping[str, Any]) -> list[str]:
     lines = ["", "## Overload burst (default profile, default-path server)", "",
              "Every client connected and opened its stream first, then sent one 16-token stream request at the same "
              "moment; times from each request's send, the rounds pooled (from start: from the start signal, with "
-             "the load generator's own sending of the whole burst).", "",
+             "the load generator's own sending of the whole burst; held streams from a process of their own; client "
+             "nice: the measuring client's niceness during the bursts).", "",
              "| burst | rounds | requests | outcomes | busy p50 s | busy p99 s | busy max s | busy p99 s per round "
              "| busy p99 s from start | accepted TTFA p50 s | accepted TTFA p99 s | every slot held first "
-             "| other CPU % |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| client nice | other CPU % |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for key in ("burst", "saturated"):
         b = burst.get(key)
         if not b:
@@ -465,7 +466,8 @@ def _burst(result: Mapping[str, Any]) -> list[str]:
         lines.append(f"| {key} | {b.get('rounds', 1)} | {b['requests']} | {b['outcomes']} | {fmt(b['busy_p50_s'])} | "
                      f"{fmt(b['busy_p99_s'])} | {fmt(b['busy_max_s'])} | {per_round or '–'} | "
                      f"{fmt(b.get('busy_p99_s_from_start'))} | {fmt(b['accepted_ttfa_p50_s'])} | "
-                     f"{fmt(b['accepted_ttfa_p99_s'])} | {held} | {fmt(b.get('other_cpu_percent'), 0)} |")
+                     f"{fmt(b['accepted_ttfa_p99_s'])} | {held} | {b.get('client_nice', '–')} | "
+                     f"{fmt(b.get('other_cpu_percent'), 0)} |")
     return lines
 
 

@@ -13,8 +13,9 @@
 // answered at once with `busy_message` (a tagged error, chattts_serving.errors.encode) and the
 // final flag. A slot is held until the target's final response. A client's cancellation is
 // passed on to the target (polled every `cancel_poll_ms`). Refusals are counted at once in
-// `<rejected_metric>{model=<label_model>,reason="busy"}` (tts_rejected_total, the Python models'
-// family: same name and help) and logged as `request_rejected` JSON lines on stderr, the form every model here
+// `<rejected_metric>{model=<label_model>,reason="busy",stage="gate"}` (tts_rejected_total, the
+// Python models' family: same name and help; a label set of its own, since Triton frees a
+// counter when any one of the models holding it unloads) and logged as `request_rejected` JSON lines on stderr, the form every model here
 // writes, once their burst has settled (`log_settle_ms` without a refusal, at most
 // `log_max_wait_ms` after the first): logging does not delay the refusals behind it.
 //
@@ -519,10 +520,11 @@ TRITONSERVER_Error* TRITONBACKEND_ModelInitialize(TRITONBACKEND_Model* model) {
     TRITONSERVER_ErrorDelete(merr);
     g->rejected_family = nullptr;
   } else {
-    const TRITONSERVER_Parameter* labels[2] = {
+    const TRITONSERVER_Parameter* labels[3] = {
         TRITONSERVER_ParameterNew("model", TRITONSERVER_PARAMETER_STRING, g->label_model.c_str()),
-        TRITONSERVER_ParameterNew("reason", TRITONSERVER_PARAMETER_STRING, "busy")};
-    TRITONSERVER_ErrorDelete(TRITONSERVER_MetricNew(&g->rejected_busy, g->rejected_family, labels, 2));
+        TRITONSERVER_ParameterNew("reason", TRITONSERVER_PARAMETER_STRING, "busy"),
+        TRITONSERVER_ParameterNew("stage", TRITONSERVER_PARAMETER_STRING, "gate")};
+    TRITONSERVER_ErrorDelete(TRITONSERVER_MetricNew(&g->rejected_busy, g->rejected_family, labels, 3));
     for (auto* p : labels) TRITONSERVER_ParameterDelete(const_cast<TRITONSERVER_Parameter*>(p));
   }
   g->worker = std::thread([g] { g->Run(); });

@@ -290,7 +290,11 @@ class EntryModel(TritonModel):
     counted and logged after the burst has settled
     (:class:`~chattts_serving.serving.entry.RefusalRecorder`: one metric update per burst
     instead of one round trip per refusal). Measured in ``make bench``:
-    ``busy_p99_s_saturated`` and ``busy_p99_s_burst``.
+    ``busy_p99_s_saturated`` and ``busy_p99_s_burst``. With the admission gate in front
+    (``[entry] gate``, ``chattts_serving/gate/gate.cc``), the streaming model runs as
+    ``chattts_entry``: the gate refuses at the stream limit, this model's own limit is twice it
+    (config parameter ``gated``), and its metrics and logs carry the public name
+    (``label_model``).
     """
 
     offline: ClassVar[bool] = False
@@ -388,7 +392,8 @@ class EntryModel(TritonModel):
 
 
 class StreamingEntryModel(EntryModel):
-    """chattts (decoupled BLS entry point): text (BYTES [1]) and optional voice, vocoder,
+    """chattts_entry behind the admission gate, or chattts itself without it (decoupled BLS
+    entry point): text (BYTES [1]) and optional voice, vocoder,
     sampling, lookahead_tokens, priority, timeout_s and refine inputs -> a stream of audio
     chunks (FP32 [n], 24 kHz mono), small first chunk, larger ones after; the first chunk also
     carries info (BYTES [1], JSON: contract.INFO_HEADER_KEYS); the stream ends with a final
