@@ -20,6 +20,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from .. import contract
@@ -56,31 +57,25 @@ def cache_dir() -> Path:
     return Path(env) if env else Path.home() / ".cache" / "chattts-serving" / "gate"
 
 
-def _compile(cxx: str, out: Path) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
-    os.close(fd)
-    try:
-        run = subprocess.run([cxx, *FLAGS, f"-I{GATE_DIR}", str(SOURCES[0]), "-o", tmp],
-                             capture_output=True, text=True, check=False)
-        if run.returncode != 0:
-            raise GateBuildError(f"building the admission gate failed ({cxx}, exit {run.returncode}):\n"
-                                 f"{run.stderr.strip()[-4000:]}")
-        os.chmod(tmp, 0o755)
-        os.replace(tmp, out)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-
-
-def _install(src: Path, dest: Path) -> None:
+def _write_atomically(dest: Path, write: Callable[[str], object]) -> None:
+    """``write(tmp)`` a temporary file next to ``dest``, then rename it to ``dest`` (removed on failure)."""
     fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", dir=dest.parent)
     os.close(fd)
     try:
-        shutil.copy2(src, tmp)
+        write(tmp)
         os.replace(tmp, dest)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def _compile(cxx: str, out: str) -> None:
+    run = subprocess.run([cxx, *FLAGS, f"-I{GATE_DIR}", str(SOURCES[0]), "-o", out],
+                         capture_output=True, text=True, check=False)
+    if run.returncode != 0:
+        raise GateBuildError(f"building the admission gate failed ({cxx}, exit {run.returncode}):\n"
+                             f"{run.stderr.strip()[-4000:]}")
+    os.chmod(out, 0o755)
 
 
 def build_gate(backends_dir: Path) -> Path:
@@ -101,8 +96,8 @@ def build_gate(backends_dir: Path) -> Path:
     cached = cache_dir() / f"{digest}.so"
     if not cached.is_file():
         cached.parent.mkdir(parents=True, exist_ok=True)
-        _compile(cxx, cached)
-    _install(cached, lib)
+        _write_atomically(cached, lambda tmp: _compile(cxx, tmp))
+    _write_atomically(lib, lambda tmp: shutil.copy2(cached, tmp))
     stamp.write_text(digest + "\n")
     return lib
 

@@ -258,6 +258,27 @@ TRITONSERVER_Error* Release(TRITONSERVER_ResponseAllocator*, void* buffer, void*
   return nullptr;
 }
 
+// Set parameter `key` (Triton's `type` and `value` pointer) on `target` with the setter of its
+// type: request parameters onto the target's request, response parameters onto the client's
+// response (setters as lambdas: calls, so the library still binds Triton's symbols lazily).
+// BYTES parameters are not forwarded (neither side of ours uses them).
+template <typename T, typename SetString, typename SetInt, typename SetBool, typename SetDouble>
+TRITONSERVER_Error* CopyParameter(T* target, const char* key, TRITONSERVER_ParameterType type, const void* value,
+                                  SetString set_string, SetInt set_int, SetBool set_bool, SetDouble set_double) {
+  switch (type) {
+    case TRITONSERVER_PARAMETER_STRING:
+      return set_string(target, key, static_cast<const char*>(value));
+    case TRITONSERVER_PARAMETER_INT:
+      return set_int(target, key, *static_cast<const int64_t*>(value));
+    case TRITONSERVER_PARAMETER_BOOL:
+      return set_bool(target, key, *static_cast<const bool*>(value));
+    case TRITONSERVER_PARAMETER_DOUBLE:
+      return set_double(target, key, *static_cast<const double*>(value));
+    default:
+      return nullptr;
+  }
+}
+
 // Copy one target response's outputs and parameters onto `out`; the first error, else nullptr.
 TRITONSERVER_Error* CopyResponse(TRITONSERVER_InferenceResponse* in, TRITONBACKEND_Response* out) {
   uint32_t n = 0;
@@ -292,24 +313,13 @@ TRITONSERVER_Error* CopyResponse(TRITONSERVER_InferenceResponse* in, TRITONBACKE
     TRITONSERVER_ParameterType type;
     const void* value;
     if (auto* err = TRITONSERVER_InferenceResponseParameter(in, i, &key, &type, &value)) return err;
-    TRITONSERVER_Error* err = nullptr;
-    switch (type) {
-      case TRITONSERVER_PARAMETER_STRING:
-        err = TRITONBACKEND_ResponseSetStringParameter(out, key, static_cast<const char*>(value));
-        break;
-      case TRITONSERVER_PARAMETER_INT:
-        err = TRITONBACKEND_ResponseSetIntParameter(out, key, *static_cast<const int64_t*>(value));
-        break;
-      case TRITONSERVER_PARAMETER_BOOL:
-        err = TRITONBACKEND_ResponseSetBoolParameter(out, key, *static_cast<const bool*>(value));
-        break;
-      case TRITONSERVER_PARAMETER_DOUBLE:
-        err = TRITONBACKEND_ResponseSetDoubleParameter(out, key, *static_cast<const double*>(value));
-        break;
-      default:
-        break;
-    }
-    if (err) return err;
+    if (auto* err = CopyParameter(
+            out, key, type, value,
+            [](auto* t, const char* k, const char* v) { return TRITONBACKEND_ResponseSetStringParameter(t, k, v); },
+            [](auto* t, const char* k, int64_t v) { return TRITONBACKEND_ResponseSetIntParameter(t, k, v); },
+            [](auto* t, const char* k, bool v) { return TRITONBACKEND_ResponseSetBoolParameter(t, k, v); },
+            [](auto* t, const char* k, double v) { return TRITONBACKEND_ResponseSetDoubleParameter(t, k, v); }))
+      return err;
   }
   return nullptr;
 }
@@ -406,24 +416,13 @@ TRITONSERVER_Error* Forward(Gate* g, TRITONBACKEND_Request* request, Stream* s) 
     TRITONSERVER_ParameterType type;
     const void* value;
     if (auto* err = TRITONBACKEND_RequestParameter(request, i, &key, &type, &value)) return err;
-    TRITONSERVER_Error* err = nullptr;
-    switch (type) {
-      case TRITONSERVER_PARAMETER_STRING:
-        err = TRITONSERVER_InferenceRequestSetStringParameter(r, key, static_cast<const char*>(value));
-        break;
-      case TRITONSERVER_PARAMETER_INT:
-        err = TRITONSERVER_InferenceRequestSetIntParameter(r, key, *static_cast<const int64_t*>(value));
-        break;
-      case TRITONSERVER_PARAMETER_BOOL:
-        err = TRITONSERVER_InferenceRequestSetBoolParameter(r, key, *static_cast<const bool*>(value));
-        break;
-      case TRITONSERVER_PARAMETER_DOUBLE:
-        err = TRITONSERVER_InferenceRequestSetDoubleParameter(r, key, *static_cast<const double*>(value));
-        break;
-      default:
-        break;
-    }
-    if (err) return err;
+    if (auto* err = CopyParameter(
+            r, key, type, value,
+            [](auto* t, const char* k, const char* v) { return TRITONSERVER_InferenceRequestSetStringParameter(t, k, v); },
+            [](auto* t, const char* k, int64_t v) { return TRITONSERVER_InferenceRequestSetIntParameter(t, k, v); },
+            [](auto* t, const char* k, bool v) { return TRITONSERVER_InferenceRequestSetBoolParameter(t, k, v); },
+            [](auto* t, const char* k, double v) { return TRITONSERVER_InferenceRequestSetDoubleParameter(t, k, v); }))
+      return err;
   }
   if (auto* err = TRITONSERVER_InferenceRequestSetReleaseCallback(r, OnTargetRelease, s)) return err;
   if (auto* err = TRITONSERVER_InferenceRequestSetResponseCallback(r, g->allocator, nullptr, OnTargetResponse, s))
