@@ -89,11 +89,12 @@ def _kill_engine(srv: TritonServer) -> None:
 
 @pytest.fixture(scope="module")
 def crashable(small_artifacts: Artifacts, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    """One server for the tests below, in file order: fresh, then with its GPT engine's stub
-    killed. Streams give up after 3 s without progress; the breaker opens after 3 failures
-    and stays open for the rest of the module; 2 streams at most (the busy test fills them).
-    The engine answers every 64 tokens instead of 4, so that a kill rarely lands while the stub
-    holds the shared-memory lock of a response it is sending (see the death test)."""
+    """One server for the tests below, in file order: fresh, then (the death test) its GPT
+    engine's stub killed mid-stream, then restarted with its idle engine's stub killed.
+    Streams give up after 3 s without progress; the breaker opens after 3 failures and stays
+    open for the rest of the module; 2 streams at most (the busy test fills them). The engine
+    answers every 64 tokens instead of 4, so that the mid-stream kill seldom lands while the
+    stub holds the shared-memory lock of a response it is sending (see the death test)."""
     srv = _serve(small_artifacts, tmp_path_factory.mktemp("crashable"),
                  entry={"stall_timeout_s": 3.0, "breaker_failures": BREAKER_FAILURES, "breaker_cooldown_s": 3600.0,
                         "max_concurrent_streams": 2}, stream={"emit_tokens": 64})
@@ -180,8 +181,9 @@ def test_a_frozen_engine_ends_the_stream_by_the_stall_watchdog_and_the_server_se
 def test_engine_death_ready_stays_200_but_the_probe_and_the_supervisor_see_it(crashable: dict[str, Any]) -> None:
     """Kill the GPT engine's stub mid-stream: the stream ends with an explicit error, no hang
     (the stall watchdog's when tritonserver survives, a dropped connection when it aborts; the
-    watchdog itself is pinned by the frozen-engine test above); Triton 2.51 still says ready;
-    the probe and the supervisor's process check report the failure, naming it."""
+    watchdog itself is pinned by the frozen-engine test above). Then, on a restarted server
+    whose idle engine's stub is killed: Triton 2.51 still says ready; the probe and the
+    supervisor's process check report the failure, naming it."""
     srv: TritonServer = crashable["server"]
     http, grpc = _urls(srv)
     sup = Supervisor(srv, HealthProfile(interval_s=1.0, failures=2, probe_every=0, probe_timeout_s=30.0))
@@ -195,21 +197,25 @@ def test_engine_death_ready_stays_200_but_the_probe_and_the_supervisor_see_it(cr
     assert s.done.wait(60), "the stream hung after the engine died"
     s.close()
     assert srv.proc is not None
-    if srv.proc.poll() is not None:
-        # Triton 2.51 itself aborts (boost::interprocess::lock_exception) when the stub dies
-        # holding the lock of its shared-memory message queue, i.e. in the middle of sending a
-        # response: the clients then see the connection drop, and the supervisor (or the
-        # Kubernetes liveness probe) restarts the whole server. Still no hang; the rest of
-        # this test needs a server that survived, so start one and kill its idle engine.
+    if srv.proc.poll() is None:
+        assert s.error is not None and "stopped responding" in s.error, s.error
+    else:
         print(f"\ntritonserver aborted with the stub (exit {srv.proc.returncode}); stream error: {s.error}")
         assert s.error is not None and "UNAVAILABLE" in s.error, s.error
-        srv.stop(timeout_s=3.0)
-        srv.start()
-        sup = Supervisor(srv, HealthProfile(interval_s=1.0, failures=2, probe_every=0, probe_timeout_s=30.0))
-        sup.baseline()
-        _kill_engine(srv)
-    else:
-        assert s.error is not None and "stopped responding" in s.error, s.error
+    # Triton 2.51 itself aborts (boost::interprocess::lock_exception) when the stub died
+    # holding a lock in its shared memory (the message queue's or the allocator's: a kill in
+    # the middle of sending a response), and it does so at the kill or at the next request
+    # that touches the model, whichever comes first: the clients then see the connection
+    # drop, and the supervisor (or the Kubernetes liveness probe) restarts the whole server.
+    # Which of the two a mid-stream kill gives is chance, so the rest of this test (and the
+    # breaker test after it) runs on a fresh server whose engine is killed while idle, when
+    # its stub holds no lock.
+    srv.stop(timeout_s=3.0)
+    srv.start()
+    sup = Supervisor(srv, HealthProfile(interval_s=1.0, failures=2, probe_every=0, probe_timeout_s=30.0))
+    sup.baseline()
+    assert sup.check(with_probe=False).ok
+    _kill_engine(srv)
 
     # Triton 2.51: the server and the dead model still report ready (upstream #8604).
     assert _status(f"http://{http}/v2/health/live") == 200

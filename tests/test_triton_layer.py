@@ -30,8 +30,10 @@ def host(small_artifacts: Artifacts, tmp_path_factory: pytest.TempPathFactory) -
     base = load_profile("cpu")
     # No admission gate (C++, in tritonserver only): chattts is the Python entry model, which
     # then refuses "busy" itself (tests/test_gate.py covers the gate against a real server).
+    # And engine nice 0: the engine runs in this test process, whose every thread it would renice.
     profile = base.model_copy(update={"entry": base.entry.model_copy(update={
-        "breaker_failures": 2, "breaker_cooldown_s": COOLDOWN_S, "max_concurrent_streams": 4, "gate": False})})
+        "breaker_failures": 2, "breaker_cooldown_s": COOLDOWN_S, "max_concurrent_streams": 4, "gate": False}),
+        "engine": base.engine.model_copy(update={"nice": 0})})
     repo = tmp_path_factory.mktemp("fake-triton") / "model_repository"
     render_repository(profile, small_artifacts.root, repo)
     h = Host(repo, FakePb())
