@@ -363,8 +363,13 @@ EN_SPK_EMB: Final = TensorSpec("spk_emb", "TYPE_FP32", (-1,), optional=True,
 EN_PROMPT_CODES: Final = TensorSpec("prompt_codes", "TYPE_INT32", (-1, NUM_VQ), optional=True,
                                     doc="audio-prompt codes (P, 4) in [0, 625) after the text prompt (ChatTTS' "
                                         "spk_smp); code mode only")
+EN_DELIVERY_ADDRESS: Final = TensorSpec("delivery_address", "TYPE_STRING", (1,), optional=True,
+                                        doc="the caller's receipt socket (Linux abstract namespace): the engine writes "
+                                            "stream_id there after each response it sent "
+                                            "(chattts_serving.triton.deliveries)")
 ENGINE_INPUTS: Final = (FE_INPUT_IDS, EN_SPK_EMB, *(p.tensor() for p in SAMPLING_PARAMS), EN_EMIT_TOKENS,
-                        EN_STREAM_ID, EN_CONTROL, EN_PRIORITY, EN_TIMEOUT_MS, EN_FIRST_EMIT, EN_MODE, EN_PROMPT_CODES)
+                        EN_STREAM_ID, EN_CONTROL, EN_PRIORITY, EN_TIMEOUT_MS, EN_FIRST_EMIT, EN_MODE, EN_PROMPT_CODES,
+                        EN_DELIVERY_ADDRESS)
 EN_CODES: Final = TensorSpec("codes", "TYPE_INT32", (-1, NUM_VQ), doc="codes of the new tokens (N, 4)")
 EN_HIDDEN: Final = TensorSpec("hidden", "TYPE_FP32", (-1, -1), doc="GPT last hidden state per token (N, H)")
 EN_STOP: Final = TensorSpec("stop_reason", "TYPE_STRING", (1,),

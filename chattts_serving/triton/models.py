@@ -47,11 +47,12 @@ from ..serving.pipeline import SynthesisJob
 from ..serving.request import EngineControl, FrontendCall, parse_engine, parse_frontend
 from ..text.frontend import FrontEnd
 from .cancels import CancelListener, cancel_address
+from .deliveries import ReceiptSender, ReceiptWriter
 from .metrics import EngineMetrics, EntryMetrics, MemoryGauges
 from .responses import EngineSink, SenderChannel, send_engine_error, send_final_error
 from .setup import ModelSetup, lower_priority
 from .stages import BlsStages, release_held_iterators
-from .tensors import request_inputs, string_tensor, triton_error
+from .tensors import first_string, request_inputs, string_tensor, triton_error
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +122,7 @@ class DecoupledModel(TritonModel):
 
     def execute(self, requests: list[Any]) -> None:
         for request in requests:
-            sender = request.get_response_sender()
+            sender = self.sender_for(request, request.get_response_sender())
             try:
                 self.accept(request, sender)
             except RequestError as exc:
@@ -132,6 +133,10 @@ class DecoupledModel(TritonModel):
                 drop_tracebacks(exc)
                 self.refuse(sender, internal_error(exc))
         return None
+
+    def sender_for(self, request: Any, sender: Any) -> Any:
+        """The sender :meth:`accept` and :meth:`refuse` use for ``request`` (its own)."""
+        return sender
 
     def accept(self, request: Any, sender: Any) -> None:
         raise NotImplementedError
@@ -201,6 +206,25 @@ class EngineModel(DecoupledModel):
             self.cancels = CancelListener(cancel_address(setup.name), self.engine.cancel).start()
         except OSError as exc:  # the entry models fall back to control requests
             log.warning("%s: no cancel socket (%s): cancels arrive as control requests only", setup.name, exc)
+        self.receipts = ReceiptWriter()
+
+    def sender_for(self, request: Any, sender: Any) -> Any:
+        """A sequence that names its caller's receipt socket (``delivery_address``) and its
+        ``stream_id`` gets a sender that writes a receipt after each response (see
+        :mod:`~chattts_serving.triton.deliveries`); a control request never does."""
+        pb = self.pb
+        address, stream_id, control = (pb.get_input_tensor_by_name(request, spec.name) for spec in
+                                       (contract.EN_DELIVERY_ADDRESS, contract.EN_STREAM_ID, contract.EN_CONTROL))
+        if address is None or stream_id is None or control is not None:
+            return sender
+        try:
+            addr = first_string(address.as_numpy())
+            sid = first_string(stream_id.as_numpy())
+        except (ValueError, IndexError, UnicodeDecodeError):
+            return sender  # parse_engine reports the bad input
+        if not addr.startswith("\0") or not sid:
+            return sender
+        return ReceiptSender(sender, self.receipts, addr, sid)
 
     def accept(self, request: Any, sender: Any) -> None:
         req = parse_engine(request_inputs(self.pb, request, contract.ENGINE_INPUTS), self.hidden_size,
@@ -228,6 +252,7 @@ class EngineModel(DecoupledModel):
         if self.cancels is not None:
             self.cancels.close()
         self.engine.stop()
+        self.receipts.close()
         self.metrics.close()
 
 
@@ -301,7 +326,7 @@ class EntryModel(TritonModel):
 
     def start(self, setup: ModelSetup) -> None:
         entry = setup.profile.entry
-        stages = BlsStages(self.pb, entry.breaker_failures, entry.breaker_cooldown_s)
+        stages = BlsStages(self.pb, entry.breaker_failures, entry.breaker_cooldown_s, entry.stall_timeout_s)
         label = setup.parameters.get("label_model", setup.name)  # behind the gate: the public name
         self.metrics = EntryMetrics(self.pb, label)
         self.service = EntryService(label, setup.profile, stages, self.metrics, offline=self.offline,

@@ -10,6 +10,7 @@ caller), so a half-open breaker's trial can never stay in flight
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 import uuid
@@ -26,7 +27,10 @@ from ..serving.pipeline import FrontendCall, FrontendOutput, GenerateCall, Token
 from ..serving.request import CONTROL_CANCEL
 from ..serving.resilience import BreakerCall, CircuitBreaker, enter, settle
 from .cancels import cancel_address, send_cancel
+from .deliveries import RECEIPT_FIRST_WAIT_S, ReceiptBoard, receipt_board
 from .tensors import error_from_triton, first_string, string_tensor
+
+log = logging.getLogger(__name__)
 
 STAGES = ("frontend", "engine", "vocoder")
 """The stages of the pipeline, each behind its own circuit breaker."""
@@ -120,12 +124,17 @@ class BlsStages:
     (``pb``: the ``triton_python_backend_utils`` module). ``failure_threshold`` consecutive
     INTERNAL failures of a stage open its breaker for ``cooldown_s`` seconds. Engine streams
     are cancelled over the engine's cancel socket (:mod:`~chattts_serving.triton.cancels`),
-    whose address is this server's."""
+    whose address is this server's, and read once the engine's receipt says a response is
+    queued (:mod:`~chattts_serving.triton.deliveries`; ``stall_s``: how long a stream waits for
+    a receipt before it waits inside the iterator instead, the entry's stall timeout)."""
 
-    def __init__(self, pb: Any, failure_threshold: int = 5, cooldown_s: float = 10.0) -> None:
+    def __init__(self, pb: Any, failure_threshold: int = 5, cooldown_s: float = 10.0,
+                 stall_s: float = 60.0) -> None:
         self.pb = pb
         self.breakers = {stage: CircuitBreaker(stage, failure_threshold, cooldown_s) for stage in STAGES}
         self.cancel_address = cancel_address(contract.MODEL_ENGINE)
+        self.receipts = receipt_board()
+        self.stall_s = stall_s
 
     def _unary(self, stage: str, request: Any) -> Any:
         """Run one BLS call through ``stage``'s breaker: the response, or RequestError (the
@@ -176,7 +185,8 @@ class BlsStages:
                               refine_ids=refine if refine.size else None, prompt_codes=codes if codes.size else None)
 
     def generate(self, call: GenerateCall) -> EngineStream:
-        return EngineStream(self.pb, call, enter(self.breakers["engine"]), self.cancel_address)
+        return EngineStream(self.pb, call, enter(self.breakers["engine"]), self.cancel_address,
+                            receipts=self.receipts, stall_s=self.stall_s)
 
     def vocode(self, path: VocoderPath, window: np.ndarray, request_id: str = "") -> np.ndarray:
         pb = self.pb
@@ -188,8 +198,9 @@ class BlsStages:
         return pb.get_output_tensor_by_name(resp, contract.VO_AUDIO.name).as_numpy()[0]
 
 
-def engine_inputs(pb: Any, call: GenerateCall, stream_id: str) -> list[Any]:
-    """The GPT engine's input tensors for ``call`` (``contract.ENGINE_INPUTS``)."""
+def engine_inputs(pb: Any, call: GenerateCall, stream_id: str, delivery_address: str = "") -> list[Any]:
+    """The GPT engine's input tensors for ``call`` (``contract.ENGINE_INPUTS``); with a
+    ``delivery_address``, the engine writes a receipt there after each response it sent."""
     inputs = [pb.Tensor(contract.FE_INPUT_IDS.name, np.asarray(call.input_ids).astype(np.int32)),
               string_tensor(pb, contract.EN_MODE.name, call.mode),
               pb.Tensor(contract.EN_EMIT_TOKENS.name, np.array([call.emit_tokens], np.int32)),
@@ -202,6 +213,8 @@ def engine_inputs(pb: Any, call: GenerateCall, stream_id: str) -> list[Any]:
         inputs.append(pb.Tensor(contract.EN_TIMEOUT_MS.name, np.array([int(call.timeout_s * 1000) + 1], np.int64)))
     if call.prompt_codes is not None:
         inputs.append(pb.Tensor(contract.EN_PROMPT_CODES.name, np.ascontiguousarray(call.prompt_codes, np.int32)))
+    if delivery_address:
+        inputs.append(string_tensor(pb, contract.EN_DELIVERY_ADDRESS.name, delivery_address))
     for spec in contract.SAMPLING_PARAMS:
         inputs.append(pb.Tensor(spec.name, np.array([getattr(call.params, spec.name)], dtype=spec.tensor().np_dtype)))
     return inputs
@@ -221,27 +234,90 @@ class EngineStream:
     (Triton 2.51's BLS cannot cancel a request it sent: a datagram to the engine's cancel
     socket at ``cancel_address`` names the sequence by its ``stream_id``, or, when nothing
     listens there, a control request to the engine model does). ``call`` (the engine breaker's) is settled exactly once:
-    success at the last batch, failure on an INTERNAL error, release otherwise."""
+    success at the last batch, failure on an INTERNAL error, release otherwise.
 
-    def __init__(self, pb: Any, call: GenerateCall, breaker_call: BreakerCall, cancel_address: str = "") -> None:
+    With ``receipts`` (this stub's :class:`~chattts_serving.triton.deliveries.ReceiptBoard`)
+    each response is read only after the engine's receipt for it arrived, so that the BLS
+    iterator never waits inside ``Next`` (the deadlock that module describes). The first
+    response is there when ``exec`` returns (the engine's acknowledgement, or Triton's error
+    for an engine that is down: read at once). Its receipt may take
+    :data:`RECEIPT_FIRST_WAIT_S`; without it the stream reads without receipts. A later one may
+    take ``stall_s``, after which the response is awaited inside the iterator
+    (``late_receipts`` counts those: an engine that died sends no receipt)."""
+
+    late_receipts = 0
+    """Reads, over all streams of this process, that went ahead without their receipt."""
+
+    def __init__(self, pb: Any, call: GenerateCall, breaker_call: BreakerCall, cancel_address: str = "",
+                 receipts: ReceiptBoard | None = None, stall_s: float = 60.0) -> None:
         self.pb = pb
         self.breaker_call = breaker_call
         self.cancel_address = cancel_address
         self.stream_id = uuid.uuid4().hex
+        self.stall_s = stall_s
+        self._board = receipts
+        self._receipts = receipts.register(self.stream_id) if receipts is not None else None
+        self._reads = 0  # responses read so far
         try:
-            req = pb.InferenceRequest(model_name=contract.MODEL_ENGINE, inputs=engine_inputs(pb, call, self.stream_id),
+            req = pb.InferenceRequest(model_name=contract.MODEL_ENGINE,
+                                      inputs=engine_inputs(pb, call, self.stream_id,
+                                                           receipts.address if receipts is not None else ""),
                                       request_id=call.request_id,
                                       requested_output_names=[t.name for t in contract.ENGINE_OUTPUTS])
             self._responses = req.exec(decoupled=True)
         except BaseException:
+            self._unregister()
             breaker_call.release()
             raise
         self.finished = False  # the engine's last response for this sequence has been read
 
+    def _unregister(self) -> None:
+        if self._board is not None:
+            self._board.unregister(self.stream_id)
+            self._board = self._receipts = None
+
+    def _await_receipt(self) -> None:
+        """Wait (GIL released) until the engine's receipts say the next response is queued. The
+        first response needs none (``exec`` returns with it); its receipt is taken with the
+        second's."""
+        sem = self._receipts
+        reads, self._reads = self._reads, self._reads + 1
+        if sem is None or reads == 0:
+            return
+        for first in (True, False) if reads == 1 else (False,):
+            if sem.acquire(timeout=RECEIPT_FIRST_WAIT_S if first else self.stall_s):
+                continue
+            EngineStream.late_receipts += 1
+            late = EngineStream.late_receipts
+            if late == 1 or late % 100 == 0:
+                log.warning("engine stream %s: response read without its receipt after %.1f s (%d so far)",
+                            self.stream_id, RECEIPT_FIRST_WAIT_S if first else self.stall_s, late)
+            if first:
+                self._unregister()  # no receipts for this stream: read as without a board
+            return
+
+    def _read(self) -> Iterator[Any]:
+        """The responses, each read once its receipt arrived; ends after the final one (a
+        Triton error, or the response without codes that carries only the final flag) without
+        asking the iterator again (there is no receipt to wait for)."""
+        pb = self.pb
+        while not self.finished:
+            self._await_receipt()
+            try:
+                resp = next(self._responses)
+            except StopIteration:
+                self._finish()
+                return
+            final = resp.has_error() or pb.get_output_tensor_by_name(resp, contract.EN_CODES.name) is None
+            yield resp
+            if final:
+                self._finish()
+                return
+
     def _drain(self) -> None:
         """Read the rest of the responses (the final flag): an unfinished BLS iterator keeps
         the calling model from unloading at shutdown."""
-        for _ in self._responses:
+        for _ in self._read():
             pass
         self._finish()
 
@@ -251,6 +327,7 @@ class EngineStream:
         own thread, nor the cyclic garbage collector: see
         :func:`chattts_serving.errors.drop_tracebacks`)."""
         self.finished = True
+        self._unregister()
         if not isinstance(self._responses, _Done):
             iterator_grave().keep(self._responses)
             self._responses = _Done()
@@ -258,7 +335,7 @@ class EngineStream:
     def __iter__(self) -> Iterator[TokenBatch]:
         pb = self.pb
         try:
-            for resp in self._responses:
+            for resp in self._read():
                 if resp.has_error():
                     err = error_from_triton(resp.error())
                     del resp

@@ -1,0 +1,250 @@
+"""Delivery receipts from the GPT engine to the entry models, outside Triton: so that an entry
+thread asks a BLS response iterator for a response only once it is there.
+
+Why: Triton 2.51's Python backend can deadlock a stub in which one thread waits in
+``ResponseIterator.Next`` for a decoupled BLS response while others finish theirs. The waiting
+thread is woken holding the iterator's mutex and then waits for the GIL; the stub's message
+thread (``ParentToStubMQMonitor``), holding the stub's iterator-map mutex, waits for that
+iterator mutex to queue the next response of the same call (the engine's last batch and its
+final flag arrive back to back); the stub-to-parent thread, holding its queue's mutex while it
+sends the cleanup of another finished iterator, waits for the iterator-map mutex; and a thread
+that holds the GIL, finishing a third iterator (``ResponseIterator::Clear`` ->
+``Stub::EnqueueUtilsMessage``), waits for that queue mutex. Nothing moves again: no stream of
+the server ever ends. Found with ``py-spy dump`` and ``gdb`` on a server that stopped during
+``make bench-smoke`` (16 streams ending at the same engine step); the same mutexes are taken in
+that order in python_backend's main branch (``pb_response_iterator.cc``, ``pb_stub.cc``), so a
+newer Triton does not help. The sibling cycle through ``exec(decoupled=True)`` is why cancels
+travel over a socket (:mod:`~chattts_serving.triton.cancels`).
+
+Every cycle of this kind starts with a thread that waits inside ``Next``. ``Next`` waits only
+when the iterator's buffer is empty, and the engine's ``send`` returns only after the caller's
+stub has queued the response (the parent delivers a BLS response synchronously, in the
+thread that handles the engine's send, and waits for the caller's stub to take it). So the
+engine writes one receipt after each send that returned, and the entry thread waits for the
+receipt (a semaphore, GIL released) before it calls ``next``: ``Next`` then finds the response
+and never waits.
+
+Transport: each entry stub listens on a Unix stream socket in Linux's abstract namespace,
+named after the tritonserver process (the stubs' parent) and the stub's own process id, and
+passes the address to the engine with every sequence (``contract.EN_DELIVERY_ADDRESS``). A
+receipt is the sequence's ``stream_id`` in ASCII and a newline. A stream socket, not
+datagrams: Linux queues only ``net.unix.max_dgram_qlen`` (10) datagrams per socket, fewer than
+the receipts of one engine step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+import threading
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+SEND_TIMEOUT_S = 5.0
+"""How long one receipt may wait for room in the socket (the entry's reader takes each in
+microseconds; a full buffer means the entry stub is gone or stuck, and the engine then stops
+writing to that address)."""
+
+RECEIPT_FIRST_WAIT_S = 2.0
+"""How long an entry waits for a stream's first receipt (the engine writes it microseconds after
+its acknowledgement, which ``exec`` already returned) before it reads that stream without
+receipts, as an engine that cannot reach the entry's socket would leave it."""
+
+MAX_LINE_BYTES = 256
+"""Longest receipt a reader accepts (a stream id is a 32-character UUID hex); a longer line
+is dropped."""
+
+
+def delivery_address(stub_pid: int | None = None, server_pid: int | None = None) -> str:
+    """The abstract-namespace address of the receipt socket of the entry stub whose process id
+    is ``stub_pid`` (default: this process) on the server ``server_pid`` (default: this
+    process's parent, the tritonserver of a stub)."""
+    return f"\0chattts-serving/{server_pid or os.getppid()}/deliveries/{stub_pid or os.getpid()}"
+
+
+class ReceiptBoard:
+    """The entry stub's end: a listening socket, one reader thread per connected engine, and
+    one semaphore per registered stream id, released once per receipt (so its value is the
+    number of the stream's responses queued in its iterator and not yet read).
+
+    :meth:`start` raises OSError when the address cannot be bound (the callers then iterate
+    without receipts)."""
+
+    def __init__(self, address: str) -> None:
+        self.address = address
+        self._lock = threading.Lock()
+        self._streams: dict[str, threading.Semaphore] = {}
+        self._sock: socket.socket | None = None
+        self.unknown = 0
+        """Receipts for ids not registered (a stream that ended early): counted, dropped."""
+
+    def start(self) -> ReceiptBoard:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.bind(self.address)
+            sock.listen(16)
+        except OSError:
+            sock.close()
+            raise
+        self._sock = sock
+        threading.Thread(target=self._accept_loop, name="receipts-accept", daemon=True).start()
+        return self
+
+    def register(self, stream_id: str) -> threading.Semaphore:
+        """The semaphore of ``stream_id`` (new, value 0); call before the request is sent."""
+        sem = threading.Semaphore(0)
+        with self._lock:
+            self._streams[stream_id] = sem
+        return sem
+
+    def unregister(self, stream_id: str) -> None:
+        with self._lock:
+            self._streams.pop(stream_id, None)
+
+    def receipt(self, stream_id: str) -> None:
+        """One response of ``stream_id`` is queued (what a reader calls per line)."""
+        with self._lock:
+            sem = self._streams.get(stream_id)
+            if sem is None:
+                self.unknown += 1
+                return
+        sem.release()
+
+    def _accept_loop(self) -> None:
+        while self._sock is not None:
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:
+                return  # closed
+            threading.Thread(target=self._read_loop, args=(conn,), name="receipts-read", daemon=True).start()
+
+    def _read_loop(self, conn: socket.socket) -> None:
+        pending = b""
+        with conn:
+            while True:
+                try:
+                    data = conn.recv(65536)
+                except OSError:
+                    return
+                if not data:
+                    return  # the engine closed its end
+                pending += data
+                *lines, pending = pending.split(b"\n")
+                if len(pending) > MAX_LINE_BYTES:
+                    pending = b""
+                for line in lines:
+                    if 0 < len(line) <= MAX_LINE_BYTES:
+                        self.receipt(line.decode("ascii", errors="replace"))
+
+    def close(self) -> None:
+        """Stop accepting engines (connected readers end when their engine closes)."""
+        sock, self._sock = self._sock, None
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            sock.close()
+
+
+class ReceiptWriter:
+    """The engine's end: one connection per entry-stub address, opened at the first receipt
+    and kept; thread-safe. An address that cannot be reached (its stub is gone) or whose socket
+    stays full for :data:`SEND_TIMEOUT_S` is dropped; the next receipt for it connects again."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._conns: dict[str, socket.socket] = {}
+        self._conn_locks: dict[str, threading.Lock] = {}
+        self.failed = 0
+        """Receipts that could not be written (the entry then falls back to waiting in ``next``)."""
+
+    def _connection(self, address: str) -> tuple[socket.socket | None, threading.Lock]:
+        with self._lock:
+            lock = self._conn_locks.setdefault(address, threading.Lock())
+            return self._conns.get(address), lock
+
+    def send(self, address: str, stream_id: str) -> bool:
+        """Write the receipt for one response of ``stream_id`` to ``address`` (connecting once
+        more when a kept connection fails). Returns False when it could not be written."""
+        conn, lock = self._connection(address)
+        line = stream_id.encode("ascii", errors="replace") + b"\n"
+        with lock:
+            for _ in range(2):
+                if conn is None:
+                    conn = self._connect(address)
+                    if conn is None:
+                        break
+                try:
+                    conn.sendall(line)
+                    return True
+                except OSError:
+                    self._drop(address, conn)
+                    conn = None
+        with self._lock:
+            self.failed += 1
+            failed = self.failed
+        if failed == 1 or failed % 1000 == 0:
+            log.warning("%d delivery receipts could not be written (last to %r)", failed, address)
+        return False
+
+    def _connect(self, address: str) -> socket.socket | None:
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        conn.settimeout(SEND_TIMEOUT_S)
+        try:
+            conn.connect(address)
+        except OSError:
+            conn.close()
+            return None
+        with self._lock:
+            self._conns[address] = conn
+        return conn
+
+    def _drop(self, address: str, conn: socket.socket) -> None:
+        with self._lock:
+            if self._conns.get(address) is conn:
+                del self._conns[address]
+        conn.close()
+
+    def close(self) -> None:
+        with self._lock:
+            conns, self._conns = list(self._conns.values()), {}
+        for c in conns:
+            c.close()
+
+
+class ReceiptSender:
+    """A decoupled response sender that writes a receipt to ``address`` after each ``send``
+    that returned (``sender``: the request's ``pb_utils`` response sender)."""
+
+    def __init__(self, sender: Any, writer: ReceiptWriter, address: str, stream_id: str) -> None:
+        self._sender, self._writer = sender, writer
+        self.address, self.stream_id = address, stream_id
+
+    def send(self, response: Any = None, flags: int = 0) -> None:
+        self._sender.send(response, flags=flags)
+        self._writer.send(self.address, self.stream_id)
+
+    def is_cancelled(self) -> bool:
+        return bool(self._sender.is_cancelled())
+
+
+_BOARD: ReceiptBoard | None = None
+_BOARD_TRIED = False
+_BOARD_LOCK = threading.Lock()
+
+
+def receipt_board() -> ReceiptBoard | None:
+    """This stub's :class:`ReceiptBoard`, started on first use; None when its socket could not
+    be bound (logged once)."""
+    global _BOARD, _BOARD_TRIED
+    with _BOARD_LOCK:
+        if not _BOARD_TRIED:
+            _BOARD_TRIED = True
+            try:
+                _BOARD = ReceiptBoard(delivery_address()).start()
+            except OSError as exc:
+                log.warning("no delivery-receipt socket (%s): engine responses are awaited inside "
+                            "the BLS iterator", exc)
+        return _BOARD
