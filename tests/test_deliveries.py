@@ -118,8 +118,9 @@ class _Engine:
     response it asks for was queued."""
 
     def __init__(self, board: ReceiptBoard, writer: ReceiptWriter, responses: list[_Response],
-                 receipts: bool = True) -> None:
+                 receipts: bool = True, dies_after: int | None = None) -> None:
         self.board, self.writer, self.receipts = board, writer, receipts
+        self.dies_after = dies_after  # close the receipt connection after this many responses
         self.items, self.queued, self.read = responses, 1, 0  # the first is there when exec returns
         self.early: list[int] = []
         self.stream_id = ""
@@ -141,6 +142,10 @@ class _Engine:
         if self.receipts:
             self.writer.send(self.board.address, self.stream_id)  # the acknowledgement's
         for _ in self.items[1:]:
+            if self.dies_after is not None and self.queued == self.dies_after:
+                self.writer.close()
+                time.sleep(0.3)  # the stream wakes while nothing is queued
+                self.receipts = False
             time.sleep(0.02)
             self.queued += 1
             if self.receipts:
@@ -168,7 +173,7 @@ def _stream_over(board: ReceiptBoard | None, engine: _Engine, monkeypatch: Any) 
     monkeypatch.setattr(stages, "_GRAVE", IteratorGrave(grace_s=3600.0))
     call = GenerateCall(input_ids=np.arange(4), spk_emb=np.zeros(8, np.float32), params=SamplingParams(),
                         emit_tokens=2)
-    return EngineStream(pb, call, enter(CircuitBreaker("engine", 5, 10.0)), receipts=board, stall_s=30.0)
+    return EngineStream(pb, call, enter(CircuitBreaker("engine", 5, 10.0)), receipts=board)
 
 
 def _responses(batches: int) -> list[_Response]:
@@ -204,6 +209,20 @@ def test_without_its_first_receipt_a_stream_reads_as_without_a_board(monkeypatch
         stream = _stream_over(board, engine, monkeypatch)
         assert [b.stop_reason for b in stream] == [None, None, StopReason.EOS]
         assert EngineStream.late_receipts == late + 1  # one wait, then none: no stall per response
+        assert stream.stream_id not in board._streams
+    finally:
+        board.close()
+
+
+def test_a_closed_engine_connection_wakes_a_waiting_stream_which_reads_on_without_receipts(monkeypatch: Any) -> None:
+    board = _board("closed")
+    late = EngineStream.late_receipts
+    try:
+        engine = _Engine(board, ReceiptWriter(), _responses(3), dies_after=2)
+        stream = _stream_over(board, engine, monkeypatch)
+        assert [b.stop_reason for b in stream] == [None, None, None, StopReason.EOS]
+        assert board.epoch == 1 and EngineStream.late_receipts == late + 1
+        assert engine.early, "the stream should have gone on inside the iterator once the receipts stopped"
         assert stream.stream_id not in board._streams
     finally:
         board.close()
@@ -283,4 +302,4 @@ def test_the_entry_stub_listens_for_receipts_and_the_engine_writes_them(triton_s
     assert any(named(pid) >= 2 for pid in offline), "no engine connected to an offline instance's receipts"
     assert named(stub_processes(triton_server)[contract.MODEL_STREAM_ENTRY].pid) >= 1
     log = triton_server.log_path.read_text(errors="replace")
-    assert "without its receipt" not in log and "receipts could not be written" not in log
+    assert "reads without receipts" not in log and "receipts could not be written" not in log

@@ -68,7 +68,10 @@ def delivery_address(stub_pid: int | None = None, server_pid: int | None = None)
 class ReceiptBoard:
     """The entry stub's end: a listening socket, one reader thread per connected engine, and
     one semaphore per registered stream id, released once per receipt (so its value is the
-    number of the stream's responses queued in its iterator and not yet read).
+    number of the stream's responses queued in its iterator and not yet read). When an engine's
+    connection closes (it died, or reconnected after a failed write), ``epoch`` grows and every
+    registered semaphore is released once, so that no stream waits for a receipt that cannot
+    come (its reader sees the new epoch and reads without receipts).
 
     :meth:`start` raises OSError when the address cannot be bound (the callers then iterate
     without receipts)."""
@@ -80,6 +83,8 @@ class ReceiptBoard:
         self._sock: socket.socket | None = None
         self.unknown = 0
         """Receipts for ids not registered (a stream that ended early): counted, dropped."""
+        self.epoch = 0
+        """Engine connections closed so far."""
 
     def start(self) -> ReceiptBoard:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -122,6 +127,16 @@ class ReceiptBoard:
             threading.Thread(target=self._read_loop, args=(conn,), name="receipts-read", daemon=True).start()
 
     def _read_loop(self, conn: socket.socket) -> None:
+        try:
+            self._read_receipts(conn)
+        finally:
+            with self._lock:
+                self.epoch += 1
+                waiting = list(self._streams.values())
+            for sem in waiting:
+                sem.release()
+
+    def _read_receipts(self, conn: socket.socket) -> None:
         pending = b""
         with conn:
             while True:
@@ -140,7 +155,8 @@ class ReceiptBoard:
                         self.receipt(line.decode("ascii", errors="replace"))
 
     def close(self) -> None:
-        """Stop accepting engines (connected readers end when their engine closes)."""
+        """Stop accepting engines (connected readers end when their engine closes: ``epoch``
+        then grows)."""
         sock, self._sock = self._sock, None
         if sock is not None:
             with contextlib.suppress(OSError):

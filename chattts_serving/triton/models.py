@@ -326,7 +326,7 @@ class EntryModel(TritonModel):
 
     def start(self, setup: ModelSetup) -> None:
         entry = setup.profile.entry
-        stages = BlsStages(self.pb, entry.breaker_failures, entry.breaker_cooldown_s, entry.stall_timeout_s)
+        stages = BlsStages(self.pb, entry.breaker_failures, entry.breaker_cooldown_s)
         label = setup.parameters.get("label_model", setup.name)  # behind the gate: the public name
         self.metrics = EntryMetrics(self.pb, label)
         self.service = EntryService(label, setup.profile, stages, self.metrics, offline=self.offline,

@@ -125,16 +125,13 @@ class BlsStages:
     INTERNAL failures of a stage open its breaker for ``cooldown_s`` seconds. Engine streams
     are cancelled over the engine's cancel socket (:mod:`~chattts_serving.triton.cancels`),
     whose address is this server's, and read once the engine's receipt says a response is
-    queued (:mod:`~chattts_serving.triton.deliveries`; ``stall_s``: how long a stream waits for
-    a receipt before it waits inside the iterator instead, the entry's stall timeout)."""
+    queued (:mod:`~chattts_serving.triton.deliveries`)."""
 
-    def __init__(self, pb: Any, failure_threshold: int = 5, cooldown_s: float = 10.0,
-                 stall_s: float = 60.0) -> None:
+    def __init__(self, pb: Any, failure_threshold: int = 5, cooldown_s: float = 10.0) -> None:
         self.pb = pb
         self.breakers = {stage: CircuitBreaker(stage, failure_threshold, cooldown_s) for stage in STAGES}
         self.cancel_address = cancel_address(contract.MODEL_ENGINE)
         self.receipts = receipt_board()
-        self.stall_s = stall_s
 
     def _unary(self, stage: str, request: Any) -> Any:
         """Run one BLS call through ``stage``'s breaker: the response, or RequestError (the
@@ -186,7 +183,7 @@ class BlsStages:
 
     def generate(self, call: GenerateCall) -> EngineStream:
         return EngineStream(self.pb, call, enter(self.breakers["engine"]), self.cancel_address,
-                            receipts=self.receipts, stall_s=self.stall_s)
+                            receipts=self.receipts)
 
     def vocode(self, path: VocoderPath, window: np.ndarray, request_id: str = "") -> np.ndarray:
         pb = self.pb
@@ -241,22 +238,24 @@ class EngineStream:
     iterator never waits inside ``Next`` (the deadlock that module describes). The first
     response is there when ``exec`` returns (the engine's acknowledgement, or Triton's error
     for an engine that is down: read at once). Its receipt may take
-    :data:`RECEIPT_FIRST_WAIT_S`; without it the stream reads without receipts. A later one may
-    take ``stall_s``, after which the response is awaited inside the iterator
-    (``late_receipts`` counts those: an engine that died sends no receipt)."""
+    :data:`RECEIPT_FIRST_WAIT_S`; without it the stream reads without receipts. A later one is
+    awaited for as long as the engine keeps its receipt connection (a sequence may wait in
+    the engine's queue for minutes); once a connection of the board closes (the engine died or
+    reconnected), the stream reads without receipts (``late_receipts`` counts the streams
+    that fell back either way)."""
 
     late_receipts = 0
     """Reads, over all streams of this process, that went ahead without their receipt."""
 
     def __init__(self, pb: Any, call: GenerateCall, breaker_call: BreakerCall, cancel_address: str = "",
-                 receipts: ReceiptBoard | None = None, stall_s: float = 60.0) -> None:
+                 receipts: ReceiptBoard | None = None) -> None:
         self.pb = pb
         self.breaker_call = breaker_call
         self.cancel_address = cancel_address
         self.stream_id = uuid.uuid4().hex
-        self.stall_s = stall_s
         self._board = receipts
         self._receipts = receipts.register(self.stream_id) if receipts is not None else None
+        self._epoch = receipts.epoch if receipts is not None else 0
         self._reads = 0  # responses read so far
         try:
             req = pb.InferenceRequest(model_name=contract.MODEL_ENGINE,
@@ -280,20 +279,22 @@ class EngineStream:
         """Wait (GIL released) until the engine's receipts say the next response is queued. The
         first response needs none (``exec`` returns with it); its receipt is taken with the
         second's."""
-        sem = self._receipts
+        sem, board = self._receipts, self._board
         reads, self._reads = self._reads, self._reads + 1
-        if sem is None or reads == 0:
+        if sem is None or board is None or reads == 0:
             return
         for first in (True, False) if reads == 1 else (False,):
-            if sem.acquire(timeout=RECEIPT_FIRST_WAIT_S if first else self.stall_s):
+            got = sem.acquire(timeout=RECEIPT_FIRST_WAIT_S) if first else sem.acquire()
+            if got and board.epoch == self._epoch:
                 continue
             EngineStream.late_receipts += 1
             late = EngineStream.late_receipts
             if late == 1 or late % 100 == 0:
-                log.warning("engine stream %s: response read without its receipt after %.1f s (%d so far)",
-                            self.stream_id, RECEIPT_FIRST_WAIT_S if first else self.stall_s, late)
-            if first:
-                self._unregister()  # no receipts for this stream: read as without a board
+                why = (f"no receipt within {RECEIPT_FIRST_WAIT_S:.1f} s" if not got
+                       else "the engine's receipt connection closed")
+                log.warning("engine stream %s reads without receipts: %s (%d streams so far)",
+                            self.stream_id, why, late)
+            self._unregister()
             return
 
     def _read(self) -> Iterator[Any]:
