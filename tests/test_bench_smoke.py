@@ -123,6 +123,14 @@ def test_bench_smoke_writes_report(small_weights: Path, small_int8_artifacts, tm
     sat = result["burst"]["saturated"]
     assert sat["hold"] == load_profile("cpu").entry.max_concurrent_streams and sat["hold_ready"] is True
     assert sat["outcomes"] == {"busy": 32}, sat  # every slot held: each burst request refused
+    entry = load_profile("cpu").entry
+    assert sat["offline_hold"] == entry.offline_threads * entry.offline_instance_count
+    for door in ("offline", "gateway"):  # the same bursts to chattts_offline, then through the gateway
+        d = sat[door]
+        assert d["rounds"] == 2 and len(d["round_busy_p99_s"]) == 2, d
+        assert d["requests"] == 2 * 16 and d["lost"] == 0 and d["outcomes"] == {"busy": 32}, d
+        assert d["busy_p99_s"] is not None
+    assert sat["gateway"]["busy_with_retry_after"] == 32  # every 503 says when to come back
     assert all(v is not None for v in sat["round_busy_p99_s"])
     assert sat["busy_p99_s_from_start"] is not None and sat["busy_before_first_accepted_end"] is None  # none accepted
     # the saturated bursts ran the client at CLIENT_NICE where allowed (root), the idle ones at its own niceness
@@ -281,7 +289,9 @@ def _figures_input() -> tuple[dict, dict]:
                "tokens_per_s": 270.0, "realtime_fraction": 0.5}]
     prof = {"levels": levels, "pipeline": {"tokens_per_s": 300.0},
             "open_loop": {"ttfa_p95_over_p50": 2.0, "rtf_p95_over_p50": 1.5},
-            "burst": {"saturated": {"busy_p99_s": 0.05}, "burst": {"busy_p99_s": 0.02}},
+            "burst": {"saturated": {"busy_p99_s": 0.05, "offline": {"busy_p99_s": 0.08},
+                                    "gateway": {"busy_p99_s": 0.09}},
+                      "burst": {"busy_p99_s": 0.02}},
             "as_deployed": {"audio_s_per_s": 7.0, "degraded_requests": 8, "requests": 16}}
     baseline = {"offline": {"audio_s_per_s": 0.5}, "batched": {"audio_s_per_s": 2.0},
                 "stream": {"first_chunk_p50_s": 4.0}, "stream_smallest": {"first_chunk_p50_s": 0.8}}
@@ -297,10 +307,11 @@ def test_profile_figures_name_their_baselines_and_meet_targets() -> None:
         "ttfa_ratio_c1_vs_stream_smallest": 0.25, "p95_over_p50_c16": 1.2, "ttfa_p95_over_p50_open_loop": 2.0,
         "rtf_p95_over_p50_open_loop": 1.5, "pipeline_efficiency_c16": 0.9, "realtime_streams": 1, "rtf_c1": 0.5,
         "busy_p99_s_saturated": 0.05, "busy_p99_s_burst": 0.02, "throughput_ratio_c16_as_deployed": 14.0,
+        "busy_p99_s_offline_saturated": 0.08, "busy_p99_s_gateway_saturated": 0.09,
         "degraded_fraction_as_deployed": 0.5})
     assert set(f) == set(FIGURES)
     for name in ("throughput_ratio_c16", "ttfa_ratio_c1", "p95_over_p50_c16", "pipeline_efficiency_c16",
-                 "busy_p99_s_saturated"):
+                 "busy_p99_s_saturated", "busy_p99_s_offline_saturated", "busy_p99_s_gateway_saturated"):
         assert target_met(name, f[name]) is True, name
     assert target_met("throughput_ratio_c16", 12.0, "cpu-int8") is False  # the int8 profile aims at 15
     assert target_met("p95_over_p50_c16", 1.5) is False and target_met("rtf_c1", None) is None

@@ -17,7 +17,9 @@ slot taken by full-size streams), the whole summaries, accepted streams' TTFA an
 busy p99 included, under ``burst.burst`` and ``burst.saturated``.
 
 ``python -m chattts_serving.bench.burst --url 127.0.0.1:8001 --clients 200`` runs it against a
-running server and prints the JSON summary.
+running server and prints the JSON summary (``--doors stream,offline,gateway --gateway-url ...
+--offline-hold 16`` for the other doors, as ``make bench`` runs them saturated: the offline and
+gateway rows of its report and ``busy_p99_s_offline_saturated``, ``busy_p99_s_gateway_saturated``).
 """
 
 from __future__ import annotations
@@ -29,9 +31,9 @@ import json
 import os
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from .. import contract
 from ..client.common import ClientError, SynthesisRequest
@@ -55,6 +57,8 @@ class Outcome:
     audio_samples: int = 0
     sent_at: float = 0.0
     sent_after_start_s: float | None = None
+    retry_after: str | None = None
+    """The gateway's ``Retry-After`` header (gateway bursts only; None when absent)."""
 
 
 def _inputs(request: SynthesisRequest) -> list[Any]:
@@ -87,9 +91,7 @@ async def _one(client: Any, request: SynthesisRequest, start: asyncio.Event, tim
         async for result, error in client.stream_infer(requests(), stream_timeout=timeout_s):
             now = time.perf_counter() - out.sent_at  # a response follows its request: sent_at is set
             if error is not None:
-                kind, message = decode(error.message())
-                exc = ClientError(error.message(), error.status())
-                out.kind, out.message = str(kind or exc.kind or ErrorKind.INTERNAL), message
+                out.kind, out.message = _error_kind(error.message(), error.status())
                 out.first_s = out.first_s if out.first_s is not None else now
                 out.end_s = now
                 return out
@@ -104,6 +106,98 @@ async def _one(client: Any, request: SynthesisRequest, start: asyncio.Event, tim
                 return out
     except Exception as exc:  # transport failure: counted, never hidden
         out.kind, out.message = "transport", f"{type(exc).__name__}: {exc}"
+    return out
+
+
+def _error_kind(message: str, status: Any) -> tuple[str, str]:
+    """(kind, message without its tag) of a Triton error: the server's tag, else the kind its
+    transport status implies (:class:`ClientError`)."""
+    kind, text = decode(message)
+    return str(kind or ClientError(message, status).kind or ErrorKind.INTERNAL), text
+
+
+async def _offline_one(client: Any, request: SynthesisRequest, start: asyncio.Event, timeout_s: float,
+                       out: Outcome | None = None) -> Outcome:
+    """Send ``request`` to ``chattts_offline`` (one infer call) once ``start`` is set and wait
+    for its answer: the whole utterance (first and end at once) or one error. Times count from
+    the call, made right after the start signal wakes this task."""
+    from tritonclient.utils import InferenceServerException
+
+    out = out if out is not None else Outcome()
+    inputs = _inputs(request)
+    await start.wait()
+    out.sent_at = time.perf_counter()
+    try:
+        result = await client.infer(contract.MODEL_OFFLINE, inputs, request_id=request.request_id or "",
+                                    client_timeout=timeout_s)
+    except InferenceServerException as exc:
+        out.first_s = out.end_s = time.perf_counter() - out.sent_at
+        out.kind, out.message = _error_kind(exc.message() or str(exc), exc.status())
+    except Exception as exc:  # transport failure: counted, never hidden
+        out.kind, out.message = "transport", f"{type(exc).__name__}: {exc}"
+    else:
+        out.first_s = out.end_s = time.perf_counter() - out.sent_at
+        audio = result.as_numpy(contract.OUT_AUDIO.name)
+        out.audio_samples = 0 if audio is None else int(audio.size)
+    return out
+
+
+GATEWAY_PATH = "/v1/audio/speech"
+
+
+def _gateway_kind(status: int, body: bytes) -> tuple[str, str]:
+    """(kind, message) of a gateway answer other than 200: "busy" for a 503 whose message says
+    "server busy" (the server's refusal or the gateway's own), else the kind the status means."""
+    try:
+        message = str(json.loads(body)["error"]["message"])
+    except (ValueError, KeyError, TypeError):
+        message = body[:200].decode(errors="replace")
+    if status == 503 and message.startswith("server busy"):
+        return str(ErrorKind.BUSY), message
+    kind = (ErrorKind.UNAVAILABLE if status == 503 else ErrorKind.INVALID if 400 <= status < 500
+            else ErrorKind.INTERNAL)
+    return str(kind), f"HTTP {status}: {message}"
+
+
+async def _gateway_one(base_url: str, request: SynthesisRequest, start: asyncio.Event, timeout_s: float,
+                       out: Outcome | None = None) -> Outcome:
+    """Connect to the gateway at ``base_url`` now, send one ``POST /v1/audio/speech`` (pcm) once
+    ``start`` is set and read its answer: a 200 stream (first audio bytes, then to its end) or
+    an error status, whose ``Retry-After`` is kept. Times count from writing the request."""
+    out = out if out is not None else Outcome()
+    host, _, port = base_url.removeprefix("http://").partition(":")
+    body = json.dumps({"model": "tts-1", "input": request.text, "voice": request.voice or "2",
+                       "response_format": "pcm", "max_new_tokens": request.max_new_tokens,
+                       "min_new_tokens": request.min_new_tokens}).encode()
+    head = (f"POST {GATEWAY_PATH} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode()
+    writer = None
+    try:
+        reader, writer = await asyncio.open_connection(host, int(port or 80))
+        await start.wait()
+        out.sent_at = time.perf_counter()
+        writer.write(head + body)
+        await writer.drain()
+        lines = (await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout_s)).decode("latin-1").split("\r\n")
+        status = int(lines[0].split()[1])
+        headers = {k.strip().lower(): v.strip() for k, _, v in (ln.partition(":") for ln in lines[1:] if ln)}
+        out.retry_after = headers.get("retry-after")
+        if status != 200:
+            out.first_s = out.end_s = time.perf_counter() - out.sent_at
+            out.kind, out.message = _gateway_kind(status, await asyncio.wait_for(reader.read(), timeout_s))
+            return out
+        received = 0
+        while data := await asyncio.wait_for(reader.read(1 << 16), timeout_s):
+            if out.first_s is None:
+                out.first_s = time.perf_counter() - out.sent_at
+            received += len(data)
+        out.end_s = time.perf_counter() - out.sent_at
+        out.audio_samples = received // 2  # PCM16 (the chunked framing's few bytes included)
+    except Exception as exc:  # transport failure: counted, never hidden
+        out.kind, out.message = "transport", f"{type(exc).__name__}: {exc}"
+    finally:
+        if writer is not None:
+            writer.close()
     return out
 
 
@@ -124,33 +218,78 @@ CLIENT_NICE = -10
 granted to root only, else it keeps its own)."""
 
 
+OFFLINE_HOLD_TOKENS = 1024
+"""Tokens of each held chattts_offline request: enough for it to hold its offline slot through
+every burst (the engine admits it ahead of the waiting streams and decodes it in about 2
+minutes of full-size steps on 2 cores; a held request that ended would leave a gap a burst
+request could take). chattts_offline has no client cancel, so it runs to its end after the
+bursts too."""
+
+OFFLINE_RETRY_S = 0.5
+"""Pause before a keeper sends again after its held request was refused (Triton picked a full
+instance) or ended."""
+
+OFFLINE_ACCEPTED_AFTER_S = 0.5
+"""A held chattts_offline request still unanswered this long after its send counts as holding
+its slot: a refusal comes in milliseconds, and an accepted one sends nothing until it ends
+(the entry's queue gauge cannot tell: each instance's stub sets the same series)."""
+
+
+async def _keep_offline_slot(client: Any, text: str, index: int, timeout_s: float, go: asyncio.Event,
+                             in_flight: dict[int, float]) -> None:
+    """Keep one chattts_offline slot taken: send a long request and send again whenever it
+    ends (refused "busy" by an instance that is full while the other has room: Triton picks
+    the instance; or done), until cancelled. ``in_flight[index]`` is the send time of the
+    unanswered request (perf_counter seconds)."""
+    n = 0
+    while True:
+        n += 1
+        in_flight[index] = time.perf_counter()
+        try:
+            await _offline_one(client, SynthesisRequest(text=text, max_new_tokens=OFFLINE_HOLD_TOKENS,
+                                                        min_new_tokens=OFFLINE_HOLD_TOKENS,
+                                                        request_id=f"hold-offline-{index}-{n}"), go, timeout_s)
+        finally:
+            in_flight.pop(index, None)
+        await asyncio.sleep(OFFLINE_RETRY_S)
+
+
 def _hold_main(url: str, hold: int, hold_tokens: int, text: str, timeout_s: float, streaming: Any,
-               running: Any, stop: Any) -> None:
-    """The held streams, in their own process: ``hold`` long streams; ``streaming`` (shared int)
-    counts those that have sent audio or ended, ``running`` those not ended; they are cancelled
-    once ``stop`` (a multiprocessing event) is set."""
+               running: Any, stop: Any, offline_hold: int = 0, offline_held: Any = None) -> None:
+    """The held streams, in their own process: ``hold`` long streams and ``offline_hold``
+    chattts_offline requests kept running (:func:`_keep_offline_slot`); ``streaming`` (shared
+    int) counts the streams that have sent audio or ended, ``running`` those not ended,
+    ``offline_held`` the offline requests unanswered for :data:`OFFLINE_ACCEPTED_AFTER_S`; all
+    are cancelled once ``stop`` (a multiprocessing event) is set."""
     import tritonclient.grpc.aio as aio
 
     async def main() -> None:
         conns = [aio.InferenceServerClient(url) for _ in range(hold)]
+        offline_conns = [aio.InferenceServerClient(url) for _ in range(offline_hold)]
         go = asyncio.Event()
         go.set()
         outs = [Outcome() for _ in range(hold)]
+        in_flight: dict[int, float] = {}
         tasks = [asyncio.create_task(_one(c, SynthesisRequest(text=text, max_new_tokens=hold_tokens,
                                                               min_new_tokens=hold_tokens, request_id=f"hold-{i}"),
                                           go, timeout_s, outs[i]))
                  for i, c in enumerate(conns)]
+        keepers = [asyncio.create_task(_keep_offline_slot(c, text, i, timeout_s, go, in_flight))
+                   for i, c in enumerate(offline_conns)]
         try:
             while not stop.is_set():
                 streaming.value = sum(1 for o in outs if o.first_s is not None or o.kind)
                 running.value = sum(1 for t in tasks if not t.done())
+                if offline_held is not None:
+                    now = time.perf_counter()
+                    offline_held.value = sum(1 for t in list(in_flight.values()) if now - t >= OFFLINE_ACCEPTED_AFTER_S)
                 await asyncio.sleep(0.05)
             running.value = sum(1 for t in tasks if not t.done())
         finally:
-            for t in tasks:
+            for t in tasks + keepers:
                 t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            await asyncio.gather(*(c.close() for c in conns), return_exceptions=True)
+            await asyncio.gather(*tasks, *keepers, return_exceptions=True)
+            await asyncio.gather(*(c.close() for c in conns + offline_conns), return_exceptions=True)
 
     asyncio.run(main())
 
@@ -178,10 +317,16 @@ def _priority(nice: int | None) -> Iterator[int]:
             _set_nice(old)
 
 
+DOORS: Final = ("stream", "offline", "gateway")
+"""Where a burst's requests go: ``chattts`` streams over gRPC, ``chattts_offline`` infer calls
+over gRPC, or ``POST /v1/audio/speech`` through the OpenAI gateway (HTTP)."""
+
+
 async def run_burst(url: str, clients: int, tokens: int, text: str = DEFAULT_TEXT, timeout_s: float = 600.0,
                     hold: int = 0, hold_tokens: int = 2048, metrics_url: str | None = None,
                     hold_wait_s: float = 120.0, rounds: int = 1, pause_s: float = 1.0,
-                    client_nice: int | None = None) -> dict[str, Any]:
+                    client_nice: int | None = None, offline_hold: int = 0, doors: Sequence[str] = ("stream",),
+                    gateway_url: str | None = None) -> dict[str, Any]:
     """Connect ``clients`` clients, then send one request each at the same moment (``tokens`` new
     tokens each), ``rounds`` times, ``pause_s`` seconds apart (each round waits until all its
     requests have ended); the summary pools the rounds. With ``hold``, first start that many
@@ -190,9 +335,17 @@ async def run_burst(url: str, clients: int, tokens: int, text: str = DEFAULT_TEX
     meet a server already saturated; they are cancelled after the last. A held stream counts as
     accepted once it has sent audio or, with ``metrics_url`` (Triton's ``/metrics``), as soon as
     the server counts it among its accepted streams waiting for audio (the engine decodes at
-    most its batch size at once: the rest of the held streams wait there without audio). Waits
-    at most ``hold_wait_s`` seconds (``hold_ready`` in the summary says whether every one was
-    accepted).
+    most its batch size at once: the rest of the held streams wait there without audio). With
+    ``offline_hold``, that process also keeps that many chattts_offline requests running (every
+    offline slot: ``entry.offline_threads`` x ``entry.offline_instance_count``) and the bursts
+    wait until all are unanswered for :data:`OFFLINE_ACCEPTED_AFTER_S`.
+    Waits at most ``hold_wait_s`` seconds (``hold_ready`` in the summary says whether every one
+    was accepted).
+
+    ``doors`` (of :data:`DOORS`) says where the bursts go, each door's rounds after the other's:
+    the first door's summary is the top level of the result, every other's is under its name
+    (``gateway`` needs ``gateway_url``, the gateway's base URL; its summary adds
+    ``busy_with_retry_after``, the refusals that carried a ``Retry-After`` header).
 
     The client stands for 200 machines but shares the server's cores. With ``client_nice``
     (``make bench`` passes :data:`CLIENT_NICE` for the saturated bursts) it runs the bursts at
@@ -200,39 +353,49 @@ async def run_burst(url: str, clients: int, tokens: int, text: str = DEFAULT_TEX
     so that what it measures is the server's delay rather than its own wait for a core that a
     saturated server keeps busy. Where bursts are accepted, it also receives their audio:
     raised, it would take the cores from the streams whose TTFA it measures. Returns the
-    summary (see the module docstring)."""
+    summary (see the module docstring). Raises ValueError for rounds below 1, an unknown door,
+    or a gateway door without ``gateway_url``."""
     import multiprocessing as mp
 
     import tritonclient.grpc.aio as aio
 
     if rounds < 1:
         raise ValueError(f"rounds must be at least 1, got {rounds}")
+    if not doors or set(doors) - set(DOORS):
+        raise ValueError(f"doors must be some of {DOORS}, got {tuple(doors)}")
+    if "gateway" in doors and not gateway_url:
+        raise ValueError("the gateway door needs gateway_url")
     conns = [aio.InferenceServerClient(url) for _ in range(clients)]
     hold_ready: bool | None = None
-    pooled: list[Outcome] = []
-    round_p99: list[float | None] = []
+    pooled: dict[str, list[Outcome]] = {d: [] for d in doors}
+    round_p99: dict[str, list[float | None]] = {d: [] for d in doors}
     round_order: list[bool | None] = []
     ctx = mp.get_context("spawn")
-    streaming, running, stop = ctx.Value("i", 0), ctx.Value("i", 0), ctx.Event()
-    holder = (ctx.Process(target=_hold_main, args=(url, hold, hold_tokens, text, timeout_s, streaming, running, stop),
-                          name="burst-hold", daemon=True) if hold else None)
+    streaming, running, offline_held, stop = ctx.Value("i", 0), ctx.Value("i", 0), ctx.Value("i", 0), ctx.Event()
+    holder = (ctx.Process(target=_hold_main, args=(url, hold, hold_tokens, text, timeout_s, streaming, running, stop,
+                                                   offline_hold, offline_held),
+                          name="burst-hold", daemon=True) if hold or offline_hold else None)
     try:
         await asyncio.gather(*(c.is_server_live() for c in conns))  # every channel connected
         if holder is not None:
             holder.start()  # before the priority changes: the held streams keep the default one
             give_up = time.perf_counter() + hold_wait_s
-            while not (hold_ready := _held_accepted(streaming.value, hold, metrics_url)) \
+            while not (hold_ready := _held_accepted(streaming.value, hold, metrics_url)
+                       and offline_held.value >= offline_hold) \
                     and time.perf_counter() < give_up and holder.is_alive():
                 await asyncio.sleep(0.1)
         with _priority(client_nice) as nice_in_effect:
-            for r in range(rounds):
-                if r:
-                    await asyncio.sleep(pause_s)
-                outcomes = await _round(conns, tokens, text, timeout_s, tag=f"burst-{r}")
-                pooled.extend(outcomes)
-                one = summarize(outcomes)
-                round_p99.append(one["busy_p99_s"])
-                round_order.append(one["busy_before_first_accepted_end"])
+            for door in doors:
+                for r in range(rounds):
+                    if r or door != doors[0]:
+                        await asyncio.sleep(pause_s)
+                    targets: list[Any] = [gateway_url] * clients if door == "gateway" else conns
+                    outcomes = await _round(_SENDERS[door], targets, tokens, text, timeout_s, tag=f"{door}-{r}")
+                    pooled[door].extend(outcomes)
+                    one = summarize(outcomes)
+                    round_p99[door].append(one["busy_p99_s"])
+                    if door == doors[0]:
+                        round_order.append(one["busy_before_first_accepted_end"])
     finally:
         if holder is not None and holder.pid is not None:
             stop.set()
@@ -240,30 +403,43 @@ async def run_burst(url: str, clients: int, tokens: int, text: str = DEFAULT_TEX
             if holder.is_alive():
                 holder.terminate()
         await asyncio.gather(*(c.close() for c in conns), return_exceptions=True)
-    summary = summarize(pooled)
+    summary = summarize(pooled[doors[0]])
     known = [v for v in round_order if v is not None]  # each round's refusals against its own accepted ends
-    summary.update({"rounds": rounds, "round_busy_p99_s": round_p99,
+    summary.update({"door": doors[0], "rounds": rounds, "round_busy_p99_s": round_p99[doors[0]],
                     "busy_before_first_accepted_end": all(known) if known else None, "client_nice": nice_in_effect})
-    if hold:
+    for door in doors[1:]:
+        summary[door] = {**summarize(pooled[door]), "rounds": rounds, "round_busy_p99_s": round_p99[door]}
+    if "gateway" in doors:
+        gw = summary if doors[0] == "gateway" else summary["gateway"]
+        busy = [o for o in pooled["gateway"] if o.kind == ErrorKind.BUSY]
+        gw["busy_with_retry_after"] = sum(1 for o in busy if o.retry_after is not None)
+    if hold or offline_hold:
         summary.update({"hold": hold, "hold_tokens": hold_tokens, "hold_ready": hold_ready,
                         "held_running_at_end": running.value})
+    if offline_hold:
+        summary.update({"offline_hold": offline_hold, "offline_hold_tokens": OFFLINE_HOLD_TOKENS})
     return summary
 
 
-async def _round(conns: list[Any], tokens: int, text: str, timeout_s: float, tag: str) -> list[Outcome]:
-    """One burst: a stream opened on each client, then one request sent on each at once."""
+async def _round(send: Any, targets: list[Any], tokens: int, text: str, timeout_s: float, tag: str) -> list[Outcome]:
+    """One burst: each of ``targets`` (a gRPC client, or the gateway's URL) gets ready to send
+    (``send``: :func:`_one`, :func:`_offline_one` or :func:`_gateway_one`), then one request
+    is sent on each at once."""
     start = asyncio.Event()
-    outs = [Outcome() for _ in conns]
-    tasks = [asyncio.create_task(_one(c, SynthesisRequest(text=text, max_new_tokens=tokens, min_new_tokens=tokens,
+    outs = [Outcome() for _ in targets]
+    tasks = [asyncio.create_task(send(t, SynthesisRequest(text=text, max_new_tokens=tokens, min_new_tokens=tokens,
                                                           request_id=f"{tag}-{i}"), start, timeout_s, outs[i]))
-             for i, c in enumerate(conns)]
-    await asyncio.sleep(0.2)  # every stream open, waiting at the start line
+             for i, t in enumerate(targets)]
+    await asyncio.sleep(0.2)  # every stream open (every gateway connection made), waiting at the start line
     start_at = time.perf_counter()
     start.set()
     await asyncio.gather(*tasks)
     for o in outs:
         o.sent_after_start_s = o.sent_at - start_at if o.sent_at else None
     return outs
+
+
+_SENDERS: Final = {"stream": _one, "offline": _offline_one, "gateway": _gateway_one}
 
 
 def _held_accepted(streaming: int, hold: int, metrics_url: str | None) -> bool:
@@ -314,9 +490,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--client-nice", type=int, default=None,
                     help=f"niceness of the client during the bursts (root only below 0; make bench: {CLIENT_NICE} "
                          "with --hold)")
+    ap.add_argument("--offline-hold", type=int, default=0,
+                    help="chattts_offline requests kept running meanwhile (needs --metrics-url; make bench: every "
+                         "offline slot)")
+    ap.add_argument("--doors", default="stream",
+                    help=f"comma-separated, of {','.join(DOORS)}: where the bursts go, one door after the other")
+    ap.add_argument("--gateway-url", default=None, help="the gateway's base URL (door gateway), e.g. http://127.0.0.1:8080")
     args = ap.parse_args(argv)
-    summary = asyncio.run(run_burst(args.url, args.clients, args.tokens, args.text, hold=args.hold,
-                                    metrics_url=args.metrics_url, rounds=args.rounds, client_nice=args.client_nice))
+    try:
+        summary = asyncio.run(run_burst(args.url, args.clients, args.tokens, args.text, hold=args.hold,
+                                        metrics_url=args.metrics_url, rounds=args.rounds, client_nice=args.client_nice,
+                                        offline_hold=args.offline_hold, doors=tuple(args.doors.split(",")),
+                                        gateway_url=args.gateway_url))
+    except ValueError as exc:
+        ap.error(str(exc))
     json.dump(summary, sys.stdout, indent=1, ensure_ascii=False)
     print()
     return 0

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from .gatewayload import gateway_markdown
 from .modes import modes_markdown
@@ -62,6 +62,14 @@ FIGURES: dict[str, Figure] = {
         "p99 seconds from send to the 'busy' answer of burst requests (one 16-token stream request per client on "
         "its open stream, all at once; the burst's rounds pooled) while long streams hold every stream slot "
         "(default-path server)", ("<=", 0.1)),
+    "busy_p99_s_offline_saturated": Figure(
+        "p99 seconds from send to the 'busy' answer of a burst of chattts_offline infer calls (one 16-token request "
+        "per client, all at once; rounds pooled) while held requests take every offline slot and long streams every "
+        "stream slot (default-path server)", ("<=", 0.1)),
+    "busy_p99_s_gateway_saturated": Figure(
+        "p99 seconds from send to the 503 answer (with Retry-After) of a burst of POST /v1/audio/speech through the "
+        "gateway (one 16-token request per connection, all at once; rounds pooled), every slot held as above",
+        ("<=", 0.1)),
     "busy_p99_s_burst": Figure(
         "p99 seconds from send to the 'busy' answer of the refused burst requests on an idle server "
         "(default-path server; the accepted ones' TTFA is in burst.burst)"),
@@ -201,6 +209,11 @@ def profile_figures(prof: Mapping[str, Any], baseline: Mapping[str, Any]) -> tup
         for name, key in (("busy_p99_s_saturated", "saturated"), ("busy_p99_s_burst", "burst")):
             part = burst.get(key)
             _figure(f, nulls, name, get(part, "busy_p99_s"), (f"burst ({key})", part))
+        saturated = burst.get("saturated")
+        for door in ("offline", "gateway"):
+            part = get(saturated, door)
+            _figure(f, nulls, f"busy_p99_s_{door}_saturated", get(part, "busy_p99_s"), ("burst (saturated)", saturated),
+                    (f"burst (saturated, {door})", part))
     deployed = prof.get("as_deployed")
     if deployed is not None:
         reason = _invalid("as deployed c=16", deployed, allow_degraded=True) or _invalid("upstream one at a time", off)
@@ -449,7 +462,9 @@ def _burst(result: Mapping[str, Any]) -> list[str]:
         return []
     lines = ["", "## Overload burst (default profile, default-path server)", "",
              "Every client connected and opened its stream first, then sent one 16-token stream request at the same "
-             "moment; times from each request's send, the rounds pooled (from start: from the start signal, with "
+             "moment (saturated: then the same to chattts_offline, and through the gateway, each client on a "
+             "connection made first; every stream and offline slot held meanwhile); times from each request's "
+             "send, the rounds pooled (from start: from the start signal, with "
              "the load generator's own sending of the whole burst; held streams from a process of their own; client "
              "nice: the measuring client's niceness during the bursts).", "",
              "| burst | rounds | requests | outcomes | busy p50 s | busy p99 s | busy max s | busy p99 s per round "
@@ -462,13 +477,23 @@ def _burst(result: Mapping[str, Any]) -> list[str]:
             continue
         held = (f"{b['hold']} x {b['hold_tokens']} tokens (all accepted: {b.get('hold_ready')})"
                 if b.get("hold") else "no")
-        per_round = ", ".join(fmt(v) for v in b.get("round_busy_p99_s", []))
-        lines.append(f"| {key} | {b.get('rounds', 1)} | {b['requests']} | {b['outcomes']} | {fmt(b['busy_p50_s'])} | "
-                     f"{fmt(b['busy_p99_s'])} | {fmt(b['busy_max_s'])} | {per_round or '–'} | "
-                     f"{fmt(b.get('busy_p99_s_from_start'))} | {fmt(b['accepted_ttfa_p50_s'])} | "
-                     f"{fmt(b['accepted_ttfa_p99_s'])} | {held} | {b.get('client_nice', '–')} | "
-                     f"{fmt(b.get('other_cpu_percent'), 0)} |")
+        if b.get("offline_hold"):
+            held = f"{held[:-1]}; and {b['offline_hold']} chattts_offline x {b['offline_hold_tokens']} tokens)"
+        rows = [(f"{key}: chattts" if b.get("offline_hold") else key, b)]
+        rows += [(f"{key}: {DOOR_NAMES[d]}", b[d]) for d in ("offline", "gateway") if isinstance(b.get(d), Mapping)]
+        for label, row in rows:
+            per_round = ", ".join(fmt(v) for v in row.get("round_busy_p99_s", []))
+            retry = (f" (Retry-After on {row['busy_with_retry_after']})" if "busy_with_retry_after" in row else "")
+            lines.append(f"| {label} | {row.get('rounds', 1)} | {row['requests']} | {row['outcomes']}{retry} | "
+                         f"{fmt(row['busy_p50_s'])} | {fmt(row['busy_p99_s'])} | {fmt(row['busy_max_s'])} | "
+                         f"{per_round or '–'} | {fmt(row.get('busy_p99_s_from_start'))} | "
+                         f"{fmt(row['accepted_ttfa_p50_s'])} | {fmt(row['accepted_ttfa_p99_s'])} | {held} | "
+                         f"{b.get('client_nice', '–')} | {fmt(b.get('other_cpu_percent'), 0)} |")
     return lines
+
+
+DOOR_NAMES: Final = {"offline": "chattts_offline", "gateway": "gateway /v1/audio/speech"}
+"""Report labels of the burst's other doors (:data:`chattts_serving.bench.burst.DOORS`)."""
 
 
 def _frontend(result: Mapping[str, Any]) -> list[str]:

@@ -56,7 +56,7 @@ from typing import Any
 from .. import contract
 from . import load_sentences
 from .cpuload import CpuWindow
-from .gatewayload import GATEWAY_FIGURES, gateway_figures
+from .gatewayload import GATEWAY_FIGURES, gateway_figures, gateway_process
 from .modes import MODE_KEYS, mode_figures
 from .report import DEGRADATION_NOTE, definitions, frontend_figures, markdown, plot, profile_figures
 from .wsload import WS_FIGURES, ws_figures
@@ -65,8 +65,13 @@ SMOKE_ARTIFACTS = Path("artifacts/small")
 SMOKE: dict[str, Any] = {"levels": (1, 2, 16), "tokens": 16, "baseline_requests": 2, "stream_requests": 1,
                          "batched_repeats": 1, "baseline_batch": 4, "raw_repeats": 5, "pipeline_repeats": 3,
                          "frontend_repeats": 2, "open_loop_requests": 6, "burst_clients": 16, "burst_rounds": 2,
-                         "hold_tokens": 256}
+                         "hold_tokens": 1024}
 """``--smoke``: small artifacts, tiny load; exercises every part in a minute or two."""
+
+SMOKE_HOLD_WAIT_S = 10.0
+"""How long a smoke run's saturated burst waits for its holds to take every slot (a full run
+waits up to ``run_burst``'s default)."""
+
 FULL: dict[str, Any] = {"levels": (1, 2, 3, 4, 6, 8, 16), "tokens": 100, "baseline_requests": 4,
                         "stream_requests": 2, "batched_repeats": 2, "baseline_batch": 16, "raw_repeats": 20,
                         "pipeline_repeats": 3, "frontend_repeats": 20, "open_loop_requests": 60, "burst_clients": 200,
@@ -405,19 +410,34 @@ def _burst_phase(ctx: PhaseContext) -> Any:
     if cfg.burst_clients <= 0:
         return {"skipped": "--burst-clients 0"}
     out: dict[str, Any] = {}
-    hold = s.profile.entry.max_concurrent_streams
-    # Saturated: the client receives only refusals and runs at CLIENT_NICE where allowed (see run_burst).
-    saturated = {"hold": hold, "hold_tokens": cfg.hold_tokens, "client_nice": CLIENT_NICE}
+    entry = s.profile.entry
+    hold, offline_hold = entry.max_concurrent_streams, entry.offline_threads * entry.offline_instance_count
+    # Saturated: every stream slot and every chattts_offline slot held; bursts to chattts, then to
+    # chattts_offline, then through the gateway (unless --skip-gateway); the client receives only
+    # refusals and runs at CLIENT_NICE where allowed (see run_burst).
+    doors = ("stream", "offline") + (("gateway",) if cfg.gateway_levels else ())
+    saturated = {"hold": hold, "hold_tokens": cfg.hold_tokens, "client_nice": CLIENT_NICE,
+                 "offline_hold": offline_hold, "doors": doors}
+    if cfg.smoke:  # the small model's holds end too soon to be all held at once: do not wait long
+        saturated["hold_wait_s"] = SMOKE_HOLD_WAIT_S
     for name, kwargs in (("burst", {}), ("saturated", saturated)):
         s.progress(f"server burst ({name}): {cfg.burst_rounds} x {cfg.burst_clients} clients, "
                    f"{BURST_TOKENS} tokens each"
-                   + (f", after {hold} streams of {cfg.hold_tokens} tokens hold every slot" if kwargs else ""))
-        window = s.monitor.begin()
-        summary = asyncio.run(run_burst(s.grpc_url, cfg.burst_clients, BURST_TOKENS, timeout_s=s.timeout_s,
-                                        metrics_url=s.metrics_url, rounds=cfg.burst_rounds, **kwargs))
-        usage = s.monitor.end(window)
+                   + (f", after {hold} streams of {cfg.hold_tokens} tokens and {offline_hold} offline requests hold "
+                      f"every slot; to {', '.join(doors)}" if kwargs else ""))
+        with contextlib.ExitStack() as stack:
+            if "gateway" in kwargs.get("doors", ()):
+                gw_url, _ = stack.enter_context(gateway_process(s.grpc_url, free_port(),
+                                                                cfg.out / "bench_burst_gateway.log"))
+                kwargs = {**kwargs, "gateway_url": gw_url}
+            window = s.monitor.begin()
+            summary = asyncio.run(run_burst(s.grpc_url, cfg.burst_clients, BURST_TOKENS, timeout_s=s.timeout_s,
+                                            metrics_url=s.metrics_url, rounds=cfg.burst_rounds, **kwargs))
+            usage = s.monitor.end(window)
         out[name] = {**summary, "other_cpu_percent": usage["other_cpu_percent"], "cpu_percent": usage["cpu_percent"]}
-        s.progress(f"server burst ({name}): {summary['outcomes']}, busy p99 {summary['busy_p99_s']} s")
+        s.progress(f"server burst ({name}): {summary['outcomes']}, busy p99 {summary['busy_p99_s']} s"
+                   + "".join(f"; {d}: {summary[d]['outcomes']}, busy p99 {summary[d]['busy_p99_s']} s"
+                             for d in kwargs.get("doors", ())[1:]))
         out[name]["idle_after_s"] = wait_idle(s.metrics_url)
     return out
 

@@ -66,7 +66,8 @@ class TreeMonitor:
 
     ``begin()`` opens a measurement window; ``end(window)`` returns CPU % over it (100 = one
     core busy), CPU seconds per label (model name for backend stubs), the peak and final RSS
-    of the tree in MiB, the CPU % of this (client) process, of the whole machine, and of
+    of the tree in MiB, the CPU % of the client (this process and its children outside the
+    server tree: a burst's held streams, a gateway), of the whole machine, and of
     everything else (other_cpu_percent: load from outside the benchmark, which skews it). A background thread samples
     RSS every ``interval_s`` seconds.
     """
@@ -125,11 +126,24 @@ class TreeMonitor:
                 pass
         return out
 
+    def _client_cpu_s(self) -> float:
+        """CPU seconds of the client: this process and its children outside the server tree
+        (a burst's process of held streams, a gateway), those already reaped included."""
+        t = self.me.cpu_times()
+        total = t.user + t.system + t.children_user + t.children_system
+        server = {p.pid for p in self._tree()}
+        with contextlib.suppress(psutil.NoSuchProcess):
+            for child in self.me.children(recursive=True):
+                if child.pid not in server:
+                    with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
+                        c = child.cpu_times()
+                        total += c.user + c.system
+        return total
+
     def begin(self) -> _Window:
         with self._lock:
             self._peak_rss = 0
-        t = self.me.cpu_times()
-        return _Window(time.perf_counter(), self._cpu(), t.user + t.system, system_busy_s())
+        return _Window(time.perf_counter(), self._cpu(), self._client_cpu_s(), system_busy_s())
 
     def end(self, w: _Window) -> dict[str, object]:
         wall = time.perf_counter() - w.t0
@@ -138,13 +152,12 @@ class TreeMonitor:
         for pid, s in cpu.items():
             label = self._labels.get(pid, "?")
             by_label[label] = by_label.get(label, 0.0) + s - w.cpu.get(pid, 0.0)
-        t = self.me.cpu_times()
         rss = self.rss_bytes()
         with self._lock:
             peak = max(self._peak_rss, rss)
         total = sum(by_label.values())
         ranked = sorted(by_label.items(), key=lambda kv: -kv[1])
-        client = t.user + t.system - w.client_cpu
+        client = self._client_cpu_s() - w.client_cpu
         system = system_busy_s() - w.system_busy
 
         def pct(cpu_s: float) -> float | None:
