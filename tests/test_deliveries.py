@@ -25,7 +25,13 @@ from chattts_serving.params import SamplingParams
 from chattts_serving.serving.pipeline import GenerateCall
 from chattts_serving.serving.resilience import CircuitBreaker, enter
 from chattts_serving.triton import stages
-from chattts_serving.triton.deliveries import ReceiptBoard, ReceiptSender, ReceiptWriter, delivery_address
+from chattts_serving.triton.deliveries import (
+    ReceiptBoard,
+    ReceiptSender,
+    ReceiptWriter,
+    delivery_address,
+    delivery_prefix,
+)
 from chattts_serving.triton.stages import EngineStream, IteratorGrave
 
 
@@ -76,6 +82,9 @@ def test_a_taken_address_raises_at_start() -> None:
         board.close()
     assert delivery_address(1, 2) != delivery_address(2, 2) != delivery_address(1, 3)
     assert delivery_address().startswith("\0") and str(os.getppid()) in delivery_address()
+    # the engine writes only to its own server's entry stubs
+    assert delivery_address(7).startswith(delivery_prefix())
+    assert not delivery_address(7, server_pid=1).startswith(delivery_prefix())
 
 
 class _Sender:

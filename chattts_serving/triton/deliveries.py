@@ -58,11 +58,17 @@ MAX_LINE_BYTES = 256
 is dropped."""
 
 
+def delivery_prefix(server_pid: int | None = None) -> str:
+    """The start of every receipt-socket address on the server ``server_pid`` (default: this
+    process's parent, the tritonserver of a stub): the engine writes to no other address."""
+    return f"\0chattts-serving/{server_pid or os.getppid()}/deliveries/"
+
+
 def delivery_address(stub_pid: int | None = None, server_pid: int | None = None) -> str:
     """The abstract-namespace address of the receipt socket of the entry stub whose process id
     is ``stub_pid`` (default: this process) on the server ``server_pid`` (default: this
     process's parent, the tritonserver of a stub)."""
-    return f"\0chattts-serving/{server_pid or os.getppid()}/deliveries/{stub_pid or os.getpid()}"
+    return f"{delivery_prefix(server_pid)}{stub_pid or os.getpid()}"
 
 
 class ReceiptBoard:

@@ -47,7 +47,7 @@ from ..serving.pipeline import SynthesisJob
 from ..serving.request import EngineControl, FrontendCall, parse_engine, parse_frontend
 from ..text.frontend import FrontEnd
 from .cancels import CancelListener, cancel_address
-from .deliveries import ReceiptSender, ReceiptWriter
+from .deliveries import ReceiptSender, ReceiptWriter, delivery_prefix
 from .metrics import EngineMetrics, EntryMetrics, MemoryGauges
 from .responses import EngineSink, SenderChannel, send_engine_error, send_final_error
 from .setup import ModelSetup, lower_priority
@@ -222,8 +222,8 @@ class EngineModel(DecoupledModel):
             sid = first_string(stream_id.as_numpy())
         except (ValueError, IndexError, UnicodeDecodeError):
             return sender  # parse_engine reports the bad input
-        if not addr.startswith("\0") or not sid:
-            return sender
+        if not addr.startswith(delivery_prefix()) or not sid:
+            return sender  # only this server's entry stubs get receipts
         return ReceiptSender(sender, self.receipts, addr, sid)
 
     def accept(self, request: Any, sender: Any) -> None:
