@@ -59,6 +59,25 @@ def test_each_receipt_releases_its_streams_semaphore_once_and_unknown_ids_are_dr
         board.close()
 
 
+def test_threads_writing_at_once_share_one_connection() -> None:
+    board = _board("threads")
+    writer = ReceiptWriter()
+    try:
+        sem = board.register("t" * 32)
+        threads = [threading.Thread(target=lambda: [writer.send(board.address, "t" * 32) for _ in range(50)])
+                   for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert all(sem.acquire(timeout=5) for _ in range(8 * 50)) and writer.failed == 0
+        assert len(writer._conns) == 1
+        assert board.epoch == 0, "a second connection was opened and dropped (its close wakes every stream)"
+    finally:
+        writer.close()
+        board.close()
+
+
 def test_a_writer_reports_an_unreachable_board_then_connects_once_it_listens() -> None:
     address = delivery_address(stub_pid=os.getpid(), server_pid=424242)
     writer = ReceiptWriter()

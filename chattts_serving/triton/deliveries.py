@@ -182,17 +182,17 @@ class ReceiptWriter:
         self.failed = 0
         """Receipts that could not be written (the entry then falls back to waiting in ``next``)."""
 
-    def _connection(self, address: str) -> tuple[socket.socket | None, threading.Lock]:
+    def _lock_for(self, address: str) -> threading.Lock:
         with self._lock:
-            lock = self._conn_locks.setdefault(address, threading.Lock())
-            return self._conns.get(address), lock
+            return self._conn_locks.setdefault(address, threading.Lock())
 
     def send(self, address: str, stream_id: str) -> bool:
         """Write the receipt for one response of ``stream_id`` to ``address`` (connecting once
         more when a kept connection fails). Returns False when it could not be written."""
-        conn, lock = self._connection(address)
         line = stream_id.encode("ascii", errors="replace") + b"\n"
-        with lock:
+        with self._lock_for(address):  # one writer per address: never two connections to one board
+            with self._lock:
+                conn = self._conns.get(address)
             for _ in range(2):
                 if conn is None:
                     conn = self._connect(address)
