@@ -31,6 +31,10 @@ class Figure:
 
 
 _C16 = "closed-loop c=16 (default path, identical jobs of the benchmark budget)"
+DOOR_NAMES: Final = {"offline": "chattts_offline", "gateway": "gateway /v1/audio/speech"}
+"""Report labels of the burst's other doors (:data:`chattts_serving.bench.burst.DOORS`)."""
+
+
 FIGURES: dict[str, Figure] = {
     "throughput_ratio_c16": Figure(
         f"audio s per wall s, {_C16}, over upstream `Chat.infer` serving one request at a time", (">=", 12.0)),
@@ -210,7 +214,7 @@ def profile_figures(prof: Mapping[str, Any], baseline: Mapping[str, Any]) -> tup
             part = burst.get(key)
             _figure(f, nulls, name, get(part, "busy_p99_s"), (f"burst ({key})", part))
         saturated = burst.get("saturated")
-        for door in ("offline", "gateway"):
+        for door in DOOR_NAMES:
             part = get(saturated, door)
             _figure(f, nulls, f"busy_p99_s_{door}_saturated", get(part, "busy_p99_s"), ("burst (saturated)", saturated),
                     (f"burst (saturated, {door})", part))
@@ -480,7 +484,7 @@ def _burst(result: Mapping[str, Any]) -> list[str]:
         if b.get("offline_hold"):
             held = f"{held[:-1]}; and {b['offline_hold']} chattts_offline x {b['offline_hold_tokens']} tokens)"
         rows = [(f"{key}: chattts" if b.get("offline_hold") else key, b)]
-        rows += [(f"{key}: {DOOR_NAMES[d]}", b[d]) for d in ("offline", "gateway") if isinstance(b.get(d), Mapping)]
+        rows += [(f"{key}: {DOOR_NAMES[d]}", b[d]) for d in DOOR_NAMES if isinstance(b.get(d), Mapping)]
         for label, row in rows:
             per_round = ", ".join(fmt(v) for v in row.get("round_busy_p99_s", []))
             retry = (f" (Retry-After on {row['busy_with_retry_after']})" if "busy_with_retry_after" in row else "")
@@ -490,10 +494,6 @@ def _burst(result: Mapping[str, Any]) -> list[str]:
                          f"{fmt(row['accepted_ttfa_p50_s'])} | {fmt(row['accepted_ttfa_p99_s'])} | {held} | "
                          f"{b.get('client_nice', '–')} | {fmt(b.get('other_cpu_percent'), 0)} |")
     return lines
-
-
-DOOR_NAMES: Final = {"offline": "chattts_offline", "gateway": "gateway /v1/audio/speech"}
-"""Report labels of the burst's other doors (:data:`chattts_serving.bench.burst.DOORS`)."""
 
 
 def _frontend(result: Mapping[str, Any]) -> list[str]:
