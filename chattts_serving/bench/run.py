@@ -65,7 +65,7 @@ SMOKE_ARTIFACTS = Path("artifacts/small")
 SMOKE: dict[str, Any] = {"levels": (1, 2, 16), "tokens": 16, "baseline_requests": 2, "stream_requests": 1,
                          "batched_repeats": 1, "baseline_batch": 4, "raw_repeats": 5, "pipeline_repeats": 3,
                          "frontend_repeats": 2, "open_loop_requests": 6, "burst_clients": 16, "burst_rounds": 2,
-                         "hold_tokens": 1024}
+                         "hold_tokens": 2048}
 """``--smoke``: small artifacts, tiny load; exercises every part in a minute or two."""
 
 SMOKE_HOLD_WAIT_S = 10.0
