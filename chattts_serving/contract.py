@@ -131,7 +131,12 @@ MODEL_STREAM_ENTRY: Final = "chattts_entry"
 GATE_BACKEND: Final = "chattts_gate"
 """The gate's Triton backend name (``backends/chattts_gate/libtriton_chattts_gate.so``)."""
 MODEL_OFFLINE: Final = "chattts_offline"
-"""Non-decoupled entry point for HTTP ``/v2/models/chattts_offline/infer``: the whole utterance."""
+"""Non-decoupled entry point for HTTP ``/v2/models/chattts_offline/infer``: the whole utterance.
+With the gate on it is a second instance of the C++ gate, in front of :data:`MODEL_OFFLINE_ENTRY`."""
+MODEL_OFFLINE_ENTRY: Final = "chattts_offline_entry"
+"""The Python offline entry model behind its gate (metrics and logs labelled ``model="chattts_offline"``)."""
+GATED_MODELS: Final = {MODEL_STREAM: MODEL_STREAM_ENTRY, MODEL_OFFLINE: MODEL_OFFLINE_ENTRY}
+"""Each public entry model and the Python model behind it when the gate is on."""
 MODEL_FRONTEND: Final = "chattts_frontend"
 MODEL_ENGINE: Final = "chattts_gpt"
 MODEL_VOCODER: Final = "chattts_vocoder"
@@ -139,14 +144,14 @@ MODEL_VOCODER: Final = "chattts_vocoder"
 MODEL_VOCODER_CODES: Final = "chattts_dvae_vocoder"
 """codes (T, 4) -> DVAE -> Vocos -> waveform (about half the cost)."""
 ALL_MODELS: Final = (MODEL_FRONTEND, MODEL_ENGINE, MODEL_VOCODER, MODEL_VOCODER_CODES, MODEL_STREAM,
-                     MODEL_OFFLINE, MODEL_STREAM_ENTRY)
-"""Every model of the repository with the gate on (the default); without it, all but
-:data:`MODEL_STREAM_ENTRY` (:func:`models`)."""
+                     MODEL_OFFLINE, MODEL_STREAM_ENTRY, MODEL_OFFLINE_ENTRY)
+"""Every model of the repository with the gate on (the default); without it, all but the
+Python models behind the gates (:data:`GATED_MODELS`, :func:`models`)."""
 
 
 def models(gate: bool) -> tuple[str, ...]:
     """The repository's models, with or without the admission gate."""
-    return ALL_MODELS if gate else tuple(m for m in ALL_MODELS if m != MODEL_STREAM_ENTRY)
+    return ALL_MODELS if gate else tuple(m for m in ALL_MODELS if m not in GATED_MODELS.values())
 
 REJECTED_METRIC: Final = "tts_rejected_total"
 REJECTED_HELP: Final = "Requests refused before any work, by reason"

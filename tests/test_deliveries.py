@@ -323,7 +323,7 @@ def test_the_entry_stub_listens_for_receipts_and_the_engine_writes_them(triton_s
         return unix.count("@" + delivery_address(stub_pid=pid, server_pid=server_pid)[1:])
 
     offline = [p.pid for p in psutil.Process(server_pid).children(recursive=True)
-               if f"/{contract.MODEL_OFFLINE}/1/model.py" in " ".join(p.cmdline())]
+               if f"/{contract.MODEL_OFFLINE_ENTRY}/1/model.py" in " ".join(p.cmdline())]
     # each instance listens; the one that ran the request also holds the engine's connection
     # (both ends of an accepted connection are named after the listener)
     assert offline and all(named(pid) >= 1 for pid in offline), offline

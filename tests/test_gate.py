@@ -81,38 +81,52 @@ def _config(repo: Path, model: str) -> Any:
     return text_format.Parse((repo / model / "config.pbtxt").read_text(), model_config_pb2.ModelConfig())
 
 
-def test_the_gate_is_rendered_in_front_of_the_python_entry_model(tmp_path: Path) -> None:
+@pytest.mark.parametrize("model", sorted(contract.GATED_MODELS))
+def test_the_gate_is_rendered_in_front_of_the_python_entry_model(tmp_path: Path, model: str) -> None:
+    """``chattts`` and ``chattts_offline`` are gates: the tensors and transaction policy of the
+    Python model behind them, its limit and busy message (for chattts_offline every instance's
+    requests together), its public name on metrics and logs; Triton's queue and priorities stay
+    on the Python model."""
     profile = load_profile("cpu")
     assert profile.entry.gate
     render_repository(profile, tmp_path / "art", tmp_path / "repo")
     repo = tmp_path / "repo"
-    gate, entry = _config(repo, contract.MODEL_STREAM), _config(repo, contract.MODEL_STREAM_ENTRY)
+    behind = contract.GATED_MODELS[model]
+    gate, entry = _config(repo, model), _config(repo, behind)
     assert gate.backend == contract.GATE_BACKEND and entry.backend == "python"
-    assert gate.model_transaction_policy.decoupled and entry.model_transaction_policy.decoupled
+    decoupled = model == contract.MODEL_STREAM
+    assert gate.model_transaction_policy.decoupled == entry.model_transaction_policy.decoupled == decoupled
     assert [(t.name, t.data_type, list(t.dims), t.optional) for t in gate.input] == \
         [(t.name, t.data_type, list(t.dims), t.optional) for t in entry.input]
     assert [(t.name, t.data_type) for t in gate.output] == [(t.name, t.data_type) for t in entry.output]
     params = {k: v.string_value for k, v in gate.parameters.items()}
-    limit = profile.entry.max_concurrent_streams
-    assert params["target_model"] == contract.MODEL_STREAM_ENTRY
+    e = profile.entry
+    limit, detail = ((e.max_concurrent_streams, "streams already live") if decoupled else
+                     (e.offline_instance_count * e.offline_threads, "requests already running"))
+    assert params["target_model"] == behind
     assert params["max_live"] == str(limit)
-    assert params["busy_message"] == busy_error(limit).wire() == f"[busy] server busy: {limit} streams already live"
-    assert params["label_model"] == contract.MODEL_STREAM and params["rejected_help"] == contract.REJECTED_HELP
+    assert params["busy_message"] == f"[busy] server busy: {limit} {detail}"
+    assert params["busy_message"] == (busy_error(limit) if decoupled else busy_error(limit, detail)).wire()
+    assert params["label_model"] == model and params["rejected_help"] == contract.REJECTED_HELP
     assert params["rejected_metric"] == contract.REJECTED_METRIC
     assert float(params["cancel_poll_ms"]) == profile.entry.cancel_poll_interval_s * 1000
-    assert entry.parameters["label_model"].string_value == contract.MODEL_STREAM
-    assert not (tmp_path / "repo" / contract.MODEL_STREAM / "1" / "model.py").exists()
-    assert (tmp_path / "repo" / contract.MODEL_STREAM / "1").is_dir()  # Triton needs the version directory
-    assert (tmp_path / "repo" / contract.MODEL_STREAM_ENTRY / "1" / "model.py").is_file()
+    assert entry.parameters["label_model"].string_value == model
+    assert not gate.HasField("dynamic_batching") and len(gate.instance_group) == 1
+    assert entry.instance_group[0].count == (1 if decoupled else e.offline_instance_count)
+    assert entry.HasField("dynamic_batching") != decoupled  # offline: Triton's queue and priority levels
+    assert not (tmp_path / "repo" / model / "1" / "model.py").exists()
+    assert (tmp_path / "repo" / model / "1").is_dir()  # Triton needs the version directory
+    assert (tmp_path / "repo" / behind / "1" / "model.py").is_file()
 
 
 def test_without_the_gate_chattts_is_the_python_entry_model(tmp_path: Path) -> None:
     render_repository(_profile(gate=False), tmp_path / "art", tmp_path / "repo")
     models = {p.parent.name for p in (tmp_path / "repo").glob("*/config.pbtxt")}
-    assert models == set(contract.models(gate=False)) and contract.MODEL_STREAM_ENTRY not in models
-    stream = _config(tmp_path / "repo", contract.MODEL_STREAM)
-    assert stream.backend == "python" and "label_model" not in stream.parameters
-    assert (tmp_path / "repo" / contract.MODEL_STREAM / "1" / "model.py").is_file()
+    assert models == set(contract.models(gate=False)) and not models & set(contract.GATED_MODELS.values())
+    for model in contract.GATED_MODELS:
+        cfg = _config(tmp_path / "repo", model)
+        assert cfg.backend == "python" and "label_model" not in cfg.parameters
+        assert (tmp_path / "repo" / model / "1" / "model.py").is_file()
 
 
 # --- a real server ---------------------------------------------------------------------------------
@@ -168,7 +182,7 @@ def _infos(responses: list[Any]) -> list[dict[str, Any]]:
 @pytest.mark.server
 def test_a_stream_through_the_gate_is_the_stream_of_the_entry_model(triton_server: Any) -> None:
     """Same request to ``chattts`` (the gate) and to ``chattts_entry`` behind it: the same audio
-    bit for bit, the same chunking, the same info apart from timings; the request id reaches
+    (to float noise), the same chunking, the same info apart from timings; the request id reaches
     the entry model."""
     url = triton_server.grpc_url
     via_gate, err_gate = _stream(url, contract.MODEL_STREAM, _inputs("网关转发测试。", 7, 48), request_id="gate-fwd-1")
@@ -176,7 +190,7 @@ def test_a_stream_through_the_gate_is_the_stream_of_the_entry_model(triton_serve
                                  request_id="gate-fwd-2")
     assert err_gate is None and err_direct is None
     assert len(via_gate) == len(direct) >= 3  # first chunk, more chunks, final info
-    np.testing.assert_array_equal(_audio(via_gate), _audio(direct))
+    np.testing.assert_allclose(_audio(via_gate), _audio(direct), rtol=0, atol=1e-4)  # conftest.SAME_PCM16_LSB
     assert [r.as_numpy(contract.OUT_AUDIO.name).shape if r.as_numpy(contract.OUT_AUDIO.name) is not None else None
             for r in via_gate] == [r.as_numpy(contract.OUT_AUDIO.name).shape
                                    if r.as_numpy(contract.OUT_AUDIO.name) is not None else None for r in direct]
@@ -184,6 +198,42 @@ def test_a_stream_through_the_gate_is_the_stream_of_the_entry_model(triton_serve
     assert [sorted(i) for i in info_gate] == [sorted(i) for i in info_direct]
     assert info_gate[0]["request_id"] == "gate-fwd-1" and info_direct[0]["request_id"] == "gate-fwd-2"
     assert via_gate[-1].get_response().parameters["triton_final_response"].bool_param
+
+
+def _offline(url: str, model: str, inputs: list[grpcclient.InferInput], request_id: str = "",
+             parameters: dict[str, Any] | None = None) -> tuple[Any, Any]:
+    """(result, None) or (None, the InferenceServerException) of one infer call on ``model``."""
+    client = grpcclient.InferenceServerClient(url)
+    try:
+        return client.infer(model, inputs, request_id=request_id, parameters=parameters), None
+    except grpcclient.InferenceServerException as exc:
+        return None, exc
+    finally:
+        client.close()
+
+
+@pytest.mark.server
+def test_an_utterance_through_the_offline_gate_is_the_offline_entry_models(triton_server: Any) -> None:
+    """``chattts_offline`` (the gate, not decoupled) and ``chattts_offline_entry`` behind it:
+    the same whole-utterance audio (to float noise) and info, the request id passed on; errors
+    come through with the same status and message."""
+    url = triton_server.grpc_url
+    via_gate, err_gate = _offline(url, contract.MODEL_OFFLINE, _inputs("离线网关。", 5, 40), "off-gate-1")
+    direct, err_direct = _offline(url, contract.MODEL_OFFLINE_ENTRY, _inputs("离线网关。", 5, 40), "off-gate-2")
+    assert err_gate is None and err_direct is None, (err_gate, err_direct)
+    a, b = via_gate.as_numpy(contract.OUT_AUDIO.name), direct.as_numpy(contract.OUT_AUDIO.name)
+    assert a.shape == b.shape and a.size > 0
+    np.testing.assert_allclose(a, b, rtol=0, atol=1e-4)  # conftest.SAME_PCM16_LSB
+    info_gate, info_direct = (json.loads(r.as_numpy(contract.OUT_INFO.name)[0]) for r in (via_gate, direct))
+    assert sorted(info_gate) == sorted(info_direct) and info_gate["final"] is True
+    assert info_gate["request_id"] == "off-gate-1"
+    for inputs, parameters in ((_inputs("参数。", 1, 20, temperature=9.0), None),
+                               (_inputs("参数。", 1, 20), {"priorty": "batch"})):
+        _, e_gate = _offline(url, contract.MODEL_OFFLINE, inputs, parameters=parameters)
+        _, e_direct = _offline(url, contract.MODEL_OFFLINE_ENTRY, inputs, parameters=parameters)
+        assert e_gate is not None and e_direct is not None
+        assert (e_gate.status(), e_gate.message()) == (e_direct.status(), e_direct.message())
+        assert e_gate.message().startswith("[invalid"), e_gate.message()
 
 
 @pytest.mark.server

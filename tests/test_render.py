@@ -24,7 +24,7 @@ def test_profiles_render_every_model_into_valid_configs(name: str, tmp_path: Pat
         cfg = model_config_pb2.ModelConfig()
         text_format.Parse(p.read_text(), cfg)
         if cfg.backend == contract.GATE_BACKEND:  # the admission gate: C++, no model.py, no artifacts
-            assert cfg.name == contract.MODEL_STREAM and (p.parent / "1").is_dir()
+            assert cfg.name in contract.GATED_MODELS and (p.parent / "1").is_dir()
             continue
         assert cfg.backend == "python" and (p.parent / "1" / "model.py").is_file()
         assert cfg.parameters["artifacts_dir"].string_value == str(small_artifacts.root.resolve())
@@ -41,8 +41,8 @@ def test_profiles_render_every_model_into_valid_configs(name: str, tmp_path: Pat
     assert stream.model_transaction_policy.decoupled
     assert [i.name for i in stream.input] == [t.name for t in contract.ENTRY_INPUTS]
     assert not stream.HasField("dynamic_batching")  # see render.model_specs: it stalls decoupled models
-    offline = text_format.Parse((tmp_path / "repo" / contract.MODEL_OFFLINE / "config.pbtxt").read_text(),
-                                model_config_pb2.ModelConfig())
+    offline = text_format.Parse((tmp_path / "repo" / contract.MODEL_OFFLINE_ENTRY / "config.pbtxt").read_text(),
+                                model_config_pb2.ModelConfig())  # behind its gate: Triton's queue, priorities
     assert offline.dynamic_batching.default_queue_policy.max_queue_size > 0
     assert offline.dynamic_batching.priority_levels == 2
     voc = text_format.Parse((tmp_path / "repo" / contract.MODEL_VOCODER / "config.pbtxt").read_text(),

@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import shutil
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,7 @@ import jinja2
 
 from .. import contract
 from ..contract import VocoderPath
+from ..errors import RequestError
 from ..serving.profile import Profile, ProfileError, load_profile
 
 REPO_SRC = Path(__file__).resolve().parents[2] / "model_repository"
@@ -64,27 +65,45 @@ class ModelSpec:
         return self.adapter or self.name
 
 
-def gate_spec(profile: Profile) -> ModelSpec:
-    """``chattts`` as the admission gate (chattts_serving/gate/gate.cc) in front of
-    ``chattts_entry``: the same tensors, the busy message the Python entry model would send
-    (:func:`~chattts_serving.serving.admission.busy_error`), the Python models' help text of
+def gate_spec(profile: Profile, model: str) -> ModelSpec:
+    """``model`` (``chattts`` or ``chattts_offline``) as the admission gate
+    (chattts_serving/gate/gate.cc) in front of the Python model behind it
+    (:data:`contract.GATED_MODELS`): the same tensors and transaction policy, the limit and the
+    busy message the Python entry model would apply (:func:`gate_limit`,
+    :func:`~chattts_serving.serving.admission.busy_error`), the Python models' help text of
     ``tts_rejected_total``, the cancel poll interval of the profile, and the refusal log's
-    settling times of :class:`~chattts_serving.serving.entry.RefusalRecorder`."""
-    from ..serving.admission import busy_error
+    settling times of :class:`~chattts_serving.serving.entry.RefusalRecorder`. Raises KeyError
+    for a model without a gate."""
     from ..serving.entry import RefusalRecorder
 
     entry = profile.entry
-    busy = busy_error(entry.max_concurrent_streams)
-    return ModelSpec(contract.MODEL_STREAM, contract.ENTRY_INPUTS, contract.ENTRY_OUTPUTS, decoupled=True,
+    limit, busy = gate_limit(profile, model)
+    return ModelSpec(model, contract.ENTRY_INPUTS, contract.ENTRY_OUTPUTS, decoupled=model == contract.MODEL_STREAM,
                      backend=contract.GATE_BACKEND,
-                     parameters={"target_model": contract.MODEL_STREAM_ENTRY,
-                                 "max_live": str(entry.max_concurrent_streams),
+                     parameters={"target_model": contract.GATED_MODELS[model],
+                                 "max_live": str(limit),
                                  "busy_message": busy.wire(),
-                                 "label_model": contract.MODEL_STREAM, "rejected_metric": contract.REJECTED_METRIC,
+                                 "label_model": model, "rejected_metric": contract.REJECTED_METRIC,
                                  "rejected_help": contract.REJECTED_HELP,
                                  "cancel_poll_ms": f"{entry.cancel_poll_interval_s * 1000:g}",
                                  "log_settle_ms": f"{RefusalRecorder.SETTLE_S * 1000:g}",
                                  "log_max_wait_ms": f"{RefusalRecorder.MAX_DELAY_S * 1000:g}"})
+
+
+def gate_limit(profile: Profile, model: str) -> tuple[int, RequestError]:
+    """The requests the gate of ``model`` lets through at once, and its busy error: for
+    ``chattts`` ``entry.max_concurrent_streams`` live streams; for ``chattts_offline`` every
+    instance's ``entry.offline_threads`` (``offline_instance_count`` times that) running
+    requests. Raises KeyError for a model without a gate."""
+    from ..serving.admission import OFFLINE_BUSY_DETAIL, busy_error
+
+    entry = profile.entry
+    if model == contract.MODEL_STREAM:
+        return entry.max_concurrent_streams, busy_error(entry.max_concurrent_streams)
+    if model == contract.MODEL_OFFLINE:
+        limit = entry.offline_instance_count * entry.offline_threads
+        return limit, busy_error(limit, OFFLINE_BUSY_DETAIL)
+    raise KeyError(f"{model} has no admission gate")
 
 
 def model_specs(profile: Profile, artifacts_dir: Path, repo_dir: Path) -> list[ModelSpec]:
@@ -101,23 +120,25 @@ def model_specs(profile: Profile, artifacts_dir: Path, repo_dir: Path) -> list[M
                   instance_count=profile.frontend.instance_count, parameters=dict(params)),
         ModelSpec(contract.MODEL_ENGINE, contract.ENGINE_INPUTS, contract.ENGINE_OUTPUTS, decoupled=True,
                   parameters=dict(params), **accel),  # type: ignore[arg-type]
-        # No dynamic_batching on the decoupled entry model: with it, Triton 2.51 hands new
-        # requests to this Python model in bursts separated by 0.5 s stalls (measured: 20
-        # simultaneous streams admitted over 1.5 s instead of 25 ms). Its admission limit and
-        # priorities are the model's own (entry.max_concurrent_streams, request parameter
-        # `priority`), since a decoupled model empties Triton's queue at once anyway.
-        # With the gate, the Python entry model sits behind it under another name and labels
-        # its metrics and logs with the public one.
-        ModelSpec(contract.MODEL_STREAM_ENTRY, contract.ENTRY_INPUTS, contract.ENTRY_OUTPUTS, decoupled=True,
-                  parameters={**params, "label_model": contract.MODEL_STREAM, "gated": "true"},
-                  adapter=contract.MODEL_STREAM) if profile.entry.gate else
-        ModelSpec(contract.MODEL_STREAM, contract.ENTRY_INPUTS, contract.ENTRY_OUTPUTS, decoupled=True,
-                  parameters=dict(params)),
-        ModelSpec(contract.MODEL_OFFLINE, contract.ENTRY_INPUTS, contract.ENTRY_OUTPUTS,
-                  instance_count=profile.entry.offline_instance_count, batching=entry, parameters=dict(params)),
     ]
+    # No dynamic_batching on the decoupled entry model: with it, Triton 2.51 hands new
+    # requests to this Python model in bursts separated by 0.5 s stalls (measured: 20
+    # simultaneous streams admitted over 1.5 s instead of 25 ms). Its admission limit and
+    # priorities are the model's own (entry.max_concurrent_streams, request parameter
+    # `priority`), since a decoupled model empties Triton's queue at once anyway.
+    entries = [ModelSpec(contract.MODEL_STREAM, contract.ENTRY_INPUTS, contract.ENTRY_OUTPUTS, decoupled=True,
+                         parameters=dict(params)),
+               ModelSpec(contract.MODEL_OFFLINE, contract.ENTRY_INPUTS, contract.ENTRY_OUTPUTS,
+                         instance_count=profile.entry.offline_instance_count, batching=entry,
+                         parameters=dict(params))]
     if profile.entry.gate:
-        specs.append(gate_spec(profile))
+        # Each public entry model is a gate; the Python model sits behind it under another
+        # name and labels its metrics and logs with the public one.
+        specs += [gate_spec(profile, e.name) for e in entries]
+        specs += [replace(e, name=contract.GATED_MODELS[e.name], adapter=e.name,
+                          parameters={**e.parameters, "label_model": e.name, "gated": "true"}) for e in entries]
+    else:
+        specs += entries
     for path, name in contract.VOCODER_PATHS.items():
         tensor = contract.VO_HIDDEN if path is VocoderPath.HIDDEN else contract.VO_CODES
         specs.append(ModelSpec(name, (tensor,), (contract.VO_AUDIO,),

@@ -1,11 +1,16 @@
-// chattts admission gate: a Triton backend (C++, in the server process) in front of the Python
-// entry model.
+// chattts admission gate: a Triton backend (C++, in the server process) in front of a Python
+// entry model: `chattts` (decoupled, streams) before `chattts_entry`, `chattts_offline` (one
+// response per request) before `chattts_offline_entry`. Nothing here depends on which: every
+// response of the target is relayed, the final flag with the last.
 //
 // Why: a refusal answered by the Python entry model costs two inter-process round trips (the
 // request into the stub, the error back through the response sender), one request at a time;
 // with every core busy decoding, 136 refusals of a 200-request burst took 0.1 to 0.3 s to come
 // out (README, "Where the busy time goes"). Here "busy" is decided and sent in the server's own
 // process, before any Python code runs.
+//
+// The same holds for chattts_offline, whose Python instances run whole utterances: with all
+// their threads busy, refusals of a burst took about 1 s (make bench, busy_p99_s_offline_saturated).
 //
 // What: each request either takes one of `max_live` slots and is forwarded unchanged (inputs,
 // requested outputs, request id, request parameters) to `target_model` through Triton's

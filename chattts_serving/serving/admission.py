@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
+from typing import Final
 
 import numpy as np
 
@@ -109,6 +110,10 @@ class StreamSlots:
     def release(self) -> None:
         with self._lock:
             self.live -= 1
+
+
+OFFLINE_BUSY_DETAIL: Final = "requests already running"
+"""What ``chattts_offline``'s busy error says its ``limit`` counts."""
 
 
 def busy_error(limit: int, detail: str = "streams already live") -> RequestError:
