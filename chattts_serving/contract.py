@@ -137,6 +137,13 @@ MODEL_OFFLINE_ENTRY: Final = "chattts_offline_entry"
 """The Python offline entry model behind its gate (metrics and logs labelled ``model="chattts_offline"``)."""
 GATED_MODELS: Final = {MODEL_STREAM: MODEL_STREAM_ENTRY, MODEL_OFFLINE: MODEL_OFFLINE_ENTRY}
 """Each public entry model and the Python model behind it when the gate is on."""
+MODEL_ADMISSION: Final = "chattts_admission"
+"""The admission watch (gate on only): a decoupled model of the gate's backend that answers a
+request with one response at once and one more each time a door of :data:`ADMISSION_DOORS`
+fills or stops being full (output :data:`ADM_FULL`), until the client cancels. The OpenAI
+gateway subscribes to it and refuses "busy" itself while ``chattts`` is full."""
+ADMISSION_DOORS: Final = (MODEL_STREAM, MODEL_OFFLINE)
+"""The doors the admission watch reports on, in the order of :data:`ADM_FULL`'s elements."""
 MODEL_FRONTEND: Final = "chattts_frontend"
 MODEL_ENGINE: Final = "chattts_gpt"
 MODEL_VOCODER: Final = "chattts_vocoder"
@@ -144,14 +151,15 @@ MODEL_VOCODER: Final = "chattts_vocoder"
 MODEL_VOCODER_CODES: Final = "chattts_dvae_vocoder"
 """codes (T, 4) -> DVAE -> Vocos -> waveform (about half the cost)."""
 ALL_MODELS: Final = (MODEL_FRONTEND, MODEL_ENGINE, MODEL_VOCODER, MODEL_VOCODER_CODES, MODEL_STREAM,
-                     MODEL_OFFLINE, MODEL_STREAM_ENTRY, MODEL_OFFLINE_ENTRY)
+                     MODEL_OFFLINE, MODEL_STREAM_ENTRY, MODEL_OFFLINE_ENTRY, MODEL_ADMISSION)
 """Every model of the repository with the gate on (the default); without it, all but the
-Python models behind the gates (:data:`GATED_MODELS`, :func:`models`)."""
+Python models behind the gates (:data:`GATED_MODELS`) and the admission watch (:func:`models`)."""
 
 
 def models(gate: bool) -> tuple[str, ...]:
     """The repository's models, with or without the admission gate."""
-    return ALL_MODELS if gate else tuple(m for m in ALL_MODELS if m not in GATED_MODELS.values())
+    gate_only = (*GATED_MODELS.values(), MODEL_ADMISSION)
+    return ALL_MODELS if gate else tuple(m for m in ALL_MODELS if m not in gate_only)
 
 REJECTED_METRIC: Final = "tts_rejected_total"
 REJECTED_HELP: Final = "Requests refused before any work, by reason"
@@ -299,6 +307,9 @@ OUT_AUDIO: Final = TensorSpec("audio", "TYPE_FP32", (-1,),
 OUT_INFO: Final = TensorSpec("info", "TYPE_STRING", (1,),
                              doc="JSON object about the request (see INFO_HEADER_KEYS, INFO_FINAL_KEYS)")
 ENTRY_OUTPUTS: Final = (OUT_AUDIO, OUT_INFO)
+ADM_FULL: Final = TensorSpec("full", "TYPE_BOOL", (-1,),
+                             doc="per door of ADMISSION_DOORS: every slot taken, a request now is refused busy")
+"""The admission watch's one output (no inputs); its name is also written in gate.cc."""
 INFO_HEADER_KEYS: Final = ("request_id", "sample_rate_hz", "normalized_text", "dropped", "segments", "vocoder",
                            "refined", "degraded", "segmentation", "reference", "final")
 """Keys of ``info`` on a stream's first audio response: the request id (the client's Triton

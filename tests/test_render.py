@@ -24,7 +24,7 @@ def test_profiles_render_every_model_into_valid_configs(name: str, tmp_path: Pat
         cfg = model_config_pb2.ModelConfig()
         text_format.Parse(p.read_text(), cfg)
         if cfg.backend == contract.GATE_BACKEND:  # the admission gate: C++, no model.py, no artifacts
-            assert cfg.name in contract.GATED_MODELS and (p.parent / "1").is_dir()
+            assert cfg.name in (*contract.GATED_MODELS, contract.MODEL_ADMISSION) and (p.parent / "1").is_dir()
             continue
         assert cfg.backend == "python" and (p.parent / "1" / "model.py").is_file()
         assert cfg.parameters["artifacts_dir"].string_value == str(small_artifacts.root.resolve())

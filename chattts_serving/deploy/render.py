@@ -90,6 +90,20 @@ def gate_spec(profile: Profile, model: str) -> ModelSpec:
                                  "log_max_wait_ms": f"{RefusalRecorder.MAX_DELAY_S * 1000:g}"})
 
 
+ADMISSION_CANCEL_POLL_MS = 100
+"""How often the admission watch asks whether a subscriber has gone (ms): a subscription is one
+per gateway process, so a gone one costs nothing but its memory until then."""
+
+
+def admission_spec() -> ModelSpec:
+    """The admission watch (:data:`contract.MODEL_ADMISSION`, the gate's backend in watch mode):
+    no inputs, output :data:`contract.ADM_FULL` per door of :data:`contract.ADMISSION_DOORS`."""
+    return ModelSpec(contract.MODEL_ADMISSION, (), (contract.ADM_FULL,), decoupled=True,
+                     backend=contract.GATE_BACKEND,
+                     parameters={"watch_models": ",".join(contract.ADMISSION_DOORS),
+                                 "cancel_poll_ms": str(ADMISSION_CANCEL_POLL_MS)})
+
+
 def gate_limit(profile: Profile, model: str) -> tuple[int, RequestError]:
     """The requests the gate of ``model`` lets through at once, and its busy error: for
     ``chattts`` ``entry.max_concurrent_streams`` live streams; for ``chattts_offline`` every
@@ -137,6 +151,7 @@ def model_specs(profile: Profile, artifacts_dir: Path, repo_dir: Path) -> list[M
         specs += [gate_spec(profile, e.name) for e in entries]
         specs += [replace(e, name=contract.GATED_MODELS[e.name], adapter=e.name,
                           parameters={**e.parameters, "label_model": e.name, "gated": "true"}) for e in entries]
+        specs.append(admission_spec())
     else:
         specs += entries
     for path, name in contract.VOCODER_PATHS.items():

@@ -24,9 +24,16 @@
 // writes, once their burst has settled (`log_settle_ms` without a refusal, at most
 // `log_max_wait_ms` after the first): logging does not delay the refusals behind it.
 //
+// The same library also serves the admission watch (`chattts_admission`, struct Watch): a
+// model configured with `watch_models` instead of `target_model`, whose subscribers learn at
+// once, and again whenever it changes, whether each door is full, so that a front end (the
+// OpenAI gateway) refuses "busy" itself while every slot is taken. Triton loads a backend
+// library once per server, so the gates and the watch share its globals (struct Board).
+//
 // Parameters (model config, all strings; rendered by chattts_serving/deploy/render.py):
-//   target_model, max_live, busy_message, label_model, rejected_metric, rejected_help, cancel_poll_ms,
-//   log_settle_ms, log_max_wait_ms.
+//   a gate: target_model, max_live, busy_message, label_model, rejected_metric, rejected_help,
+//   cancel_poll_ms, log_settle_ms, log_max_wait_ms;
+//   the watch: watch_models (comma-separated gate names, the order of its output `full`), cancel_poll_ms.
 // Built by chattts_serving/deploy/gate.py (g++ -std=c++17 -O2 -shared -fPIC).
 
 #include <atomic>
@@ -36,6 +43,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include <map>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -139,6 +147,9 @@ std::string ConfigParameter(const std::string& json, const std::string& key, con
 
 struct Gate;
 
+// Every door's gate tells the admission watch (struct Watch) when it fills or stops being full.
+void Announce();
+
 // One forwarded request. Freed once both the target's final response and the release of the
 // target request have happened (`pending` counts them down).
 struct Stream {
@@ -173,7 +184,12 @@ struct Gate {
     do {
       if (cur >= max_live) return false;
     } while (!live.compare_exchange_weak(cur, cur + 1));
+    if (cur + 1 == max_live) Announce();  // this request took the last slot: the door is full
     return true;
+  }
+
+  void ReleaseSlot() {
+    if (live.fetch_sub(1) == max_live) Announce();  // the door was full and has a slot again
   }
 
   void Refused(const char* request_id) {
@@ -232,6 +248,131 @@ struct Gate {
       delete s;
     }
   }
+};
+
+// The gates of this server by model name, for the admission watch. Triton loads this library
+// once per server, so every model of the backend (each door's gate and the watch) shares it.
+struct Board {
+  std::mutex mu;
+  std::condition_variable changed;
+  uint64_t version = 0;                      // bumped whenever a door fills, frees or (un)loads
+  std::map<std::string, const Gate*> gates;  // guarded by mu
+};
+
+Board& TheBoard() {
+  static Board board;
+  return board;
+}
+
+void Announce() {
+  Board& b = TheBoard();
+  {
+    std::lock_guard<std::mutex> lk(b.mu);
+    ++b.version;
+  }
+  b.changed.notify_all();
+}
+
+// The admission watch (`chattts_admission`, decoupled): each request is a subscription that
+// gets one response at once and one more each time any watched door (`watch_models`, in that
+// order) fills or stops being full. A response carries output `full` (BOOL, one per door;
+// false for a door whose gate is not loaded) and is never final until the client cancels
+// (polled every `cancel_poll_ms`) or the model unloads. So a front end such as the OpenAI
+// gateway knows that the server refuses "busy" without sending a request to learn it, and
+// learns within one message that a slot is free again. Between flips nothing is sent.
+struct Watch {
+  std::vector<std::string> doors;
+  std::chrono::microseconds cancel_poll {100000};
+  std::vector<TRITONBACKEND_ResponseFactory*> fresh;     // subscribed, no response yet; guarded by Board::mu
+  bool stopping = false;                                 // guarded by Board::mu
+  std::vector<TRITONBACKEND_ResponseFactory*> watchers;  // the worker thread's own
+  std::thread worker;
+
+  // false once the subscription is over (the response could not be made or sent).
+  bool Send(TRITONBACKEND_ResponseFactory* factory, const std::vector<bool>& full) {
+    TRITONBACKEND_Response* response = nullptr;
+    if (TRITONSERVER_Error* err = TRITONBACKEND_ResponseNewFromFactory(&response, factory)) {
+      TRITONSERVER_ErrorDelete(err);
+      return false;
+    }
+    const int64_t shape[1] = {static_cast<int64_t>(full.size())};
+    TRITONBACKEND_Output* output = nullptr;
+    void* buf = nullptr;
+    TRITONSERVER_MemoryType mtype = TRITONSERVER_MEMORY_CPU;
+    int64_t mid = 0;
+    TRITONSERVER_Error* err = TRITONBACKEND_ResponseOutput(response, &output, "full", TRITONSERVER_TYPE_BOOL, shape, 1);
+    if (err == nullptr) err = TRITONBACKEND_OutputBuffer(output, &buf, full.size(), &mtype, &mid);
+    if (err == nullptr && mtype == TRITONSERVER_MEMORY_GPU)
+      err = TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_INTERNAL, "admission watch: output buffer in GPU memory");
+    if (err != nullptr) {
+      TRITONSERVER_ErrorDelete(err);
+      TRITONSERVER_ErrorDelete(TRITONBACKEND_ResponseDelete(response));
+      return false;
+    }
+    for (size_t i = 0; i < full.size(); ++i) static_cast<bool*>(buf)[i] = full[i];
+    err = TRITONBACKEND_ResponseSend(response, 0, nullptr);
+    const bool sent = err == nullptr;
+    TRITONSERVER_ErrorDelete(err);
+    return sent;
+  }
+
+  static void End(TRITONBACKEND_ResponseFactory* factory) {
+    TRITONSERVER_ErrorDelete(TRITONBACKEND_ResponseFactorySendFlags(factory, TRITONSERVER_RESPONSE_COMPLETE_FINAL));
+    TRITONSERVER_ErrorDelete(TRITONBACKEND_ResponseFactoryDelete(factory));
+  }
+
+  void Run() {
+    Board& b = TheBoard();
+    std::unique_lock<std::mutex> lk(b.mu);
+    uint64_t seen = b.version;
+    std::vector<bool> full(doors.size(), false);
+    auto next_poll = std::chrono::steady_clock::now() + cancel_poll;
+    for (;;) {
+      b.changed.wait_until(lk, next_poll, [&] { return stopping || b.version != seen || !fresh.empty(); });
+      const bool changed = b.version != seen;
+      seen = b.version;
+      for (size_t i = 0; i < doors.size(); ++i) {
+        auto it = b.gates.find(doors[i]);
+        full[i] = it != b.gates.end() && it->second->live.load() >= it->second->max_live;
+      }
+      std::vector<TRITONBACKEND_ResponseFactory*> arrived;
+      arrived.swap(fresh);
+      const bool stop = stopping;
+      lk.unlock();
+      if (stop) {
+        for (auto* f : watchers) End(f);
+        for (auto* f : arrived) End(f);
+        return;
+      }
+      const bool poll = std::chrono::steady_clock::now() >= next_poll;
+      if (poll) next_poll = std::chrono::steady_clock::now() + cancel_poll;
+      std::vector<TRITONBACKEND_ResponseFactory*> kept;
+      for (auto* f : watchers) {
+        bool cancelled = false;
+        if (poll) TRITONSERVER_ErrorDelete(TRITONBACKEND_ResponseFactoryIsCancelled(f, &cancelled));
+        if (cancelled || (changed && !Send(f, full))) {
+          End(f);
+        } else {
+          kept.push_back(f);
+        }
+      }
+      for (auto* f : arrived) {
+        if (Send(f, full)) {
+          kept.push_back(f);
+        } else {
+          End(f);
+        }
+      }
+      watchers.swap(kept);
+      lk.lock();
+    }
+  }
+};
+
+// What a model of this backend is: one door's gate, or the admission watch.
+struct ModelState {
+  Gate* gate = nullptr;
+  Watch* watch = nullptr;
 };
 
 void SendError(TRITONBACKEND_ResponseFactory* factory, TRITONSERVER_Error_Code code, const std::string& message) {
@@ -368,7 +509,7 @@ void OnTargetResponse(TRITONSERVER_InferenceResponse* response, const uint32_t f
   }
   TRITONSERVER_ErrorDelete(TRITONBACKEND_ResponseFactoryDelete(s->factory));
   s->factory = nullptr;
-  g->live.fetch_sub(1);
+  g->ReleaseSlot();
   g->Forget(s);
 }
 
@@ -457,6 +598,57 @@ TRITONSERVER_Error* Fail(const std::string& msg) {
   return TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_INVALID_ARG, ("chattts gate: " + msg).c_str());
 }
 
+// The admission watch's model (parameter watch_models: comma-separated door names).
+TRITONSERVER_Error* WatchInitialize(TRITONBACKEND_Model* model, const std::string& json, const std::string& doors) {
+  auto* w = new Watch();
+  for (size_t start = 0; start <= doors.size();) {
+    size_t comma = doors.find(',', start);
+    if (comma == std::string::npos) comma = doors.size();
+    if (comma > start) w->doors.push_back(doors.substr(start, comma - start));
+    start = comma + 1;
+  }
+  double poll_ms = std::atof(ConfigParameter(json, "cancel_poll_ms", "100").c_str());
+  if (w->doors.empty() || !(poll_ms > 0)) {
+    delete w;
+    return Fail("the admission watch needs door names in watch_models and a positive cancel_poll_ms");
+  }
+  w->cancel_poll = std::chrono::microseconds(static_cast<int64_t>(poll_ms * 1000));
+  w->worker = std::thread([w] { w->Run(); });
+  return TRITONBACKEND_ModelSetState(model, new ModelState {nullptr, w});
+}
+
+// Subscriptions: each request's factory goes to the watch's worker, which answers it at once
+// with the doors' state; the request itself is released here (nothing of it is read).
+TRITONSERVER_Error* WatchExecute(Watch* w, TRITONBACKEND_ModelInstance* instance, TRITONBACKEND_Request** requests,
+                                 const uint32_t count) {
+  const uint64_t exec_start = NowNs();
+  std::vector<TRITONBACKEND_ResponseFactory*> factories;
+  for (uint32_t i = 0; i < count; ++i) {
+    const uint64_t start = NowNs();
+    TRITONBACKEND_ResponseFactory* factory = nullptr;
+    if (TRITONSERVER_Error* err = TRITONBACKEND_ResponseFactoryNew(&factory, requests[i])) {
+      TRITONSERVER_ErrorDelete(err);
+      TRITONSERVER_ErrorDelete(TRITONBACKEND_RequestRelease(requests[i], TRITONSERVER_REQUEST_RELEASE_ALL));
+      continue;
+    }
+    const uint64_t end = NowNs();
+    TRITONSERVER_ErrorDelete(
+        TRITONBACKEND_ModelInstanceReportStatistics(instance, requests[i], true, start, start, end, end));
+    TRITONSERVER_ErrorDelete(TRITONBACKEND_RequestRelease(requests[i], TRITONSERVER_REQUEST_RELEASE_ALL));
+    factories.push_back(factory);
+  }
+  Board& b = TheBoard();
+  {
+    std::lock_guard<std::mutex> lk(b.mu);
+    w->fresh.insert(w->fresh.end(), factories.begin(), factories.end());
+  }
+  b.changed.notify_all();
+  const uint64_t exec_end = NowNs();
+  TRITONSERVER_ErrorDelete(
+      TRITONBACKEND_ModelInstanceReportBatchStatistics(instance, count, exec_start, exec_start, exec_end, exec_end));
+  return nullptr;
+}
+
 }  // namespace
 
 extern "C" {
@@ -482,6 +674,9 @@ TRITONSERVER_Error* TRITONBACKEND_ModelInitialize(TRITONBACKEND_Model* model) {
   std::string json = err ? "" : std::string(base, size);
   TRITONSERVER_ErrorDelete(TRITONSERVER_MessageDelete(message));
   if (err) return err;
+
+  const std::string watch_models = ConfigParameter(json, "watch_models", "");
+  if (!watch_models.empty()) return WatchInitialize(model, json, watch_models);
 
   auto* g = new Gate();
   const char* name = nullptr;
@@ -532,13 +727,38 @@ TRITONSERVER_Error* TRITONBACKEND_ModelInitialize(TRITONBACKEND_Model* model) {
     for (auto* p : labels) TRITONSERVER_ParameterDelete(const_cast<TRITONSERVER_Parameter*>(p));
   }
   g->worker = std::thread([g] { g->Run(); });
-  return TRITONBACKEND_ModelSetState(model, g);
+  {
+    Board& b = TheBoard();
+    std::lock_guard<std::mutex> lk(b.mu);
+    b.gates[g->name] = g;
+  }
+  Announce();
+  return TRITONBACKEND_ModelSetState(model, new ModelState {g, nullptr});
 }
 
 TRITONSERVER_Error* TRITONBACKEND_ModelFinalize(TRITONBACKEND_Model* model) {
   void* state = nullptr;
   if (auto* err = TRITONBACKEND_ModelState(model, &state)) return err;
-  auto* g = static_cast<Gate*>(state);
+  auto* ms = static_cast<ModelState*>(state);
+  Board& b = TheBoard();
+  if (Watch* w = ms->watch) {
+    {
+      std::lock_guard<std::mutex> lk(b.mu);
+      w->stopping = true;
+    }
+    b.changed.notify_all();
+    w->worker.join();  // every subscription ended with its final flag
+    delete w;
+    delete ms;
+    return nullptr;
+  }
+  Gate* g = ms->gate;
+  delete ms;
+  {
+    std::lock_guard<std::mutex> lk(b.mu);
+    b.gates.erase(g->name);
+  }
+  Announce();
   {
     std::lock_guard<std::mutex> lk(g->mu);
     g->stopping = true;
@@ -562,7 +782,9 @@ TRITONSERVER_Error* TRITONBACKEND_ModelInstanceExecute(TRITONBACKEND_ModelInstan
   void* state = nullptr;
   if (auto* err = TRITONBACKEND_ModelInstanceModel(instance, &model)) return err;
   if (auto* err = TRITONBACKEND_ModelState(model, &state)) return err;
-  auto* g = static_cast<Gate*>(state);
+  auto* ms = static_cast<ModelState*>(state);
+  if (ms->watch != nullptr) return WatchExecute(ms->watch, instance, requests, count);
+  Gate* g = ms->gate;
   const uint64_t exec_start = NowNs();
   for (uint32_t i = 0; i < count; ++i) {
     TRITONBACKEND_Request* request = requests[i];
@@ -595,7 +817,7 @@ TRITONSERVER_Error* TRITONBACKEND_ModelInstanceExecute(TRITONBACKEND_ModelInstan
       TRITONSERVER_ErrorDelete(err);
       if (s->inner) TRITONSERVER_ErrorDelete(TRITONSERVER_InferenceRequestDelete(s->inner));
       delete s;
-      g->live.fetch_sub(1);
+      g->ReleaseSlot();
       SendError(factory, TRITONSERVER_ERROR_UNAVAILABLE, msg);
       TRITONSERVER_ErrorDelete(TRITONBACKEND_ResponseFactoryDelete(factory));
       TRITONSERVER_ErrorDelete(TRITONBACKEND_RequestRelease(request, TRITONSERVER_REQUEST_RELEASE_ALL));

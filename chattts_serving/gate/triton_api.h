@@ -29,7 +29,8 @@ struct TRITONBACKEND_ResponseFactory;
 struct TRITONBACKEND_Input;
 struct TRITONBACKEND_Output;
 
-typedef int TRITONSERVER_DataType;  // passed through unchanged
+typedef int TRITONSERVER_DataType;  // passed through unchanged, except the one the admission watch sends:
+constexpr TRITONSERVER_DataType TRITONSERVER_TYPE_BOOL = 1;
 
 enum TRITONSERVER_Error_Code {
   TRITONSERVER_ERROR_UNKNOWN,
