@@ -119,6 +119,19 @@ def test_the_gate_is_rendered_in_front_of_the_python_entry_model(tmp_path: Path,
     assert (tmp_path / "repo" / behind / "1" / "model.py").is_file()
 
 
+def test_the_admission_watch_is_rendered_on_the_gates_backend(tmp_path: Path) -> None:
+    """``chattts_admission``: the gate's backend in watch mode over the gated doors in the
+    contract's order, decoupled, no inputs, one BOOL output per door."""
+    render_repository(load_profile("cpu"), tmp_path / "art", tmp_path / "repo")
+    cfg = _config(tmp_path / "repo", contract.MODEL_ADMISSION)
+    assert cfg.backend == contract.GATE_BACKEND and cfg.model_transaction_policy.decoupled
+    assert not cfg.input and [(t.name, t.data_type, list(t.dims)) for t in cfg.output] == \
+        [(contract.ADM_FULL.name, model_config_pb2.TYPE_BOOL, [-1])]
+    assert cfg.parameters["watch_models"].string_value.split(",") == list(contract.ADMISSION_DOORS)
+    assert set(contract.ADMISSION_DOORS) == set(contract.GATED_MODELS)
+    assert not (tmp_path / "repo" / contract.MODEL_ADMISSION / "1" / "model.py").exists()
+
+
 def test_without_the_gate_chattts_is_the_python_entry_model(tmp_path: Path) -> None:
     render_repository(_profile(gate=False), tmp_path / "art", tmp_path / "repo")
     models = {p.parent.name for p in (tmp_path / "repo").glob("*/config.pbtxt")}
@@ -374,3 +387,107 @@ def test_the_gates_refusals_are_counted_and_logged_with_their_request_ids(one_sl
     finally:
         holder.stop_stream(cancel_requests=True)
         holder.close()
+
+
+# --- the admission watch -----------------------------------------------------------------------------
+def _subscribe(url: str) -> tuple[grpcclient.InferenceServerClient, queue.Queue[tuple[Any, Any]]]:
+    """A subscription to the admission watch; its reports (``full`` per door) arrive on the queue."""
+    client = grpcclient.InferenceServerClient(url)
+    reports: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    client.start_stream(callback=lambda result, error: reports.put((result, error)))
+    client.async_stream_infer(contract.MODEL_ADMISSION, [])
+    return client, reports
+
+
+def _next_report(reports: queue.Queue[tuple[Any, Any]]) -> list[bool]:
+    result, error = reports.get(timeout=30)
+    assert error is None, error
+    return [bool(x) for x in result.as_numpy(contract.ADM_FULL.name)]
+
+
+def _until_report(reports: queue.Queue[tuple[Any, Any]], want: list[bool]) -> list[list[bool]]:
+    """Reports up to and including the first that is ``want`` (30 s at most each)."""
+    seen = [_next_report(reports)]
+    while seen[-1] != want:
+        seen.append(_next_report(reports))
+    return seen
+
+
+@pytest.mark.server
+def test_the_admission_watch_reports_a_door_filling_and_freeing(one_slot: TritonServer) -> None:
+    """A subscriber gets the doors' state at once ([chattts, chattts_offline] not full), a report
+    as the one stream slot is taken and another as it is given back, and nothing in between;
+    a second subscriber gets the current state at once; the Python follower
+    (:class:`AdmissionWatch`) reads the same; cancelled subscriptions leave the server serving."""
+    import asyncio
+
+    from chattts_serving.client.admission import AdmissionWatch
+
+    url = f"127.0.0.1:{one_slot.grpc_port}"
+    watcher, reports = _subscribe(url)
+    follower_saw: list[dict[str, Any]] = []
+    try:
+        _until_report(reports, [False, False])  # a slot an earlier test held may still be going back
+        holder = grpcclient.InferenceServerClient(url)
+        got: queue.Queue[tuple[Any, Any]] = queue.Queue()
+        holder.start_stream(callback=lambda result, error: got.put((result, error)))
+        holder.async_stream_infer(contract.MODEL_STREAM, _inputs("占住位置。", 3, 2000),
+                                  enable_empty_final_response=True)
+        assert _next_report(reports) == [True, False]
+        second, second_reports = _subscribe(url)
+        assert _next_report(second_reports) == [True, False]
+
+        async def follow() -> None:
+            watch = AdmissionWatch(url)
+            watch.start()
+            try:
+                for _ in range(600):
+                    if watch.full():
+                        break
+                    await asyncio.sleep(0.05)
+                follower_saw.append(watch.describe())
+            finally:
+                await watch.close()
+
+        asyncio.run(follow())
+        assert follower_saw == [{"addresses": 1, "watched": 1, "unreachable": 0,
+                                 "full": {contract.MODEL_STREAM: True, contract.MODEL_OFFLINE: False}}]
+        result, error = got.get(timeout=60)
+        assert error is None and result.as_numpy(contract.OUT_AUDIO.name) is not None  # the holder streams
+        assert reports.empty()  # audio flowing is no change of the door
+        holder.stop_stream(cancel_requests=True)
+        holder.close()
+        assert _next_report(reports) == [False, False]
+        assert _next_report(second_reports) == [False, False]
+        second.stop_stream(cancel_requests=True)
+        second.close()
+    finally:
+        watcher.stop_stream(cancel_requests=True)
+        watcher.close()
+    _, err = _stream(url, contract.MODEL_STREAM, _inputs("还在服务。", 2, 8))
+    assert err is None
+
+
+@pytest.mark.server
+def test_without_the_gate_the_watch_reads_nothing_full(ungated: TritonServer, caplog: pytest.LogCaptureFixture) -> None:
+    """``gate = false`` has no admission watch model: the follower finds none, says so once,
+    reports no live subscription and never full, so a gateway sends every request on to Triton."""
+    import asyncio
+    import logging
+
+    caplog.set_level(logging.INFO, logger="chattts_serving.client.admission")
+
+    from chattts_serving.client.admission import AdmissionWatch
+
+    async def follow() -> dict[str, Any]:
+        watch = AdmissionWatch(f"127.0.0.1:{ungated.grpc_port}", missing_retry_s=60)
+        watch.start()
+        try:
+            await asyncio.sleep(1.0)
+            return watch.describe()
+        finally:
+            await watch.close()
+
+    assert asyncio.run(follow()) == {"addresses": 1, "watched": 0, "unreachable": 0,
+                                     "full": {contract.MODEL_STREAM: False, contract.MODEL_OFFLINE: False}}
+    assert caplog.text.count(f"has no {contract.MODEL_ADMISSION} model") == 1, caplog.text

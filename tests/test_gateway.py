@@ -23,7 +23,17 @@ from typing import Any
 import httpx2 as httpx
 import numpy as np
 import pytest
-from conftest import ROOT, SAME_PCM16_LSB, Server, free_port, pcm16_gap, running_gateway, serve_profile
+from conftest import (
+    ROOT,
+    SAME_PCM16_LSB,
+    Server,
+    free_port,
+    metric,
+    pcm16_gap,
+    running_gateway,
+    serve_profile,
+    wait_until,
+)
 from fastapi.testclient import TestClient
 
 from chattts_serving import contract
@@ -572,25 +582,79 @@ def test_the_gateways_own_stream_limit_answers_503_with_retry_after(triton_serve
 
 
 @pytest.fixture(scope="module")
-def one_slot_server(small_artifacts: Artifacts, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A tritonserver whose entry model admits one stream at a time; yields its gRPC URL."""
+def one_slot_server(small_artifacts: Artifacts, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A tritonserver whose entry model admits one stream at a time (the gate on)."""
     srv = serve_profile(small_artifacts, tmp_path_factory.mktemp("one-slot"), entry={"max_concurrent_streams": 1})
     try:
-        yield f"127.0.0.1:{srv.grpc_port}"
+        yield srv
     finally:
         srv.stop()
 
 
+def _gate_refusals(srv: Any) -> float:
+    return metric(srv.metrics_port, "tts_rejected_total", model=contract.MODEL_STREAM, reason="busy", stage="gate")
+
+
+def _health_admission(url: str) -> dict[str, Any]:
+    return dict(httpx.get(url + "/health", timeout=10).json()["admission"])
+
+
 @pytest.mark.server
-def test_triton_server_busy_becomes_503_with_retry_after(one_slot_server: str) -> None:
-    settings = GatewaySettings(triton_url=one_slot_server, api_key=API_KEY, retry_after_s=RETRY_AFTER_S)
+def test_triton_server_busy_becomes_503_with_retry_after(one_slot_server: Any) -> None:
+    """Without the admission watch every request goes to Triton: its "busy" is the 503, each
+    refusal made (and counted) by the gate."""
+    settings = GatewaySettings(triton_url=f"127.0.0.1:{one_slot_server.grpc_port}", api_key=API_KEY,
+                               retry_after_s=RETRY_AFTER_S, admission_watch=False)
     with running_gateway(settings) as url:
         with open_stream(url):
+            before = _gate_refusals(one_slot_server)
             _assert_busy(httpx.post(url + "/v1/audio/speech", json=SPEECH_BODY, headers=AUTH, timeout=60))
             sse = httpx.post(url + "/v1/audio/speech", json={**SPEECH_BODY, "stream_format": "sse"}, headers=AUTH,
                              timeout=60)
             _assert_busy(sse)  # refused before any audio: a status, not an event
+            assert wait_until(lambda: _gate_refusals(one_slot_server) - before == 2, 10)
         assert _scrape(url)['tts_gateway_errors_total{kind="busy",phase="before_audio"}'] == 2
+        assert "admission" not in httpx.get(url + "/health", timeout=10).json()
+
+
+@pytest.mark.server
+def test_while_every_slot_is_taken_the_gateway_refuses_without_calling_triton(one_slot_server: Any) -> None:
+    """With the admission watch (the default): while the server's one stream slot is held, a
+    speech request, even one the gateway could not parse, is answered 503 with Retry-After by
+    the gateway itself (the gate counts no refusal: nothing reached Triton), and so is a
+    WebSocket start; an unauthorized one still gets its 401. Once the slot is free again the
+    next request streams audio."""
+    grpc_url = f"127.0.0.1:{one_slot_server.grpc_port}"
+    settings = GatewaySettings(triton_url=grpc_url, api_key=API_KEY, retry_after_s=RETRY_AFTER_S)
+    with running_gateway(settings) as url:
+        wait_for("the watch's first report", lambda: _health_admission(url)["watched"] == 1)
+        assert _health_admission(url)["full"] == {door: False for door in contract.ADMISSION_DOORS}
+        with open_stream(url):
+            wait_for("the watch to report chattts full", lambda: _health_admission(url)["full"]["chattts"])
+            before = _gate_refusals(one_slot_server)
+            for body in (SPEECH_BODY, {**SPEECH_BODY, "stream_format": "sse"}, b"{not json"):
+                r = httpx.post(url + "/v1/audio/speech", headers={**AUTH, "Content-Type": "application/json"},
+                               timeout=60, **({"content": body} if isinstance(body, bytes) else {"json": body}))
+                _assert_busy(r)
+                assert "every stream slot" in r.json()["error"]["message"]
+            assert httpx.post(url + "/v1/audio/speech", json=SPEECH_BODY, timeout=60).status_code == 401
+            from websockets.exceptions import ConnectionClosed
+            from websockets.sync.client import connect
+
+            events: list[dict[str, Any]] = []
+            with connect(url.replace("http", "ws", 1) + "/v1/audio/speech/stream",
+                         additional_headers=AUTH) as ws:
+                ws.send(json.dumps({"type": "start", "model": "tts-1", "voice": "alloy"}))
+                with pytest.raises(ConnectionClosed) as closed:
+                    while True:
+                        events.append(json.loads(ws.recv(timeout=30)))
+            assert [e["type"] for e in events] == ["error"] and events[0]["code"] == "server_busy", events
+            assert events[0]["retryable"] and closed.value.rcvd is not None and closed.value.rcvd.code == 1013
+            assert _gate_refusals(one_slot_server) == before  # decided here, not by Triton's gate
+            assert _scrape(url)['tts_gateway_errors_total{kind="busy",phase="before_audio"}'] == 4
+        wait_for("the watch to report a free slot", lambda: not _health_admission(url)["full"]["chattts"])
+        ok = httpx.post(url + "/v1/audio/speech", json=SPEECH_BODY, headers=AUTH, timeout=60)
+        assert ok.status_code == 200 and len(ok.content) > 0
 
 
 # --- streams end by inactivity, not by a wall clock ----------------------------------------

@@ -430,10 +430,12 @@ def test_ten_connections_at_once_complete_or_are_told_busy(triton_server: Server
 def test_tritons_busy_answer_is_a_retryable_busy_event_and_1013(small_artifacts: Artifacts,
                                                                 tmp_path_factory: pytest.TempPathFactory) -> None:
     """Triton admits one stream; while one connection speaks, another's sentence is refused by
-    Triton (not by the gateway, whose own limit is far): busy, retryable, close 1013."""
+    Triton (not by the gateway: its own limit is far, and its admission watch is off, so that
+    the start is accepted and the sentence meets Triton's gate): busy, retryable, close 1013.
+    With the watch, the start itself is refused: tests/test_gateway.py."""
     srv = serve_profile(small_artifacts, tmp_path_factory.mktemp("ws-one-slot"), entry={"max_concurrent_streams": 1})
     try:
-        settings = GatewaySettings(triton_url=f"127.0.0.1:{srv.grpc_port}", ws_lookahead=0)
+        settings = GatewaySettings(triton_url=f"127.0.0.1:{srv.grpc_port}", ws_lookahead=0, admission_watch=False)
         with running_gateway(settings) as url:
             async def main() -> Conversation:
                 async with websockets.connect(_ws_url(url), max_size=None) as holder:

@@ -3,6 +3,11 @@
 One :class:`~chattts_serving.client.AioStreamClient` (one gRPC channel to Triton) is created
 in the application's lifespan and shared by every request; streams are awaited in the event
 loop, and only the lossy encoders (mp3, aac, opus) run in worker threads.
+
+"Server busy" is decided before anything else where the gateway knows it already (its own
+``max_streams``, or the server's admission watch reporting every stream slot taken:
+:class:`~chattts_serving.client.admission.AdmissionWatch`): :class:`_BusyDoor` answers such a
+speech request with 503 and ``Retry-After`` before its body is read, parsed or forwarded.
 """
 
 from __future__ import annotations
@@ -23,13 +28,16 @@ from fastapi import Depends, FastAPI, Request, WebSocket
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
+from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ..audio import formats as audio_format
 from ..client import AioStreamClient, ClientError
+from ..client.admission import AdmissionWatch
 from ..errors import ErrorKind
 from ..text.voices import OPENAI_VOICES, VoiceBook
-from .errors import AUTHENTICATION, INVALID_REQUEST, SERVER_ERROR, ApiError, from_client_error
+from .errors import AUTHENTICATION, INVALID_REQUEST, SERVER_ERROR, ApiError, busy_refusal, from_client_error
 from .metrics import CONTENT_TYPE, GatewayMetrics
 from .settings import GatewaySettings
 from .speech import EncodedStream, SpeechRequest, build_request, delta_event, done_event, error_event
@@ -82,25 +90,45 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
     metrics = GatewayMetrics()
     live = {"streams": 0}
     clients: dict[str, AioStreamClient] = {}
+    watches: dict[str, AdmissionWatch] = {}
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         clients["triton"] = AioStreamClient(cfg.triton_url)
+        if cfg.admission_watch:
+            watches["triton"] = AdmissionWatch(cfg.triton_url)
+            watches["triton"].start()
         try:
             yield
         finally:
+            if "triton" in watches:
+                await watches.pop("triton").close()
             await clients.pop("triton").close()
+
+    def busy() -> ApiError | None:
+        """The 503 this gateway answers itself now, if any (:func:`.errors.busy_refusal`)."""
+        return busy_refusal(live["streams"], cfg.max_streams, watches.get("triton"))
 
     app = FastAPI(title="ChatTTS speech gateway", version="1", lifespan=lifespan,
                   summary="OpenAI-compatible text-to-speech over Triton")
     app.state.settings = cfg
+
+    def refuse_early(scope: Scope) -> Response | None:
+        """For :class:`_BusyDoor`: the 503 of an authorized speech request the gateway knows is
+        refused busy; None otherwise (an unauthorized one gets its 401 the usual way)."""
+        exc = busy()
+        if exc is None or not authorized(Headers(scope=scope)):
+            return None
+        return error_response(SPEECH_PATH, exc)
+
+    app.add_middleware(_BusyDoor, refuse=refuse_early)  # added first: CORS (below) wraps its answers too
     if cfg.cors_origins:
         app.add_middleware(CORSMiddleware, allow_origins=list(cfg.cors_origins), allow_methods=["GET", "POST"],
                            allow_headers=["Authorization", "Content-Type", REQUEST_ID_HEADER],
                            expose_headers=list(EXPOSED_HEADERS), max_age=600)
 
-    def error_response(request: Request, exc: ApiError) -> JSONResponse:
-        if request.url.path == SPEECH_PATH:
+    def error_response(path: str, exc: ApiError) -> JSONResponse:
+        if path == SPEECH_PATH:
             metrics.error(exc.kind, "before_audio")
         headers = {}
         if exc.status == 401:
@@ -111,30 +139,33 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
 
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
-        return error_response(request, exc)
+        return error_response(request.url.path, exc)
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-        return error_response(request, _validation_api_error(exc))
+        return error_response(request.url.path, _validation_api_error(exc))
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unexpected error in %s %s", request.method, request.url.path)
-        return error_response(request, ApiError(500, f"internal error: {type(exc).__name__}", SERVER_ERROR,
+        return error_response(request.url.path, ApiError(500, f"internal error: {type(exc).__name__}", SERVER_ERROR,
                                                 code="internal_error", kind=ErrorKind.INTERNAL))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         code = {400: "invalid_body", 404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
-        return error_response(request, ApiError(exc.status_code, f"{request.method} {request.url.path}: "
+        return error_response(request.url.path, ApiError(exc.status_code, f"{request.method} {request.url.path}: "
                                                 f"{exc.detail}", INVALID_REQUEST, code=code))
 
-    def authorize(request: Request) -> None:
+    def authorized(headers: Headers) -> bool:
+        """Whether ``headers`` carry the API key (always, when none is set)."""
         if cfg.api_key is None:
-            return
-        header = request.headers.get("authorization", "")
-        scheme, _, token = header.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), cfg.api_key.encode()):
+            return True
+        scheme, _, token = headers.get("authorization", "").partition(" ")
+        return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), cfg.api_key.encode())
+
+    async def authorize(request: Request) -> None:
+        if not authorized(request.headers):
             raise ApiError(401, "Incorrect or missing API key: send 'Authorization: Bearer <key>'",
                            AUTHENTICATION, code="invalid_api_key")
 
@@ -142,8 +173,10 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
     async def health() -> JSONResponse:
         """Readiness: 200 when Triton answers ready within ``health_timeout_s``, else 503."""
         ready = await clients["triton"].ready(cfg.health_timeout_s)
-        body = {"status": "ok" if ready else "unavailable", "triton": "ready" if ready else "not ready",
+        body: dict[str, Any] = {"status": "ok" if ready else "unavailable", "triton": "ready" if ready else "not ready",
                 "triton_url": cfg.triton_url, "streams_in_flight": live["streams"]}
+        if "triton" in watches:
+            body["admission"] = watches["triton"].describe()
         return JSONResponse(body, status_code=200 if ready else 503)
 
     @app.get("/health/live")
@@ -178,7 +211,7 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
     @app.websocket(WS_PATH)
     async def speech_stream(websocket: WebSocket) -> None:
         """Text deltas in, sentence by sentence audio out (:mod:`.ws`)."""
-        await serve_speech_stream(websocket, cfg, clients["triton"], metrics, live)
+        await serve_speech_stream(websocket, cfg, clients["triton"], metrics, live, busy)
 
     @app.get("/", include_in_schema=False)
     async def page() -> HTMLResponse:
@@ -195,9 +228,8 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
             request_id = uuid.uuid4().hex
         request = dataclasses.replace(build_request(body, cfg.models, cfg.max_input_chars), request_id=request_id)
         info = audio_format.format_info(body.response_format)
-        if live["streams"] >= cfg.max_streams:
-            raise ApiError(503, f"server busy: the gateway relays {cfg.max_streams} streams already", SERVER_ERROR,
-                           code="server_busy", kind=ErrorKind.BUSY)
+        if (refusal := busy()) is not None:  # again: other requests may have filled it since _BusyDoor
+            raise refusal
         live["streams"] += 1
         metrics.in_flight.inc()
         stream = EncodedStream(clients["triton"].stream(request, idle_timeout_s=cfg.stream_idle_timeout_s,
@@ -226,6 +258,24 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
                               headers=headers)
 
     return app
+
+
+class _BusyDoor:
+    """ASGI middleware in front of the application: a ``POST /v1/audio/speech`` that ``refuse``
+    answers (a 503 the gateway decides itself) is answered before anything reads its body,
+    routes it or validates it; every other request passes through unchanged."""
+
+    def __init__(self, app: ASGIApp, refuse: Any) -> None:
+        self.app = app
+        self.refuse = refuse
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"] == SPEECH_PATH and scope["method"] == "POST":
+            response = self.refuse(scope)
+            if response is not None:
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 class _Relay:

@@ -11,6 +11,7 @@ from typing import Any, Final
 
 from .. import contract
 from ..client import ClientError
+from ..client.admission import AdmissionWatch
 from ..errors import STATUS, ErrorKind, kind_from_status
 
 INVALID_REQUEST: Final = "invalid_request_error"
@@ -72,3 +73,17 @@ def request_field(param: str | None) -> str | None:
     about: ``text`` is ``input``, the sample rate is part of ``reference_audio`` (the gateway
     reads it from the WAV file); None stays None."""
     return None if param is None else _GATEWAY_FIELD.get(param, param)
+
+
+def busy_refusal(streams: int, max_streams: int, watch: AdmissionWatch | None) -> ApiError | None:
+    """The 503 the gateway answers itself, before reading or forwarding a speech request, when
+    it already knows the request would be refused busy: it relays ``max_streams`` streams
+    (``streams`` now), or the admission watch reports ``chattts`` full on every server behind
+    the target. None when the request may go on."""
+    if streams >= max_streams:
+        return ApiError(503, f"server busy: the gateway relays {max_streams} streams already", SERVER_ERROR,
+                        code="server_busy", kind=ErrorKind.BUSY)
+    if watch is not None and watch.full(contract.MODEL_STREAM):
+        return ApiError(503, "server busy: every stream slot of the speech server is taken", SERVER_ERROR,
+                        code="server_busy", kind=ErrorKind.BUSY)
+    return None

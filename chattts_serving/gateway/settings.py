@@ -31,6 +31,16 @@ def _optional_seconds(text: str) -> float | None:
     return None if seconds == 0 else seconds
 
 
+def _switch(text: str) -> bool:
+    """An on/off knob: true/false, on/off, yes/no, 1/0 (any case). Raises ValueError otherwise."""
+    value = text.strip().lower()
+    if value in ("true", "on", "yes", "1"):
+        return True
+    if value in ("false", "off", "no", "0"):
+        return False
+    raise ValueError(f"expected true or false, got {text!r}")
+
+
 def _origins(text: str) -> tuple[str, ...]:
     """Comma-separated origins (``https://app.example.com,http://localhost:3000``, or ``*``)."""
     return tuple(o.strip().rstrip("/") for o in text.split(",") if o.strip())
@@ -58,6 +68,9 @@ OPTIONS: Final = (
            "optional cap on a whole stream, s; 0 or none: no cap (default: none)"),
     Option("max_streams", "--max-streams", "CHATTTS_GATEWAY_MAX_STREAMS", int,
            "streams relayed at once; beyond it: 503 server busy at once (256)"),
+    Option("admission_watch", "--admission-watch", "CHATTTS_GATEWAY_ADMISSION_WATCH", _switch,
+           "follow Triton's admission watch and answer 503 server busy without calling Triton while every "
+           "stream slot is taken (true)"),
     Option("retry_after_s", "--retry-after-s", "CHATTTS_GATEWAY_RETRY_AFTER_S", int,
            "Retry-After of 503 answers (busy, unavailable, deadline), whole seconds (1)"),
     Option("health_timeout_s", "--health-timeout-s", "CHATTTS_GATEWAY_HEALTH_TIMEOUT_S", float,
@@ -91,7 +104,10 @@ class GatewaySettings:
     4096). stream_idle_timeout_s: a stream fails when Triton has sent nothing for this many
     seconds. stream_max_s: optional cap on a whole stream in seconds (None: none; the idle
     timeout alone ends a stalled stream, so the longest legal input is never cut). max_streams:
-    streams relayed at once; one more is answered 503 at once. retry_after_s: the Retry-After
+    streams relayed at once; one more is answered 503 at once. admission_watch: follow the
+    server's admission watch (:class:`~chattts_serving.client.admission.AdmissionWatch`) and
+    answer 503 before reading a speech request while every stream slot of every server behind
+    ``triton_url`` is taken (False: every request goes to Triton). retry_after_s: the Retry-After
     header of 503 answers, whole seconds. health_timeout_s: deadline of the readiness call to
     Triton, in seconds. cors_origins: origins browsers may call from ('*' for any); empty: no
     CORS. voices_file: the voices file ``GET /v1/audio/voices`` lists (None: built-in names
@@ -113,6 +129,7 @@ class GatewaySettings:
     stream_idle_timeout_s: float = 90.0
     stream_max_s: float | None = None
     max_streams: int = 256
+    admission_watch: bool = True
     retry_after_s: int = 1
     health_timeout_s: float = 2.0
     cors_origins: tuple[str, ...] = ()

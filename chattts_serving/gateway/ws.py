@@ -187,8 +187,10 @@ class SpeechStream:
     audio frames, and releases everything however the connection ends."""
 
     def __init__(self, websocket: WebSocket, cfg: GatewaySettings, client: AioStreamClient,
-                 metrics: GatewayMetrics, live: dict[str, int]) -> None:
+                 metrics: GatewayMetrics, live: dict[str, int], busy: Callable[[], ApiError | None]) -> None:
         self.ws, self.cfg, self.client, self.metrics, self.live = websocket, cfg, client, metrics, live
+        self.busy = busy
+        """The gateway's own "server busy" now, if any (its stream limit, the admission watch)."""
         self.request_id = uuid.uuid4().hex
         self.splitter = SentenceSplitter(min(cfg.ws_max_sentence_chars, cfg.max_input_chars))
         self.sentences: asyncio.Queue[tuple[str, float] | None] = asyncio.Queue(MAX_QUEUED_SENTENCES)
@@ -218,10 +220,8 @@ class SpeechStream:
                 if body.model not in self.cfg.models:
                     build_request(body, self.cfg.models, self.cfg.max_input_chars)  # raises the 404's ApiError
                 speaker_voice(body)  # a missing or empty voice fails at the start, not on the first sentence
-                if self.live["streams"] >= self.cfg.max_streams:
-                    raise StreamEnd(Close.TRY_AGAIN, ApiError(
-                        503, f"server busy: the gateway relays {self.cfg.max_streams} streams already", SERVER_ERROR,
-                        code="server_busy", kind=ErrorKind.BUSY))
+                if (refusal := self.busy()) is not None:
+                    raise StreamEnd(Close.TRY_AGAIN, refusal)
                 self.live["streams"] += 1
                 self.metrics.in_flight.inc()
                 holding = True
@@ -485,9 +485,11 @@ def _first_cause(group: BaseException) -> BaseException:
 
 
 async def serve_speech_stream(websocket: WebSocket, cfg: GatewaySettings, client: AioStreamClient,
-                              metrics: GatewayMetrics, live: dict[str, int]) -> None:
-    """Serve one ``/v1/audio/speech/stream`` connection (:class:`SpeechStream`)."""
-    await SpeechStream(websocket, cfg, client, metrics, live).run()
+                              metrics: GatewayMetrics, live: dict[str, int],
+                              busy: Callable[[], ApiError | None]) -> None:
+    """Serve one ``/v1/audio/speech/stream`` connection (:class:`SpeechStream`); ``busy`` gives
+    the gateway's own 503 at the start, if any (:func:`.errors.busy_refusal`)."""
+    await SpeechStream(websocket, cfg, client, metrics, live, busy).run()
 
 
 def page_html() -> str:
