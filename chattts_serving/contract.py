@@ -144,6 +144,10 @@ fills or stops being full (output :data:`ADM_FULL`), until the client cancels. T
 gateway subscribes to it and refuses "busy" itself while ``chattts`` is full."""
 ADMISSION_DOORS: Final = (MODEL_STREAM, MODEL_OFFLINE)
 """The doors the admission watch reports on, in the order of :data:`ADM_FULL`'s elements."""
+ADMISSION_HEARTBEAT_S: Final = 5.0
+"""Between changes the admission watch repeats its report this often, in seconds: a subscriber
+that hears nothing for a few of these stops trusting the last report (a dead connection, not a
+quiet server)."""
 MODEL_FRONTEND: Final = "chattts_frontend"
 MODEL_ENGINE: Final = "chattts_gpt"
 MODEL_VOCODER: Final = "chattts_vocoder"

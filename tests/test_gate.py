@@ -469,6 +469,43 @@ def test_the_admission_watch_reports_a_door_filling_and_freeing(one_slot: Triton
 
 
 @pytest.mark.server
+def test_the_watch_repeats_its_report_and_a_follower_forgets_a_silent_subscription(
+        one_slot: TritonServer, caplog: pytest.LogCaptureFixture) -> None:
+    """Without any change the watch sends its report again every ADMISSION_HEARTBEAT_S; a
+    follower that hears nothing for its ``stale_after_s`` (here shorter than the heartbeat)
+    says so, forgets the report and subscribes again."""
+    import asyncio
+    import logging
+
+    from chattts_serving.client.admission import AdmissionWatch
+
+    url = f"127.0.0.1:{one_slot.grpc_port}"
+    watcher, reports = _subscribe(url)
+    try:
+        first = _until_report(reports, [False, False])
+        assert _next_report(reports) == first[-1]  # nothing changed: the heartbeat
+    finally:
+        watcher.stop_stream(cancel_requests=True)
+        watcher.close()
+    caplog.set_level(logging.WARNING, logger="chattts_serving.client.admission")
+
+    async def follow() -> list[int]:
+        watch = AdmissionWatch(url, retry_s=0.05, stale_after_s=0.5)
+        watch.start()
+        seen = []
+        try:
+            for _ in range(60):
+                seen.append(int(watch.describe()["watched"]))
+                await asyncio.sleep(0.05)
+        finally:
+            await watch.close()
+        return seen
+
+    seen = asyncio.run(follow())
+    assert 1 in seen and caplog.text.count(f"no report from {url} for 0.5 s") >= 2, (seen, caplog.text)
+
+
+@pytest.mark.server
 def test_without_the_gate_the_watch_reads_nothing_full(ungated: TritonServer, caplog: pytest.LogCaptureFixture) -> None:
     """``gate = false`` has no admission watch model: the follower finds none, says so once,
     reports no live subscription and never full, so a gateway sends every request on to Triton."""
@@ -491,3 +528,50 @@ def test_without_the_gate_the_watch_reads_nothing_full(ungated: TritonServer, ca
     assert asyncio.run(follow()) == {"addresses": 1, "watched": 0, "unreachable": 0,
                                      "full": {contract.MODEL_STREAM: False, contract.MODEL_OFFLINE: False}}
     assert caplog.text.count(f"has no {contract.MODEL_ADMISSION} model") == 1, caplog.text
+
+
+@pytest.mark.server
+def test_a_watched_server_stops_without_its_exit_timeout_and_is_watched_again_after_restart(
+        small_artifacts: Artifacts, tmp_path: Path) -> None:
+    """A follower subscribed (as every gateway is) does not hold the server at shutdown: the
+    watch ends its subscriptions as the gates unload, so the watch model unloads and Triton
+    stops without "Exit timeout expired" (an open subscription would hold the model to the
+    timeout). The follower reads nothing full meanwhile and subscribes again once the server
+    is back on the same port."""
+    import asyncio
+
+    from chattts_serving.client.admission import AdmissionWatch
+
+    server = _serve(small_artifacts, tmp_path, max_concurrent_streams=1)
+    srv = next(server)
+    states: list[dict[str, Any]] = []
+
+    async def main() -> None:
+        watch = AdmissionWatch(f"127.0.0.1:{srv.grpc_port}", retry_s=0.2)
+        watch.start()
+
+        async def until_watched() -> None:
+            for _ in range(1200):
+                if watch.describe()["watched"] == 1:
+                    return
+                await asyncio.sleep(0.05)
+
+        try:
+            await until_watched()
+            states.append(watch.describe())
+            await asyncio.to_thread(srv.stop)
+            states.append(watch.describe())
+            await asyncio.to_thread(srv.start)
+            await until_watched()
+            states.append(watch.describe())
+        finally:
+            await watch.close()
+
+    try:
+        asyncio.run(main())
+        log = srv.log_path.read_text(errors="replace")
+    finally:
+        next(server, None)  # stops the restarted server
+    assert "Signal (2) received" in log and f"successfully unloaded '{contract.MODEL_ADMISSION}'" in log
+    assert "Exit timeout expired" not in log, log[-3000:]
+    assert [s["watched"] for s in states] == [1, 0, 1] and not any(s["full"][contract.MODEL_STREAM] for s in states)

@@ -47,6 +47,10 @@ MISSING_RETRY_S: Final = 30.0
 """Pause before asking again a server that has no admission watch (gate off), seconds."""
 RESOLVE_EVERY_S: Final = 30.0
 """How often the target's name is resolved again, seconds (Triton replicas come and go)."""
+STALE_AFTER_S: Final = 3 * contract.ADMISSION_HEARTBEAT_S
+"""A subscription that brings no report (not even the watch's heartbeat) for this long is taken
+for dead: its last report is forgotten and it is made again (a server gone without closing
+the connection must not leave a "full" behind)."""
 _OPAQUE_SCHEMES: Final = ("unix:", "unix-abstract:", "ipv4:", "ipv6:", "vsock:")
 _UNKNOWN_MODEL: Final = "Request for unknown model"
 """Triton's error for a model it does not serve (here: a server without the gate)."""
@@ -88,9 +92,10 @@ class AdmissionWatch:
     """
 
     def __init__(self, url: str, *, retry_s: float = RETRY_S, missing_retry_s: float = MISSING_RETRY_S,
-                 resolve_every_s: float = RESOLVE_EVERY_S) -> None:
+                 resolve_every_s: float = RESOLVE_EVERY_S, stale_after_s: float = STALE_AFTER_S) -> None:
         self.url = url
         self.retry_s, self.missing_retry_s, self.resolve_every_s = retry_s, missing_retry_s, resolve_every_s
+        self.stale_after_s = stale_after_s
         self._addresses: frozenset[str] = frozenset()
         self._full: dict[str, tuple[bool, ...]] = {}
         """The last report of each address with a live subscription."""
@@ -163,39 +168,52 @@ class AdmissionWatch:
 
     async def _follow(self, address: str) -> None:
         """Keep one subscription to ``address`` open, recording each report; made again after
-        :attr:`retry_s` when it ends or fails (:attr:`missing_retry_s` when the server has no
-        watch model)."""
+        :attr:`retry_s` when it ends, fails or brings nothing for :attr:`stale_after_s`
+        (:attr:`missing_retry_s` when the server has had no watch model from the start: a gate
+        turned off. A server that is stopping unloads the watch too; it is asked again after
+        :attr:`retry_s`, so that its restart is seen at once)."""
         client = grpcaio.InferenceServerClient(address)
 
         async def subscribe() -> AsyncIterator[dict[str, Any]]:
             yield {"model_name": contract.MODEL_ADMISSION, "inputs": []}
 
-        missing_logged = False
+        answered = False  # a subscription to this address has had a report: it serves the watch
+        said_missing = False
         try:
             while True:
                 pause = self.retry_s
+                responses = client.stream_infer(subscribe())
                 try:
-                    async for result, error in client.stream_infer(subscribe()):
+                    while True:
+                        try:
+                            result, error = await asyncio.wait_for(responses.__anext__(), self.stale_after_s)
+                        except StopAsyncIteration:
+                            break
                         if error is not None:
                             raise error
                         full = result.as_numpy(contract.ADM_FULL.name)
                         self._full[address] = tuple(bool(x) for x in full) if full is not None else ()
                         self._unreachable.discard(address)
+                        answered = True
+                except asyncio.TimeoutError:  # not the builtin TimeoutError before Python 3.11 (the image's 3.10)
+                    log.warning("admission watch: no report from %s for %g s; subscribing again", address,
+                                self.stale_after_s)
                 except grpc.aio.AioRpcError as exc:
                     if exc.code() == grpc.StatusCode.UNAVAILABLE:
                         self._unreachable.add(address)
                     log.debug("admission watch: %s: %s", address, exc.details())
                 except InferenceServerException as exc:
-                    if _UNKNOWN_MODEL in (exc.message() or ""):
+                    if _UNKNOWN_MODEL in (exc.message() or "") and not answered:  # not a server stopping
                         pause = self.missing_retry_s
-                        if not missing_logged:
-                            log.info("admission watch: %s has no %s model; every request goes to Triton",
-                                     address, contract.MODEL_ADMISSION)
-                            missing_logged = True
+                        if not said_missing:
+                            log.info("admission watch: %s has no %s model; every request goes to Triton (asking "
+                                     "again every %g s)", address, contract.MODEL_ADMISSION, self.missing_retry_s)
+                            said_missing = True
                     else:
                         log.debug("admission watch: %s: %s", address, exc.message())
                 finally:
                     self._full.pop(address, None)
+                    responses.cancel()  # a call still open (a timeout, an error) ends here
                 await asyncio.sleep(pause)
         finally:
             with contextlib.suppress(Exception):

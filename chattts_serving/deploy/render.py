@@ -101,7 +101,8 @@ def admission_spec() -> ModelSpec:
     return ModelSpec(contract.MODEL_ADMISSION, (), (contract.ADM_FULL,), decoupled=True,
                      backend=contract.GATE_BACKEND,
                      parameters={"watch_models": ",".join(contract.ADMISSION_DOORS),
-                                 "cancel_poll_ms": str(ADMISSION_CANCEL_POLL_MS)})
+                                 "cancel_poll_ms": str(ADMISSION_CANCEL_POLL_MS),
+                                 "heartbeat_ms": f"{contract.ADMISSION_HEARTBEAT_S * 1000:g}"})
 
 
 def gate_limit(profile: Profile, model: str) -> tuple[int, RequestError]:

@@ -33,7 +33,8 @@
 // Parameters (model config, all strings; rendered by chattts_serving/deploy/render.py):
 //   a gate: target_model, max_live, busy_message, label_model, rejected_metric, rejected_help,
 //   cancel_poll_ms, log_settle_ms, log_max_wait_ms;
-//   the watch: watch_models (comma-separated gate names, the order of its output `full`), cancel_poll_ms.
+//   the watch: watch_models (comma-separated gate names, the order of its output `full`), cancel_poll_ms,
+//   heartbeat_ms.
 // Built by chattts_serving/deploy/gate.py (g++ -std=c++17 -O2 -shared -fPIC).
 
 #include <atomic>
@@ -256,6 +257,7 @@ struct Board {
   std::mutex mu;
   std::condition_variable changed;
   uint64_t version = 0;                      // bumped whenever a door fills, frees or (un)loads
+  uint64_t departures = 0;                   // bumped whenever a gate unloads
   std::map<std::string, const Gate*> gates;  // guarded by mu
 };
 
@@ -277,12 +279,17 @@ void Announce() {
 // gets one response at once and one more each time any watched door (`watch_models`, in that
 // order) fills or stops being full. A response carries output `full` (BOOL, one per door;
 // false for a door whose gate is not loaded) and is never final until the client cancels
-// (polled every `cancel_poll_ms`) or the model unloads. So a front end such as the OpenAI
-// gateway knows that the server refuses "busy" without sending a request to learn it, and
-// learns within one message that a slot is free again. Between flips nothing is sent.
+// (polled every `cancel_poll_ms`), a gate unloads or the watch itself does. So a front end such
+// as the OpenAI gateway knows that the server refuses "busy" without sending a request to learn
+// it, and learns within one message that a slot is free again. Between flips the current state
+// is sent again every `heartbeat_ms`, so that a subscriber can tell a quiet server from a dead
+// connection (and stop trusting a "full" that nobody confirms).
+// Ending every subscription when a gate unloads matters: an open subscription keeps the watch
+// model loaded (Triton holds a model while a response factory of it lives), so a stopping
+// server would wait its whole exit timeout for it; subscribers simply subscribe again.
 struct Watch {
   std::vector<std::string> doors;
-  std::chrono::microseconds cancel_poll {100000};
+  std::chrono::microseconds cancel_poll {100000}, heartbeat {5000000};
   std::vector<TRITONBACKEND_ResponseFactory*> fresh;     // subscribed, no response yet; guarded by Board::mu
   bool stopping = false;                                 // guarded by Board::mu
   std::vector<TRITONBACKEND_ResponseFactory*> watchers;  // the worker thread's own
@@ -324,12 +331,16 @@ struct Watch {
   void Run() {
     Board& b = TheBoard();
     std::unique_lock<std::mutex> lk(b.mu);
-    uint64_t seen = b.version;
+    uint64_t seen = b.version, seen_departures = b.departures;
     std::vector<bool> full(doors.size(), false);
     auto next_poll = std::chrono::steady_clock::now() + cancel_poll;
+    auto next_beat = std::chrono::steady_clock::now() + heartbeat;
     for (;;) {
       b.changed.wait_until(lk, next_poll, [&] { return stopping || b.version != seen || !fresh.empty(); });
-      const bool changed = b.version != seen;
+      const auto now = std::chrono::steady_clock::now();
+      const bool beat = now >= next_beat;
+      if (beat) next_beat = now + heartbeat;
+      const bool changed = b.version != seen || beat;
       seen = b.version;
       for (size_t i = 0; i < doors.size(); ++i) {
         auto it = b.gates.find(doors[i]);
@@ -337,15 +348,19 @@ struct Watch {
       }
       std::vector<TRITONBACKEND_ResponseFactory*> arrived;
       arrived.swap(fresh);
-      const bool stop = stopping;
+      const bool stop = stopping, departed = b.departures != seen_departures;
+      seen_departures = b.departures;
       lk.unlock();
-      if (stop) {
+      if (stop || departed) {
         for (auto* f : watchers) End(f);
         for (auto* f : arrived) End(f);
-        return;
+        watchers.clear();
+        if (stop) return;
+        lk.lock();
+        continue;
       }
-      const bool poll = std::chrono::steady_clock::now() >= next_poll;
-      if (poll) next_poll = std::chrono::steady_clock::now() + cancel_poll;
+      const bool poll = now >= next_poll;
+      if (poll) next_poll = now + cancel_poll;
       std::vector<TRITONBACKEND_ResponseFactory*> kept;
       for (auto* f : watchers) {
         bool cancelled = false;
@@ -608,11 +623,13 @@ TRITONSERVER_Error* WatchInitialize(TRITONBACKEND_Model* model, const std::strin
     start = comma + 1;
   }
   double poll_ms = std::atof(ConfigParameter(json, "cancel_poll_ms", "100").c_str());
-  if (w->doors.empty() || !(poll_ms > 0)) {
+  double beat_ms = std::atof(ConfigParameter(json, "heartbeat_ms", "5000").c_str());
+  if (w->doors.empty() || !(poll_ms > 0) || !(beat_ms > 0)) {
     delete w;
-    return Fail("the admission watch needs door names in watch_models and a positive cancel_poll_ms");
+    return Fail("the admission watch needs door names in watch_models, a positive cancel_poll_ms and heartbeat_ms");
   }
   w->cancel_poll = std::chrono::microseconds(static_cast<int64_t>(poll_ms * 1000));
+  w->heartbeat = std::chrono::microseconds(static_cast<int64_t>(beat_ms * 1000));
   w->worker = std::thread([w] { w->Run(); });
   return TRITONBACKEND_ModelSetState(model, new ModelState {nullptr, w});
 }
@@ -757,6 +774,7 @@ TRITONSERVER_Error* TRITONBACKEND_ModelFinalize(TRITONBACKEND_Model* model) {
   {
     std::lock_guard<std::mutex> lk(b.mu);
     b.gates.erase(g->name);
+    ++b.departures;
   }
   Announce();
   {
