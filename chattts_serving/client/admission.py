@@ -17,9 +17,10 @@ What it promises: :meth:`AdmissionWatch.full` is True only while every reachable
 target has a live subscription whose last report says the door is full. An address that refuses
 connections is left out (gRPC's round robin sends it no request either: ``localhost`` resolving
 to ``::1`` beside a server that listens on IPv4 only). Anything else unknown (no watch model on
-the server, an error, an address just added) reads as not full, so the request goes to
-Triton, whose gate decides as always. The window in which the two disagree is
-the delivery time of one message: a request sent then is refused by the gate (not full here,
+the server, an error, an address just added, a subscription silent for :data:`STALE_AFTER_S`
+although the watch repeats its report every ``contract.ADMISSION_HEARTBEAT_S``) reads as not
+full, so the request goes to Triton, whose gate decides as always. The window in which the two
+disagree is the delivery time of one message: a request sent then is refused by the gate (not full here,
 full there) or refused here while the slot that freed is being announced.
 """
 

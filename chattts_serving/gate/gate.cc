@@ -284,9 +284,11 @@ void Announce() {
 // it, and learns within one message that a slot is free again. Between flips the current state
 // is sent again every `heartbeat_ms`, so that a subscriber can tell a quiet server from a dead
 // connection (and stop trusting a "full" that nobody confirms).
-// Ending every subscription when a gate unloads matters: an open subscription keeps the watch
-// model loaded (Triton holds a model while a response factory of it lives), so a stopping
-// server would wait its whole exit timeout for it; subscribers simply subscribe again.
+// Ending every subscription when a gate unloads matters: Triton 2.51 keeps a model loaded while
+// a gRPC stream that sent it a request is open (seen here: a stopping server waited its whole
+// exit timeout for the watch). A subscriber that closed its request side, as
+// chattts_serving/client/admission.py does, ends its call at the final flag, the model unloads,
+// and the subscriber simply subscribes again (to a restarted server).
 struct Watch {
   std::vector<std::string> doors;
   std::chrono::microseconds cancel_poll {100000}, heartbeat {5000000};

@@ -148,14 +148,14 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unexpected error in %s %s", request.method, request.url.path)
-        return error_response(request.url.path, ApiError(500, f"internal error: {type(exc).__name__}", SERVER_ERROR,
-                                                code="internal_error", kind=ErrorKind.INTERNAL))
+        return error_response(request.url.path, ApiError(500, f"internal error: {type(exc).__name__}",
+                                                         SERVER_ERROR, code="internal_error", kind=ErrorKind.INTERNAL))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         code = {400: "invalid_body", 404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
         return error_response(request.url.path, ApiError(exc.status_code, f"{request.method} {request.url.path}: "
-                                                f"{exc.detail}", INVALID_REQUEST, code=code))
+                                                         f"{exc.detail}", INVALID_REQUEST, code=code))
 
     def authorized(headers: Headers) -> bool:
         """Whether ``headers`` carry the API key (always, when none is set)."""
@@ -173,8 +173,9 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
     async def health() -> JSONResponse:
         """Readiness: 200 when Triton answers ready within ``health_timeout_s``, else 503."""
         ready = await clients["triton"].ready(cfg.health_timeout_s)
-        body: dict[str, Any] = {"status": "ok" if ready else "unavailable", "triton": "ready" if ready else "not ready",
-                "triton_url": cfg.triton_url, "streams_in_flight": live["streams"]}
+        body: dict[str, Any] = {"status": "ok" if ready else "unavailable",
+                                "triton": "ready" if ready else "not ready", "triton_url": cfg.triton_url,
+                                "streams_in_flight": live["streams"]}
         if "triton" in watches:
             body["admission"] = watches["triton"].describe()
         return JSONResponse(body, status_code=200 if ready else 503)
