@@ -39,6 +39,7 @@ import tritonclient.grpc.aio as grpcaio
 from tritonclient.utils import InferenceServerException
 
 from .. import contract
+from .aio import CHANNEL_ARGS
 
 log = logging.getLogger("chattts_serving.client.admission")
 
@@ -88,13 +89,19 @@ class AdmissionWatch:
 
     ``url`` is the gRPC target the requests go to (``host:port`` or ``dns:///name:port``):
     every address its host resolves to gets a subscription of its own (requests are spread over
-    all of them round robin, so a door is full only when it is full on every one). Call
-    :meth:`start` inside the running event loop and :meth:`close` at shutdown.
+    all of them round robin, so a door is full only when it is full on every one). With
+    ``shared`` (the requests' own client, e.g. :attr:`AioStreamClient.grpc_client`), a target
+    that resolves to one address is watched over the requests' connection, so that behind an
+    address that balances connections over several servers (a Kubernetes ClusterIP) the watch
+    reports on the server the requests reach. Call :meth:`start` inside the running event loop
+    and :meth:`close` at shutdown.
     """
 
-    def __init__(self, url: str, *, retry_s: float = RETRY_S, missing_retry_s: float = MISSING_RETRY_S,
-                 resolve_every_s: float = RESOLVE_EVERY_S, stale_after_s: float = STALE_AFTER_S) -> None:
+    def __init__(self, url: str, *, shared: grpcaio.InferenceServerClient | None = None, retry_s: float = RETRY_S,
+                 missing_retry_s: float = MISSING_RETRY_S, resolve_every_s: float = RESOLVE_EVERY_S,
+                 stale_after_s: float = STALE_AFTER_S) -> None:
         self.url = url
+        self._shared = shared
         self.retry_s, self.missing_retry_s, self.resolve_every_s = retry_s, missing_retry_s, resolve_every_s
         self.stale_after_s = stale_after_s
         self._addresses: frozenset[str] = frozenset()
@@ -103,6 +110,8 @@ class AdmissionWatch:
         self._unreachable: set[str] = set()
         """Addresses whose last subscription attempt found no server (gRPC UNAVAILABLE)."""
         self._followers: dict[str, asyncio.Task[None]] = {}
+        self._retired: set[asyncio.Task[None]] = set()
+        """Followers cancelled for addresses that went away, awaited by :meth:`close`."""
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -112,7 +121,7 @@ class AdmissionWatch:
 
     async def close(self) -> None:
         """Cancel every subscription and wait until they are gone."""
-        tasks = [t for t in (self._task, *self._followers.values()) if t is not None]
+        tasks = [t for t in (self._task, *self._followers.values(), *self._retired) if t is not None]
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -146,7 +155,7 @@ class AdmissionWatch:
             return frozenset({_address(host, port)})
         try:
             infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
-        except OSError as exc:
+        except (OSError, UnicodeError) as exc:
             log.warning("admission watch: cannot resolve %s (%s); keeping %d address(es)", host, exc,
                         len(self._addresses))
             return self._addresses or frozenset({self.url})
@@ -156,24 +165,29 @@ class AdmissionWatch:
         try:
             while True:
                 addresses = await self._resolve()
-                for gone in set(self._followers) - addresses:
-                    self._followers.pop(gone).cancel()
-                    self._full.pop(gone, None)
-                    self._unreachable.discard(gone)
+                shared = self._shared if len(addresses) == 1 else None
+                for address, task in list(self._followers.items()):
+                    if address not in addresses or task.done():  # gone, or ended by a bug (logged)
+                        self._followers.pop(address).cancel()
+                        self._retired.add(task)
+                        task.add_done_callback(self._retired.discard)
+                        self._full.pop(address, None)
+                        self._unreachable.discard(address)
                 for new in addresses - set(self._followers):
-                    self._followers[new] = asyncio.get_running_loop().create_task(self._follow(new))
+                    self._followers[new] = asyncio.get_running_loop().create_task(self._follow(new, shared))
                 self._addresses = addresses
                 await asyncio.sleep(self.resolve_every_s)
         finally:
             self._addresses = frozenset()
 
-    async def _follow(self, address: str) -> None:
+    async def _follow(self, address: str, shared: grpcaio.InferenceServerClient | None = None) -> None:
         """Keep one subscription to ``address`` open, recording each report; made again after
         :attr:`retry_s` when it ends, fails or brings nothing for :attr:`stale_after_s`
         (:attr:`missing_retry_s` when the server has had no watch model from the start: a gate
         turned off. A server that is stopping unloads the watch too; it is asked again after
-        :attr:`retry_s`, so that its restart is seen at once)."""
-        client = grpcaio.InferenceServerClient(address)
+        :attr:`retry_s`, so that its restart is seen at once). Over ``shared`` when given (then
+        not closed here), else over a channel of its own to ``address``."""
+        client = shared if shared is not None else grpcaio.InferenceServerClient(address, channel_args=CHANNEL_ARGS)
 
         async def subscribe() -> AsyncIterator[dict[str, Any]]:
             yield {"model_name": contract.MODEL_ADMISSION, "inputs": []}
@@ -183,8 +197,9 @@ class AdmissionWatch:
         try:
             while True:
                 pause = self.retry_s
-                responses = client.stream_infer(subscribe())
+                responses = None
                 try:
+                    responses = client.stream_infer(subscribe())
                     while True:
                         try:
                             result, error = await asyncio.wait_for(responses.__anext__(), self.stale_after_s)
@@ -202,8 +217,11 @@ class AdmissionWatch:
                 except grpc.aio.AioRpcError as exc:
                     if exc.code() == grpc.StatusCode.UNAVAILABLE:
                         self._unreachable.add(address)
+                    else:
+                        self._unreachable.discard(address)
                     log.debug("admission watch: %s: %s", address, exc.details())
                 except InferenceServerException as exc:
+                    self._unreachable.discard(address)  # it answered
                     if _UNKNOWN_MODEL in (exc.message() or "") and not answered:  # not a server stopping
                         pause = self.missing_retry_s
                         if not said_missing:
@@ -212,10 +230,14 @@ class AdmissionWatch:
                             said_missing = True
                     else:
                         log.debug("admission watch: %s: %s", address, exc.message())
+                except Exception:  # a bug must not end the follower: the address stays unknown (not full)
+                    log.exception("admission watch: %s: unexpected error; subscribing again", address)
                 finally:
                     self._full.pop(address, None)
-                    responses.cancel()  # a call still open (a timeout, an error) ends here
+                    if responses is not None:
+                        responses.cancel()  # a call still open (a timeout, an error) ends here
                 await asyncio.sleep(pause)
         finally:
-            with contextlib.suppress(Exception):
-                await client.close()
+            if shared is None:
+                with contextlib.suppress(Exception):
+                    await client.close()

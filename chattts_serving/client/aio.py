@@ -41,7 +41,7 @@ RECONNECT_BACKOFF_MAX_MS: Final = 2000
 """Longest pause between reconnection attempts of the shared channel, in milliseconds (gRPC's
 default grows to 120 s: a restarted Triton would stay unreachable for minutes)."""
 
-_CHANNEL_ARGS: Final = [
+CHANNEL_ARGS: Final = [
     # Every address the target resolves to gets a connection and streams take turns over them:
     # with ``dns:///<headless service>:8001`` one gateway spreads its streams over every Triton
     # replica (a plain ClusterIP resolves to one address: the same as pick_first).
@@ -70,7 +70,13 @@ class AioStreamClient:
 
     def __init__(self, url: str) -> None:
         self.url = url
-        self._client = grpcaio.InferenceServerClient(url, channel_args=_CHANNEL_ARGS)
+        self._client = grpcaio.InferenceServerClient(url, channel_args=CHANNEL_ARGS)
+
+    @property
+    def grpc_client(self) -> grpcaio.InferenceServerClient:
+        """The shared tritonclient (its channel), for other calls that must take the same
+        connection as the streams (the admission watch of a single-address target)."""
+        return self._client
 
     async def close(self) -> None:
         """Close the channel; streams still open fail."""

@@ -285,10 +285,11 @@ void Announce() {
 // is sent again every `heartbeat_ms`, so that a subscriber can tell a quiet server from a dead
 // connection (and stop trusting a "full" that nobody confirms).
 // Ending every subscription when a gate unloads matters: Triton 2.51 keeps a model loaded while
-// a gRPC stream that sent it a request is open (seen here: a stopping server waited its whole
-// exit timeout for the watch). A subscriber that closed its request side, as
-// chattts_serving/client/admission.py does, ends its call at the final flag, the model unloads,
-// and the subscriber simply subscribes again (to a restarted server).
+// a subscription to it lives (its response factory, and a gRPC stream that sent it a request:
+// seen here, a stopping server waited its whole exit timeout for the watch). A subscriber that
+// closed its request side, as chattts_serving/client/admission.py does, ends its call at the
+// final flag, the model unloads, and the subscriber simply subscribes again (to a restarted
+// server). Unloading the watch alone (model control) waits for its subscribers to go.
 struct Watch {
   std::vector<std::string> doors;
   std::chrono::microseconds cancel_poll {100000}, heartbeat {5000000};
@@ -646,6 +647,10 @@ TRITONSERVER_Error* WatchExecute(Watch* w, TRITONBACKEND_ModelInstance* instance
     const uint64_t start = NowNs();
     TRITONBACKEND_ResponseFactory* factory = nullptr;
     if (TRITONSERVER_Error* err = TRITONBACKEND_ResponseFactoryNew(&factory, requests[i])) {
+      TRITONBACKEND_Response* response = nullptr;  // answer the subscriber, which would wait for a report
+      if (TRITONBACKEND_ResponseNew(&response, requests[i]) == nullptr) {
+        TRITONSERVER_ErrorDelete(TRITONBACKEND_ResponseSend(response, TRITONSERVER_RESPONSE_COMPLETE_FINAL, err));
+      }
       TRITONSERVER_ErrorDelete(err);
       TRITONSERVER_ErrorDelete(TRITONBACKEND_RequestRelease(requests[i], TRITONSERVER_REQUEST_RELEASE_ALL));
       continue;
@@ -766,7 +771,7 @@ TRITONSERVER_Error* TRITONBACKEND_ModelFinalize(TRITONBACKEND_Model* model) {
       w->stopping = true;
     }
     b.changed.notify_all();
-    w->worker.join();  // every subscription ended with its final flag
+    w->worker.join();  // ends what is left (Triton unloads the watch once no subscription holds it)
     delete w;
     delete ms;
     return nullptr;
@@ -775,7 +780,8 @@ TRITONSERVER_Error* TRITONBACKEND_ModelFinalize(TRITONBACKEND_Model* model) {
   delete ms;
   {
     std::lock_guard<std::mutex> lk(b.mu);
-    b.gates.erase(g->name);
+    auto it = b.gates.find(g->name);
+    if (it != b.gates.end() && it->second == g) b.gates.erase(it);  // a reload registers its new gate first
     ++b.departures;
   }
   Announce();

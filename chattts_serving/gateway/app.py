@@ -96,7 +96,7 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         clients["triton"] = AioStreamClient(cfg.triton_url)
         if cfg.admission_watch:
-            watches["triton"] = AdmissionWatch(cfg.triton_url)
+            watches["triton"] = AdmissionWatch(cfg.triton_url, shared=clients["triton"].grpc_client)
             watches["triton"].start()
         try:
             yield

@@ -107,7 +107,8 @@ class GatewaySettings:
     streams relayed at once; one more is answered 503 at once. admission_watch: follow the
     server's admission watch (:class:`~chattts_serving.client.admission.AdmissionWatch`) and
     answer 503 before reading a speech request while every stream slot of every server behind
-    ``triton_url`` is taken (False: every request goes to Triton). retry_after_s: the Retry-After
+    ``triton_url`` is taken (False: every request within ``max_streams`` goes to Triton; the
+    gateway's own limit is decided before reading either way). retry_after_s: the Retry-After
     header of 503 answers, whole seconds. health_timeout_s: deadline of the readiness call to
     Triton, in seconds. cors_origins: origins browsers may call from ('*' for any); empty: no
     CORS. voices_file: the voices file ``GET /v1/audio/voices`` lists (None: built-in names
