@@ -139,9 +139,11 @@ GATED_MODELS: Final = {MODEL_STREAM: MODEL_STREAM_ENTRY, MODEL_OFFLINE: MODEL_OF
 """Each public entry model and the Python model behind it when the gate is on."""
 MODEL_ADMISSION: Final = "chattts_admission"
 """The admission watch (gate on only): a decoupled model of the gate's backend that answers a
-request with one response at once and one more each time a door of :data:`ADMISSION_DOORS`
-fills or stops being full (output :data:`ADM_FULL`), until the client cancels. The OpenAI
-gateway subscribes to it and refuses "busy" itself while ``chattts`` is full."""
+request with one response at once, one more each time a door of :data:`ADMISSION_DOORS` fills
+or stops being full (output :data:`ADM_FULL`) and the same again every
+:data:`ADMISSION_HEARTBEAT_S` between changes, until the client cancels or a gate unloads
+(then it ends with the final flag: subscribe again). The OpenAI gateway subscribes to it and
+refuses "busy" itself while ``chattts`` is full."""
 ADMISSION_DOORS: Final = (MODEL_STREAM, MODEL_OFFLINE)
 """The doors the admission watch reports on, in the order of :data:`ADM_FULL`'s elements."""
 ADMISSION_HEARTBEAT_S: Final = 5.0
