@@ -129,9 +129,9 @@ class AdmissionWatch:
         self._full.clear()
 
     def full(self, door: str = contract.MODEL_STREAM) -> bool:
-        """Whether ``door`` (of :data:`contract.ADMISSION_DOORS`) is full on every address of the
-        target, as last reported; False whenever any address's state is unknown. Raises
-        ValueError for a door the watch does not report on."""
+        """Whether ``door`` (of :data:`contract.ADMISSION_DOORS`) is full on every reachable
+        address of the target, as last reported; False when none is reachable or any reachable
+        one's state is unknown. Raises ValueError for a door the watch does not report on."""
         i = contract.ADMISSION_DOORS.index(door)
         reachable = [a for a in self._addresses if a not in self._unreachable]
         return bool(reachable) and all(len(f := self._full.get(a, ())) > i and f[i] for a in reachable)
