@@ -108,3 +108,12 @@ def test_the_admission_watch_is_switched_by_flag_or_variable(text: str, value: b
 def test_a_malformed_switch_names_its_variable() -> None:
     with pytest.raises(ValueError, match="CHATTTS_GATEWAY_ADMISSION_WATCH"):
         GatewaySettings.from_env({"CHATTTS_GATEWAY_ADMISSION_WATCH": "maybe"})
+
+
+def test_a_malformed_switch_flag_is_a_usage_error_naming_it() -> None:
+    from chattts_serving.gateway.__main__ import main, parse_args, settings_from_args
+
+    assert settings_from_args(parse_args(["--admission-watch", "off"])).admission_watch is False
+    with pytest.raises(ValueError, match="--admission-watch 'maybe'"):
+        settings_from_args(parse_args(["--admission-watch", "maybe"]))
+    assert main(["--admission-watch", "maybe"]) == 2
