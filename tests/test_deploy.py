@@ -704,7 +704,7 @@ def test_every_alert_has_a_duration_severity_and_text_and_is_unit_tested() -> No
 def test_queue_full_alert_and_autoscaler_follow_the_gpu_profiles_admission_limit() -> None:
     tomllib = pytest.importorskip("tomllib", reason="Python 3.11+ reads the profile")
     profile = tomllib.loads((REPO / "profiles" / "gpu.toml").read_text(encoding="utf-8"))
-    limit = profile["engine"]["max_waiting"]
+    limit = profile["entry"]["max_concurrent_streams"]  # the gauge counts accepted streams
     alert = next(a for a in _alert_rules() if a["alert"] == "TtsRequestQueueFull")
     assert alert["expr"].rstrip().endswith(f">= {limit}"), (
         f"TtsRequestQueueFull must fire at the gpu profile's admission limit ({limit}): {alert['expr']}")

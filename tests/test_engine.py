@@ -3,6 +3,8 @@ determinism, batch invariance, in-flight joins and leaves, cancellation, admissi
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 import torch
@@ -278,6 +280,56 @@ def test_waiting_sequences_are_acknowledged_at_once_and_leave_on_cancel_while_sl
         eng.run_once()
     assert hog.reason == plain.reason == contract.StopReason.MAX_TOKENS
     assert len(hog.all_codes) == len(plain.all_codes) == 50 and len(waiting.all_codes) == 0
+
+
+def test_a_waiting_sequence_hears_a_heartbeat_while_the_batch_is_full(parts) -> None:
+    """acknowledge=True and a full batch: the queued sequence gets an empty sink call (no
+    tokens, no stop reason) whenever ``waiting_heartbeat_s`` has passed since its last one, so
+    that the entry's stall watchdog can tell "queued" from "engine dead"; a sequence without
+    acknowledge gets none; once running, the waiting one gets its tokens as usual."""
+    eng = Engine(*parts, EngineConfig(max_batch_size=1, waiting_heartbeat_s=0.5))
+    hog, waiting, plain = Sink(), Sink(), Sink()
+    params = SamplingParams(max_new_tokens=30, min_new_tokens=30)
+    eng.submit(Sequence(_prompt(20, 1), None, params, hog, emit_tokens=30, acknowledge=True, request_id="hog"))
+    eng.run_once()
+    eng.submit(Sequence(_prompt(20, 2), None, params, waiting, acknowledge=True, request_id="waiting"))
+    eng.submit(Sequence(_prompt(20, 3), None, params, plain, request_id="plain"))
+    eng.run_once()
+    assert len(waiting.codes) == 1  # the acknowledgement
+    eng.run_once()
+    assert len(waiting.codes) == 1  # no heartbeat before waiting_heartbeat_s has passed
+    for beats in range(1, 4):
+        time.sleep(0.55)
+        eng.run_once()
+        assert len(waiting.codes) == 1 + beats and waiting.reason is None
+    assert all(len(c) == 0 for c in waiting.codes) and plain.codes == []
+    assert len(hog.codes) == 1  # the running hog is not sent anything extra (emit_tokens=30)
+    while eng.live_count():
+        eng.run_once()
+    assert hog.reason == waiting.reason == plain.reason == contract.StopReason.MAX_TOKENS
+    assert len(waiting.all_codes) == len(plain.all_codes) == 30
+
+
+def test_the_waiting_limit_counts_requests_not_their_sequences(parts) -> None:
+    """At ``max_waiting``, a new request is refused busy, but one more sequence of a request
+    that already has a live one (refine-text's segments, ChatTTS' groups of 4) is queued: the
+    entry admitted that request; the engine must not fail it halfway."""
+    eng = Engine(*parts, EngineConfig(max_batch_size=1, max_waiting=2))
+    params = SamplingParams(max_new_tokens=4, min_new_tokens=4)
+    sinks = [Sink() for _ in range(5)]
+    eng.submit(Sequence(_prompt(12, 1), None, params, sinks[0], request_id="a"))
+    eng.submit(Sequence(_prompt(12, 2), None, params, sinks[1], request_id="b"))
+    with pytest.raises(EngineBusy):
+        eng.submit(Sequence(_prompt(12, 3), None, params, Sink(), request_id="c"))
+    with pytest.raises(EngineBusy):
+        eng.submit(Sequence(_prompt(12, 3), None, params, Sink()))  # no id: a request of its own
+    eng.submit(Sequence(_prompt(12, 4), None, params, sinks[2], request_id="a"))
+    eng.submit(Sequence(_prompt(12, 5), None, params, sinks[3], request_id="b"))
+    eng.run_once()  # "a" runs; its second sequence and both of "b" wait
+    eng.submit(Sequence(_prompt(12, 6), None, params, sinks[4], request_id="a"))
+    while eng.live_count():
+        eng.run_once()
+    assert all(s.reason == contract.StopReason.MAX_TOKENS and len(s.all_codes) == 4 for s in sinks)
 
 
 def test_finished_rows_are_reused_by_newcomers_without_mixing(parts, small_artifacts: Artifacts) -> None:

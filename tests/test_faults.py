@@ -91,13 +91,15 @@ def _kill_engine(srv: TritonServer) -> None:
 def crashable(small_artifacts: Artifacts, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """One server for the tests below, in file order: fresh, then (the death test) its GPT
     engine's stub killed mid-stream, then restarted with its idle engine's stub killed.
-    Streams give up after 3 s without progress; the breaker opens after 3 failures and stays
+    Streams give up after 3 s without progress (a queued one hears from the engine every
+    1 s); the breaker opens after 3 failures and stays
     open for the rest of the module; 2 streams at most (the busy test fills them). The engine
     answers every 64 tokens instead of 4, so that the mid-stream kill seldom lands while the
     stub holds the shared-memory lock of a response it is sending (see the death test)."""
     srv = _serve(small_artifacts, tmp_path_factory.mktemp("crashable"),
                  entry={"stall_timeout_s": 3.0, "breaker_failures": BREAKER_FAILURES, "breaker_cooldown_s": 3600.0,
-                        "max_concurrent_streams": 2}, stream={"emit_tokens": 64})
+                        "max_concurrent_streams": 2}, stream={"emit_tokens": 64},
+                 engine={"waiting_heartbeat_s": 1.0})
     state: dict[str, Any] = {"server": srv, "killed": False, "failed_requests": 0}
     try:
         yield state

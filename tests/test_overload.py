@@ -78,6 +78,24 @@ def degrading(small_artifacts: Artifacts, tmp_path_factory: pytest.TempPathFacto
         srv.stop()
 
 
+STALL_S = 1.0
+HOG_TOKENS = 2000
+
+
+@pytest.fixture(scope="module")
+def one_row(small_artifacts: Artifacts, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """A server whose engine decodes one sequence at a time and whose streams are taken for
+    stalled (the engine dead) after STALL_S without a response; a queued one hears from the
+    engine every STALL_S / 4."""
+    srv = _serve(small_artifacts, tmp_path_factory.mktemp("one-row"),
+                 entry={"stall_timeout_s": STALL_S, "offline_instance_count": 1},
+                 engine={"max_batch_size": 1, "waiting_heartbeat_s": STALL_S / 4})
+    try:
+        yield _info(srv)
+    finally:
+        srv.stop()
+
+
 class Stream:
     """One gRPC stream on ``chattts`` in a background thread, recording times (s since start)."""
 
@@ -444,3 +462,51 @@ def test_degradation_switches_on_under_load_makes_requests_cheaper_and_switches_
     events = [json.loads(line[line.index("{"):]) for line in Path(degrading["log"]).read_text().splitlines()
               if '"event":"degraded_mode"' in line]
     assert [e["degraded"] for e in events][-2:] == [True, False]
+
+
+def _offline(http_url: str, text: str, tokens: int, out: list[str | None]) -> None:
+    """One chattts_offline request over HTTP; appends None (audio came) or the error."""
+    import tritonclient.http as httpclient
+
+    client = httpclient.InferenceServerClient(http_url, network_timeout=300)
+    inputs = []
+    for name, value, dtype in (("text", np.array([text.encode()], np.object_), "BYTES"),
+                               ("max_new_tokens", np.array([tokens], np.int32), "INT32"),
+                               ("min_new_tokens", np.array([tokens], np.int32), "INT32")):
+        inp = httpclient.InferInput(name, list(value.shape), dtype)
+        inp.set_data_from_numpy(value)
+        inputs.append(inp)
+    try:
+        client.infer(contract.MODEL_OFFLINE, inputs)
+        out.append(None)
+    except Exception as exc:  # the outcome is what the test checks
+        out.append(str(exc))
+    finally:
+        client.close()
+
+
+def test_a_stream_queued_behind_an_offline_request_longer_than_the_stall_timeout_gets_its_audio(one_row) -> None:
+    """The one engine row is taken by a long chattts_offline request (its progress is not a
+    stream's, so the entry's watchdog does not see it). A stream queued behind it for longer
+    than entry.stall_timeout_s is not ended as "the GPT engine stopped responding": the engine
+    sends queued sequences a heartbeat (engine.waiting_heartbeat_s). It gets its audio once
+    the row frees."""
+    srv = one_row["server"]
+    hog: list[str | None] = []
+    t = threading.Thread(target=_offline, args=(f"127.0.0.1:{srv.http_port}", "长的离线请求。", HOG_TOKENS, hog))
+    t.start()
+    assert wait_for(lambda: gauge(one_row["metrics"], "tts_engine_active_sequences") >= 1)
+    s = Stream(one_row["grpc"], "排队的流。", 5, 8).start()
+    try:
+        assert s.done.wait(300)
+        assert s.error is None and s.audio.size > 0, s.error
+    finally:
+        s.close()
+    t.join(300)
+    assert hog == [None]
+    finished = [json.loads(line) for line in one_row["log"].read_text(encoding="utf-8").splitlines()
+                if line.startswith("{") and '"sequence_finished"' in line]
+    queued = [e for e in finished if e["tokens"] == 8]
+    assert len(queued) == 1 and [e["tokens"] for e in finished if e["tokens"] != 8] == [HOG_TOKENS], finished
+    # it waited for the row longer than the stall timeout (else this test would not test it)
+    assert queued[0]["first_token_ms"] > 1000 * STALL_S, queued

@@ -120,16 +120,24 @@ class EngineConfig:
 
     max_batch_size: running sequences decoded together per step.
     max_waiting: sequences queued for admission; beyond it :meth:`Engine.submit` raises
-        :class:`EngineBusy`.
+        :class:`EngineBusy`, except for a sequence whose ``request_id`` already has a live one
+        (a request the entry admitted may start several at once: refine-text's segments,
+        ChatTTS' groups of 4; the limit is on requests, which the entry already bounds).
     max_prefill_tokens: padded prompt tokens prefilled together in one call.
     max_context_tokens: prompt + generated tokens allowed per sequence (the model's
         position limit).
+    waiting_heartbeat_s: a sequence submitted with ``acknowledge=True`` that waits for a row
+        hears from the engine at least this often (seconds): an empty sink call, like its
+        acknowledgement. The entry's stall watchdog (``entry.stall_timeout_s``) takes a stream
+        without any response for that long as a dead engine; without the heartbeat a stream
+        queued behind long sequences (minutes on a CPU) would look the same.
     """
 
     max_batch_size: int = 16
     max_waiting: int = 64
     max_prefill_tokens: int = 1024
     max_context_tokens: int = 4096
+    waiting_heartbeat_s: float = 5.0
 
 
 @dataclass(eq=False)
@@ -170,6 +178,7 @@ class Sequence:
     pending_hidden: list[np.ndarray] = field(default_factory=list)
     done: bool = False
     submitted_s: float = field(default_factory=time.monotonic)
+    answered_s: float = 0.0  # time.monotonic() of the last sink call (0: none yet)
     prefill_kv: list[np.ndarray] | None = None  # this row's prefill KV until it joins the batch
     prefill_width: int = 0
     cancel_requested: bool = False
@@ -234,7 +243,8 @@ class Engine:
 
     # ---- public API ---------------------------------------------------------------------
     def submit(self, seq: Sequence) -> None:
-        """Queue a sequence. Raises :class:`EngineBusy` when the waiting queue is full and
+        """Queue a sequence. Raises :class:`EngineBusy` when the waiting queue is full (unless
+        a live sequence has the same non-empty ``request_id``) and
         ValueError when its prompt is empty or cannot fit the context, its mode is unknown,
         a text-mode sequence has a speaker vector or audio-prompt codes or the artifacts lack
         the text head, or audio-prompt codes are not (P, 4) in [0, 625)."""
@@ -259,12 +269,18 @@ class Engine:
                              f"({seq.params.max_new_tokens}) exceeds the context of "
                              f"{self.config.max_context_tokens} tokens")
         with self._cv:
-            if len(self._waiting) >= self.config.max_waiting:
+            if len(self._waiting) >= self.config.max_waiting and not self._has_request(seq.request_id):
                 raise EngineBusy(f"server busy: {len(self._waiting)} requests already waiting")
             heapq.heappush(self._waiting, (seq.priority, next(self._order), seq))
             if seq.acknowledge:
                 self._unacknowledged.append(seq)
             self._cv.notify()
+
+    def _has_request(self, request_id: str) -> bool:
+        """A live sequence (waiting or running) has this ``request_id`` (never for ""). Called
+        with the lock held."""
+        return bool(request_id) and any(
+            s.request_id == request_id and not s.done for s in [q[2] for q in self._waiting] + self._running)
 
     def cancel(self, request_id: str) -> bool:
         """Ask the engine to end the live sequence ``request_id`` at its next step (it then
@@ -363,6 +379,7 @@ class Engine:
         for s in new:
             if not s.done:
                 self._flush(s, None)
+        self._heartbeat(now)
         self._sweep_waiting(now)
         newcomers = self._admit()
         if newcomers:
@@ -425,6 +442,17 @@ class Engine:
                 self._cancelled(seq)
             else:
                 self._fail(seq, RequestError(f"{DEADLINE_EXCEEDED} while waiting for a slot", ErrorKind.DEADLINE))
+
+    def _heartbeat(self, now: float) -> None:
+        """An empty sink call to every acknowledged waiting sequence that has heard nothing for
+        ``waiting_heartbeat_s`` (sent without the lock, as in :meth:`_admit`)."""
+        period = self.config.waiting_heartbeat_s
+        with self._cv:
+            due = [q[2] for q in self._waiting
+                   if q[2].acknowledge and q[2].answered_s and now - q[2].answered_s >= period]
+        for s in due:
+            if not s.done:
+                self._flush(s, None)
 
     def _sweep_waiting(self, now: float) -> None:
         """Drop waiting sequences that :meth:`cancel` named or whose deadline passed, also
@@ -642,6 +670,7 @@ class Engine:
         codes = np.stack(s.pending_codes) if s.pending_codes else np.zeros((0, contract.NUM_VQ), np.int32)
         hidden = np.stack(s.pending_hidden) if s.pending_hidden else np.zeros((0, h), np.float32)
         s.pending_codes, s.pending_hidden = [], []
+        s.answered_s = time.monotonic()
         try:
             s.sink.tokens(codes, hidden.astype(np.float32, copy=False), reason)
         except Exception:  # a broken sink must not stop the other sequences

@@ -167,10 +167,12 @@ class CancelWatcher:
             return
         now = time.monotonic()
         with self._lock:
-            # A stream queued in the engine behind full batches makes no progress for as long
-            # as the sequences before it run (minutes with long texts): that is load, not a
-            # fault. The engine is taken for dead only when no guarded stream has progressed
-            # for stall_s; then every stream without progress for that long is ended.
+            # A stream queued in the engine behind full batches gets no tokens for as long as
+            # the sequences before it run (minutes with long texts): that is load, not a fault.
+            # The engine sends queued sequences an empty response every
+            # engine.waiting_heartbeat_s (progress here), and the engine is taken for dead only
+            # when no guarded stream has progressed for stall_s; then every stream without
+            # progress for that long is ended.
             newest = max((g.last_activity for g, _ in self._guards.values()), default=now)
             stalled = ([] if now - newest <= self.stall_s else
                        [(k, g, c) for k, (g, c) in self._guards.items() if now - g.last_activity > self.stall_s])

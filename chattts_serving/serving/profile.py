@@ -25,6 +25,11 @@ from ..runtime import OrtOptions
 
 PROFILES_DIR = Path(__file__).resolve().parents[2] / "profiles"
 
+STALL_HEARTBEATS = 3
+"""``entry.stall_timeout_s`` is at least this many ``engine.waiting_heartbeat_s``: a stream
+queued in the engine hears from it every heartbeat, so only a stream that missed 3 in a row
+(the engine's process is gone) is taken for stalled."""
+
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -39,6 +44,7 @@ class EngineProfile(_Strict):
 
     max_batch_size: int = Field(ge=1, le=256)
     max_waiting: int = Field(ge=1)
+    waiting_heartbeat_s: float = Field(default=5.0, gt=0)
     max_prefill_tokens: int = Field(ge=16)
     max_context_tokens: int = Field(ge=64, le=4096)
     max_new_tokens_cap: int = Field(ge=1, le=4096)
@@ -57,7 +63,7 @@ class EngineProfile(_Strict):
 
     def engine_config(self) -> EngineConfig:
         return EngineConfig(self.max_batch_size, self.max_waiting, self.max_prefill_tokens,
-                            self.max_context_tokens)
+                            self.max_context_tokens, self.waiting_heartbeat_s)
 
 
 class VocoderProfile(_Strict):
@@ -235,6 +241,14 @@ class Profile(_Strict):
             raise ValueError("entry.default_priority_level exceeds entry.priority_levels")
         if self.entry.admission_settle_s > self.entry.admission_max_wait_s:
             raise ValueError("entry.admission_settle_s exceeds entry.admission_max_wait_s")
+        admitted = self.entry.max_concurrent_streams + self.entry.offline_instance_count * self.entry.offline_threads
+        if self.engine.max_waiting < admitted:
+            # Else a request the entry admitted can be refused "busy" by the engine, in Python, late.
+            raise ValueError(f"engine.max_waiting ({self.engine.max_waiting}) is below the {admitted} requests the "
+                             "entry admits (max_concurrent_streams + offline_instance_count x offline_threads)")
+        if self.entry.stall_timeout_s < STALL_HEARTBEATS * self.engine.waiting_heartbeat_s:
+            raise ValueError(f"entry.stall_timeout_s must be at least {STALL_HEARTBEATS} x "
+                             "engine.waiting_heartbeat_s (a queued stream is not a stalled one)")
         d = self.degrade
         if d.live_low >= d.live_high or d.ttfa_p95_low_s > d.ttfa_p95_high_s:
             raise ValueError("degrade: the recover thresholds must be below the degrade thresholds")

@@ -31,7 +31,7 @@ PANEL_HEIGHT = 8
 # Thresholds drawn on panels: the same numbers as the alerts in rules/alerts.yml.
 TTFA_P95_LIMIT_SECONDS = 1.0
 REQUEST_P95_LIMIT_SECONDS = 1.5
-QUEUE_LIMIT_REQUESTS = 64  # profiles/gpu.toml engine.max_waiting
+QUEUE_LIMIT_REQUESTS = 64  # profiles/gpu.toml entry.max_concurrent_streams
 ERROR_RATIO_LIMIT = 0.05
 
 RATE = "$__rate_interval"  # Grafana's safe rate window: at least four scrape intervals.
