@@ -310,6 +310,29 @@ def test_a_waiting_sequence_hears_a_heartbeat_while_the_batch_is_full(parts) -> 
     assert len(waiting.all_codes) == len(plain.all_codes) == 30
 
 
+def test_batch_priority_sequences_leave_rows_free_for_realtime_ones(parts) -> None:
+    """batch_rows=2 of 3: three batch-priority sequences get 2 rows and the third waits, though
+    a row is free; a realtime sequence that comes later takes that row at the next step, ahead
+    of the waiting batch one, which runs once a batch row frees. Everyone gets every token."""
+    eng = Engine(*parts, EngineConfig(max_batch_size=3, batch_rows=2))
+    long_, short = SamplingParams(max_new_tokens=30, min_new_tokens=30), SamplingParams(max_new_tokens=8,
+                                                                                        min_new_tokens=8)
+    batch = [Sink() for _ in range(3)]
+    for i, sink in enumerate(batch):
+        eng.submit(Sequence(_prompt(12, i), None, long_, sink, priority=1, request_id=f"b{i}"))
+    eng.run_once()
+    assert eng.stats()["running"] == 2 and eng.stats()["waiting"] == 1
+    realtime = Sink()
+    eng.submit(Sequence(_prompt(12, 9), None, short, realtime, priority=0, request_id="rt"))
+    eng.run_once()
+    assert eng.stats()["running"] == 3 and len(realtime.all_codes) >= 1 and batch[2].codes == []
+    while eng.live_count():
+        eng.run_once()
+        assert sum(1 for s in eng._running if not s.done and s.priority > 0) <= 2
+    assert realtime.reason == contract.StopReason.MAX_TOKENS and len(realtime.all_codes) == 8
+    assert all(s.reason == contract.StopReason.MAX_TOKENS and len(s.all_codes) == 30 for s in batch)
+
+
 def test_the_waiting_limit_counts_requests_not_their_sequences(parts) -> None:
     """At ``max_waiting``, a new request is refused busy, but one more sequence of a request
     that already has a live one (refine-text's segments, ChatTTS' groups of 4) is queued: the

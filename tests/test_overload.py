@@ -57,7 +57,7 @@ def tight(small_artifacts: Artifacts, tmp_path_factory: pytest.TempPathFactory) 
     srv = _serve(small_artifacts, tmp_path_factory.mktemp("tight"),
                  entry={"max_concurrent_streams": MAX_STREAMS, "offline_threads": OFFLINE_THREADS,
                         "offline_instance_count": 1},
-                 engine={"max_batch_size": ENGINE_BATCH})
+                 engine={"max_batch_size": ENGINE_BATCH, "batch_rows": ENGINE_BATCH})
     try:
         yield _info(srv)
     finally:
@@ -83,13 +83,13 @@ HOG_TOKENS = 2000
 
 
 @pytest.fixture(scope="module")
-def one_row(small_artifacts: Artifacts, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    """A server whose engine decodes one sequence at a time and whose streams are taken for
-    stalled (the engine dead) after STALL_S without a response; a queued one hears from the
-    engine every STALL_S / 4."""
-    srv = _serve(small_artifacts, tmp_path_factory.mktemp("one-row"),
+def two_rows(small_artifacts: Artifacts, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """A server whose engine decodes two sequences at a time, one of them at most of batch
+    priority, and whose streams are taken for stalled (the engine dead) after STALL_S without
+    a response; a queued one hears from the engine every STALL_S / 4."""
+    srv = _serve(small_artifacts, tmp_path_factory.mktemp("two-rows"),
                  entry={"stall_timeout_s": STALL_S, "offline_instance_count": 1},
-                 engine={"max_batch_size": 1, "waiting_heartbeat_s": STALL_S / 4})
+                 engine={"max_batch_size": 2, "batch_rows": 1, "waiting_heartbeat_s": STALL_S / 4})
     try:
         yield _info(srv)
     finally:
@@ -485,28 +485,75 @@ def _offline(http_url: str, text: str, tokens: int, out: list[str | None]) -> No
         client.close()
 
 
-def test_a_stream_queued_behind_an_offline_request_longer_than_the_stall_timeout_gets_its_audio(one_row) -> None:
-    """The one engine row is taken by a long chattts_offline request (its progress is not a
-    stream's, so the entry's watchdog does not see it). A stream queued behind it for longer
+def test_a_stream_queued_behind_offline_requests_longer_than_the_stall_timeout_gets_its_audio(two_rows) -> None:
+    """Both engine rows are taken by long chattts_offline requests (their progress is not a
+    stream's, so the entry's watchdog does not see it). A stream queued behind them for longer
     than entry.stall_timeout_s is not ended as "the GPT engine stopped responding": the engine
-    sends queued sequences a heartbeat (engine.waiting_heartbeat_s). It gets its audio once
-    the row frees."""
-    srv = one_row["server"]
-    hog: list[str | None] = []
-    t = threading.Thread(target=_offline, args=(f"127.0.0.1:{srv.http_port}", "长的离线请求。", HOG_TOKENS, hog))
-    t.start()
-    assert wait_for(lambda: gauge(one_row["metrics"], "tts_engine_active_sequences") >= 1)
-    s = Stream(one_row["grpc"], "排队的流。", 5, 8).start()
+    sends queued sequences a heartbeat (engine.waiting_heartbeat_s). It gets its audio once a
+    row frees."""
+    srv = two_rows["server"]
+    hogs: list[str | None] = []
+    url = f"127.0.0.1:{srv.http_port}"
+    threads = [threading.Thread(target=_offline, args=(url, "长的离线请求。", HOG_TOKENS, hogs)) for _ in range(2)]
+    for t in threads:
+        t.start()
+    assert wait_for(lambda: gauge(two_rows["metrics"], "tts_engine_active_sequences") >= 2)
+    s = Stream(two_rows["grpc"], "排队的流。", 5, 8).start()
     try:
         assert s.done.wait(300)
         assert s.error is None and s.audio.size > 0, s.error
     finally:
         s.close()
-    t.join(300)
-    assert hog == [None]
-    finished = [json.loads(line) for line in one_row["log"].read_text(encoding="utf-8").splitlines()
+    for t in threads:
+        t.join(300)
+    assert hogs == [None, None]
+    finished = [json.loads(line) for line in two_rows["log"].read_text(encoding="utf-8").splitlines()
                 if line.startswith("{") and '"sequence_finished"' in line]
     queued = [e for e in finished if e["tokens"] == 8]
-    assert len(queued) == 1 and [e["tokens"] for e in finished if e["tokens"] != 8] == [HOG_TOKENS], finished
-    # it waited for the row longer than the stall timeout (else this test would not test it)
+    assert len(queued) == 1 and [e["tokens"] for e in finished if e["tokens"] != 8] == [HOG_TOKENS] * 2, finished
+    # it waited for a row longer than the stall timeout (else this test would not test it)
     assert queued[0]["first_token_ms"] > 1000 * STALL_S, queued
+
+
+def test_a_realtime_stream_gets_the_row_that_batch_requests_may_not_take(two_rows) -> None:
+    """engine.batch_rows = 1 of 2: a long batch-priority stream holds the batch row and a
+    second batch stream waits, though a row is free; a realtime stream that comes after them
+    takes that row and streams to its end while the first still runs and the second has no
+    audio yet. Once the long one ends (cancelled), the waiting batch stream gets its audio."""
+    port = two_rows["metrics"]
+    hog = Stream(two_rows["grpc"], "长时间占用。", 9, HOG_TOKENS, priority="batch").start()
+    assert hog.first_chunk.wait(60) and hog.error is None, hog.error
+    queued = Stream(two_rows["grpc"], "批量请求。", 1, 40, priority="batch").start()
+    assert wait_for(lambda: gauge(port, "tts_engine_active_sequences") == 2)
+    realtime = Stream(two_rows["grpc"], "实时请求。", 2, 40, priority="realtime").start()
+    try:
+        assert realtime.done.wait(120)
+        assert realtime.error is None and realtime.audio.size > 0, realtime.error
+        assert not hog.done.is_set() and queued.first_audio_s is None
+        hog.cancel()
+        assert queued.done.wait(120)
+        assert queued.error is None and queued.audio.size > 0, queued.error
+    finally:
+        for s in (hog, queued, realtime):
+            s.close()
+
+
+def _offline(http_url: str, text: str, tokens: int, out: list[str | None]) -> None:
+    """One chattts_offline request over HTTP; appends None (audio came) or the error."""
+    import tritonclient.http as httpclient
+
+    client = httpclient.InferenceServerClient(http_url, network_timeout=300)
+    inputs = []
+    for name, value, dtype in (("text", np.array([text.encode()], np.object_), "BYTES"),
+                               ("max_new_tokens", np.array([tokens], np.int32), "INT32"),
+                               ("min_new_tokens", np.array([tokens], np.int32), "INT32")):
+        inp = httpclient.InferInput(name, list(value.shape), dtype)
+        inp.set_data_from_numpy(value)
+        inputs.append(inp)
+    try:
+        client.infer(contract.MODEL_OFFLINE, inputs)
+        out.append(None)
+    except Exception as exc:  # the outcome is what the test checks
+        out.append(str(exc))
+    finally:
+        client.close()

@@ -61,12 +61,14 @@ def test_unknown_profile_key_is_an_error(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("old", "new", "cause"), [
     ("max_waiting = 80 ", "max_waiting = 79 ", "max_waiting"),  # 64 streams + 2 x 8 offline admitted
     ("stall_timeout_s = 60.0 ", "stall_timeout_s = 14.0 ", "waiting_heartbeat_s"),  # < 3 x 5 s
+    ("batch_rows = 12 ", "batch_rows = 17 ", "batch_rows"),  # more than max_batch_size (16)
 ])
 def test_a_profile_whose_engine_could_refuse_or_kill_what_the_entry_admitted_is_an_error(
         tmp_path: Path, old: str, new: str, cause: str) -> None:
     """The engine's queue holds every request the entry can admit (else an admitted request
-    is refused "busy" late, in Python), and a stream queued in the engine hears from it often
-    enough that the stall watchdog does not take it for a dead engine."""
+    is refused "busy" late, in Python), a stream queued in the engine hears from it often
+    enough that the stall watchdog does not take it for a dead engine, and the batch-priority
+    rows are some of the batch's."""
     text = (render.REPO_SRC.parent / "profiles" / "cpu.toml").read_text()
     assert old in text
     bad = tmp_path / "bad.toml"

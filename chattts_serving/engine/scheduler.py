@@ -5,7 +5,8 @@ thread. Each iteration:
 
 1. drops sequences whose client went away (cancelled) or whose deadline passed;
 2. admits waiting sequences (highest priority first, then arrival order) while the batch
-   has room, and prefills them together in one padded GPT call, sampling their first token;
+   has room (batch-priority ones only into ``EngineConfig.batch_rows`` rows), and prefills
+   them together in one padded GPT call, sampling their first token;
 3. places each newcomer into the row of a finished sequence (copying only its own prompt KV)
    or, when none fits, compacts the batch in one rebuild of the KV buffers (rows
    right-aligned, left padding masked out);
@@ -131,6 +132,10 @@ class EngineConfig:
         acknowledgement. The entry's stall watchdog (``entry.stall_timeout_s``) takes a stream
         without any response for that long as a dead engine; without the heartbeat a stream
         queued behind long sequences (minutes on a CPU) would look the same.
+    batch_rows: rows that sequences of a priority below realtime (``priority > 0``) may hold at
+        once; the other ``max_batch_size - batch_rows`` are kept for realtime ones, so that a
+        realtime stream's first token never waits for long batch requests to end (rows are not
+        taken back once given: no preemption). None: no limit.
     """
 
     max_batch_size: int = 16
@@ -138,6 +143,7 @@ class EngineConfig:
     max_prefill_tokens: int = 1024
     max_context_tokens: int = 4096
     waiting_heartbeat_s: float = 5.0
+    batch_rows: int | None = None
 
 
 @dataclass(eq=False)
@@ -483,15 +489,21 @@ class Engine:
         gone: list[Sequence] = []
         with self._cv:
             room = self.config.max_batch_size - sum(1 for s in self._running if not s.done)
+            batch_room = (room if self.config.batch_rows is None else
+                          self.config.batch_rows - sum(1 for s in self._running if not s.done and s.priority > 0))
             while self._waiting and len(out) < room:
                 seq = self._waiting[0][2]
                 if self._expired_or_named(seq, now):
                     gone.append(heapq.heappop(self._waiting)[2])
                     continue
+                if seq.priority > 0 and batch_room <= 0:
+                    break  # the queue is in priority order: only batch sequences are left
                 width = max([s.prompt_length for s in out] + [seq.prompt_length])
                 if out and width * (len(out) + 1) > self.config.max_prefill_tokens:
                     break
                 out.append(heapq.heappop(self._waiting)[2])
+                if seq.priority > 0:
+                    batch_room -= 1
         self._end_waiting(gone)
         admitted = []
         for seq in out:

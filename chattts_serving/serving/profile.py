@@ -45,6 +45,7 @@ class EngineProfile(_Strict):
     max_batch_size: int = Field(ge=1, le=256)
     max_waiting: int = Field(ge=1)
     waiting_heartbeat_s: float = Field(default=5.0, gt=0)
+    batch_rows: int | None = Field(default=None, ge=1)
     max_prefill_tokens: int = Field(ge=16)
     max_context_tokens: int = Field(ge=64, le=4096)
     max_new_tokens_cap: int = Field(ge=1, le=4096)
@@ -63,7 +64,7 @@ class EngineProfile(_Strict):
 
     def engine_config(self) -> EngineConfig:
         return EngineConfig(self.max_batch_size, self.max_waiting, self.max_prefill_tokens,
-                            self.max_context_tokens, self.waiting_heartbeat_s)
+                            self.max_context_tokens, self.waiting_heartbeat_s, self.batch_rows)
 
 
 class VocoderProfile(_Strict):
@@ -241,6 +242,8 @@ class Profile(_Strict):
             raise ValueError("entry.default_priority_level exceeds entry.priority_levels")
         if self.entry.admission_settle_s > self.entry.admission_max_wait_s:
             raise ValueError("entry.admission_settle_s exceeds entry.admission_max_wait_s")
+        if self.engine.batch_rows is not None and self.engine.batch_rows > self.engine.max_batch_size:
+            raise ValueError("engine.batch_rows exceeds engine.max_batch_size")
         admitted = self.entry.max_concurrent_streams + self.entry.offline_instance_count * self.entry.offline_threads
         if self.engine.max_waiting < admitted:
             # Else a request the entry admitted can be refused "busy" by the engine, in Python, late.
