@@ -340,16 +340,18 @@ def test_the_waiting_limit_counts_requests_not_their_sequences(parts) -> None:
     eng = Engine(*parts, EngineConfig(max_batch_size=1, max_waiting=2))
     params = SamplingParams(max_new_tokens=4, min_new_tokens=4)
     sinks = [Sink() for _ in range(5)]
-    eng.submit(Sequence(_prompt(12, 1), None, params, sinks[0], request_id="a"))
-    eng.submit(Sequence(_prompt(12, 2), None, params, sinks[1], request_id="b"))
+    eng.submit(Sequence(_prompt(12, 1), None, params, sinks[0], owner="a"))
+    eng.submit(Sequence(_prompt(12, 2), None, params, sinks[1], owner="b"))
     with pytest.raises(EngineBusy):
-        eng.submit(Sequence(_prompt(12, 3), None, params, Sink(), request_id="c"))
+        eng.submit(Sequence(_prompt(12, 3), None, params, Sink(), owner="c"))
     with pytest.raises(EngineBusy):
-        eng.submit(Sequence(_prompt(12, 3), None, params, Sink()))  # no id: a request of its own
-    eng.submit(Sequence(_prompt(12, 4), None, params, sinks[2], request_id="a"))
-    eng.submit(Sequence(_prompt(12, 5), None, params, sinks[3], request_id="b"))
-    eng.run_once()  # "a" runs; its second sequence and both of "b" wait
-    eng.submit(Sequence(_prompt(12, 6), None, params, sinks[4], request_id="a"))
+        eng.submit(Sequence(_prompt(12, 3), None, params, Sink()))  # no owner: a request of its own
+    eng.submit(Sequence(_prompt(12, 4), None, params, sinks[2], owner="a"))
+    eng.submit(Sequence(_prompt(12, 5), None, params, sinks[3], owner="b"))
+    eng.run_once()  # "a" runs; its second sequence and both of "b" wait: 2 requests
+    eng.submit(Sequence(_prompt(12, 6), None, params, sinks[4], owner="a"))
+    with pytest.raises(EngineBusy, match="2 requests already waiting"):
+        eng.submit(Sequence(_prompt(12, 7), None, params, Sink(), owner="d"))
     while eng.live_count():
         eng.run_once()
     assert all(s.reason == contract.StopReason.MAX_TOKENS and len(s.all_codes) == 4 for s in sinks)

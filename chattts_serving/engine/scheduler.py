@@ -120,10 +120,11 @@ class EngineConfig:
     """Scheduling knobs (from the deployment profile).
 
     max_batch_size: running sequences decoded together per step.
-    max_waiting: sequences queued for admission; beyond it :meth:`Engine.submit` raises
-        :class:`EngineBusy`, except for a sequence whose ``request_id`` already has a live one
-        (a request the entry admitted may start several at once: refine-text's segments,
-        ChatTTS' groups of 4; the limit is on requests, which the entry already bounds).
+    max_waiting: requests queued for admission (the distinct ``Sequence.owner`` of the
+        waiting sequences); beyond it :meth:`Engine.submit` raises :class:`EngineBusy`, except
+        for a sequence whose ``owner`` already has a live one (a request the entry admitted may
+        start several at once: refine-text's segments, ChatTTS' groups of 4; the limit is on
+        requests, which the entry already bounds).
     max_prefill_tokens: padded prompt tokens prefilled together in one call.
     max_context_tokens: prompt + generated tokens allowed per sequence (the model's
         position limit).
@@ -161,7 +162,10 @@ class Sequence:
     response and can then watch its client; every response is sent from the engine thread);
     prompt_codes: (P, 4) int audio-prompt codes in [0, 625) placed after the text prompt and
     embedded as the sum of the 4 code embeddings (ChatTTS' ``spk_smp``, see
-    :mod:`chattts_serving.audio.reference`), code mode only; None (default) for none.
+    :mod:`chattts_serving.audio.reference`), code mode only; None (default) for none;
+    request_id: names the sequence (:meth:`Engine.cancel`); owner: the request it belongs to
+    (in the server the entry's request id, shared by a request's sequences; "" for none), see
+    ``EngineConfig.max_waiting``.
     """
 
     prompt_ids: np.ndarray
@@ -173,6 +177,7 @@ class Sequence:
     priority: int = 0
     deadline_s: float | None = None
     request_id: str = ""
+    owner: str = ""
     mode: SequenceMode = SequenceMode.CODE
     acknowledge: bool = False
     prompt_codes: np.ndarray | None = None
@@ -250,7 +255,7 @@ class Engine:
     # ---- public API ---------------------------------------------------------------------
     def submit(self, seq: Sequence) -> None:
         """Queue a sequence. Raises :class:`EngineBusy` when the waiting queue is full (unless
-        a live sequence has the same non-empty ``request_id``) and
+        a live sequence has the same non-empty ``owner``) and
         ValueError when its prompt is empty or cannot fit the context, its mode is unknown,
         a text-mode sequence has a speaker vector or audio-prompt codes or the artifacts lack
         the text head, or audio-prompt codes are not (P, 4) in [0, 625)."""
@@ -275,18 +280,24 @@ class Engine:
                              f"({seq.params.max_new_tokens}) exceeds the context of "
                              f"{self.config.max_context_tokens} tokens")
         with self._cv:
-            if len(self._waiting) >= self.config.max_waiting and not self._has_request(seq.request_id):
-                raise EngineBusy(f"server busy: {len(self._waiting)} requests already waiting")
+            if not self._has_owner(seq.owner) and (queued := self._waiting_requests()) >= self.config.max_waiting:
+                raise EngineBusy(f"server busy: {queued} requests already waiting")
             heapq.heappush(self._waiting, (seq.priority, next(self._order), seq))
             if seq.acknowledge:
                 self._unacknowledged.append(seq)
             self._cv.notify()
 
-    def _has_request(self, request_id: str) -> bool:
-        """A live sequence (waiting or running) has this ``request_id`` (never for ""). Called
-        with the lock held."""
-        return bool(request_id) and any(
-            s.request_id == request_id and not s.done for s in [q[2] for q in self._waiting] + self._running)
+    def _waiting_requests(self) -> int:
+        """Requests with a sequence in the queue: distinct owners, each sequence without one a
+        request of its own. Called with the lock held."""
+        owners = {q[2].owner for q in self._waiting if q[2].owner}
+        return len(owners) + sum(1 for q in self._waiting if not q[2].owner)
+
+    def _has_owner(self, owner: str) -> bool:
+        """A live sequence (waiting or running) has this ``owner`` (never for ""). Called with
+        the lock held."""
+        return bool(owner) and any(
+            s.owner == owner and not s.done for s in [q[2] for q in self._waiting] + self._running)
 
     def cancel(self, request_id: str) -> bool:
         """Ask the engine to end the live sequence ``request_id`` at its next step (it then

@@ -241,7 +241,7 @@ class EngineModel(DecoupledModel):
                                         acknowledge=True, emit_tokens=req.emit_tokens,
                                         first_emit_tokens=req.first_emit_tokens, priority=req.priority,
                                         deadline_s=deadline, request_id=req.stream_id or request.request_id(),
-                                        prompt_codes=req.prompt_codes))
+                                        owner=request.request_id(), prompt_codes=req.prompt_codes))
         except ValueError as exc:
             raise RequestError(str(exc)) from None
 
