@@ -80,16 +80,20 @@ def degrading(small_artifacts: Artifacts, tmp_path_factory: pytest.TempPathFacto
 
 STALL_S = 1.0
 HOG_TOKENS = 2000
+TWO_ROWS_WAITING = 5
 
 
 @pytest.fixture(scope="module")
 def two_rows(small_artifacts: Artifacts, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """A server whose engine decodes two sequences at a time, one of them at most of batch
-    priority, and whose streams are taken for stalled (the engine dead) after STALL_S without
-    a response; a queued one hears from the engine every STALL_S / 4."""
+    priority, and queues TWO_ROWS_WAITING requests (what its entry admits: 3 streams, 2
+    offline requests); whose streams are taken for stalled (the engine dead) after STALL_S
+    without a response; a queued one hears from the engine every STALL_S / 4."""
     srv = _serve(small_artifacts, tmp_path_factory.mktemp("two-rows"),
-                 entry={"stall_timeout_s": STALL_S, "offline_instance_count": 1},
-                 engine={"max_batch_size": 2, "batch_rows": 1, "waiting_heartbeat_s": STALL_S / 4})
+                 entry={"stall_timeout_s": STALL_S, "offline_instance_count": 1, "offline_threads": 2,
+                        "max_concurrent_streams": 3},
+                 engine={"max_batch_size": 2, "batch_rows": 1, "waiting_heartbeat_s": STALL_S / 4,
+                         "max_waiting": TWO_ROWS_WAITING})
     try:
         yield _info(srv)
     finally:
@@ -100,8 +104,10 @@ class Stream:
     """One gRPC stream on ``chattts`` in a background thread, recording times (s since start)."""
 
     def __init__(self, url: str, text: str, seed: int, tokens: int, parameters: dict | None = None,
-                 priority: str | None = None, timeout_s: float | None = None) -> None:
+                 priority: str | None = None, timeout_s: float | None = None,
+                 extra: tuple[tuple[str, np.ndarray, str], ...] = ()) -> None:
         self.url, self.chunks, self.error = url, [], None  # type: ignore[var-annotated]
+        self.extra = extra  # more inputs: (name, value, Triton dtype)
         self.text, self.seed, self.tokens = text, seed, tokens
         self.parameters, self.priority, self.timeout_s = parameters, priority, timeout_s
         self.first_audio_s: float | None = None
@@ -121,7 +127,7 @@ class Stream:
                                 *([("priority", np.array([self.priority.encode()], np.object_), "BYTES")]
                                   if self.priority else []),
                                 *([("timeout_s", np.array([self.timeout_s], np.float32), "FP32")]
-                                  if self.timeout_s else [])):
+                                  if self.timeout_s else []), *self.extra):
             i = grpcclient.InferInput(name, list(value.shape), dt)
             i.set_data_from_numpy(value)
             out.append(i)
@@ -462,6 +468,24 @@ def test_degradation_switches_on_under_load_makes_requests_cheaper_and_switches_
     events = [json.loads(line[line.index("{"):]) for line in Path(degrading["log"]).read_text().splitlines()
               if '"event":"degraded_mode"' in line]
     assert [e["degraded"] for e in events][-2:] == [True, False]
+
+
+def test_a_request_with_more_sequences_than_the_engine_queue_holds_completes(two_rows) -> None:
+    """refine-text starts one engine sequence per sentence at once: 10 here, with 2 rows and
+    a queue of TWO_ROWS_WAITING requests. The queue counts requests, so the request the entry
+    admitted is not refused halfway by the engine: it streams every sentence."""
+    sentences = [f"这是第{n}句比较长的测试句子，用来检查排队的计数。" for n in "一二三四五六七八九十"]
+    refine = (("refine_text", np.array([True]), "BOOL"), ("refine_max_new_tokens", np.array([8], np.int32), "INT32"))
+    s = Stream(two_rows["grpc"], "".join(sentences), 3, 8, extra=refine).start()
+    try:
+        assert s.done.wait(300)
+        assert s.error is None and s.audio.size > 0, s.error
+    finally:
+        s.close()
+    finished = [json.loads(line) for line in two_rows["log"].read_text(encoding="utf-8").splitlines()
+                if line.startswith("{") and '"request_finished"' in line]
+    mine = [e for e in finished if e["model"] == contract.MODEL_STREAM and e["segments"] == len(sentences)]
+    assert len(mine) == 1 and mine[0]["status"] == "ok", finished
 
 
 def _offline(http_url: str, text: str, tokens: int, out: list[str | None]) -> None:
