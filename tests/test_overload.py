@@ -561,23 +561,3 @@ def test_a_realtime_stream_gets_the_row_that_batch_requests_may_not_take(two_row
         for s in (hog, queued, realtime):
             s.close()
 
-
-def _offline(http_url: str, text: str, tokens: int, out: list[str | None]) -> None:
-    """One chattts_offline request over HTTP; appends None (audio came) or the error."""
-    import tritonclient.http as httpclient
-
-    client = httpclient.InferenceServerClient(http_url, network_timeout=300)
-    inputs = []
-    for name, value, dtype in (("text", np.array([text.encode()], np.object_), "BYTES"),
-                               ("max_new_tokens", np.array([tokens], np.int32), "INT32"),
-                               ("min_new_tokens", np.array([tokens], np.int32), "INT32")):
-        inp = httpclient.InferInput(name, list(value.shape), dtype)
-        inp.set_data_from_numpy(value)
-        inputs.append(inp)
-    try:
-        client.infer(contract.MODEL_OFFLINE, inputs)
-        out.append(None)
-    except Exception as exc:  # the outcome is what the test checks
-        out.append(str(exc))
-    finally:
-        client.close()
