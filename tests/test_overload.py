@@ -105,8 +105,9 @@ class Stream:
 
     def __init__(self, url: str, text: str, seed: int, tokens: int, parameters: dict | None = None,
                  priority: str | None = None, timeout_s: float | None = None,
-                 extra: tuple[tuple[str, np.ndarray, str], ...] = ()) -> None:
+                 extra: tuple[tuple[str, np.ndarray, str], ...] = (), request_id: str = "") -> None:
         self.url, self.chunks, self.error = url, [], None  # type: ignore[var-annotated]
+        self.request_id = request_id
         self.extra = extra  # more inputs: (name, value, Triton dtype)
         self.text, self.seed, self.tokens = text, seed, tokens
         self.parameters, self.priority, self.timeout_s = parameters, priority, timeout_s
@@ -137,7 +138,7 @@ class Stream:
         self.client.start_stream(callback=lambda result, error: self.q.put((result, error)))
         self.t0 = time.perf_counter()
         self.client.async_stream_infer(contract.MODEL_STREAM, self.inputs(), enable_empty_final_response=True,
-                                       parameters=self.parameters)
+                                       parameters=self.parameters, request_id=self.request_id)
         threading.Thread(target=self._read, daemon=True).start()
         return self
 
@@ -476,19 +477,34 @@ def test_a_request_with_more_sequences_than_the_engine_queue_holds_completes(two
     admitted is not refused halfway by the engine: it streams every sentence."""
     sentences = [f"这是第{n}句比较长的测试句子，用来检查排队的计数。" for n in "一二三四五六七八九十"]
     refine = (("refine_text", np.array([True]), "BOOL"), ("refine_max_new_tokens", np.array([8], np.int32), "INT32"))
-    s = Stream(two_rows["grpc"], "".join(sentences), 3, 8, extra=refine).start()
+    request_id = f"refine-{uuid.uuid4().hex[:8]}"
+    s = Stream(two_rows["grpc"], "".join(sentences), 3, 8, extra=refine, request_id=request_id).start()
     try:
         assert s.done.wait(300)
         assert s.error is None and s.audio.size > 0, s.error
     finally:
         s.close()
-    finished = [json.loads(line) for line in two_rows["log"].read_text(encoding="utf-8").splitlines()
-                if line.startswith("{") and '"request_finished"' in line]
-    mine = [e for e in finished if e["model"] == contract.MODEL_STREAM and e["segments"] == len(sentences)]
-    assert len(mine) == 1 and mine[0]["status"] == "ok", finished
+    mine = _logged(two_rows["log"], "request_finished", [request_id])  # logged just after the final response
+    assert mine[request_id]["status"] == "ok" and mine[request_id]["segments"] == len(sentences), mine
 
 
-def _offline(http_url: str, text: str, tokens: int, out: list[str | None]) -> None:
+def _logged(log: Path, event: str, request_ids: list[str]) -> dict[str, dict[str, Any]]:
+    """The server's ``event`` log line of each of ``request_ids``, waited for (a line may be
+    written just after the response the client saw)."""
+    found: dict[str, dict[str, Any]] = {}
+
+    def read() -> bool:
+        for line in log.read_text(encoding="utf-8").splitlines():
+            if line.startswith("{") and f'"{event}"' in line:
+                e = json.loads(line)
+                if e.get("request_id") in request_ids:
+                    found[e["request_id"]] = e
+        return len(found) == len(request_ids)
+    assert wait_for(read), (event, request_ids, found)
+    return found
+
+
+def _offline(http_url: str, text: str, tokens: int, out: list[str | None], request_id: str = "") -> None:
     """One chattts_offline request over HTTP; appends None (audio came) or the error."""
     import tritonclient.http as httpclient
 
@@ -501,7 +517,7 @@ def _offline(http_url: str, text: str, tokens: int, out: list[str | None]) -> No
         inp.set_data_from_numpy(value)
         inputs.append(inp)
     try:
-        client.infer(contract.MODEL_OFFLINE, inputs)
+        client.infer(contract.MODEL_OFFLINE, inputs, request_id=request_id)
         out.append(None)
     except Exception as exc:  # the outcome is what the test checks
         out.append(str(exc))
@@ -517,12 +533,13 @@ def test_a_stream_queued_behind_offline_requests_longer_than_the_stall_timeout_g
     row frees."""
     srv = two_rows["server"]
     hogs: list[str | None] = []
-    url = f"127.0.0.1:{srv.http_port}"
-    threads = [threading.Thread(target=_offline, args=(url, "长的离线请求。", HOG_TOKENS, hogs)) for _ in range(2)]
+    url, tag = f"127.0.0.1:{srv.http_port}", uuid.uuid4().hex[:8]
+    threads = [threading.Thread(target=_offline, args=(url, "长的离线请求。", HOG_TOKENS, hogs, f"hog-{tag}-{i}"))
+               for i in range(2)]
     for t in threads:
         t.start()
     assert wait_for(lambda: gauge(two_rows["metrics"], "tts_engine_active_sequences") >= 2)
-    s = Stream(two_rows["grpc"], "排队的流。", 5, 8).start()
+    s = Stream(two_rows["grpc"], "排队的流。", 5, 8, request_id=f"queued-{tag}").start()
     try:
         assert s.done.wait(300)
         assert s.error is None and s.audio.size > 0, s.error
@@ -531,12 +548,10 @@ def test_a_stream_queued_behind_offline_requests_longer_than_the_stall_timeout_g
     for t in threads:
         t.join(300)
     assert hogs == [None, None]
-    finished = [json.loads(line) for line in two_rows["log"].read_text(encoding="utf-8").splitlines()
-                if line.startswith("{") and '"sequence_finished"' in line]
-    queued = [e for e in finished if e["tokens"] == 8]
-    assert len(queued) == 1 and [e["tokens"] for e in finished if e["tokens"] != 8] == [HOG_TOKENS] * 2, finished
-    # it waited for a row longer than the stall timeout (else this test would not test it)
-    assert queued[0]["first_token_ms"] > 1000 * STALL_S, queued
+    finished = _logged(two_rows["log"], "sequence_finished", [f"hog-{tag}-0", f"hog-{tag}-1", f"queued-{tag}"])
+    assert finished[f"hog-{tag}-0"]["tokens"] == finished[f"hog-{tag}-1"]["tokens"] == HOG_TOKENS
+    # the stream waited for a row longer than the stall timeout (else this test would not test it)
+    assert finished[f"queued-{tag}"]["tokens"] == 8 and finished[f"queued-{tag}"]["first_token_ms"] > 1000 * STALL_S
 
 
 def test_a_realtime_stream_gets_the_row_that_batch_requests_may_not_take(two_rows) -> None:
