@@ -204,6 +204,67 @@ def test_a_stalled_stream_ends_with_one_error_and_nothing_after(stages: InProces
     assert channel.violations == [] and [f[0] for f in observer.finishes] == ["error"]
 
 
+class _SlowVocoder(InProcessStages):
+    """A vocoder whose every call waits ``release`` for up to ``wait_s`` (a call queued behind
+    long offline windows, or, never released, a vocoder that hangs)."""
+
+    def __init__(self, inner: InProcessStages, wait_s: float, release: threading.Event) -> None:
+        self.__dict__.update(inner.__dict__)
+        self.wait_s, self.release = wait_s, release
+
+    def vocode(self, path: Any, window: np.ndarray, request_id: str = "") -> np.ndarray:
+        self.release.wait(self.wait_s)
+        return super().vocode(path, window, request_id)
+
+
+def test_a_slow_vocoder_call_is_not_a_stalled_engine(stages: InProcessStages) -> None:
+    """Each vocoder call takes 1.5 stall timeouts: the stream's own work, not the engine's
+    silence. The stream completes with its audio (before the watchdog counted only the waits
+    for the engine, it ended as "the GPT engine stopped responding")."""
+    profile = _profile(stall_timeout_s=0.2)
+    observer = RecordingObserver()
+    service = EntryService(contract.MODEL_STREAM, profile, _SlowVocoder(stages, 0.3, threading.Event()), observer)
+    channel = RecordingChannel()
+    service.stream(service.admit(_tensors(max_new_tokens=12, min_new_tokens=12), {}, "slow"), channel)
+    assert channel.chunks and [e[0] for e in channel.ends] == ["final"], channel.events
+    assert channel.violations == [] and [f[0] for f in observer.finishes] == ["ok"]
+
+
+def test_a_vocoder_that_never_answers_ends_the_stream_after_twice_the_stall_timeout(
+        stages: InProcessStages) -> None:
+    release = threading.Event()
+    profile = _profile(stall_timeout_s=0.2)
+    service = EntryService(contract.MODEL_STREAM, profile, _SlowVocoder(stages, 30.0, release), RecordingObserver())
+    channel = RecordingChannel()
+    worker = threading.Thread(target=service.stream, args=(service.admit(_tensors(), {}, "hung"), channel))
+    worker.start()
+    try:
+        assert channel.ended.wait(10)
+        assert [e[0] for e in channel.events] == ["error"]
+        exc = channel.events[0][1]
+        assert exc.kind == ErrorKind.UNAVAILABLE and "the vocoder stopped responding" in str(exc), exc
+    finally:
+        release.set()
+        worker.join(10)
+    assert channel.violations == []
+
+
+def test_the_watchdog_counts_a_working_streams_time_less_one_stall_timeout() -> None:
+    from chattts_serving.serving.lifecycle import CancelWatcher, StreamGuard
+
+    stalled: list[str] = []
+    watcher = CancelWatcher(interval_s=3600.0, stall_s=10.0, on_stall=lambda g, name: stalled.append(name))
+    guard = StreamGuard(RecordingChannel())
+    watcher.guard(guard, "vocoding")
+    guard.touch(working=True)
+    guard.last_activity -= 15.0  # in its vocoder call for 1.5 stall timeouts
+    watcher.poll()
+    assert stalled == []
+    guard.last_activity -= 6.0  # 2.1 stall timeouts
+    watcher.poll()
+    assert stalled == ["vocoding"]
+
+
 class _FailingVocoder(InProcessStages):
     def __init__(self, inner: InProcessStages) -> None:
         self.__dict__.update(inner.__dict__)
@@ -365,7 +426,7 @@ class _WatchFails:
     def cancelled(self) -> bool:
         return False
 
-    def progress(self) -> None:
+    def progress(self, working: bool) -> None:
         pass
 
     def watch(self, on_cancel: Any) -> Any:

@@ -78,7 +78,7 @@ def degrading(small_artifacts: Artifacts, tmp_path_factory: pytest.TempPathFacto
         srv.stop()
 
 
-STALL_S = 1.0
+STALL_S = 2.0
 HOG_TOKENS = 2000
 TWO_ROWS_WAITING = 5
 

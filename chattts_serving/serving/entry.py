@@ -217,8 +217,10 @@ class EntryService:
             self.finish(job, Outcome(result=result or out.partial, error=error))
 
     def _stalled(self, guard: StreamGuard, job: SynthesisJob) -> None:
-        """The watchdog's verdict on a stream without progress for ``entry.stall_timeout_s``."""
-        exc = RequestError("server unavailable: the GPT engine stopped responding", ErrorKind.UNAVAILABLE)
+        """The watchdog's verdict on a stream without progress for ``entry.stall_timeout_s``
+        (waiting for the engine), or twice that (in its own vocoder call)."""
+        stage = "vocoder" if guard.working else "GPT engine"
+        exc = RequestError(f"server unavailable: the {stage} stopped responding", ErrorKind.UNAVAILABLE)
         if guard.fail(exc):
             self.finish(job, Outcome(result=None, error=exc))
 
@@ -319,7 +321,7 @@ class _GuardedOutput:
     def cancelled(self) -> bool:
         return self.guard.is_cancelled()
 
-    def progress(self) -> None:
-        self.guard.touch()
+    def progress(self, working: bool) -> None:
+        self.guard.touch(working)
 
 

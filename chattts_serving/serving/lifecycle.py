@@ -44,16 +44,32 @@ class ResponseChannel(Protocol):
 class StreamGuard:
     """Exactly one end per stream: chunks, then one :meth:`finish` or :meth:`fail`, whichever
     comes first (the stream's own thread, or the watchdog after a stall); later sends are
-    dropped. ``touch()`` records progress for the stall watchdog."""
+    dropped. ``touch()`` records progress for the stall watchdog; ``working`` is true while
+    the stream's own thread works on what the engine sent (vocoding, sending), time that is
+    not the engine's silence (:meth:`silent_s`)."""
 
     def __init__(self, channel: ResponseChannel) -> None:
         self.channel = channel
         self.last_activity = time.monotonic()
+        self.working = False
         self.closed = False
         self._lock = threading.Lock()
 
-    def touch(self) -> None:
+    def touch(self, working: bool | None = None) -> None:
+        """Record progress now; with ``working``, also whether the stream's thread now works
+        (True: a token batch arrived) or waits for the engine again (False)."""
         self.last_activity = time.monotonic()
+        if working is not None:
+            self.working = working
+
+    def silent_s(self, now: float, stall_s: float) -> float:
+        """Seconds of silence the watchdog holds against the stream: the time it has waited
+        for the engine since its last answer, or, while the stream's thread works on a token
+        batch, that work's time less ``stall_s`` (a vocoder call queued behind long offline
+        windows is not a stall; a vocoder that never answers still is, after twice
+        ``stall_s``)."""
+        quiet = now - self.last_activity
+        return quiet - stall_s if self.working else quiet
 
     def is_cancelled(self) -> bool:
         """The client cancelled; False once the stream is closed (asking the channel then is
@@ -172,10 +188,13 @@ class CancelWatcher:
             # The engine sends queued sequences an empty response every
             # engine.waiting_heartbeat_s (progress here), and the engine is taken for dead only
             # when no guarded stream has progressed for stall_s; then every stream without
-            # progress for that long is ended.
-            newest = max((g.last_activity for g, _ in self._guards.values()), default=now)
-            stalled = ([] if now - newest <= self.stall_s else
-                       [(k, g, c) for k, (g, c) in self._guards.items() if now - g.last_activity > self.stall_s])
+            # progress for that long is ended. A stream counts only the time it waits for the
+            # engine: its own work on a token batch (a vocoder call queued behind long offline
+            # windows) is not the engine's silence.
+            stall_s = self.stall_s
+            quietest = min((g.silent_s(now, stall_s) for g, _ in self._guards.values()), default=0.0)
+            stalled = ([] if quietest <= stall_s else
+                       [(k, g, c) for k, (g, c) in self._guards.items() if g.silent_s(now, stall_s) > stall_s])
             for k, _, _ in stalled:
                 del self._guards[k]
         for _, g, c in stalled:

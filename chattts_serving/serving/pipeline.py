@@ -218,8 +218,10 @@ class StreamOutput(Protocol):
     def cancelled(self) -> bool:
         """The client no longer wants the stream."""
 
-    def progress(self) -> None:
-        """Called on every token batch (a stall watchdog's heartbeat)."""
+    def progress(self, working: bool) -> None:
+        """A stall watchdog's heartbeat: ``working=True`` when a token batch arrives (the
+        stream's thread now vocodes and sends it), ``working=False`` when the thread goes back
+        to waiting for the engine. Only the waits count towards a stall."""
 
     def watch(self, on_cancel: Callable[[], None]) -> Callable[[], None]:
         """Run ``on_cancel()`` as soon as the client cancels (see :data:`Watch`)."""
@@ -483,22 +485,25 @@ def _stream_segment(job: SynthesisJob, stages: Stages, schedule: ChunkSchedule, 
     try:
         unwatch = out.watch(tokens.request_cancel)  # inside: a watch that fails still ends the sequence
         for batch in tokens:
-            out.progress()
-            store.add(batch)
-            reason = batch.stop_reason
-            if reason == StopReason.CANCELLED or out.cancelled():
-                return StopReason.CANCELLED, store.n
-            seconds_left(job)
-            while (w := chunker.next_window(store.n, reason is not None)) is not None:
-                audio = stages.vocode(req.vocoder, store.window(req.vocoder, w.start, w.end), req.request_id)
-                chunk = chunker.emit(w, audio)
-                if chunk.size:
-                    if result.first_audio_s is None:
-                        result.first_audio_s = time.monotonic() - job.arrival_s
-                    out.audio(chunk, result)
-                    result.chunks += 1
-                    result.samples += chunk.size
-                    result.chunk_samples.append(chunk.size)
+            out.progress(True)
+            try:
+                store.add(batch)
+                reason = batch.stop_reason
+                if reason == StopReason.CANCELLED or out.cancelled():
+                    return StopReason.CANCELLED, store.n
+                seconds_left(job)
+                while (w := chunker.next_window(store.n, reason is not None)) is not None:
+                    audio = stages.vocode(req.vocoder, store.window(req.vocoder, w.start, w.end), req.request_id)
+                    chunk = chunker.emit(w, audio)
+                    if chunk.size:
+                        if result.first_audio_s is None:
+                            result.first_audio_s = time.monotonic() - job.arrival_s
+                        out.audio(chunk, result)
+                        result.chunks += 1
+                        result.samples += chunk.size
+                        result.chunk_samples.append(chunk.size)
+            finally:
+                out.progress(False)
             if reason is not None:
                 break
     finally:
