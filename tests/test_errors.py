@@ -63,6 +63,33 @@ def test_a_message_without_a_valid_tag_is_left_as_it_is(text: str) -> None:
     assert from_message(text, ErrorKind.BUSY).kind == ErrorKind.BUSY
 
 
+class _TritonError:
+    """What a BLS response's ``error()`` returns (only ``message()`` is read)."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def message(self) -> str:
+        return self.text
+
+
+@pytest.mark.parametrize(("text", "kind"), [
+    ("Model chattts_vocoder - Error when running inference: Server not ready", ErrorKind.UNAVAILABLE),
+    ("Server not ready", ErrorKind.UNAVAILABLE),
+    ("Stub process 'chattts_gpt_0_0' is not healthy.", ErrorKind.INTERNAL),
+    (RequestError("text is empty: Server not ready", ErrorKind.INVALID).wire(), ErrorKind.INVALID),
+])
+def test_a_stopping_servers_bls_errors_read_as_unavailable(text: str, kind: ErrorKind) -> None:
+    """Triton's "Server not ready" (the server is stopping) is UNAVAILABLE, retry elsewhere;
+    other untagged errors stay INTERNAL, and a tagged message keeps its own kind."""
+    from chattts_serving.triton.tensors import error_from_triton
+
+    exc = error_from_triton(_TritonError(text))
+    assert exc.kind == kind
+    if kind == ErrorKind.UNAVAILABLE:
+        assert str(exc).startswith("server unavailable: the server is shutting down") and text in str(exc)
+
+
 def test_a_param_must_be_an_input_name() -> None:
     with pytest.raises(ValueError, match="param"):
         RequestError("x", param="not a name")

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from .. import contract
-from ..errors import RequestError, from_message
+from ..errors import ErrorKind, RequestError, decode_tagged, from_message
 
 
 def request_inputs(pb: Any, request: Any, specs: Sequence[contract.TensorSpec]) -> dict[str, np.ndarray]:
@@ -43,7 +43,19 @@ def triton_error(pb: Any, exc: RequestError) -> Any:
     return pb.TritonError(exc.wire(), code) if code is not None else pb.TritonError(exc.wire())
 
 
+TRITON_SHUTTING_DOWN = "Server not ready"
+"""What Triton 2.51 answers a BLS call with once the server is stopping (after SIGINT or
+SIGTERM it unloads every model at once, so the streams still running get it from their next
+stage). Observed from the vocoder and the GPT engine while stopping a server with streams in
+flight (``tests/test_faults.py``)."""
+
+
 def error_from_triton(error: Any) -> RequestError:
-    """The :class:`RequestError` behind a ``TritonError`` received from a BLS call (INTERNAL
-    when its message carries no kind: Triton's own errors, e.g. a dead stub)."""
-    return from_message(str(error.message()))
+    """The :class:`RequestError` behind a ``TritonError`` received from a BLS call: the kind
+    its message carries; UNAVAILABLE when the server is stopping (:data:`TRITON_SHUTTING_DOWN`:
+    the client should retry on another server); else INTERNAL (Triton's own errors, e.g. a dead
+    stub)."""
+    message = str(error.message())
+    if decode_tagged(message).kind is None and TRITON_SHUTTING_DOWN in message:
+        return RequestError(f"server unavailable: the server is shutting down ({message})", ErrorKind.UNAVAILABLE)
+    return from_message(message)
