@@ -17,6 +17,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections import Counter
@@ -287,6 +288,39 @@ def _wait_for(pred: Any, timeout_s: float, proc: subprocess.Popen[str] | None = 
             return bool(pred())
         time.sleep(0.2)
     return False
+
+
+@pytest.mark.server
+def test_stopping_a_server_ends_live_streams_as_unavailable_and_exits_cleanly(
+        small_artifacts: Artifacts, tmp_path: Path) -> None:
+    """SIGINT (a rolling update) with two streams in flight. Triton 2.51 does not count a
+    decoupled BLS model's streams as in-flight requests and unloads every model at once, so
+    each stream's next stage answers "Server not ready": each stream ends with UNAVAILABLE
+    (retry on another server), not INTERNAL. No model process crashes on its way out (before
+    the entry models joined their threads in finalize, their stubs died with "Fatal Python
+    error: Segmentation fault" at every stop of a server that had served requests), and the
+    server exits before its exit timeout."""
+    srv = _serve(small_artifacts, tmp_path)
+    streams: list[Stream] = []
+    try:
+        streams = [Stream(f"127.0.0.1:{srv.grpc_port}", "停止时还在播放的流。", i, 2000, request_id=f"live-{i}").start()
+                   for i in range(2)]
+        for s in streams:
+            assert s.first_chunk.wait(60) and s.error is None, s.error
+        stopper = threading.Thread(target=srv.stop)
+        stopper.start()
+        for s in streams:
+            assert s.done.wait(60)
+            assert s.error is not None and s.error.startswith("[unavailable]"), s.error
+            s.close()  # an open gRPC stream keeps the model it called loaded (Triton 2.51)
+        stopper.join(60)
+        assert not stopper.is_alive()
+    finally:
+        for s in streams:
+            s.close()
+        srv.stop()
+    log = srv.log_path.read_text(errors="replace")
+    assert "Fatal Python error" not in log and "Exit timeout expired" not in log
 
 
 @pytest.mark.server

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from conftest import wait_until
 from inprocess import InProcessStages, RecordingChannel, RecordingObserver
 
 from chattts_serving import contract
@@ -201,6 +202,31 @@ def test_a_stalled_stream_ends_with_one_error_and_nothing_after(stages: InProces
     release.set()  # the stage wakes up: its audio must not reach the closed stream
     worker.join(10)
     assert not worker.is_alive() and [e[0] for e in channel.events] == ["error"]
+    assert channel.violations == [] and [f[0] for f in observer.finishes] == ["error"]
+
+
+def test_closing_the_service_ends_live_streams_as_unavailable_and_their_engine_sequences(
+        stages: InProcessStages) -> None:
+    """The model unloads with a stream in flight: the stream ends at once with UNAVAILABLE
+    "the model is unloading", its engine sequence is cancelled, its thread returns, and
+    nothing is sent after the error."""
+    service, observer = _service(stages)
+    channel = RecordingChannel()
+    job = service.admit(_tensors(max_new_tokens=2000, min_new_tokens=2000), {}, "unload")
+    worker = threading.Thread(target=service.stream, args=(job, channel))
+    worker.start()
+    try:
+        assert wait_until(lambda: len(channel.chunks) > 0)
+        assert service.close(5.0) == 1
+        assert [e[0] for e in channel.ends] == ["error"]
+        exc = channel.ends[0][1]
+        assert exc.kind == ErrorKind.UNAVAILABLE and "unloading" in str(exc)
+        worker.join(10)
+        assert not worker.is_alive()
+        assert wait_until(lambda: stages.engine.live_count() == 0)
+    finally:
+        for t in list(stages.token_streams):
+            t.cancel()
     assert channel.violations == [] and [f[0] for f in observer.finishes] == ["error"]
 
 

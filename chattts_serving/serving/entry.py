@@ -122,6 +122,12 @@ class RefusalRecorder:
                 log.exception("refusal recorder")
 
 
+def unloading_error() -> RequestError:
+    """The error of a request that the entry model's unloading ends (UNAVAILABLE: retry on
+    another server)."""
+    return RequestError("server unavailable: the model is unloading", ErrorKind.UNAVAILABLE)
+
+
 class EntryService:
     """One per entry-model instance: admission, the stream lifecycle, metrics and logs.
 
@@ -215,6 +221,21 @@ class EntryService:
             closed = guard.finish(info_json(job, result, final=True))
         if closed:
             self.finish(job, Outcome(result=result or out.partial, error=error))
+
+    def close(self, timeout_s: float) -> int:
+        """The model unloads: end every live stream now with :func:`unloading_error` and tell
+        the engine to end its sequences; the streams' threads then finish on their own. Returns
+        how many streams were ended. Waits up to ``timeout_s`` for the cancel watcher's
+        thread."""
+        if self.watcher is None:
+            return 0
+        exc = unloading_error()
+        ended = 0
+        for guard, job in self.watcher.close(timeout_s):
+            if guard.fail(exc):
+                ended += 1
+                self.finish(job, Outcome(result=None, error=exc))
+        return ended
 
     def _stalled(self, guard: StreamGuard, job: SynthesisJob) -> None:
         """The watchdog's verdict on a stream without progress for ``entry.stall_timeout_s``

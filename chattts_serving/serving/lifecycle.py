@@ -131,7 +131,9 @@ class CancelWatcher:
         self._guards: dict[int, tuple[StreamGuard, Any]] = {}
         self._ids = itertools.count()
         self._lock = threading.Lock()
-        threading.Thread(target=self._loop, name="cancel-watch", daemon=True).start()
+        self._closed = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="cancel-watch", daemon=True)
+        self._thread.start()
 
     def round_interval_s(self) -> float:
         """Seconds between two poll rounds with the streams watched now."""
@@ -203,7 +205,25 @@ class CancelWatcher:
             except Exception:
                 log.exception("stall watcher")
 
+    def close(self, timeout_s: float) -> list[tuple[StreamGuard, Any]]:
+        """Stop watching (the model unloads): every watched stream's ``on_cancel`` runs once
+        (its engine sequence is told to end), the watcher thread is joined (up to
+        ``timeout_s``), and the guarded streams are returned, (guard, context) each, for the
+        caller to end."""
+        self._closed.set()
+        with self._lock:
+            cancels = [on_cancel for _, on_cancel in self._watched.values()]
+            guarded = list(self._guards.values())
+            self._watched.clear()
+            self._guards.clear()
+        for on_cancel in cancels:
+            try:
+                on_cancel()
+            except Exception:
+                log.exception("cancel watcher")
+        self._thread.join(timeout_s)
+        return guarded
+
     def _loop(self) -> None:
-        while True:
-            time.sleep(self.round_interval_s())
+        while not self._closed.wait(self.round_interval_s()):
             self.poll()

@@ -27,7 +27,8 @@ import queue
 import threading
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as futures_wait
 from typing import Any, ClassVar
 
 import numpy as np
@@ -40,7 +41,7 @@ from ..engine.scheduler import Engine, Sequence
 from ..errors import ErrorKind, RequestError, drop_tracebacks
 from ..runtime import OrtOptions
 from ..serving.admission import RefusalsFirst
-from ..serving.entry import EntryService
+from ..serving.entry import EntryService, unloading_error
 from ..serving.frontend import FrontendService
 from ..serving.logs import log_event
 from ..serving.pipeline import SynthesisJob
@@ -55,6 +56,14 @@ from .stages import BlsStages, release_held_iterators
 from .tensors import first_string, request_inputs, string_tensor, triton_error
 
 log = logging.getLogger(__name__)
+
+UNLOAD_WAIT_S = 5.0
+"""How long an entry model's ``finalize`` waits for each of its threads (the dispatcher, the
+requests still running, the cancel watcher). Once their streams are ended and their engine
+sequences cancelled, a request's thread only has to read the engine's last response (one
+decode step, milliseconds); the bound keeps an unload from hanging on a stage that does not
+answer, and stays well inside tritonserver's ``--exit-timeout-secs`` (10 s here, 30 s by
+default)."""
 
 WARM_UP_TEXT = "你好，世界。Hello 123, 2024-03-05."
 """The front end's first text: number readers, the normaliser, the tokenizer, the voice cache and
@@ -335,7 +344,11 @@ class EntryModel(TritonModel):
         self.refusals = ThreadPoolExecutor(entry.refusal_threads, thread_name_prefix="refuse")
         self.refusals_first = RefusalsFirst(entry.admission_settle_s, entry.admission_max_wait_s)
         self._accepted: queue.SimpleQueue[tuple[Any, Any, float] | None] = queue.SimpleQueue()
-        threading.Thread(target=self._dispatch, name="entry-dispatch", daemon=True).start()
+        self._running: set[Future[None]] = set()
+        self._running_lock = threading.Lock()
+        self._unloading = False
+        self._dispatcher = threading.Thread(target=self._dispatch, name="entry-dispatch", daemon=True)
+        self._dispatcher.start()
 
     def execute(self, requests: list[Any]) -> None:
         for request in requests:
@@ -356,20 +369,26 @@ class EntryModel(TritonModel):
         while (item := self._accepted.get()) is not None:
             try:
                 self.refusals_first.wait(item[2])
-                self.workers.submit(self._serve, *item)
+                future = self.workers.submit(self._serve, *item)
+                with self._running_lock:
+                    self._running.add(future)
+                future.add_done_callback(self._ran)
             except RuntimeError:  # the workers were shut down: the model is unloading
-                unloading = RequestError("model unloading", ErrorKind.UNAVAILABLE)
-                self._unserved(item, unloading)
+                self._unserved(item, unloading_error())
                 while True:
                     try:
                         rest = self._accepted.get_nowait()
                     except queue.Empty:
                         return
                     if rest is not None:
-                        self._unserved(rest, unloading)
+                        self._unserved(rest, unloading_error())
             except Exception as exc:  # never leave an accepted request without an answer
                 log.exception("%s: dispatching a request failed", self.name)
                 self._unserved(item, internal_error(exc))
+
+    def _ran(self, future: Future[None]) -> None:
+        with self._running_lock:
+            self._running.discard(future)
 
     def _unserved(self, item: tuple[Any, Any, float], exc: RequestError) -> None:
         """An accepted request that no worker will run: its slot back, its stream ended."""
@@ -390,6 +409,9 @@ class EntryModel(TritonModel):
 
     def _serve(self, request: Any, sender: Any, arrival_s: float) -> None:
         """Admit a request that holds a slot and run it to its end (on a worker thread)."""
+        if self._unloading:
+            self._unserved((request, sender, arrival_s), unloading_error())
+            return
         try:
             inputs, params, request_id = entry_request(self.pb, request)
             job = self.service.admit(inputs, params, request_id, arrival_s, reserved=True)
@@ -409,9 +431,25 @@ class EntryModel(TritonModel):
         raise NotImplementedError
 
     def finalize(self) -> None:
+        """Unload in order, so that no thread of this model wakes while the stub exits (a
+        thread woken then crashed the stub, "Fatal Python error: Segmentation fault", at every
+        stop of a server that had served requests): requests not yet handed to a worker end
+        with "model unloading", the dispatcher is joined, live streams end with UNAVAILABLE
+        (:meth:`EntryService.close`, their engine sequences cancelled), then the workers and
+        refusal threads are joined, each wait bounded by :data:`UNLOAD_WAIT_S`."""
+        self._unloading = True  # a request that a worker has yet to start ends "model unloading"
+        self.workers.shutdown(wait=False)  # and so does what the dispatcher is still handed
         self._accepted.put(None)
-        self.workers.shutdown(wait=False, cancel_futures=True)
-        self.refusals.shutdown(wait=False, cancel_futures=True)
+        self._dispatcher.join(UNLOAD_WAIT_S)
+        self.service.close(UNLOAD_WAIT_S)
+        with self._running_lock:
+            running = set(self._running)
+        _, left = futures_wait(running, UNLOAD_WAIT_S)
+        if left:
+            log.warning("%s: %d requests still running at unload", self.name, len(left))
+        else:
+            self.workers.shutdown(wait=True)  # the idle threads exit now, not while the stub does
+        self.refusals.shutdown(wait=True)
         release_held_iterators()
         self.metrics.close()
 
