@@ -14,6 +14,7 @@ import gc
 import json
 import logging
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -217,7 +218,7 @@ def test_closing_the_service_ends_live_streams_as_unavailable_and_their_engine_s
     worker.start()
     try:
         assert wait_until(lambda: len(channel.chunks) > 0)
-        assert service.close(5.0) == 1
+        assert service.close(time.monotonic() + 5.0) == 1
         assert [e[0] for e in channel.ends] == ["error"]
         exc = channel.ends[0][1]
         assert exc.kind == ErrorKind.UNAVAILABLE and "unloading" in str(exc)
@@ -227,6 +228,20 @@ def test_closing_the_service_ends_live_streams_as_unavailable_and_their_engine_s
     finally:
         for t in list(stages.token_streams):
             t.cancel()
+    assert channel.violations == [] and [f[0] for f in observer.finishes] == ["error"]
+
+
+def test_a_stream_that_starts_after_the_service_closed_ends_at_once_as_unavailable(
+        stages: InProcessStages) -> None:
+    """A worker that started its stream just as the model unloaded: the stream is ended as
+    it registers, and its engine sequence as it starts; its thread returns without generating
+    the rest of its text."""
+    service, observer = _service(stages)
+    assert service.close(time.monotonic() + 5.0) == 0
+    channel = RecordingChannel()
+    service.stream(service.admit(_tensors(max_new_tokens=2000, min_new_tokens=2000), {}, "late"), channel)
+    assert [e[0] for e in channel.events] == ["error"] and "unloading" in str(channel.events[0][1])
+    assert wait_until(lambda: stages.engine.live_count() == 0)
     assert channel.violations == [] and [f[0] for f in observer.finishes] == ["error"]
 
 
@@ -244,12 +259,12 @@ class _SlowVocoder(InProcessStages):
 
 
 def test_a_slow_vocoder_call_is_not_a_stalled_engine(stages: InProcessStages) -> None:
-    """Each vocoder call takes 1.5 stall timeouts: the stream's own work, not the engine's
+    """Each vocoder call takes 1.2 stall timeouts: the stream's own work, not the engine's
     silence. The stream completes with its audio (before the watchdog counted only the waits
     for the engine, it ended as "the GPT engine stopped responding")."""
-    profile = _profile(stall_timeout_s=0.2)
+    profile = _profile(stall_timeout_s=0.5)
     observer = RecordingObserver()
-    service = EntryService(contract.MODEL_STREAM, profile, _SlowVocoder(stages, 0.3, threading.Event()), observer)
+    service = EntryService(contract.MODEL_STREAM, profile, _SlowVocoder(stages, 0.6, threading.Event()), observer)
     channel = RecordingChannel()
     service.stream(service.admit(_tensors(max_new_tokens=12, min_new_tokens=12), {}, "slow"), channel)
     assert channel.chunks and [e[0] for e in channel.ends] == ["final"], channel.events

@@ -120,6 +120,18 @@ def test_record_counts_and_logs_at_once_on_the_callers_thread(events: EventLines
         ("x", "invalid", "temperature must be in (0, 2]")]
 
 
+def test_closing_the_recorder_records_what_is_queued_and_stops_its_thread() -> None:
+    """The model unloads mid-burst: the queued refusals are counted at once (not after
+    settle_s), and the recorder's thread has ended when close returns."""
+    observer = CallObserver()
+    recorder = RefusalRecorder("chattts", observer, settle_s=10.0, max_delay_s=10.0)
+    for i in range(5):
+        recorder.add(f"c{i}", BUSY)
+    recorder.close(time.monotonic() + 5.0)
+    assert observer.calls == [("busy", 5)]
+    assert not recorder._thread.is_alive()
+
+
 # --- refusals first: accepted work waits for the burst's refusals ----------------------------
 def _waiter(gate: RefusalsFirst, arrival_s: float, log: list[str]) -> threading.Event:
     done = threading.Event()

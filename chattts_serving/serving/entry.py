@@ -87,8 +87,15 @@ class RefusalRecorder:
                  max_delay_s: float = MAX_DELAY_S) -> None:
         self.model, self.observer = model, observer
         self.settle_s, self.max_delay_s = settle_s, max_delay_s
-        self._queue: queue.SimpleQueue[tuple[str, RequestError]] = queue.SimpleQueue()
-        threading.Thread(target=self._loop, name="refusal-record", daemon=True).start()
+        self._queue: queue.SimpleQueue[tuple[str, RequestError] | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._loop, name="refusal-record", daemon=True)
+        self._thread.start()
+
+    def close(self, deadline_s: float) -> None:
+        """Record what is queued, then stop the thread (waited for until ``deadline_s``,
+        ``time.monotonic()``); later refusals are not recorded."""
+        self._queue.put(None)
+        self._thread.join(max(0.0, deadline_s - time.monotonic()))
 
     def add(self, request_id: str, exc: RequestError) -> None:
         """A refusal whose error has been sent: count and log it soon."""
@@ -107,15 +114,19 @@ class RefusalRecorder:
                       reason=reason, status=exc.kind, message=str(exc))
 
     def _loop(self) -> None:
-        while True:
-            first = self._queue.get()
+        closing = False
+        while not closing and (first := self._queue.get()) is not None:
             items = [first]
             deadline = time.monotonic() + self.max_delay_s
             while (left := deadline - time.monotonic()) > 0:
                 try:
-                    items.append(self._queue.get(timeout=min(self.settle_s, left)))
+                    item = self._queue.get(timeout=min(self.settle_s, left))
                 except queue.Empty:
                     break  # the burst has settled
+                if item is None:
+                    closing = True
+                    break
+                items.append(item)
             try:
                 self._record(items)
             except Exception:  # a failing metric or log call must not stop the recorder
@@ -159,7 +170,9 @@ class EntryService:
         self._lock = threading.Lock()
         # Re-evaluate the degraded mode once a second too, not only on arrivals: a server
         # whose load has gone must leave it without waiting for new requests.
-        threading.Thread(target=self._tick, name="degrade-tick", daemon=True).start()
+        self._closed = threading.Event()
+        self._ticker = threading.Thread(target=self._tick, name="degrade-tick", daemon=True)
+        self._ticker.start()
 
     # ---- admission -------------------------------------------------------------------------
     def reserve(self) -> RequestError | None:
@@ -222,20 +235,22 @@ class EntryService:
         if closed:
             self.finish(job, Outcome(result=result or out.partial, error=error))
 
-    def close(self, timeout_s: float) -> int:
+    def close(self, deadline_s: float) -> int:
         """The model unloads: end every live stream now with :func:`unloading_error` and tell
-        the engine to end its sequences; the streams' threads then finish on their own. Returns
-        how many streams were ended. Waits up to ``timeout_s`` for the cancel watcher's
-        thread."""
-        if self.watcher is None:
-            return 0
+        the engine to end its sequences (a stream that starts later is ended as it starts;
+        the streams' threads then finish on their own), record the refusals still queued, and
+        stop this service's threads, each waited for until ``deadline_s``
+        (``time.monotonic()``). Returns how many streams were live."""
+        self._closed.set()
+        live = self.watcher.close(self._unloaded, deadline_s) if self.watcher is not None else 0
+        self.refusals.close(deadline_s)
+        self._ticker.join(max(0.0, deadline_s - time.monotonic()))
+        return live
+
+    def _unloaded(self, guard: StreamGuard, job: SynthesisJob) -> None:
         exc = unloading_error()
-        ended = 0
-        for guard, job in self.watcher.close(timeout_s):
-            if guard.fail(exc):
-                ended += 1
-                self.finish(job, Outcome(result=None, error=exc))
-        return ended
+        if guard.fail(exc):
+            self.finish(job, Outcome(result=None, error=exc))
 
     def _stalled(self, guard: StreamGuard, job: SynthesisJob) -> None:
         """The watchdog's verdict on a stream without progress for ``entry.stall_timeout_s``
@@ -312,8 +327,7 @@ class EntryService:
                   ttfa_p95_s=round(self.admission.degrader.ttfa_p95_s(), 3))
 
     def _tick(self) -> None:
-        while True:
-            time.sleep(DEGRADE_TICK_S)
+        while not self._closed.wait(DEGRADE_TICK_S):
             try:
                 self.admission.tick()
             except Exception:  # never let the ticker die
@@ -340,7 +354,9 @@ class _GuardedOutput:
         self.guard.send_chunk(chunk, header)
 
     def cancelled(self) -> bool:
-        return self.guard.is_cancelled()
+        """The client cancelled, or the stream was ended for it (stall verdict, unload): its
+        thread stops generating what nobody will receive."""
+        return self.guard.closed or self.guard.is_cancelled()
 
     def progress(self, working: bool) -> None:
         self.guard.touch(working)

@@ -132,6 +132,7 @@ class CancelWatcher:
         self._ids = itertools.count()
         self._lock = threading.Lock()
         self._closed = threading.Event()
+        self._on_close: Callable[[StreamGuard, Any], None] | None = None
         self._thread = threading.Thread(target=self._loop, name="cancel-watch", daemon=True)
         self._thread.start()
 
@@ -141,25 +142,37 @@ class CancelWatcher:
             n = len(self._watched)
         return max(self.interval_s, n / self.max_polls_per_s)
 
-    def _add(self, table: dict[int, Any], entry: Any) -> Callable[[], None]:
-        """Put ``entry`` into ``table`` under a new key; returns the function that removes it."""
+    def _add(self, table: dict[int, Any], entry: Any) -> tuple[bool, Callable[[], None]]:
+        """Put ``entry`` into ``table`` under a new key unless the watcher is closed; returns
+        (added, the function that removes it)."""
         key = next(self._ids)
         with self._lock:
-            table[key] = entry
+            added = not self._closed.is_set()
+            if added:
+                table[key] = entry
 
         def remove() -> None:
             with self._lock:
                 table.pop(key, None)
-        return remove
+        return added, remove
 
     def guard(self, guard: StreamGuard, context: Any) -> Callable[[], None]:
-        """Watch ``guard`` for stalls; returns a function that stops watching it."""
-        return self._add(self._guards, (guard, context))
+        """Watch ``guard`` for stalls; returns a function that stops watching it. After
+        :meth:`close` the stream is ended at once, as close ended the others."""
+        added, remove = self._add(self._guards, (guard, context))
+        if not added and self._on_close is not None:
+            self._on_close(guard, context)
+        return remove
 
     def watcher(self, is_cancelled: Callable[[], bool]) -> Callable[[Callable[[], None]], Callable[[], None]]:
         """A :data:`~chattts_serving.serving.pipeline.Watch` for one stream whose client is
-        asked with ``is_cancelled()``."""
-        return lambda on_cancel: self._add(self._watched, (is_cancelled, on_cancel))
+        asked with ``is_cancelled()``; after :meth:`close`, ``on_cancel`` runs at once."""
+        def watch(on_cancel: Callable[[], None]) -> Callable[[], None]:
+            added, remove = self._add(self._watched, (is_cancelled, on_cancel))
+            if not added:
+                on_cancel()
+            return remove
+        return watch
 
     def poll(self) -> None:
         """One round: fire the cancels, then the stalls (the loop calls this every interval)."""
@@ -205,24 +218,38 @@ class CancelWatcher:
             except Exception:
                 log.exception("stall watcher")
 
-    def close(self, timeout_s: float) -> list[tuple[StreamGuard, Any]]:
-        """Stop watching (the model unloads): every watched stream's ``on_cancel`` runs once
-        (its engine sequence is told to end), the watcher thread is joined (up to
-        ``timeout_s``), and the guarded streams are returned, (guard, context) each, for the
-        caller to end."""
-        self._closed.set()
+    def close(self, end: Callable[[StreamGuard, Any], None], deadline_s: float) -> int:
+        """Stop watching (the model unloads). ``end(guard, context)`` ends every guarded
+        stream first (so that it is not ended by its engine sequence's cancel instead), then
+        every watched stream's ``on_cancel`` tells the engine to end its sequence; streams
+        guarded or watched later are ended the same way at once. The cancels (a BLS round trip
+        each when the engine's cancel socket is not used) run on a thread of their own, and
+        that thread and the watcher's are waited for until ``deadline_s``
+        (``time.monotonic()``). Returns how many streams were guarded."""
         with self._lock:
+            self._closed.set()
+            self._on_close = end
             cancels = [on_cancel for _, on_cancel in self._watched.values()]
             guarded = list(self._guards.values())
             self._watched.clear()
             self._guards.clear()
-        for on_cancel in cancels:
+        for guard, context in guarded:
             try:
-                on_cancel()
+                end(guard, context)
             except Exception:
                 log.exception("cancel watcher")
-        self._thread.join(timeout_s)
-        return guarded
+
+        def cancel_all() -> None:
+            for on_cancel in cancels:
+                try:
+                    on_cancel()
+                except Exception:
+                    log.exception("cancel watcher")
+        canceller = threading.Thread(target=cancel_all, name="unload-cancels", daemon=True)
+        canceller.start()
+        for thread in (canceller, self._thread):
+            thread.join(max(0.0, deadline_s - time.monotonic()))
+        return len(guarded)
 
     def _loop(self) -> None:
         while not self._closed.wait(self.round_interval_s()):

@@ -219,9 +219,10 @@ class StreamOutput(Protocol):
         """The client no longer wants the stream."""
 
     def progress(self, working: bool) -> None:
-        """A stall watchdog's heartbeat: ``working=True`` when a token batch arrives (the
-        stream's thread now vocodes and sends it), ``working=False`` when the thread goes back
-        to waiting for the engine. Only the waits count towards a stall."""
+        """A stall watchdog's heartbeat: ``working=True`` when a token batch arrives and after
+        each vocoder call (the stream's thread now vocodes and sends it), ``working=False``
+        when the thread goes back to waiting for the engine. The waits count towards a stall
+        in full, each stretch of work only beyond one stall timeout."""
 
     def watch(self, on_cancel: Callable[[], None]) -> Callable[[], None]:
         """Run ``on_cancel()`` as soon as the client cancels (see :data:`Watch`)."""
@@ -494,6 +495,7 @@ def _stream_segment(job: SynthesisJob, stages: Stages, schedule: ChunkSchedule, 
                 seconds_left(job)
                 while (w := chunker.next_window(store.n, reason is not None)) is not None:
                     audio = stages.vocode(req.vocoder, store.window(req.vocoder, w.start, w.end), req.request_id)
+                    out.progress(True)  # each vocoder call has its own allowance (see StreamOutput.progress)
                     chunk = chunker.emit(w, audio)
                     if chunk.size:
                         if result.first_audio_s is None:

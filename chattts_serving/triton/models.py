@@ -58,12 +58,12 @@ from .tensors import first_string, request_inputs, string_tensor, triton_error
 log = logging.getLogger(__name__)
 
 UNLOAD_WAIT_S = 5.0
-"""How long an entry model's ``finalize`` waits for each of its threads (the dispatcher, the
-requests still running, the cancel watcher). Once their streams are ended and their engine
-sequences cancelled, a request's thread only has to read the engine's last response (one
-decode step, milliseconds); the bound keeps an unload from hanging on a stage that does not
-answer, and stays well inside tritonserver's ``--exit-timeout-secs`` (10 s here, 30 s by
-default)."""
+"""How long an entry model's ``finalize`` waits for its threads, all together (the
+dispatcher, the cancels, the requests still running, the service's own threads). Once their
+streams are ended and their engine sequences cancelled, a request's thread only has to read
+the engine's last response (one decode step, milliseconds); the bound keeps an unload from
+hanging on a stage that does not answer, and stays inside tritonserver's
+``--exit-timeout-secs`` (10 s in ``chattts-serve``, 30 s by default)."""
 
 WARM_UP_TEXT = "你好，世界。Hello 123, 2024-03-05."
 """The front end's first text: number readers, the normaliser, the tokenizer, the voice cache and
@@ -433,23 +433,27 @@ class EntryModel(TritonModel):
     def finalize(self) -> None:
         """Unload in order, so that no thread of this model wakes while the stub exits (a
         thread woken then crashed the stub, "Fatal Python error: Segmentation fault", at every
-        stop of a server that had served requests): requests not yet handed to a worker end
-        with "model unloading", the dispatcher is joined, live streams end with UNAVAILABLE
-        (:meth:`EntryService.close`, their engine sequences cancelled), then the workers and
-        refusal threads are joined, each wait bounded by :data:`UNLOAD_WAIT_S`."""
+        stop of a server that had served requests): requests no worker has started end with
+        :func:`unloading_error`, the dispatcher and the refusal threads are joined, live
+        streams end with UNAVAILABLE (:meth:`EntryService.close`, their engine sequences
+        cancelled), then the workers are joined; all within :data:`UNLOAD_WAIT_S`."""
+        deadline = time.monotonic() + UNLOAD_WAIT_S
+
+        def left() -> float:
+            return max(0.0, deadline - time.monotonic())
         self._unloading = True  # a request that a worker has yet to start ends "model unloading"
         self.workers.shutdown(wait=False)  # and so does what the dispatcher is still handed
         self._accepted.put(None)
-        self._dispatcher.join(UNLOAD_WAIT_S)
-        self.service.close(UNLOAD_WAIT_S)
+        self._dispatcher.join(left())
+        self.refusals.shutdown(wait=True)  # each refusal is one send: never long
+        self.service.close(deadline)
         with self._running_lock:
             running = set(self._running)
-        _, left = futures_wait(running, UNLOAD_WAIT_S)
-        if left:
-            log.warning("%s: %d requests still running at unload", self.name, len(left))
+        _, still = futures_wait(running, left())
+        if still:
+            log.warning("%s: %d requests still running at unload", self.name, len(still))
         else:
             self.workers.shutdown(wait=True)  # the idle threads exit now, not while the stub does
-        self.refusals.shutdown(wait=True)
         release_held_iterators()
         self.metrics.close()
 
