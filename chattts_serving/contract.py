@@ -173,6 +173,10 @@ REJECTED_HELP: Final = "Requests refused before any work, by reason"
 the admission gate register the same family, which Triton merges only when name and help agree
 (deploy/render.py passes both to the gate)."""
 
+ACTIVE_METRIC: Final = "tts_active_requests"
+"""The gauge of accepted requests in flight per entry model (label ``model``): set by the entry
+models, read by the drain before a stop (:mod:`chattts_serving.deploy.drain`)."""
+
 VOCODER_PATHS: Final = {VocoderPath.HIDDEN: MODEL_VOCODER, VocoderPath.CODES: MODEL_VOCODER_CODES}
 """The vocoder model that serves each path."""
 

@@ -161,6 +161,7 @@ class RecordingObserver:
         self.rejections: list[str] = []
         self.finishes: list[tuple[str, str, float, float, float | None]] = []
         self.queue: list[int] = []
+        self.active: list[int] = []
         self.degraded: list[bool] = []
 
     def rejected(self, reason: str, count: int = 1) -> None:
@@ -171,6 +172,9 @@ class RecordingObserver:
 
     def set_queue(self, waiting: int) -> None:
         self.queue.append(waiting)
+
+    def set_active(self, active: int) -> None:
+        self.active.append(active)
 
     def set_degraded(self, on: bool) -> None:
         self.degraded.append(on)

@@ -74,6 +74,7 @@ COUNTERS = {"tts_request_total", "tts_audio_seconds_total", "tts_rejected_total"
 HISTOGRAMS = {"tts_request_duration_seconds", "tts_time_to_first_audio_seconds", "tts_engine_batch_size"}
 GAUGES = {
     "tts_request_queue_size",
+    "tts_active_requests",
     "tts_engine_active_sequences",
     "tts_kv_cache_usage_ratio",
     "tts_degraded_mode",
@@ -510,6 +511,13 @@ def test_deployment_requests_one_gpu_and_probes_triton_health() -> None:
     assert liveness["timeoutSeconds"] > PROBE_TIMEOUT_S and liveness["periodSeconds"] >= liveness["timeoutSeconds"]
     assert spec["securityContext"]["runAsNonRoot"] is True
     assert spec["securityContext"]["runAsUser"] != 0
+    # Before SIGTERM the server drains (deploy/drain.py); the grace period covers the drain and
+    # Triton's own exit timeout (its default, 30 s: the args do not set one).
+    drain = triton["lifecycle"]["preStop"]["exec"]["command"]
+    assert drain[:3] == ["python3", "-m", "chattts_serving.deploy.drain"]
+    assert drain[drain.index("--metrics-url") + 1] == f"http://127.0.0.1:{ports['metrics']}/metrics"
+    assert not any(a.startswith("--exit-timeout-secs") for a in triton["args"])
+    assert spec["terminationGracePeriodSeconds"] > float(drain[drain.index("--timeout-s") + 1]) + 30
 
     # Artifacts come from the volume the export Job writes; the server mounts it read-only.
     mounts = {m["mountPath"]: m for m in triton["volumeMounts"]}

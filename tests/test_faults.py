@@ -324,6 +324,42 @@ def test_stopping_a_server_ends_live_streams_as_unavailable_and_exits_cleanly(
 
 
 @pytest.mark.server
+def test_the_drain_returns_once_the_requests_in_flight_have_finished(
+        small_artifacts: Artifacts, tmp_path: Path) -> None:
+    """The preStop drain (deploy/drain.py) waits for a live stream to finish with its audio,
+    reports a stream that outlasts its timeout (exit code 1 from the command line), and counts
+    an unreachable server as drained."""
+    from chattts_serving.deploy.drain import drain
+    from chattts_serving.deploy.drain import main as drain_main
+
+    srv = _serve(small_artifacts, tmp_path)
+    metrics = f"http://127.0.0.1:{srv.metrics_port}/metrics"
+    grpc = f"127.0.0.1:{srv.grpc_port}"
+    try:
+        short = Stream(grpc, "排空前的最后一句话。", 1, 200, request_id="drain-short").start()
+        assert short.first_chunk.wait(60) and short.error is None, short.error
+        result = drain(metrics, timeout_s=120, interval_s=0.1)
+        assert result.drained and result.active == 0, result
+        assert short.done.is_set() and short.error is None and short.audio.size > 0, short.error
+        short.close()
+
+        long = Stream(grpc, "排空时还很长的流。", 2, 2000, request_id="drain-long").start()
+        try:
+            assert long.first_chunk.wait(60) and long.error is None, long.error
+            assert drain_main(["--metrics-url", metrics, "--timeout-s", "0.3", "--interval-s", "0.1"]) == 1
+            assert not long.done.is_set()
+        finally:
+            long.close()
+    finally:
+        srv.stop()
+    gone = drain(metrics, timeout_s=5)
+    assert gone.drained and gone.active == -1 and "unreachable" in gone.reason
+    with pytest.raises(SystemExit) as usage:
+        drain_main(["--interval-s", "0"])
+    assert usage.value.code == 2
+
+
+@pytest.mark.server
 def test_supervised_server_restarts_itself_after_the_engine_dies(small_artifacts: Artifacts, tmp_path: Path) -> None:
     text = (PROFILES_DIR / "cpu.toml").read_text()
     for old, new in (("interval_s = 5.0", "interval_s = 0.5"), ("failures = 3 ", "failures = 2 "),

@@ -82,6 +82,7 @@ def test_a_stream_is_audio_then_exactly_one_final_response_with_info(stages: InP
     assert channel.violations == []
     assert [f[0] for f in observer.finishes] == ["ok"] and service.admission.slots.live == 0
     assert observer.queue[-1] == 0
+    assert observer.active == [1, 0]  # in flight from admission to the end (what a drain waits for)
 
 
 def test_every_slot_taken_means_busy_at_once_and_no_work(stages: InProcessStages) -> None:

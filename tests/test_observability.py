@@ -52,9 +52,9 @@ MAX_NEW_TOKENS = 24  # about 0.5 s of audio: enough for two chunks, cheap on 2 c
 
 # Every family the models export (histograms by their _count series).
 TTS_FAMILIES = ("tts_request_total", "tts_request_duration_seconds_count", "tts_time_to_first_audio_seconds_count",
-                "tts_audio_seconds_total", "tts_rejected_total", "tts_request_queue_size", "tts_degraded_mode",
-                "tts_process_resident_memory_bytes", "tts_engine_batch_size_count", "tts_engine_decode_steps_total",
-                "tts_engine_active_sequences", "tts_kv_cache_usage_ratio")
+                "tts_audio_seconds_total", "tts_rejected_total", "tts_request_queue_size", "tts_active_requests",
+                "tts_degraded_mode", "tts_process_resident_memory_bytes", "tts_engine_batch_size_count",
+                "tts_engine_decode_steps_total", "tts_engine_active_sequences", "tts_kv_cache_usage_ratio")
 
 # Dashboard panels whose queries must return data on a CPU server after the load (the GPU
 # panels have no series here; every query must still be answered without error).

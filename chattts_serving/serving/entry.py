@@ -53,6 +53,9 @@ class EntryObserver(Protocol):
     def set_queue(self, waiting: int) -> None:
         """Accepted requests that have not produced audio yet."""
 
+    def set_active(self, active: int) -> None:
+        """Accepted requests in flight (admitted, not yet finished): what a drain waits for."""
+
     def set_degraded(self, on: bool) -> None:
         """The degraded mode switched."""
 
@@ -193,6 +196,7 @@ class EntryService:
             self.rejected(request_id, exc)
             raise
         self._count_waiting(+1)
+        self.observer.set_active(self.admission.slots.live)
         log_event("request_accepted", model=self.model, request_id=request_id, priority=job.req.priority,
                   degraded=job.degraded, text_chars=len(job.req.text), vocoder=job.req.vocoder)
         return job
@@ -293,6 +297,7 @@ class EntryService:
         if result is None or result.first_audio_s is None:
             self.first_audio(job)
         self.admission.release()
+        self.observer.set_active(self.admission.slots.live)
         if error is not None and error.kind == ErrorKind.INVALID:
             status = "invalid"  # client input refused by a stage (e.g. nothing speakable): not a server error
             self.observer.rejected("invalid")

@@ -169,7 +169,9 @@ class EntryMetrics:
     tts_request_total{status,priority}; tts_request_duration_seconds and
     tts_time_to_first_audio_seconds (histograms, from our own clocks: Triton's durations stop
     when a decoupled ``execute`` returns); tts_audio_seconds_total; tts_rejected_total{reason};
-    tts_request_queue_size (accepted streams not yet producing audio); tts_degraded_mode;
+    tts_request_queue_size (accepted streams not yet producing audio); tts_active_requests
+    (accepted requests in flight: what ``python -m chattts_serving.deploy.drain`` waits for);
+    tts_degraded_mode;
     and the process's memory (:class:`MemoryGauges`, refreshed as requests finish).
     """
 
@@ -183,6 +185,7 @@ class EntryMetrics:
             "audio": m("tts_audio_seconds_total", "Seconds of audio sent", m.COUNTER),
             "rejected": m(contract.REJECTED_METRIC, contract.REJECTED_HELP, m.COUNTER),
             "queue": m("tts_request_queue_size", "Accepted requests that have not produced audio yet", m.GAUGE),
+            "active": m(contract.ACTIVE_METRIC, "Accepted requests in flight (admitted, not yet finished)", m.GAUGE),
             "degraded": m("tts_degraded_mode", "1 while the service runs in its cheaper mode", m.GAUGE),
         }
         self.memory = MemoryGauges(pb, model)
@@ -192,6 +195,7 @@ class EntryMetrics:
         self.ttfa = self._fam["ttfa"].Metric(labels=labels, buckets=LATENCY_BUCKETS_S)
         self.audio = self._fam["audio"].Metric(labels=labels)
         self.queue = self._fam["queue"].Metric(labels=labels)
+        self.active = self._fam["active"].Metric(labels=labels)
         self.degraded = self._fam["degraded"].Metric(labels=labels)
         # The Python backend's metric calls are not safe from several threads at once (Triton
         # 2.51 crashed under concurrent streams): every metric update takes this lock.
@@ -227,6 +231,11 @@ class EntryMetrics:
             if not self._closed:
                 self.queue.set(float(waiting))
 
+    def set_active(self, active: int) -> None:
+        with self.lock:
+            if not self._closed:
+                self.active.set(float(active))
+
     def set_degraded(self, on: bool) -> None:
         with self.lock:
             if not self._closed:
@@ -238,6 +247,6 @@ class EntryMetrics:
         with self.lock:
             self._closed = True
             self._counters.clear()
-            self.duration = self.ttfa = self.audio = self.queue = self.degraded = None
+            self.duration = self.ttfa = self.audio = self.queue = self.active = self.degraded = None
             self.memory.close()
             self._fam.clear()
