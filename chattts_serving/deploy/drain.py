@@ -22,11 +22,11 @@ import argparse
 import json
 import sys
 import time
-import urllib.error
 import urllib.request
 from dataclasses import asdict, dataclass
 
 from .. import contract
+from ..bench.stats import parse_prometheus
 
 QUIET_POLLS = 2
 """Reads of 0 in a row that count as drained: the gauge is set when a request is admitted, a
@@ -46,14 +46,12 @@ class DrainResult:
 
 def active_requests(metrics_url: str, timeout_s: float = 5.0) -> int:
     """The sum of ``tts_active_requests`` over the entry models at ``metrics_url`` (Triton's
-    Prometheus text). Raises OSError (urllib.error.URLError) when it cannot be read."""
+    Prometheus text, parsed by :func:`~chattts_serving.bench.stats.parse_prometheus`). Raises
+    OSError (urllib's URLError) when it cannot be read, ValueError when it is not a Prometheus
+    text exposition."""
     with urllib.request.urlopen(metrics_url, timeout=timeout_s) as r:
-        text = r.read().decode("utf-8", "replace")
-    total = 0.0
-    for line in text.splitlines():
-        if line.startswith(contract.ACTIVE_METRIC + "{") or line.startswith(contract.ACTIVE_METRIC + " "):
-            total += float(line.rsplit(" ", 1)[1])
-    return int(total)
+        samples = parse_prometheus(r.read().decode("utf-8", "replace"))
+    return int(sum(v for (name, _), v in samples.items() if name == contract.ACTIVE_METRIC))
 
 
 def drain(metrics_url: str, timeout_s: float, interval_s: float = 0.5) -> DrainResult:

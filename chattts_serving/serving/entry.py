@@ -252,7 +252,11 @@ class EntryService:
         return live
 
     def _unloaded(self, guard: StreamGuard, job: SynthesisJob) -> None:
-        exc = unloading_error()
+        self._end_guarded(guard, job, unloading_error())
+
+    def _end_guarded(self, guard: StreamGuard, job: SynthesisJob, exc: RequestError) -> None:
+        """End a stream from outside its thread (watchdog, unload) with ``exc``, recording its
+        outcome unless the stream had already ended."""
         if guard.fail(exc):
             self.finish(job, Outcome(result=None, error=exc))
 
@@ -260,9 +264,8 @@ class EntryService:
         """The watchdog's verdict on a stream without progress for ``entry.stall_timeout_s``
         (waiting for the engine), or twice that (in its own vocoder call)."""
         stage = "vocoder" if guard.working else "GPT engine"
-        exc = RequestError(f"server unavailable: the {stage} stopped responding", ErrorKind.UNAVAILABLE)
-        if guard.fail(exc):
-            self.finish(job, Outcome(result=None, error=exc))
+        self._end_guarded(guard, job, RequestError(f"server unavailable: the {stage} stopped responding",
+                                                   ErrorKind.UNAVAILABLE))
 
     # ---- offline ---------------------------------------------------------------------------------
     def offline(self, job: SynthesisJob) -> tuple[np.ndarray, str]:
