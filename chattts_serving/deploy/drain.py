@@ -25,8 +25,9 @@ import time
 import urllib.request
 from dataclasses import asdict, dataclass
 
+from prometheus_client.parser import text_string_to_metric_families
+
 from .. import contract
-from ..bench.stats import parse_prometheus
 
 QUIET_POLLS = 2
 """Reads of 0 in a row that count as drained: the gauge is set when a request is admitted, a
@@ -46,12 +47,13 @@ class DrainResult:
 
 def active_requests(metrics_url: str, timeout_s: float = 5.0) -> int:
     """The sum of ``tts_active_requests`` over the entry models at ``metrics_url`` (Triton's
-    Prometheus text, parsed by :func:`~chattts_serving.bench.stats.parse_prometheus`). Raises
-    OSError (urllib's URLError) when it cannot be read, ValueError when it is not a Prometheus
-    text exposition."""
+    Prometheus text, parsed by ``prometheus_client.parser`` as the bench's ``parse_prometheus``
+    does; deploy may not import the bench). Raises OSError (urllib's URLError) when it cannot be
+    read, ValueError when it is not a Prometheus text exposition."""
     with urllib.request.urlopen(metrics_url, timeout=timeout_s) as r:
-        samples = parse_prometheus(r.read().decode("utf-8", "replace"))
-    return int(sum(v for (name, _), v in samples.items() if name == contract.ACTIVE_METRIC))
+        text = r.read().decode("utf-8", "replace")
+    return int(sum(sample.value for family in text_string_to_metric_families(text) for sample in family.samples
+                   if sample.name == contract.ACTIVE_METRIC))
 
 
 def drain(metrics_url: str, timeout_s: float, interval_s: float = 0.5) -> DrainResult:
