@@ -144,6 +144,12 @@ or stops being full (output :data:`ADM_FULL`) and the same again every
 :data:`ADMISSION_HEARTBEAT_S` between changes, until the client cancels or a gate unloads
 (then it ends with the final flag: subscribe again). The OpenAI gateway subscribes to it and
 refuses "busy" itself while ``chattts`` is full."""
+PING_PARAMETER: Final = "chattts_ping"
+"""Request parameter (BOOL true) of a ping: a request to a Python model that sends final
+responses from its own threads (the entry models, the GPT engine), answered at once by its
+``execute`` with an empty final response and nothing else. A model pings itself to get an
+``execute`` in which to send its queued final responses, and the admission gate pings its
+target to tell a live model from a stuck one (docs/triton-workarounds.md, "final responses")."""
 ADMISSION_DOORS: Final = (MODEL_STREAM, MODEL_OFFLINE)
 """The doors the admission watch reports on, in the order of :data:`ADM_FULL`'s elements."""
 ADMISSION_HEARTBEAT_S: Final = 5.0

@@ -163,8 +163,8 @@ class FakePb:
 
         class InferenceRequest:
             def __init__(self, model_name: str, inputs: list[Tensor], requested_output_names: list[str],
-                         request_id: str = "") -> None:
-                self.model_name, self.request = model_name, Request(inputs, request_id)
+                         request_id: str = "", parameters: dict[str, Any] | None = None) -> None:
+                self.model_name, self.request = model_name, Request(inputs, request_id, parameters)
 
             def exec(self, decoupled: bool = False) -> Any:
                 assert pb.host is not None

@@ -124,7 +124,7 @@ def test_bench_smoke_writes_report(small_weights: Path, small_int8_artifacts, tm
     assert sat["hold"] == load_profile("cpu").entry.max_concurrent_streams and sat["hold_ready"] is True
     assert sat["outcomes"] == {"busy": 32}, sat  # every slot held: each burst request refused
     entry = load_profile("cpu").entry
-    assert sat["offline_hold"] == entry.offline_threads * entry.offline_instance_count
+    assert sat["offline_hold"] == entry.offline_threads
     for door in ("offline", "gateway"):  # the same bursts to chattts_offline, then through the gateway
         d = sat[door]
         assert d["rounds"] == 2 and len(d["round_busy_p99_s"]) == 2, d

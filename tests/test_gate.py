@@ -102,7 +102,7 @@ def test_the_gate_is_rendered_in_front_of_the_python_entry_model(tmp_path: Path,
     params = {k: v.string_value for k, v in gate.parameters.items()}
     e = profile.entry
     limit, detail = ((e.max_concurrent_streams, "streams already live") if decoupled else
-                     (e.offline_instance_count * e.offline_threads, "requests already running"))
+                     (e.offline_threads, "requests already running"))
     assert params["target_model"] == behind
     assert params["max_live"] == str(limit)
     assert params["busy_message"] == f"[busy] server busy: {limit} {detail}"
@@ -112,7 +112,7 @@ def test_the_gate_is_rendered_in_front_of_the_python_entry_model(tmp_path: Path,
     assert float(params["cancel_poll_ms"]) == profile.entry.cancel_poll_interval_s * 1000
     assert entry.parameters["label_model"].string_value == model
     assert not gate.HasField("dynamic_batching") and len(gate.instance_group) == 1
-    assert entry.instance_group[0].count == (1 if decoupled else e.offline_instance_count)
+    assert entry.instance_group[0].count == 1
     assert entry.HasField("dynamic_batching") != decoupled  # offline: Triton's queue and priority levels
     assert not (tmp_path / "repo" / model / "1" / "model.py").exists()
     assert (tmp_path / "repo" / model / "1").is_dir()  # Triton needs the version directory

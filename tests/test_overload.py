@@ -55,8 +55,7 @@ def tight(small_artifacts: Artifacts, tmp_path_factory: pytest.TempPathFactory) 
     """A server whose entry model admits 4 streams, whose one chattts_offline instance runs 2
     requests at once, and whose engine decodes 2 at a time."""
     srv = _serve(small_artifacts, tmp_path_factory.mktemp("tight"),
-                 entry={"max_concurrent_streams": MAX_STREAMS, "offline_threads": OFFLINE_THREADS,
-                        "offline_instance_count": 1},
+                 entry={"max_concurrent_streams": MAX_STREAMS, "offline_threads": OFFLINE_THREADS},
                  engine={"max_batch_size": ENGINE_BATCH, "batch_rows": ENGINE_BATCH})
     try:
         yield _info(srv)
@@ -90,7 +89,7 @@ def two_rows(small_artifacts: Artifacts, tmp_path_factory: pytest.TempPathFactor
     offline requests); whose streams are taken for stalled (the engine dead) after STALL_S
     without a response; a queued one hears from the engine every STALL_S / 4."""
     srv = _serve(small_artifacts, tmp_path_factory.mktemp("two-rows"),
-                 entry={"stall_timeout_s": STALL_S, "offline_instance_count": 1, "offline_threads": 2,
+                 entry={"stall_timeout_s": STALL_S, "offline_threads": 2,
                         "max_concurrent_streams": 3},
                  engine={"max_batch_size": 2, "batch_rows": 1, "waiting_heartbeat_s": STALL_S / 4,
                          "max_waiting": TWO_ROWS_WAITING})
@@ -271,7 +270,7 @@ def test_overload_rejects_the_excess_at_once_and_completes_the_accepted(tight) -
 
 
 def test_offline_refuses_at_once_when_its_instance_is_full(tight) -> None:
-    """chattts_offline runs entry.offline_threads requests per instance; more get 503 at
+    """chattts_offline runs entry.offline_threads requests at once; more get 503 at
     once instead of waiting in Triton's queue behind utterances that take seconds."""
     import tritonclient.http as httpclient
 

@@ -343,7 +343,7 @@ async def run_burst(url: str, clients: int, tokens: int, text: str = DEFAULT_TEX
     the server counts it among its accepted streams waiting for audio (the engine decodes at
     most its batch size at once: the rest of the held streams wait there without audio). With
     ``offline_hold``, that process also keeps that many chattts_offline requests running (every
-    offline slot: ``entry.offline_threads`` x ``entry.offline_instance_count``) and the bursts
+    offline slot: ``entry.offline_threads``) and the bursts
     wait until all are unanswered for :data:`OFFLINE_ACCEPTED_AFTER_S`.
     Waits at most ``hold_wait_s`` seconds (``hold_ready`` in the summary says whether every one
     was accepted).

@@ -411,7 +411,7 @@ def _burst_phase(ctx: PhaseContext) -> Any:
         return {"skipped": "--burst-clients 0"}
     out: dict[str, Any] = {}
     entry = s.profile.entry
-    hold, offline_hold = entry.max_concurrent_streams, entry.offline_threads * entry.offline_instance_count
+    hold, offline_hold = entry.max_concurrent_streams, entry.offline_threads
     # Saturated: every stream slot and every chattts_offline slot held; bursts to chattts, then to
     # chattts_offline, then through the gateway (unless --skip-gateway); the client receives only
     # refusals and runs at CLIENT_NICE where allowed (see run_burst).

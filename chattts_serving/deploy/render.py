@@ -107,16 +107,15 @@ def admission_spec() -> ModelSpec:
 
 def gate_limit(profile: Profile, model: str) -> tuple[int, RequestError]:
     """The requests the gate of ``model`` lets through at once, and its busy error: for
-    ``chattts`` ``entry.max_concurrent_streams`` live streams; for ``chattts_offline`` every
-    instance's ``entry.offline_threads`` (``offline_instance_count`` times that) running
-    requests. Raises KeyError for a model without a gate."""
+    ``chattts`` ``entry.max_concurrent_streams`` live streams; for ``chattts_offline``
+    ``entry.offline_threads`` running requests. Raises KeyError for a model without a gate."""
     from ..serving.admission import OFFLINE_BUSY_DETAIL, busy_error
 
     entry = profile.entry
     if model == contract.MODEL_STREAM:
         return entry.max_concurrent_streams, busy_error(entry.max_concurrent_streams)
     if model == contract.MODEL_OFFLINE:
-        limit = entry.offline_instance_count * entry.offline_threads
+        limit = entry.offline_threads
         return limit, busy_error(limit, OFFLINE_BUSY_DETAIL)
     raise KeyError(f"{model} has no admission gate")
 
@@ -144,7 +143,7 @@ def model_specs(profile: Profile, artifacts_dir: Path, repo_dir: Path) -> list[M
     entries = [ModelSpec(contract.MODEL_STREAM, contract.ENTRY_INPUTS, contract.ENTRY_OUTPUTS, decoupled=True,
                          parameters=dict(params)),
                ModelSpec(contract.MODEL_OFFLINE, contract.ENTRY_INPUTS, contract.ENTRY_OUTPUTS,
-                         instance_count=profile.entry.offline_instance_count, batching=entry,
+                         batching=entry,
                          parameters=dict(params))]
     if profile.entry.gate:
         # Each public entry model is a gate; the Python model sits behind it under another

@@ -150,10 +150,9 @@ class EntryService:
     ``entry.offline_threads`` at once, ``entry.offline_emit_tokens`` per engine batch) instead
     of streams (at most ``entry.max_concurrent_streams``, ``stream.emit_tokens`` per batch,
     client cancels polled by a :class:`CancelWatcher`). ``gated``: the requests come through
-    the admission gate, which holds the limit (for ``chattts_offline`` all instances' together);
-    the gate frees a slot at a request's final response, a moment before :meth:`finish` frees
-    this instance's, and Triton may hand one instance more than its share, so here the limit
-    is twice the gate's and never the one that refuses.
+    the admission gate, which holds the limit; the gate frees a slot at a request's final
+    response, a moment before :meth:`finish` frees this model's, so here the limit is twice the
+    gate's and never the one that refuses.
     """
 
     def __init__(self, model: str, profile: Profile, stages: Stages, observer: EntryObserver,
@@ -161,7 +160,7 @@ class EntryService:
         self.model, self.profile, self.stages, self.observer = model, profile, stages, observer
         entry = profile.entry
         self.emit_tokens = entry.offline_emit_tokens if offline else profile.stream.emit_tokens
-        offline_limit = 2 * entry.offline_instance_count * entry.offline_threads if gated else entry.offline_threads
+        offline_limit = 2 * entry.offline_threads if gated else entry.offline_threads
         self.admission = (Admission(profile, offline_limit, OFFLINE_BUSY_DETAIL, on_degrade_switch=self._on_switch)
                           if offline else
                           Admission(profile, entry.max_concurrent_streams * (2 if gated else 1),

@@ -133,8 +133,8 @@ class EntryProfile(_Strict):
     refusals, how long an accepted request waits for its burst's refusals to go out first
     (``admission_settle_s``, at most ``admission_max_wait_s``:
     :class:`~chattts_serving.serving.admission.RefusalsFirst`), and ``chattts_offline``'s
-    requests per instance (``offline_threads``: its admission limit) and tokens per engine
-    batch. ``gate``: ``chattts`` is the C++ admission gate (``chattts_serving/gate/gate.cc``,
+    requests at once (``offline_threads``: its admission limit; one instance) and tokens per
+    engine batch. ``gate``: ``chattts`` is the C++ admission gate (``chattts_serving/gate/gate.cc``,
     built at server start with the host's C++ compiler), which refuses "busy" in the server
     process and forwards the rest to the Python entry model ``chattts_entry``; false: the
     Python entry model is ``chattts`` itself and refuses on its own (no compiler needed,
@@ -145,7 +145,6 @@ class EntryProfile(_Strict):
     max_queue_size: int = Field(ge=1)
     priority_levels: int = Field(ge=1, le=8)
     default_priority_level: int = Field(ge=1)
-    offline_instance_count: int = Field(ge=1)
     breaker_failures: int = Field(ge=1)
     breaker_cooldown_s: float = Field(gt=0)
     stall_timeout_s: float = Field(gt=0)
@@ -244,11 +243,11 @@ class Profile(_Strict):
             raise ValueError("entry.admission_settle_s exceeds entry.admission_max_wait_s")
         if self.engine.batch_rows is not None and self.engine.batch_rows > self.engine.max_batch_size:
             raise ValueError("engine.batch_rows exceeds engine.max_batch_size")
-        admitted = self.entry.max_concurrent_streams + self.entry.offline_instance_count * self.entry.offline_threads
+        admitted = self.entry.max_concurrent_streams + self.entry.offline_threads
         if self.engine.max_waiting < admitted:
             # Else a request the entry admitted can be refused "busy" by the engine, in Python, late.
             raise ValueError(f"engine.max_waiting ({self.engine.max_waiting}) is below the {admitted} requests the "
-                             "entry admits (max_concurrent_streams + offline_instance_count x offline_threads)")
+                             "entry admits (max_concurrent_streams + offline_threads)")
         if self.entry.stall_timeout_s < STALL_HEARTBEATS * self.engine.waiting_heartbeat_s:
             raise ValueError(f"entry.stall_timeout_s must be at least {STALL_HEARTBEATS} x "
                              "engine.waiting_heartbeat_s (a queued stream is not a stalled one)")

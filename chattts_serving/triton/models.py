@@ -49,10 +49,11 @@ from ..serving.request import EngineControl, FrontendCall, parse_engine, parse_f
 from ..text.frontend import FrontEnd
 from .cancels import CancelListener, cancel_address
 from .deliveries import ReceiptSender, ReceiptWriter, delivery_prefix
+from .finals import FinalWindow, WindowedSender, answer_ping, is_ping, ping_inputs
 from .metrics import EngineMetrics, EntryMetrics, MemoryGauges
 from .responses import EngineSink, SenderChannel, send_engine_error, send_final_error
 from .setup import ModelSetup, lower_priority
-from .stages import BlsStages, release_held_iterators
+from .stages import BlsStages, iterator_grave, release_held_iterators
 from .tensors import first_string, request_inputs, string_tensor, triton_error
 
 log = logging.getLogger(__name__)
@@ -82,6 +83,10 @@ class TritonModel:
 
     pb: ClassVar[Any] = None
     decoupled: ClassVar[bool] = False
+    ping_specs: ClassVar[tuple[contract.TensorSpec, ...] | None] = None
+    """The inputs of a model that sends final responses from its own threads, which then go
+    through a :class:`~chattts_serving.triton.finals.FinalWindow` (``self.finals``) and are
+    pinged for with these inputs' required ones; None: every response leaves ``execute``."""
 
     def initialize(self, args: dict[str, Any]) -> None:
         # A stub that dies of a fatal signal (a crash in a C extension or in the backend)
@@ -90,7 +95,26 @@ class TritonModel:
         faulthandler.enable(all_threads=True)
         self.setup = ModelSetup.from_args(self.pb, args, decoupled=self.decoupled)
         self.name = self.setup.name
+        if self.ping_specs is not None:
+            self.finals = FinalWindow(self._ping)
         self.start(self.setup)
+
+    def _ping(self) -> None:
+        """Ask Triton for an ``execute`` of this instance (a ping to this model; see
+        :mod:`~chattts_serving.triton.finals`). Its response is not read: a decoupled one's
+        iterator goes to the grave."""
+        pb = self.pb
+        assert self.ping_specs is not None
+        req = pb.InferenceRequest(model_name=self.name, inputs=ping_inputs(pb, self.ping_specs),
+                                  requested_output_names=[], parameters={contract.PING_PARAMETER: True})
+        if self.decoupled:
+            iterator_grave().keep(req.exec(decoupled=True))
+        else:
+            req.exec()
+
+    def windowed(self, sender: Any) -> WindowedSender:
+        """``sender`` with its final response sent through ``self.finals``."""
+        return WindowedSender(sender, self.finals, self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 
     def start(self, setup: ModelSetup) -> None:
         """Build the model's state (sessions, threads)."""
@@ -124,23 +148,28 @@ class UnaryModel(TritonModel):
 
 class DecoupledModel(TritonModel):
     """A model that answers each request on its response sender: :meth:`accept` takes the
-    request (and later sends its responses); a RequestError from it ends the stream at once
-    with :meth:`refuse`."""
+    request (and later sends its responses, the final one through ``self.finals``); a
+    RequestError from it ends the stream at once with :meth:`refuse`; a ping is answered."""
 
     decoupled = True
 
     def execute(self, requests: list[Any]) -> None:
-        for request in requests:
-            sender = self.sender_for(request, request.get_response_sender())
-            try:
-                self.accept(request, sender)
-            except RequestError as exc:
-                drop_tracebacks(exc)  # see errors.drop_tracebacks
-                self.refuse(sender, exc)
-            except Exception as exc:
-                log.exception("%s: request failed", self.name)
-                drop_tracebacks(exc)
-                self.refuse(sender, internal_error(exc))
+        with self.finals.executing():
+            for request in requests:
+                raw = request.get_response_sender()
+                if is_ping(request):
+                    answer_ping(self.pb, raw, decoupled=True)
+                    continue
+                sender = self.windowed(self.sender_for(request, raw))
+                try:
+                    self.accept(request, sender)
+                except RequestError as exc:
+                    drop_tracebacks(exc)  # see errors.drop_tracebacks
+                    self.refuse(sender, exc)
+                except Exception as exc:
+                    log.exception("%s: request failed", self.name)
+                    drop_tracebacks(exc)
+                    self.refuse(sender, internal_error(exc))
         return None
 
     def sender_for(self, request: Any, sender: Any) -> Any:
@@ -193,6 +222,8 @@ class EngineModel(DecoupledModel):
     [T]), spk_emb (FP32 [H], code mode), mode, sampling parameters, emit_tokens -> a stream of
     codes (INT32 [N, 4]), hidden (FP32 [N, H]), stop_reason (BYTES [1]), starting with an empty
     acknowledgement; or a control request ('cancel' + stream_id), answered with the final flag."""
+
+    ping_specs = contract.ENGINE_INPUTS
 
     def start(self, setup: ModelSetup) -> None:
         ep = setup.profile.engine
@@ -258,6 +289,7 @@ class EngineModel(DecoupledModel):
         send_engine_error(self.pb, sender, exc)
 
     def finalize(self) -> None:
+        self.finals.close()  # no execute comes any more: the engine's last finals go out at once
         if self.cancels is not None:
             self.cancels.close()
         self.engine.stop()
@@ -332,6 +364,7 @@ class EntryModel(TritonModel):
     """
 
     offline: ClassVar[bool] = False
+    ping_specs = contract.ENTRY_INPUTS
 
     def start(self, setup: ModelSetup) -> None:
         entry = setup.profile.entry
@@ -351,15 +384,19 @@ class EntryModel(TritonModel):
         self._dispatcher.start()
 
     def execute(self, requests: list[Any]) -> None:
-        for request in requests:
-            arrival = time.monotonic()
-            sender = request.get_response_sender()
-            busy = self.service.reserve()
-            self.refusals_first.arrived(busy is not None, arrival)
-            if busy is not None:
-                self.refusals.submit(self._refuse, request, sender, busy)
-            else:
-                self._accepted.put((request, sender, arrival))
+        with self.finals.executing():
+            for request in requests:
+                arrival = time.monotonic()
+                if is_ping(request):
+                    answer_ping(self.pb, request.get_response_sender(), self.decoupled)
+                    continue
+                sender = self.windowed(request.get_response_sender())
+                busy = self.service.reserve()
+                self.refusals_first.arrived(busy is not None, arrival)
+                if busy is not None:
+                    self.refusals.submit(self._refuse, request, sender, busy)
+                else:
+                    self._accepted.put((request, sender, arrival))
         return None
 
     def _dispatch(self) -> None:
@@ -441,6 +478,7 @@ class EntryModel(TritonModel):
 
         def left() -> float:
             return max(0.0, deadline - time.monotonic())
+        self.finals.close()  # no execute comes any more: the streams' last finals go out at once
         self._unloading = True  # a request that a worker has yet to start ends "model unloading"
         self.workers.shutdown(wait=False)  # and so does what the dispatcher is still handed
         self._accepted.put(None)
