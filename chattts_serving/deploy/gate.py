@@ -27,7 +27,12 @@ from .. import contract
 
 GATE_DIR = Path(__file__).resolve().parents[1] / "gate"
 SOURCES = (GATE_DIR / "gate.cc", GATE_DIR / "triton_api.h")
-FLAGS = ("-std=c++17", "-O2", "-Wall", "-Wextra", "-shared", "-fPIC", "-pthread")
+FLAGS = ("-std=c++17", "-O2", "-Wall", "-Wextra", "-Werror", "-shared", "-fPIC", "-pthread")
+SANITIZER_FLAGS = ("-std=c++17", "-O1", "-g", "-fno-omit-frame-pointer", "-fsanitize=address,undefined",
+                   "-Wall", "-Wextra", "-Werror", "-shared", "-fPIC", "-pthread")
+"""Flags of a gate built for a sanitizer run (``build_gate(..., sanitize=True)``): AddressSanitizer
+and UndefinedBehaviorSanitizer, whose runtime must then be loaded into tritonserver
+(:func:`sanitizer_runtime`)."""
 LIBRARY = f"libtriton_{contract.GATE_BACKEND}.so"
 
 
@@ -43,11 +48,11 @@ def compiler() -> str | None:
     return None
 
 
-def _digest(cxx: str) -> str:
+def _digest(cxx: str, flags: tuple[str, ...]) -> str:
     h = hashlib.sha256()
     for src in SOURCES:
         h.update(src.read_bytes())
-    h.update(" ".join((cxx, *FLAGS)).encode())
+    h.update(" ".join((cxx, *flags)).encode())
     return h.hexdigest()
 
 
@@ -69,8 +74,8 @@ def _write_atomically(dest: Path, write: Callable[[str], object]) -> None:
             os.unlink(tmp)
 
 
-def _compile(cxx: str, out: str) -> None:
-    run = subprocess.run([cxx, *FLAGS, f"-I{GATE_DIR}", str(SOURCES[0]), "-o", out],
+def _compile(cxx: str, flags: tuple[str, ...], out: str) -> None:
+    run = subprocess.run([cxx, *flags, f"-I{GATE_DIR}", str(SOURCES[0]), "-o", out],
                          capture_output=True, text=True, check=False)
     if run.returncode != 0:
         raise GateBuildError(f"building the admission gate failed ({cxx}, exit {run.returncode}):\n"
@@ -78,11 +83,12 @@ def _compile(cxx: str, out: str) -> None:
     os.chmod(out, 0o755)
 
 
-def build_gate(backends_dir: Path) -> Path:
+def build_gate(backends_dir: Path, sanitize: bool = False) -> Path:
     """Put the gate into ``backends_dir/chattts_gate/``: kept when up to date, else copied from
-    the cache (:func:`cache_dir`), else compiled into the cache first. Returns the library's
-    path. Raises :class:`GateBuildError` without a compiler or when the compilation fails (set
-    the profile's ``[entry] gate = false`` to run without the gate)."""
+    the cache (:func:`cache_dir`), else compiled into the cache first; with ``sanitize``, built
+    with :data:`SANITIZER_FLAGS`. Returns the library's path. Raises :class:`GateBuildError`
+    without a compiler or when the compilation fails (set the profile's ``[entry] gate = false``
+    to run without the gate)."""
     cxx = compiler()
     if cxx is None:
         raise GateBuildError("no C++ compiler (g++ or $CXX) to build the admission gate; install one "
@@ -90,16 +96,31 @@ def build_gate(backends_dir: Path) -> Path:
     out_dir = Path(backends_dir) / contract.GATE_BACKEND
     out_dir.mkdir(parents=True, exist_ok=True)
     lib, stamp = out_dir / LIBRARY, out_dir / f"{LIBRARY}.sha256"
-    digest = _digest(cxx)
+    flags = SANITIZER_FLAGS if sanitize else FLAGS
+    digest = _digest(cxx, flags)
     if lib.is_file() and stamp.is_file() and stamp.read_text().strip() == digest:
         return lib
     cached = cache_dir() / f"{digest}.so"
     if not cached.is_file():
         cached.parent.mkdir(parents=True, exist_ok=True)
-        _write_atomically(cached, lambda tmp: _compile(cxx, tmp))
+        _write_atomically(cached, lambda tmp: _compile(cxx, flags, tmp))
     _write_atomically(lib, lambda tmp: shutil.copy2(cached, tmp))
     stamp.write_text(digest + "\n")
     return lib
+
+
+def sanitizer_runtime() -> str:
+    """The path of the compiler's AddressSanitizer runtime (``libasan.so``), to preload into
+    tritonserver for a sanitizer build of the gate. Raises :class:`GateBuildError` when the
+    compiler has none."""
+    cxx = compiler()
+    if cxx is None:
+        raise GateBuildError("no C++ compiler for a sanitizer build")
+    out = subprocess.run([cxx, "-print-file-name=libasan.so"], capture_output=True, text=True, check=False)
+    path = Path(out.stdout.strip())
+    if not path.is_absolute() or not path.exists():
+        raise GateBuildError(f"{cxx} has no AddressSanitizer runtime (libasan.so)")
+    return str(path.resolve())
 
 
 def main(argv: list[str] | None = None) -> int:

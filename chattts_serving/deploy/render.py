@@ -71,9 +71,11 @@ def gate_spec(profile: Profile, model: str) -> ModelSpec:
     (:data:`contract.GATED_MODELS`): the same tensors and transaction policy, the limit and the
     busy message the Python entry model would apply (:func:`gate_limit`,
     :func:`~chattts_serving.serving.admission.busy_error`), the Python models' help text of
-    ``tts_rejected_total``, the cancel poll interval of the profile, and the refusal log's
-    settling times of :class:`~chattts_serving.serving.entry.RefusalRecorder`. Raises KeyError
-    for a model without a gate."""
+    ``tts_rejected_total``, the cancel poll interval of the profile, the refusal log's
+    settling times of :class:`~chattts_serving.serving.entry.RefusalRecorder`, and its pings of
+    the target while streams are live (:func:`ping_interval_s`; a ping unanswered for
+    ``entry.stall_timeout_s`` ends them, and with ``health.stop_on_stall`` stops the server).
+    Raises KeyError for a model without a gate."""
     from ..serving.entry import RefusalRecorder
 
     entry = profile.entry
@@ -87,7 +89,22 @@ def gate_spec(profile: Profile, model: str) -> ModelSpec:
                                  "rejected_help": contract.REJECTED_HELP,
                                  "cancel_poll_ms": f"{entry.cancel_poll_interval_s * 1000:g}",
                                  "log_settle_ms": f"{RefusalRecorder.SETTLE_S * 1000:g}",
-                                 "log_max_wait_ms": f"{RefusalRecorder.MAX_DELAY_S * 1000:g}"})
+                                 "log_max_wait_ms": f"{RefusalRecorder.MAX_DELAY_S * 1000:g}",
+                                 "ping_input": contract.IN_TEXT.name,
+                                 "ping_interval_ms": f"{ping_interval_s(profile) * 1000:g}",
+                                 "stall_timeout_ms": f"{entry.stall_timeout_s * 1000:g}",
+                                 "stop_server_on_stall": "true" if profile.health.stop_on_stall else "false"})
+
+
+GATE_PING_INTERVAL_S = 5.0
+"""Longest time between two pings of a gate's target while streams are live (s)."""
+
+
+def ping_interval_s(profile: Profile) -> float:
+    """How often a gate pings its target while streams are live: every
+    :data:`GATE_PING_INTERVAL_S`, or four times per ``entry.stall_timeout_s`` when that is
+    shorter, so that a stuck target is told from a slow one well inside the stall timeout."""
+    return min(GATE_PING_INTERVAL_S, profile.entry.stall_timeout_s / 4)
 
 
 ADMISSION_CANCEL_POLL_MS = 100

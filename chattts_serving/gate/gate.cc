@@ -30,20 +30,39 @@
 // OpenAI gateway) refuses "busy" itself while every slot is taken. Triton loads a backend
 // library once per server, so the gates and the watch share its globals (struct Board).
 //
+// While streams are live a gate pings its target every `ping_interval_ms` (a request with the
+// bool parameter `chattts_ping`, answered at once by the target's execute: see
+// chattts_serving/triton/finals.py). A ping left unanswered for `stall_timeout_ms` means the
+// target stopped working (a stuck stub, a stuck backend thread): the gate ends every stream it
+// holds with UNAVAILABLE, answers new requests the same, and with `stop_server_on_stall` asks
+// the server to stop (SIGTERM), so that it stops claiming readiness and its supervisor starts a
+// fresh one. Nothing else inside the process can end those streams: the model that owns them
+// is the one that stopped.
+//
+// Loaded into tritonserver, the library also replaces Triton's handler of fatal signals (struct
+// CrashHandler): after a heap corruption, Triton 2.51's handler blocks forever and leaves a
+// server that answers "ready" and serves nothing (docs/triton-workarounds.md).
+//
 // Parameters (model config, all strings; rendered by chattts_serving/deploy/render.py):
 //   a gate: target_model, max_live, busy_message, label_model, rejected_metric, rejected_help,
-//   cancel_poll_ms, log_settle_ms, log_max_wait_ms;
+//   cancel_poll_ms, log_settle_ms, log_max_wait_ms, ping_input (a required BYTES input of the
+//   target, sent empty), ping_interval_ms, stall_timeout_ms (0: no pings), stop_server_on_stall;
 //   the watch: watch_models (comma-separated gate names, the order of its output `full`), cancel_poll_ms,
 //   heartbeat_ms.
-// Built by chattts_serving/deploy/gate.py (g++ -std=c++17 -O2 -shared -fPIC).
+// Built by chattts_serving/deploy/gate.py (g++ -std=c++17 -O2 -shared -fPIC, warnings as errors).
+
+#include <execinfo.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include <memory>
 #include <map>
 #include <mutex>
 #include <string>
@@ -59,6 +78,64 @@ uint64_t NowNs() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
       .count();
 }
+
+// Fatal signals of the server process. Triton 2.51's handler (triton_signal.cc) prints
+// "Signal (N) received." and then a symbolised stack trace (boost::stacktrace with addr2line),
+// which allocates memory. glibc raises SIGABRT on a corrupted heap while it holds the
+// allocator's lock, so that trace blocks forever: the process lives on, its HTTP and gRPC
+// threads answer "ready", and no request completes. This handler allocates nothing: it writes
+// the same first line and a raw stack trace (backtrace_symbols_fd) with write(2), then the
+// signal's default action ends the process (a core dump where enabled) and the supervisor
+// starts a new one.
+struct CrashHandler {
+  static void Write(const char* s) {
+    size_t n = std::strlen(s);
+    while (n > 0) {
+      ssize_t w = ::write(STDERR_FILENO, s, n);
+      if (w <= 0) return;
+      s += w;
+      n -= static_cast<size_t>(w);
+    }
+  }
+
+  static void Handle(int sig) {
+    char digits[12];
+    int n = 0;
+    for (int v = sig; n == 0 || v > 0; v /= 10) digits[n++] = static_cast<char>('0' + v % 10);
+    char line[96] = "Signal (";
+    size_t len = std::strlen(line);
+    while (n > 0) line[len++] = digits[--n];
+    line[len] = '\0';
+    Write(line);
+    Write(") received: chattts gate's fatal-signal handler; tritonserver exits now (stack below)\n");
+    void* frames[64];
+    int count = backtrace(frames, 64);
+    backtrace_symbols_fd(frames, count, STDERR_FILENO);
+    std::signal(sig, SIG_DFL);  // SA_RESETHAND did so already; explicit for raise() below
+    std::raise(sig);
+  }
+
+  // Install the handler where another one (Triton's) is in place. Triton registers its own
+  // after loading the models, i.e. after this library's initialisation, so the gates' and the
+  // watch's worker threads call this on every round (a sigaction(2) query when nothing changes).
+  static void Ensure() {
+    static std::once_flag warm_once;
+    std::call_once(warm_once, [] {
+      void* warm[1];
+      backtrace(warm, 1);  // loads the unwinder now: its first use may allocate
+    });
+    for (int sig : {SIGABRT, SIGSEGV, SIGBUS, SIGILL, SIGFPE}) {
+      struct sigaction now;
+      if (sigaction(sig, nullptr, &now) != 0 || now.sa_handler == Handle) continue;
+      struct sigaction sa;
+      std::memset(&sa, 0, sizeof sa);
+      sa.sa_handler = Handle;
+      sigemptyset(&sa.sa_mask);
+      sa.sa_flags = SA_RESETHAND;
+      sigaction(sig, &sa, nullptr);
+    }
+  }
+};
 
 // A JSON string literal of UTF-8 `s`, ASCII only (\uXXXX escapes, surrogate pairs above the BMP), as
 // chattts_serving.serving.logs.event_line writes it. Invalid UTF-8 bytes become U+FFFD.
@@ -153,6 +230,11 @@ void Announce();
 
 // One forwarded request. Freed once both the target's final response and the release of the
 // target request have happened (`pending` counts them down).
+// Whose is what: `outer` is Triton's until OnTargetRelease releases it (the target reads its
+// inputs until then); `factory` is the gate's from Execute until OnTargetResponse deletes it
+// after the target's final response (Gate::mu guards its use by the worker thread: a stream is
+// in Gate::streams exactly while its factory lives); `inner` is Triton's from ServerInferAsync
+// until its release, then deleted by the last Forget.
 struct Stream {
   Gate* gate = nullptr;
   TRITONBACKEND_Request* outer = nullptr;  // the client's request: its inputs back the target's
@@ -160,6 +242,16 @@ struct Stream {
   TRITONSERVER_InferenceRequest* inner = nullptr;
   std::atomic<int> pending {2};
   bool cancel_sent = false;  // guarded by Gate::mu
+  std::mutex mu;             // the two below, and sends on `factory`
+  bool client_done = false;  // the client's stream got its final flag: nothing more is sent on `factory`
+  bool slot_held = true;     // the stream holds one of the gate's `max_live` slots
+};
+
+// A ping's outcome, shared by the gate and the ping's callbacks (which may run after the gate
+// is gone, at shutdown).
+struct PingState {
+  std::atomic<bool> outstanding {false};
+  std::atomic<uint64_t> sent_ns {0};
 };
 
 struct Gate {
@@ -171,6 +263,12 @@ struct Gate {
   uint32_t max_live = 1;
   std::atomic<uint32_t> live {0};
   std::chrono::microseconds cancel_poll {5000}, log_settle {10000}, log_max_wait {100000};
+  std::string ping_input;
+  std::chrono::microseconds ping_interval {5000000}, stall_timeout {0};  // stall_timeout 0: no pings
+  bool stop_server_on_stall = false;
+  std::shared_ptr<PingState> ping = std::make_shared<PingState>();
+  std::atomic<bool> stalled {false};  // the target stopped answering: every request is refused
+  std::string stalled_message;
 
   std::mutex mu;
   std::condition_variable wake;
@@ -202,12 +300,14 @@ struct Gate {
     unlogged.emplace_back(request_id ? request_id : "");
   }
 
-  // The worker thread: passes clients' cancellations on to the target and writes the log lines
-  // of refusals whose burst has settled.
+  // The worker thread: passes clients' cancellations on to the target, pings the target while
+  // streams are live, and writes the log lines of refusals whose burst has settled.
   void Run() {
     std::unique_lock<std::mutex> lk(mu);
     while (!stopping) {
       wake.wait_for(lk, cancel_poll);
+      CrashHandler::Ensure();
+      WatchTarget();
       for (Stream* s : streams) {
         if (s->cancel_sent || s->factory == nullptr) continue;
         bool cancelled = false;
@@ -231,6 +331,11 @@ struct Gate {
     lk.unlock();
     WriteRefusals(ids);
   }
+
+  // (Worker thread, Gate::mu held.) Ping the target every ping_interval while streams are live;
+  // a ping unanswered for stall_timeout ends every stream (TargetStalled).
+  void WatchTarget();
+  void TargetStalled();
 
   void WriteRefusals(const std::vector<std::string>& ids) {
     if (ids.empty()) return;
@@ -340,6 +445,7 @@ struct Watch {
     auto next_beat = std::chrono::steady_clock::now() + heartbeat;
     for (;;) {
       b.changed.wait_until(lk, next_poll, [&] { return stopping || b.version != seen || !fresh.empty(); });
+      CrashHandler::Ensure();
       const auto now = std::chrono::steady_clock::now();
       const bool beat = now >= next_beat;
       if (beat) next_beat = now + heartbeat;
@@ -488,46 +594,59 @@ TRITONSERVER_Error* CopyResponse(TRITONSERVER_InferenceResponse* in, TRITONBACKE
   return nullptr;
 }
 
+// A response of the target: relayed onto the client's stream unless that stream already got its
+// final flag (from the gate: a relay failure, or the target stopped answering). The response
+// is deleted here either way. At the target's final response the stream leaves Gate::streams,
+// its factory is deleted and its slot given back (if it still holds it).
 void OnTargetResponse(TRITONSERVER_InferenceResponse* response, const uint32_t flags, void* userp) {
   auto* s = static_cast<Stream*>(userp);
   Gate* g = s->gate;
   const bool final = (flags & TRITONSERVER_RESPONSE_COMPLETE_FINAL) != 0;
-  if (response != nullptr) {
-    TRITONBACKEND_Response* out = nullptr;
-    if (TRITONBACKEND_ResponseNewFromFactory(&out, s->factory) == nullptr) {
-      TRITONSERVER_Error* send = nullptr;
-      if (TRITONSERVER_Error* err = TRITONSERVER_InferenceResponseError(response)) {  // owned by the response
-        send = TRITONSERVER_ErrorNew(TRITONSERVER_ErrorCode(err), TRITONSERVER_ErrorMessage(err));
-      } else if (TRITONSERVER_Error* err = CopyResponse(response, out)) {
-        std::string msg = std::string("[internal] gate: relaying a response failed: ") + TRITONSERVER_ErrorMessage(err);
-        TRITONSERVER_ErrorDelete(err);
-        // A half-built response cannot be sent: drop it and end the stream with the error.
-        TRITONSERVER_ErrorDelete(TRITONBACKEND_ResponseDelete(out));
-        TRITONSERVER_ErrorDelete(TRITONSERVER_InferenceResponseDelete(response));
-        SendError(s->factory, TRITONSERVER_ERROR_INTERNAL, msg);
-        TRITONSERVER_ErrorDelete(TRITONSERVER_InferenceRequestCancel(s->inner));
-        // The target still ends its stream; that final response finds the factory already final.
-        if (!final) return;
-        response = nullptr;
-        out = nullptr;
+  bool release_slot = false;
+  {
+    std::lock_guard<std::mutex> sl(s->mu);
+    if (!s->client_done && response != nullptr) {
+      TRITONBACKEND_Response* out = nullptr;
+      if (TRITONBACKEND_ResponseNewFromFactory(&out, s->factory) == nullptr) {
+        TRITONSERVER_Error* send = nullptr;
+        if (TRITONSERVER_Error* err = TRITONSERVER_InferenceResponseError(response)) {  // the response's
+          send = TRITONSERVER_ErrorNew(TRITONSERVER_ErrorCode(err), TRITONSERVER_ErrorMessage(err));
+        } else if (TRITONSERVER_Error* cerr = CopyResponse(response, out)) {
+          std::string msg = std::string("[internal] gate: relaying a response failed: ") + TRITONSERVER_ErrorMessage(cerr);
+          TRITONSERVER_ErrorDelete(cerr);
+          // A half-built response cannot be sent: drop it, end the client's stream with the
+          // error and ask the target to stop; its later responses are dropped (client_done).
+          TRITONSERVER_ErrorDelete(TRITONBACKEND_ResponseDelete(out));
+          out = nullptr;
+          SendError(s->factory, TRITONSERVER_ERROR_INTERNAL, msg);
+          s->client_done = true;
+          TRITONSERVER_ErrorDelete(TRITONSERVER_InferenceRequestCancel(s->inner));
+        }
+        if (out != nullptr) {  // consumed by the send, whatever its outcome
+          TRITONSERVER_ErrorDelete(TRITONBACKEND_ResponseSend(out, final ? TRITONSERVER_RESPONSE_COMPLETE_FINAL : 0, send));
+          if (final) s->client_done = true;
+        }
+        TRITONSERVER_ErrorDelete(send);
       }
-      if (out != nullptr) {
-        TRITONSERVER_ErrorDelete(TRITONBACKEND_ResponseSend(out, final ? TRITONSERVER_RESPONSE_COMPLETE_FINAL : 0, send));
-      }
-      TRITONSERVER_ErrorDelete(send);
     }
-    if (response != nullptr) TRITONSERVER_ErrorDelete(TRITONSERVER_InferenceResponseDelete(response));
-  } else if (final) {
-    TRITONSERVER_ErrorDelete(TRITONBACKEND_ResponseFactorySendFlags(s->factory, TRITONSERVER_RESPONSE_COMPLETE_FINAL));
+    if (final && !s->client_done) {
+      TRITONSERVER_ErrorDelete(TRITONBACKEND_ResponseFactorySendFlags(s->factory, TRITONSERVER_RESPONSE_COMPLETE_FINAL));
+      s->client_done = true;
+    }
+    if (final) {
+      release_slot = s->slot_held;
+      s->slot_held = false;
+    }
   }
+  if (response != nullptr) TRITONSERVER_ErrorDelete(TRITONSERVER_InferenceResponseDelete(response));
   if (!final) return;
   {
     std::lock_guard<std::mutex> lk(g->mu);
-    g->streams.erase(s);
+    g->streams.erase(s);  // from now on the worker thread no longer sees the factory
   }
   TRITONSERVER_ErrorDelete(TRITONBACKEND_ResponseFactoryDelete(s->factory));
   s->factory = nullptr;
-  g->ReleaseSlot();
+  if (release_slot) g->ReleaseSlot();
   g->Forget(s);
 }
 
@@ -537,6 +656,122 @@ void OnTargetRelease(TRITONSERVER_InferenceRequest*, const uint32_t, void* userp
   TRITONSERVER_ErrorDelete(TRITONBACKEND_RequestRelease(s->outer, TRITONSERVER_REQUEST_RELEASE_ALL));
   s->outer = nullptr;
   s->gate->Forget(s);
+}
+
+// A ping to the target (see the file's comment): one empty string as `ping_input` and the bool
+// parameter chattts_ping. Its request and responses are freed by its callbacks, which touch
+// only the shared PingState (the gate may be gone by then); its responses carry no outputs,
+// and its allocator lives as long as the process.
+struct Ping {
+  std::shared_ptr<PingState> state;
+  TRITONSERVER_InferenceRequest* request = nullptr;
+  std::atomic<int> pending {2};  // the final response and the release
+  bool dead = false;             // answered by the backend for a stub that does not answer
+
+  void Forget() {
+    if (pending.fetch_sub(1) == 1) {
+      TRITONSERVER_ErrorDelete(TRITONSERVER_InferenceRequestDelete(request));
+      delete this;
+    }
+  }
+};
+
+TRITONSERVER_ResponseAllocator* PingAllocator() {
+  static TRITONSERVER_ResponseAllocator* allocator = [] {
+    TRITONSERVER_ResponseAllocator* a = nullptr;
+    TRITONSERVER_ErrorDelete(TRITONSERVER_ResponseAllocatorNew(&a, Alloc, Release, nullptr));
+    return a;
+  }();
+  return allocator;
+}
+
+// The target works if it answers the ping, or refuses it as a working model does (its queue is
+// full: UNAVAILABLE). An INTERNAL error is the Python backend speaking for a stub that does not
+// answer ("Stub process '...' is not healthy."): the ping stays outstanding and the stall
+// verdict follows at its time.
+void OnPingResponse(TRITONSERVER_InferenceResponse* response, const uint32_t flags, void* userp) {
+  auto* p = static_cast<Ping*>(userp);
+  if (response != nullptr) {
+    TRITONSERVER_Error* err = TRITONSERVER_InferenceResponseError(response);  // the response's
+    if (err != nullptr && TRITONSERVER_ErrorCode(err) == TRITONSERVER_ERROR_INTERNAL) p->dead = true;
+    TRITONSERVER_ErrorDelete(TRITONSERVER_InferenceResponseDelete(response));
+  }
+  if ((flags & TRITONSERVER_RESPONSE_COMPLETE_FINAL) == 0) return;
+  if (!p->dead) p->state->outstanding.store(false);
+  p->Forget();
+}
+
+void OnPingRelease(TRITONSERVER_InferenceRequest*, const uint32_t, void* userp) { static_cast<Ping*>(userp)->Forget(); }
+
+// Send one ping; false when it could not be sent (e.g. the server is stopping).
+bool SendPing(Gate* g) {
+  static const char kEmptyString[4] = {0, 0, 0, 0};  // BYTES element: uint32 length 0
+  const int64_t shape[1] = {1};
+  auto* p = new Ping();
+  p->state = g->ping;
+  TRITONSERVER_Error* err = TRITONSERVER_InferenceRequestNew(&p->request, g->server, g->target.c_str(), -1);
+  if (err == nullptr) err = TRITONSERVER_InferenceRequestSetId(p->request, "chattts-gate-ping");
+  if (err == nullptr) err = TRITONSERVER_InferenceRequestAddInput(p->request, g->ping_input.c_str(),
+                                                                  TRITONSERVER_TYPE_BYTES, shape, 1);
+  if (err == nullptr) err = TRITONSERVER_InferenceRequestAppendInputData(p->request, g->ping_input.c_str(), kEmptyString,
+                                                                         sizeof kEmptyString, TRITONSERVER_MEMORY_CPU, 0);
+  if (err == nullptr) err = TRITONSERVER_InferenceRequestSetBoolParameter(p->request, "chattts_ping", true);
+  if (err == nullptr) err = TRITONSERVER_InferenceRequestSetReleaseCallback(p->request, OnPingRelease, p);
+  if (err == nullptr) err = TRITONSERVER_InferenceRequestSetResponseCallback(p->request, PingAllocator(), nullptr,
+                                                                              OnPingResponse, p);
+  if (err == nullptr) {
+    g->ping->sent_ns.store(NowNs());
+    g->ping->outstanding.store(true);
+    err = TRITONSERVER_ServerInferAsync(g->server, p->request, nullptr);
+    if (err != nullptr) g->ping->outstanding.store(false);
+  }
+  if (err != nullptr) {  // never submitted: the request is still ours
+    TRITONSERVER_ErrorDelete(err);
+    if (p->request != nullptr) TRITONSERVER_ErrorDelete(TRITONSERVER_InferenceRequestDelete(p->request));
+    delete p;
+    return false;
+  }
+  return true;
+}
+
+void Gate::WatchTarget() {
+  if (stall_timeout.count() == 0 || stalled.load()) return;
+  const uint64_t now = NowNs();
+  const uint64_t since = now - ping->sent_ns.load();
+  if (ping->outstanding.load()) {
+    if (since >= static_cast<uint64_t>(stall_timeout.count()) * 1000) TargetStalled();
+    return;
+  }
+  if (!streams.empty() && since >= static_cast<uint64_t>(ping_interval.count()) * 1000) SendPing(this);
+}
+
+void Gate::TargetStalled() {
+  stalled.store(true);
+  const double timeout_s = stall_timeout.count() / 1e6;
+  stalled_message = "[unavailable] server unavailable: " + target + " stopped responding (no answer to a ping in " +
+                    std::to_string(timeout_s) + " s); the server is restarting";
+  size_t ended = 0;
+  for (Stream* s : streams) {
+    bool release = false;
+    {
+      std::lock_guard<std::mutex> sl(s->mu);
+      if (!s->client_done) {
+        SendError(s->factory, TRITONSERVER_ERROR_UNAVAILABLE, stalled_message);
+        s->client_done = true;
+        ++ended;
+      }
+      release = s->slot_held;
+      s->slot_held = false;
+    }
+    if (release) ReleaseSlot();
+  }
+  std::string line = "{\"ts\":\"" + Timestamp() + "\",\"level\":\"error\",\"event\":\"target_unresponsive\",\"model\":" +
+                     JsonString(label_model) + ",\"stage\":\"gate\",\"target\":" + JsonString(target) +
+                     ",\"stall_timeout_s\":" + std::to_string(timeout_s) + ",\"streams_ended\":" +
+                     std::to_string(ended) + ",\"stopping_server\":" + (stop_server_on_stall ? "true" : "false") + "}\n";
+  std::fwrite(line.data(), 1, line.size(), stderr);
+  std::fflush(stderr);
+  if (stop_server_on_stall) std::raise(SIGTERM);  // Triton's graceful stop: readiness false at once
 }
 
 // Build the target's request from the client's; on success the Stream owns both.
@@ -678,6 +913,7 @@ TRITONSERVER_Error* WatchExecute(Watch* w, TRITONBACKEND_ModelInstance* instance
 extern "C" {
 
 TRITONSERVER_Error* TRITONBACKEND_Initialize(TRITONBACKEND_Backend*) {
+  CrashHandler::Ensure();
   uint32_t major = 0, minor = 0;
   if (auto* err = TRITONBACKEND_ApiVersion(&major, &minor)) return err;
   if (major != TRITONBACKEND_API_VERSION_MAJOR || minor < TRITONBACKEND_API_VERSION_MINOR)
@@ -715,6 +951,10 @@ TRITONSERVER_Error* TRITONBACKEND_ModelInitialize(TRITONBACKEND_Model* model) {
   double poll_ms = std::atof(ConfigParameter(json, "cancel_poll_ms", "5").c_str());
   double settle_ms = std::atof(ConfigParameter(json, "log_settle_ms", "10").c_str());
   double max_wait_ms = std::atof(ConfigParameter(json, "log_max_wait_ms", "100").c_str());
+  g->ping_input = ConfigParameter(json, "ping_input", "");
+  double ping_ms = std::atof(ConfigParameter(json, "ping_interval_ms", "5000").c_str());
+  double stall_ms = std::atof(ConfigParameter(json, "stall_timeout_ms", "0").c_str());
+  g->stop_server_on_stall = ConfigParameter(json, "stop_server_on_stall", "false") == "true";
   std::string problem = g->target.empty()          ? "parameter target_model is missing"
                         : g->target == g->name     ? "target_model names the gate itself"
                         : g->busy_message.empty()  ? "parameter busy_message is missing"
@@ -723,6 +963,8 @@ TRITONSERVER_Error* TRITONBACKEND_ModelInitialize(TRITONBACKEND_Model* model) {
                         : !(poll_ms > 0)           ? "parameter cancel_poll_ms must be positive"
                         : !(settle_ms > 0) || !(max_wait_ms >= settle_ms)
                             ? "parameters log_settle_ms > 0 and log_max_wait_ms >= log_settle_ms required"
+                        : !(stall_ms >= 0) || (stall_ms > 0 && (g->ping_input.empty() || !(ping_ms > 0)))
+                            ? "parameter stall_timeout_ms > 0 needs ping_input and a positive ping_interval_ms"
                             : "";
   if (!problem.empty()) {
     delete g;
@@ -732,6 +974,8 @@ TRITONSERVER_Error* TRITONBACKEND_ModelInitialize(TRITONBACKEND_Model* model) {
   g->cancel_poll = std::chrono::microseconds(static_cast<int64_t>(poll_ms * 1000));
   g->log_settle = std::chrono::microseconds(static_cast<int64_t>(settle_ms * 1000));
   g->log_max_wait = std::chrono::microseconds(static_cast<int64_t>(max_wait_ms * 1000));
+  g->ping_interval = std::chrono::microseconds(static_cast<int64_t>(ping_ms * 1000));
+  g->stall_timeout = std::chrono::microseconds(static_cast<int64_t>(stall_ms * 1000));
   if ((err = TRITONBACKEND_ModelServer(model, &g->server)) ||
       (err = TRITONSERVER_ResponseAllocatorNew(&g->allocator, Alloc, Release, nullptr))) {
     delete g;
@@ -820,6 +1064,11 @@ TRITONSERVER_Error* TRITONBACKEND_ModelInstanceExecute(TRITONBACKEND_ModelInstan
       // Without a factory there is no way to answer: Triton ends the request with this error.
       TRITONSERVER_ErrorDelete(err);
       TRITONSERVER_ErrorDelete(TRITONBACKEND_RequestRelease(request, TRITONSERVER_REQUEST_RELEASE_ALL));
+      continue;
+    }
+    if (g->stalled.load()) {
+      SendError(factory, TRITONSERVER_ERROR_UNAVAILABLE, g->stalled_message);
+      Done(instance, request, factory, start);
       continue;
     }
     if (!g->TryAcquire()) {

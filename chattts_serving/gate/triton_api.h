@@ -3,6 +3,26 @@
 // with a plain C++ compiler on a machine without Triton's headers (the PyPI wheel that bundles
 // tritonserver ships none). Only what gate.cc uses; enum values as Triton defines them.
 // The symbols are resolved at load time from the tritonserver process.
+// Checked against Triton 2.51's own headers (r24.10: TRITONSERVER API 1.34, TRITONBACKEND API
+// 1.19): every signature here equals theirs but for top-level const on by-value parameters,
+// which does not change the ABI; every enum value is theirs.
+//
+// Ownership, as those headers define it and gate.cc relies on it:
+// - TRITONSERVER_Error* returned by a call is the caller's (TRITONSERVER_ErrorDelete); the one
+//   TRITONSERVER_InferenceResponseError returns belongs to the response; the error passed to
+//   TRITONBACKEND_ResponseSend stays the caller's.
+// - TRITONSERVER_InferenceRequest: the creator's; after TRITONSERVER_ServerInferAsync succeeds
+//   Triton holds it until the release callback, after which the creator deletes it; when
+//   ServerInferAsync fails it is still the creator's.
+// - TRITONSERVER_InferenceResponse given to the response callback: the callback's (delete it);
+//   it may be null when only flags arrive. Names, shapes and buffers read from it live as long
+//   as it does.
+// - TRITONBACKEND_Request: Triton's until the backend releases it (TRITONBACKEND_RequestRelease);
+//   its inputs' buffers stay valid until then. TRITONBACKEND_ResponseFactory: the backend's
+//   (TRITONBACKEND_ResponseFactoryDelete), independent of the request's release.
+// - A TRITONBACKEND_Response is consumed by TRITONBACKEND_ResponseSend (success or not) or freed
+//   with TRITONBACKEND_ResponseDelete if never sent. Nothing may be sent from a factory after
+//   a response or flags with TRITONSERVER_RESPONSE_COMPLETE_FINAL.
 #pragma once
 
 #include <cstddef>
@@ -29,8 +49,9 @@ struct TRITONBACKEND_ResponseFactory;
 struct TRITONBACKEND_Input;
 struct TRITONBACKEND_Output;
 
-typedef int TRITONSERVER_DataType;  // passed through unchanged, except the one the admission watch sends:
-constexpr TRITONSERVER_DataType TRITONSERVER_TYPE_BOOL = 1;
+typedef int TRITONSERVER_DataType;  // passed through unchanged, except the ones the gate sends itself:
+constexpr TRITONSERVER_DataType TRITONSERVER_TYPE_BOOL = 1;    // the admission watch's output
+constexpr TRITONSERVER_DataType TRITONSERVER_TYPE_BYTES = 13;  // a ping's text input
 
 enum TRITONSERVER_Error_Code {
   TRITONSERVER_ERROR_UNKNOWN,

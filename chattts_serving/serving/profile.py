@@ -179,13 +179,18 @@ class HealthProfile(_Strict):
     Every ``interval_s`` seconds the supervisor checks that every Python-backend stub process
     the server started is alive; every ``probe_every`` checks (0: never) it also runs the deep
     probe (live, ready, every model READY, a 2-token synthesis) with a deadline of
-    ``probe_timeout_s`` seconds. ``failures`` consecutive failed checks restart the server.
+    ``probe_timeout_s`` seconds. ``failures`` consecutive failed checks restart the server; a
+    server process that has exited is restarted at once. ``stop_on_stall``: a model that stops
+    working (the admission gate's ping of its target, or an entry model's stall watchdog, sees
+    nothing for ``entry.stall_timeout_s``) stops the server, so that it stops claiming
+    readiness and its supervisor starts a fresh one.
     """
 
     interval_s: float = Field(gt=0)
     failures: int = Field(ge=1)
     probe_every: int = Field(ge=0)
     probe_timeout_s: float = Field(gt=0, le=3600)
+    stop_on_stall: bool = True
 
 
 _REF = ReferenceLimits()
