@@ -180,3 +180,15 @@ class RecordingObserver:
         self.degraded.append(on)
 
 
+
+
+def run_offline(service: Any, job: Any) -> tuple[np.ndarray, str]:
+    """``service.offline(job, channel)`` (an :class:`~chattts_serving.serving.entry.EntryService`)
+    on a :class:`RecordingChannel`: the audio and the final ``info``; raises the request's error."""
+    channel = RecordingChannel()
+    service.offline(job, channel)
+    kind, *rest = channel.events[-1]
+    if kind == "error":
+        raise rest[0]
+    assert not channel.violations, channel.violations
+    return channel.chunks[0], rest[0]

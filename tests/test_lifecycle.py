@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import pytest
 from conftest import wait_until
-from inprocess import InProcessStages, RecordingChannel, RecordingObserver
+from inprocess import InProcessStages, RecordingChannel, RecordingObserver, run_offline
 
 from chattts_serving import contract
 from chattts_serving.errors import ErrorKind, RequestError
@@ -207,6 +207,33 @@ def test_a_stalled_stream_ends_with_one_error_and_nothing_after(stages: InProces
     assert channel.violations == [] and [f[0] for f in observer.finishes] == ["error"]
 
 
+@pytest.mark.parametrize("offline", [False, True])
+def test_a_stalled_request_ends_unavailable_and_reports_the_stuck_stage(stages: InProcessStages,
+                                                                         offline: bool) -> None:
+    """Streams and offline requests alike: a stuck engine ends the request with UNAVAILABLE
+    within the stall timeout (an offline request used to wait for ever), and the service tells
+    its owner which stage is stuck (the Triton layer then stops the server: health.stop_on_stall)."""
+    release = threading.Event()
+    stalls: list[str] = []
+    model = contract.MODEL_OFFLINE if offline else contract.MODEL_STREAM
+    service = EntryService(model, _profile(stall_timeout_s=0.2), _StuckStages(stages, release), RecordingObserver(),
+                           offline=offline, on_stall=stalls.append)
+    channel = RecordingChannel()
+    run = service.offline if offline else service.stream
+    worker = threading.Thread(target=run, args=(service.admit(_tensors(), {}, "s"), channel))
+    worker.start()
+    try:
+        assert channel.ended.wait(5), "the request hung behind a stuck engine"
+        assert [e[0] for e in channel.events] == ["error"]
+        assert channel.events[0][1].kind == ErrorKind.UNAVAILABLE and "stopped responding" in str(channel.events[0][1])
+        assert wait_until(lambda: stalls == ["GPT engine"], 5), stalls  # told right after the error went out
+        assert service.admission.slots.live == 0
+    finally:
+        release.set()
+        worker.join(10)
+    assert [e[0] for e in channel.events] == ["error"] and channel.violations == []
+
+
 def test_closing_the_service_ends_live_streams_as_unavailable_and_their_engine_sequences(
         stages: InProcessStages) -> None:
     """The model unloads with a stream in flight: the stream ends at once with UNAVAILABLE
@@ -350,15 +377,16 @@ def test_a_finished_request_frees_its_engine_streams_without_the_cyclic_gc(stage
     try:
         if end == "offline":
             offline = EntryService(contract.MODEL_OFFLINE, _profile(), stages, RecordingObserver(), offline=True)
-            offline.offline(offline.admit(tensors, {}, end))
+            offline.offline(offline.admit(tensors, {}, end), channel)
         else:
             service.stream(service.admit(tensors, {}, end), channel)
         alive = len(stages.token_streams)
     finally:
         gc.enable()
     assert stages.calls["generate"] > generated
-    expected = {"completed": "final", "cancelled": "final", "deadline": "error", "internal": "error"}
-    assert end == "offline" or [e[0] for e in channel.events][-1] == expected[end]
+    expected = {"completed": "final", "cancelled": "final", "deadline": "error", "internal": "error",
+                "offline": "final"}
+    assert [e[0] for e in channel.events][-1] == expected[end]
     assert alive == 0, f"{alive} engine stream(s) of a finished request wait for the cyclic GC"
 
 
@@ -367,8 +395,10 @@ def test_offline_returns_the_whole_utterance_and_its_info(stages: InProcessStage
     observer = RecordingObserver()
     service = EntryService(contract.MODEL_OFFLINE, profile, stages, observer, offline=True)
     text = "今天天气很好，阳光明媚，我们都很开心。我们一起去公园散步吧，好不好，朋友们？"
-    audio, info_text = service.offline(service.admit(_tensors(text, max_new_tokens=20, min_new_tokens=20), {}, "o"))
-    info = json.loads(info_text)
+    channel = RecordingChannel()
+    service.offline(service.admit(_tensors(text, max_new_tokens=20, min_new_tokens=20), {}, "o"), channel)
+    assert [e[0] for e in channel.events] == ["audio", "final"] and not channel.violations
+    audio, info = channel.chunks[0], json.loads(channel.events[-1][1])
     assert info["segments"] == 2 and info["tokens"] == 40 and info["chunks"] == 1
     assert audio.dtype == np.float32 and audio.size == 2 * contract.samples_for_tokens(20)
     assert [f[0] for f in observer.finishes] == ["ok"] and service.admission.slots.live == 0
@@ -408,9 +438,10 @@ def test_degraded_mode_takes_the_cheaper_path_and_sheds_batch_requests(stages: I
     service.stream(held, RecordingChannel())
     # the audio is what the codes vocoder makes of those 40 tokens (full lookahead: exact)
     offline = EntryService(contract.MODEL_OFFLINE, _profile(), stages, RecordingObserver(), offline=True)
-    ref, _ = offline.offline(offline.admit(_tensors(max_new_tokens=40, min_new_tokens=40, vocoder="codes", seed=4),
-                                           {}, "ref"))
-    hidden, _ = offline.offline(offline.admit(_tensors(max_new_tokens=40, min_new_tokens=40, seed=4), {}, "hidden"))
+    ref, _ = run_offline(offline, offline.admit(
+        _tensors(max_new_tokens=40, min_new_tokens=40, vocoder="codes", seed=4), {}, "ref"))
+    hidden, _ = run_offline(offline, offline.admit(
+        _tensors(max_new_tokens=40, min_new_tokens=40, seed=4), {}, "hidden"))
     streamed = np.concatenate(channel.chunks)
     assert streamed.size == ref.size == hidden.size
     np.testing.assert_allclose(streamed, ref, rtol=0, atol=1e-4)

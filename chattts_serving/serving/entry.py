@@ -156,8 +156,10 @@ class EntryService:
     """
 
     def __init__(self, model: str, profile: Profile, stages: Stages, observer: EntryObserver,
-                 offline: bool = False, gated: bool = False) -> None:
+                 offline: bool = False, gated: bool = False,
+                 on_stall: Callable[[str], None] | None = None) -> None:
         self.model, self.profile, self.stages, self.observer = model, profile, stages, observer
+        self.on_stall = on_stall
         entry = profile.entry
         self.emit_tokens = entry.offline_emit_tokens if offline else profile.stream.emit_tokens
         offline_limit = 2 * entry.offline_threads if gated else entry.offline_threads
@@ -165,8 +167,9 @@ class EntryService:
                           if offline else
                           Admission(profile, entry.max_concurrent_streams * (2 if gated else 1),
                                     on_degrade_switch=self._on_switch))
-        self.watcher = None if offline else CancelWatcher(entry.cancel_poll_interval_s, entry.stall_timeout_s,
-                                                          self._stalled, entry.cancel_polls_per_s)
+        # Offline requests are watched for stalls only (their clients' cancels are not polled).
+        self.watcher = CancelWatcher(entry.cancel_poll_interval_s, entry.stall_timeout_s, self._stalled,
+                                     entry.cancel_polls_per_s)
         self.refusals = RefusalRecorder(model, observer)
         self._waiting = 0
         self._lock = threading.Lock()
@@ -214,7 +217,6 @@ class EntryService:
         """Run one admitted streaming request to its end on ``channel``: audio chunks (the first
         with the ``info`` header), then the final response with the final ``info``, or one
         error. Never raises; records the outcome exactly once."""
-        assert self.watcher is not None, "streaming needs the cancel watcher"
         guard = StreamGuard(channel)
         unguard = self.watcher.guard(guard, job)
         out = _GuardedOutput(self, job, guard, self.watcher.watcher(guard.is_cancelled))
@@ -245,7 +247,7 @@ class EntryService:
         stop this service's threads, each waited for until ``deadline_s``
         (``time.monotonic()``). Returns how many streams were live."""
         self._closed.set()
-        live = self.watcher.close(self._unloaded, deadline_s) if self.watcher is not None else 0
+        live = self.watcher.close(self._unloaded, deadline_s)
         self.refusals.close(deadline_s)
         self._ticker.join(max(0.0, deadline_s - time.monotonic()))
         return live
@@ -260,32 +262,46 @@ class EntryService:
             self.finish(job, Outcome(result=None, error=exc))
 
     def _stalled(self, guard: StreamGuard, job: SynthesisJob) -> None:
-        """The watchdog's verdict on a stream without progress for ``entry.stall_timeout_s``
-        (waiting for the engine), or twice that (in its own vocoder call)."""
+        """The watchdog's verdict on a request without progress for ``entry.stall_timeout_s``
+        (waiting for the engine), or twice that (in its own vocoder call): it ends with
+        UNAVAILABLE, and ``on_stall(stage)`` is told (the Triton layer stops the server, so
+        that it stops claiming readiness and is restarted: ``health.stop_on_stall``)."""
         stage = "vocoder" if guard.working else "GPT engine"
         self._end_guarded(guard, job, RequestError(f"server unavailable: the {stage} stopped responding",
                                                    ErrorKind.UNAVAILABLE))
+        if self.on_stall is not None:
+            self.on_stall(stage)
 
     # ---- offline ---------------------------------------------------------------------------------
-    def offline(self, job: SynthesisJob) -> tuple[np.ndarray, str]:
-        """Run one admitted request to the end: (audio (n,) float32 at 24 kHz, final ``info``
-        JSON). Records the outcome; raises RequestError when it failed."""
+    def offline(self, job: SynthesisJob, channel: ResponseChannel) -> None:
+        """Run one admitted request to the end and answer it on ``channel`` in one response:
+        the whole utterance (one ``send_audio``, (n,) float32 at 24 kHz, which an offline
+        channel keeps) with the final ``info``, or one error. Watched for stalls like a stream
+        (a stuck engine ends it with UNAVAILABLE). Never raises; records the outcome exactly
+        once."""
+        guard = StreamGuard(channel)
+        unguard = self.watcher.guard(guard, job)
         result: StreamResult | None = None
         error: RequestError | None = None
         audio = np.zeros(0, np.float32)
         try:
-            audio, result = offline_audio(job, self.stages)
+            audio, result = offline_audio(job, self.stages, guard.touch)
         except RequestError as exc:
             error = exc
         except Exception as exc:
             log.exception("offline request failed")
             error = RequestError(f"internal error: {type(exc).__name__}", ErrorKind.INTERNAL)
+        finally:
+            unguard()
         drop_tracebacks(error)  # free the request's BLS objects here, not in the cyclic GC
-        self.finish(job, Outcome(result=result, error=error))
         if error is not None:
-            raise error  # this frame holds it: the caller drops its traceback again
-        assert result is not None
-        return audio, info_json(job, result, final=True)
+            closed = guard.fail(error)
+        else:
+            assert result is not None
+            guard.send_chunk(audio)
+            closed = guard.finish(info_json(job, result, final=True))
+        if closed:
+            self.finish(job, Outcome(result=result, error=error))
 
     # ---- bookkeeping -------------------------------------------------------------------------------
     def first_audio(self, job: SynthesisJob) -> None:

@@ -302,13 +302,18 @@ class PreparedText:
     reference: str = ""
 
 
-def _run_all(stages: Stages, calls: list[GenerateCall], watch: Watch,
-             cancelled: str) -> list[tuple[_TokenStore, StopReason | None]]:
+def _no_progress(working: bool) -> None:
+    pass
+
+
+def _run_all(stages: Stages, calls: list[GenerateCall], watch: Watch, cancelled: str,
+             progress: Callable[[bool], None] = _no_progress) -> list[tuple[_TokenStore, StopReason | None]]:
     """Start every sequence of ``calls`` at once (the engine batches them), then read each to
     its end: its tokens and stop reason, in order. ``watch`` ends them in the engine as soon as
-    the client cancels. A BLS call to a decoupled model returns at its first response, so each
-    sequence is watched a few steps after it starts. Raises RequestError (:class:`Cancelled`
-    with ``cancelled`` when the client cancelled)."""
+    the client cancels; ``progress(False)`` is called at every batch the engine sends (its
+    heartbeats included), for a stall watchdog. A BLS call to a decoupled model returns at its
+    first response, so each sequence is watched a few steps after it starts. Raises
+    RequestError (:class:`Cancelled` with ``cancelled`` when the client cancelled)."""
     streams: list[TokenStream] = []
     unwatch: list[Callable[[], None]] = []
     out = []
@@ -321,6 +326,7 @@ def _run_all(stages: Stages, calls: list[GenerateCall], watch: Watch,
             store = _TokenStore()
             reason: StopReason | None = None
             for batch in stream:
+                progress(False)
                 store.add(batch)
                 reason = batch.stop_reason or reason
                 if reason == StopReason.CANCELLED:
@@ -526,14 +532,17 @@ def _checked(reason: StopReason | None, tokens: int) -> StopReason:
     return reason
 
 
-def offline_audio(job: SynthesisJob, stages: Stages) -> tuple[np.ndarray, StreamResult]:
+def offline_audio(job: SynthesisJob, stages: Stages,
+                  progress: Callable[[bool], None] = _no_progress) -> tuple[np.ndarray, StreamResult]:
     """Run one request to the end and vocode each segment in one window (ChatTTS' offline
     decode). In ``chattts`` segmentation the pieces are generated and vocoded in ChatTTS'
     groups of 4 (:func:`~chattts_serving.text.segments.chattts_groups`), each piece's window
     zero-padded to its group's longest, so every piece of a group has ``512 * T_max - 256``
     samples, as ``Chat._decode_to_wavs`` returns them (``Chat.infer`` then deletes every sample
     with ``|x| <= 1e-5``; the server does not). Otherwise one segment after the other.
-    Returns (audio (n,) float32, result). Raises RequestError."""
+    ``progress(working)`` tells a stall watchdog of each engine batch (False) and of each
+    vocoder call's start (True) and end (False). Returns (audio (n,) float32, result). Raises
+    RequestError."""
     req = job.req
     result = StreamResult()
     prepared = prepare_segments(job, stages)
@@ -543,12 +552,14 @@ def offline_audio(job: SynthesisJob, stages: Stages) -> tuple[np.ndarray, Stream
     groups = chattts_groups(len(segs)) if chattts else [range(i, i + 1) for i in range(len(segs))]
     pieces = []
     for group in groups:
-        runs = _run_all(stages, [_code_call(job, segs[i]) for i in group], _no_watch, "cancelled")
+        runs = _run_all(stages, [_code_call(job, segs[i]) for i in group], _no_watch, "cancelled", progress)
         seconds_left(job)
         width = max(store.n for store, _ in runs)
         for index, (store, reason) in zip(group, runs, strict=True):
             reason = _checked(reason, store.n)
+            progress(True)
             pieces.append(stages.vocode(req.vocoder, store.padded(req.vocoder, width), req.request_id))
+            progress(False)
             result.segments += 1
             result.tokens += store.n
             result.stop_reason = reason

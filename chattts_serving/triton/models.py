@@ -23,7 +23,9 @@ from __future__ import annotations
 import faulthandler
 import json
 import logging
+import os
 import queue
+import signal
 import threading
 import time
 import uuid
@@ -51,7 +53,7 @@ from .cancels import CancelListener, cancel_address
 from .deliveries import ReceiptSender, ReceiptWriter, delivery_prefix
 from .finals import FinalWindow, WindowedSender, answer_ping, is_ping, ping_inputs
 from .metrics import EngineMetrics, EntryMetrics, MemoryGauges
-from .responses import EngineSink, SenderChannel, send_engine_error, send_final_error
+from .responses import EngineSink, OfflineChannel, SenderChannel, send_engine_error, send_final_error
 from .setup import ModelSetup, lower_priority
 from .stages import BlsStages, iterator_grave, release_held_iterators
 from .tensors import first_string, request_inputs, string_tensor, triton_error
@@ -372,7 +374,8 @@ class EntryModel(TritonModel):
         label = setup.parameters.get("label_model", setup.name)  # behind the gate: the public name
         self.metrics = EntryMetrics(self.pb, label)
         self.service = EntryService(label, setup.profile, stages, self.metrics, offline=self.offline,
-                                    gated=setup.parameters.get("gated") == "true")
+                                    gated=setup.parameters.get("gated") == "true",
+                                    on_stall=self._stalled if setup.profile.health.stop_on_stall else None)
         self.workers = ThreadPoolExecutor(self.service.admission.slots.limit, thread_name_prefix="entry")
         self.refusals = ThreadPoolExecutor(entry.refusal_threads, thread_name_prefix="refuse")
         self.refusals_first = RefusalsFirst(entry.admission_settle_s, entry.admission_max_wait_s)
@@ -380,6 +383,7 @@ class EntryModel(TritonModel):
         self._running: set[Future[None]] = set()
         self._running_lock = threading.Lock()
         self._unloading = False
+        self._stopping_server = False
         self._dispatcher = threading.Thread(target=self._dispatch, name="entry-dispatch", daemon=True)
         self._dispatcher.start()
 
@@ -398,6 +402,17 @@ class EntryModel(TritonModel):
                 else:
                     self._accepted.put((request, sender, arrival))
         return None
+
+    def _stalled(self, stage: str) -> None:
+        """A request found ``stage`` stuck (no answer for ``entry.stall_timeout_s``): stop the
+        server (SIGTERM to tritonserver, this stub's parent; once), so that it stops claiming
+        readiness and its supervisor starts a fresh one (``health.stop_on_stall``)."""
+        if self._stopping_server:
+            return
+        self._stopping_server = True
+        log_event("server_stopping", level="error", model=self.name, reason=f"the {stage} stopped responding",
+                  stall_timeout_s=self.setup.profile.entry.stall_timeout_s)
+        os.kill(os.getppid(), signal.SIGTERM)
 
     def _dispatch(self) -> None:
         """Hand accepted requests to the workers, in arrival order, each once the refusals of
@@ -519,13 +534,4 @@ class OfflineEntryModel(EntryModel):
     offline = True
 
     def run(self, job: SynthesisJob, sender: Any) -> None:
-        pb = self.pb
-        try:
-            audio, info = self.service.offline(job)
-        except RequestError as exc:
-            drop_tracebacks(exc)  # see errors.drop_tracebacks
-            send_final_error(pb, sender, exc)
-            return
-        response = pb.InferenceResponse(output_tensors=[pb.Tensor(contract.OUT_AUDIO.name, audio),
-                                                        string_tensor(pb, contract.OUT_INFO.name, info)])
-        sender.send(response, flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        self.service.offline(job, OfflineChannel(self.pb, sender))

@@ -56,6 +56,30 @@ class SenderChannel:
         return bool(self.sender.is_cancelled())
 
 
+class OfflineChannel:
+    """A ``chattts_offline`` request's client: one response with the whole utterance (the
+    audio of the one ``send_audio``, kept until the final) and ``info``, or one error."""
+
+    def __init__(self, pb: Any, sender: Any) -> None:
+        self.pb, self.sender = pb, sender
+        self._audio = np.zeros(0, np.float32)
+
+    def send_audio(self, chunk: np.ndarray, info: str | None) -> None:
+        self._audio = chunk
+
+    def send_final(self, info: str | None) -> None:
+        pb = self.pb
+        outs = [pb.Tensor(contract.OUT_AUDIO.name, self._audio),
+                string_tensor(pb, contract.OUT_INFO.name, info or "{}")]
+        self.sender.send(pb.InferenceResponse(output_tensors=outs), flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+
+    def send_error(self, exc: RequestError) -> None:
+        send_final_error(self.pb, self.sender, exc)
+
+    def is_cancelled(self) -> bool:
+        return bool(self.sender.is_cancelled())
+
+
 def engine_outputs(pb: Any, codes: np.ndarray, hidden: np.ndarray, stop: str) -> list[Any]:
     """The GPT engine's output tensors: codes (N, 4) INT32, hidden (N, H) FP32, stop_reason."""
     return [pb.Tensor(contract.EN_CODES.name, np.ascontiguousarray(codes, np.int32)),
