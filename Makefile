@@ -82,9 +82,13 @@ GATEWAY_ARGS ?=
 gateway: setup  ## OpenAI /v1/audio/speech, the WebSocket stream and its page (/) on GATEWAY_PORT over a running server's gRPC (GRPC_PORT); GATEWAY_ARGS for more flags
 	$(PY) -m chattts_serving.gateway --triton-url 127.0.0.1:$(GRPC_PORT) --port $(GATEWAY_PORT) $(GATEWAY_ARGS)
 
-soak: setup  ## N minutes at concurrency K (MINUTES, CONCURRENCY, ARTIFACTS) -> results/soak.json; fails unless 0 lost, 0 failed, server agrees
-	$(if $(filter artifacts/small,$(ARTIFACTS)),$(PY) -m chattts_serving.export --synthetic --size small --quiet)
-	$(PY) scripts/soak.py --artifacts $(ARTIFACTS) --minutes $(or $(MINUTES),30) --concurrency $(or $(CONCURRENCY),8)
+SOAK_ARTIFACTS ?= artifacts/full
+SOAK_ARGS ?=
+
+soak: setup  ## MINUTES (30) of mixed traffic at full size (SOAK_ARTIFACTS, SANITIZE=1, SOAK_ARGS) -> results/soak.json; fails on a crash sign in the log, a lost request, RSS growth > 5 %
+	$(if $(filter artifacts/small,$(SOAK_ARTIFACTS)),$(PY) -m chattts_serving.export --synthetic --size small --quiet)
+	$(if $(filter artifacts/full,$(SOAK_ARTIFACTS)),$(PY) -m chattts_serving.export --synthetic --size full --quiet)
+	$(PY) scripts/soak.py --artifacts $(SOAK_ARTIFACTS) --minutes $(or $(MINUTES),30) $(if $(SANITIZE),--sanitize) $(SOAK_ARGS)
 
 clean:  ## remove build outputs (keeps the venv)
 	rm -rf build results out

@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 import tomllib
 
+from chattts_serving.deploy.logscan import LogScanner
 from chattts_serving.deploy.render import render_repository
 from chattts_serving.deploy.server import TritonServer
 from chattts_serving.export.build import export_artifacts
@@ -64,13 +65,34 @@ def server_log_report(server: TritonServer, tail_lines: int = 40, crash_lines: i
     return f"{server.log_path}\n" + "\n".join(parts)
 
 
+_SCANNERS: dict[int, LogScanner] = {}
+
+
+def _new_fatal_lines(server: TritonServer) -> list[str]:
+    """Crash signs (:mod:`chattts_serving.deploy.logscan`) written to ``server``'s log since the
+    last look; none for a server whose test breaks it on purpose (``expect_fatal``)."""
+    if server.log_path is None or getattr(server, "expect_fatal", False):
+        return []
+    scanner = _SCANNERS.setdefault(id(server), LogScanner(Path(server.log_path)))
+    return scanner.new_fatal_lines()
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, Any, None]:
-    """A failing test that used a real server gets that server's log (crash report and tail)
-    as a report section: CI keeps only pytest's output, and a stub that died says why only
-    there."""
+    """A test that used a real server fails when that server's log shows a crash or a
+    corrupted heap while it ran (or, for a fixture's server, at its stop): such a server may
+    live on and pass the test's checks. A failing test that used a real server gets that
+    server's log (crash report and tail) as a report section: CI keeps only pytest's output,
+    and a stub that died says why only there."""
     outcome = yield
     report = outcome.get_result()
+    if report.when in ("call", "teardown") and not report.failed:
+        signs = [(srv, line) for value in getattr(item, "funcargs", {}).values()
+                 for srv in _servers_in(value) for line in _new_fatal_lines(srv)]
+        if signs:
+            report.outcome = "failed"
+            report.longrepr = "the server log shows a crash:\n" + "\n".join(
+                f"{srv.log_path}: {line}" for srv, line in signs[:20])
     if not report.failed:
         return
     seen: set[int] = set()

@@ -96,11 +96,14 @@ def crashable(small_artifacts: Artifacts, tmp_path_factory: pytest.TempPathFacto
     1 s); the breaker opens after 3 failures and stays
     open for the rest of the module; 2 streams at most (the busy test fills them). The engine
     answers every 64 tokens instead of 4, so that the mid-stream kill seldom lands while the
-    stub holds the shared-memory lock of a response it is sending (see the death test)."""
+    stub holds the shared-memory lock of a response it is sending (see the death test). A stuck
+    engine does not stop this server (health.stop_on_stall off: tests/test_stalls.py covers
+    that), so that the tests after the frozen-engine one find it serving."""
     srv = _serve(small_artifacts, tmp_path_factory.mktemp("crashable"),
                  entry={"stall_timeout_s": 3.0, "breaker_failures": BREAKER_FAILURES, "breaker_cooldown_s": 3600.0,
                         "max_concurrent_streams": 2}, stream={"emit_tokens": 64},
-                 engine={"waiting_heartbeat_s": 1.0})
+                 engine={"waiting_heartbeat_s": 1.0}, health={"stop_on_stall": False})
+    srv.expect_fatal = True  # its engine is killed on purpose: Triton may abort with it
     state: dict[str, Any] = {"server": srv, "killed": False, "failed_requests": 0}
     try:
         yield state
@@ -159,7 +162,8 @@ def test_a_frozen_engine_ends_the_stream_by_the_stall_watchdog_and_the_server_se
     """SIGSTOP the GPT engine's stub mid-stream (a hung engine; unlike a kill, tritonserver
     itself is never at risk): the BLS iterator gets nothing more, and the entry model's stall
     watchdog ends the stream with its own error after stall_timeout_s (3 s here), while
-    tritonserver stays up. Once the stub runs again the server serves the next request."""
+    tritonserver stays up (with health.stop_on_stall off). Once the stub runs again the server
+    serves the next request."""
     srv: TritonServer = crashable["server"]
     _, grpc = _urls(srv)
     pid = _engine_stub_pid(srv.repo)
@@ -458,19 +462,24 @@ class _FakeServer:
 
     http_port, grpc_port = 1, 2
 
-    def __init__(self, fail_restart: bool = False) -> None:
+    def __init__(self, fail_restart: bool = False, log_path: Path | None = None) -> None:
         self.proc: _Proc | None = _Proc()
         self.stubs = Counter({contract.MODEL_ENGINE: 1, contract.MODEL_OFFLINE: 2})
         self.restarts = 0
+        self.stop_timeouts: list[float] = []
         self.fail_restart = fail_restart
+        self.log_path = log_path
 
     def stub_counts(self) -> Counter[str]:
         return Counter(self.stubs)
 
-    def restart(self) -> None:
+    def restart(self, stop_timeout_s: float = 30.0) -> None:
+        self.stop_timeouts.append(stop_timeout_s)
         if self.fail_restart:
             raise ServerError("port 1 is already in use")
         self.restarts += 1
+        if self.proc is not None:
+            self.proc.returncode = None
         self.stubs = Counter({contract.MODEL_ENGINE: 1, contract.MODEL_OFFLINE: 2})
 
 
@@ -527,6 +536,41 @@ def test_supervisor_counts_a_dead_server_and_raises_when_the_restart_fails(
         sup.step()
     assert "exit code -9" in events[0][1]["reason"]
     assert [e for e, _ in events] == ["health_check_failed", "server_restarting", "server_restart_failed"]
+
+
+def test_supervisor_restarts_a_dead_server_at_the_first_check_with_a_short_stop(
+        events: list[tuple[str, dict[str, Any]]]) -> None:
+    """A server process that exited needs no count of failed checks: restarted at once (the
+    count is for a server that may come back by itself)."""
+    fake = _FakeServer()
+    sup = _supervisor(fake, [], failures=3)
+    assert fake.proc is not None
+    fake.proc.returncode = -6
+    assert sup.step() is True and fake.restarts == 1
+    assert fake.stop_timeouts == [server_mod.FATAL_STOP_TIMEOUT_S]
+    assert [e for e, _ in events] == ["health_check_failed", "server_restarting", "server_restarted"]
+
+
+def test_supervisor_restarts_at_once_a_live_server_whose_log_shows_a_crash(
+        tmp_path: Path, events: list[tuple[str, dict[str, Any]]]) -> None:
+    """Issue 28's state: tritonserver lives on after glibc found its heap corrupted (Triton's
+    handler blocked), answering "ready" with no request completing. Its log says so: the first
+    check after the line restarts it, whatever the stubs and the probe say. Lines written
+    before the server's (re)start and the stop's own "Signal (2)" count for nothing."""
+    log = tmp_path / "tritonserver.log"
+    log.write_text("malloc(): unsorted double linked list corrupted\n")  # an earlier run's
+    fake = _FakeServer(log_path=log)
+    sup = _supervisor(fake, [], failures=3)
+    assert sup.step() is False and not events
+    with log.open("a") as f:
+        f.write("Signal (2) received.\n{\"event\":\"corrupted words in our own JSON\"}\n")
+    assert sup.step() is False and not events
+    with log.open("a") as f:
+        f.write("malloc(): unsorted double linked list corrupted\nSignal (6) received.\n")
+    assert sup.step() is True and fake.restarts == 1
+    assert "malloc(): unsorted double linked list corrupted" in events[0][1]["reason"]
+    assert fake.stop_timeouts == [server_mod.FATAL_STOP_TIMEOUT_S]
+    assert sup.step() is False  # read from the restart on
 
 
 def test_probe_reports_an_unreachable_server_unhealthy_with_exit_code_1() -> None:

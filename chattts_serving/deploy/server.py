@@ -49,7 +49,8 @@ from .admin import (
     restriction_args,
     token_from_env,
 )
-from .gate import GateBuildError, build_gate
+from .gate import GateBuildError, build_gate, sanitizer_runtime
+from .logscan import LogScanner
 from .probe import ProbeResult, probe
 from .render import RenderError, render_repository
 
@@ -78,10 +79,12 @@ def uses_gate(repo: Path) -> bool:
     return any(marker in cfg.read_text() for cfg in Path(repo).glob("*/config.pbtxt"))
 
 
-def backend_dir(build_dir: Path, gate: bool = False) -> Path:
+def backend_dir(build_dir: Path, gate: bool = False, sanitize: bool = False) -> Path:
     """A backend directory whose ``python/`` holds the Python backend and this Python's stub,
     and, with ``gate``, ``chattts_gate/`` the admission gate (built if needed: :mod:`.gate`).
-    Raises ServerError when the gate cannot be built."""
+    With ``sanitize`` the gate is a sanitizer build and the stub a script that starts it without
+    the sanitizer runtime tritonserver preloads (the stubs are not instrumented, and Python's
+    allocator is no business of this check). Raises ServerError when the gate cannot be built."""
     root = bundled_triton()
     ver = f"{sys.version_info.major}.{sys.version_info.minor}"
     stub = root / "python_backend_stubs" / ver / "triton_python_backend_stub"
@@ -95,9 +98,14 @@ def backend_dir(build_dir: Path, gate: bool = False) -> Path:
         if link.is_symlink() or link.exists():
             link.unlink()
         link.symlink_to(src)
+    if sanitize:
+        wrapper = py / stub.name
+        wrapper.unlink()
+        wrapper.write_text(f'#!/bin/sh\nunset LD_PRELOAD\nexec "{stub}" "$@"\n')
+        wrapper.chmod(0o755)
     if gate:
         try:
-            build_gate(build_dir / "backends")
+            build_gate(build_dir / "backends", sanitize=sanitize)
         except GateBuildError as exc:
             raise ServerError(str(exc)) from None
     return build_dir / "backends"
@@ -134,19 +142,22 @@ class TritonServer:
     server's stdout and stderr. The admin APIs are always restricted: ``admin_token`` is the
     header's value, by default the configured one (``$CHATTTS_ADMIN_TOKEN`` or the token file,
     :mod:`chattts_serving.deploy.admin`) or one generated for this object and kept nowhere
-    (``admin_token_generated``); restarts keep it. Raises AdminTokenError when the configured
-    token is unusable, OSError when its file cannot be read.
+    (``admin_token_generated``); restarts keep it. ``sanitize``: the admission gate built with
+    AddressSanitizer and UndefinedBehaviorSanitizer, their runtime loaded into tritonserver
+    (``make soak SANITIZE=1``). Raises AdminTokenError when the configured token is unusable,
+    OSError when its file cannot be read.
     """
 
     def __init__(self, repo: Path, *, http_port: int = 8000, grpc_port: int = 8001, metrics_port: int = 8002,
                  log_path: Path | None = None, build_dir: Path = Path("build"), exit_timeout_s: int = 10,
-                 extra_args: tuple[str, ...] = (), admin_token: str | None = None) -> None:
+                 extra_args: tuple[str, ...] = (), admin_token: str | None = None, sanitize: bool = False) -> None:
         self.repo = Path(repo).resolve()
         self.http_port, self.grpc_port, self.metrics_port = http_port, grpc_port, metrics_port
         self.log_path = log_path
         self.build_dir = Path(build_dir).resolve()
         self.exit_timeout_s = exit_timeout_s
         self.extra_args = extra_args
+        self.sanitize = sanitize
         configured = admin_token or token_from_env()
         self.admin_token = configured or new_token()
         self.admin_token_generated = configured is None
@@ -156,11 +167,14 @@ class TritonServer:
         self._shm_before: set[str] = set()
         self.starts = 0
         """Successful and failed start attempts so far (a restart appends to the log file)."""
+        self.expect_fatal = False
+        """Set by whoever breaks this server on purpose (fault tests): crash signs in its log
+        (:mod:`~chattts_serving.deploy.logscan`) are then expected, not reported."""
 
     def command(self) -> list[str]:
         root = bundled_triton()
         return [str(root / "bin" / "tritonserver"), f"--model-repository={self.repo}",
-                f"--backend-directory={backend_dir(self.build_dir, uses_gate(self.repo))}",
+                f"--backend-directory={backend_dir(self.build_dir, uses_gate(self.repo), self.sanitize)}",
                 f"--http-port={self.http_port}", f"--grpc-port={self.grpc_port}",
                 f"--metrics-port={self.metrics_port}", "--allow-metrics=true", "--allow-gpu-metrics=false",
                 "--metrics-config=summary_latencies=true",
@@ -187,6 +201,16 @@ class TritonServer:
         ldlib = sysconfig.get_config_var("LDLIBRARY")
         if libdir and ldlib and (Path(libdir) / ldlib).exists():
             env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (libdir, env.get("LD_LIBRARY_PATH")) if p)
+        if self.sanitize:
+            # The gate's sanitizer build needs the runtime loaded first; its reports go to the
+            # server log, where the log scan (deploy/logscan.py) finds them. Leaks are not
+            # checked: tritonserver frees little at exit by design.
+            try:
+                env["LD_PRELOAD"] = sanitizer_runtime()
+            except GateBuildError as exc:
+                raise ServerError(str(exc)) from None
+            env["ASAN_OPTIONS"] = "detect_leaks=0:abort_on_error=1:halt_on_error=1"
+            env["UBSAN_OPTIONS"] = "print_stacktrace=1"
         # The first start truncates the log; a restart appends, so the crash stays on record.
         out = open(self.log_path, "ab" if self.starts else "wb") if self.log_path else None  # noqa: SIM115
         self.starts += 1
@@ -280,12 +304,14 @@ class TritonServer:
 
 @dataclass(frozen=True)
 class CheckResult:
-    """One supervisor check: ``ok``, the ``reason`` when not ok ("ok" otherwise), and whether
-    the deep probe ran as part of it (``probed``)."""
+    """One supervisor check: ``ok``, the ``reason`` when not ok ("ok" otherwise), whether the
+    deep probe ran as part of it (``probed``), and whether the failure calls for a restart at
+    once (``fatal``: the process exited, or its log shows a crash or a corrupted heap)."""
 
     ok: bool
     reason: str = "ok"
     probed: bool = False
+    fatal: bool = False
 
 
 class RestartPolicy:
@@ -333,6 +359,11 @@ class RestartPolicy:
         return False
 
 
+FATAL_STOP_TIMEOUT_S = 5.0
+"""How long a supervisor waits for a crashed server to stop before killing it: a process
+whose heap is corrupted may never finish a clean stop."""
+
+
 class Supervisor:
     """Restarts a :class:`TritonServer` whose model processes died or that stopped serving.
 
@@ -341,7 +372,10 @@ class Supervisor:
     restarts a killed stub nor reports it: ``/v2/health/ready`` stays 200) and, when
     :class:`RestartPolicy` says so, runs the deep probe (:func:`chattts_serving.deploy.probe.probe`,
     deadline ``health.probe_timeout_s``). After ``health.failures`` failed checks in a row it
-    restarts the server (clean stop, same ports). Every event is one JSON log line on stderr
+    restarts the server (clean stop, same ports). A server process that exited, or whose log
+    shows a crash or a corrupted heap (:mod:`~chattts_serving.deploy.logscan`: a process in that
+    state may live on and answer "ready" while serving nothing), is restarted at the first check
+    that sees it, its stop cut short (:data:`FATAL_STOP_TIMEOUT_S`). Every event is one JSON log line on stderr
     (:func:`chattts_serving.serving.logs.log_event`): ``supervisor_started``, ``health_check_failed``,
     ``server_restarting``, ``server_restarted``, ``server_restart_failed``.
 
@@ -358,19 +392,26 @@ class Supervisor:
                                                                        admin_token=server.admin_token))
         self.expected: Counter[str] = Counter()
         self.restarts = 0
+        self.log = LogScanner(server.log_path)
 
     def baseline(self) -> None:
-        """Record the stub processes of the freshly started server as the expected set."""
+        """Record the stub processes of the freshly started server as the expected set; the log
+        is read from its current end on (a restart appends to it)."""
         self.expected = self.server.stub_counts()
         self.policy.reset()
+        self.log = LogScanner(self.server.log_path, start_at_end=True)
 
     def check(self, with_probe: bool) -> CheckResult:
         """The server process runs, every expected stub is alive and, ``with_probe``, the
         deep probe passes."""
         proc = self.server.proc
+        signs = self.log.new_fatal_lines()
         if proc is None or proc.poll() is not None:
             code = None if proc is None else proc.returncode
-            return CheckResult(False, f"tritonserver is not running (exit code {code})")
+            why = f"; its log: {signs[0][:200]}" if signs else ""
+            return CheckResult(False, f"tritonserver is not running (exit code {code}){why}", fatal=True)
+        if signs:
+            return CheckResult(False, f"the server log shows a crash: {signs[0][:200]}", fatal=True)
         missing = self.expected - self.server.stub_counts()
         if missing:
             gone = ", ".join(f"{model} ({n} of {self.expected[model]})" for model, n in sorted(missing.items()))
@@ -390,14 +431,14 @@ class Supervisor:
             return False
         log_event("health_check_failed", level="warning", component="supervisor", reason=result.reason,
                   probed=result.probed, consecutive_failures=self.policy.consecutive_failures + 1,
-                  failures_to_restart=self.health.failures)
-        if not self.policy.record(result):
+                  failures_to_restart=1 if result.fatal else self.health.failures)
+        if not self.policy.record(result) and not result.fatal:
             return False
         log_event("server_restarting", level="error", component="supervisor", reason=result.reason,
                   restarts=self.restarts)
         t0 = time.monotonic()
         try:
-            self.server.restart()
+            self.server.restart(stop_timeout_s=FATAL_STOP_TIMEOUT_S if result.fatal else 30.0)
         except ServerError as exc:
             log_event("server_restart_failed", level="error", component="supervisor", error=str(exc).splitlines()[0])
             raise
