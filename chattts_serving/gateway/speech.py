@@ -21,7 +21,8 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, S
 from .. import contract
 from ..audio import formats as audio_format
 from ..client import StreamPart, SynthesisRequest, read_wav
-from ..text.normalize import CONTROL_NUMBERED, DEFAULT_SPEED, length_error
+from ..text.normalize import CONTROL_NUMBERED, DEFAULT_SPEED
+from ..text.request_text import length_error
 from .errors import INVALID_REQUEST, ApiError
 
 MIN_SPEED: Final = 0.25

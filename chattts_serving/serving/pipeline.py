@@ -39,7 +39,8 @@ from ..audio.chunking import ChunkSchedule, StreamChunker
 from ..contract import Segmentation, SequenceMode, StopReason, VocoderPath
 from ..errors import Cancelled, DeadlineExceeded, ErrorKind, RequestError
 from ..params import SamplingParams
-from ..text.normalize import carry_speed, speakable
+from ..text.normalize import speakable
+from ..text.request_text import carry_speed
 from ..text.segments import SegmentRules, chattts_groups, split_like_chattts, split_segments
 from .request import EntryRequest, FrontendCall, Reference
 

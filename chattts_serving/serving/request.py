@@ -33,8 +33,8 @@ from ..audio.reference import (
 from ..contract import Priority, Segmentation, SequenceMode, VocoderPath
 from ..errors import RequestError
 from ..params import ParamError, SamplingParams
-from ..text.normalize import length_error
 from ..text.refine import REFINE_PARAMS, RefineParams
+from ..text.request_text import length_error
 
 Inputs = Mapping[str, np.ndarray]
 """A request's tensors by input name (absent optional inputs are absent)."""

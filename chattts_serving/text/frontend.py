@@ -43,13 +43,13 @@ from ..runtime import Artifacts
 from . import normalize as textnorm
 from . import refine
 from . import wetext as textnorm_wetext
+from .request_text import RAW_LENGTH_FACTOR, length_error
 from .voices import DEFAULT_CACHE_ENTRIES, MAX_VOICE_SEED, SpeakerCache, Voice, VoiceBook, VoiceError
 
 log = logging.getLogger(__name__)
 
-__all__ = ["MAX_VOICE_SEED", "FrontEnd", "FrontendError", "Prepared"]
+__all__ = ["MAX_VOICE_SEED", "RAW_LENGTH_FACTOR", "FrontEnd", "FrontendError", "Prepared"]
 
-RAW_LENGTH_FACTOR = textnorm.RAW_LENGTH_FACTOR
 _SPEED_TOKEN = re.compile(r"\[speed_\d+\]")
 
 
@@ -170,7 +170,7 @@ class FrontEnd:
                 token out of range; a voice that cannot be resolved; an invalid refine prompt
                 or refined ids outside the text vocabulary.
         """
-        too_long = textnorm.length_error(text, self.max_text_chars)
+        too_long = length_error(text, self.max_text_chars)
         if too_long:
             raise FrontendError(too_long)
         if not text.strip() and not keep_unspeakable:
