@@ -23,6 +23,15 @@ would delete carries meaning:
   word but 二 in 第2, 2号, 2楼, 2两; ``N+`` and ``N万+`` read N多; ``8k`` reads 八千; a unit
   written after a time (17:20分, 12:00点) or an amount (¥100元, €1.2亿元) is read once; a range
   of amounts, dates or negative numbers keeps its 到 (¥100-200, 3/5-3/8, -10~-5℃).
+* What call centres, news and assistants say: ``*``/``#`` after 按 are keys (星号键, 井号键); a
+  number after 房间/车牌/股票代码/取件码... or before 室 is an identifier, and a code with hyphens
+  (3-2-1105, B2-105) is read part by part with 杠; Roman numerals (Ⅳ卷, II型, World War II,
+  Louis XIV) are numbers; English titles and abbreviations (Dr., St., etc., vs.) are words;
+  ``Oct 1-7`` and ``Mon-Fri`` keep their "to"; ``70s`` is a decade in English unless a word
+  says seconds; ``8.15`` after 晚上/at is a clock time; ``9 - 4 = 5`` is arithmetic (减); a
+  middle dot separates date parts (2019·2·10) or names an event (5·12, 五一二); ₩ ₹ ₽ ฿ and
+  other signs are currencies; ``-1/3`` is 负三分之一. ``language`` ('zh', 'en', 'auto') chooses
+  the language of what has no context of its own (a bare ``25kg``).
 * Full-width letters, digits and punctuation are folded to half-width first, and characters
   with a readable form are replaced by it (Kangxi radicals and enclosed ideographs by their
   ideograph, 〇 by 零, ㎡ by m², Greek letters by their names); punctuation is then mapped to
@@ -68,14 +77,40 @@ from .base import (
     speakable,
 )
 from .context import context_language, dominant_language
-from .driver import normalize, punctuate
+from .driver import LANGUAGES, normalize, punctuate
 from .numbers import en_digits, en_int, en_number, en_ordinal, en_year, zh_digits, zh_number
 from .plain import split_segments
 from .precedence import KINDS, LIBRARY_KINDS, PRECEDENCE
 from .width import fold_width
 
-__all__ = ["CONTROL_NUMBERED", "CONTROL_TOKEN", "CONTROL_WORDS", "DEFAULT_SPEED", "KINDS", "LAST_SPOKEN_CJK",
-           "LIBRARY_KINDS", "PRECEDENCE", "RESERVED_TOKENS", "SPOKEN_CHARS", "Lang", "NormalizedText", "Segment",
-           "TextNormError", "context_language", "dominant_language", "en_digits", "en_int", "en_number",
-           "en_ordinal", "en_year", "fold_width", "normalize", "punctuate", "speakable", "split_segments",
-           "zh_digits", "zh_number"]
+__all__ = [
+    "CONTROL_NUMBERED",
+    "CONTROL_TOKEN",
+    "CONTROL_WORDS",
+    "DEFAULT_SPEED",
+    "KINDS",
+    "LANGUAGES",
+    "LAST_SPOKEN_CJK",
+    "LIBRARY_KINDS",
+    "PRECEDENCE",
+    "RESERVED_TOKENS",
+    "SPOKEN_CHARS",
+    "Lang",
+    "NormalizedText",
+    "Segment",
+    "TextNormError",
+    "context_language",
+    "dominant_language",
+    "en_digits",
+    "en_int",
+    "en_number",
+    "en_ordinal",
+    "en_year",
+    "fold_width",
+    "normalize",
+    "punctuate",
+    "speakable",
+    "split_segments",
+    "zh_digits",
+    "zh_number",
+]

@@ -7,7 +7,15 @@ import re
 from typing import Final
 
 from .base import Lang
-from .context import IDENTIFIER_BEFORE, RANGE_UNITS, ends_with, said_below, temperature_degrees
+from .context import (
+    EN_IDENTIFIER_BEFORE,
+    IDENTIFIER_AFTER,
+    IDENTIFIER_BEFORE,
+    RANGE_UNITS,
+    ends_with,
+    said_below,
+    temperature_degrees,
+)
 from .kind import NUM, SIGN, Groups, Kind
 from .numbers import (
     ID_CARD_DIGITS,
@@ -56,10 +64,18 @@ def _h_number(lang: Lang, g: Groups, before: str, after: str) -> str:
         return ("负" if sign == "-" else "正" if sign == "+" else "") + words + ("多" if plus else "")
     if not sign and len(num) == 4 and num.isdigit() and 1100 <= int(num) <= 2099 and _year_context(before):
         return en_year(int(num))
-    if num.isdigit() and (len(num) >= LONG_IDENTIFIER_DIGITS or (len(num) >= 3 and before[-1:].isupper())):
-        return read_groups(lang, digit_groups(num))  # a card number, CA981
+    if num.isdigit() and (len(num) >= LONG_IDENTIFIER_DIGITS or (len(num) >= 3 and before[-1:].isupper())
+                          or (len(num) >= 3 and not sign and _en_identifier(before))):
+        return read_groups(lang, digit_groups(num))  # a card number, CA981, call 911
     words = en_number(num)
     return ("minus " if sign == "-" else "plus " if sign == "+" else "") + words + (" plus" if plus else "")
+
+
+def _en_identifier(before: str) -> bool:
+    """English: a number right after a word of :data:`.context.EN_IDENTIFIER_BEFORE` (a ``#``,
+    ``:`` or ``.`` between allowed) is an identifier (call 911, room 305, gate B12's 12 is not)."""
+    m = re.search(r"([A-Za-z]+)\.?(?:\s+(?:is|was|number|no\.?))?[\s:#]*$", before)
+    return m is not None and (m.group(1) in EN_IDENTIFIER_BEFORE or m.group(1).lower() in EN_IDENTIFIER_BEFORE)
 
 
 def _zh_count(num: str, before: str, after: str) -> str:
@@ -73,6 +89,8 @@ def _zh_count(num: str, before: str, after: str) -> str:
         return "，".join(zh_digits(grp, one="幺") for grp in digit_groups(num))
     if digits and len(num) == ID_CARD_DIGITS - 1 and after[:1] in ("X", "x"):
         return "，".join(zh_digits(grp, one="幺") for grp in (num[:6], num[6:14], num[14:]))  # ID ending in X
+    if digits and len(num) >= 3 and after.startswith(IDENTIFIER_AFTER):
+        return zh_digits(num, one="幺")  # 1203室
     if digits and (len(num) >= LONG_IDENTIFIER_DIGITS or (len(num) >= 4 and before[-1:].isupper())
                    or (len(num) >= 3 and not takes_liang(after) and not after.startswith(RANGE_UNITS)
                        and ends_with(before.rstrip("ABCDEFGHIJKLMNOPQRSTUVWXYZ"), IDENTIFIER_BEFORE, " :是为"))):
@@ -87,8 +105,8 @@ def _zh_count(num: str, before: str, after: str) -> str:
         return zh_digits(num)  # 80后, 95后, 00后: generations
     if digits and num.startswith("0") and len(num) <= 2 and after.startswith(_DATE_WORDS):
         num = num.lstrip("0") or "0"  # 03月05日
-    if before.rstrip().endswith("第"):
-        return zh_number(num)  # 第2名: an ordinal, never 两
+    if before.rstrip().endswith(("第", "分之")):
+        return zh_number(num)  # 第2名 (an ordinal), 3分之2个 (a numerator): never 两
     return liang(zh_number(num), after)
 
 

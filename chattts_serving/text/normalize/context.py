@@ -29,9 +29,22 @@ range (他4-0获胜，从0-3追到3-3), unless a unit or measure word follows it
 IDENTIFIER_BEFORE: Final = ("电话", "手机", "手机号", "座机", "传真", "热线", "客服", "拨打", "致电", "呼叫", "号码",
                             "卡号", "账号", "帐号", "单号", "编号", "工号", "学号", "尾号", "验证码", "密码", "邮编",
                             "QQ号", "QQ", "微信号", "身份证号码", "身份证号", "身份证", "分机号", "分机", "拨",
-                            "车次", "航班", "航班号", "房间号", "订单")
+                            "车次", "航班", "航班号", "房间号", "订单", "房间", "房号", "门牌号", "车牌", "车牌号",
+                            "股票代码", "证券代码", "基金代码", "代码", "取件码", "提货码", "取餐码", "取货码",
+                            "座位号", "座位", "座号", "桌号", "会员号", "运单号", "登机口", "检票口", "柜号", "货号",
+                            "型号")
 """Written right before a number of three or more digits (spaces, ``:``, 是/为 between
-allowed), they make it an identifier read digit by digit with 幺 (拨打110, 验证码385921)."""
+allowed), they make it an identifier read digit by digit with 幺 (拨打110, 验证码385921,
+房间2508, 股票代码600519); after them a number with hyphens is a code read part by part
+(取件码3-1105)."""
+IDENTIFIER_AFTER: Final = ("室", "号房", "房间", "号房间")
+"""Written right after a number of three or more digits, they make it a room number read
+digit by digit (1203室 -> 幺二零三室); ``3室2厅`` counts rooms."""
+EN_IDENTIFIER_BEFORE: Final = ("call", "dial", "text", "room", "flight", "gate", "seat", "platform", "extension",
+                               "ext", "code", "PIN", "pin", "ID", "zip", "ZIP", "number", "No", "account", "order",
+                               "ticket", "bus", "route", "suite", "apartment", "apt", "unit")
+"""English words right before a number of three or more digits that make it an identifier
+read digit by digit (call 911 -> nine one one, room 305 -> three zero five)."""
 TEMPERATURE_BEFORE: Final = ("气温", "温度", "低温", "高温", "最低", "最高", "体温", "水温", "室温", "温差")
 """Before ``-N度`` in the same clause, they make it a temperature: 零下 N 度."""
 SENTENCE_END: Final = re.compile(r"[。！？!?\n]|\.(?=\s|$)")

@@ -6,9 +6,11 @@ import re
 from typing import Final
 
 from .base import Lang
+from .context import IDENTIFIER_BEFORE, ends_with
+from .identifiers import code_words
 from .kind import Groups, Kind
-from .numbers import en_ordinal, en_year, zh_digits, zh_int
-from .tables import MONTH_RE, MONTHS_EN, month_number
+from .numbers import en_number, en_ordinal, en_year, zh_digits, zh_int
+from .tables import MONTH_RE, MONTHS_EN, WEEKDAY_RE, month_number, weekday_name
 
 
 def zh_date(y: str | None, m: int, d: int | None) -> str:
@@ -28,8 +30,15 @@ def en_date(y: str | None, m: int, d: int | None) -> str:
     return out
 
 
+def _code_before(g: Groups, before: str) -> bool:
+    """A date-shaped code after an identifier word (提货码1230-10-8): not a date."""
+    return g("ymd_sep") == "-" and ends_with(before, IDENTIFIER_BEFORE, " :是为")
+
+
 def _h_ymd(lang: Lang, g: Groups, before: str, after: str) -> str:
     y, mo, d = g("ymd_y"), int(g("ymd_m")), int(g("ymd_d"))
+    if lang == "zh" and _code_before(g, before):
+        return code_words(lang, [y, g("ymd_m"), g("ymd_d")])
     return zh_date(y, mo, d) if lang == "zh" else en_date(y, mo, d)
 
 
@@ -58,9 +67,79 @@ def _h_drange(lang: Lang, g: Groups, before: str, after: str) -> str:
     return en_date(*first) + " to " + en_date(*second)
 
 
+def _range_word(sep: str) -> str:
+    """The English word of a range's separator: a dash reads to, a word as written (thru:
+    through)."""
+    sep = sep.strip()
+    return {"thru": "through", "till": "until"}.get(sep, sep) if sep.isalpha() else "to"
+
+
+def _h_enrange(lang: Lang, g: Groups, before: str, after: str) -> str:
+    """Oct 1-7 -> October first to seventh; Oct 1 - Nov 3, 2024 -> October first to November
+    third, twenty twenty four; 1-7 October -> the first to the seventh of October. A written
+    word between the days (to, through, and) is read as written; a dash reads to."""
+    sep = _range_word(g("er_sep") or g("em_sep"))
+    year = f", {en_year(int(g('er_y')))}" if g("er_y") else ""
+    if g("er_mon"):
+        first = f"{MONTHS_EN[month_number(g('er_mon')) - 1]} {en_ordinal(int(g('er_a')))}"
+        second = en_ordinal(int(g("er_b")))
+        if g("er_mon2"):
+            second = f"{MONTHS_EN[month_number(g('er_mon2')) - 1]} {second}"
+        return f"{first} {sep} {second}{year}"
+    article = "" if re.search(r"\bthe\s*$", before, re.IGNORECASE) else "the "
+    month = MONTHS_EN[month_number(g("em_mon")) - 1]
+    words = f"{article}{en_ordinal(int(g('em_a')))} {sep} the {en_ordinal(int(g('em_b')))} of {month}"
+    return words + (f", {en_year(int(g('em_y')))}" if g("em_y") else "")
+
+
+def _h_dayrange(lang: Lang, g: Groups, before: str, after: str) -> str:
+    """Mon-Fri -> Monday to Friday (周一至周五 in Chinese context), a written word kept."""
+    sep = g("wr_sep").strip()
+    a, b = weekday_name(g("wr_a")), weekday_name(g("wr_b"))
+    if lang == "zh":
+        zh = "一二三四五六日"
+        return f"周{zh[a[1]]}{'至' if sep in ('to', 'through', 'thru', 'until', 'till') else '到'}周{zh[b[1]]}"
+    return f"{a[0]} {_range_word(sep)} {b[0]}"
+
+
+def _h_mdot(lang: Lang, g: Groups, before: str, after: str) -> str:
+    """5·12, 9·11, 3·15: a month and day with a middle dot names an event, read digit by
+    digit (五一二, 九一一; nine eleven)."""
+    m, d = g("dot_m"), g("dot_d")
+    if lang == "zh":
+        return zh_digits(m) + zh_digits(d)
+    return f"{en_number(m)} {en_number(d)}"
+
+
+_DAY: Final = r"3[01]|[12]\d|0?[1-9]"
+_RANGE_WORD: Final = r"\s?[-–—~]\s?|\s+(?:to|through|thru|until|till|and)\s+"
+
+ENRANGE: Final = Kind(
+    "enrange",
+    rf"\b(?P<er_mon>{MONTH_RE})\.?\s+(?P<er_a>{_DAY})(?:st|nd|rd|th)?(?P<er_sep>{_RANGE_WORD})"
+    rf"(?:(?P<er_mon2>{MONTH_RE})\.?\s+)?(?P<er_b>{_DAY})(?:st|nd|rd|th)?(?![\dA-Za-z:]|\.\d)"
+    r"(?:,?\s+(?P<er_y>\d{4})(?!\d))?"
+    rf"|\b(?P<em_a>{_DAY})(?:st|nd|rd|th)?(?P<em_sep>{_RANGE_WORD})(?:the\s+)?(?P<em_b>{_DAY})(?:st|nd|rd|th)?"
+    rf"\s+(?:of\s+)?(?P<em_mon>{MONTH_RE})(?:,?\s+(?P<em_y>\d{{4}})(?!\d))?",
+    _h_enrange, lang="en")
+
+
+DAYRANGE: Final = Kind(
+    "dayrange",
+    rf"(?<![A-Za-z])(?P<wr_a>{WEEKDAY_RE})\.?(?P<wr_sep>\s?[-–—~]\s?|\s+(?:to|through|thru|until|till)\s+)"
+    rf"(?P<wr_b>{WEEKDAY_RE})(?:\.(?=\s+[\da-z]))?(?![A-Za-z])",
+    _h_dayrange)
+
+
+MDOT: Final = Kind(
+    "mdot",
+    r"(?<![\d.·])(?P<dot_m>1[0-2]|[1-9])·(?P<dot_d>3[01]|[12]\d|[1-9])(?![\d·])",
+    _h_mdot)
+
+
 DRANGE: Final = Kind(
     "drange",
-    r"(?<![\d.])(?P<da_y>\d{4})(?P<da_sep>[-/.])(?P<da_m>1[0-2]|0?[1-9])(?P=da_sep)"
+    r"(?<![\d.])(?P<da_y>\d{4})(?P<da_sep>[-/.·])(?P<da_m>1[0-2]|0?[1-9])(?P=da_sep)"
     r"(?P<da_d>3[01]|[12]\d|0?[1-9])\s?(?P<dr_sep>[-~–—])\s?"
     r"(?:(?P<db_y>\d{4})(?P=da_sep))?"
     r"(?P<db_m>1[0-2]|0?[1-9])(?P=da_sep)(?P<db_d>3[01]|[12]\d|0?[1-9])(?!\d|\.\d)",
@@ -69,9 +148,10 @@ DRANGE: Final = Kind(
 
 YMD: Final = Kind(
     "ymd",
-    r"(?<![\d.])(?P<ymd_y>\d{4})(?P<ymd_sep>[-/.])(?P<ymd_m>1[0-2]|0?[1-9])(?P=ymd_sep)"
+    r"(?<![\d.])(?P<ymd_y>\d{4})(?P<ymd_sep>[-/.·])(?P<ymd_m>1[0-2]|0?[1-9])(?P=ymd_sep)"
     r"(?P<ymd_d>3[01]|[12]\d|0?[1-9])(?!\d|\.\d)",
-    _h_ymd, library=True)
+    _h_ymd, library=True,
+    library_may_read=lambda g, before, after: g("ymd_sep") != "·" and not _code_before(g, before))
 
 
 MDY: Final = Kind(

@@ -7,27 +7,38 @@ from __future__ import annotations
 import re
 from typing import Final
 
-from .base import CONTROL_NUMBERED, CONTROL_WORDS, RESERVED_TOKENS, NormalizedText, TextNormError
+from .base import CONTROL_NUMBERED, CONTROL_WORDS, RESERVED_TOKENS, Lang, NormalizedText, TextNormError
 from .context import Context, dominant_language, near
 from .plain import Out, plain, split_segments, tidy
 from .precedence import KINDS, SCANNER, TAG_SCANNER
 from .width import fold_width
 
+LANGUAGES: Final = ("auto", "zh", "en")
+"""The values of :func:`normalize`'s ``language``."""
 
-def normalize(text: str, library: bool = True) -> NormalizedText:
+
+def normalize(text: str, library: bool = True, language: str = "auto") -> NormalizedText:
     """Verbalise ``text`` for ChatTTS (see the package docstring, :mod:`chattts_serving.text.normalize`).
 
     ``library``: read the Chinese-context entities of :data:`LIBRARY_KINDS` with WeTextProcessing
     (:mod:`chattts_serving.text.wetext`) where it reads them as the corpus expects; False:
     our rules alone (the profile knob ``[frontend] wetext``).
 
+    ``language``: the language of what has no context of its own (a bare ``25kg``, ``03:04pm``,
+    a text of digits and symbols): ``'zh'`` or ``'en'``, or ``'auto'`` (the language with more
+    words in the text, Chinese on a tie). Words around an entity still decide its language
+    (``3个`` is Chinese, ``3 apples`` English, whatever ``language`` says).
+
     Returns a :class:`NormalizedText` whose ``text`` holds only Chinese characters of
     U+4E00..U+9FA5, Latin letters, spaces, ``，。、,.`` and control tokens.
 
     Raises:
-        TextNormError: a numbered control token outside its range (``[break_9]``).
+        TextNormError: a numbered control token outside its range (``[break_9]``), a
+            ``language`` other than those of :data:`LANGUAGES`.
     """
-    return _normalize(text, library, SCANNER)
+    if language not in LANGUAGES:
+        raise TextNormError(f"language must be one of {', '.join(LANGUAGES)}; got {language!r}")
+    return _normalize(text, library, SCANNER, language)
 
 
 def punctuate(text: str) -> NormalizedText:
@@ -42,9 +53,10 @@ def punctuate(text: str) -> NormalizedText:
     return _normalize(text, False, TAG_SCANNER)
 
 
-def _normalize(text: str, library: bool, scanner: re.Pattern[str]) -> NormalizedText:
+def _normalize(text: str, library: bool, scanner: re.Pattern[str], language: str = "auto") -> NormalizedText:
     folded = fold_width(text)
-    ctx = Context(folded, dominant_language(folded), library=library)
+    default: Lang = "zh" if language == "zh" else "en" if language == "en" else dominant_language(folded)
+    ctx = Context(folded, default, library=library)
     out = Out([], [])
     pos = 0
     while (m := scanner.search(folded, pos)) is not None:

@@ -9,7 +9,7 @@ from typing import Final, Literal
 from .base import Lang
 from .context import ends_with
 from .dates import en_date, zh_date
-from .kind import Groups, Kind
+from .kind import SIGN, Groups, Kind
 from .numbers import en_int, en_ordinal, takes_liang, zh_int
 
 
@@ -99,7 +99,9 @@ def _en_slash_date(a: str, b: str, before: str) -> bool:
 def _h_fraction(lang: Lang, g: Groups, before: str, after: str) -> str:
     """``a/b``: a fraction (五分之三) or, as its context says, a month and day (US order in
     English: on 3/5; 截止12/31 in Chinese, see :func:`zh_slash_date`)."""
-    a, b = g("fr_a"), g("fr_b")
+    a, b, sign = g("fr_a"), g("fr_b"), (g("fr_sign") or "").replace("−", "-")
+    if sign:  # -1/3: a signed fraction, never a date
+        return {"-": ("负", "minus "), "+": ("正", "plus ")}[sign][lang == "en"] + fraction_words(lang, int(a), int(b))
     if zh_slash_date(a, b, before, after) if lang == "zh" else _en_slash_date(a, b, before):
         return zh_date(None, int(a), int(b)) if lang == "zh" else en_date(None, int(a), int(b))
     return fraction_words(lang, int(a), int(b))
@@ -149,5 +151,6 @@ MDRANGE: Final = Kind(
 
 FRACTION: Final = Kind(
     "fraction",
-    r"(?<![\d/.])(?P<fr_a>\d+)/(?P<fr_b>\d+)(?![\d/])",
-    _h_fraction, library=True, library_fits=_library_fits_fraction)
+    rf"(?P<fr_sign>{SIGN})?(?<![\d/.])(?P<fr_a>\d+)/(?P<fr_b>\d+)(?![\d/])",
+    _h_fraction, library=True, library_may_read=lambda g, before, after: not g("fr_sign"),
+    library_fits=_library_fits_fraction)

@@ -1,4 +1,5 @@
-"""Identifiers read digit by digit: phone numbers, spaced digit groups, ``No.123``."""
+"""Identifiers read digit by digit: phone numbers, spaced digit groups, ``No.123``, codes
+with hyphens (取件码3-2-1105, parking space B2-105), and keypad keys (按*号键, press #)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import Final
 
 from .base import Lang
 from .kind import Groups, Kind
-from .numbers import digit_groups, en_number, read_groups, zh_number
+from .numbers import digit_groups, en_digits, en_number, read_groups, zh_digits, zh_number
 
 
 def _phone(lang: Lang, raw: str) -> str:
@@ -40,6 +41,51 @@ def _h_numero(lang: Lang, g: Groups, before: str, after: str) -> str:
     if len(num) >= 3:
         return read_groups(lang, digit_groups(num))
     return "第" + zh_number(num) if lang == "zh" else "number " + en_number(num)
+
+
+def code_words(lang: Lang, parts: list[str]) -> str:
+    """A code written with hyphens, part by part: digits one by one (1 as 幺), letters as they
+    are, the hyphen read 杠 / dash (3-2-1105 -> 三杠二杠幺幺零五, B2-105 -> B二杠幺零五)."""
+    def part(p: str) -> str:
+        pieces = re.findall(r"[A-Za-z]+|\d+", p)
+        if lang == "zh":
+            return "".join(x if x.isalpha() else zh_digits(x, one="幺") for x in pieces)
+        return " ".join(x if x.isalpha() else en_digits(x) for x in pieces)
+
+    return ("杠" if lang == "zh" else " dash ").join(part(p) for p in parts)
+
+
+def _h_code(lang: Lang, g: Groups, before: str, after: str) -> str:
+    return code_words(lang, g("code").split("-"))
+
+
+_KEY_NAMES: Final = {"*": ("星号", "star"), "#": ("井号", "pound")}
+
+
+def _h_key(lang: Lang, g: Groups, before: str, after: str) -> str:
+    """A keypad key: 按*号键 -> 按星号键, 按#结束 -> 按井号结束, press # -> press pound."""
+    sym = g("key") or g("key2")
+    tail = g("key_tail") or g("key_tail2") or ""
+    if lang == "zh":
+        return _KEY_NAMES[sym][0] + ("键" if "键" in tail else "")
+    return _KEY_NAMES[sym][1]
+
+
+_PRESS: Final = "".join(f"(?<={w})" if i == 0 else f"|(?<={w})" for i, w in enumerate(
+    ("按", "按下", "请按", "再按", "Press", "press", "Press ", "press ", "Dial ", "dial ", "Push ", "push ", "Hit ",
+     "hit ")))
+KEY: Final = Kind(
+    "key",
+    rf"(?:{_PRESS})\s?(?P<key>[*#])(?P<key_tail>号键|号|键)?(?![\d*#])"
+    r"|(?P<key2>[*#])(?:(?P<key_tail2>号键|键)|(?=\s?key\b))",
+    _h_key)
+
+
+CODE: Final = Kind(
+    "code",
+    r"(?<![A-Za-z0-9.+-])(?P<code>[A-Z]{0,3}\d{1,6}(?:-\d{1,6}){2,}|[A-Z]{1,3}\d{1,3}-\d{1,6})"
+    r"(?![A-Za-z0-9-]|\.\d)",
+    _h_code)
 
 
 PHONE: Final = Kind(

@@ -9,7 +9,7 @@ order the scanner tries them.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Final
 
@@ -56,3 +56,8 @@ SIGN: Final = r"(?:(?<![A-Za-z0-9.])[-+−])"
 def alt(units: dict[str, Unit]) -> str:
     """An alternation of the symbols of ``units``, longest first."""
     return "|".join(re.escape(u) for u in sorted(units, key=len, reverse=True))
+
+
+def alt_words(words: Iterable[str]) -> str:
+    """An alternation of ``words`` (escaped), longest first."""
+    return "|".join(re.escape(w) for w in sorted(words, key=len, reverse=True))

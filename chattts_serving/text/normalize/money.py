@@ -6,9 +6,9 @@ from __future__ import annotations
 from typing import Final
 
 from .base import Lang
-from .kind import NUM, Groups, Kind
+from .kind import NUM, Groups, Kind, alt_words
 from .numbers import ZH_DIGITS, en_int, en_number, liang, plain_decimal, to_decimal, zh_number
-from .tables import CURRENCIES, CURRENCY_OF, MULTIPLIERS
+from .tables import CURRENCIES, CURRENCY_CODES, CURRENCY_OF, CURRENCY_SIGNS, MULTIPLIERS
 
 
 def _money(lang: Lang, neg: bool, code: str, amount: str, mult: str | None) -> str:
@@ -48,7 +48,9 @@ def _money(lang: Lang, neg: bool, code: str, amount: str, mult: str | None) -> s
 
 
 def _yuan_jiao_fen(amount: str, major_word: str, tenth_word: str) -> str:
-    """12.50 -> 十二元五角, 3.05 -> 三元零五分, 0.5 -> 五角 (CNY with at most two decimals)."""
+    """12.50 -> 十二元五角, 3.05 -> 三元零五分, 0.5 -> 五角 (CNY with at most two decimals); a
+    count of 2 before 元 reads 两 as it does without decimals (2.5元 -> 两元五角, as 2元 -> 两元),
+    and so does a lone 角 or 分 (0.2元 -> 两角)."""
     whole, _, frac = amount.replace(",", "").partition(".")
     if len(frac) > 2:
         return zh_number(amount) + major_word
@@ -56,18 +58,14 @@ def _yuan_jiao_fen(amount: str, major_word: str, tenth_word: str) -> str:
     jiao, fen = int(frac[0]), int(frac[1])
     out = ""
     if int(whole) or (not jiao and not fen):
-        out += zh_number(whole) + major_word
+        out += liang(zh_number(whole), major_word) + major_word
     if jiao:
-        out += ZH_DIGITS[jiao] + tenth_word
+        out += (ZH_DIGITS[jiao] if out else liang(ZH_DIGITS[jiao], tenth_word)) + tenth_word
     elif fen and out:
         out += "零"
     if fen:
-        out += ZH_DIGITS[fen] + "分"
+        out += (ZH_DIGITS[fen] if out else liang(ZH_DIGITS[fen], "分")) + "分"
     return out
-
-
-_CURRENCY_WORDS: Final = {"CNY": ("元", "块"), "USD": ("美元",), "EUR": ("欧元",), "GBP": ("英镑",),
-                          "HKD": ("港元", "港币"), "JPY": ("日元",), "TWD": (), "AUD": (), "CAD": (), "SGD": ()}
 
 
 def _h_money(lang: Lang, g: Groups, before: str, after: str) -> str:
@@ -82,7 +80,8 @@ def _h_money(lang: Lang, g: Groups, before: str, after: str) -> str:
         words = zh_number(amount) + "元"  # ¥7.5/升: a price per unit reads the decimal
     else:
         words = _money(lang, bool(g("mp_neg")), code, amount, g("mp_mult"))
-    if unit and unit not in _CURRENCY_WORDS[code] and not (unit in ("元", "块") and CURRENCIES[code].zh.endswith("元")):
+    cur = CURRENCIES[code]
+    if unit and unit not in cur.written and not (unit in ("元", "块") and cur.zh.endswith("元")):
         words += unit  # not the currency's own word: keep it
     return words  # ¥100元: the unit is written twice, read once
 
@@ -119,14 +118,18 @@ def _h_coded(lang: Lang, g: Groups, before: str, after: str) -> str:
     return _money(lang, False, CURRENCY_OF[g("cd_code")], g("cd_amt"), None)
 
 
+_SIGNS: Final = alt_words(CURRENCY_SIGNS)
+_CODES: Final = alt_words(CURRENCY_CODES)
+_WRITTEN: Final = alt_words({w for c in CURRENCIES.values() for w in c.written if w not in ("元", "块")})
+
 MONEY: Final = Kind(
     "money",
     r"(?P<mp_neg>(?<![A-Za-z0-9.])-)?"
-    r"(?P<mp_cur>(?:US|HK|NT|AU?|CA?|S)\$|[$¥€£]|(?:USD|CNY|RMB|EUR|GBP|HKD|JPY|TWD|AUD|CAD|SGD)\s?)"
-    rf"(?P<mp_amt>{NUM})(?:\s?[-~–—]\s?(?:(?:US|HK|NT|AU?|CA?|S)\$|[$¥€£])?(?P<mp_amt2>{NUM}))?"
+    rf"(?P<mp_cur>{_SIGNS}|(?<![A-Za-z])(?:{_CODES})\s?)"
+    rf"(?P<mp_amt>{NUM})(?:\s?[-~–—]\s?(?:{_SIGNS})?(?P<mp_amt2>{NUM}))?"
     r"(?:\s?(?P<mp_mult>万|亿|(?:thousand|million|billion|trillion)(?![A-Za-z])"
     r"|(?:[kKmMbBtT]|[mMbBtT]n)(?![A-Za-z])))?"
-    r"(?P<mp_unit>元(?![素旦首宵件老气帅])|块(?![头状])|美元|欧元|英镑|港元|港币|日元)?",
+    rf"(?P<mp_unit>元(?![素旦首宵件老气帅])|块(?![头状])|{_WRITTEN})?",
     _h_money)
 
 
@@ -138,5 +141,6 @@ YUAN: Final = Kind(
 
 CODED: Final = Kind(
     "coded",
-    rf"(?P<cd_amt>{NUM})\s?(?P<cd_code>USD|EUR|GBP|CNY|RMB|HKD|JPY|TWD|AUD|CAD|SGD)(?![A-Za-z])",
+    rf"(?P<cd_amt>{NUM})\s?(?P<cd_code>{alt_words({c for c in CURRENCY_CODES if c.isalpha() and len(c) == 3})})"
+    r"(?![A-Za-z])",
     _h_coded)

@@ -20,9 +20,11 @@ _ZH_LIANG_BEFORE: Final = tuple(sorted(
        "毫米", "毫升", "千米", "公顷", "平方米", "立方米", "英里", "英尺", "磅", "加仑", "刻钟"},
     key=len, reverse=True))
 """Measure words (and 千/万/亿) after which a lone 2 is read 两 rather than 二 (2瓶 -> 两瓶)."""
-_ZH_ER_BEFORE: Final = ("号", "楼", "路", "级", "年级", "班", "两", "月", "日", "线", "手", "维", "等", "次元", "季度")
+_ZH_ER_BEFORE: Final = ("号", "楼", "路", "级", "年级", "班", "两", "月", "日", "线", "手", "维", "等", "次元", "季度",
+                       "分之", "次方", "次幂")
 """Words after which a lone 2 stays 二 although they start like a measure word: labels and
-ranks (2号, 2楼, 2路, 2级, 2年级, 2等奖), the month (2月), and 2两 (二两, never 两两)."""
+ranks (2号, 2楼, 2路, 2级, 2年级, 2等奖), the month (2月), 2两 (二两, never 两两), and a
+denominator or an exponent (2分之1 -> 二分之一, 2次方 -> 二次方): 两 never belongs there."""
 _MAX_CARDINAL_DIGITS: Final = 16
 
 

@@ -12,19 +12,20 @@ from __future__ import annotations
 import re
 from typing import Final
 
-from . import cardinals, dates, fractions, identifiers, money, quantities, ranges, times, web
+from . import arithmetic, cardinals, dates, fractions, identifiers, letters, money, quantities, ranges, times, web
 from .base import TAG_PATTERN
 from .kind import Kind
 
 PRECEDENCE: Final[tuple[Kind, ...]] = (
-    web.EMAIL, web.URL,
-    dates.DRANGE, fractions.MDRANGE, dates.YMD, dates.MDY, dates.MD, dates.DM,
-    times.TRANGE, times.TIME, times.RATIO, times.HAP,
-    identifiers.PHONE, identifiers.GROUPS, times.HM,
+    web.EMAIL, web.URL, identifiers.KEY, arithmetic.ARITH,
+    dates.DRANGE, fractions.MDRANGE, dates.YMD, dates.MDY, dates.ENRANGE, dates.DAYRANGE, dates.MD, dates.DM,
+    dates.MDOT,
+    times.TRANGE, times.TIME, times.DOTTIME, times.RATIO, times.HAP,
+    identifiers.PHONE, identifiers.CODE, identifiers.GROUPS, times.HM,
     money.MONEY, money.YUAN, money.CODED,
     quantities.TIMES, quantities.TWENTYFOUR, quantities.PERUNIT, quantities.DECADE, quantities.KILO,
     ranges.RANGE, quantities.PERCENT, quantities.UNIT, fractions.FRACTION,
-    cardinals.ORDINAL, identifiers.NUMERO, cardinals.DOTTED, cardinals.NUMBER,
+    cardinals.ORDINAL, identifiers.NUMERO, cardinals.DOTTED, cardinals.NUMBER, letters.ROMAN, letters.ABBREV,
 )
 """Every entity kind, first tried first."""
 KINDS: Final[dict[str, Kind]] = {k.name: k for k in PRECEDENCE}

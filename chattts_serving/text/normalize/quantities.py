@@ -14,13 +14,23 @@ from .tables import GLUED_UNITS, TEMPERATURE_UNITS, UNITS, unit_reading
 
 
 def _decade(lang: Lang, year: str) -> str:
-    if lang == "zh":
-        return zh_digits(year) + "年代"
+    if lang == "zh":  # 1980s -> 一九八零年代, 80s -> 八十年代
+        return (zh_number(year) if len(year) == 2 else zh_digits(year)) + "年代"
     words = en_int(int(year)) if len(year) == 2 else en_year(int(year))
     return words[:-1] + "ies" if words.endswith("y") else words + "s"
 
 
-_DECADE_BEFORE: Final = ("the", "early", "late", "mid", "in")
+SECONDS_BEFORE: Final = ("for", "takes", "took", "take", "taking", "wait", "waited", "waiting", "lasts", "lasted",
+                         "last", "every", "after", "within", "under", "than", "about", "around", "approximately",
+                         "only", "just", "another", "next", "first", "timeout", "delay", "of", "by", "countdown")
+"""English words right before ``Ns`` (N = 10..90) that make it seconds (wait 30s); without
+them it is a decade, with or without an article (70s rock, the 80s)."""
+DECADE_AFTER_ZH: Final = ("生人", "风格", "风", "的歌", "歌曲", "的音乐", "音乐", "金曲", "电影", "复古", "流行",
+                          "时尚", "老歌", "经典", "的人", "一代")
+"""Chinese words right after ``Ns`` that make it a decade (70s生人 -> 七十年代生人)."""
+SECONDS_AFTER: Final = re.compile(r"\s*(?:later|left|ago|remaining|each|per|long|timeout|delay|interval|countdown|"
+                                  r"to go|of|or less|or more|max|min)\b|\s*[-+]")
+"""English words right after ``Ns`` that make it seconds (30s later, 10s left)."""
 
 
 def _h_times(lang: Lang, g: Groups, before: str, after: str) -> str:
@@ -42,9 +52,15 @@ def _h_perunit(lang: Lang, g: Groups, before: str, after: str) -> str:
 
 
 def _h_decade(lang: Lang, g: Groups, before: str, after: str) -> str:
+    """1980s, '80s: a decade; 80s is a decade in English (70s rock -> seventies) unless words
+    around it make it seconds (:data:`SECONDS_BEFORE`, :data:`SECONDS_AFTER`); in Chinese it is
+    seconds (倒计时30s) unless :data:`DECADE_AFTER_ZH` or 世纪 make it a decade (70s生人)."""
     short = g("dec3")
-    if short and not (lang == "en" and re.search(rf"\b(?:{'|'.join(_DECADE_BEFORE)})\s*$", before.lower())):
-        return unit_reading(lang, GLUED_UNITS["s"], short)  # 80s without "the": eighty seconds
+    if short and lang == "zh" and (after.lstrip().startswith(DECADE_AFTER_ZH) or before.rstrip().endswith("世纪")):
+        return _decade(lang, short)  # 70s生人, 上世纪80s: 七十年代
+    if short and (lang == "zh" or re.search(rf"\b(?:{'|'.join(SECONDS_BEFORE)})\s*$", before.lower())
+                  or re.search(r"\d\s?(?:h|hrs?|m|mins?)\s*$", before) or SECONDS_AFTER.match(after)):
+        return unit_reading(lang, GLUED_UNITS["s"], short)  # 倒计时30s, wait 30s: seconds
     return _decade(lang, g("dec") or g("dec2") or short)
 
 

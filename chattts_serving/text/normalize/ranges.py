@@ -15,6 +15,7 @@ from .context import (
     score_sentence,
     temperature_degrees,
 )
+from .identifiers import code_words
 from .kind import NUM, Groups, Kind, alt
 from .numbers import en_number, en_year, liang, read_groups, score, takes_liang, zh_digits, zh_number
 from .tables import GLUED_UNITS, TEMPERATURE_UNITS, UNITS, unit_reading
@@ -41,6 +42,8 @@ def _h_range(lang: Lang, g: Groups, before: str, after: str) -> str:
     if plain and len(a) == 3 and len(b) == 4 and (
             lang == "en" or b.startswith("0") or ends_with(before, IDENTIFIER_BEFORE, " :是为")):
         return read_groups(lang, [a, b])  # 555-0123: a local phone number, not a range
+    if plain and lang == "zh" and ends_with(before, IDENTIFIER_BEFORE, " :是为"):
+        return code_words(lang, [a, b])  # 取件码3-1105: a code, read part by part
     if plain and not year and len(a) <= 3 and len(b) <= 3 and (
             int(a) >= int(b) or score_near(before, after) or score_sentence(before, after)):
         return score(lang, a, b)

@@ -16,6 +16,19 @@ MONTH_ABBR: Final = {m[:3]: i + 1 for i, m in enumerate(MONTHS_EN)} | {"Sept": 9
 MONTH_RE: Final = ("(?:" + "|".join(sorted([*MONTHS_EN, *MONTH_ABBR], key=len, reverse=True)) + r")\b")
 
 
+WEEKDAYS_EN: Final = ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday")
+_WEEKDAY_ABBR: Final = {"Mon": 0, "Tue": 1, "Tues": 1, "Wed": 2, "Thu": 3, "Thur": 3, "Thurs": 3, "Fri": 4, "Sat": 5,
+                        "Sun": 6}
+WEEKDAY_RE: Final = "(?:" + "|".join(sorted([*WEEKDAYS_EN, *_WEEKDAY_ABBR], key=len, reverse=True)) + r")\b"
+"""An English weekday, written out or abbreviated (Mon, Tues, Thurs)."""
+
+
+def weekday_name(name: str) -> tuple[str, int]:
+    """The full English name of a weekday written out or abbreviated, and its index (Monday 0)."""
+    index = WEEKDAYS_EN.index(name) if name in WEEKDAYS_EN else _WEEKDAY_ABBR[name]
+    return WEEKDAYS_EN[index], index
+
+
 @dataclass(frozen=True)
 class Unit:
     """A unit symbol's readings: Chinese, English singular and plural; ``liang``: a count of 2
@@ -78,32 +91,54 @@ GLUED_UNITS: Final[dict[str, Unit]] = {
 
 @dataclass(frozen=True)
 class Currency:
-    """A currency's readings; ``minor``: English name of the hundredth (None: read decimals)."""
+    """A currency's readings; ``minor``: English name of the hundredth (None: read decimals);
+    ``written``: Chinese words for it that may be written after the amount as well (¥100元,
+    ₩100韩元), read once."""
 
     zh: str
     en_one: str
     en_many: str
     minor_one: str | None = None
     minor_many: str | None = None
+    written: tuple[str, ...] = ()
 
 
 CURRENCIES: Final[dict[str, Currency]] = {
-    "USD": Currency("美元", "dollar", "dollars", "cent", "cents"),
-    "EUR": Currency("欧元", "euro", "euros", "cent", "cents"),
-    "GBP": Currency("英镑", "pound", "pounds", "penny", "pence"),
-    "HKD": Currency("港元", "Hong Kong dollar", "Hong Kong dollars", "cent", "cents"),
-    "CNY": Currency("元", "yuan", "yuan"),
-    "JPY": Currency("日元", "yen", "yen"),
-    "TWD": Currency("新台币", "New Taiwan dollar", "New Taiwan dollars", "cent", "cents"),
-    "AUD": Currency("澳元", "Australian dollar", "Australian dollars", "cent", "cents"),
-    "CAD": Currency("加元", "Canadian dollar", "Canadian dollars", "cent", "cents"),
-    "SGD": Currency("新加坡元", "Singapore dollar", "Singapore dollars", "cent", "cents"),
+    "USD": Currency("美元", "dollar", "dollars", "cent", "cents", ("美元",)),
+    "EUR": Currency("欧元", "euro", "euros", "cent", "cents", ("欧元",)),
+    "GBP": Currency("英镑", "pound", "pounds", "penny", "pence", ("英镑",)),
+    "HKD": Currency("港元", "Hong Kong dollar", "Hong Kong dollars", "cent", "cents", ("港元", "港币")),
+    "CNY": Currency("元", "yuan", "yuan", written=("元", "块")),
+    "JPY": Currency("日元", "yen", "yen", written=("日元",)),
+    "TWD": Currency("新台币", "New Taiwan dollar", "New Taiwan dollars", "cent", "cents", ("新台币",)),
+    "AUD": Currency("澳元", "Australian dollar", "Australian dollars", "cent", "cents", ("澳元",)),
+    "CAD": Currency("加元", "Canadian dollar", "Canadian dollars", "cent", "cents", ("加元",)),
+    "SGD": Currency("新加坡元", "Singapore dollar", "Singapore dollars", "cent", "cents", ("新加坡元",)),
+    "KRW": Currency("韩元", "won", "won", written=("韩元",)),
+    "INR": Currency("卢比", "rupee", "rupees", written=("卢比",)),
+    "RUB": Currency("卢布", "ruble", "rubles", written=("卢布",)),
+    "THB": Currency("泰铢", "baht", "baht", written=("泰铢",)),
+    "VND": Currency("越南盾", "dong", "dong", written=("越南盾",)),
+    "PHP": Currency("菲律宾比索", "Philippine peso", "Philippine pesos", written=("菲律宾比索", "比索")),
+    "TRY": Currency("土耳其里拉", "lira", "lira", written=("土耳其里拉", "里拉")),
+    "BRL": Currency("雷亚尔", "real", "reais", written=("雷亚尔",)),
+    "CHF": Currency("瑞士法郎", "Swiss franc", "Swiss francs", written=("瑞士法郎", "法郎")),
+    "MYR": Currency("林吉特", "ringgit", "ringgit", written=("林吉特",)),
+    "ILS": Currency("新谢克尔", "shekel", "shekels", written=("新谢克尔", "谢克尔")),
+    "UAH": Currency("格里夫纳", "hryvnia", "hryvnias", written=("格里夫纳",)),
+    "NGN": Currency("奈拉", "naira", "naira", written=("奈拉",)),
+    "MOP": Currency("澳门元", "pataca", "patacas", written=("澳门元",)),
 }
-CURRENCY_OF: Final = {"$": "USD", "US$": "USD", "HK$": "HKD", "¥": "CNY", "€": "EUR", "£": "GBP", "NT$": "TWD",
-                       "A$": "AUD", "AU$": "AUD", "C$": "CAD", "CA$": "CAD", "S$": "SGD", "TWD": "TWD", "AUD": "AUD",
-                       "CAD": "CAD", "SGD": "SGD",
-                       "RMB": "CNY", "CNY": "CNY", "USD": "USD", "EUR": "EUR", "GBP": "GBP", "HKD": "HKD",
-                       "JPY": "JPY"}
+CURRENCY_SIGNS: Final = {"$": "USD", "US$": "USD", "HK$": "HKD", "¥": "CNY", "€": "EUR", "£": "GBP", "NT$": "TWD",
+                         "A$": "AUD", "AU$": "AUD", "C$": "CAD", "CA$": "CAD", "S$": "SGD", "₩": "KRW", "₹": "INR",
+                         "₽": "RUB", "฿": "THB", "₫": "VND", "₱": "PHP", "₺": "TRY", "R$": "BRL", "₪": "ILS",
+                         "₴": "UAH", "₦": "NGN", "MOP$": "MOP"}
+"""Currency signs written before the amount (no space needed)."""
+CURRENCY_CODES: Final = {**{code: code for code in CURRENCIES}, "RMB": "CNY", "Rs.": "INR", "Rs": "INR",
+                         "RM": "MYR"}
+"""Currency codes (and abbreviations) written before or after the amount, a space allowed."""
+CURRENCY_OF: Final = {**CURRENCY_SIGNS, **CURRENCY_CODES}
+"""Every written currency sign or code and the currency (key of :data:`CURRENCIES`) it stands for."""
 MULTIPLIERS: Final = {"k": (Decimal(10**3), "thousand"), "m": (Decimal(10**6), "million"),
                        "mn": (Decimal(10**6), "million"), "million": (Decimal(10**6), "million"),
                        "b": (Decimal(10**9), "billion"), "bn": (Decimal(10**9), "billion"),
@@ -120,6 +155,7 @@ SYMBOL_WORDS: Final[dict[str, tuple[str, str]]] = {
     "%": ("百分号", "percent"), "‰": ("千分号", "per mille"), "°": ("度", "degrees"),
     "℃": ("摄氏度", "degrees Celsius"), "℉": ("华氏度", "degrees Fahrenheit"),
     "$": ("美元", "dollars"), "¥": ("元", "yuan"), "€": ("欧元", "euros"), "£": ("英镑", "pounds"),
+    "₩": ("韩元", "won"), "₹": ("卢比", "rupees"), "₽": ("卢布", "rubles"), "฿": ("泰铢", "baht"),
     "№": ("编号", "number"), "→": ("到", "to"),
 }
 """Symbols read as words wherever they stand (Chinese, English). ``#`` is read only before a
@@ -139,7 +175,7 @@ BETWEEN_NUMBERS: Final[dict[str, tuple[str, str]]] = {
 """Symbols read as operators only between two numbers (3 < 5, 4*2); elsewhere they are
 pauses (``<`` ``>`` ``/``) or unspeakable (``*`` ``^``)."""
 
-COMMA_MARKS: Final = set(",;:()[]{}<>|~、，；：（）【】〔〕—–-/")
+COMMA_MARKS: Final = set(",;:()[]{}<>|~、，；：（）【】〔〕—–-/·")
 END_MARKS: Final = set(".!?。！？")
 SILENT_MARKS: Final = set("\"'`“”‘’«»‹›「」『』《》〈〉")
 """Quotes and title marks: no sound and no pause (two titles in a row, ``》《``, are a list: 、)."""

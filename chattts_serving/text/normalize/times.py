@@ -3,6 +3,7 @@ other readings (a score, a duration, a pace, minutes and seconds) as its context
 
 from __future__ import annotations
 
+import re
 from typing import Final
 
 from .base import Lang
@@ -171,6 +172,22 @@ def _library_may_read_ratio(g: Groups, before: str, after: str) -> bool:
     return not mm_ss(g("ra_a"), g("ra_b"), before, after)
 
 
+def _h_dottime(lang: Lang, g: Groups, before: str, after: str) -> str:
+    """8.15 written as a clock time where the context says time (晚上8.15, at 8.15, 8.15pm):
+    八点十五分 / eight fifteen, never 八点一五."""
+    h, m = int(g("dt_h") or g("dt_h2")), int(g("dt_m") or g("dt_m2"))
+    ap: str | None = g("dt_ap") or g("dt_ap2")
+    if ap and lang == "zh" and ends_with(before, DAY_PARTS + _DAY_WORDS):
+        ap = None
+    return clock(lang, h, m, None, ap)
+
+
+_DAY_WORDS: Final = ("今晚", "明晚", "昨晚", "今早", "明早", "每晚", "当晚", "晚", "早")
+_DOT_TIME_BEFORE: Final = "|".join(f"(?<={re.escape(w)})" for w in (*DAY_PARTS, *_DAY_WORDS, "at ", "At ", "by "))
+_AP: Final = r"\.?[Mm](?:\.(?=\S| [a-z]))?(?![A-Za-z])"
+"""The rest of am/pm after its first letter."""
+
+
 TRANGE: Final = Kind(
     "trange",
     _time_re("ta") + r"(?P<tr_sep>\s?[-~–—]\s?|至|到)" + _time_re("tb"),
@@ -200,3 +217,10 @@ HM: Final = Kind(
     "hm",
     r"(?<![\d.])(?P<hm_h>\d+)\s?h(?:rs?)?\s?(?P<hm_m>\d+)\s?(?:mins?|m)(?![A-Za-z0-9])",
     _h_hm)
+
+
+DOTTIME: Final = Kind(
+    "dottime",
+    rf"(?:{_DOT_TIME_BEFORE})\s?(?P<dt_h>[01]?\d|2[0-3])\.(?P<dt_m>[0-5]\d)(?![\d%‰]|\.\d)(?:\s?(?P<dt_ap>[AaPp]){_AP})?"
+    rf"|(?<![\d.])(?P<dt_h2>1[0-2]|0?\d)\.(?P<dt_m2>[0-5]\d)\s?(?P<dt_ap2>[AaPp]){_AP}",
+    _h_dottime)

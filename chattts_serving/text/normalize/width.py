@@ -10,11 +10,17 @@ from .base import LAST_SPOKEN_CJK, is_latin
 
 _LIGATURES: Final = {"ß": "ss", "æ": "ae", "Æ": "AE", "œ": "oe", "Œ": "OE", "ø": "o", "Ø": "O", "đ": "d", "Đ": "D",
                      "ł": "l", "Ł": "L", "ı": "i", "…": "...", "−": "-", "﹣": "-", "‐": "-", "‑": "-",
-                     "\u00a0": " ", "\t": " ", "\r": "", "·": " ", "・": " ", "〇": "零", "〜": "~", "µ": "μ",
+                     "\u00a0": " ", "\t": " ", "\r": "", "·": " ", "・": " ", "‧": " ", "∙": " ",
+                     "•": " ", "〇": "零", "〜": "~", "µ": "μ",
                      "㎡": "m²", "㎥": "m³", "㎢": "km²", "㎞": "km", "㎏": "kg", "㎎": "mg", "㎝": "cm", "㎜": "mm",
                      "㎖": "ml", "㎐": "Hz", "㎑": "kHz", "㎒": "MHz", "㎓": "GHz", "㎾": "kW", "㏈": "dB"}
 """Characters folded to a readable form: ligatures and dashes to ASCII, 〇 (U+3007, outside the
 CJK block ChatTTS keeps) to 零, the CJK square unit symbols to the units they stand for."""
+
+
+MIDDLE_DOTS: Final = "·・‧∙•"
+"""Middle dots: between two digits a date separator (kept as ``·``), elsewhere a word break
+(约翰·史密斯)."""
 
 
 def _ideograph_form(c: str) -> str | None:
@@ -31,17 +37,23 @@ def fold_width(text: str) -> str:
     to ``¥``, accented Latin letters to their base letter (``é`` -> ``e``), circled, subscript
     and fraction digits to ASCII (``①`` -> 1, ``½`` -> 1/2), a few ligatures, dashes and unit
     symbols to ASCII (``㎡`` -> m², ``〇`` -> 零), Kangxi radicals and compatibility or enclosed
-    ideographs to the ideograph they stand for (``⼈`` -> 人, ``㊣`` -> 正). Chinese punctuation
+    ideographs to the ideograph they stand for (``⼈`` -> 人, ``㊣`` -> 正), a middle dot between
+    two digits to ``·`` (2019·2·10) and elsewhere to a space. Chinese punctuation
     outside the full-width block (``。、「」``) is kept."""
     out: list[str] = []
-    for c in unicodedata.normalize("NFC", text):
+    text = unicodedata.normalize("NFC", text)
+    for i, c in enumerate(text):
         o = ord(c)
-        if 0xFF01 <= o <= 0xFF5E:
+        if c in MIDDLE_DOTS and out and out[-1][-1:].isdigit() and text[i + 1:i + 2].isdigit():
+            c = "·"  # 2019·2·10, 5·12: a date's separator, read by the date kinds
+        elif 0xFF01 <= o <= 0xFF5E:
             c = chr(o - 0xFEE0)
         elif o == 0x3000:
             c = " "
         elif o == 0xFFE5:
             c = "¥"
+        elif o == 0xFFE6:
+            c = "₩"
         elif c in _LIGATURES:
             c = _LIGATURES[c]
         elif (ideograph := _ideograph_form(c)) is not None:
