@@ -374,7 +374,8 @@ def prepare_segments(job: SynthesisJob, stages: Stages, watch: Watch = _no_watch
     ref = req.reference
     base = FrontendCall(text="", voice=req.voice, request_id=req.request_id,
                         reference_text=ref.transcript if ref is not None else None,
-                        no_speaker=ref is not None and not req.voice.strip(), keep_unspeakable=chattts)
+                        no_speaker=ref is not None and not req.voice.strip(), keep_unspeakable=chattts,
+                        language=req.language)
     refined = _refine(job, stages, watch, texts, base) if req.refine is not None else [None] * len(texts)
     calls = [replace(base, text=t, refined_ids=r) for t, r in zip(texts, refined, strict=True)]
     if ref is not None and ref.audio is not None:  # the recording travels once, with the first segment

@@ -146,7 +146,7 @@ class FrontEnd:
 
     def prepare(self, text: str, voice: str = "", refine_prompt: str | None = None,
                 refined_ids: np.ndarray | None = None, *, txt_smp: str | None = None, no_speaker: bool = False,
-                keep_unspeakable: bool = False) -> Prepared:
+                keep_unspeakable: bool = False, language: str = "auto") -> Prepared:
         """Normalise ``text``, build the prompts and tokenize them, and resolve ``voice``.
 
         ``txt_smp``: a reference transcript placed before ``[speed_N]`` in the code prompt, as
@@ -157,6 +157,9 @@ class FrontEnd:
         (:func:`chattts_serving.text.segments.split_like_chattts`), prompted even when nothing in
         it can be spoken (a blank line, a lone ``。``), as ChatTTS synthesises such pieces too:
         its text is then what ChatTTS' own normaliser makes of it, stripped.
+
+        ``language``: ``'auto'``, ``'zh'`` or ``'en'``, the language of what the text gives no
+        context for (:func:`chattts_serving.text.normalize.normalize`).
 
         With ``refine_prompt`` (control tokens, '' for none; validated by
         :class:`chattts_serving.text.refine.RefineParams`) the refine-text prompt is built too
@@ -176,7 +179,7 @@ class FrontEnd:
         if not text.strip() and not keep_unspeakable:
             raise FrontendError("text is empty")
         try:
-            norm = textnorm.normalize(text, library=self.wetext)
+            norm = textnorm.normalize(text, library=self.wetext, language=language)
         except textnorm.TextNormError as exc:
             raise FrontendError(str(exc)) from None
         spk = None if no_speaker else self.speaker(voice)
