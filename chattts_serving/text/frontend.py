@@ -154,9 +154,13 @@ class FrontEnd:
         ``no_speaker``: no speaker vector (``[empty_spk]`` prompt, ``spk_emb`` None), ChatTTS'
         ``spk_emb=None``; a reference-recording voice without a ``speaker`` has none either.
         ``keep_unspeakable``: ``text`` is a piece of ChatTTS' split
-        (:func:`chattts_serving.text.segments.split_like_chattts`), prompted even when nothing in
-        it can be spoken (a blank line, a lone ``。``), as ChatTTS synthesises such pieces too:
-        its text is then what ChatTTS' own normaliser makes of it, stripped.
+        (:func:`chattts_serving.text.segments.split_like_chattts`, the ``chattts`` segmentation),
+        read as ChatTTS reads it: where our normalisation changes no spoken word (nothing but
+        pause marks and spaces: no digits, symbols read aloud or reserved tokens) the text is what
+        ChatTTS' own normaliser makes of the piece (it keeps ``？`` out of the text where ours
+        would write ``。``), so the GPT sees what ``Chat.infer`` gives it; and the piece is
+        prompted even when nothing in it can be spoken (a blank line, a lone ``。``), as ChatTTS
+        synthesises such pieces too.
 
         ``language``: ``'auto'``, ``'zh'`` or ``'en'``, the language of what the text gives no
         context for (:func:`chattts_serving.text.normalize.normalize`).
@@ -184,6 +188,11 @@ class FrontEnd:
             raise FrontendError(str(exc)) from None
         spk = None if no_speaker else self.speaker(voice)
         normalized = self.normalizer(norm.text, do_text_normalization=True, do_homophone_replacement=True).strip()
+        if keep_unspeakable:  # ChatTTS' segmentation: its own reading wherever ours changes no word
+            theirs = self.normalizer(_SPEED_TOKEN.sub("", text), do_text_normalization=True,
+                                     do_homophone_replacement=True).strip()
+            if _spoken(theirs) == _spoken(normalized):
+                normalized = theirs
         normalized, unknown = self.vocabulary.remove_unknown(normalized)
         speakable = textnorm.speakable(normalized)
         if not speakable and keep_unspeakable:  # ChatTTS speaks the piece as its own normaliser leaves it
@@ -217,6 +226,15 @@ class FrontEnd:
         if dropped:
             log.info("characters not spoken: %r", "".join(dropped))
         return Prepared(code_ids.astype(np.int32), spk, normalized, dropped, speed, refine_ids)
+
+
+_SPOKEN: re.Pattern[str] = re.compile(textnorm.CONTROL_TOKEN.pattern + r"|[\u4e00-\u9fffA-Za-z]")
+
+
+def _spoken(text: str) -> list[str]:
+    """What of ``text`` is spoken: its letters, Chinese characters and control tokens, in order
+    (pause marks and spaces left out)."""
+    return _SPOKEN.findall(text)
 
 
 def _voice_message(exc: VoiceError) -> str:
