@@ -79,19 +79,22 @@ def _h_roman(lang: Lang, g: Groups, before: str, after: str) -> str:
 
 
 def _h_abbrev(lang: Lang, g: Groups, before: str, after: str) -> str:
-    """A title or abbreviation as its word. St. is Saint before a name (St. Louis) and Street
-    after one (Main St.); Dr. is Drive after a name (Elm Dr.). An abbreviation other than a
-    title at the end of a sentence (etc. then a capital, or the text's end) also ends it."""
+    """A title or abbreviation as its word. St. is Saint before a name (St. Louis) unless a name
+    precedes it, else Street (Main St.); Dr. right after a name is Drive (on Elm Dr.), else
+    Doctor (a name counts when a lowercase word comes before it: the first word of a sentence
+    is no street name). An abbreviation other than a title at the end of a sentence (etc. then
+    a capital, or the text's end) also ends it."""
     abbr = g("ab")
-    prev_name = re.search(r"(?:\b[A-Z][a-z]+|\d(?:st|nd|rd|th))\s*$", before) is not None
+    # a name right before it, not the sentence's first word (Elm Dr., 5th St.; not Visit St. Louis)
+    prev_name = re.search(r"(?:\b[a-z]+\s+[A-Z][a-z]+|\d(?:st|nd|rd|th))\s*$", before) is not None
     next_name = re.match(r"\s+[A-Z]", after) is not None
     if abbr == "St":
         word = "Saint" if next_name and not prev_name else "Street"
-    elif abbr == "Dr" and prev_name and not next_name:
+    elif abbr == "Dr" and prev_name:
         word = "Drive"
     else:
         word = TITLES.get(abbr) or ABBREVIATIONS[abbr]
-    is_title = abbr in TITLES or word == "Saint" or (abbr == "Dr" and word == "Doctor")
+    is_title = word == "Saint" or (abbr in TITLES and word != "Drive")
     nxt = re.match(r"\s+([A-Z][a-z]*)\b", after)
     ends = not after.strip() or (nxt is not None and nxt.group(1) not in (*TITLES, *ABBREVIATIONS, "No"))
     if not is_title and abbr not in _NO_SENTENCE_END and g("ab_dot") and ends:
