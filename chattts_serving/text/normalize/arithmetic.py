@@ -41,4 +41,4 @@ def _h_arith(lang: Lang, g: Groups, before: str, after: str) -> str:
 ARITH: Final = Kind(
     "arith",
     rf"(?P<arith>(?<![\d.A-Za-z])[-−]?{NUM}(?:\s*[-−+×*/÷]\s*[-−]?{NUM})+\s*=\s*(?:[-−]?{NUM}(?![\d.]))?)",
-    _h_arith)
+    _h_arith, first=r"[-−\d]")

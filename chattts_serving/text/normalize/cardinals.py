@@ -131,16 +131,16 @@ def _year_context(before: str) -> bool:
 ORDINAL: Final = Kind(
     "ordinal",
     r"(?<![\d.])(?P<ord>\d+)(?:st|nd|rd|th)(?![A-Za-z])",
-    _h_ordinal, lang="en")
+    _h_ordinal, lang="en", first=r"\d")
 
 
 DOTTED: Final = Kind(
     "dotted",
     r"(?<![\d.])(?P<dot>\d+(?:\.\d+){2,})(?![\d])",
-    _h_dotted, counts=True)
+    _h_dotted, counts=True, first=r"\d")
 
 
 NUMBER: Final = Kind(
     "number",
     rf"(?P<n_sign>{SIGN})?(?P<n_num>{NUM})(?P<n_plus>\+(?![\d+]))?",
-    _h_number, counts=True)
+    _h_number, counts=True, first=r"[-+−\d]")

@@ -116,24 +116,24 @@ _RANGE_WORD: Final = r"\s?[-–—~]\s?|\s+(?:to|through|thru|until|till|and)\s+
 
 ENRANGE: Final = Kind(
     "enrange",
-    rf"\b(?P<er_mon>{MONTH_RE})\.?\s+(?P<er_a>{_DAY})(?:st|nd|rd|th)?(?P<er_sep>{_RANGE_WORD})"
+    rf"(?=[A-Z])\b(?P<er_mon>{MONTH_RE})\.?\s+(?P<er_a>{_DAY})(?:st|nd|rd|th)?(?P<er_sep>{_RANGE_WORD})"
     rf"(?:(?P<er_mon2>{MONTH_RE})\.?\s+)?(?P<er_b>{_DAY})(?:st|nd|rd|th)?(?![\dA-Za-z:]|\.\d)"
     r"(?:,?\s+(?P<er_y>\d{4})(?!\d))?"
-    rf"|\b(?P<em_a>{_DAY})(?:st|nd|rd|th)?(?P<em_sep>{_RANGE_WORD})(?:the\s+)?(?P<em_b>{_DAY})(?:st|nd|rd|th)?"
+    rf"|(?=\d)\b(?P<em_a>{_DAY})(?:st|nd|rd|th)?(?P<em_sep>{_RANGE_WORD})(?:the\s+)?(?P<em_b>{_DAY})(?:st|nd|rd|th)?"
     rf"\s+(?:of\s+)?(?P<em_mon>{MONTH_RE})(?:,?\s+(?P<em_y>\d{{4}})(?!\d))?",
     _h_enrange, lang="en")
 
 
 DAYRANGE: Final = Kind(
     "dayrange",
-    rf"(?<![A-Za-z])(?P<wr_a>{WEEKDAY_RE})\.?(?P<wr_sep>\s?[-–—~]\s?|\s+(?:to|through|thru|until|till)\s+)"
+    rf"(?=[A-Z])(?<![A-Za-z])(?P<wr_a>{WEEKDAY_RE})\.?(?P<wr_sep>\s?[-–—~]\s?|\s+(?:to|through|thru|until|till)\s+)"
     rf"(?P<wr_b>{WEEKDAY_RE})(?:\.(?=\s+[\da-z]))?(?![A-Za-z])",
     _h_dayrange)
 
 
 MDOT: Final = Kind(
     "mdot",
-    r"(?<![\d.·])(?P<dot_m>1[0-2]|[1-9])·(?P<dot_d>3[01]|[12]\d|[1-9])(?![\d·])",
+    r"(?=\d)(?<![\d.·])(?P<dot_m>1[0-2]|[1-9])·(?P<dot_d>3[01]|[12]\d|[1-9])(?![\d·])",
     _h_mdot)
 
 
@@ -143,7 +143,7 @@ DRANGE: Final = Kind(
     r"(?P<da_d>3[01]|[12]\d|0?[1-9])\s?(?P<dr_sep>[-~–—])\s?"
     r"(?:(?P<db_y>\d{4})(?P=da_sep))?"
     r"(?P<db_m>1[0-2]|0?[1-9])(?P=da_sep)(?P<db_d>3[01]|[12]\d|0?[1-9])(?!\d|\.\d)",
-    _h_drange)
+    _h_drange, first=r"\d")
 
 
 YMD: Final = Kind(
@@ -151,20 +151,20 @@ YMD: Final = Kind(
     r"(?<![\d.])(?P<ymd_y>\d{4})(?P<ymd_sep>[-/.·])(?P<ymd_m>1[0-2]|0?[1-9])(?P=ymd_sep)"
     r"(?P<ymd_d>3[01]|[12]\d|0?[1-9])(?!\d|\.\d)",
     _h_ymd, library=True,
-    library_may_read=lambda g, before, after: g("ymd_sep") != "·" and not _code_before(g, before))
+    library_may_read=lambda g, before, after: g("ymd_sep") != "·" and not _code_before(g, before), first=r"\d")
 
 
 MDY: Final = Kind(
     "mdy",
     r"(?<![\d/])(?P<mdy_m>1[0-2]|0?[1-9])/(?P<mdy_d>3[01]|[12]\d|0?[1-9])/(?P<mdy_y>\d{4})(?![\d/])",
-    _h_mdy)
+    _h_mdy, first=r"\d")
 
 
 MD: Final = Kind(
     "md",
     rf"\b(?P<md_mon>{MONTH_RE})\.?\s+(?P<md_d>3[01]|[12]\d|0?[1-9])(?:st|nd|rd|th)?(?![\dA-Za-z])"
     r"(?:,?\s+(?P<md_y>\d{4})(?!\d))?",
-    _h_md, lang="en")
+    _h_md, lang="en", first=r"[A-Z]")
 
 
 DM: Final = Kind(
@@ -172,4 +172,4 @@ DM: Final = Kind(
     rf"\b(?P<dm_d>3[01]|[12]\d|0?[1-9])(?:st|nd|rd|th)?\s+(?:of\s+)?(?P<dm_mon>{MONTH_RE})"
     r"(?:(?<=\b[A-Z][a-z]{2})\.(?!\s*$)|(?<=Sept)\.)?"
     r"(?:,?\s+(?P<dm_y>\d{4})(?!\d))?",
-    _h_dm, lang="en")
+    _h_dm, lang="en", first=r"\d")

@@ -146,11 +146,11 @@ MDRANGE: Final = Kind(
     "mdrange",
     r"(?<![\d/.])(?P<ma_m>\d{1,2})/(?P<ma_d>\d{1,2})\s?(?P<mr_sep>[-~–—]|到|至)\s?"
     r"(?P<mb_m>\d{1,2})/(?P<mb_d>\d{1,2})(?![\d/])",
-    _h_mdrange)
+    _h_mdrange, first=r"\d")
 
 
 FRACTION: Final = Kind(
     "fraction",
     rf"(?P<fr_sign>{SIGN})?(?<![\d/.])(?P<fr_a>\d+)/(?P<fr_b>\d+)(?![\d/])",
     _h_fraction, library=True, library_may_read=lambda g, before, after: not g("fr_sign"),
-    library_fits=_library_fits_fraction)
+    library_fits=_library_fits_fraction, first=r"[-+−\d]")

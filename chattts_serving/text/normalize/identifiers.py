@@ -76,14 +76,14 @@ _PRESS: Final = "".join(f"(?<={w})" if i == 0 else f"|(?<={w})" for i, w in enum
      "hit ")))
 KEY: Final = Kind(
     "key",
-    rf"(?:{_PRESS})\s?(?P<key>[*#])(?P<key_tail>号键|号|键)?(?![\d*#])"
+    rf"(?=\s?[*#])(?:{_PRESS})\s?(?P<key>[*#])(?P<key_tail>号键|号|键)?(?![\d*#])"
     r"|(?P<key2>[*#])(?:(?P<key_tail2>号键|键)|(?=\s?key\b))",
     _h_key)
 
 
 CODE: Final = Kind(
     "code",
-    r"(?<![A-Za-z0-9.+-])(?P<code>[A-Z]{0,3}\d{1,6}(?:-\d{1,6}){2,}|[A-Z]{1,3}\d{1,3}-\d{1,6})"
+    r"(?=[A-Z\d])(?<![A-Za-z0-9.+-])(?P<code>[A-Z]{0,3}\d{1,6}(?:-\d{1,6}){2,}|[A-Z]{1,3}\d{1,3}-\d{1,6})"
     r"(?![A-Za-z0-9-]|\.\d)",
     _h_code)
 
@@ -100,16 +100,16 @@ PHONE: Final = Kind(
     r"|(?<![\d+])(?:\+?1[-.\s])?(?:\(\d{3}\)\s?|\d{3}[-.])\d{3}[-.]\d{4}(?!\d)"
     r"|\+\d{1,3}(?:[-\s]\d{1,4}){2,5}(?!\d)"
     r"|\+\d{1,3}[-\s]\d{1,4}[-\s]\d{5,8}(?!\d))",
-    _h_phone)
+    _h_phone, first=r"[+(\d]")
 
 
 GROUPS: Final = Kind(
     "groups",
     r"(?<![\d.,])(?P<groups>\d{2,4}(?: \d{2,4}){2,})(?![\d]|[.,]\d)",
-    _h_groups)
+    _h_groups, first=r"\d")
 
 
 NUMERO: Final = Kind(
     "numero",
     r"(?<![A-Za-z])(?:No|NO|no)\.\s?(?P<no_num>\d+)(?![\d.])",
-    _h_numero)
+    _h_numero, first=r"[Nn]")

@@ -34,7 +34,8 @@ class Kind:
     follows what it counts (:func:`.context.context_language`); library: WeTextProcessing may
     read it in Chinese context (:data:`.precedence.LIBRARY_KINDS`), where ``library_may_read``
     (groups, before, after) allows it and ``library_fits`` (groups, words, before, after)
-    accepts the library's words.
+    accepts the library's words; first: a regex class of the characters a match can start
+    with, a guard the scanner checks before the pattern (most positions fail it at once).
     """
 
     name: str
@@ -45,6 +46,7 @@ class Kind:
     library: bool = False
     library_may_read: Callable[[Groups, str, str], bool] | None = None
     library_fits: Callable[[Groups, str, str, str], bool] | None = None
+    first: str = ""
 
 
 NUM: Final = r"(?:\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?)"

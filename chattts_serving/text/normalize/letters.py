@@ -104,8 +104,8 @@ def _h_abbrev(lang: Lang, g: Groups, before: str, after: str) -> str:
 
 ABBREV: Final = Kind(
     "abbrev",
-    rf"(?<![A-Za-z.])(?P<ab>{alt_words(TITLES)}|{alt_words(ABBREVIATIONS)})(?P<ab_dot>\.)"
-    r"|(?<![A-Za-z.])(?P<ab_vs>vs)(?![A-Za-z])(?=\s)",
+    rf"(?=[A-Za-z])(?<![A-Za-z.])(?P<ab>{alt_words(TITLES)}|{alt_words(ABBREVIATIONS)})(?P<ab_dot>\.)"
+    r"|(?=v)(?<![A-Za-z.])(?P<ab_vs>vs)(?![A-Za-z])(?=\s)",
     lambda lang, g, before, after: "versus" if g("ab_vs") else _h_abbrev(lang, g, before, after),
     lang="en")
 
@@ -113,7 +113,7 @@ ABBREV: Final = Kind(
 ROMAN: Final = Kind(
     "roman",
     r"(?P<rm_uni>[\u2160-\u217f]+)"
-    rf"|(?<![A-Za-z])(?P<rm_word>(?:{alt_words(ROMAN_AFTER_WORDS + REGNAL_NAMES)})\s+)(?P<rm_num>[IVXLCDM]+)"
+    rf"|(?=[A-Z])(?<![A-Za-z])(?P<rm_word>(?:{alt_words(ROMAN_AFTER_WORDS + REGNAL_NAMES)})\s+)(?P<rm_num>[IVXLCDM]+)"
     r"(?![A-Za-z])"
-    rf"|(?<![A-Za-z])(?P<rm_zh>[IVX]{{1,4}})(?=[{ROMAN_COUNTERS_ZH}])|(?<=第)(?P<rm_zh2>[IVXLC]+)(?![A-Za-z])",
+    rf"|(?=[IVX])(?<![A-Za-z])(?P<rm_zh>[IVX]{{1,4}})(?=[{ROMAN_COUNTERS_ZH}])|(?=[IVXLC])(?<=第)(?P<rm_zh2>[IVXLC]+)(?![A-Za-z])",
     _h_roman)

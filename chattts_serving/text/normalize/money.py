@@ -130,17 +130,17 @@ MONEY: Final = Kind(
     r"(?:\s?(?P<mp_mult>万|亿|(?:thousand|million|billion|trillion)(?![A-Za-z])"
     r"|(?:[kKmMbBtT]|[mMbBtT]n)(?![A-Za-z])))?"
     rf"(?P<mp_unit>元(?![素旦首宵件老气帅])|块(?![头状])|{_WRITTEN})?",
-    _h_money)
+    _h_money, first=r"[^\s\d\u4e00-\u9fff]")
 
 
 YUAN: Final = Kind(
     "yuan",
     rf"(?P<ms_amt>{NUM})\s?(?P<ms_cur>元(?![素旦首宵件老气帅])|块(?![头状]))",
-    _h_yuan, lang="zh")
+    _h_yuan, lang="zh", first=r"\d")
 
 
 CODED: Final = Kind(
     "coded",
     rf"(?P<cd_amt>{NUM})\s?(?P<cd_code>{alt_words({c for c in CURRENCY_CODES if c.isalpha() and len(c) == 3})})"
     r"(?![A-Za-z])",
-    _h_coded)
+    _h_coded, first=r"\d")

@@ -29,8 +29,8 @@ PRECEDENCE: Final[tuple[Kind, ...]] = (
 )
 """Every entity kind, first tried first."""
 KINDS: Final[dict[str, Kind]] = {k.name: k for k in PRECEDENCE}
-SCANNER: Final = re.compile("|".join([f"(?P<k_tag>{TAG_PATTERN})", *(f"(?P<k_{k.name}>{k.pattern})"
-                                                                         for k in PRECEDENCE)]))
+SCANNER: Final = re.compile("|".join([f"(?P<k_tag>{TAG_PATTERN})", *(
+    f"(?P<k_{k.name}>{f'(?={k.first})' if k.first else ''}(?:{k.pattern}))" for k in PRECEDENCE)]))
 """One regex of all kinds; a match's ``lastgroup`` is ``k_<kind name>`` (``k_tag``: a control token)."""
 TAG_SCANNER: Final = re.compile(f"(?P<k_tag>{TAG_PATTERN})")
 """Control tokens only (:func:`chattts_serving.text.normalize.punctuate`)."""

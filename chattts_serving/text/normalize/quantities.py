@@ -132,43 +132,43 @@ def _library_may_read_percent(g: Groups, before: str, after: str) -> bool:
 TIMES: Final = Kind(
     "times",
     rf"(?<![A-Za-z0-9.])(?P<x_num>{NUM})[x×](?![A-Za-z0-9])",
-    _h_times)
+    _h_times, first=r"\d")
 
 
 TWENTYFOUR: Final = Kind(
     "twentyfour",
     r"(?<![\d/])24/7(?![\d/])",
-    _h_twentyfour)
+    _h_twentyfour, first=r"2")
 
 
 PERUNIT: Final = Kind(
     "perunit",
     rf"(?<=[\u4e00-\u9fa5A-Za-z²³\d])/(?P<pu_unit>{alt(UNITS)}|{alt(GLUED_UNITS)})(?![A-Za-z0-9])",
-    _h_perunit)
+    _h_perunit, first=r"/")
 
 
 DECADE: Final = Kind(
     "decade",
     r"(?<![\d.])(?P<dec>\d{3}0)s(?![A-Za-z])|(?<![A-Za-z0-9])'(?P<dec2>\d0)s(?![A-Za-z])"
     r"|(?<![A-Za-z0-9.'])(?P<dec3>[1-9]0)s(?![A-Za-z])",
-    _h_decade)
+    _h_decade, first=r"[\d']")
 
 
 KILO: Final = Kind(
     "kilo",
     rf"(?<![A-Za-z0-9.])(?P<kk_a>{NUM})(?:(?P<kk_ka>[kKw])?\s?(?P<kk_sep>[-~–—])\s?(?P<kk_b>{NUM}))?"
     r"(?P<kk_k>[kKw])(?![A-Za-z0-9])",
-    _h_kilo)
+    _h_kilo, first=r"\d")
 
 
 PERCENT: Final = Kind(
     "percent",
     rf"(?P<pc_sign>{SIGN})?(?P<pc_num>{NUM})\s?(?P<pc_sym>[%‰])",
-    _h_percent, library=True, library_may_read=_library_may_read_percent)
+    _h_percent, library=True, library_may_read=_library_may_read_percent, first=r"[-+−\d]")
 
 
 UNIT: Final = Kind(
     "unit",
     rf"(?P<u_sign>{SIGN})?(?P<u_num>{NUM})(?:\s?(?P<u_unit>{alt(UNITS)})"
     rf"|(?P<u_glued>{alt(GLUED_UNITS)}))(?![A-Za-z0-9])",
-    _h_unit)
+    _h_unit, first=r"[-+−\d]")

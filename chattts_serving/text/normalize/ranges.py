@@ -89,4 +89,4 @@ RANGE: Final = Kind(
     rf"(?P<r_ua>(?:{alt(UNITS)})(?=\s?[~–—-]\s?[-−]?\d))?"
     rf"(?P<r_sep>\s?[~–—]\s?|-|\s?[至到]\s?(?=[-−]\d))(?P<r_bsign>[-−])?(?P<r_b>{NUM})(?![\d])"
     rf"(?P<r_suf>\s?[%‰]|\s?(?:{alt(UNITS)})(?![A-Za-z0-9])|(?:{alt(GLUED_UNITS)})(?![A-Za-z0-9]))?",
-    _h_range)
+    _h_range, first=r"[-−\d]")

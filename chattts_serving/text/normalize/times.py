@@ -191,36 +191,36 @@ _AP: Final = r"\.?[Mm](?:\.(?=\S| [a-z]))?(?![A-Za-z])"
 TRANGE: Final = Kind(
     "trange",
     _time_re("ta") + r"(?P<tr_sep>\s?[-~–—]\s?|至|到)" + _time_re("tb"),
-    _h_trange)
+    _h_trange, first=r"\d")
 
 
 TIME: Final = Kind(
     "time",
     _time_re("t") + r"(?:\s?(?P<t_ap>[AaPp])\.?[Mm](?:\.(?=\S| [a-z]))?(?![A-Za-z]))?"
     r"(?P<t_unit>分(?![钟别享析之配为成组批])|秒|整|点钟|点(?![名评击赞菜餐燃亮播头数滴]))?",
-    _h_time)
+    _h_time, first=r"\d")
 
 
 RATIO: Final = Kind(
     "ratio",
     r"(?<![\d.])(?<!\d:)(?P<ra_a>\d{1,3}):(?P<ra_b>\d{1,3})(?![\d:])",
-    _h_ratio, library=True, library_may_read=_library_may_read_ratio)
+    _h_ratio, library=True, library_may_read=_library_may_read_ratio, first=r"\d")
 
 
 HAP: Final = Kind(
     "hap",
     r"(?<![\d:.])(?P<hap_h>1[0-2]|0?[1-9])\s?(?P<hap_ap>[AaPp])\.?[Mm](?:\.(?=\S| [a-z]))?(?![A-Za-z])",
-    _h_hap)
+    _h_hap, first=r"\d")
 
 
 HM: Final = Kind(
     "hm",
     r"(?<![\d.])(?P<hm_h>\d+)\s?h(?:rs?)?\s?(?P<hm_m>\d+)\s?(?:mins?|m)(?![A-Za-z0-9])",
-    _h_hm)
+    _h_hm, first=r"\d")
 
 
 DOTTIME: Final = Kind(
     "dottime",
-    rf"(?:{_DOT_TIME_BEFORE})\s?(?P<dt_h>[01]?\d|2[0-3])\.(?P<dt_m>[0-5]\d)(?![\d%‰]|\.\d)(?:\s?(?P<dt_ap>[AaPp]){_AP})?"
-    rf"|(?<![\d.])(?P<dt_h2>1[0-2]|0?\d)\.(?P<dt_m2>[0-5]\d)\s?(?P<dt_ap2>[AaPp]){_AP}",
+    rf"(?=\s?\d{{1,2}}\.\d)(?:{_DOT_TIME_BEFORE})\s?(?P<dt_h>[01]?\d|2[0-3])\.(?P<dt_m>[0-5]\d)(?![\d%‰]|\.\d)(?:\s?(?P<dt_ap>[AaPp]){_AP})?"
+    rf"|(?=\d)(?<![\d.])(?P<dt_h2>1[0-2]|0?\d)\.(?P<dt_m2>[0-5]\d)\s?(?P<dt_ap2>[AaPp]){_AP}",
     _h_dottime)

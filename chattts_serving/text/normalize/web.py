@@ -55,7 +55,7 @@ def _h_url(lang: Lang, g: Groups, before: str, after: str) -> str:
 EMAIL: Final = Kind(
     "email",
     r"(?<![A-Za-z0-9._%+-])(?P<email>[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,})",
-    _h_email)
+    _h_email, first=r"[A-Za-z0-9._%+-]")
 
 
 URL: Final = Kind(
@@ -63,4 +63,4 @@ URL: Final = Kind(
     rf"(?P<url>(?:https?://|www\.){_URL_TAIL}"
     rf"|(?<![A-Za-z0-9.@/_-])(?:[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?\.)+(?:{_TLD})(?![A-Za-z0-9-])"
     rf"(?:/{_URL_TAIL})?)",
-    _h_url)
+    _h_url, first=r"[A-Za-z0-9]")
