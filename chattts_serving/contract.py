@@ -84,6 +84,16 @@ class Segmentation(WireEnum):
     paragraph); the first audio comes after that reference pass."""
 
 
+class Language(WireEnum):
+    """The language of what a request's text gives no context for (the entry models'
+    ``language`` input): a bare ``25kg`` or ``03:04pm``, a text of digits and symbols."""
+
+    AUTO = "auto"
+    """The language with more words in the text (Chinese on a tie)."""
+    ZH = "zh"
+    EN = "en"
+
+
 class Precision(WireEnum):
     """Precision of an exported graph (``chattts-export --precision``, profile ``precision``)."""
 
@@ -301,6 +311,9 @@ IN_REFINE_PROMPT: Final = TensorSpec("refine_prompt", "TYPE_STRING", (1,), optio
 IN_SEGMENTATION: Final = TensorSpec("segmentation", "TYPE_STRING", (1,), optional=True,
                                     doc="'streaming' (sentence segments, lowest TTFA) or 'chattts' (ChatTTS' split and "
                                         "first-piece audio prompt); default: the profile's frontend.segmentation")
+IN_LANGUAGE: Final = TensorSpec("language", "TYPE_STRING", (1,), optional=True,
+                                doc="'auto' (default), 'zh' or 'en': the language numbers, units and symbols are read "
+                                    "in where the text around them does not say")
 IN_REFERENCE_AUDIO: Final = TensorSpec("reference_audio", "TYPE_FP32", (-1,), optional=True,
                                        doc="reference recording: mono samples in [-1, 1] at reference_sample_rate_hz, "
                                            "the voice to speak with (ChatTTS' spk_smp, encoded by the DVAE encoder)")
@@ -317,7 +330,8 @@ ENTRY_INPUTS: Final = (IN_TEXT, IN_VOICE, IN_VOCODER, IN_PRIORITY, IN_TIMEOUT,
                        IN_REFINE_TEXT, IN_REFINE_PROMPT,
                        *(TensorSpec(REFINE_PREFIX + p.name, p.triton_dtype, (1,), optional=True, doc=p.doc)
                          for p in REFINE_PARAMS),
-                       IN_SEGMENTATION, IN_REFERENCE_AUDIO, IN_REFERENCE_RATE, IN_REFERENCE_TEXT, IN_SPK_SMP)
+                       IN_SEGMENTATION, IN_REFERENCE_AUDIO, IN_REFERENCE_RATE, IN_REFERENCE_TEXT, IN_SPK_SMP,
+                       IN_LANGUAGE)
 OUT_AUDIO: Final = TensorSpec("audio", "TYPE_FP32", (-1,),
                               doc="mono waveform samples at SAMPLE_RATE_HZ, float32 in [-1, 1]")
 OUT_INFO: Final = TensorSpec("info", "TYPE_STRING", (1,),
@@ -371,7 +385,7 @@ FE_PROMPT_CODES: Final = TensorSpec("prompt_codes", "TYPE_INT32", (-1, NUM_VQ),
                                     doc="audio-prompt codes (P, 4) of reference_audio or of the voice's recording; "
                                         "(0, 4) for none")
 FRONTEND_INPUTS: Final = (IN_TEXT, IN_VOICE, IN_REFINE_PROMPT, FE_REFINED_IDS, IN_REFERENCE_TEXT, IN_REFERENCE_AUDIO,
-                          IN_REFERENCE_RATE, FE_NO_SPEAKER, FE_KEEP_UNSPEAKABLE, FE_TRANSIENT_REFERENCE)
+                          IN_REFERENCE_RATE, FE_NO_SPEAKER, FE_KEEP_UNSPEAKABLE, FE_TRANSIENT_REFERENCE, IN_LANGUAGE)
 FRONTEND_OUTPUTS: Final = (FE_INPUT_IDS, FE_SPK_EMB, FE_NORMALIZED, FE_DROPPED, FE_REFINE_IDS, FE_PROMPT_CODES)
 
 # GPT engine (decoupled)

@@ -317,15 +317,16 @@ def test_request_tensors_follow_the_contract() -> None:
 
 
 def test_mode_fields_become_their_enums_and_other_strings_go_to_the_server() -> None:
-    from chattts_serving.contract import Priority, Segmentation, VocoderPath
+    from chattts_serving.contract import Language, Priority, Segmentation, VocoderPath
 
-    req = SynthesisRequest("hi", vocoder="codes", priority="batch", segmentation="chattts")
+    req = SynthesisRequest("hi", vocoder="codes", priority="batch", segmentation="chattts", language="zh")
     assert req.vocoder is VocoderPath.CODES and req.priority is Priority.BATCH
-    assert req.segmentation is Segmentation.CHATTTS
+    assert req.segmentation is Segmentation.CHATTTS and req.language is Language.ZH
     assert req == SynthesisRequest("hi", vocoder=VocoderPath.CODES, priority=Priority.BATCH,
-                                   segmentation=Segmentation.CHATTTS)
+                                   segmentation=Segmentation.CHATTTS, language=Language.ZH)
     got = {name: arr[0] for name, arr, _ in req.tensors()}
-    assert (got["vocoder"], got["priority"], got["segmentation"]) == (b"codes", b"batch", b"chattts")  # the wire
+    assert (got["vocoder"], got["priority"], got["segmentation"], got["language"]) == (
+        b"codes", b"batch", b"chattts", b"zh")  # the wire
     assert req.json_inputs()["vocoder"] == "codes"
     odd = SynthesisRequest("hi", vocoder="magic")  # the server refuses it, naming the input
     assert odd.vocoder == "magic" and not isinstance(odd.vocoder, VocoderPath)

@@ -138,6 +138,7 @@ def test_kind_from_status(status: int | str | None, kind: ErrorKind | None) -> N
     ({"vocoder": _text("magic")}, "vocoder"),
     ({"priority": _text("urgent")}, "priority"),
     ({"segmentation": _text("words")}, "segmentation"),
+    ({"language": _text("fr")}, "language"),
     ({"timeout_s": np.array([-1.0], np.float32)}, "timeout_s"),
     ({"top_p": np.array([3.0], np.float32)}, "top_p"),
     ({"top_k": np.array([1.0], np.float32)}, "top_k"),

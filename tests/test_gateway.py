@@ -287,6 +287,19 @@ def test_characters_the_tokenizer_lacks_come_back_as_unspoken(client) -> None:
 
 
 @pytest.mark.server
+def test_language_reaches_the_server_and_reads_a_bare_quantity_in_it(client, triton_server: Server) -> None:
+    """``language`` chooses the reading of text without context of its own (25kg: 二十五千克 or
+    twenty five kilograms): each equals the direct Triton stream with that language, and the
+    two differ."""
+    pcm = {lang: _speech(client, "pcm", input="25kg", extra_body={**EXTRA, "language": lang}).content
+           for lang in ("zh", "en")}
+    for lang, audio in pcm.items():
+        req = SynthesisRequest(text="25kg", voice="alloy", language=lang, **EXTRA)  # type: ignore[arg-type]
+        assert audio == to_pcm16(np.concatenate(list(iter_chunks(triton_server.grpc_url, req))))
+    assert pcm["zh"] != pcm["en"]
+
+
+@pytest.mark.server
 def test_sse_stream_carries_base64_deltas_and_done(client) -> None:
     pcm = _speech(client, "pcm").content
     with client.audio.speech.with_streaming_response.create(
@@ -377,6 +390,8 @@ MISTAKES: list[tuple[str, bytes | dict[str, Any], int, str, str | None]] = [
     ("unknown voice", {"voice": "nobody"}, 400, "invalid_value", "voice"),
     ("control token out of range", {"input": "你好[break_9]"}, 400, "invalid_value", "input"),
     ("unknown vocoder", {"vocoder": "magic"}, 400, "invalid_value", "vocoder"),
+    ("unknown language", {"language": "fr"}, 400, "invalid_value", "language"),
+    ("language a number", {"language": 3}, 400, "invalid_value", "language"),
 ]
 
 

@@ -61,13 +61,15 @@ def _ours(stages: Recording, text: str, max_new: int, reference: Reference | Non
 
 
 @pytest.mark.parametrize("text,max_new", [("今天天气很好。我们一起去公园散步吧。", 120),
-                                          ("今天天气很好。我们一起去公园散步吧。明天见。", 150)])
+                                          ("今天天气很好。我们一起去公园散步吧。明天见。", 150),
+                                          ("你还好吗？今天天气很好。我们一起去公园散步吧！明天见。", 150)])
 def test_chattts_segmentation_equals_chat_infer(small_chat: Any, small_artifacts: Artifacts, stages: Recording,
                                                 text: str, max_new: int) -> None:
     ours, result = _ours(stages, text, max_new)
     ref, params = chat_infer(small_chat, small_artifacts.root, text, max_new)
     pieces = split_like_chattts(text)
     assert result.segments == len(pieces) == text.count("。") and result.reference == "first_piece"
+    assert result.normalized_text == [small_chat.normalizer(p, True, True).strip() for p in pieces]
     # the first-piece audio prompt: ChatTTS' spk_smp string byte for byte, its text as txt_smp
     (call, first), = [(c, o) for c, o in stages.frontend_log if c.transient_reference]
     assert first.prompt_codes is not None and call.reference_audio is not None

@@ -12,6 +12,7 @@ import pytest
 from chattts_serving.export.weights import ADDED_TOKENS
 from chattts_serving.runtime import Artifacts
 from chattts_serving.text import normalize as textnorm
+from chattts_serving.text import request_text
 from chattts_serving.text.frontend import FrontEnd, FrontendError
 from chattts_serving.text.normalize import normalize, split_segments
 from chattts_serving.text.speaker import encode_spk_emb, speaker_from_seed
@@ -385,10 +386,10 @@ def test_speaker_cache_is_bounded_lru_and_read_only(small_artifacts: Artifacts) 
 
 def test_speed_is_carried_to_every_sentence_segment() -> None:
     segments = ["[speed_2]第一句。", "第二句。", "third one [speed_7]."]
-    carried = textnorm.carry_speed(segments)
+    carried = request_text.carry_speed(segments)
     assert [normalize(s).speed for s in carried] == [2, 2, 2]
-    assert textnorm.carry_speed(["一。", "二。"]) == ["一。", "二。"]
-    assert textnorm.speed_of("a [speed_12] b") is None and textnorm.speed_of("[speed_0]") == 0
+    assert request_text.carry_speed(["一。", "二。"]) == ["一。", "二。"]
+    assert request_text.speed_of("a [speed_12] b") is None and request_text.speed_of("[speed_0]") == 0
 
 
 @pytest.mark.parametrize("text, ok", [

@@ -74,6 +74,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--segmentation", choices=[s.value for s in contract.Segmentation],
                     help="'streaming' (sentence segments, lowest time to first audio) or 'chattts' (ChatTTS' split "
                          "and first-piece audio prompt: one voice across a paragraph) (server default: its profile's)")
+    ap.add_argument("--language", choices=[s.value for s in contract.Language],
+                    help="the language of numbers, units and symbols the text gives no context for (a bare '25kg'); "
+                         "default 'auto': the language with more words in the text")
     ref = ap.add_mutually_exclusive_group()
     ref.add_argument("--reference-audio", type=Path, metavar="FILE.wav",
                      help="speak like this recording (PCM WAV, any rate; mono or averaged to mono): ChatTTS' "
@@ -152,7 +155,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         refine_text=args.refine_text, refine_prompt=args.refine_prompt, request_id=args.request_id,
         priority=args.priority, timeout_s=args.server_timeout_s, segmentation=args.segmentation,
         reference_audio=audio, reference_sample_rate_hz=rate, reference_text=args.reference_text,
-        spk_smp=args.spk_smp)
+        spk_smp=args.spk_smp, language=args.language)
     url = args.url or DEFAULT_URLS[args.protocol]
     try:
         result = _synthesizer(args.protocol)(url, request, args.timeout_s)

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from .. import contract
-from ..contract import Priority, Segmentation, VocoderPath, WireEnum
+from ..contract import Language, Priority, Segmentation, VocoderPath, WireEnum
 from ..errors import ErrorKind, decode_tagged, kind_from_status
 
 _SPECS: dict[str, contract.TensorSpec] = {spec.name: spec for spec in contract.ENTRY_INPUTS}
@@ -56,7 +56,7 @@ TIMEOUT = "timeout"
 """``ClientError.status`` of a request this client stopped waiting for."""
 
 _MODES: dict[str, type[WireEnum]] = {contract.IN_VOCODER.name: VocoderPath, contract.IN_PRIORITY.name: Priority,
-                                     contract.IN_SEGMENTATION.name: Segmentation}
+                                     contract.IN_SEGMENTATION.name: Segmentation, contract.IN_LANGUAGE.name: Language}
 """The request fields whose values are an enum's (see :class:`SynthesisRequest`)."""
 _VALUES: dict[str, frozenset[str]] = {name: frozenset(m.value for m in enum) for name, enum in _MODES.items()}
 
@@ -84,11 +84,13 @@ class SynthesisRequest:
     reference recording, (N,) float32 mono samples in [-1, 1] at reference_sample_rate_hz
     (INT32, default 24000; :func:`read_wav` reads one); reference_text: its transcript
     (required with it or with spk_smp); spk_smp: a ChatTTS audio-prompt string instead of a
-    recording. request_id: Triton request id (not a tensor): echoed in every response's ``id``
-    and in ``info``; the server generates one when it is None.
+    recording. language: a :class:`~chattts_serving.contract.Language`, 'auto', 'zh' or 'en':
+    the language of numbers, units and symbols the text gives no context for. request_id:
+    Triton request id (not a tensor): echoed in every response's ``id`` and in ``info``; the
+    server generates one when it is None.
 
-    vocoder, priority and segmentation also take their values as strings (from a command line
-    or a JSON body): a known value becomes its enum member, any other string is kept and sent
+    vocoder, priority, segmentation and language also take their values as strings (from a
+    command line or a JSON body): a known value becomes its enum member, any other string is kept and sent
     as it is, for the server to refuse (INVALID, ``param`` naming the input).
     """
 
@@ -118,6 +120,7 @@ class SynthesisRequest:
     reference_sample_rate_hz: int | None = None
     reference_text: str | None = None
     spk_smp: str | None = None
+    language: Language | str | None = None
     request_id: str | None = None
 
     def __post_init__(self) -> None:

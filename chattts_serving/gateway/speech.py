@@ -21,7 +21,8 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, S
 from .. import contract
 from ..audio import formats as audio_format
 from ..client import StreamPart, SynthesisRequest, read_wav
-from ..text.normalize import CONTROL_NUMBERED, DEFAULT_SPEED, length_error
+from ..text.normalize import CONTROL_NUMBERED, DEFAULT_SPEED
+from ..text.request_text import length_error
 from .errors import INVALID_REQUEST, ApiError
 
 MIN_SPEED: Final = 0.25
@@ -96,7 +97,8 @@ class SpeechRequest(BaseModel):
     the same audio), ``temperature``, ``top_p``, ``top_k``, ``repetition_penalty``,
     ``max_new_tokens``, ``min_new_tokens``, ``vocoder`` ('hidden' or 'codes'),
     ``lookahead_tokens``, ``refine_text`` (ChatTTS' refine-text stage first), ``refine_prompt``,
-    ``segmentation`` ('streaming' or 'chattts'), ``reference_audio`` (a reference recording:
+    ``segmentation`` ('streaming' or 'chattts'), ``language`` ('auto', 'zh' or 'en': the
+    language of numbers, units and symbols the text gives no context for), ``reference_audio`` (a reference recording:
     base64 of a PCM WAV file; a voice of the server's voices file may bring its own, by name in
     ``voice``), ``reference_text`` (its transcript), ``spk_smp`` (a ChatTTS audio-prompt string
     instead of a recording).
@@ -129,6 +131,7 @@ class SpeechRequest(BaseModel):
     reference_audio: Text | None = None
     reference_text: Text | None = None
     spk_smp: Text | None = None
+    language: Text | None = None
 
     @property
     def voice_string(self) -> str | None:
@@ -210,7 +213,7 @@ def build_request(req: SpeechRequest, models: tuple[str, ...], max_input_chars: 
                             vocoder=req.vocoder, lookahead_tokens=req.lookahead_tokens,
                             refine_text=req.refine_text, refine_prompt=req.refine_prompt,
                             segmentation=req.segmentation, reference_audio=audio, reference_sample_rate_hz=rate,
-                            reference_text=req.reference_text, spk_smp=req.spk_smp)
+                            reference_text=req.reference_text, spk_smp=req.spk_smp, language=req.language)
 
 
 OFFLOADED_FORMATS: Final = frozenset(name for name, info in audio_format.FORMATS.items()

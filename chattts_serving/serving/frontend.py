@@ -101,7 +101,8 @@ class FrontendService:
                 prompt = self.voice_prompts[voice.name]
                 txt_smp = prompt.transcript
             p = self.frontend.prepare(call.text, call.voice, call.refine_prompt, call.refined_ids, txt_smp=txt_smp,
-                                      no_speaker=call.no_speaker, keep_unspeakable=call.keep_unspeakable)
+                                      no_speaker=call.no_speaker, keep_unspeakable=call.keep_unspeakable,
+                                      language=call.language)
         except RecordingError as exc:
             raise RequestError(str(exc), param=contract.IN_REFERENCE_AUDIO.name) from None
         except FrontendError as exc:

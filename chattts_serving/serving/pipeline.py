@@ -39,7 +39,8 @@ from ..audio.chunking import ChunkSchedule, StreamChunker
 from ..contract import Segmentation, SequenceMode, StopReason, VocoderPath
 from ..errors import Cancelled, DeadlineExceeded, ErrorKind, RequestError
 from ..params import SamplingParams
-from ..text.normalize import carry_speed, speakable
+from ..text.normalize import speakable
+from ..text.request_text import carry_speed
 from ..text.segments import SegmentRules, chattts_groups, split_like_chattts, split_segments
 from .request import EntryRequest, FrontendCall, Reference
 
@@ -379,7 +380,8 @@ def prepare_segments(job: SynthesisJob, stages: Stages, watch: Watch = _no_watch
     ref = req.reference
     base = FrontendCall(text="", voice=req.voice, request_id=req.request_id,
                         reference_text=ref.transcript if ref is not None else None,
-                        no_speaker=ref is not None and not req.voice.strip(), keep_unspeakable=chattts)
+                        no_speaker=ref is not None and not req.voice.strip(), keep_unspeakable=chattts,
+                        language=req.language)
     refined = _refine(job, stages, watch, texts, base) if req.refine is not None else [None] * len(texts)
     calls = [replace(base, text=t, refined_ids=r) for t, r in zip(texts, refined, strict=True)]
     if ref is not None and ref.audio is not None:  # the recording travels once, with the first segment

@@ -30,11 +30,11 @@ from ..audio.reference import (
     check_transcript,
     decode_spk_smp,
 )
-from ..contract import Priority, Segmentation, SequenceMode, VocoderPath
+from ..contract import Language, Priority, Segmentation, SequenceMode, VocoderPath
 from ..errors import RequestError
 from ..params import ParamError, SamplingParams
-from ..text.normalize import length_error
 from ..text.refine import REFINE_PARAMS, RefineParams
+from ..text.request_text import length_error
 
 Inputs = Mapping[str, np.ndarray]
 """A request's tensors by input name (absent optional inputs are absent)."""
@@ -200,7 +200,8 @@ class EntryRequest:
     request_id: the client's Triton request id (or a generated one) for logs and ``info``;
     refine: refine-text parameters, None to skip that stage (the default); segmentation: how
     the text is cut into GPT sequences; reference: the audio prompt the request brought, None
-    for none (a voice from the voices file may still bring its recording).
+    for none (a voice from the voices file may still bring its recording); language: the
+    language of what the text gives no context for (:class:`~chattts_serving.contract.Language`).
     """
 
     text: str
@@ -214,6 +215,7 @@ class EntryRequest:
     refine: RefineParams | None = None
     segmentation: Segmentation = Segmentation.STREAMING
     reference: Reference | None = None
+    language: Language = Language.AUTO
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -264,7 +266,8 @@ def parse_entry(inputs: Inputs, limits: EntryLimits, request_params: Mapping[str
                         request_id=request_id, refine=_entry_refine(inputs, limits.max_new_tokens_cap),
                         segmentation=enum_input(inputs, contract.IN_SEGMENTATION.name, Segmentation,
                                                 limits.default_segmentation),
-                        reference=_entry_reference(inputs, limits.reference))
+                        reference=_entry_reference(inputs, limits.reference),
+                        language=enum_input(inputs, contract.IN_LANGUAGE.name, Language, Language.AUTO))
 
 
 def _entry_reference(inputs: Inputs, limits: ReferenceLimits) -> Reference | None:
@@ -336,7 +339,8 @@ class FrontendCall:
     into the output's ``prompt_codes`` (cached; ``transient_reference``: encoded once, neither
     checked against the recording limits nor cached: the first piece's own audio);
     ``no_speaker``: no speaker vector (``[empty_spk]``); ``keep_unspeakable``: a piece of
-    ChatTTS' split, prompted even with nothing speakable in it.
+    ChatTTS' split, prompted even with nothing speakable in it; ``language``: the request's
+    :class:`~chattts_serving.contract.Language`.
     """
 
     text: str
@@ -350,6 +354,7 @@ class FrontendCall:
     transient_reference: bool = False
     no_speaker: bool = False
     keep_unspeakable: bool = False
+    language: Language = Language.AUTO
 
 
 def parse_frontend(inputs: Inputs, request_id: str = "") -> FrontendCall:
@@ -369,7 +374,8 @@ def parse_frontend(inputs: Inputs, request_id: str = "") -> FrontendCall:
                                                     1, 2**31 - 1),
                         transient_reference=bool_input(inputs, contract.FE_TRANSIENT_REFERENCE.name),
                         no_speaker=bool_input(inputs, contract.FE_NO_SPEAKER.name),
-                        keep_unspeakable=bool_input(inputs, contract.FE_KEEP_UNSPEAKABLE.name))
+                        keep_unspeakable=bool_input(inputs, contract.FE_KEEP_UNSPEAKABLE.name),
+                        language=enum_input(inputs, contract.IN_LANGUAGE.name, Language, Language.AUTO))
 
 
 # --- the GPT engine ----------------------------------------------------------------------------

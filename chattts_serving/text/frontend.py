@@ -43,13 +43,13 @@ from ..runtime import Artifacts
 from . import normalize as textnorm
 from . import refine
 from . import wetext as textnorm_wetext
+from .request_text import RAW_LENGTH_FACTOR, length_error
 from .voices import DEFAULT_CACHE_ENTRIES, MAX_VOICE_SEED, SpeakerCache, Voice, VoiceBook, VoiceError
 
 log = logging.getLogger(__name__)
 
-__all__ = ["MAX_VOICE_SEED", "FrontEnd", "FrontendError", "Prepared"]
+__all__ = ["MAX_VOICE_SEED", "RAW_LENGTH_FACTOR", "FrontEnd", "FrontendError", "Prepared"]
 
-RAW_LENGTH_FACTOR = textnorm.RAW_LENGTH_FACTOR
 _SPEED_TOKEN = re.compile(r"\[speed_\d+\]")
 
 
@@ -146,7 +146,7 @@ class FrontEnd:
 
     def prepare(self, text: str, voice: str = "", refine_prompt: str | None = None,
                 refined_ids: np.ndarray | None = None, *, txt_smp: str | None = None, no_speaker: bool = False,
-                keep_unspeakable: bool = False) -> Prepared:
+                keep_unspeakable: bool = False, language: str = "auto") -> Prepared:
         """Normalise ``text``, build the prompts and tokenize them, and resolve ``voice``.
 
         ``txt_smp``: a reference transcript placed before ``[speed_N]`` in the code prompt, as
@@ -154,9 +154,16 @@ class FrontEnd:
         ``no_speaker``: no speaker vector (``[empty_spk]`` prompt, ``spk_emb`` None), ChatTTS'
         ``spk_emb=None``; a reference-recording voice without a ``speaker`` has none either.
         ``keep_unspeakable``: ``text`` is a piece of ChatTTS' split
-        (:func:`chattts_serving.text.segments.split_like_chattts`), prompted even when nothing in
-        it can be spoken (a blank line, a lone ``。``), as ChatTTS synthesises such pieces too:
-        its text is then what ChatTTS' own normaliser makes of it, stripped.
+        (:func:`chattts_serving.text.segments.split_like_chattts`, the ``chattts`` segmentation),
+        read as ChatTTS reads it: where our normalisation changes no spoken word (nothing but
+        pause marks and spaces: no digits, symbols read aloud or reserved tokens) the text is what
+        ChatTTS' own normaliser makes of the piece (it keeps ``？`` out of the text where ours
+        would write ``。``), so the GPT sees what ``Chat.infer`` gives it; and the piece is
+        prompted even when nothing in it can be spoken (a blank line, a lone ``。``), as ChatTTS
+        synthesises such pieces too.
+
+        ``language``: ``'auto'``, ``'zh'`` or ``'en'``, the language of what the text gives no
+        context for (:func:`chattts_serving.text.normalize.normalize`).
 
         With ``refine_prompt`` (control tokens, '' for none; validated by
         :class:`chattts_serving.text.refine.RefineParams`) the refine-text prompt is built too
@@ -170,17 +177,22 @@ class FrontEnd:
                 token out of range; a voice that cannot be resolved; an invalid refine prompt
                 or refined ids outside the text vocabulary.
         """
-        too_long = textnorm.length_error(text, self.max_text_chars)
+        too_long = length_error(text, self.max_text_chars)
         if too_long:
             raise FrontendError(too_long)
         if not text.strip() and not keep_unspeakable:
             raise FrontendError("text is empty")
         try:
-            norm = textnorm.normalize(text, library=self.wetext)
+            norm = textnorm.normalize(text, library=self.wetext, language=language)
         except textnorm.TextNormError as exc:
             raise FrontendError(str(exc)) from None
         spk = None if no_speaker else self.speaker(voice)
         normalized = self.normalizer(norm.text, do_text_normalization=True, do_homophone_replacement=True).strip()
+        if keep_unspeakable:  # ChatTTS' segmentation: its own reading wherever ours changes no word
+            theirs = self.normalizer(_SPEED_TOKEN.sub("", text), do_text_normalization=True,
+                                     do_homophone_replacement=True).strip()
+            if _spoken(theirs) == _spoken(normalized):
+                normalized = theirs
         normalized, unknown = self.vocabulary.remove_unknown(normalized)
         speakable = textnorm.speakable(normalized)
         if not speakable and keep_unspeakable:  # ChatTTS speaks the piece as its own normaliser leaves it
@@ -214,6 +226,15 @@ class FrontEnd:
         if dropped:
             log.info("characters not spoken: %r", "".join(dropped))
         return Prepared(code_ids.astype(np.int32), spk, normalized, dropped, speed, refine_ids)
+
+
+_SPOKEN: re.Pattern[str] = re.compile(textnorm.CONTROL_TOKEN.pattern + r"|[\u4e00-\u9fffA-Za-z]")
+
+
+def _spoken(text: str) -> list[str]:
+    """What of ``text`` is spoken: its letters, Chinese characters and control tokens, in order
+    (pause marks and spaces left out)."""
+    return _SPOKEN.findall(text)
 
 
 def _voice_message(exc: VoiceError) -> str:

@@ -163,6 +163,8 @@ class BlsStages:
             inputs += [pb.Tensor(contract.IN_REFERENCE_AUDIO.name, np.ascontiguousarray(call.reference_audio,
                                                                                         np.float32)),
                        pb.Tensor(contract.IN_REFERENCE_RATE.name, np.array([call.reference_rate_hz], np.int32))]
+        if call.language != contract.Language.AUTO:
+            inputs.append(string_tensor(pb, contract.IN_LANGUAGE.name, call.language.value))
         for spec, on in ((contract.FE_TRANSIENT_REFERENCE, call.transient_reference),
                          (contract.FE_NO_SPEAKER, call.no_speaker),
                          (contract.FE_KEEP_UNSPEAKABLE, call.keep_unspeakable)):

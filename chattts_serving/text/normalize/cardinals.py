@@ -1,0 +1,146 @@
+"""Plain numbers: cardinals (with 两 before measure words), years, generations, identifiers
+after context words, ordinals (``21st``), dotted numbers and IPv4 addresses."""
+
+from __future__ import annotations
+
+import re
+from typing import Final
+
+from .base import Lang
+from .context import (
+    EN_IDENTIFIER_BEFORE,
+    IDENTIFIER_AFTER,
+    IDENTIFIER_BEFORE,
+    RANGE_UNITS,
+    ends_with,
+    said_below,
+    temperature_degrees,
+)
+from .kind import NUM, SIGN, Groups, Kind
+from .numbers import (
+    ID_CARD_DIGITS,
+    LONG_IDENTIFIER_DIGITS,
+    digit_groups,
+    en_digits,
+    en_number,
+    en_ordinal,
+    en_year,
+    liang,
+    read_groups,
+    takes_liang,
+    zh_digits,
+    zh_number,
+)
+from .tables import MONTH_ABBR, MONTHS_EN
+
+
+def _h_ordinal(lang: Lang, g: Groups, before: str, after: str) -> str:
+    return en_ordinal(int(g("ord")))
+
+
+def _h_dotted(lang: Lang, g: Groups, before: str, after: str) -> str:
+    parts = g("dot").split(".")
+    if len(parts) == 4 and all(len(p) <= 3 and int(p) <= 255 for p in parts):  # an IPv4 address
+        if lang == "zh":
+            return "点".join(zh_digits(p) for p in parts)
+        return " dot ".join(en_digits(p) for p in parts)
+    if lang == "zh":
+        return "点".join(zh_number(p) for p in parts)
+    return " point ".join(en_number(p) for p in parts)
+
+
+_DATE_WORDS: Final = ("月", "日", "号", "点", "时", "分", "秒")
+
+
+def _h_number(lang: Lang, g: Groups, before: str, after: str) -> str:
+    sign = (g("n_sign") or "").replace("−", "-")
+    num, plus = g("n_num"), bool(g("n_plus"))
+    if lang == "zh":
+        words = _zh_count(num, before, after.lstrip())
+        if sign == "-" and said_below(before):
+            return words  # 零下-3度
+        if sign == "-" and temperature_degrees(lang, before, after):
+            return "零下" + words  # 温度-3.5度
+        return ("负" if sign == "-" else "正" if sign == "+" else "") + words + ("多" if plus else "")
+    if not sign and len(num) == 4 and num.isdigit() and 1100 <= int(num) <= 2099 and _year_context(before):
+        return en_year(int(num))
+    if num.isdigit() and (len(num) >= LONG_IDENTIFIER_DIGITS or (len(num) >= 3 and before[-1:].isupper())
+                          or (len(num) >= 3 and not sign and _en_identifier(before))):
+        return read_groups(lang, digit_groups(num))  # a card number, CA981, call 911
+    words = en_number(num)
+    return ("minus " if sign == "-" else "plus " if sign == "+" else "") + words + (" plus" if plus else "")
+
+
+def _en_identifier(before: str) -> bool:
+    """English: a number right after a word of :data:`.context.EN_IDENTIFIER_BEFORE` (a ``#``,
+    ``:`` or ``.`` between allowed) is an identifier (call 911, room 305, gate B12's 12 is not)."""
+    m = re.search(r"([A-Za-z]+)\.?(?:\s+(?:is|was|number|no\.?))?[\s:#]*$", before)
+    return m is not None and (m.group(1) in EN_IDENTIFIER_BEFORE or m.group(1).lower() in EN_IDENTIFIER_BEFORE)
+
+
+def _zh_count(num: str, before: str, after: str) -> str:
+    """A plain number in Chinese, by what surrounds it: an identifier (拨打110, a card number,
+    four or more digits glued to a capital letter: G1234, RTX4090) digit by digit with 幺; a
+    year (2024年, 24年3月, 公元前221年) or a generation (80后) digit by digit; a date part
+    without its leading zero (03月); else a cardinal, with 两 before a measure word."""
+    digits = num.isdigit()
+    listed = re.search(r"\d{3,}\s*(?:或者|或是|或|和|及|、|/)\s*$", before)  # 拨打12345或12315
+    if listed and len(num) >= 3 and ends_with(before[:listed.start() + 1], IDENTIFIER_BEFORE, " :是为0123456789"):
+        return "，".join(zh_digits(grp, one="幺") for grp in digit_groups(num))
+    if digits and len(num) == ID_CARD_DIGITS - 1 and after[:1] in ("X", "x"):
+        return "，".join(zh_digits(grp, one="幺") for grp in (num[:6], num[6:14], num[14:]))  # ID ending in X
+    if digits and len(num) >= 3 and after.startswith(IDENTIFIER_AFTER):
+        return zh_digits(num, one="幺")  # 1203室
+    if digits and (len(num) >= LONG_IDENTIFIER_DIGITS or (len(num) >= 4 and before[-1:].isupper())
+                   or (len(num) >= 3 and not takes_liang(after) and not after.startswith(RANGE_UNITS)
+                       and ends_with(before.rstrip("ABCDEFGHIJKLMNOPQRSTUVWXYZ"), IDENTIFIER_BEFORE, " :是为"))):
+        return "，".join(zh_digits(grp, one="幺") for grp in digit_groups(num))
+    if digits and after.startswith("年") and (
+            (len(num) == 4 and 1100 <= int(num) <= 2199) or (len(num) == 2 and re.match(r"年\s?\d", after))
+            or (len(num) <= 4 and before.rstrip().endswith(("公元", "公元前")))):
+        return zh_digits(num)
+    if digits and len(num) == 4 and 1900 <= int(num) <= 2099 and after.startswith(_YEAR_LABELS):
+        return zh_digits(num)  # 2024赛季, 2024款, 2024版
+    if digits and len(num) == 2 and re.match(r"后(?![悔来面边续期天年果退])", after):
+        return zh_digits(num)  # 80后, 95后, 00后: generations
+    if digits and num.startswith("0") and len(num) <= 2 and after.startswith(_DATE_WORDS):
+        num = num.lstrip("0") or "0"  # 03月05日
+    if before.rstrip().endswith(("第", "分之")):
+        return zh_number(num)  # 第2名 (an ordinal), 3分之2个 (a numerator): never 两
+    return liang(zh_number(num), after)
+
+
+_YEAR_LABELS: Final = ("赛季", "款", "版", "财年", "年度", "届")
+"""After a four-digit number from 1900 to 2099 they make it a year read digit by digit."""
+
+
+_YEAR_WORDS: Final = {"in", "since", "by", "until", "till", "from", "year", "of", "during", "before", "after",
+                      "early", "late", "mid", *MONTHS_EN, *MONTH_ABBR}
+
+
+def _year_context(before: str) -> bool:
+    """English: a 4-digit number after 'in', 'since', a month name, ... is a year, and so is
+    the second of 'from 2010 to 2020' / 'between 2010 and 2020'."""
+    if re.search(r"\b(?:from|between)\s+\d{4}\s+(?:to|and|until|till)\s*$", before, re.IGNORECASE):
+        return True
+    words = re.findall(r"[A-Za-z]+", before)
+    return bool(words) and before.rstrip(" ,").endswith(words[-1]) and (
+        words[-1] in _YEAR_WORDS or words[-1].lower() in _YEAR_WORDS)
+
+
+ORDINAL: Final = Kind(
+    "ordinal",
+    r"(?<![\d.])(?P<ord>\d+)(?:st|nd|rd|th)(?![A-Za-z])",
+    _h_ordinal, lang="en", first=r"\d")
+
+
+DOTTED: Final = Kind(
+    "dotted",
+    r"(?<![\d.])(?P<dot>\d+(?:\.\d+){2,})(?![\d])",
+    _h_dotted, counts=True, first=r"\d")
+
+
+NUMBER: Final = Kind(
+    "number",
+    rf"(?P<n_sign>{SIGN})?(?P<n_num>{NUM})(?P<n_plus>\+(?![\d+]))?",
+    _h_number, counts=True, first=r"[-+−\d]")

@@ -1,0 +1,196 @@
+"""Context: which language a span is read in, the sentence around it, and the word lists that
+several kinds share to choose between two readings.
+
+Each list is searched in the same sentence only (up to the nearest 。！？ or line break), with
+control tokens ignored.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Final
+
+from .base import Lang, is_cjk, is_latin, script
+
+SCORE_BEFORE: Final = ("总比分", "大比分", "小比分", "比分为", "比分是", "比分", "比数", "首局", "次局", "决胜局", "局",
+                       "半场", "全场", "终场", "比例为", "比例是", "比例", "配比", "以")
+"""Written right before ``a-b`` or ``a:b`` (spaces, 为/是 between allowed), they make it a score
+or ratio read with 比 (比分3:2, 首局25-23, 以2-1)."""
+SCORE_AFTER: Final = ("获胜", "取胜", "战胜", "击败", "打败", "力克", "横扫", "险胜", "完胜", "大胜", "小胜",
+                      "惨败", "告负", "落败", "不敌", "负于", "输给", "败给", "战平", "打平", "逆转", "落后", "领先",
+                      "晋级", "淘汰", "胜", "负", "赢", "输", "败")
+"""Written right after ``a-b`` or ``a:b``, they make it a score (4-0获胜, 3:1击败)."""
+SCORE_SENTENCE: Final = (*SCORE_AFTER, "比分", "比赛", "首局", "半场", "全场", "决赛", "对阵", "进球", "球队")
+"""Anywhere in the sentence, they make a hyphen between two integers a score rather than a
+range (他4-0获胜，从0-3追到3-3), unless a unit or measure word follows it (比赛还剩3-5分钟)."""
+
+
+IDENTIFIER_BEFORE: Final = ("电话", "手机", "手机号", "座机", "传真", "热线", "客服", "拨打", "致电", "呼叫", "号码",
+                            "卡号", "账号", "帐号", "单号", "编号", "工号", "学号", "尾号", "验证码", "密码", "邮编",
+                            "QQ号", "QQ", "微信号", "身份证号码", "身份证号", "身份证", "分机号", "分机", "拨",
+                            "车次", "航班", "航班号", "房间号", "订单", "房间", "房号", "门牌号", "车牌", "车牌号",
+                            "股票代码", "证券代码", "基金代码", "代码", "取件码", "提货码", "取餐码", "取货码",
+                            "座位号", "座位", "座号", "桌号", "会员号", "运单号", "登机口", "检票口", "柜号", "货号",
+                            "型号")
+"""Written right before a number of three or more digits (spaces, ``:``, 是/为 between
+allowed), they make it an identifier read digit by digit with 幺 (拨打110, 验证码385921,
+房间2508, 股票代码600519); after them a number with hyphens is a code read part by part
+(取件码3-1105)."""
+IDENTIFIER_AFTER: Final = ("室", "号房", "房间", "号房间")
+"""Written right after a number of three or more digits, they make it a room number read
+digit by digit (1203室 -> 幺二零三室); ``3室2厅`` counts rooms."""
+EN_IDENTIFIER_BEFORE: Final = ("call", "dial", "text", "room", "flight", "gate", "seat", "platform", "extension",
+                               "ext", "code", "PIN", "pin", "ID", "zip", "ZIP", "number", "No", "account", "order",
+                               "ticket", "bus", "route", "suite", "apartment", "apt", "unit")
+"""English words right before a number of three or more digits that make it an identifier
+read digit by digit (call 911 -> nine one one, room 305 -> three zero five)."""
+TEMPERATURE_BEFORE: Final = ("气温", "温度", "低温", "高温", "最低", "最高", "体温", "水温", "室温", "温差")
+"""Before ``-N度`` in the same clause, they make it a temperature: 零下 N 度."""
+SENTENCE_END: Final = re.compile(r"[。！？!?\n]|\.(?=\s|$)")
+
+
+@dataclass
+class Context:
+    """The folded text being normalised, the same text with tag-shaped spans blanked (so that
+    the letters of ``[laugh]`` do not count as English), and the fallback language."""
+
+    text: str
+    default: Lang
+    view: str = ""
+    library: bool = False
+
+    def __post_init__(self) -> None:
+        self.view = re.sub(r"\[[A-Za-z_0-9]+\]", lambda m: " " * len(m.group(0)), self.text)
+
+    def lang(self, start: int, end: int, counts: bool = False) -> Lang:
+        return context_language(self.view, start, end, self.default, counts)
+
+
+def dominant_language(text: str) -> Lang:
+    """'zh' when the text has at least as many Chinese characters as English words (also when
+    it has neither), else 'en'."""
+    cjk = sum(1 for c in text if is_cjk(c))
+    words = len(re.findall(r"[A-Za-z]+", text))
+    return "zh" if cjk >= words else "en"
+
+
+CONTEXT_CHARS: Final = 80
+"""How far :func:`context_language` looks for a Chinese character or Latin letter, each side."""
+_CLAUSE_BREAKS: Final = set(",;:!?。，；：！？\n") | {"."}
+
+
+_MODEL_NAME: Final = re.compile(r"(?<![A-Za-z])[A-Za-z]*[A-Z][A-Za-z]* ?$")
+"""A Latin word with a capital letter right before a number (one space allowed)."""
+
+
+def context_language(text: str, start: int, end: int, default: Lang, counts: bool = False) -> Lang:
+    """The language in which to read ``text[start:end]`` (a number, a symbol, a mark).
+
+    Latin letters glued to the span (the ``G`` of ``5G``, the ``mp`` of ``mp3``) are skipped,
+    then the nearest Chinese character or Latin letter on each side decides:
+
+    1. a Chinese character right after the span (``3个``) makes it Chinese;
+    2. else, for a count (``counts``: a plain number) in mostly Chinese text, a capitalised
+       Latin name right before or after it (``iPhone 15 Pro``, ``Windows 11``, ``骁龙8 Gen``)
+       makes it Chinese: model numbers inside Chinese are read in Chinese;
+    3. else, for a count, a word right after it or after one space in the same clause decides:
+       a number is read in the language of what it counts (``和5 pears`` reads "five pears");
+    4. else a Chinese character right before it (``第3``) makes it Chinese;
+    5. else the nearer one within the same clause (no ``,;:!?。`` in between; ties go right);
+    6. else the nearer one anywhere (ties go left);
+    7. else ``default``.
+
+    Each side is searched up to ``CONTEXT_CHARS`` characters away.
+    """
+    i = start - 1
+    while i >= 0 and is_latin(text[i]):
+        i -= 1
+    j = end
+    while j < len(text) and is_latin(text[j]):
+        j += 1
+
+    def scan(pos: int, step: int) -> tuple[Lang | None, int, bool]:
+        gap, crossed = 0, False
+        while 0 <= pos < len(text) and gap < CONTEXT_CHARS:
+            c = text[pos]
+            s = script(c)
+            if s is not None:
+                return s, gap, crossed
+            if c in _CLAUSE_BREAKS and not (c == "." and 0 < pos < len(text) - 1
+                                            and text[pos - 1].isdigit() and text[pos + 1].isdigit()):
+                crossed = True
+            gap += 1
+            pos += step
+        return None, gap, crossed
+
+    left, lgap, lcross = scan(i, -1)
+    right, rgap, rcross = scan(j, 1)
+    if right == "zh" and rgap == 0:
+        return "zh"
+    if counts and default == "zh" and (_MODEL_NAME.search(text, max(0, start - 40), start)
+                                       or re.match(r" ?[A-Z]", text[end:end + 2])):
+        return "zh"
+    if counts and right is not None and not rcross and rgap <= 1:
+        return right
+    if left == "zh" and lgap == 0:
+        return "zh"
+    same = [(g, 0 if side == "right" else 1, lang) for side, lang, g, crossed in
+            (("left", left, lgap, lcross), ("right", right, rgap, rcross)) if lang is not None and not crossed]
+    if same:
+        return min(same)[2]
+    anywhere = [(g, 0 if side == "left" else 1, lang) for side, lang, g in
+                (("left", left, lgap), ("right", right, rgap)) if lang is not None]
+    if anywhere:
+        return min(anywhere)[2]
+    return default
+
+
+NEAR_CHARS: Final = 40
+"""How far each side of an entity its reading looks for context words (within the sentence)."""
+
+
+def near(view: str, start: int, end: int) -> tuple[str, str]:
+    """The text before and after ``view[start:end]`` within its sentence (at most
+    :data:`NEAR_CHARS` each side; control tokens are blanks in ``view``)."""
+    before = view[max(0, start - NEAR_CHARS):start]
+    cuts = list(SENTENCE_END.finditer(before))
+    if cuts:
+        before = before[cuts[-1].end():]
+    after = view[end:end + NEAR_CHARS]
+    cut = SENTENCE_END.search(after)
+    return before, after[:cut.start()] if cut else after
+
+
+def ends_with(before: str, words: tuple[str, ...], skip: str = " ") -> bool:
+    return before.rstrip(skip).endswith(words)
+
+
+def score_near(before: str, after: str) -> bool:
+    """A score word right before (比分, 以, 首局 ...) or right after (获胜, 领先 ...)."""
+    return ends_with(before, SCORE_BEFORE, " 为是:") or after.lstrip().startswith(SCORE_AFTER)
+
+
+def score_sentence(before: str, after: str) -> bool:
+    return any(w in before or w in after for w in SCORE_SENTENCE)
+
+
+def temperature_degrees(lang: Lang, before: str, after: str) -> bool:
+    """A signed number before 度 after a temperature word of the clause (气温-3度, 温差-5~-1度)."""
+    return lang == "zh" and after.lstrip().startswith("度") and any(w in clause(before) for w in TEMPERATURE_BEFORE)
+
+
+def said_below(before: str) -> bool:
+    """零下 written right before a minus sign (零下-3℃): the sign is not read a second time."""
+    return before.rstrip().endswith("零下")
+
+
+RANGE_UNITS: Final = ("个", "天", "年", "月", "日", "号", "周", "岁", "次", "人", "分钟", "小时", "秒", "元",
+                       "倍", "成", "层", "公里", "米", "斤", "名", "场", "局", "届", "%", "‰", "万", "亿", "千", "百",
+                       "平方")
+"""Chinese words after ``a-b`` that make it a quantity range, never a score."""
+
+
+def clause(before: str) -> str:
+    """The part of ``before`` after its last comma or semicolon."""
+    return re.split(r"[，,；;]", before)[-1]

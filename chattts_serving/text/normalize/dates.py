@@ -1,0 +1,175 @@
+"""Dates: ``2024-03-05``, ``2024/3/5-3/8``, ``12/25/2023``, ``March 5, 1990``, ``4th of July``."""
+
+from __future__ import annotations
+
+import re
+from typing import Final
+
+from .base import Lang
+from .context import IDENTIFIER_BEFORE, ends_with
+from .identifiers import code_words
+from .kind import Groups, Kind
+from .numbers import en_number, en_ordinal, en_year, zh_digits, zh_int
+from .tables import MONTH_RE, MONTHS_EN, WEEKDAY_RE, month_number, weekday_name
+
+
+def zh_date(y: str | None, m: int, d: int | None) -> str:
+    out = (zh_digits(y) + "年") if y else ""
+    out += zh_int(m) + "月"
+    if d is not None:
+        out += zh_int(d) + "日"
+    return out
+
+
+def en_date(y: str | None, m: int, d: int | None) -> str:
+    out = MONTHS_EN[m - 1]
+    if d is not None:
+        out += " " + en_ordinal(d)
+    if y:
+        out += ", " + en_year(int(y))
+    return out
+
+
+def _code_before(g: Groups, before: str) -> bool:
+    """A date-shaped code after an identifier word (提货码1230-10-8): not a date."""
+    return g("ymd_sep") == "-" and ends_with(before, IDENTIFIER_BEFORE, " :是为")
+
+
+def _h_ymd(lang: Lang, g: Groups, before: str, after: str) -> str:
+    y, mo, d = g("ymd_y"), int(g("ymd_m")), int(g("ymd_d"))
+    if lang == "zh" and _code_before(g, before):
+        return code_words(lang, [y, g("ymd_m"), g("ymd_d")])
+    return zh_date(y, mo, d) if lang == "zh" else en_date(y, mo, d)
+
+
+def _h_mdy(lang: Lang, g: Groups, before: str, after: str) -> str:
+    y, mo, d = g("mdy_y"), int(g("mdy_m")), int(g("mdy_d"))
+    return zh_date(y, mo, d) if lang == "zh" else en_date(y, mo, d)
+
+
+def _h_md(lang: Lang, g: Groups, before: str, after: str) -> str:
+    return en_date(g("md_y"), month_number(g("md_mon")), int(g("md_d")))
+
+
+def _h_dm(lang: Lang, g: Groups, before: str, after: str) -> str:
+    article = "" if re.search(r"\bthe\s*$", before, re.IGNORECASE) else "the "
+    out = f"{article}{en_ordinal(int(g('dm_d')))} of {MONTHS_EN[month_number(g('dm_mon')) - 1]}"
+    return out + (f", {en_year(int(g('dm_y')))}" if g("dm_y") else "")
+
+
+def _h_drange(lang: Lang, g: Groups, before: str, after: str) -> str:
+    """``2024.3.5-2024.3.8``, ``2024/3/5-3/8``: a range of dates, read 到 / to; a second date
+    without its year is read without it."""
+    first = (g("da_y"), int(g("da_m")), int(g("da_d")))
+    second = (g("db_y"), int(g("db_m")), int(g("db_d")))
+    if lang == "zh":
+        return zh_date(*first) + "到" + zh_date(*second)
+    return en_date(*first) + " to " + en_date(*second)
+
+
+def _range_word(sep: str) -> str:
+    """The English word of a range's separator: a dash reads to, a word as written (thru:
+    through)."""
+    sep = sep.strip()
+    return {"thru": "through", "till": "until"}.get(sep, sep) if sep.isalpha() else "to"
+
+
+def _h_enrange(lang: Lang, g: Groups, before: str, after: str) -> str:
+    """Oct 1-7 -> October first to seventh; Oct 1 - Nov 3, 2024 -> October first to November
+    third, twenty twenty four; 1-7 October -> the first to the seventh of October. A written
+    word between the days (to, through, and) is read as written; a dash reads to."""
+    sep = _range_word(g("er_sep") or g("em_sep"))
+    year = f", {en_year(int(g('er_y')))}" if g("er_y") else ""
+    if g("er_mon"):
+        first = f"{MONTHS_EN[month_number(g('er_mon')) - 1]} {en_ordinal(int(g('er_a')))}"
+        second = en_ordinal(int(g("er_b")))
+        if g("er_mon2"):
+            second = f"{MONTHS_EN[month_number(g('er_mon2')) - 1]} {second}"
+        return f"{first} {sep} {second}{year}"
+    article = "" if re.search(r"\bthe\s*$", before, re.IGNORECASE) else "the "
+    month = MONTHS_EN[month_number(g("em_mon")) - 1]
+    words = f"{article}{en_ordinal(int(g('em_a')))} {sep} the {en_ordinal(int(g('em_b')))} of {month}"
+    return words + (f", {en_year(int(g('em_y')))}" if g("em_y") else "")
+
+
+def _h_dayrange(lang: Lang, g: Groups, before: str, after: str) -> str:
+    """Mon-Fri -> Monday to Friday (周一至周五 in Chinese context), a written word kept."""
+    sep = g("wr_sep").strip()
+    a, b = weekday_name(g("wr_a")), weekday_name(g("wr_b"))
+    if lang == "zh":
+        zh = "一二三四五六日"
+        return f"周{zh[a[1]]}{'至' if sep in ('to', 'through', 'thru', 'until', 'till') else '到'}周{zh[b[1]]}"
+    return f"{a[0]} {_range_word(sep)} {b[0]}"
+
+
+def _h_mdot(lang: Lang, g: Groups, before: str, after: str) -> str:
+    """5·12, 9·11, 3·15: a month and day with a middle dot names an event, read digit by
+    digit (五一二, 九一一; nine eleven)."""
+    m, d = g("dot_m"), g("dot_d")
+    if lang == "zh":
+        return zh_digits(m) + zh_digits(d)
+    return f"{en_number(m)} {en_number(d)}"
+
+
+_DAY: Final = r"3[01]|[12]\d|0?[1-9]"
+_RANGE_WORD: Final = r"\s?[-–—~]\s?|\s+(?:to|through|thru|until|till|and)\s+"
+
+ENRANGE: Final = Kind(
+    "enrange",
+    rf"(?=[A-Z])\b(?P<er_mon>{MONTH_RE})\.?\s+(?P<er_a>{_DAY})(?:st|nd|rd|th)?(?P<er_sep>{_RANGE_WORD})"
+    rf"(?:(?P<er_mon2>{MONTH_RE})\.?\s+)?(?P<er_b>{_DAY})(?:st|nd|rd|th)?(?![\dA-Za-z:]|\.\d)"
+    r"(?:,?\s+(?P<er_y>\d{4})(?!\d))?"
+    rf"|(?=\d)\b(?P<em_a>{_DAY})(?:st|nd|rd|th)?(?P<em_sep>{_RANGE_WORD})(?:the\s+)?(?P<em_b>{_DAY})(?:st|nd|rd|th)?"
+    rf"\s+(?:of\s+)?(?P<em_mon>{MONTH_RE})(?:,?\s+(?P<em_y>\d{{4}})(?!\d))?",
+    _h_enrange, lang="en")
+
+
+DAYRANGE: Final = Kind(
+    "dayrange",
+    rf"(?=[A-Z])(?<![A-Za-z])(?P<wr_a>{WEEKDAY_RE})\.?(?P<wr_sep>\s?[-–—~]\s?|\s+(?:to|through|thru|until|till)\s+)"
+    rf"(?P<wr_b>{WEEKDAY_RE})(?:\.(?=\s+[\da-z]))?(?![A-Za-z])",
+    _h_dayrange)
+
+
+MDOT: Final = Kind(
+    "mdot",
+    r"(?=\d)(?<![\d.·])(?P<dot_m>1[0-2]|[1-9])·(?P<dot_d>3[01]|[12]\d|[1-9])(?![\d·])",
+    _h_mdot)
+
+
+DRANGE: Final = Kind(
+    "drange",
+    r"(?<![\d.])(?P<da_y>\d{4})(?P<da_sep>[-/.·])(?P<da_m>1[0-2]|0?[1-9])(?P=da_sep)"
+    r"(?P<da_d>3[01]|[12]\d|0?[1-9])\s?(?P<dr_sep>[-~–—])\s?"
+    r"(?:(?P<db_y>\d{4})(?P=da_sep))?"
+    r"(?P<db_m>1[0-2]|0?[1-9])(?P=da_sep)(?P<db_d>3[01]|[12]\d|0?[1-9])(?!\d|\.\d)",
+    _h_drange, first=r"\d")
+
+
+YMD: Final = Kind(
+    "ymd",
+    r"(?<![\d.])(?P<ymd_y>\d{4})(?P<ymd_sep>[-/.·])(?P<ymd_m>1[0-2]|0?[1-9])(?P=ymd_sep)"
+    r"(?P<ymd_d>3[01]|[12]\d|0?[1-9])(?!\d|\.\d)",
+    _h_ymd, library=True,
+    library_may_read=lambda g, before, after: g("ymd_sep") != "·" and not _code_before(g, before), first=r"\d")
+
+
+MDY: Final = Kind(
+    "mdy",
+    r"(?<![\d/])(?P<mdy_m>1[0-2]|0?[1-9])/(?P<mdy_d>3[01]|[12]\d|0?[1-9])/(?P<mdy_y>\d{4})(?![\d/])",
+    _h_mdy, first=r"\d")
+
+
+MD: Final = Kind(
+    "md",
+    rf"\b(?P<md_mon>{MONTH_RE})\.?\s+(?P<md_d>3[01]|[12]\d|0?[1-9])(?:st|nd|rd|th)?(?![\dA-Za-z])"
+    r"(?:,?\s+(?P<md_y>\d{4})(?!\d))?",
+    _h_md, lang="en", first=r"[A-Z]")
+
+
+DM: Final = Kind(
+    "dm",
+    rf"\b(?P<dm_d>3[01]|[12]\d|0?[1-9])(?:st|nd|rd|th)?\s+(?:of\s+)?(?P<dm_mon>{MONTH_RE})"
+    r"(?:(?<=\b[A-Z][a-z]{2})\.(?!\s*$)|(?<=Sept)\.)?"
+    r"(?:,?\s+(?P<dm_y>\d{4})(?!\d))?",
+    _h_dm, lang="en", first=r"\d")

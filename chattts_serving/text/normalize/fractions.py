@@ -1,0 +1,156 @@
+"""``a/b``: a fraction or a month and day, as context words say, and ranges of two
+(``3/5-3/8``, ``1/3-1/2``)."""
+
+from __future__ import annotations
+
+import re
+from typing import Final, Literal
+
+from .base import Lang
+from .context import ends_with
+from .dates import en_date, zh_date
+from .kind import SIGN, Groups, Kind
+from .numbers import en_int, en_ordinal, takes_liang, zh_int
+
+
+def fraction_words(lang: Lang, a: int, b: int) -> str:
+    if lang == "zh":
+        return f"{zh_int(b)}分之{zh_int(a)}"
+    if b == 0:
+        return f"{en_int(a)} over zero"
+    if b == 2:
+        return "one half" if a == 1 else f"{en_int(a)} halves"
+    if b == 4:
+        return "one quarter" if a == 1 else f"{en_int(a)} quarters"
+    if b <= 100 and a <= 100 and b > 2:
+        return f"{en_int(a)} {en_ordinal(b)}" + ("" if a == 1 else "s")
+    return f"{en_int(a)} over {en_int(b)}"
+
+
+EN_DATE_BEFORE: Final = ("on", "by", "due", "until", "till", "since", "from", "before", "after", "date", "dated")
+
+
+FRACTION_BEFORE: Final = ("大约", "大概", "约占", "占比", "比重", "比例", "约", "占", "超过", "将近", "接近", "近",
+                          "不到", "不足", "仅有", "仅", "只有", "达到", "达", "的", "其中", "增长到", "增加到",
+                          "提高到", "上升到", "升到", "下降到", "降低到", "减少到", "降到", "乘以", "除以", "等于",
+                          "加上", "减去")
+"""Written right before ``a/b`` in Chinese (为/是 between allowed), they make it a fraction
+(大约11/12的时间, 占总数的2/5, 约为1/3)."""
+FRACTION_AFTER: Final = re.compile(
+    r"的(?:人|时间|用户|学生|老师|人口|概率|几率|比例|份额|部分|面积|员工|家庭|企业|公司|患者|受访者|网友|样本|收入|"
+    r"工作|精力|预算|市场|选民|居民|土地|资金|成本|观众|玩家|股份|情况|可能)|以上|以下|左右|之多|之一|之间|强|弱")
+"""Written right after ``a/b`` (or a range of two), they make it a fraction (12/25的人, 3/5以上),
+as does a measure word (3/4杯水)."""
+DATE_BEFORE: Final = ("截止到", "截止日期", "截止", "截至", "直到", "直至", "定于", "将于", "定在", "到", "至", "于",
+                      "从", "自", "日期为", "日期是", "日期", "期限", "有效期至", "有效期", "每年", "今年", "明年",
+                      "去年", "节是", "节", "生日是", "生日", "纪念日", "今天", "明天", "昨天", "后天", "前天")
+"""Written right before ``a/b`` in Chinese (是/为 between allowed), they make it a month and day
+(截止12/31, 于3/5, 明天是3/5), as does a weekday (周二3/5)."""
+DATE_AFTER: Final = ("之前", "之后", "以前", "以后", "前", "后", "起", "开始", "截止", "到期", "当天", "那天", "当日",
+                     "晚上", "晚", "上午", "下午", "中午", "早上", "凌晨", "举行", "举办", "开幕", "发布", "上映",
+                     "上线", "生效", "出发", "放假", "过期", "开业", "开学", "周", "星期", "(周", "（周")
+"""Written right after ``a/b`` (or a range of two), also after an adverb of
+:data:`_DATE_ADVERBS`, they make it a month and day (12/31前, 3/5举行, 3/5正式上线)."""
+_DATE_ADVERBS: Final = ("正式", "将会", "准时", "如期", "统一", "全面")
+_WEEKDAY_END: Final = re.compile(r"(?:周|星期|礼拜)[一二三四五六日天]\s?[(（]?\s?$")
+
+
+_FESTIVAL: Final = re.compile(r"(?:(?!的)[\u4e00-\u9fa5]){0,3}节(?![课目奏约省能点拍])|元旦|除夕|大促")
+"""A festival or sale day right after m/d (3/8妇女节, 5/1劳动节, 1/1元旦, 6/18大促): a date."""
+
+
+def zh_slash_kind(a: str, b: str, before: str, after: str) -> Literal["date", "fraction", "either"]:
+    """What context words make of ``a/b`` in Chinese: a fraction (:data:`FRACTION_BEFORE`; after
+    it :data:`FRACTION_AFTER` or a measure word), a date (:data:`DATE_BEFORE`,
+    :data:`DATE_AFTER`), ``either`` when no word decides. Words before it are looked at first,
+    then words after; a/b that is no month and day is a fraction."""
+    if not (1 <= int(a) <= 12 and 1 <= int(b) <= 31):
+        return "fraction"
+    after = after.lstrip()
+    if ends_with(before, FRACTION_BEFORE, " 为是"):
+        return "fraction"
+    if ends_with(before, DATE_BEFORE, " :：是为") or _WEEKDAY_END.search(before):
+        return "date"
+    if (after.startswith(DATE_AFTER) or (after[:2] in _DATE_ADVERBS and after[2:].startswith(DATE_AFTER))
+            or _FESTIVAL.match(after)):
+        return "date"
+    if FRACTION_AFTER.match(after) or takes_liang(after):
+        return "fraction"
+    return "either"
+
+
+def zh_slash_date(a: str, b: str, before: str, after: str) -> bool:
+    """Whether ``a/b`` in Chinese is a month and day rather than a fraction: as context words
+    say (:func:`zh_slash_kind`), else a date when it is written with a leading zero (03/05),
+    has a day over 12 (12/25: no fraction has such a denominator in running text) or a month
+    not less than its day (10/1, 11/11: an improper fraction is rare); else a fraction (3/5)."""
+    kind = zh_slash_kind(a, b, before, after)
+    if kind != "either":
+        return kind == "date"
+    return a.startswith("0") or b.startswith("0") or int(b) > 12 or int(a) >= int(b)
+
+
+def _en_slash_date(a: str, b: str, before: str) -> bool:
+    """English: m/d is a date when zero-padded (03/05) or after on/by/until/... (on 3/5)."""
+    return 1 <= int(a) <= 12 and 1 <= int(b) <= 31 and (
+        a.startswith("0") or b.startswith("0") or ends_with(before.lower(), EN_DATE_BEFORE))
+
+
+def _h_fraction(lang: Lang, g: Groups, before: str, after: str) -> str:
+    """``a/b``: a fraction (五分之三) or, as its context says, a month and day (US order in
+    English: on 3/5; 截止12/31 in Chinese, see :func:`zh_slash_date`)."""
+    a, b, sign = g("fr_a"), g("fr_b"), (g("fr_sign") or "").replace("−", "-")
+    if sign:  # -1/3: a signed fraction, never a date
+        return {"-": ("负", "minus "), "+": ("正", "plus ")}[sign][lang == "en"] + fraction_words(lang, int(a), int(b))
+    if zh_slash_date(a, b, before, after) if lang == "zh" else _en_slash_date(a, b, before):
+        return zh_date(None, int(a), int(b)) if lang == "zh" else en_date(None, int(a), int(b))
+    return fraction_words(lang, int(a), int(b))
+
+
+def _h_mdrange(lang: Lang, g: Groups, before: str, after: str) -> str:
+    """``a/b-c/d``: two months and days (3/5-3/8 -> 三月五日到三月八日) or two fractions
+    (1/3-1/2的人 -> 三分之一到二分之一). Context words decide as for one (:func:`zh_slash_kind`);
+    without them it is a date range when the dates run forward and the fractions do not
+    (3/5-3/8), or when either side alone reads as a date (12/24-12/26)."""
+    a1, b1, a2, b2 = g("ma_m"), g("ma_d"), g("mb_m"), g("mb_d")
+    sep = g("mr_sep").strip()
+    valid = all(1 <= int(m) <= 12 and 1 <= int(d) <= 31 for m, d in ((a1, b1), (a2, b2)))
+    # the dates run forward while the fractions do not grow: 3/5-3/8
+    forward = (int(a1), int(b1)) < (int(a2), int(b2)) and int(a1) * int(b2) >= int(a2) * int(b1)
+    if lang == "zh":
+        kind = zh_slash_kind(a1, b1, before, after) if valid else "fraction"
+        if kind == "either":
+            kind = zh_slash_kind(a2, b2, "", after)
+        date = kind == "date" or (kind == "either" and (
+            forward or zh_slash_date(a1, b1, "", "") or zh_slash_date(a2, b2, "", "")))
+    else:
+        date = valid and (_en_slash_date(a1, b1, before) or forward)
+    if date:
+        sides = [zh_date(None, int(m), int(d)) if lang == "zh" else en_date(None, int(m), int(d))
+                 for m, d in ((a1, b1), (a2, b2))]
+    else:
+        sides = [fraction_words(lang, int(x), int(y)) for x, y in ((a1, b1), (a2, b2))]
+    if lang == "zh":
+        return sides[0] + ("至" if sep == "至" else "到") + sides[1]
+    return f"{sides[0]} to {sides[1]}"
+
+
+def _library_fits_fraction(g: Groups, words: str, before: str, after: str) -> bool:
+    """Whether the library's reading is of the sort our context words choose: it reads a/b
+    with a of 10 to 12 as a date (11/12 -> 十一月十二日, also in 大约11/12的时间) and the others
+    as fractions (6/30, also in 截止6/30), so a fraction must read 分之 and a date 月."""
+    return ("月" in words) == zh_slash_date(g("fr_a"), g("fr_b"), before, after)
+
+
+MDRANGE: Final = Kind(
+    "mdrange",
+    r"(?<![\d/.])(?P<ma_m>\d{1,2})/(?P<ma_d>\d{1,2})\s?(?P<mr_sep>[-~–—]|到|至)\s?"
+    r"(?P<mb_m>\d{1,2})/(?P<mb_d>\d{1,2})(?![\d/])",
+    _h_mdrange, first=r"\d")
+
+
+FRACTION: Final = Kind(
+    "fraction",
+    rf"(?P<fr_sign>{SIGN})?(?<![\d/.])(?P<fr_a>\d+)/(?P<fr_b>\d+)(?![\d/])",
+    _h_fraction, library=True, library_may_read=lambda g, before, after: not g("fr_sign"),
+    library_fits=_library_fits_fraction, first=r"[-+−\d]")

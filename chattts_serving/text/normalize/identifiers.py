@@ -1,0 +1,115 @@
+"""Identifiers read digit by digit: phone numbers, spaced digit groups, ``No.123``, codes
+with hyphens (取件码3-2-1105, parking space B2-105), and keypad keys (按*号键, press #)."""
+
+from __future__ import annotations
+
+import re
+from typing import Final
+
+from .base import Lang
+from .kind import Groups, Kind
+from .numbers import digit_groups, en_digits, en_number, read_groups, zh_digits, zh_number
+
+
+def _phone(lang: Lang, raw: str) -> str:
+    plus = raw.lstrip().startswith("+")
+    if "*" in raw:  # 138****5678: the masked digits are read as stars
+        head, stars, tail = re.match(r"(\d+)(\*+)(\d+)", raw).groups()  # type: ignore[union-attr]
+        star = "星" if lang == "zh" else "star"
+        mask = star * len(stars) if lang == "zh" else " ".join([star] * len(stars))
+        sep = "，" if lang == "zh" else ", "
+        return sep.join([read_groups(lang, [head]), mask, read_groups(lang, [tail])])
+    groups = [g for g in re.split(r"[^\d]+", raw) if g]
+    if len(groups) == 1:
+        groups = digit_groups(groups[0])
+    elif len(groups) == 2 and groups[0] == "86" and len(groups[1]) == 11:
+        groups = ["86", *digit_groups(groups[1])]
+    return read_groups(lang, groups, plus)
+
+
+def _h_phone(lang: Lang, g: Groups, before: str, after: str) -> str:
+    return _phone(lang, g("phone"))
+
+
+def _h_groups(lang: Lang, g: Groups, before: str, after: str) -> str:
+    return read_groups(lang, g("groups").split())
+
+
+def _h_numero(lang: Lang, g: Groups, before: str, after: str) -> str:
+    """No.1 / No.12345678: 第一 / number one; three or more digits are an identifier."""
+    num = g("no_num")
+    if len(num) >= 3:
+        return read_groups(lang, digit_groups(num))
+    return "第" + zh_number(num) if lang == "zh" else "number " + en_number(num)
+
+
+def code_words(lang: Lang, parts: list[str]) -> str:
+    """A code written with hyphens, part by part: digits one by one (1 as 幺), letters as they
+    are, the hyphen read 杠 / dash (3-2-1105 -> 三杠二杠幺幺零五, B2-105 -> B二杠幺零五)."""
+    def part(p: str) -> str:
+        pieces = re.findall(r"[A-Za-z]+|\d+", p)
+        if lang == "zh":
+            return "".join(x if x.isalpha() else zh_digits(x, one="幺") for x in pieces)
+        return " ".join(x if x.isalpha() else en_digits(x) for x in pieces)
+
+    return ("杠" if lang == "zh" else " dash ").join(part(p) for p in parts)
+
+
+def _h_code(lang: Lang, g: Groups, before: str, after: str) -> str:
+    return code_words(lang, g("code").split("-"))
+
+
+_KEY_NAMES: Final = {"*": ("星号", "star"), "#": ("井号", "pound")}
+
+
+def _h_key(lang: Lang, g: Groups, before: str, after: str) -> str:
+    """A keypad key: 按*号键 -> 按星号键, 按#结束 -> 按井号结束, press # -> press pound."""
+    sym = g("key") or g("key2")
+    tail = g("key_tail") or g("key_tail2") or ""
+    if lang == "zh":
+        return _KEY_NAMES[sym][0] + ("键" if "键" in tail else "")
+    return _KEY_NAMES[sym][1]
+
+
+_PRESS: Final = "".join(f"(?<={w})" if i == 0 else f"|(?<={w})" for i, w in enumerate(
+    ("按", "按下", "请按", "再按", "Press", "press", "Press ", "press ", "Dial ", "dial ", "Push ", "push ", "Hit ",
+     "hit ")))
+KEY: Final = Kind(
+    "key",
+    rf"(?=\s?[*#])(?:{_PRESS})\s?(?P<key>[*#])(?P<key_tail>号键|号|键)?(?![\d*#])"
+    r"|(?P<key2>[*#])(?:(?P<key_tail2>号键|键)|(?=\s?key\b))",
+    _h_key)
+
+
+CODE: Final = Kind(
+    "code",
+    r"(?=[A-Z\d])(?<![A-Za-z0-9.+-])(?P<code>[A-Z]{0,3}\d{1,6}(?:-\d{1,6}){2,}|[A-Z]{1,3}\d{1,3}-\d{1,6})"
+    r"(?![A-Za-z0-9-]|\.\d)",
+    _h_code)
+
+
+PHONE: Final = Kind(
+    "phone",
+    r"(?P<phone>(?<![\d+])(?:\+?86[-\s]?)?1[3-9]\d(?:[-\s]?\d{4}){2}(?!\d)"
+    r"|(?<!\d)0\d{2,3}-\d{7,8}(?!\d)"
+    r"|(?<!\d)0\d{2,3}-\d{3,4}[-\s]\d{4}(?!\d)"
+    r"|\(0\d{1,3}\)[-\s]?(?:\d{7,8}|\d{3,4}[-\s]\d{4})(?!\d)"
+    r"|(?<![\d+])[48]00[-\s]?\d{3}[-\s]?\d{4}(?!\d)"
+    r"|(?<![\d+-])\d{3,4}(?:-\d{3,4}){2,}(?![\d-])"
+    r"|(?<![\d*])\d{3}\*{3,4}\d{4}(?![\d*])"
+    r"|(?<![\d+])(?:\+?1[-.\s])?(?:\(\d{3}\)\s?|\d{3}[-.])\d{3}[-.]\d{4}(?!\d)"
+    r"|\+\d{1,3}(?:[-\s]\d{1,4}){2,5}(?!\d)"
+    r"|\+\d{1,3}[-\s]\d{1,4}[-\s]\d{5,8}(?!\d))",
+    _h_phone, first=r"[+(\d]")
+
+
+GROUPS: Final = Kind(
+    "groups",
+    r"(?<![\d.,])(?P<groups>\d{2,4}(?: \d{2,4}){2,})(?![\d]|[.,]\d)",
+    _h_groups, first=r"\d")
+
+
+NUMERO: Final = Kind(
+    "numero",
+    r"(?<![A-Za-z])(?:No|NO|no)\.\s?(?P<no_num>\d+)(?![\d.])",
+    _h_numero, first=r"[Nn]")

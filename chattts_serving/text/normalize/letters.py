@@ -1,0 +1,119 @@
+"""Letters read as words: English abbreviations and titles (``Dr. Chen`` -> Doctor Chen, ``etc.``
+-> et cetera, ``Main St.`` -> Main Street, ``St. Louis`` -> Saint Louis) and Roman numerals
+(``Ⅳ卷`` -> 四卷, ``第II章`` -> 第二章, ``World War II`` -> World War two, ``Louis XIV`` -> Louis
+the fourteenth).
+
+Roman numerals written in Latin capitals are read only where nothing else is meant: in Chinese
+before a counter (II型, IV期) or after 第; in English after a word of :data:`ROMAN_AFTER_WORDS`
+(Chapter IV, World War II) or a regnal name of :data:`REGNAL_NAMES` (Henry VIII). The
+characters of Unicode's Number Forms block (Ⅰ..Ⅻ, ⅰ..ⅻ) are always numerals.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from typing import Final
+
+from .base import Lang
+from .kind import Groups, Kind, alt_words
+from .numbers import en_int, en_ordinal, zh_number
+
+TITLES: Final = {"Dr": "Doctor", "Prof": "Professor", "Mr": "Mister", "Mrs": "Missus", "Ms": "Miz",
+                 "Gen": "General", "Capt": "Captain", "Lt": "Lieutenant", "Sgt": "Sergeant", "Col": "Colonel",
+                 "Gov": "Governor", "Sen": "Senator", "Rep": "Representative", "Rev": "Reverend", "Hon": "Honorable",
+                 "Pres": "President", "Mt": "Mount", "Ft": "Fort"}
+"""Titles before a name, read as words; the dot is no sentence end."""
+ABBREVIATIONS: Final = {"etc": "et cetera", "vs": "versus", "Jr": "Junior", "Sr": "Senior", "Inc": "Incorporated",
+                        "Ltd": "Limited", "Corp": "Corporation", "Co": "Company", "Ave": "Avenue", "Rd": "Road",
+                        "Blvd": "Boulevard", "Dept": "Department", "Univ": "University", "approx": "approximately",
+                        "Fig": "Figure", "fig": "figure", "Vol": "Volume", "vol": "volume", "St": "Street",
+                        "e.g": "for example", "i.e": "that is", "a.k.a": "also known as"}
+"""Other abbreviations written with a dot; at the end of a sentence the dot also ends it."""
+_NO_SENTENCE_END: Final = frozenset({"vs", "e.g", "i.e", "a.k.a", "approx", "Fig", "fig", "Vol", "vol"})
+
+ROMAN_AFTER_WORDS: Final = ("Chapter", "Part", "Volume", "Book", "Act", "Scene", "Phase", "Stage", "Type", "Class",
+                            "Level", "Grade", "Episode", "War", "Article", "Section", "Appendix", "Round", "Season",
+                            "Title", "Schedule", "Category", "Tier", "Step", "Mark", "Apollo", "Bowl", "Gemini",
+                            "Vatican", "Republic", "Dynasty", "Symphony", "No", "Psalm", "Canto", "Unit", "Division")
+"""English words after which Latin capitals are a Roman numeral read as a cardinal (World War
+II -> World War two, Chapter IV -> Chapter four)."""
+REGNAL_NAMES: Final = ("Elizabeth", "Henry", "Louis", "George", "Edward", "William", "Charles", "James", "Richard",
+                       "John", "Mary", "Victoria", "Philip", "Frederick", "Peter", "Catherine", "Napoleon", "Benedict",
+                       "Pius", "Leo", "Gregory", "Innocent", "Clement", "Paul", "Alexander", "Nicholas", "Ivan",
+                       "Ludwig", "Otto", "Wilhelm", "Rama", "Carlos", "Felipe", "Ferdinand", "Francis", "Urban",
+                       "Constantine", "Ramesses", "Ramses", "Harald", "Olaf", "Gustav", "Christian", "Haakon",
+                       "Albert", "Leopold", "Umberto", "Emmanuel", "Alfonso", "Pedro", "Sancho", "Anne", "Stephen")
+"""Names after which a Roman numeral is a regnal number read ``the`` + ordinal (Louis XIV ->
+Louis the fourteenth)."""
+ROMAN_COUNTERS_ZH: Final = "型期级类卷章部篇集代号区段届次"
+"""Chinese counters after which Latin capitals are a Roman numeral (II型, IV期)."""
+
+_ROMAN: Final = re.compile(r"M{0,3}(CM|CD|D?C{0,3})(XC|XL|L?X{0,3})(IX|IV|V?I{0,3})")
+_VALUES: Final = {"I": 1, "V": 5, "X": 10, "L": 50, "C": 100, "D": 500, "M": 1000}
+
+
+def roman_value(numeral: str) -> int | None:
+    """The value of a Roman numeral (ASCII capitals or Unicode Number Forms: ``'XIV'``, ``'Ⅻ'``),
+    None when it is not a well-formed one (``'IIII'``, ``'VX'``)."""
+    plain = unicodedata.normalize("NFKC", numeral).upper()
+    if not plain or not _ROMAN.fullmatch(plain):
+        return None
+    total = 0
+    for i, c in enumerate(plain):
+        v = _VALUES[c]
+        total += -v if i + 1 < len(plain) and _VALUES[plain[i + 1]] > v else v
+    return total
+
+
+def _h_roman(lang: Lang, g: Groups, before: str, after: str) -> str:
+    word = g("rm_word") or ""
+    numeral = g("rm_num") or g("rm_zh") or g("rm_zh2") or g("rm_uni")
+    value = roman_value(numeral)
+    if value is None:  # not a numeral after all: read the letters as they are
+        return word + numeral
+    if lang == "zh":
+        return word + zh_number(str(value))
+    regnal = word.strip() in REGNAL_NAMES or re.search(rf"\b(?:{'|'.join(REGNAL_NAMES)})\s*$", before) is not None
+    return word + (f"the {en_ordinal(value)}" if regnal else en_int(value))
+
+
+def _h_abbrev(lang: Lang, g: Groups, before: str, after: str) -> str:
+    """A title or abbreviation as its word. St. is Saint before a name (St. Louis) unless a name
+    precedes it, else Street (Main St.); Dr. right after a name is Drive (on Elm Dr.), else
+    Doctor (a name counts when a lowercase word comes before it: the first word of a sentence
+    is no street name). An abbreviation other than a title at the end of a sentence (etc. then
+    a capital, or the text's end) also ends it."""
+    abbr = g("ab")
+    # a name right before it, not the sentence's first word (Elm Dr., 5th St.; not Visit St. Louis)
+    prev_name = re.search(r"(?:\b[a-z]+\s+[A-Z][a-z]+|\d(?:st|nd|rd|th))\s*$", before) is not None
+    next_name = re.match(r"\s+[A-Z]", after) is not None
+    if abbr == "St":
+        word = "Saint" if next_name and not prev_name else "Street"
+    elif abbr == "Dr" and prev_name:
+        word = "Drive"
+    else:
+        word = TITLES.get(abbr) or ABBREVIATIONS[abbr]
+    is_title = word == "Saint" or (abbr in TITLES and word != "Drive")
+    nxt = re.match(r"\s+([A-Z][a-z]*)\b", after)
+    ends = not after.strip() or (nxt is not None and nxt.group(1) not in (*TITLES, *ABBREVIATIONS, "No"))
+    if not is_title and abbr not in _NO_SENTENCE_END and g("ab_dot") and ends:
+        return word + "."
+    return word
+
+
+ABBREV: Final = Kind(
+    "abbrev",
+    rf"(?=[A-Za-z])(?<![A-Za-z.])(?P<ab>{alt_words(TITLES)}|{alt_words(ABBREVIATIONS)})(?P<ab_dot>\.)"
+    r"|(?=v)(?<![A-Za-z.])(?P<ab_vs>vs)(?![A-Za-z])(?=\s)",
+    lambda lang, g, before, after: "versus" if g("ab_vs") else _h_abbrev(lang, g, before, after),
+    lang="en")
+
+
+ROMAN: Final = Kind(
+    "roman",
+    r"(?P<rm_uni>[\u2160-\u217f]+)"
+    rf"|(?=[A-Z])(?<![A-Za-z])(?P<rm_word>(?:{alt_words(ROMAN_AFTER_WORDS + REGNAL_NAMES)})\s+)(?P<rm_num>[IVXLCDM]+)"
+    r"(?![A-Za-z])"
+    rf"|(?=[IVX])(?<![A-Za-z])(?P<rm_zh>[IVX]{{1,4}})(?=[{ROMAN_COUNTERS_ZH}])|(?=[IVXLC])(?<=第)(?P<rm_zh2>[IVXLC]+)(?![A-Za-z])",
+    _h_roman)

@@ -1,0 +1,146 @@
+"""Money: an amount after its currency sign or code (``¥12.50``, ``$3-5万``), before 元/块
+(``3.05元``) or before a currency code (``100 USD``)."""
+
+from __future__ import annotations
+
+from typing import Final
+
+from .base import Lang
+from .kind import NUM, Groups, Kind, alt_words
+from .numbers import ZH_DIGITS, en_int, en_number, liang, plain_decimal, to_decimal, zh_number
+from .tables import CURRENCIES, CURRENCY_CODES, CURRENCY_OF, CURRENCY_SIGNS, MULTIPLIERS
+
+
+def _money(lang: Lang, neg: bool, code: str, amount: str, mult: str | None) -> str:
+    cur = CURRENCIES[code]
+    value = to_decimal(amount)
+    scale = MULTIPLIERS.get(mult.lower() if mult.isascii() else mult) if mult else None
+    if lang == "zh":
+        if mult in ("万", "亿"):  # read as written: ¥3.5万 -> 三点五万元
+            out = liang(zh_number(amount), mult) + mult + cur.zh
+        elif scale is not None:
+            total = value * scale[0]
+            words = zh_number(plain_decimal(total))
+            out = words + cur.zh
+        elif code == "CNY" and "." in amount:
+            out = _yuan_jiao_fen(amount, "元", "角")
+        else:
+            out = liang(zh_number(plain_decimal(value) if "." in amount else amount), cur.zh) + cur.zh
+        return ("负" if neg else "") + out
+    if scale is not None and mult in ("万", "亿"):  # Chinese myriads have no English word
+        out = f"{en_number(plain_decimal(value * scale[0]))} {cur.en_many}"
+    elif scale is not None:
+        out = f"{en_number(amount)} {scale[1]} {cur.en_many}"
+    else:
+        whole, _, frac = amount.replace(",", "").partition(".")
+        major = int(whole)
+        if cur.minor_one is not None and (frac == "" or len(frac) == 2):
+            minor = int(frac) if frac else 0
+            parts = []
+            if major or not minor:
+                parts.append(f"{en_int(major)} {cur.en_one if major == 1 else cur.en_many}")
+            if minor:
+                parts.append(f"{en_int(minor)} {cur.minor_one if minor == 1 else cur.minor_many}")
+            out = " and ".join(parts)
+        else:
+            out = f"{en_number(amount)} {cur.en_one if value == 1 else cur.en_many}"
+    return ("minus " if neg else "") + out
+
+
+def _yuan_jiao_fen(amount: str, major_word: str, tenth_word: str) -> str:
+    """12.50 -> 十二元五角, 3.05 -> 三元零五分, 0.5 -> 五角 (CNY with at most two decimals); a
+    count of 2 before 元 reads 两 as it does without decimals (2.5元 -> 两元五角, as 2元 -> 两元),
+    and so does a lone 角 or 分 (0.2元 -> 两角)."""
+    whole, _, frac = amount.replace(",", "").partition(".")
+    if len(frac) > 2:
+        return zh_number(amount) + major_word
+    frac = (frac + "00")[:2]
+    jiao, fen = int(frac[0]), int(frac[1])
+    out = ""
+    if int(whole) or (not jiao and not fen):
+        out += liang(zh_number(whole), major_word) + major_word
+    if jiao:
+        out += (ZH_DIGITS[jiao] if out else liang(ZH_DIGITS[jiao], tenth_word)) + tenth_word
+    elif fen and out:
+        out += "零"
+    if fen:
+        out += (ZH_DIGITS[fen] if out else liang(ZH_DIGITS[fen], "分")) + "分"
+    return out
+
+
+def _h_money(lang: Lang, g: Groups, before: str, after: str) -> str:
+    """An amount after its currency sign or code, or a range of two (¥100-200, $3-5万: the
+    currency once, after the second amount). A currency word written after it that the
+    reading already says (¥100元, €1.2亿元, $5亿美元) is read once."""
+    code = CURRENCY_OF[g("mp_cur").strip()]
+    amount, unit = g("mp_amt"), g("mp_unit")
+    if g("mp_amt2"):
+        words = _money_range(lang, bool(g("mp_neg")), code, amount, g("mp_amt2"), g("mp_mult"))
+    elif lang == "zh" and code == "CNY" and "." in amount and not g("mp_mult") and after.lstrip().startswith("/"):
+        words = zh_number(amount) + "元"  # ¥7.5/升: a price per unit reads the decimal
+    else:
+        words = _money(lang, bool(g("mp_neg")), code, amount, g("mp_mult"))
+    cur = CURRENCIES[code]
+    if unit and unit not in cur.written and not (unit in ("元", "块") and cur.zh.endswith("元")):
+        words += unit  # not the currency's own word: keep it
+    return words  # ¥100元: the unit is written twice, read once
+
+
+def _money_range(lang: Lang, neg: bool, code: str, a: str, b: str, mult: str | None) -> str:
+    """¥100-200 -> 一百到二百元, $3-5万 -> 三到五万美元, $10-20 -> ten to twenty dollars: both
+    amounts read as numbers (decimals with 点, never 元角分), the multiplier and the currency
+    once at the end."""
+    cur = CURRENCIES[code]
+    scale = MULTIPLIERS.get(mult.lower() if mult.isascii() else mult) if mult else None
+    if lang == "zh":
+        if mult in ("万", "亿"):
+            return ("负" if neg else "") + f"{liang(zh_number(a), mult)}到{liang(zh_number(b), mult)}{mult}{cur.zh}"
+        if scale is not None:  # $3-5m: three to five million, read in 万
+            a, b = plain_decimal(to_decimal(a) * scale[0]), plain_decimal(to_decimal(b) * scale[0])
+        return ("负" if neg else "") + f"{liang(zh_number(a), cur.zh)}到{liang(zh_number(b), cur.zh)}{cur.zh}"
+    if mult in ("万", "亿") and scale is not None:
+        a, b = plain_decimal(to_decimal(a) * scale[0]), plain_decimal(to_decimal(b) * scale[0])
+        tail = cur.en_many
+    else:
+        tail = f"{scale[1]} {cur.en_many}" if scale is not None else cur.en_many
+    return ("minus " if neg else "") + f"{en_number(a)} to {en_number(b)} {tail}"
+
+
+def _h_yuan(lang: Lang, g: Groups, before: str, after: str) -> str:
+    amount, word = g("ms_amt"), g("ms_cur")
+    if "." in amount and not after.lstrip().startswith("/"):
+        return _yuan_jiao_fen(amount, word, "角" if word == "元" else "毛")
+    return liang(zh_number(amount), "个") + word  # 7.5元/升: a price per unit reads the decimal
+
+
+def _h_coded(lang: Lang, g: Groups, before: str, after: str) -> str:
+    """100 USD, 500 RMB: an amount before its currency code."""
+    return _money(lang, False, CURRENCY_OF[g("cd_code")], g("cd_amt"), None)
+
+
+_SIGNS: Final = alt_words(CURRENCY_SIGNS)
+_CODES: Final = alt_words(CURRENCY_CODES)
+_WRITTEN: Final = alt_words({w for c in CURRENCIES.values() for w in c.written if w not in ("元", "块")})
+
+MONEY: Final = Kind(
+    "money",
+    r"(?P<mp_neg>(?<![A-Za-z0-9.])-)?"
+    rf"(?P<mp_cur>{_SIGNS}|(?<![A-Za-z])(?:{_CODES})\s?)"
+    rf"(?P<mp_amt>{NUM})(?:\s?[-~–—]\s?(?:{_SIGNS})?(?P<mp_amt2>{NUM}))?"
+    r"(?:\s?(?P<mp_mult>万|亿|(?:thousand|million|billion|trillion)(?![A-Za-z])"
+    r"|(?:[kKmMbBtT]|[mMbBtT]n)(?![A-Za-z])))?"
+    rf"(?P<mp_unit>元(?![素旦首宵件老气帅])|块(?![头状])|{_WRITTEN})?",
+    _h_money, first=r"[^\s\d\u4e00-\u9fff]")
+
+
+YUAN: Final = Kind(
+    "yuan",
+    rf"(?P<ms_amt>{NUM})\s?(?P<ms_cur>元(?![素旦首宵件老气帅])|块(?![头状]))",
+    _h_yuan, lang="zh", first=r"\d")
+
+
+CODED: Final = Kind(
+    "coded",
+    rf"(?P<cd_amt>{NUM})\s?(?P<cd_code>{alt_words({c for c in CURRENCY_CODES if c.isalpha() and len(c) == 3})})"
+    r"(?![A-Za-z])",
+    _h_coded, first=r"\d")

@@ -1,0 +1,199 @@
+"""The text between entities, and the output: letters and Chinese characters kept, punctuation
+mapped to ChatTTS' pause marks in the local language, spoken symbols and Greek letters read,
+the rest reported; then spaces and repeated marks tidied, and the result split into language
+runs."""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from dataclasses import dataclass
+from typing import Final
+
+from .base import CONTROL_TOKEN, LAST_SPOKEN_CJK, Lang, Segment, is_cjk, is_latin, script
+from .context import Context
+from .tables import BETWEEN_NUMBERS, COMMA_MARKS, END_MARKS, GREEK_NAMES, SILENT_MARKS, SYMBOL_WORDS
+
+
+@dataclass
+class Out:
+    """Output pieces and the bookkeeping of one :func:`normalize` call."""
+
+    pieces: list[str]
+    dropped: list[str]
+    speed: int | None = None
+    last_lang: Lang | None = None
+    """Language of the last spoken output, which punctuation after it follows."""
+
+    def drop(self, item: str) -> None:
+        if item not in self.dropped:
+            self.dropped.append(item)
+
+    def words(self, lang: Lang, text: str) -> None:
+        self.pieces.append(text if lang == "zh" else f" {text} ")
+        self.last_lang = lang
+
+    def letter(self, c: str) -> None:
+        self.pieces.append(c)
+        self.last_lang = script(c)
+
+
+def _neighbour(text: str, pos: int, step: int) -> str:
+    while 0 <= pos < len(text) and text[pos] == " ":
+        pos += step
+    return text[pos] if 0 <= pos < len(text) else ""
+
+
+_RANGE_MARKS: Final = "-~–—"
+_WEEKDAY: Final = re.compile(r"(?:周|星期|礼拜)[一二三四五六日天]")
+
+
+def _range_mark(text: str, i: int) -> bool:
+    """A dash or tilde that joins two quantities written with Chinese units (5月1日-5月5日,
+    2020年-2024年) or two weekdays (周一～周五): read 到."""
+    prev, nxt = _neighbour(text, i - 1, -1), _neighbour(text, i + 1, 1)
+    if nxt.isdigit() and is_cjk(prev):
+        return any(ch.isdigit() for ch in text[max(0, i - 4):i])
+    return bool(_WEEKDAY.search(text[max(0, i - 3):i]) and _WEEKDAY.match(text, i + 1))
+
+
+def _after_myriad(text: str, i: int) -> bool:
+    """A plus sign right after a number written with 万/亿/千/百 (1万+, 10亿+) and before no
+    number: "more than", read 多."""
+    return (re.search(r"\d[百千万亿]$", text[max(0, i - 2):i]) is not None
+            and not _neighbour(text, i + 1, 1).isdigit())
+
+
+def _per_unit(text: str, i: int) -> bool:
+    """A slash between a unit after a number and another unit (7.5元/升, 80次/分钟): read 每."""
+    prev, nxt = _neighbour(text, i - 1, -1), _neighbour(text, i + 1, 1)
+    return ((is_cjk(prev) or is_latin(prev) or prev in "²³" or prev.isdigit()) and is_cjk(nxt)
+            and any(ch.isdigit() for ch in text[max(0, i - 8):i]))
+
+
+def plain(ctx: Context, start: int, end: int, out: Out) -> None:
+    """Text between matches: letters and Chinese characters kept, punctuation mapped to pauses
+    in the local language, spoken symbols and Greek letters read, the rest reported as dropped."""
+    text = ctx.text
+    for i in range(start, end):
+        c = text[i]
+        if is_cjk(c):
+            if c > LAST_SPOKEN_CJK:  # not in ChatTTS' vocabulary
+                out.drop(c)
+                out.pieces.append(" ")
+            else:
+                out.letter(c)
+        elif is_latin(c):
+            out.letter(c)
+        elif c == "\n":
+            out.pieces.append("。" if _mark_lang(ctx, i, out) == "zh" else ".")
+        elif c.isspace():
+            out.pieces.append(" ")
+        elif c == "》" and text[i + 1:i + 2] == "《":
+            out.pieces.append("、")  # 《红楼梦》《西游记》: a list of titles
+        elif c in SILENT_MARKS:
+            continue
+        elif c in BETWEEN_NUMBERS and _neighbour(text, i - 1, -1).isdigit() and _neighbour(text, i + 1, 1).isdigit():
+            zh, en = BETWEEN_NUMBERS[c]
+            out.words(ctx.lang(i, i + 1), zh if ctx.lang(i, i + 1) == "zh" else en)
+        elif c in _RANGE_MARKS and _range_mark(text, i):
+            lang = ctx.lang(i, i + 1)
+            out.words(lang, "到" if lang == "zh" else "to")
+        elif c == "~" and _neighbour(text, i + 1, 1).isdigit() and not _neighbour(text, i - 1, -1).isdigit():
+            lang = ctx.lang(i, i + 1)
+            out.words(lang, "约" if lang == "zh" else "about")  # ~100人: about
+        elif c == "/" and _per_unit(text, i):
+            out.words("zh", "每")
+        elif c == "+" and _after_myriad(text, i):
+            out.words("zh", "多")  # 1万+人: 一万多人, as 6000+ reads 六千多
+        elif c in ("-", "_") and 0 < i < len(text) - 1 and text[i - 1].isalnum() and text[i + 1].isalnum():
+            out.pieces.append(" ")  # e-mail, snake_case: a word break
+        elif c == "#":
+            if _neighbour(text, i + 1, 1).isdigit():
+                lang = ctx.lang(i, i + 1)
+                out.words(lang, "井号" if lang == "zh" else "number")
+            # elsewhere (#话题#) silent
+        elif c in SYMBOL_WORDS or c in GREEK_NAMES:
+            lang = ctx.lang(i, i + 1)
+            zh, en = SYMBOL_WORDS.get(c) or GREEK_NAMES[c]
+            out.words(lang, zh if lang == "zh" else en)
+        elif c in END_MARKS:
+            out.pieces.append("。" if _mark_lang(ctx, i, out) == "zh" else ".")
+        elif c in COMMA_MARKS:
+            if c == "、" and _mark_lang(ctx, i, out) == "zh":
+                out.pieces.append("、")
+            else:
+                out.pieces.append("，" if _mark_lang(ctx, i, out) == "zh" else ",")
+        elif unicodedata.category(c) in ("Mn", "Me", "Cf"):
+            continue  # variation selectors, joiners, combining marks: part of the character before
+        else:
+            out.drop(c)
+            out.pieces.append(" ")
+
+
+def _mark_lang(ctx: Context, i: int, out: Out) -> Lang:
+    """Punctuation belongs to the clause it closes: the language of the last spoken output
+    decides (the context's when nothing was spoken yet)."""
+    return out.last_lang or ctx.lang(i, i + 1)
+
+
+_PUNCT_RUN: Final = re.compile(r"[，。、,.](?:[ ]*[，。、,.])+")
+_CJK_OR_MARK: Final = "\u4e00-\u9fff，。、"
+
+
+def _collapse_marks(m: re.Match[str]) -> str:
+    run = m.group(0).replace(" ", "")
+    zh = any(c in "，。、" for c in run)
+    if any(c in "。." for c in run):
+        return "。" if zh else "."
+    return "，" if zh else ","
+
+
+def tidy(text: str) -> str:
+    """Collapse spaces and repeated pause marks, drop spaces inside Chinese, strip edges."""
+    text = _PUNCT_RUN.sub(_collapse_marks, text)
+    text = re.sub(r"[ ]+", " ", text)
+    text = re.sub(rf"(?<=[{_CJK_OR_MARK}]) (?=[{_CJK_OR_MARK}])", "", text)
+    text = re.sub(r" (?=[，。、,.])", "", text)
+    text = re.sub(r"(?<=[，。、]) ", "", text)
+    text = re.sub(r"([,.])(?=[A-Za-z])", r"\1 ", text)
+    text = re.sub(r"^[\s，。、,.]+", "", text)
+    text = re.sub(r"[\s，、,]+$", "", text)
+    text = re.sub(r"(?<=\]) (?=[\u4e00-\u9fff])|(?<=[\u4e00-\u9fff]) (?=\[)", "", text)
+    return text.strip()
+
+
+def split_segments(text: str) -> tuple[Segment, ...]:
+    """Split text into runs of Chinese (``zh``) and English (``en``).
+
+    Chinese characters start or continue a ``zh`` run, Latin letters an ``en`` run; everything
+    else (spaces, digits, marks, control tokens) joins the current run, or the first run when
+    it comes before any letter. Text without letters is one ``zh`` run; ``''`` gives ``()``.
+    """
+    segments: list[list[str]] = []
+    langs: list[Lang] = []
+    pending = ""
+    i = 0
+    while i < len(text):
+        tag = CONTROL_TOKEN.match(text, i)
+        if tag:
+            piece, i = tag.group(0), tag.end()
+            lang = None
+        else:
+            piece, i = text[i], i + 1
+            lang = script(piece)
+        if lang is None:
+            if segments:
+                segments[-1].append(piece)
+            else:
+                pending += piece
+            continue
+        if not langs or langs[-1] != lang:
+            langs.append(lang)
+            segments.append([pending + piece])
+            pending = ""
+        else:
+            segments[-1].append(piece)
+    if pending:  # no letter at all
+        return (Segment("zh", pending),)
+    return tuple(Segment(lang, "".join(parts)) for lang, parts in zip(langs, segments))

@@ -1,0 +1,46 @@
+"""The scanner's precedence: every entity kind, in the order the scanner tries them.
+
+At each position the first kind in :data:`PRECEDENCE` whose pattern matches wins, so a longer
+or more specific form comes before the forms it contains (a date range before a date, a date
+before a fraction, a time before a ratio, money before a plain number). ChatTTS' control tokens
+(``[laugh]``, ``[speed_5]``) come before every kind. Adding a kind: write it (its pattern and
+reader) in the module of its family and put it here.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Final
+
+from . import arithmetic, cardinals, dates, fractions, identifiers, letters, money, quantities, ranges, times, web
+from .base import TAG_PATTERN
+from .kind import Kind
+
+PRECEDENCE: Final[tuple[Kind, ...]] = (
+    web.EMAIL, web.URL, identifiers.KEY, arithmetic.ARITH,
+    dates.DRANGE, fractions.MDRANGE, dates.YMD, dates.MDY, dates.ENRANGE, dates.DAYRANGE, dates.MD, dates.DM,
+    dates.MDOT,
+    times.TRANGE, times.TIME, times.DOTTIME, times.RATIO, times.HAP,
+    identifiers.PHONE, identifiers.CODE, identifiers.GROUPS, times.HM,
+    money.MONEY, money.YUAN, money.CODED,
+    quantities.TIMES, quantities.TWENTYFOUR, quantities.PERUNIT, quantities.DECADE, quantities.KILO,
+    ranges.RANGE, quantities.PERCENT, quantities.UNIT, fractions.FRACTION,
+    cardinals.ORDINAL, identifiers.NUMERO, cardinals.DOTTED, cardinals.NUMBER, letters.ROMAN, letters.ABBREV,
+)
+"""Every entity kind, first tried first."""
+KINDS: Final[dict[str, Kind]] = {k.name: k for k in PRECEDENCE}
+SCANNER: Final = re.compile("|".join([f"(?P<k_tag>{TAG_PATTERN})", *(
+    f"(?P<k_{k.name}>{f'(?={k.first})' if k.first else ''}(?:{k.pattern}))" for k in PRECEDENCE)]))
+"""One regex of all kinds; a match's ``lastgroup`` is ``k_<kind name>`` (``k_tag``: a control token)."""
+TAG_SCANNER: Final = re.compile(f"(?P<k_tag>{TAG_PATTERN})")
+"""Control tokens only (:func:`chattts_serving.text.normalize.punctuate`)."""
+LIBRARY_KINDS: Final[frozenset[str]] = frozenset(k.name for k in PRECEDENCE if k.library)
+"""Entity kinds whose Chinese reading is WeTextProcessing's when the library is on, chosen by
+measurement on the corpus: every corpus instance of these kinds in Chinese context (7 dates
+2024-03-05/2024/3/5/2024.3.5, 5 fractions, 13 percentages without sign, 9 ratios) is read
+as expected by the library on the span alone. Not routed, because the corpus shows the
+library wrong on them: plain numbers (两 before 台/倍/次/种..., 第两名, years, identifiers),
+ranges and scores (4-0 -> 四减零, 10-20% -> 十月二日...), times (3:30分 -> 三比三零分,
+0:30 -> 零比三十), time ranges (0:00-6:00), phone numbers and digit groups, money (¥88.8元 ->
+八元八点八元), units (GWh, mAh, 零下), signed percentages and ‰. A span the library leaves
+with digits or symbols, or on which it fails, is read by our rules."""

@@ -1,0 +1,174 @@
+"""Quantities: units (``5km``, ``-3℃``), percentages, ``3x``, ``24/7``, ``/m²``, decades and
+thousands written with k or w (``8k``, ``2w``)."""
+
+from __future__ import annotations
+
+import re
+from typing import Final
+
+from .base import Lang
+from .context import clause, said_below
+from .kind import NUM, SIGN, Groups, Kind, alt
+from .numbers import en_int, en_number, en_year, liang, plain_decimal, to_decimal, zh_digits, zh_number
+from .tables import GLUED_UNITS, TEMPERATURE_UNITS, UNITS, unit_reading
+
+
+def _decade(lang: Lang, year: str) -> str:
+    if lang == "zh":  # 1980s -> 一九八零年代, 80s -> 八十年代
+        return (zh_number(year) if len(year) == 2 else zh_digits(year)) + "年代"
+    words = en_int(int(year)) if len(year) == 2 else en_year(int(year))
+    return words[:-1] + "ies" if words.endswith("y") else words + "s"
+
+
+SECONDS_BEFORE: Final = ("for", "takes", "took", "take", "taking", "wait", "waited", "waiting", "lasts", "lasted",
+                         "last", "every", "after", "within", "under", "than", "about", "around", "approximately",
+                         "only", "just", "another", "next", "first", "timeout", "delay", "of", "by", "countdown")
+"""English words right before ``Ns`` (N = 10..90) that make it seconds (wait 30s); without
+them it is a decade, with or without an article (70s rock, the 80s)."""
+DECADE_AFTER_ZH: Final = ("生人", "风格", "风", "的歌", "歌曲", "的音乐", "音乐", "金曲", "电影", "复古", "流行",
+                          "时尚", "老歌", "经典", "的人", "一代")
+"""Chinese words right after ``Ns`` that make it a decade (70s生人 -> 七十年代生人)."""
+SECONDS_AFTER: Final = re.compile(r"\s*(?:later|left|ago|remaining|each|per|long|timeout|delay|interval|countdown|"
+                                  r"to go|of|or less|or more|max|min)\b|\s*[-+]")
+"""English words right after ``Ns`` that make it seconds (30s later, 10s left)."""
+
+
+def _h_times(lang: Lang, g: Groups, before: str, after: str) -> str:
+    """3x, 2×: 三倍 / three times."""
+    num = g("x_num")
+    return liang(zh_number(num), "倍") + "倍" if lang == "zh" else f"{en_number(num)} times"
+
+
+def _h_twentyfour(lang: Lang, g: Groups, before: str, after: str) -> str:
+    """24/7: round the clock, never a fraction."""
+    return "全天候" if lang == "zh" else "twenty four seven"
+
+
+def _h_perunit(lang: Lang, g: Groups, before: str, after: str) -> str:
+    """/m², /kg after an amount with a unit (100元/m²): 每平方米 / per square meter."""
+    symbol = g("pu_unit")
+    unit = UNITS.get(symbol) or GLUED_UNITS[symbol]
+    return "每" + unit.zh if lang == "zh" else "per " + unit.en_one
+
+
+def _h_decade(lang: Lang, g: Groups, before: str, after: str) -> str:
+    """1980s, '80s: a decade; 80s is a decade in English (70s rock -> seventies) unless words
+    around it make it seconds (:data:`SECONDS_BEFORE`, :data:`SECONDS_AFTER`); in Chinese it is
+    seconds (倒计时30s) unless :data:`DECADE_AFTER_ZH` or 世纪 make it a decade (70s生人)."""
+    short = g("dec3")
+    if short and lang == "zh" and (after.lstrip().startswith(DECADE_AFTER_ZH) or before.rstrip().endswith("世纪")):
+        return _decade(lang, short)  # 70s生人, 上世纪80s: 七十年代
+    if short and (lang == "zh" or re.search(rf"\b(?:{'|'.join(SECONDS_BEFORE)})\s*$", before.lower())
+                  or re.search(r"\d\s?(?:h|hrs?|m|mins?)\s*$", before) or SECONDS_AFTER.match(after)):
+        return unit_reading(lang, GLUED_UNITS["s"], short)  # 倒计时30s, wait 30s: seconds
+    return _decade(lang, g("dec") or g("dec2") or short)
+
+
+KILO_SENTENCE: Final = ("薪", "工资", "收入", "月入", "年入", "预算", "价", "奖金", "年终奖", "元", "块", "钱", "租",
+                        "待遇", "税前", "税后", "存款", "费", "赚", "涨", "粉丝", "阅读", "播放", "点赞")
+"""In the clause of a number with a capital K, they make the K a thousand (月薪15K) and a small w
+ten thousand (月入2w); without them a capital K is a letter (4K电视, 8K屏幕). A small k after a
+number in Chinese is always 千."""
+
+
+def _zh_thousands(num: str, letter: str = "k") -> str:
+    """N k (N w) in Chinese: N thousand (ten thousand) read the way it is said, the last unit
+    left out after a higher one (12k -> 一万二, 1.5k -> 一千五, 8k -> 八千, 20k -> 两万, 1.5w ->
+    一万五)."""
+    words = zh_number(plain_decimal(to_decimal(num) * (10000 if letter == "w" else 1000)))
+    m = re.fullmatch(r"(.*[万千])([一二三四五六七八九])([千百])", words)
+    if m and {"万": "千", "千": "百"}[m.group(1)[-1]] == m.group(3):
+        return m.group(1) + m.group(2)
+    return words
+
+
+def _h_kilo(lang: Lang, g: Groups, before: str, after: str) -> str:
+    """8k, 8k-12k, 8-12K, 2w: a number of thousands (薪资8k-12k -> 八千到一万二) or of ten
+    thousands (月入2w -> 两万) in Chinese when the k is small or a word of :data:`KILO_SENTENCE`
+    is in the clause; else the number and the letter (4K电视 -> 四K, 功率10w -> 十w, and in
+    English: 5k -> five k)."""
+    a, b, k = g("kk_a"), g("kk_b"), g("kk_k")
+    words_near = clause(before) + re.split(r"[，,；;]", after)[0]
+    if lang == "zh" and (k == "k" or any(w in words_near for w in KILO_SENTENCE)):
+        return _zh_thousands(a, g("kk_ka") or k) + ("到" + _zh_thousands(b, k) if b else "")
+    read = zh_number if lang == "zh" else en_number
+    letter = k if lang == "zh" else f" {k}"
+    if not b:
+        return read(a) + letter
+    sep = "到" if lang == "zh" else " to "
+    return read(a) + (letter if g("kk_ka") else "") + sep + read(b) + letter
+
+
+def _h_percent(lang: Lang, g: Groups, before: str, after: str) -> str:
+    sign = (g("pc_sign") or "").replace("−", "-")
+    num = g("pc_num")
+    if lang == "zh":
+        head = "百分之" if g("pc_sym") == "%" else "千分之"
+        return ("负" if sign == "-" else "正" if sign == "+" else "") + head + zh_number(num)
+    tail = " percent" if g("pc_sym") == "%" else " per mille"
+    return ("minus " if sign == "-" else "plus " if sign == "+" else "") + en_number(num) + tail
+
+
+def _h_unit(lang: Lang, g: Groups, before: str, after: str) -> str:
+    sign = (g("u_sign") or "").replace("−", "-")
+    symbol = g("u_unit")
+    unit = UNITS[symbol] if symbol else GLUED_UNITS[g("u_glued")]
+    words = unit_reading(lang, unit, g("u_num"))
+    if sign == "-" and lang == "zh" and said_below(before):
+        pass  # 零下-3℃: 零下 is written, the sign is not read again
+    elif sign == "-":
+        below = lang == "zh" and symbol in TEMPERATURE_UNITS  # -5℃: 零下五摄氏度
+        words = ("零下" if below else "负" if lang == "zh" else "minus ") + words
+    elif sign == "+":
+        words = ("正" if lang == "zh" else "plus ") + words
+    return words
+
+
+def _library_may_read_percent(g: Groups, before: str, after: str) -> bool:
+    """The library reads -2% as 百分之负二 and 5‰ as 五千分号: those stay ours."""
+    return not g("pc_sign") and g("pc_sym") == "%"
+
+
+TIMES: Final = Kind(
+    "times",
+    rf"(?<![A-Za-z0-9.])(?P<x_num>{NUM})[x×](?![A-Za-z0-9])",
+    _h_times, first=r"\d")
+
+
+TWENTYFOUR: Final = Kind(
+    "twentyfour",
+    r"(?<![\d/])24/7(?![\d/])",
+    _h_twentyfour, first=r"2")
+
+
+PERUNIT: Final = Kind(
+    "perunit",
+    rf"(?<=[\u4e00-\u9fa5A-Za-z²³\d])/(?P<pu_unit>{alt(UNITS)}|{alt(GLUED_UNITS)})(?![A-Za-z0-9])",
+    _h_perunit, first=r"/")
+
+
+DECADE: Final = Kind(
+    "decade",
+    r"(?<![\d.])(?P<dec>\d{3}0)s(?![A-Za-z])|(?<![A-Za-z0-9])'(?P<dec2>\d0)s(?![A-Za-z])"
+    r"|(?<![A-Za-z0-9.'])(?P<dec3>[1-9]0)s(?![A-Za-z])",
+    _h_decade, first=r"[\d']")
+
+
+KILO: Final = Kind(
+    "kilo",
+    rf"(?<![A-Za-z0-9.])(?P<kk_a>{NUM})(?:(?P<kk_ka>[kKw])?\s?(?P<kk_sep>[-~–—])\s?(?P<kk_b>{NUM}))?"
+    r"(?P<kk_k>[kKw])(?![A-Za-z0-9])",
+    _h_kilo, first=r"\d")
+
+
+PERCENT: Final = Kind(
+    "percent",
+    rf"(?P<pc_sign>{SIGN})?(?P<pc_num>{NUM})\s?(?P<pc_sym>[%‰])",
+    _h_percent, library=True, library_may_read=_library_may_read_percent, first=r"[-+−\d]")
+
+
+UNIT: Final = Kind(
+    "unit",
+    rf"(?P<u_sign>{SIGN})?(?P<u_num>{NUM})(?:\s?(?P<u_unit>{alt(UNITS)})"
+    rf"|(?P<u_glued>{alt(GLUED_UNITS)}))(?![A-Za-z0-9])",
+    _h_unit, first=r"[-+−\d]")

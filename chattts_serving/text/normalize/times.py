@@ -1,0 +1,226 @@
+"""Clock times, time ranges, ratios written with a colon, ``5pm`` and ``1h20min``; a colon's
+other readings (a score, a duration, a pace, minutes and seconds) as its context says."""
+
+from __future__ import annotations
+
+import re
+from typing import Final
+
+from .base import Lang
+from .context import ends_with, score_near
+from .kind import Groups, Kind
+from .numbers import en_int, en_number, liang, score, zh_int, zh_number
+
+DURATION_BEFORE: Final = ("用时", "耗时", "成绩", "时长", "历时", "净时间", "完赛")
+"""Written right before ``h:mm:ss``, they make it a duration (成绩2:03:45: 两小时零三分四十五秒)."""
+PACE_BEFORE: Final = ("配速",)
+"""Written right before ``m:ss``, they make it minutes and seconds (配速5:30 -> 五分三十秒)."""
+COUNTDOWN_BEFORE: Final = ("倒计时", "剩余时间", "剩余", "还剩下", "还剩", "仅剩", "只剩", "剩下")
+"""Written right before ``mm:ss``, they make it a countdown read as minutes and seconds
+(倒计时05:00 -> 五分钟, 剩余时间01:30 -> 一分三十秒). 还有 does so only before ``00:ss``
+(距开赛还有00:30 -> 三十秒): 还有10:30的航班 is a clock time."""
+DAY_PARTS: Final = ("凌晨", "早上", "早晨", "清晨", "上午", "中午", "下午", "傍晚", "晚上", "夜里", "夜间", "深夜",
+                    "午夜")
+"""Written right before a time with am/pm (下午2:30pm), they already say which half of the
+day it is: am/pm is not read a second time."""
+
+
+def _time_re(p: str) -> str:
+    """A clock time h:mm(:ss) with named groups ``<p>_h``, ``<p>_m``, ``<p>_s``."""
+    return (rf"(?<![\d.])(?<!\d:)(?P<{p}_h>[01]?\d|2[0-3]|24(?=:00))"
+            rf":(?P<{p}_m>[0-5]\d)(?::(?P<{p}_s>[0-5]\d))?(?![\d:])")
+
+
+def clock(lang: Lang, h: int, m: int, s: int | None, ap: str | None, whole: bool = True) -> str:
+    """A clock time: 十点三十分 / ten thirty. ``whole``: a Chinese time on the hour reads 整
+    (九点整); inside a range it does not (九点到十七点)."""
+    ap = ap.lower() if ap else None
+    s = s or None  # 9:00:00 reads as 9:00
+    if lang == "zh":
+        out = ("上午" if ap == "a" else "下午" if ap == "p" and h < 12 else "")
+        out += ("两" if h == 2 else zh_int(h)) + "点"
+        if m == 0 and s is None:
+            return out + ("整" if whole else "")
+        out += ("零分" if m == 0 else ("零" if m < 10 else "") + zh_int(m) + "分")
+        if s is not None:
+            out += ("零" if s < 10 else "") + zh_int(s) + "秒"
+        return out
+    out = en_int(h)
+    if m == 0 and s is None:
+        out += "" if ap else " o clock"
+    elif m < 10:
+        out += " oh " + en_int(m)
+    else:
+        out += " " + en_int(m)
+    if s is not None:
+        out += " and " + en_int(s) + (" second" if s == 1 else " seconds")
+    if ap:
+        out += " AM" if ap == "a" else " PM"
+    return out
+
+
+def _duration(lang: Lang, h: int, m: int, s: int | None) -> str:
+    """h:mm:ss as a duration: 两小时零三分四十五秒 / two hours three minutes forty five seconds."""
+    if lang == "zh":
+        out = liang(zh_int(h), "个") + "小时"
+        out += ("零" if 0 < m < 10 else "") + (zh_int(m) + "分" if m else "")
+        if s:
+            out += ("零" if s < 10 and not m else "") + zh_int(s) + "秒"
+        return out
+    parts = [f"{en_int(h)} {'hour' if h == 1 else 'hours'}"]
+    if m:
+        parts.append(f"{en_int(m)} {'minute' if m == 1 else 'minutes'}")
+    if s:
+        parts.append(f"{en_int(s)} {'second' if s == 1 else 'seconds'}")
+    return " ".join(parts)
+
+
+def _countdown(before: str, mm: str) -> bool:
+    """``mm:ss`` after a countdown word (:data:`COUNTDOWN_BEFORE`; 还有 only before 00:ss)."""
+    return ends_with(before, COUNTDOWN_BEFORE, " :为是") or (mm == "00" and ends_with(before, ("还有",), " :"))
+
+
+def _minutes_seconds(lang: Lang, m: int, s: int, unit_follows: bool = False) -> str:
+    """``mm:ss`` as minutes and seconds: 五分三十秒, 三十秒, on the minute 五分钟 (五分 when
+    ``unit_follows``: the 秒 written after it is read next) / five minutes thirty seconds."""
+    if lang == "zh":
+        if not m:
+            return zh_int(s) + ("" if unit_follows else "秒")
+        if not s and not unit_follows:
+            return liang(zh_int(m), "分钟") + "分钟"
+        return zh_int(m) + "分" + ("零" if s < 10 else "") + zh_int(s) + ("" if unit_follows else "秒")
+    parts = [f"{en_int(m)} {'minute' if m == 1 else 'minutes'}"] if m else []
+    if s or not m:
+        parts.append(f"{en_int(s)} {'second' if s == 1 else 'seconds'}")
+    return " ".join(parts)
+
+
+def _h_time(lang: Lang, g: Groups, before: str, after: str) -> str:
+    """A clock time, or what its context makes of ``a:b``: a score (比分为21:19), a duration
+    (成绩2:03:45), a pace (配速5:30), minutes and seconds (``10:30秒``, 倒计时05:00). A unit
+    written after it that the reading already says (17:20分, 15:16:36秒, 12:00点, 9:30点) is
+    read once; am/pm after a day part (下午2:30pm) is not read again."""
+    h, m, sec, unit = int(g("t_h")), int(g("t_m")), g("t_s"), g("t_unit") or ""
+    s = int(sec) if sec else None
+    if s is None and not g("t_ap") and score_near(before, after[len(unit):] if unit else after):
+        return score(lang, g("t_h"), g("t_m")) + unit  # 比分为21:19
+    if s is not None and ends_with(before, DURATION_BEFORE, " :"):
+        return _duration(lang, h, m, s) + ("" if unit == "秒" else unit)  # 成绩2:03:45
+    if s is None and lang == "zh" and ends_with(before, PACE_BEFORE, " :为是"):
+        return f"{zh_int(h)}分{zh_int(m)}秒"  # 配速5:30
+    if s is None and not g("t_ap") and (unit == "秒" or (unit in ("", "整") and _countdown(before, g("t_h")))):
+        return _minutes_seconds(lang, h, m) + ("" if unit == "秒" else unit)  # 10:30秒, 倒计时05:00
+    ap: str | None = g("t_ap")
+    if ap and lang == "zh" and ends_with(before, DAY_PARTS):
+        ap = None  # 下午2:30pm: 下午 is said once
+    on_hour = m == 0 and s is None
+    words = clock(lang, h, m, s, ap, whole=not (on_hour and unit in ("整", "点", "点钟")))
+    if lang == "zh":
+        if unit == "整":
+            return words + "整"
+        if unit == "点钟":
+            return words + ("钟" if on_hour else "")  # 10:00点钟 -> 十点钟
+        # 17:20分, 15:16:36秒, 12:00点: the unit the reading already says is written once
+        if (unit == "分" and s is None) or (unit == "秒" and s is not None) or unit == "点":
+            return words
+    return words + unit
+
+
+def _h_trange(lang: Lang, g: Groups, before: str, after: str) -> str:
+    sides = []
+    for p in ("ta", "tb"):
+        sec = g(f"{p}_s")
+        sides.append(clock(lang, int(g(f"{p}_h")), int(g(f"{p}_m")), int(sec) if sec else None, None, whole=False))
+    sep = g("tr_sep").strip()
+    if lang == "zh":
+        return sides[0] + ("至" if sep == "至" else "到") + sides[1]
+    return f"{sides[0]} to {sides[1]}"
+
+
+def _h_ratio(lang: Lang, g: Groups, before: str, after: str) -> str:
+    """``a:b`` that is no clock time: a ratio or score (三比二), or minutes and seconds before
+    秒 or after a countdown word (45:30秒 -> 四十五分三十, the 秒 read next; 倒计时59:59)."""
+    a, b = g("ra_a"), g("ra_b")
+    if mm_ss(a, b, before, after):
+        return _minutes_seconds(lang, int(a), int(b), unit_follows=after.startswith("秒"))
+    return score(lang, a, b)
+
+
+def mm_ss(a: str, b: str, before: str, after: str) -> bool:
+    """Whether ``a:b`` (no clock time) is minutes and seconds: two-digit seconds under 60
+    followed by 秒 or after a countdown word."""
+    return len(b) == 2 and int(b) < 60 and int(a) < 1000 and (after.startswith("秒") or _countdown(before, a))
+
+
+def _h_hap(lang: Lang, g: Groups, before: str, after: str) -> str:
+    """5pm: five PM / 下午五点 (五点 after a day part: 下午5pm)."""
+    ap: str | None = g("hap_ap")
+    if lang == "zh" and ends_with(before, DAY_PARTS):
+        ap = None
+    return clock(lang, int(g("hap_h")), 0, None, ap, whole=False)
+
+
+def _h_hm(lang: Lang, g: Groups, before: str, after: str) -> str:
+    h, m = g("hm_h"), g("hm_m")
+    if lang == "zh":
+        return liang(zh_number(h), "个") + "小时" + zh_number(m) + "分钟"
+    return f"{en_number(h)} {'hour' if h == '1' else 'hours'} {en_number(m)} {'minute' if m == '1' else 'minutes'}"
+
+
+def _library_may_read_ratio(g: Groups, before: str, after: str) -> bool:
+    """45:30秒 and 倒计时59:59 are minutes and seconds, not a ratio: not for the library."""
+    return not mm_ss(g("ra_a"), g("ra_b"), before, after)
+
+
+def _h_dottime(lang: Lang, g: Groups, before: str, after: str) -> str:
+    """8.15 written as a clock time where the context says time (晚上8.15, at 8.15, 8.15pm):
+    八点十五分 / eight fifteen, never 八点一五."""
+    h, m = int(g("dt_h") or g("dt_h2")), int(g("dt_m") or g("dt_m2"))
+    ap: str | None = g("dt_ap") or g("dt_ap2")
+    if ap and lang == "zh" and ends_with(before, DAY_PARTS + _DAY_WORDS):
+        ap = None
+    return clock(lang, h, m, None, ap)
+
+
+_DAY_WORDS: Final = ("今晚", "明晚", "昨晚", "今早", "明早", "每晚", "当晚", "晚", "早")
+_DOT_TIME_BEFORE: Final = "|".join(f"(?<={re.escape(w)})" for w in (*DAY_PARTS, *_DAY_WORDS, "at ", "At ", "by "))
+_AP: Final = r"\.?[Mm](?:\.(?=\S| [a-z]))?(?![A-Za-z])"
+"""The rest of am/pm after its first letter."""
+
+
+TRANGE: Final = Kind(
+    "trange",
+    _time_re("ta") + r"(?P<tr_sep>\s?[-~–—]\s?|至|到)" + _time_re("tb"),
+    _h_trange, first=r"\d")
+
+
+TIME: Final = Kind(
+    "time",
+    _time_re("t") + r"(?:\s?(?P<t_ap>[AaPp])\.?[Mm](?:\.(?=\S| [a-z]))?(?![A-Za-z]))?"
+    r"(?P<t_unit>分(?![钟别享析之配为成组批])|秒|整|点钟|点(?![名评击赞菜餐燃亮播头数滴]))?",
+    _h_time, first=r"\d")
+
+
+RATIO: Final = Kind(
+    "ratio",
+    r"(?<![\d.])(?<!\d:)(?P<ra_a>\d{1,3}):(?P<ra_b>\d{1,3})(?![\d:])",
+    _h_ratio, library=True, library_may_read=_library_may_read_ratio, first=r"\d")
+
+
+HAP: Final = Kind(
+    "hap",
+    r"(?<![\d:.])(?P<hap_h>1[0-2]|0?[1-9])\s?(?P<hap_ap>[AaPp])\.?[Mm](?:\.(?=\S| [a-z]))?(?![A-Za-z])",
+    _h_hap, first=r"\d")
+
+
+HM: Final = Kind(
+    "hm",
+    r"(?<![\d.])(?P<hm_h>\d+)\s?h(?:rs?)?\s?(?P<hm_m>\d+)\s?(?:mins?|m)(?![A-Za-z0-9])",
+    _h_hm, first=r"\d")
+
+
+DOTTIME: Final = Kind(
+    "dottime",
+    rf"(?=\s?\d{{1,2}}\.\d)(?:{_DOT_TIME_BEFORE})\s?(?P<dt_h>[01]?\d|2[0-3])\.(?P<dt_m>[0-5]\d)(?![\d%‰]|\.\d)(?:\s?(?P<dt_ap>[AaPp]){_AP})?"
+    rf"|(?=\d)(?<![\d.])(?P<dt_h2>1[0-2]|0?\d)\.(?P<dt_m2>[0-5]\d)\s?(?P<dt_ap2>[AaPp]){_AP}",
+    _h_dottime)

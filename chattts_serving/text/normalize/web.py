@@ -1,0 +1,66 @@
+"""E-mail addresses and URLs, read symbol by symbol (点, 艾特, 斜杠 / dot, at, slash)."""
+
+from __future__ import annotations
+
+import re
+from typing import Final
+
+from .base import Lang
+from .kind import Groups, Kind
+from .numbers import en_digits, zh_digits
+
+_TLD: Final = "com|net|org|cn|io|ai|edu|gov|info|co|uk|de|jp|me|tv|cc|app|dev"
+_URL_TAIL: Final = r"[A-Za-z0-9\-._~/?#=&%+:]*[A-Za-z0-9/]"
+
+
+def _email(lang: Lang, raw: str) -> str:
+    words = {"zh": {".": "点", "@": "艾特", "_": "下划线", "-": "杠", "+": "加", "%": "百分号"},
+             "en": {".": "dot", "@": "at", "_": "underscore", "-": "dash", "+": "plus", "%": "percent"}}[lang]
+    out: list[str] = []
+    for part in re.findall(r"[A-Za-z]+|\d+|.", raw):
+        if part.isdigit():
+            out.append(zh_digits(part) if lang == "zh" else en_digits(part))
+        elif part in words:
+            out.append(words[part])
+        elif part.isalpha():
+            out.append(part)
+    return " ".join(out)
+
+
+def _url(lang: Lang, raw: str) -> str:
+    body = re.sub(r"^https?://", "", raw)
+    words = {"zh": {".": "点", "/": "斜杠", "-": "杠", "_": "下划线", ":": "冒号", "?": "问号", "=": "等于",
+                    "&": "和", "#": "井号", "~": "波浪号", "%": "百分号", "+": "加"},
+             "en": {".": "dot", "/": "slash", "-": "dash", "_": "underscore", ":": "colon", "?": "question mark",
+                    "=": "equals", "&": "and", "#": "hash", "~": "tilde", "%": "percent", "+": "plus"}}[lang]
+    out: list[str] = []
+    for part in re.findall(r"[A-Za-z]+|\d+|.", body):
+        if part.isdigit():
+            out.append(zh_digits(part) if lang == "zh" else en_digits(part))
+        elif part.isalpha():
+            out.append(part)
+        elif part in words:
+            out.append(words[part])
+    return " ".join(out)
+
+
+def _h_email(lang: Lang, g: Groups, before: str, after: str) -> str:
+    return _email(lang, g("email"))
+
+
+def _h_url(lang: Lang, g: Groups, before: str, after: str) -> str:
+    return _url(lang, g("url"))
+
+
+EMAIL: Final = Kind(
+    "email",
+    r"(?<![A-Za-z0-9._%+-])(?P<email>[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,})",
+    _h_email, first=r"[A-Za-z0-9._%+-]")
+
+
+URL: Final = Kind(
+    "url",
+    rf"(?P<url>(?:https?://|www\.){_URL_TAIL}"
+    rf"|(?<![A-Za-z0-9.@/_-])(?:[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?\.)+(?:{_TLD})(?![A-Za-z0-9-])"
+    rf"(?:/{_URL_TAIL})?)",
+    _h_url, first=r"[A-Za-z0-9]")
