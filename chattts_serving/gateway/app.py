@@ -40,6 +40,7 @@ from ..errors import ErrorKind
 from ..text.voices import OPENAI_VOICES, VoiceBook
 from .errors import AUTHENTICATION, INVALID_REQUEST, SERVER_ERROR, ApiError, busy_refusal, from_client_error
 from .metrics import CONTENT_TYPE, GatewayMetrics
+from .omni_ws import serve_stream
 from .settings import GatewaySettings
 from .speech import (
     EncodedStream,
@@ -51,7 +52,7 @@ from .speech import (
     output_format,
     sentence_event,
 )
-from .ws import WS_PATH, page_html, serve_speech_stream
+from .ws import WS_PATH, page_html
 
 log = logging.getLogger("chattts_serving.gateway")
 
@@ -221,8 +222,9 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
 
     @app.websocket(WS_PATH)
     async def speech_stream(websocket: WebSocket) -> None:
-        """Text deltas in, sentence by sentence audio out (:mod:`.ws`)."""
-        await serve_speech_stream(websocket, cfg, clients["triton"], metrics, live, busy)
+        """Text deltas in, sentence by sentence audio out: this gateway's dialect (:mod:`.ws`) or
+        vLLM-Omni's (:mod:`.omni_ws`), told apart by the first message."""
+        await serve_stream(websocket, cfg, clients["triton"], metrics, live, busy)
 
     @app.get("/", include_in_schema=False)
     async def page() -> HTMLResponse:

@@ -53,7 +53,7 @@ from pydantic import ValidationError
 
 from .. import contract
 from ..audio import formats as audio_format
-from ..client import AioStreamClient, ClientError, StreamPart
+from ..client import AioStreamClient, ClientError, StreamPart, SynthesisRequest
 from ..errors import ErrorKind
 from ..text.sentences import SentenceSplitter
 from .errors import AUTHENTICATION, INVALID_REQUEST, SERVER_ERROR, ApiError, from_client_error
@@ -391,12 +391,16 @@ class SpeechStream:
             await self.jobs.put(job)
             index += 1
 
+    def _request(self, body: SpeechRequest, job: _Sentence) -> SynthesisRequest:
+        """The ``chattts`` request of sentence ``job``: the start message's fields with the
+        sentence as ``input``. Raises ApiError (:func:`.speech.build_request`)."""
+        request = build_request(body.model_copy(update={"input": job.text}), self.cfg.models, self.cfg.max_input_chars)
+        return dataclasses.replace(request, request_id=f"{self.request_id}-{job.index}")
+
     async def _produce(self, body: SpeechRequest, job: _Sentence) -> None:
         """Pull one sentence's Triton stream into its bounded queue (a full queue pauses the pull)."""
         try:
-            request = build_request(body.model_copy(update={"input": job.text}), self.cfg.models,
-                                    self.cfg.max_input_chars)
-            request = dataclasses.replace(request, request_id=f"{self.request_id}-{job.index}")
+            request = self._request(body, job)
             async with contextlib.aclosing(self.client.stream(
                     request, idle_timeout_s=self.cfg.stream_idle_timeout_s,
                     max_duration_s=self.cfg.stream_max_s)) as parts:
