@@ -41,6 +41,7 @@ from ..text.voices import OPENAI_VOICES, VoiceBook
 from .errors import AUTHENTICATION, INVALID_REQUEST, SERVER_ERROR, ApiError, busy_refusal, from_client_error
 from .metrics import CONTENT_TYPE, GatewayMetrics
 from .omni_ws import serve_stream
+from .saved_voices import SavedVoices, VoiceUpload, lookup, prepare_voice, save, unavailable
 from .settings import GatewaySettings
 from .speech import (
     EncodedStream,
@@ -52,6 +53,7 @@ from .speech import (
     output_format,
     sentence_event,
 )
+from .voice_store import NAME_PATTERN, StoreUnavailable, VoiceStore
 from .ws import WS_PATH, page_html
 
 log = logging.getLogger("chattts_serving.gateway")
@@ -97,7 +99,9 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
     Raises :class:`~chattts_serving.text.voices.VoiceError` when the voices file is malformed.
     """
     cfg = settings if settings is not None else GatewaySettings.from_env()
-    voices = _voice_list(VoiceBook.load(cfg.voices_file) if cfg.voices_file is not None else VoiceBook())
+    book = VoiceBook.load(cfg.voices_file) if cfg.voices_file is not None else VoiceBook()
+    voices = _voice_list(book)
+    saved = SavedVoices(VoiceStore(cfg.voice_store), book)
     metrics = GatewayMetrics()
     live = {"streams": 0}
     clients: dict[str, AioStreamClient] = {}
@@ -115,6 +119,7 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
             if "triton" in watches:
                 await watches.pop("triton").close()
             await clients.pop("triton").close()
+            saved.store.close()
 
     def busy() -> ApiError | None:
         """The 503 this gateway answers itself now, if any (:func:`.errors.busy_refusal`)."""
@@ -216,15 +221,53 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
     @app.get("/v1/voices", dependencies=[Depends(authorize)], include_in_schema=False)
     async def list_voices() -> dict[str, Any]:
         """Every voice name ``voice`` accepts (``{"voices": [{"id", "name"}]}``, the shape Open
-        WebUI reads): the built-in names and the voices file's. Integer seeds and ChatTTS
-        ``spk_emb`` strings are accepted too and not listed."""
-        return {"voices": voices}
+        WebUI reads): the built-in names, the voices file's, then the saved ones, which
+        ``saved_voices`` describes (:meth:`.voice_store.SavedVoice.describe`). Integer seeds and
+        ChatTTS ``spk_emb`` strings are accepted too and not listed. 503 when the store of
+        saved voices is unavailable."""
+        try:
+            stored = await anyio.to_thread.run_sync(saved.store.list)
+        except StoreUnavailable as exc:
+            raise unavailable(exc) from None
+        return {"voices": voices + [{"id": v.name, "name": v.name} for v in stored],
+                "saved_voices": [v.describe() for v in stored]}
+
+    @app.post("/v1/audio/voices", dependencies=[Depends(authorize)], status_code=201)
+    async def save_voice(upload: VoiceUpload) -> dict[str, Any]:
+        """Save a voice under a name (:mod:`.saved_voices`): 201 with its description; 400 for
+        a bad upload, 409 for a name taken, 503 when Triton or the store is unavailable."""
+        voice = await prepare_voice(upload, book, clients["triton"], cfg.triton_url)
+        return {"voice": (await save(saved.store, voice)).describe()}
+
+    @app.get("/v1/audio/voices/{name}", dependencies=[Depends(authorize)])
+    async def get_voice(name: str) -> dict[str, Any]:
+        """A saved voice with the Triton inputs it stands for (``inputs``: ``voice``, and
+        ``spk_smp`` with ``reference_text`` for an audio prompt), for clients of the Triton door."""
+        voice = await lookup(saved.store, name) if NAME_PATTERN.fullmatch(name) else None
+        if voice is None:
+            raise ApiError(404, f"no saved voice named '{name}'", INVALID_REQUEST, param="name",
+                           code="voice_not_found")
+        return {**voice.describe(), "inputs": voice.request_fields()}
+
+    @app.delete("/v1/audio/voices/{name}", dependencies=[Depends(authorize)])
+    async def delete_voice(name: str) -> dict[str, Any]:
+        """Remove a saved voice: 200, or 404 when there is none of that name; requests already
+        speaking with it finish with it."""
+        try:
+            gone = NAME_PATTERN.fullmatch(name) is not None and await anyio.to_thread.run_sync(saved.store.delete,
+                                                                                               name)
+        except StoreUnavailable as exc:
+            raise unavailable(exc) from None
+        if not gone:
+            raise ApiError(404, f"no saved voice named '{name}'", INVALID_REQUEST, param="name",
+                           code="voice_not_found")
+        return {"deleted": True, "name": name.lower()}
 
     @app.websocket(WS_PATH)
     async def speech_stream(websocket: WebSocket) -> None:
         """Text deltas in, sentence by sentence audio out: this gateway's dialect (:mod:`.ws`) or
         vLLM-Omni's (:mod:`.omni_ws`), told apart by the first message."""
-        await serve_stream(websocket, cfg, clients["triton"], metrics, live, busy)
+        await serve_stream(websocket, cfg, clients["triton"], metrics, live, busy, saved)
 
     @app.get("/", include_in_schema=False)
     async def page() -> HTMLResponse:
@@ -239,6 +282,9 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
         request_id = http_request.headers.get(REQUEST_ID_HEADER, "")
         if not _REQUEST_ID.fullmatch(request_id):
             request_id = uuid.uuid4().hex
+        fields = body.model_dump(exclude_none=True)
+        if (resolved := await saved.resolve(fields)) is not fields:  # a saved voice's name
+            body = SpeechRequest.model_validate(resolved)
         request = dataclasses.replace(build_request(body, cfg.models, cfg.max_input_chars), request_id=request_id)
         info = output_format(body)
         if (refusal := busy()) is not None:  # again: other requests may have filled it since _BusyDoor

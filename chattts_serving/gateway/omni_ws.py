@@ -60,10 +60,22 @@ from ..errors import ErrorKind
 from ..text.sentences import SentenceSplitter
 from .errors import INVALID_REQUEST, SERVER_ERROR, ApiError, from_client_error
 from .metrics import GatewayMetrics
+from .saved_voices import SavedVoices
 from .settings import GatewaySettings
 from .speech import NO_VOICE, OFFLOADED_FORMATS, SpeechRequest, build_request, output_format
 from .timings import SentenceTiming
-from .ws import SUBPROTOCOL, ClientGone, Close, SpeechStream, StreamEnd, _Sentence, offered_key
+from .ws import (
+    CLOSE_FOR_KIND,
+    SUBPROTOCOL,
+    ClientGone,
+    Close,
+    SpeechStream,
+    StreamEnd,
+    _Sentence,
+    error_fields,
+    event,
+    offered_key,
+)
 
 log = logging.getLogger("chattts_serving.gateway.omni_ws")
 
@@ -274,9 +286,10 @@ class OmniStream(SpeechStream):
 
     def __init__(self, websocket: WebSocket, cfg: GatewaySettings, client: AioStreamClient,
                  metrics: GatewayMetrics, live: dict[str, int], busy: Callable[[], ApiError | None],
-                 first: dict[str, Any]) -> None:
+                 first: dict[str, Any], saved: SavedVoices | None = None) -> None:
         super().__init__(websocket, cfg, client, metrics, live, busy)
         self.first = first
+        self.saved = saved
         self.session: Session | None = None
         self.utterance = 0
         self.delivered = 0
@@ -289,7 +302,7 @@ class OmniStream(SpeechStream):
         status = "cancelled"
         try:
             try:
-                self.session = parse_config(self.first, self.cfg)
+                self.session = await self._config(self.first)
                 if (refusal := self.busy()) is not None:
                     raise StreamEnd(Close.TRY_AGAIN, refusal)
                 self.live["streams"] += 1
@@ -382,7 +395,7 @@ class OmniStream(SpeechStream):
             kind = msg.get("type")
             if kind == CONFIG_TYPE:
                 try:
-                    self.session = parse_config(msg, self.cfg)
+                    self.session = await self._config(msg)
                 except ApiError as exc:
                     await self._error(exc)  # the previous config stays
             elif kind == "input.text":
@@ -398,6 +411,16 @@ class OmniStream(SpeechStream):
                 raise _Close()
             else:
                 await self._error(_invalid(f"Unknown message type: {kind}", "type"))
+
+    async def _config(self, msg: dict[str, Any]) -> Session:
+        """:func:`parse_config` after a saved voice's name was resolved (once per config).
+        Raises ApiError."""
+        if self.saved is not None:
+            key = "voice" if msg.get("voice") is not None else "speaker"
+            msg = await self.saved.resolve(msg, key, "ref_text")
+            if msg.get(key) == NO_VOICE and key == "speaker":
+                msg = {**msg, "voice": NO_VOICE}
+        return parse_config(msg, self.cfg)
 
     async def _send_json(self, **fields: Any) -> None:
         await self._send_text(json.dumps(fields, ensure_ascii=False, separators=(",", ":")))
@@ -603,6 +626,15 @@ class _Replay:
         return getattr(self._ws, name)
 
 
+def _start_message(message: dict[str, Any]) -> dict[str, Any] | None:
+    """The JSON object of our dialect's ``start`` message, else None."""
+    try:
+        data = json.loads(message.get("text") or "")
+    except (json.JSONDecodeError, TypeError):
+        return None
+    return data if isinstance(data, dict) and data.get("type") == "start" else None
+
+
 def _dialect(message: dict[str, Any]) -> str:
     """'omni' when the first message is a ``session.config``, else 'chattts'."""
     text = message.get("text")
@@ -616,11 +648,14 @@ def _dialect(message: dict[str, Any]) -> str:
 
 
 async def serve_stream(websocket: WebSocket, cfg: GatewaySettings, client: AioStreamClient, metrics: GatewayMetrics,
-                       live: dict[str, int], busy: Callable[[], ApiError | None]) -> None:
+                       live: dict[str, int], busy: Callable[[], ApiError | None],
+                       saved: SavedVoices | None = None) -> None:
     """Serve one ``/v1/audio/speech/stream`` connection in the dialect its first message
     speaks: ``session.config`` is vLLM-Omni's (:class:`OmniStream`), anything else this
     gateway's own (:class:`.ws.SpeechStream`, which answers a malformed first message). A
-    client without the API key (when one is set) goes to the latter unread, which refuses it."""
+    client without the API key (when one is set) goes to the latter unread, which refuses it.
+    A saved voice (``saved``) named in the start message or a config is resolved here, once
+    for the stream (:func:`.saved_voices.resolve`)."""
     offered = websocket.scope.get("subprotocols") or []
     await websocket.accept(subprotocol=SUBPROTOCOL if SUBPROTOCOL in offered else None)
     key = cfg.api_key
@@ -634,6 +669,17 @@ async def serve_stream(websocket: WebSocket, cfg: GatewaySettings, client: AioSt
         if first.get("type") == "websocket.disconnect":
             return
         if _dialect(first) == "omni":
-            await OmniStream(websocket, cfg, client, metrics, live, busy, json.loads(first["text"])).run()
+            await OmniStream(websocket, cfg, client, metrics, live, busy, json.loads(first["text"]), saved).run()
             return
+        if saved is not None and (start := _start_message(first)) is not None:
+            try:
+                resolved = await saved.resolve(start)
+            except ApiError as exc:
+                code = CLOSE_FOR_KIND[exc.kind]
+                with contextlib.suppress(Exception):
+                    await websocket.send_text(event("error", **error_fields(exc, code == Close.TRY_AGAIN)))
+                    await websocket.close(int(code), reason=code.name.lower())
+                return
+            if resolved is not start:
+                first = {**first, "text": json.dumps(resolved, ensure_ascii=False)}
     await SpeechStream(cast(WebSocket, _Replay(websocket, first)), cfg, client, metrics, live, busy).run()
