@@ -2,7 +2,7 @@
 that tells it from this gateway's own dialect (:mod:`.ws`) by the client's first message.
 
 The dialect, as vLLM-Omni's handler and docs define it (``serving_speech_stream.py`` and
-``docs/serving/speech_api.md``, "Streaming Text Input (WebSocket)"; docs/websocket-dialects.md
+``docs/serving/speech_api.md``, "Streaming Text Input (WebSocket)"; docs/protocols.md
 in this repository has the table)::
 
     client: {"type": "session.config", ...}        first (again between utterances to change it)
