@@ -28,7 +28,14 @@ from chattts_serving.audio.formats import to_pcm16
 from chattts_serving.audio.reference import decode_spk_smp
 from chattts_serving.client import SynthesisRequest, iter_chunks
 from chattts_serving.gateway import GatewaySettings
-from chattts_serving.gateway.voice_store import DuplicateVoice, SavedVoice, StoreUnavailable, VoiceStore
+from chattts_serving.gateway.voice_store import (
+    DuplicateVoice,
+    SavedVoice,
+    StoreUnavailable,
+    VoiceStore,
+    default_store_url,
+    redact,
+)
 from chattts_serving.gateway.ws import WS_PATH, Close
 
 TOKENS = 16
@@ -65,6 +72,20 @@ def test_the_sqlite_default_needs_no_setup_and_keeps_voices_across_restarts(tmp_
     assert got is not None and got.name == "narrator2" and got.speaker == "42" and got.created_at > 0
     assert [v.name for v in again.list()] == ["narrator2"]
     assert again.delete("narrator2") and not again.delete("narrator2") and again.get("narrator2") is None
+
+
+def test_the_default_store_is_a_sqlite_file_in_the_users_data_directory(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("CHATTTS_VOICE_STORE", raising=False)
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
+    url = default_store_url()
+    assert url == f"sqlite:///{tmp_path / 'data' / 'chattts-serving' / 'voices.sqlite3'}"
+    assert GatewaySettings().voice_store == url
+    VoiceStore(url).add(SavedVoice("first", "seed", speaker="1"))  # the directory is made on first use
+    assert (tmp_path / "data" / "chattts-serving" / "voices.sqlite3").is_file()
+    monkeypatch.setenv("CHATTTS_VOICE_STORE", "postgresql+psycopg://u:p@db/voices")
+    assert GatewaySettings.from_env().voice_store == "postgresql+psycopg://u:p@db/voices"
+    assert redact(default_store_url()) == "postgresql+psycopg://u:***@db/voices"
 
 
 def test_an_unreachable_database_is_store_unavailable_not_a_crash(tmp_path: Path) -> None:
