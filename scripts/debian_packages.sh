@@ -8,6 +8,9 @@
 #   chromium        the headless browser that plays the gateway's page in
 #                   tests/test_gateway_page.py (Playwright drives it; its own download is
 #                   not reachable); fonts-wqy-microhei draws the page's Chinese text
+#   postgresql      a throwaway PostgreSQL server for tests/test_saved_voices.py (the saved
+#                   voices' shared store; the tests start it with initdb + pg_ctl in a temp
+#                   directory); the gateway itself needs only a URL to one
 #
 #   scripts/debian_packages.sh              install what is missing (apt-get, as root)
 #   scripts/debian_packages.sh --check      list what is missing; exit 1 if anything is
@@ -19,7 +22,7 @@ set -euo pipefail
 mode=${1:-install}
 case "$mode" in install|--check|--simulate) ;; *) echo "usage: $0 [--check|--simulate]" >&2; exit 2;; esac
 
-PACKAGES=(libpython3.11 prometheus chromium fonts-wqy-microhei)
+PACKAGES=(libpython3.11 prometheus chromium fonts-wqy-microhei postgresql)
 
 present() {  # present PACKAGE: whether what the project uses of it is on this machine
   case "$1" in
@@ -27,6 +30,7 @@ present() {  # present PACKAGE: whether what the project uses of it is on this m
     prometheus) command -v promtool >/dev/null 2>&1 && [ -x /usr/bin/prometheus ] ;;
     chromium) [ -x /usr/bin/chromium ] ;;
     fonts-wqy-microhei) [ -f /usr/share/fonts/truetype/wqy/wqy-microhei.ttc ] ;;
+    postgresql) compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null ;;
   esac
 }
 

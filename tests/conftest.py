@@ -123,6 +123,23 @@ def serve_profile(artifacts: Artifacts, work: Path, **changes: dict[str, Any]) -
     return srv.start()
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _private_voice_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Gateways the tests start keep saved voices in a SQLite file of this session (the
+    default store is a file in the user's home, which a developer's own voices would share)."""
+    import os
+
+    old = os.environ.get("CHATTTS_VOICE_STORE")
+    os.environ["CHATTTS_VOICE_STORE"] = f"sqlite:///{tmp_path_factory.mktemp('voice-store') / 'voices.sqlite3'}"
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("CHATTTS_VOICE_STORE", None)
+        else:
+            os.environ["CHATTTS_VOICE_STORE"] = old
+
+
 @pytest.fixture(scope="session")
 def small_weights() -> Path:
     """A generated small-config checkpoint in ChatTTS' published layout."""

@@ -375,7 +375,7 @@ def test_compose_config_with_the_docker_cli() -> None:
 def test_compose_stack_serves_triton_on_one_gpu_with_monitoring() -> None:
     compose = _compose()
     services = compose["services"]
-    assert set(services) == {"export", "triton", "gateway", "prometheus", "grafana"}
+    assert set(services) == {"export", "triton", "gateway", "prometheus", "grafana", "voices-db"}
 
     triton = services["triton"]
     build = triton["build"]
@@ -400,7 +400,7 @@ def test_compose_stack_serves_triton_on_one_gpu_with_monitoring() -> None:
     assert "artifacts:/models" in export["volumes"]
     assert triton["depends_on"]["export"]["required"] is False
 
-    for name in ("prometheus", "grafana"):
+    for name in ("prometheus", "grafana", "voices-db"):
         image = services[name]["image"]
         repo, _, tag = image.rpartition(":")
         assert repo and tag and tag != "latest", f"{name} image must be pinned, not {image!r}"
@@ -452,6 +452,33 @@ def test_compose_runs_the_gateway_from_the_server_image_in_front_of_triton() -> 
     assert "8080/health" in " ".join(gateway["healthcheck"]["test"])
     scrape = {job["job_name"]: job for job in _load_yaml(PROMETHEUS / "prometheus.yml")["scrape_configs"]}
     assert scrape["gateway"]["static_configs"][0]["targets"] == ["gateway:8080"]
+
+
+def test_compose_gateways_share_saved_voices_in_the_postgresql_service() -> None:
+    services = _compose()["services"]
+    gateway, db = services["gateway"], services["voices-db"]
+    url = gateway["environment"]["CHATTTS_VOICE_STORE"]
+    env = db["environment"]
+    assert url == (f"postgresql+psycopg://{env['POSTGRES_USER']}:{env['POSTGRES_PASSWORD']}@voices-db:5432/"
+                   f"{env['POSTGRES_DB']}")
+    assert gateway["depends_on"]["voices-db"]["condition"] == "service_healthy"
+    assert "pg_isready" in db["healthcheck"]["test"]
+    assert any(v.startswith("voices-db:/var/lib/postgresql/data") for v in db["volumes"])
+
+
+def test_k8s_gateways_read_the_store_url_from_the_secret_the_database_uses() -> None:
+    gateway = _pod_spec(_k8s_object("Deployment", "chattts-gateway"))["containers"][0]
+    store = next(e for e in gateway["env"] if e["name"] == "CHATTTS_VOICE_STORE")
+    assert store["valueFrom"]["secretKeyRef"] == {"name": "chattts-voices-db", "key": "url", "optional": True}
+    db = _k8s_object("StatefulSet", "chattts-voices-db")
+    (postgres,) = _pod_spec(db)["containers"]
+    password = next(e for e in postgres["env"] if e["name"] == "POSTGRES_PASSWORD")
+    assert password["valueFrom"]["secretKeyRef"] == {"name": "chattts-voices-db", "key": "password"}
+    service = _k8s_object("Service", "chattts-voices-db")
+    assert service["spec"]["selector"] == db["spec"]["selector"]["matchLabels"]
+    assert service["spec"]["ports"][0]["port"] == 5432 and db["spec"]["serviceName"] == "chattts-voices-db"
+    assert ":" in postgres["image"] and not postgres["image"].endswith(":latest")
+    assert _pod_spec(db)["securityContext"]["runAsNonRoot"] is True
 
 
 # ----------------------------------------------------------------------------- Kubernetes

@@ -252,7 +252,9 @@ def test_an_unspeakable_sentence_gets_its_error_event_and_the_stream_goes_on(gat
         conv.events
     error = conv.events[1]
     assert (error["index"], error["kind"], error["retryable"]) == (0, "invalid", False) and error["message"]
-    assert conv.events[2] == {"type": "sentence_done", "index": 0, "audio_s": 0.0, "first_audio_ms": None}
+    assert conv.events[2] == {"type": "sentence_done", "index": 0, "audio_s": 0.0, "first_audio_ms": None,
+                              "start_samples": 0, "duration_samples": 0, "start_s": 0.0, "duration_s": 0.0,
+                              "sample_rate_hz": contract.SAMPLE_RATE_HZ}
     assert conv.close_code == Close.NORMAL and len(conv.audio[1]) == 2 * contract.samples_for_tokens(TOKENS)
 
 

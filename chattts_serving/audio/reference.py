@@ -25,6 +25,7 @@ transcript and sample rate, bounded LRU); a voices-file recording is read by
 from __future__ import annotations
 
 import hashlib
+import io
 import lzma
 import threading
 from collections import OrderedDict
@@ -247,10 +248,11 @@ def prepare_recording(audio: np.ndarray, rate_hz: int, limits: ReferenceLimits |
     return resample_to_model_rate(np.asarray(audio, np.float32), int(rate_hz))
 
 
-def load_recording(path: str | Path) -> tuple[np.ndarray, int]:
-    """A recording file (WAV, FLAC, MP3, ... whatever FFmpeg decodes, through PyAV) as
-    ((N,) float32 mono samples, sample rate in Hz); several channels are averaged to one.
-    Used for the recordings of a voices file (:mod:`chattts_serving.text.voices`).
+def load_recording(path: str | Path | bytes) -> tuple[np.ndarray, int]:
+    """A recording file (WAV, FLAC, MP3, ... whatever FFmpeg decodes, through PyAV), or its
+    bytes, as ((N,) float32 mono samples, sample rate in Hz); several channels are averaged to
+    one. Used for the recordings of a voices file (:mod:`chattts_serving.text.voices`) and for
+    uploaded ones (the gateway's saved voices).
 
     Raises:
         RecordingError: the file cannot be read or decoded, or holds no audio stream.
@@ -258,9 +260,11 @@ def load_recording(path: str | Path) -> tuple[np.ndarray, int]:
     import av
 
     try:
-        with av.open(str(path)) as container:
+        name = "the recording" if isinstance(path, bytes) else str(path)
+        source: io.BytesIO | str = io.BytesIO(path) if isinstance(path, bytes) else str(path)
+        with av.open(source, mode="r") as container:
             if not container.streams.audio:
-                raise RecordingError(f"{path} holds no audio stream")
+                raise RecordingError(f"{name} holds no audio stream")
             stream = container.streams.audio[0]
             rate = int(stream.codec_context.sample_rate)
             parts = []
@@ -274,7 +278,8 @@ def load_recording(path: str | Path) -> tuple[np.ndarray, int]:
     except RecordingError:
         raise
     except Exception as exc:  # FileNotFoundError, av.error.*: several types
-        raise RecordingError(f"cannot read the recording {path}: {exc}") from None
+        raise RecordingError(f"cannot read {'the recording' if isinstance(path, bytes) else f'the recording {path}'}: "
+                             f"{exc}") from None
     audio = np.concatenate(parts).astype(np.float32) if parts else np.zeros(0, np.float32)
     return audio, rate
 

@@ -25,6 +25,7 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any, Final
 
 import grpc
+import numpy as np
 import tritonclient.grpc.aio as grpcaio
 from tritonclient.utils import InferenceServerException
 
@@ -88,6 +89,43 @@ class AioStreamClient:
             return bool(await self._client.is_server_ready(client_timeout=timeout_s))
         except (InferenceServerException, grpc.RpcError, OSError):
             return False
+
+    async def audio_prompt(self, *, voice: str = "", text: str = "", reference_audio: np.ndarray | None = None,
+                           reference_rate_hz: int = contract.SAMPLE_RATE_HZ, reference_text: str | None = None,
+                           no_speaker: bool = False, timeout_s: float = 60.0) -> np.ndarray:
+        """Ask the front-end model (``chattts_frontend``) what it makes of a voice and a
+        reference recording: the audio-prompt codes (P, 4) int32 of ``reference_audio`` (the
+        DVAE encoder's; (0, 4) without one) after the front end checked the voice, the
+        recording (limits, rate) and its transcript. ``text``: a sentence to prepare with
+        them (default: the transcript, else a placeholder).
+
+        Raises :class:`ClientError`: the front end refused something (kind INVALID, ``param``
+        the input at fault), or Triton could not be reached (``connection=True``).
+        """
+        def tensor(name: str, arr: np.ndarray, dtype: str) -> grpcaio.InferInput:
+            inp = grpcaio.InferInput(name, list(arr.shape), dtype)
+            inp.set_data_from_numpy(arr)
+            return inp
+
+        def string(name: str, value: str) -> grpcaio.InferInput:
+            return tensor(name, np.array([value.encode("utf-8")], dtype=np.object_), "BYTES")
+
+        inputs = [string(contract.IN_TEXT.name, text or reference_text or "好。"),
+                  string(contract.IN_VOICE.name, voice),
+                  tensor(contract.FE_NO_SPEAKER.name, np.array([no_speaker]), "BOOL")]
+        if reference_text is not None:
+            inputs.append(string(contract.IN_REFERENCE_TEXT.name, reference_text))
+        if reference_audio is not None:
+            inputs += [tensor(contract.IN_REFERENCE_AUDIO.name, np.ascontiguousarray(reference_audio, np.float32),
+                              "FP32"),
+                       tensor(contract.IN_REFERENCE_RATE.name, np.array([reference_rate_hz], np.int32), "INT32")]
+        try:
+            result = await self._client.infer(contract.MODEL_FRONTEND, inputs, client_timeout=timeout_s,
+                                              outputs=[grpcaio.InferRequestedOutput(contract.FE_PROMPT_CODES.name)])
+        except (InferenceServerException, grpc.RpcError, OSError) as exc:
+            raise self._error(exc) from None
+        codes = result.as_numpy(contract.FE_PROMPT_CODES.name)
+        return np.zeros((0, contract.NUM_VQ), np.int32) if codes is None else np.asarray(codes, np.int32)
 
     def _error(self, exc: BaseException) -> ClientError:
         if isinstance(exc, grpc.aio.AioRpcError):

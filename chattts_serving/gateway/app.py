@@ -12,6 +12,7 @@ speech request with 503 and ``Retry-After`` before its body is read, parsed or f
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import hmac
 import json
@@ -39,9 +40,21 @@ from ..errors import ErrorKind
 from ..text.voices import OPENAI_VOICES, VoiceBook
 from .errors import AUTHENTICATION, INVALID_REQUEST, SERVER_ERROR, ApiError, busy_refusal, from_client_error
 from .metrics import CONTENT_TYPE, GatewayMetrics
+from .omni_ws import serve_stream
+from .saved_voices import SavedVoices, VoiceUpload, lookup, prepare_voice, save, unavailable
 from .settings import GatewaySettings
-from .speech import EncodedStream, SpeechRequest, build_request, delta_event, done_event, error_event
-from .ws import WS_PATH, page_html, serve_speech_stream
+from .speech import (
+    EncodedStream,
+    SpeechRequest,
+    build_request,
+    delta_event,
+    done_event,
+    error_event,
+    output_format,
+    sentence_event,
+)
+from .voice_store import NAME_PATTERN, StoreUnavailable, VoiceStore
+from .ws import WS_PATH, page_html
 
 log = logging.getLogger("chattts_serving.gateway")
 
@@ -86,7 +99,9 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
     Raises :class:`~chattts_serving.text.voices.VoiceError` when the voices file is malformed.
     """
     cfg = settings if settings is not None else GatewaySettings.from_env()
-    voices = _voice_list(VoiceBook.load(cfg.voices_file) if cfg.voices_file is not None else VoiceBook())
+    book = VoiceBook.load(cfg.voices_file) if cfg.voices_file is not None else VoiceBook()
+    voices = _voice_list(book)
+    saved = SavedVoices(VoiceStore(cfg.voice_store), book)
     metrics = GatewayMetrics()
     live = {"streams": 0}
     clients: dict[str, AioStreamClient] = {}
@@ -104,6 +119,7 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
             if "triton" in watches:
                 await watches.pop("triton").close()
             await clients.pop("triton").close()
+            saved.store.close()
 
     def busy() -> ApiError | None:
         """The 503 this gateway answers itself now, if any (:func:`.errors.busy_refusal`)."""
@@ -205,14 +221,53 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
     @app.get("/v1/voices", dependencies=[Depends(authorize)], include_in_schema=False)
     async def list_voices() -> dict[str, Any]:
         """Every voice name ``voice`` accepts (``{"voices": [{"id", "name"}]}``, the shape Open
-        WebUI reads): the built-in names and the voices file's. Integer seeds and ChatTTS
-        ``spk_emb`` strings are accepted too and not listed."""
-        return {"voices": voices}
+        WebUI reads): the built-in names, the voices file's, then the saved ones, which
+        ``saved_voices`` describes (:meth:`.voice_store.SavedVoice.describe`). Integer seeds and
+        ChatTTS ``spk_emb`` strings are accepted too and not listed. 503 when the store of
+        saved voices is unavailable."""
+        try:
+            stored = await anyio.to_thread.run_sync(saved.store.list)
+        except StoreUnavailable as exc:
+            raise unavailable(exc) from None
+        return {"voices": voices + [{"id": v.name, "name": v.name} for v in stored],
+                "saved_voices": [v.describe() for v in stored]}
+
+    @app.post("/v1/audio/voices", dependencies=[Depends(authorize)], status_code=201)
+    async def save_voice(upload: VoiceUpload) -> dict[str, Any]:
+        """Save a voice under a name (:mod:`.saved_voices`): 201 with its description; 400 for
+        a bad upload, 409 for a name taken, 503 when Triton or the store is unavailable."""
+        voice = await prepare_voice(upload, book, clients["triton"], cfg.triton_url)
+        return {"voice": (await save(saved.store, voice)).describe()}
+
+    @app.get("/v1/audio/voices/{name}", dependencies=[Depends(authorize)])
+    async def get_voice(name: str) -> dict[str, Any]:
+        """A saved voice with the Triton inputs it stands for (``inputs``: ``voice``, and
+        ``spk_smp`` with ``reference_text`` for an audio prompt), for clients of the Triton door."""
+        voice = await lookup(saved.store, name) if NAME_PATTERN.fullmatch(name) else None
+        if voice is None:
+            raise ApiError(404, f"no saved voice named '{name}'", INVALID_REQUEST, param="name",
+                           code="voice_not_found")
+        return {**voice.describe(), "inputs": voice.request_fields()}
+
+    @app.delete("/v1/audio/voices/{name}", dependencies=[Depends(authorize)])
+    async def delete_voice(name: str) -> dict[str, Any]:
+        """Remove a saved voice: 200, or 404 when there is none of that name; requests already
+        speaking with it finish with it."""
+        try:
+            gone = NAME_PATTERN.fullmatch(name) is not None and await anyio.to_thread.run_sync(saved.store.delete,
+                                                                                               name)
+        except StoreUnavailable as exc:
+            raise unavailable(exc) from None
+        if not gone:
+            raise ApiError(404, f"no saved voice named '{name}'", INVALID_REQUEST, param="name",
+                           code="voice_not_found")
+        return {"deleted": True, "name": name.lower()}
 
     @app.websocket(WS_PATH)
     async def speech_stream(websocket: WebSocket) -> None:
-        """Text deltas in, sentence by sentence audio out (:mod:`.ws`)."""
-        await serve_speech_stream(websocket, cfg, clients["triton"], metrics, live, busy)
+        """Text deltas in, sentence by sentence audio out: this gateway's dialect (:mod:`.ws`) or
+        vLLM-Omni's (:mod:`.omni_ws`), told apart by the first message."""
+        await serve_stream(websocket, cfg, clients["triton"], metrics, live, busy, saved)
 
     @app.get("/", include_in_schema=False)
     async def page() -> HTMLResponse:
@@ -227,14 +282,18 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
         request_id = http_request.headers.get(REQUEST_ID_HEADER, "")
         if not _REQUEST_ID.fullmatch(request_id):
             request_id = uuid.uuid4().hex
+        fields = body.model_dump(exclude_none=True)
+        if (resolved := await saved.resolve(fields)) is not fields:  # a saved voice's name
+            body = SpeechRequest.model_validate(resolved)
         request = dataclasses.replace(build_request(body, cfg.models, cfg.max_input_chars), request_id=request_id)
-        info = audio_format.format_info(body.response_format)
+        info = output_format(body)
         if (refusal := busy()) is not None:  # again: other requests may have filled it since _BusyDoor
             raise refusal
         live["streams"] += 1
         metrics.in_flight.inc()
         stream = EncodedStream(clients["triton"].stream(request, idle_timeout_s=cfg.stream_idle_timeout_s,
-                                                        max_duration_s=cfg.stream_max_s), info.name)
+                                                        max_duration_s=cfg.stream_max_s),
+                               body.response_format, body.sample_rate, body.container)
         try:  # wait for the first audio, so that refusals get their HTTP status
             first = await stream.next_bytes()
         except BaseException as exc:
@@ -254,7 +313,9 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
         if stream.info.get("dropped"):
             headers[DROPPED_HEADER] = json.dumps(stream.info["dropped"])
         relay = _Relay(stream, first, body.stream_format == "sse", len(body.input), request_id, t0, cfg.triton_url,
-                       metrics, live)
+                       metrics, live, timings=bool(body.sentence_timings))
+        if body.sentence_timings and not relay.sse:
+            return await _timed_response(relay, info, headers)
         return _RelayResponse(relay, media_type="text/event-stream" if relay.sse else info.media_type,
                               headers=headers)
 
@@ -284,11 +345,15 @@ class _Relay:
     stream, the in-flight count, the request's metrics) exactly once, however it ends."""
 
     def __init__(self, stream: EncodedStream, first: bytes | None, sse: bool, input_chars: int, request_id: str,
-                 t0: float, url: str, metrics: GatewayMetrics, live: dict[str, int]) -> None:
+                 t0: float, url: str, metrics: GatewayMetrics, live: dict[str, int], timings: bool = False) -> None:
         self.stream, self.first, self.sse, self.input_chars = stream, first, sse, input_chars
+        self.timings = timings
+        """Send a ``speech.sentence`` event as each sentence's audio is complete (SSE)."""
         self.request_id, self.t0, self.url, self.metrics, self.live = request_id, t0, url, metrics, live
         self.status = "cancelled"
         """ok, error, or cancelled (the client went away first)."""
+        self.cut_error: ApiError | None = None
+        """The error that cut an audio body (:class:`StreamCut`)."""
         self._released = False
 
     async def body(self) -> AsyncIterator[bytes]:
@@ -297,6 +362,9 @@ class _Relay:
         try:
             data = self.first
             while data is not None:
+                if self.sse and self.timings:  # sentences that ended before this data's audio
+                    for timing in self.stream.take_sentences():
+                        yield sentence_event(timing)
                 if data:
                     yield delta_event(data) if self.sse else data
                 try:
@@ -310,8 +378,12 @@ class _Relay:
                     if self.sse:
                         yield error_event(error)
                         return
+                    self.cut_error = error
                     raise StreamCut(error.message) from None
             if self.sse:
+                if self.timings:
+                    for timing in self.stream.take_sentences():
+                        yield sentence_event(timing)
                 yield done_event(self.input_chars, self.stream.audio_tokens)
             self.status = "ok"
         finally:
@@ -353,6 +425,30 @@ class _RelayResponse(StreamingResponse):
         finally:
             with anyio.CancelScope(shield=True):
                 await self.relay.release()
+
+
+async def _timed_response(relay: _Relay, info: audio_format.FormatInfo, headers: dict[str, str]) -> JSONResponse:
+    """The whole synthesis as one JSON body (``sentence_timings`` without SSE): ``audio``
+    (base64 of the complete file or stream of the format), ``response_format``, ``container``,
+    ``sample_rate_hz``, ``samples`` and ``duration_s`` of the delivered audio, and
+    ``sentences`` (:meth:`.timings.SentenceTiming.as_dict` each). Waits for the end of the
+    synthesis, so that a failure has its status (nothing was sent yet)."""
+    parts: list[bytes] = []
+    try:
+        async for data in relay.body():
+            parts.append(data)
+    except StreamCut:
+        relay.status = "error"
+        raise relay.cut_error or ApiError(500, "synthesis failed", SERVER_ERROR, code="internal_error",
+                                          kind=ErrorKind.INTERNAL) from None
+    sentences = [t.as_dict() for t in relay.stream.take_sentences()]
+    samples = sum(t["duration_samples"] for t in sentences)
+    rate = info.sample_rate_hz
+    body = {"audio": base64.b64encode(b"".join(parts)).decode("ascii"), "response_format": info.name,
+            "container": "wav" if info.media_type == "audio/wav" else "raw", "media_type": info.media_type,
+            "sample_rate_hz": rate, "samples": samples, "duration_s": round(samples / rate, 4),
+            "sentences": sentences}
+    return JSONResponse(body, headers=headers)
 
 
 def _validation_api_error(exc: RequestValidationError) -> ApiError:

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Final
 
 from ..text.voices import ENV_VOICES, default_voices_path
+from .voice_store import ENV_VOICE_STORE, default_store_url
 
 ENV_API_KEY: Final = "CHATTTS_API_KEY"
 """Environment variable holding the API key; unset or empty: no authentication."""
@@ -80,6 +81,9 @@ OPTIONS: Final = (
     Option("voices_file", "--voices-file", ENV_VOICES, Path,
            "voices file listed by /v1/audio/voices: the server's (default: $CHATTTS_VOICES, else "
            "voices/voices.toml)"),
+    Option("voice_store", "--voice-store", ENV_VOICE_STORE, str.strip,
+           "SQLAlchemy URL of the saved voices (POST /v1/audio/voices): sqlite:///path or "
+           "postgresql+psycopg://user:password@host/db (default: a SQLite file in ~/.local/share/chattts-serving)"),
     Option("ws_idle_flush_s", "--ws-idle-flush-s", "CHATTTS_GATEWAY_WS_IDLE_FLUSH_S", float,
            "WebSocket stream: an unfinished sentence is spoken after no text came for this long, s (1)"),
     Option("ws_lookahead", "--ws-lookahead", "CHATTTS_GATEWAY_WS_LOOKAHEAD", int,
@@ -112,7 +116,8 @@ class GatewaySettings:
     header of 503 answers, whole seconds. health_timeout_s: deadline of the readiness call to
     Triton, in seconds. cors_origins: origins browsers may call from ('*' for any); empty: no
     CORS. voices_file: the voices file ``GET /v1/audio/voices`` lists (None: built-in names
-    only). models: accepted ``model`` values.
+    only). models: accepted ``model`` values. voice_store: the SQLAlchemy URL of the saved
+    voices (:mod:`.voice_store`; SQLite by default, PostgreSQL for replicas that share them).
 
     The WebSocket stream (``/v1/audio/speech/stream``): ws_idle_flush_s: an unfinished sentence
     is synthesised after no text arrived for this many seconds. ws_lookahead: sentences whose
@@ -136,6 +141,7 @@ class GatewaySettings:
     cors_origins: tuple[str, ...] = ()
     voices_file: Path | None = field(default_factory=default_voices_path)
     models: tuple[str, ...] = field(default=DEFAULT_MODELS)
+    voice_store: str = field(default_factory=default_store_url)
     ws_idle_flush_s: float = 1.0
     ws_lookahead: int = 1
     ws_queue_chunks: int = 8

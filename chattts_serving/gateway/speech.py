@@ -24,11 +24,13 @@ from ..client import StreamPart, SynthesisRequest, read_wav
 from ..text.normalize import CONTROL_NUMBERED, DEFAULT_SPEED
 from ..text.request_text import length_error
 from .errors import INVALID_REQUEST, ApiError
+from .timings import SegmentClock, SentenceTiming
 
 MIN_SPEED: Final = 0.25
 MAX_SPEED: Final = 4.0
-RESPONSE_FORMATS: Final = ("mp3", "opus", "aac", "flac", "wav", "pcm", "float32")
-"""OpenAI's six formats plus ``float32`` (raw little-endian float samples, an extension)."""
+RESPONSE_FORMATS: Final = ("mp3", "opus", "aac", "flac", "wav", "pcm", "float32", "mulaw", "alaw")
+"""OpenAI's six formats plus ``float32`` (raw little-endian float samples) and G.711's
+``mulaw`` and ``alaw`` (8 kHz telephone audio), extensions."""
 NO_VOICE: Final = "none"
 """``voice`` (case-insensitive) for no speaker vector at all, with ``reference_audio`` or
 ``spk_smp`` only: the prompt has ``[empty_spk]`` (ChatTTS' zero-shot use, ``spk_emb=None``).
@@ -101,7 +103,10 @@ class SpeechRequest(BaseModel):
     language of numbers, units and symbols the text gives no context for), ``reference_audio`` (a reference recording:
     base64 of a PCM WAV file; a voice of the server's voices file may bring its own, by name in
     ``voice``), ``reference_text`` (its transcript), ``spk_smp`` (a ChatTTS audio-prompt string
-    instead of a recording).
+    instead of a recording), ``sample_rate`` (Hz, for pcm, wav, float32: one of
+    :data:`~chattts_serving.audio.formats.OUTPUT_RATES_HZ`), ``container`` ('raw' or 'wav', for
+    pcm, mulaw, alaw), ``sentence_timings`` (where each sentence starts in the audio:
+    ``speech.sentence`` events with ``stream_format`` 'sse', else a JSON body with the audio).
     ``voice`` is required, except with ``reference_audio`` or ``spk_smp``: omitted (or null, or
     :data:`NO_VOICE`) there, the prompt has no speaker vector (ChatTTS' zero-shot use).
     Unknown fields are ignored, as OpenAI's clients may send newer ones.
@@ -113,7 +118,9 @@ class SpeechRequest(BaseModel):
     input: Text
     voice: Annotated[Text | StrictInt | VoiceRef, Field(union_mode="left_to_right")] | None = None
     instructions: Text | None = None
-    response_format: Literal["mp3", "opus", "aac", "flac", "wav", "pcm", "float32"] = "mp3"
+    response_format: Literal["mp3", "opus", "aac", "flac", "wav", "pcm", "float32", "mulaw", "alaw"] = "mp3"
+    sample_rate: StrictInt | None = None
+    container: Literal["raw", "wav"] | None = None
     speed: Annotated[StrictFloat, Field(ge=MIN_SPEED, le=MAX_SPEED, allow_inf_nan=False)] | None = None
     stream_format: Literal["sse", "audio"] = "audio"
     seed: StrictInt | None = _param("seed")
@@ -132,6 +139,7 @@ class SpeechRequest(BaseModel):
     reference_text: Text | None = None
     spk_smp: Text | None = None
     language: Text | None = None
+    sentence_timings: StrictBool | None = None
 
     @property
     def voice_string(self) -> str | None:
@@ -216,6 +224,23 @@ def build_request(req: SpeechRequest, models: tuple[str, ...], max_input_chars: 
                             reference_text=req.reference_text, spk_smp=req.spk_smp, language=req.language)
 
 
+def output_format(req: SpeechRequest) -> audio_format.FormatInfo:
+    """What ``req`` delivers: its ``response_format`` at its ``sample_rate`` in its
+    ``container`` (:func:`chattts_serving.audio.formats.output_info`).
+
+    Raises:
+        ApiError: 400 for a combination the formats refuse (a rate outside
+            :data:`~chattts_serving.audio.formats.OUTPUT_RATES_HZ`, a rate for mp3, aac, flac
+            or opus other than their own, G.711 at another rate than 8000, ``container``
+            'wav' for a format that is not pcm or G.711); ``param`` names the field.
+    """
+    try:
+        return audio_format.output_info(req.response_format, req.sample_rate, req.container)
+    except audio_format.FormatError as exc:
+        param = "container" if req.container is not None and "container" in str(exc) else "sample_rate"
+        raise ApiError(400, f"{param}: {exc}", INVALID_REQUEST, param=param, code="invalid_value") from None
+
+
 OFFLOADED_FORMATS: Final = frozenset(name for name, info in audio_format.FORMATS.items()
                                       if info.bit_rate_bps is not None)
 """Formats encoded in a worker thread (the lossy codecs mp3, aac, opus): measured here
@@ -228,15 +253,21 @@ class EncodedStream:
     """One synthesis streamed from Triton and encoded on the fly, for one consumer task.
 
     ``parts``: the stream (e.g. :meth:`chattts_serving.client.AioStreamClient.stream`), which
-    this object closes; ``fmt``: a key of ``audio_format.FORMATS``.
+    this object closes; ``fmt``: a ``response_format``, delivered at ``sample_rate_hz`` in
+    ``container`` (:func:`chattts_serving.audio.formats.new_output_encoder`; raises its
+    FormatError). Sentence timings at the delivered rate: :attr:`sentences`.
     """
 
-    def __init__(self, parts: AsyncGenerator[StreamPart, None], fmt: str) -> None:
-        self.encoder = audio_format.new_encoder(fmt)
+    def __init__(self, parts: AsyncGenerator[StreamPart, None], fmt: str, sample_rate_hz: int | None = None,
+                 container: str | None = None) -> None:
+        self.encoder = audio_format.new_output_encoder(fmt, sample_rate_hz, container)
         self._offload = fmt in OFFLOADED_FORMATS
         self._parts = parts
         self.samples = 0
         """Samples received so far (at ``contract.SAMPLE_RATE_HZ``)."""
+        self.clock = SegmentClock(self.encoder.info.sample_rate_hz)
+        self.sentences: list[SentenceTiming] = []
+        """Sentences whose audio is complete, not yet taken (:meth:`take_sentences`)."""
         self.info: dict[str, Any] = {}
         """The server's ``info`` objects merged (``request_id``, ``dropped``, ...; see
         ``contract.INFO_HEADER_KEYS``): complete for the header once the first audio arrived."""
@@ -261,13 +292,21 @@ class EncodedStream:
                 return await self._encode(None)
             if part.info:
                 self.info.update(part.info)
+                self.clock.update(part.info)
+                self.sentences += self.clock.finished(self.samples, final=False)
             if not part.audio.size:
                 continue
             self.samples += int(part.audio.size)
             data = await self._encode(part.audio)
             if data:
                 return data
+        self.sentences += self.clock.finished(self.samples, final=True)  # after the encoder's tail
         return None
+
+    def take_sentences(self) -> list[SentenceTiming]:
+        """The sentences completed since the last call (their audio is in what was returned)."""
+        out, self.sentences = self.sentences, []
+        return out
 
     async def aclose(self) -> None:
         """Stop the synthesis if it is still running (cancels the Triton request)."""
@@ -302,6 +341,14 @@ def done_event(input_chars: int, audio_tokens: int) -> bytes:
     return sse_event({"type": "speech.audio.done",
                       "usage": {"input_tokens": input_chars, "output_tokens": audio_tokens,
                                 "total_tokens": input_chars + audio_tokens}})
+
+
+def sentence_event(timing: SentenceTiming) -> bytes:
+    """A ``speech.sentence`` event (an extension, sent with ``sentence_timings``): one
+    sentence's ``index``, ``text`` (normalised), ``start_samples``, ``duration_samples`` (at
+    the delivered ``sample_rate_hz``), ``start_s`` and ``duration_s``; sent after the last
+    ``speech.audio.delta`` that holds the sentence's audio."""
+    return sse_event({"type": "speech.sentence", **timing.as_dict()})
 
 
 def error_event(error: ApiError) -> bytes:

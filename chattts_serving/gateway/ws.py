@@ -53,13 +53,14 @@ from pydantic import ValidationError
 
 from .. import contract
 from ..audio import formats as audio_format
-from ..client import AioStreamClient, ClientError, StreamPart
+from ..client import AioStreamClient, ClientError, StreamPart, SynthesisRequest
 from ..errors import ErrorKind
 from ..text.sentences import SentenceSplitter
 from .errors import AUTHENTICATION, INVALID_REQUEST, SERVER_ERROR, ApiError, from_client_error
 from .metrics import GatewayMetrics
 from .settings import GatewaySettings
-from .speech import OFFLOADED_FORMATS, SpeechRequest, build_request, speaker_voice
+from .speech import OFFLOADED_FORMATS, SpeechRequest, build_request, output_format, speaker_voice
+from .timings import SentenceTiming
 
 log = logging.getLogger("chattts_serving.gateway.ws")
 
@@ -200,6 +201,10 @@ class SpeechStream:
         self.count = 0
         self.audio_started = False
         """Whether any audio frame has been sent (errors after it count as ``mid_stream``)."""
+        self.samples_in = 0
+        """Samples of audio (24 kHz) of the sentences sent so far: where the next one starts."""
+        self.rate_hz = contract.SAMPLE_RATE_HZ
+        """The delivered sample rate (the connection's encoder's)."""
 
     # --- the connection -------------------------------------------------------------------
 
@@ -220,19 +225,19 @@ class SpeechStream:
                 if body.model not in self.cfg.models:
                     build_request(body, self.cfg.models, self.cfg.max_input_chars)  # raises the 404's ApiError
                 speaker_voice(body)  # a missing or empty voice fails at the start, not on the first sentence
+                info = output_format(body)  # a rate or container the format does not take: 1007 now
                 if (refusal := self.busy()) is not None:
                     raise StreamEnd(Close.TRY_AGAIN, refusal)
                 self.live["streams"] += 1
                 self.metrics.in_flight.inc()
                 holding = True
-                info = audio_format.format_info(body.response_format)
                 await self._send_text(event("started", request_id=self.request_id, format=info.name,
                                             sample_rate_hz=info.sample_rate_hz))
                 try:
                     async with anyio.create_task_group() as tg:
                         tg.start_soon(self._read, first)
                         tg.start_soon(self._schedule, body, tg)
-                        await self._send_all(body.response_format)
+                        await self._send_all(body.response_format, body.sample_rate, body.container)
                         tg.cancel_scope.cancel()
                 except Exception as group:  # anyio's ExceptionGroup (a backport's on Python 3.10)
                     if not hasattr(group, "exceptions"):
@@ -386,12 +391,16 @@ class SpeechStream:
             await self.jobs.put(job)
             index += 1
 
+    def _request(self, body: SpeechRequest, job: _Sentence) -> SynthesisRequest:
+        """The ``chattts`` request of sentence ``job``: the start message's fields with the
+        sentence as ``input``. Raises ApiError (:func:`.speech.build_request`)."""
+        request = build_request(body.model_copy(update={"input": job.text}), self.cfg.models, self.cfg.max_input_chars)
+        return dataclasses.replace(request, request_id=f"{self.request_id}-{job.index}")
+
     async def _produce(self, body: SpeechRequest, job: _Sentence) -> None:
         """Pull one sentence's Triton stream into its bounded queue (a full queue pauses the pull)."""
         try:
-            request = build_request(body.model_copy(update={"input": job.text}), self.cfg.models,
-                                    self.cfg.max_input_chars)
-            request = dataclasses.replace(request, request_id=f"{self.request_id}-{job.index}")
+            request = self._request(body, job)
             async with contextlib.aclosing(self.client.stream(
                     request, idle_timeout_s=self.cfg.stream_idle_timeout_s,
                     max_duration_s=self.cfg.stream_max_s)) as parts:
@@ -402,9 +411,10 @@ class SpeechStream:
             return
         await job.queue.put(None)
 
-    async def _send_all(self, fmt: str) -> None:
+    async def _send_all(self, fmt: str, sample_rate_hz: int | None = None, container: str | None = None) -> None:
         """Send every sentence's events and audio, in order, then ``done``."""
-        encoder = audio_format.new_encoder(fmt)
+        encoder = audio_format.new_output_encoder(fmt, sample_rate_hz, container)
+        self.rate_hz = encoder.info.sample_rate_hz
         offload = fmt in OFFLOADED_FORMATS
 
         async def encode(work: Callable[[], bytes]) -> bytes:
@@ -441,10 +451,12 @@ class SpeechStream:
             if not started and (item is None or item.audio.size):
                 started = True
                 normalized = info.get("normalized_text") or []
+                at = SentenceTiming.between(job.index, self.samples_in, self.samples_in, self.rate_hz)
                 await self._send_text(event(
                     "sentence_start", index=job.index, text=job.text,
                     normalized_text="".join(normalized) if isinstance(normalized, list) else str(normalized),
-                    unspoken=info.get("dropped") or []))
+                    unspoken=info.get("dropped") or [], start_samples=at.start_samples,
+                    start_s=at.fields()["start_s"]))
             if item is None:
                 break
             if not item.audio.size:
@@ -459,8 +471,11 @@ class SpeechStream:
                 await self._send(functools.partial(self.ws.send_bytes, data))
         audio_s = samples / contract.SAMPLE_RATE_HZ
         self.audio_s += audio_s
+        timing = SentenceTiming.between(job.index, self.samples_in, self.samples_in + samples, self.rate_hz)
+        self.samples_in += samples
         await self._send_text(event("sentence_done", index=job.index, audio_s=round(audio_s, 4),
-                                    first_audio_ms=None if first_audio_ms is None else round(first_audio_ms, 1)))
+                                    first_audio_ms=None if first_audio_ms is None else round(first_audio_ms, 1),
+                                    **timing.fields()))
 
 
 def _first_cause(group: BaseException) -> BaseException:

@@ -16,6 +16,7 @@ metrics and the response channel; tests provide in-process ones.
 from __future__ import annotations
 
 import collections
+import json
 import logging
 import queue
 import threading
@@ -367,13 +368,20 @@ class _GuardedOutput:
         self.watch = watch
         self.partial: StreamResult | None = None
         """The stream's result as of its last chunk (what an error leaves of it)."""
+        self._segments = 0
+        """Segments whose start was announced (``info.segment_starts``)."""
 
     def audio(self, chunk: np.ndarray, result: StreamResult) -> None:
+        """Send ``chunk``; the first with the ``info`` header, the first of every later segment
+        with ``{"segment_starts": [...]}`` (where each segment's audio began, so far)."""
         self.partial = result
         header = None
         if not result.chunks:
             self.service.first_audio(self.job)
             header = info_json(self.job, result, final=False)
+        elif len(result.segment_starts) > self._segments:
+            header = json.dumps({"segment_starts": result.segment_starts})
+        self._segments = len(result.segment_starts)
         self.guard.send_chunk(chunk, header)
 
     def cancelled(self) -> bool:

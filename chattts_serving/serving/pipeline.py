@@ -180,6 +180,9 @@ class StreamResult:
     dropped: list[str] = field(default_factory=list)
     reference: str = ""
     """Where the audio prompt came from (``contract.REFERENCE_SOURCES``)."""
+    segment_starts: list[int] = field(default_factory=list)
+    """Sample offset (24 kHz) in the request's audio where each segment's audio begins, one per
+    segment whose audio has started (``info.segment_starts``)."""
 
     def add_prepared(self, prepared: PreparedText) -> None:
         """Record the front end's view of every segment (before any audio is sent)."""
@@ -201,7 +204,8 @@ def info_json(job: SynthesisJob, result: StreamResult, final: bool) -> str:
         "request_id": req.request_id, "sample_rate_hz": contract.SAMPLE_RATE_HZ,
         "normalized_text": result.normalized_text, "dropped": result.dropped,
         "segments": len(result.normalized_text), "vocoder": req.vocoder, "refined": req.refine is not None,
-        "degraded": job.degraded, "segmentation": req.segmentation, "reference": result.reference, "final": final}
+        "degraded": job.degraded, "segmentation": req.segmentation, "reference": result.reference,
+        "segment_starts": list(result.segment_starts), "final": final}
     if final:
         info.update(audio_s=round(result.samples / contract.SAMPLE_RATE_HZ, 6), chunks=result.chunks,
                     tokens=result.tokens, capped_segments=result.capped_segments,
@@ -508,6 +512,8 @@ def _stream_segment(job: SynthesisJob, stages: Stages, schedule: ChunkSchedule, 
                     if chunk.size:
                         if result.first_audio_s is None:
                             result.first_audio_s = time.monotonic() - job.arrival_s
+                        if len(result.segment_starts) < result.segments:  # this segment's first audio
+                            result.segment_starts.append(result.samples)
                         out.audio(chunk, result)
                         result.chunks += 1
                         result.samples += chunk.size
@@ -562,6 +568,7 @@ def offline_audio(job: SynthesisJob, stages: Stages,
             progress(True)
             pieces.append(stages.vocode(req.vocoder, store.padded(req.vocoder, width), req.request_id))
             progress(False)
+            result.segment_starts.append(sum(p.size for p in pieces[:-1]))
             result.segments += 1
             result.tokens += store.n
             result.stop_reason = reason

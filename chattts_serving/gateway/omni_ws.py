@@ -1,0 +1,685 @@
+"""vLLM-Omni's streaming-text TTS dialect on ``/v1/audio/speech/stream``, and the dispatcher
+that tells it from this gateway's own dialect (:mod:`.ws`) by the client's first message.
+
+The dialect, as vLLM-Omni's handler and docs define it (``serving_speech_stream.py`` and
+``docs/serving/speech_api.md``, "Streaming Text Input (WebSocket)"; docs/protocols.md
+in this repository has the table)::
+
+    client: {"type": "session.config", ...}        first (again between utterances to change it)
+            {"type": "input.text", "text": "..."}  text chunks
+            {"type": "input.done"}                 end of utterance: flush, keep the connection
+            {"type": "session.close"}              end of the connection
+    server: {"type": "audio.start", "utterance_index", "sentence_index", "sentence_text", "format"}
+            <binary frames: the sentence's audio>
+            {"type": "audio.done", "utterance_index", "sentence_index", "total_bytes", "error"}
+            {"type": "session.done", "utterance_index", "total_sentences"}
+            {"type": "error", "message"}
+
+``split_granularity`` (``none``, the default: the utterance is one sentence, synthesised at
+``input.done``; ``sentence``; ``clause``) decides where text becomes a request;
+``stream_audio`` false sends each sentence as one complete file (one frame), true as raw
+chunks as they are made. Each sentence is one ``chattts`` request with the session's fields,
+synthesised by the core of :class:`.ws.SpeechStream` (lookahead, bounded queues, cancels on
+close, the gateway's stream limit and metrics). Extensions: ``audio.done`` (and ``audio.start``)
+carry the sentence's place in the utterance's delivered audio (``start_samples``,
+``duration_samples``, ``start_s``, ``duration_s``, ``sample_rate_hz``); ``error`` carries
+``code`` and ``kind``; every ``/v1/audio/speech`` field (``sample_rate``, ``temperature``, ...)
+is accepted in ``session.config``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import contextlib
+import dataclasses
+import functools
+import hmac
+import json
+import logging
+import re
+import time
+from collections.abc import Callable
+from typing import Any, Final, Literal, cast
+
+import anyio
+import anyio.abc
+import anyio.to_thread
+import numpy as np
+from fastapi import WebSocket, WebSocketDisconnect
+from fastapi.websockets import WebSocketState
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError
+
+from .. import contract
+from ..audio import formats as audio_format
+from ..audio.formats import resampled_length
+from ..audio.reference import RecordingError, load_recording
+from ..client import AioStreamClient, ClientError, StreamPart, SynthesisRequest
+from ..errors import ErrorKind
+from ..text.sentences import SentenceSplitter
+from .errors import INVALID_REQUEST, SERVER_ERROR, ApiError, from_client_error
+from .metrics import GatewayMetrics
+from .saved_voices import SavedVoices
+from .settings import GatewaySettings
+from .speech import NO_VOICE, OFFLOADED_FORMATS, SpeechRequest, build_request, output_format
+from .timings import SentenceTiming
+from .ws import (
+    CLOSE_FOR_KIND,
+    SUBPROTOCOL,
+    ClientGone,
+    Close,
+    SpeechStream,
+    StreamEnd,
+    _Sentence,
+    error_fields,
+    event,
+    offered_key,
+)
+
+log = logging.getLogger("chattts_serving.gateway.omni_ws")
+
+CONFIG_TYPE: Final = "session.config"
+"""The first message of a vLLM-Omni client: it selects this dialect."""
+MAX_CONFIG_BYTES: Final = 4 * 1024 * 1024
+"""Largest ``session.config`` (it may carry a reference recording), as vLLM-Omni's."""
+MAX_TEXT_BYTES: Final = 128 * 1024
+"""Largest other message, as vLLM-Omni's."""
+STREAM_FORMATS: Final = ("pcm", "float32", "mulaw", "alaw")
+"""Formats ``stream_audio`` sends in chunks (raw samples; vLLM-Omni allows ``pcm`` only)."""
+CLAUSE_MARKS: Final = "，、；：,;:"
+"""Where ``split_granularity`` 'clause' also cuts (ASCII ones only before white space, so
+never inside ``1,234`` or ``10:30``)."""
+
+
+class OmniConfig(BaseModel):
+    """``session.config`` (vLLM-Omni's ``StreamingSpeechSessionConfig``, then this gateway's
+    extensions, which are ``/v1/audio/speech``'s fields). Unknown fields are ignored.
+
+    Accepted and without effect on ChatTTS: ``task_type`` (``VoiceDesign`` needs
+    instructions, which ChatTTS does not take), ``language`` (ChatTTS reads Chinese and
+    English as they come), ``x_vector_only_mode``, ``initial_codec_chunk_frames``,
+    ``non_streaming_mode`` (Qwen3-TTS knobs). Refused: ``word_timestamps`` true (ChatTTS gives
+    no word-level timing), ``speaker_embedding`` (send a ChatTTS spk_emb string as ``voice``),
+    ``ref_audio`` as a URL (the gateway fetches nothing).
+    """
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str | None = None
+    voice: str | None = None
+    speaker: str | None = None
+    task_type: Literal["CustomVoice", "VoiceDesign", "Base"] | None = None
+    language: str | None = None
+    instructions: str | None = None
+    response_format: str = "wav"
+    speed: float | None = Field(default=1.0, ge=0.25, le=4.0)
+    max_new_tokens: int | None = Field(default=None, ge=1)
+    ref_audio: str | None = None
+    ref_text: str | None = None
+    speaker_embedding: list[float] | None = None
+    stream_audio: StrictBool = False
+    word_timestamps: StrictBool = False
+    seed: int | None = None
+    split_granularity: Literal["none", "sentence", "clause"] = "none"
+
+
+@dataclasses.dataclass(frozen=True)
+class Session:
+    """A validated ``session.config``: the request fields every sentence is sent with, and how
+    the text is cut and the audio sent."""
+
+    body: SpeechRequest
+    default_voice: bool
+    """No voice and no reference: the server's default voice (an empty ``voice`` input)."""
+    split: str
+    stream_audio: bool
+    info: audio_format.FormatInfo
+
+
+def _recording(value: str) -> str:
+    """``ref_audio`` (base64, or a ``data:`` URL of base64) as base64 of a WAV file for
+    :class:`SpeechRequest`'s ``reference_audio``. Raises ValueError."""
+    text = value.strip()
+    if re.match(r"^[a-z][a-z0-9+.-]*://", text, re.I):
+        raise ValueError("ref_audio: URLs are not fetched by this server; send base64 or a data: URL")
+    if text.startswith("data:"):
+        head, _, text = text.partition(",")
+        if ";base64" not in head:
+            raise ValueError("ref_audio: a data: URL must be base64")
+    try:
+        raw = base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        raise ValueError("ref_audio: not base64") from None
+    try:
+        audio, rate = load_recording(raw)
+    except RecordingError as exc:
+        raise ValueError(f"ref_audio: {exc}") from None
+    return base64.b64encode(audio_format.encode("wav", audio) if rate == contract.SAMPLE_RATE_HZ
+                            else _wav_at(audio, rate)).decode("ascii")
+
+
+def _wav_at(audio: np.ndarray, rate_hz: int) -> bytes:
+    """A 16-bit WAV file of ``audio`` at its own rate (the server resamples references)."""
+    pcm = audio_format.to_pcm16(audio)
+    return audio_format.wav_header(len(pcm), sample_rate_hz=int(rate_hz)) + pcm
+
+
+def parse_config(msg: dict[str, Any], cfg: GatewaySettings) -> Session:
+    """A ``session.config`` message as a :class:`Session`.
+
+    Raises ApiError (400, its ``param`` the field at fault) for an invalid config, an unknown
+    model (404), or a field ChatTTS cannot honour (see :class:`OmniConfig`).
+    """
+    fields = {k: v for k, v in msg.items() if k != "type"}
+    try:
+        conf = OmniConfig.model_validate(fields)
+    except ValidationError as exc:
+        problem = exc.errors()[0]
+        loc = [str(p) for p in problem.get("loc", ())]
+        raise ApiError(400, f"Invalid session config: {loc[0] if loc else 'config'}: {problem.get('msg')}",
+                       INVALID_REQUEST, param=loc[0] if loc else None, code="invalid_value") from None
+    if conf.word_timestamps:
+        raise ApiError(400, "word_timestamps: ChatTTS gives no word-level timing; sentence timings come on audio.done "
+                       "(start_samples, duration_samples)", INVALID_REQUEST, param="word_timestamps",
+                       code="unsupported_parameter")
+    if conf.speaker_embedding is not None:
+        raise ApiError(400, "speaker_embedding: send a ChatTTS spk_emb string as voice instead", INVALID_REQUEST,
+                       param="speaker_embedding", code="unsupported_parameter")
+    if conf.stream_audio and conf.response_format not in STREAM_FORMATS:
+        raise ApiError(400, f"Invalid session config: stream_audio=true requires response_format "
+                       f"{' or '.join(repr(f) for f in STREAM_FORMATS)}, got {conf.response_format!r}",
+                       INVALID_REQUEST, param="response_format", code="invalid_value")
+    reference = None
+    if conf.ref_audio is not None:
+        try:
+            reference = _recording(conf.ref_audio)
+        except ValueError as exc:
+            raise ApiError(400, str(exc), INVALID_REQUEST, param="ref_audio", code="invalid_value") from None
+    voice = conf.voice if conf.voice is not None else conf.speaker
+    known = set(OmniConfig.model_fields)
+    extra = {k: v for k, v in fields.items() if k not in known}
+    request = {**extra, "model": conf.model or cfg.models[0], "input": "-", "response_format": conf.response_format,
+               "speed": None if conf.speed in (None, 1.0) else float(conf.speed), "seed": conf.seed,
+               "max_new_tokens": conf.max_new_tokens, "instructions": conf.instructions,
+               "reference_audio": reference, "reference_text": conf.ref_text}
+    default_voice = voice is None and reference is None and extra.get("spk_smp") is None
+    request["voice"] = voice if voice is not None else (NO_VOICE if not default_voice else "0")
+    try:
+        body = SpeechRequest.model_validate({k: v for k, v in request.items() if v is not None})
+    except ValidationError as exc:
+        problem = exc.errors()[0]
+        loc = [str(p) for p in problem.get("loc", ())]
+        raise ApiError(400, f"Invalid session config: {loc[0] if loc else 'config'}: {problem.get('msg')}",
+                       INVALID_REQUEST, param=loc[0] if loc else None, code="invalid_value") from None
+    if body.stream_format != "audio":
+        raise ApiError(400, "stream_format: not used on the WebSocket stream", INVALID_REQUEST,
+                       param="stream_format", code="unsupported_parameter")
+    build_request(body, cfg.models, cfg.max_input_chars)  # the model, the voice, instructions: refused now
+    return Session(body, default_voice, conf.split_granularity, conf.stream_audio, output_format(body))
+
+
+class ClauseSplitter:
+    """:class:`~chattts_serving.text.sentences.SentenceSplitter` that also cuts after a
+    clause mark (:data:`CLAUSE_MARKS`): ``split_granularity`` 'clause'."""
+
+    def __init__(self, max_chars: int) -> None:
+        self._sentences = SentenceSplitter(max_chars)
+        self._after_ascii_mark = False
+
+    @property
+    def pending(self) -> str:
+        return self._sentences.pending
+
+    def feed(self, delta: str) -> list[str]:
+        out: list[str] = []
+        for ch in delta:
+            if self._after_ascii_mark and ch.isspace():
+                out += self._sentences.flush()
+            self._after_ascii_mark = False
+            out += self._sentences.feed(ch)
+            if ch in CLAUSE_MARKS and self._sentences.pending:
+                if ch.isascii():
+                    self._after_ascii_mark = True
+                else:
+                    out += self._sentences.flush()
+        return out
+
+    def flush(self) -> list[str]:
+        self._after_ascii_mark = False
+        return self._sentences.flush()
+
+    def end(self) -> list[str]:
+        return self.flush()
+
+
+class _Whole:
+    """``split_granularity`` 'none': the utterance is one sentence, released at ``input.done``."""
+
+    def __init__(self) -> None:
+        self._parts: list[str] = []
+
+    @property
+    def pending(self) -> str:
+        return "".join(self._parts)
+
+    def feed(self, delta: str) -> list[str]:
+        self._parts.append(delta)
+        return []
+
+    def flush(self) -> list[str]:
+        text, self._parts = "".join(self._parts).strip(), []
+        return [text] if text else []
+
+    def end(self) -> list[str]:
+        return self.flush()
+
+
+class _Close(Exception):
+    """``session.close``: end the connection normally."""
+
+
+class OmniStream(SpeechStream):
+    """One vLLM-Omni-dialect connection (module docstring): utterances one after the other on
+    one socket; within an utterance, sentences synthesised by :class:`.ws.SpeechStream`'s core
+    and sent in order with this dialect's events."""
+
+    def __init__(self, websocket: WebSocket, cfg: GatewaySettings, client: AioStreamClient,
+                 metrics: GatewayMetrics, live: dict[str, int], busy: Callable[[], ApiError | None],
+                 first: dict[str, Any], saved: SavedVoices | None = None) -> None:
+        super().__init__(websocket, cfg, client, metrics, live, busy)
+        self.first = first
+        self.saved = saved
+        self.session: Session | None = None
+        self.utterance = 0
+        self.delivered = 0
+        """Samples (at the delivered rate) of the utterance's sentences sent so far."""
+        self.splitter: Any = SentenceSplitter(min(cfg.ws_max_sentence_chars, cfg.max_input_chars))
+
+    async def run(self) -> None:
+        """Serve the connection to its end (accepted already by :func:`serve_stream`)."""
+        holding = False
+        status = "cancelled"
+        try:
+            try:
+                self.session = await self._config(self.first)
+                if (refusal := self.busy()) is not None:
+                    raise StreamEnd(Close.TRY_AGAIN, refusal)
+                self.live["streams"] += 1
+                self.metrics.in_flight.inc()
+                holding = True
+                await self._serve()
+            except ApiError as exc:
+                raise StreamEnd(_close_for(exc), exc) from None
+        except _Close:
+            status = "ok"
+            await self._close(StreamEnd(Close.NORMAL))
+        except StreamEnd as end:
+            status = "ok" if end.error is None else "error"
+            if end.error is not None:
+                self.metrics.error(end.error.kind, "mid_stream" if self.audio_started else "before_audio")
+            await self._close(end)
+        except (ClientGone, WebSocketDisconnect):
+            status = "cancelled"
+        except Exception:
+            log.exception("stream %s failed", self.request_id)
+            status = "error"
+            self.metrics.error(ErrorKind.INTERNAL, "mid_stream" if self.audio_started else "before_audio")
+            await self._close(StreamEnd(Close.SERVER_ERROR, ApiError(500, "Internal error", SERVER_ERROR,
+                                                                     code="internal_error", kind=ErrorKind.INTERNAL)))
+        finally:
+            if holding:
+                self.live["streams"] -= 1
+                self.metrics.in_flight.dec()
+                self.metrics.audio.inc(self.audio_s)
+            if status != "error":
+                self.metrics.requests.labels(status=status).inc()
+
+    async def _close(self, end: StreamEnd) -> None:
+        """This dialect's ``error`` event (``message``, plus ``code`` and ``kind``), then the close."""
+        if self.ws.client_state != WebSocketState.CONNECTED:
+            return
+        with contextlib.suppress(Exception), anyio.move_on_after(self.cfg.ws_send_timeout_s):
+            if end.error is not None:
+                await self.ws.send_text(_error_event(end.error))
+            await self.ws.close(int(end.code), reason=end.code.name.lower())
+
+    async def _error(self, error: ApiError, **extra: Any) -> None:
+        """A non-fatal ``error`` event: the connection goes on."""
+        self.metrics.errors.labels(kind=error.kind.value, phase="mid_stream").inc()
+        await self._send_text(_error_event(error, **extra))
+
+    # --- messages -----------------------------------------------------------------------------
+
+    async def _message(self, timeout_s: float | None) -> dict[str, Any] | None:
+        """The next JSON object from the client; None (after a non-fatal error event) for one
+        that is malformed. Raises ClientGone, TimeoutError."""
+        with anyio.fail_after(timeout_s):
+            msg = await self.ws.receive()
+        if msg["type"] == "websocket.disconnect":
+            raise ClientGone()
+        raw = msg.get("text")
+        if raw is None:
+            await self._error(_invalid("binary messages are not understood: send JSON text messages"))
+            return None
+        if len(raw.encode("utf-8", "surrogatepass")) > MAX_CONFIG_BYTES:
+            await self._error(_invalid("WebSocket message too large"))
+            return None
+        try:
+            data = json.loads(raw)
+        except json.JSONDecodeError:
+            await self._error(_invalid("Invalid JSON message", code="invalid_json"))
+            return None
+        if not isinstance(data, dict):
+            await self._error(_invalid("WebSocket messages must be JSON objects"))
+            return None
+        if data.get("type") != CONFIG_TYPE and len(raw) > MAX_TEXT_BYTES:
+            await self._error(_invalid("input.text message too large"))
+            return None
+        return data
+
+    def _idle(self) -> StreamEnd:
+        return StreamEnd(Close.POLICY, ApiError(
+            408, "Idle timeout: no message received", INVALID_REQUEST, code="idle_timeout", kind=ErrorKind.DEADLINE))
+
+    async def _serve(self) -> None:
+        """Between utterances: a config replaces the session's, text starts an utterance,
+        ``input.done`` alone is an empty one, ``session.close`` ends the connection."""
+        while True:
+            try:
+                msg = await self._message(self.cfg.stream_idle_timeout_s)
+            except TimeoutError:
+                raise self._idle() from None
+            if msg is None:
+                continue
+            kind = msg.get("type")
+            if kind == CONFIG_TYPE:
+                try:
+                    self.session = await self._config(msg)
+                except ApiError as exc:
+                    await self._error(exc)  # the previous config stays
+            elif kind == "input.text":
+                text = msg.get("text", "")
+                if not isinstance(text, str):
+                    await self._error(_invalid("input.text requires a string value", "text"))
+                elif text:
+                    await self._utterance(text)
+            elif kind == "input.done":
+                await self._send_json(type="session.done", utterance_index=self.utterance, total_sentences=0)
+                self.utterance += 1
+            elif kind == "session.close":
+                raise _Close()
+            else:
+                await self._error(_invalid(f"Unknown message type: {kind}", "type"))
+
+    async def _config(self, msg: dict[str, Any]) -> Session:
+        """:func:`parse_config` after a saved voice's name was resolved (once per config).
+        Raises ApiError."""
+        if self.saved is not None:
+            key = "voice" if msg.get("voice") is not None else "speaker"
+            msg = await self.saved.resolve(msg, key, "ref_text")
+            if msg.get(key) == NO_VOICE and key == "speaker":
+                msg = {**msg, "voice": NO_VOICE}
+        return parse_config(msg, self.cfg)
+
+    async def _send_json(self, **fields: Any) -> None:
+        await self._send_text(json.dumps(fields, ensure_ascii=False, separators=(",", ":")))
+
+    # --- one utterance --------------------------------------------------------------------------
+
+    async def _utterance(self, first: str) -> None:
+        """From the first ``input.text`` to ``input.done``: every sentence synthesised and sent,
+        then ``session.done``."""
+        session = self.session
+        assert session is not None
+        max_chars = min(self.cfg.ws_max_sentence_chars, self.cfg.max_input_chars)
+        if session.split == "sentence":
+            self.splitter = SentenceSplitter(max_chars)
+        elif session.split == "clause":
+            self.splitter = ClauseSplitter(max_chars)
+        else:
+            self.splitter = _Whole()
+        self.sentences = asyncio.Queue(64)
+        self.jobs = asyncio.Queue()
+        self.slots = asyncio.Semaphore(1 + self.cfg.ws_lookahead)
+        self.delivered = 0
+        self.count = 0
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._read_utterance, first)
+                tg.start_soon(self._schedule, session.body, tg)
+                await self._send_utterance(session)
+                tg.cancel_scope.cancel()
+        except Exception as group:  # anyio's ExceptionGroup
+            if not hasattr(group, "exceptions"):
+                raise
+            raise _first(group) from None
+        await self._send_json(type="session.done", utterance_index=self.utterance, total_sentences=self.count)
+        self.utterance += 1
+
+    async def _read_utterance(self, first: str) -> None:
+        await self._queue(self.splitter.feed(first))
+        while True:
+            try:
+                msg = await self._message(self.cfg.stream_idle_timeout_s)
+            except TimeoutError:
+                raise self._idle() from None
+            if msg is None:
+                continue
+            kind = msg.get("type")
+            if kind == "input.text":
+                text = msg.get("text", "")
+                if not isinstance(text, str):
+                    await self._error(_invalid("input.text requires a string value", "text"))
+                    continue
+                await self._queue(self.splitter.feed(text))
+            elif kind == "input.done":
+                await self._queue(self.splitter.end())
+                await self.sentences.put(None)
+                return
+            elif kind == CONFIG_TYPE:
+                await self._error(_invalid("session.config cannot be applied while an utterance is in progress; "
+                                           "send input.done first", "type"))
+            elif kind == "session.close":
+                raise _Close()
+            else:
+                await self._error(_invalid(f"Unknown message type: {kind}", "type"))
+
+    def _request(self, body: SpeechRequest, job: _Sentence) -> SynthesisRequest:
+        request = build_request(body.model_copy(update={"input": job.text}), self.cfg.models, self.cfg.max_input_chars)
+        assert self.session is not None
+        voice = "" if self.session.default_voice else request.voice
+        return dataclasses.replace(request, voice=voice, request_id=f"{self.request_id}-{self.utterance}-{job.index}")
+
+    async def _send_utterance(self, session: Session) -> None:
+        while (job := await self.jobs.get()) is not None:
+            try:
+                await self._send_omni_sentence(job, session)
+            finally:
+                self.slots.release()
+            self.count += 1
+
+    async def _send_omni_sentence(self, job: _Sentence, session: Session) -> None:
+        """``audio.start``, the sentence's audio (one file, or raw chunks with
+        ``stream_audio``), ``audio.done``; a failed sentence gets ``error`` before its
+        ``audio.done`` (``error`` true) and the utterance goes on."""
+        info = session.info
+        fmt = session.body.response_format
+        offload = fmt in OFFLOADED_FORMATS
+        start = {"type": "audio.start", "utterance_index": self.utterance, "sentence_index": job.index,
+                 "sentence_text": job.text, "format": fmt}
+        if session.stream_audio:
+            start.update(sample_rate=info.sample_rate_hz, channels=1)
+        rate = info.sample_rate_hz
+        start.update(start_samples=self.delivered, start_s=round(self.delivered / rate, 4))
+        await self._send_json(**start)
+        encoder = audio_format.new_output_encoder(fmt, session.body.sample_rate, session.body.container) \
+            if session.stream_audio else None
+        whole: list[np.ndarray] = []
+        total_bytes = 0
+        samples = 0
+        failure: ApiError | None = None
+        first_audio: float | None = None
+
+        async def send(data: bytes) -> None:
+            nonlocal total_bytes
+            if data:
+                self.audio_started = True
+                total_bytes += len(data)
+                await self._send(functools.partial(self.ws.send_bytes, data))
+
+        while True:
+            item: StreamPart | ClientError | ApiError | None = await job.queue.get()
+            if isinstance(item, (ClientError, ApiError)):
+                failure = item if isinstance(item, ApiError) else from_client_error(item, self.cfg.triton_url)
+                break
+            if item is None:
+                break
+            if not item.audio.size:
+                continue
+            if first_audio is None:
+                first_audio = time.perf_counter() - job.released_at
+                self.metrics.ws_sentence_first_audio.observe(first_audio)
+            samples += int(item.audio.size)
+            if encoder is not None:
+                await send(await _run(offload, functools.partial(encoder.encode, item.audio)))
+            else:
+                whole.append(item.audio)
+        if failure is None:
+            if encoder is not None:
+                await send(await _run(offload, encoder.finish))
+            elif samples:
+                audio = np.concatenate(whole)
+                await send(await _run(offload, functools.partial(
+                    audio_format.encode_output, fmt, audio, session.body.sample_rate, session.body.container)))
+        else:
+            await self._error(failure, utterance_index=self.utterance, sentence_index=job.index,
+                              **({"partial_audio": True, "action": "discard"} if total_bytes else {}))
+        # each sentence is its own file or stream (own resampler): its length at the delivered rate
+        timing = SentenceTiming(job.index, self.delivered, resampled_length(samples, rate), rate)
+        self.delivered += timing.duration_samples
+        self.audio_s += samples / contract.SAMPLE_RATE_HZ
+        await self._send_json(type="audio.done", utterance_index=self.utterance, sentence_index=job.index,
+                              total_bytes=total_bytes, error=failure is not None, **timing.fields())
+
+
+async def _run(offload: bool, work: Callable[[], bytes]) -> bytes:
+    return await anyio.to_thread.run_sync(work) if offload else work()
+
+
+def _invalid(message: str, param: str | None = None, code: str = "invalid_message") -> ApiError:
+    return ApiError(400, message, INVALID_REQUEST, param=param, code=code)
+
+
+def _error_event(error: ApiError, **extra: Any) -> str:
+    """vLLM-Omni's ``error`` event: ``message``, plus ``code``, ``kind`` and ``param``."""
+    return json.dumps({"type": "error", "message": error.message, "code": error.code, "kind": error.kind.value,
+                       "param": error.param, **extra}, ensure_ascii=False, separators=(",", ":"))
+
+
+def _close_for(error: ApiError) -> Close:
+    return {ErrorKind.INVALID: Close.INVALID_DATA, ErrorKind.INTERNAL: Close.SERVER_ERROR}.get(error.kind,
+                                                                                               Close.TRY_AGAIN)
+
+
+def _first(group: BaseException) -> BaseException:
+    """The exception that ended an utterance's task group: a close or an end first."""
+    leaves: list[BaseException] = []
+
+    def walk(exc: BaseException) -> None:
+        inner = getattr(exc, "exceptions", None)
+        if isinstance(inner, tuple):
+            for e in inner:
+                walk(e)
+        else:
+            leaves.append(exc)
+
+    walk(group)
+    for kinds in ((_Close,), (StreamEnd, ApiError), (ClientGone, WebSocketDisconnect)):
+        for exc in leaves:
+            if isinstance(exc, kinds):
+                return exc
+    return leaves[0]
+
+
+class _Replay:
+    """The accepted socket handed to :class:`.ws.SpeechStream` after its first message was
+    read here: ``accept`` does nothing more, the first ``receive`` returns that message (or
+    raises the TimeoutError of a client that sent none in time), the rest is the socket's."""
+
+    def __init__(self, websocket: WebSocket, first: dict[str, Any] | None) -> None:
+        self._ws = websocket
+        self._first = first
+
+    async def accept(self, subprotocol: str | None = None) -> None:
+        return None
+
+    async def receive(self) -> dict[str, Any]:
+        first, self._first = self._first, None
+        if first is None:
+            return cast(dict[str, Any], await self._ws.receive())
+        if first.get("type") == "timeout":
+            raise TimeoutError()
+        return first
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._ws, name)
+
+
+def _start_message(message: dict[str, Any]) -> dict[str, Any] | None:
+    """The JSON object of our dialect's ``start`` message, else None."""
+    try:
+        data = json.loads(message.get("text") or "")
+    except (json.JSONDecodeError, TypeError):
+        return None
+    return data if isinstance(data, dict) and data.get("type") == "start" else None
+
+
+def _dialect(message: dict[str, Any]) -> str:
+    """'omni' when the first message is a ``session.config``, else 'chattts'."""
+    text = message.get("text")
+    if not isinstance(text, str) or len(text) > MAX_CONFIG_BYTES:
+        return "chattts"
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError:
+        return "chattts"
+    return "omni" if isinstance(data, dict) and data.get("type") == CONFIG_TYPE else "chattts"
+
+
+async def serve_stream(websocket: WebSocket, cfg: GatewaySettings, client: AioStreamClient, metrics: GatewayMetrics,
+                       live: dict[str, int], busy: Callable[[], ApiError | None],
+                       saved: SavedVoices | None = None) -> None:
+    """Serve one ``/v1/audio/speech/stream`` connection in the dialect its first message
+    speaks: ``session.config`` is vLLM-Omni's (:class:`OmniStream`), anything else this
+    gateway's own (:class:`.ws.SpeechStream`, which answers a malformed first message). A
+    client without the API key (when one is set) goes to the latter unread, which refuses it.
+    A saved voice (``saved``) named in the start message or a config is resolved here, once
+    for the stream (:func:`.saved_voices.resolve`)."""
+    offered = websocket.scope.get("subprotocols") or []
+    await websocket.accept(subprotocol=SUBPROTOCOL if SUBPROTOCOL in offered else None)
+    key = cfg.api_key
+    authorized = key is None or ((got := offered_key(websocket)) is not None
+                                 and hmac.compare_digest(got.encode(), key.encode()))
+    first: dict[str, Any] | None = None
+    if authorized:
+        first = {"type": "timeout"}
+        with anyio.move_on_after(cfg.stream_idle_timeout_s):
+            first = cast(dict[str, Any], await websocket.receive())
+        if first.get("type") == "websocket.disconnect":
+            return
+        if _dialect(first) == "omni":
+            await OmniStream(websocket, cfg, client, metrics, live, busy, json.loads(first["text"]), saved).run()
+            return
+        if saved is not None and (start := _start_message(first)) is not None:
+            try:
+                resolved = await saved.resolve(start)
+            except ApiError as exc:
+                code = CLOSE_FOR_KIND[exc.kind]
+                with contextlib.suppress(Exception):
+                    await websocket.send_text(event("error", **error_fields(exc, code == Close.TRY_AGAIN)))
+                    await websocket.close(int(code), reason=code.name.lower())
+                return
+            if resolved is not start:
+                first = {**first, "text": json.dumps(resolved, ensure_ascii=False)}
+    await SpeechStream(cast(WebSocket, _Replay(websocket, first)), cfg, client, metrics, live, busy).run()
