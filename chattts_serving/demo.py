@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         Path("build").mkdir(exist_ok=True)
         log = Path("build/tritonserver-demo.log")
         with TritonServer(repo, http_port=args.http_port, grpc_port=args.grpc_port, metrics_port=args.metrics_port,
-                          log_path=log) as _:
+                          log_path=log) as server, server.supervised(profile.health):
             url = f"127.0.0.1:{args.grpc_port}"
             print(f"  ready: gRPC {url}, HTTP 127.0.0.1:{args.http_port} (log: {log})", flush=True)
             # Generated weights end an utterance at random; a floor on its length keeps the

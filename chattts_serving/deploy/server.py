@@ -29,7 +29,7 @@ import threading
 import time
 import urllib.request
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -295,6 +295,24 @@ class TritonServer:
         ServerError when a restart fails."""
         Supervisor(self, health).run(stop)
 
+    @contextlib.contextmanager
+    def supervised(self, health: HealthProfile) -> Iterator[Supervisor]:
+        """A :class:`Supervisor` over this (started) server on a thread of its own for the
+        duration of the ``with`` block (``chattts-demo``); a failed restart is logged by it."""
+        stop = threading.Event()
+        sup = Supervisor(self, health)
+
+        def run() -> None:
+            with contextlib.suppress(ServerError):  # logged as server_restart_failed
+                sup.run(stop)
+        thread = threading.Thread(target=run, name="supervisor", daemon=True)
+        thread.start()
+        try:
+            yield sup
+        finally:
+            stop.set()
+            thread.join(health.interval_s + health.probe_timeout_s + 5)
+
     def __enter__(self) -> TritonServer:
         return self.start() if self.proc is None else self
 
@@ -473,9 +491,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--grpc-port", type=int, default=8001)
     ap.add_argument("--metrics-port", type=int, default=8002)
     ap.add_argument("--log", type=Path, default=None, help="server log file (default: this terminal)")
-    ap.add_argument("--restart-on-failure", action="store_true",
-                    help="supervise the server: restart it when a model process dies or the deep probe keeps "
-                         "failing (knobs: the profile's [health] table); events are JSON lines on stderr")
+    ap.add_argument("--restart-on-failure", action=argparse.BooleanOptionalAction, default=True,
+                    help="supervise the server (default): restart it at once when it exits or its log shows a crash, "
+                         "and when a model process dies or the deep probe keeps failing (knobs: the profile's [health] "
+                         "table); events are JSON lines on stderr")
     args = ap.parse_args(argv)
     if not (args.artifacts / "manifest.json").is_file():
         print(f"chattts-serve: error: no exported artifacts in {args.artifacts} (no manifest.json): run "
