@@ -9,6 +9,7 @@ import json
 import os
 import queue
 import stat
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -25,7 +26,7 @@ from tritonclient.grpc import model_config_pb2
 
 from chattts_serving import contract
 from chattts_serving.deploy.admin import grpc_headers
-from chattts_serving.deploy.gate import LIBRARY, GateBuildError, build_gate
+from chattts_serving.deploy.gate import FLAGS, GATE_DIR, LIBRARY, SANITIZER_FLAGS, GateBuildError, build_gate, compiler
 from chattts_serving.deploy.render import render_repository
 from chattts_serving.deploy.server import TritonServer
 from chattts_serving.runtime import Artifacts
@@ -49,6 +50,21 @@ def test_the_gate_is_compiled_once_then_copied_from_the_cache(tmp_path: Path, mo
                    "TRITONBACKEND_ModelInstanceInitialize", "TRITONBACKEND_ModelInstanceFinalize",
                    "TRITONBACKEND_ModelInstanceExecute"):
         assert hasattr(so, symbol), symbol
+
+
+@pytest.mark.parametrize("flags", [FLAGS, SANITIZER_FLAGS], ids=["release", "sanitized"])
+def test_the_gates_own_helpers_pass_their_cpp_tests(tmp_path: Path, flags: tuple[str, ...]) -> None:
+    """gate/util_test.cc (JSON escaping of log lines, config parameters, the fatal-signal line)
+    built with the gate's flags (warnings are errors) and with AddressSanitizer and UBSan."""
+    cxx = compiler()
+    assert cxx is not None, "no C++ compiler"
+    exe = tmp_path / "util_test"
+    cflags = [f for f in flags if f not in ("-shared", "-fPIC")]
+    build = subprocess.run([cxx, *cflags, f"-I{GATE_DIR}", str(GATE_DIR / "util_test.cc"), "-o", str(exe)],
+                           capture_output=True, text=True)
+    assert build.returncode == 0, build.stderr
+    run = subprocess.run([str(exe)], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0 and "all checks passed" in run.stdout, run.stdout + run.stderr
 
 
 def test_no_compiler_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

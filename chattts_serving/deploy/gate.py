@@ -26,7 +26,7 @@ from pathlib import Path
 from .. import contract
 
 GATE_DIR = Path(__file__).resolve().parents[1] / "gate"
-SOURCES = (GATE_DIR / "gate.cc", GATE_DIR / "triton_api.h")
+SOURCES = (GATE_DIR / "gate.cc", GATE_DIR / "triton_api.h", GATE_DIR / "util.h")
 FLAGS = ("-std=c++17", "-O2", "-Wall", "-Wextra", "-Werror", "-shared", "-fPIC", "-pthread")
 SANITIZER_FLAGS = ("-std=c++17", "-O1", "-g", "-fno-omit-frame-pointer", "-fsanitize=address,undefined",
                    "-Wall", "-Wextra", "-Werror", "-shared", "-fPIC", "-pthread")

@@ -71,6 +71,7 @@
 #include <vector>
 
 #include "triton_api.h"
+#include "util.h"
 
 namespace {
 
@@ -99,15 +100,8 @@ struct CrashHandler {
   }
 
   static void Handle(int sig) {
-    char digits[12];
-    int n = 0;
-    for (int v = sig; n == 0 || v > 0; v /= 10) digits[n++] = static_cast<char>('0' + v % 10);
-    char line[96] = "Signal (";
-    size_t len = std::strlen(line);
-    while (n > 0) line[len++] = digits[--n];
-    line[len] = '\0';
-    Write(line);
-    Write(") received: chattts gate's fatal-signal handler; tritonserver exits now (stack below)\n");
+    char line[160];
+    Write(gate_util::SignalLine(sig, line, sizeof line));
     void* frames[64];
     int count = backtrace(frames, 64);
     backtrace_symbols_fd(frames, count, STDERR_FILENO);
@@ -137,53 +131,6 @@ struct CrashHandler {
   }
 };
 
-// A JSON string literal of UTF-8 `s`, ASCII only (\uXXXX escapes, surrogate pairs above the BMP), as
-// chattts_serving.serving.logs.event_line writes it. Invalid UTF-8 bytes become U+FFFD.
-std::string JsonString(const std::string& s) {
-  std::string out = "\"";
-  char buf[16];
-  auto escape = [&](uint32_t cp) {
-    if (cp > 0xFFFF) {
-      cp -= 0x10000;
-      std::snprintf(buf, sizeof buf, "\\u%04x\\u%04x", 0xD800 + (cp >> 10), 0xDC00 + (cp & 0x3FF));
-    } else {
-      std::snprintf(buf, sizeof buf, "\\u%04x", cp);
-    }
-    out += buf;
-  };
-  for (size_t i = 0; i < s.size();) {
-    unsigned char c = static_cast<unsigned char>(s[i]);
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += static_cast<char>(c);
-      ++i;
-    } else if (c >= 0x20 && c < 0x80) {
-      out += static_cast<char>(c);
-      ++i;
-    } else if (c < 0x20) {
-      escape(c);
-      ++i;
-    } else {
-      int n = c >= 0xF0 ? 3 : c >= 0xE0 ? 2 : c >= 0xC0 ? 1 : -1;
-      uint32_t cp = n == 3 ? (c & 0x07) : n == 2 ? (c & 0x0F) : (c & 0x1F);
-      bool ok = n > 0 && i + n < s.size();
-      for (int k = 1; ok && k <= n; ++k) {
-        unsigned char cc = static_cast<unsigned char>(s[i + k]);
-        ok = (cc & 0xC0) == 0x80;
-        cp = (cp << 6) | (cc & 0x3F);
-      }
-      if (ok) {
-        escape(cp);
-        i += n + 1;
-      } else {
-        escape(0xFFFD);
-        ++i;
-      }
-    }
-  }
-  return out + "\"";
-}
-
 // "2026-12-02T00:55:43.103+00:00": the timestamp form of chattts_serving.serving.logs.
 std::string Timestamp() {
   auto now = std::chrono::system_clock::now();
@@ -196,31 +143,6 @@ std::string Timestamp() {
   std::snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02d.%03d+00:00", tm.tm_year + 1900, tm.tm_mon + 1,
                 tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, ms);
   return buf;
-}
-
-// The string value of model-config parameter `key` in Triton's JSON form of the config
-// ("parameters":{"key":{"string_value":"..."}}); `fallback` when absent. Values rendered by
-// render.py hold no escaped characters except \" and \\, undone here.
-std::string ConfigParameter(const std::string& json, const std::string& key, const std::string& fallback) {
-  size_t p = json.find("\"parameters\"");
-  if (p == std::string::npos) return fallback;
-  p = json.find("\"" + key + "\"", p);
-  if (p == std::string::npos) return fallback;
-  p = json.find("\"string_value\"", p);
-  if (p == std::string::npos) return fallback;
-  p = json.find('"', p + 14);
-  if (p == std::string::npos) return fallback;
-  std::string out;
-  for (size_t i = p + 1; i < json.size(); ++i) {
-    if (json[i] == '\\' && i + 1 < json.size()) {
-      out += json[++i];
-    } else if (json[i] == '"') {
-      return out;
-    } else {
-      out += json[i];
-    }
-  }
-  return fallback;
 }
 
 struct Gate;
@@ -340,10 +262,10 @@ struct Gate {
   void WriteRefusals(const std::vector<std::string>& ids) {
     if (ids.empty()) return;
     std::string ts = Timestamp(), lines;
-    std::string tail = ",\"reason\":\"busy\",\"status\":\"busy\",\"message\":" + JsonString(busy_message) + "}\n";
+    std::string tail = ",\"reason\":\"busy\",\"status\":\"busy\",\"message\":" + gate_util::JsonString(busy_message) + "}\n";
     std::string head = "{\"ts\":\"" + ts + "\",\"level\":\"warning\",\"event\":\"request_rejected\",\"model\":" +
-                       JsonString(label_model) + ",\"stage\":\"gate\",\"request_id\":";
-    for (const auto& id : ids) lines += head + JsonString(id) + tail;
+                       gate_util::JsonString(label_model) + ",\"stage\":\"gate\",\"request_id\":";
+    for (const auto& id : ids) lines += head + gate_util::JsonString(id) + tail;
     std::fwrite(lines.data(), 1, lines.size(), stderr);
     std::fflush(stderr);
   }
@@ -766,7 +688,7 @@ void Gate::TargetStalled() {
     if (release) ReleaseSlot();
   }
   std::string line = "{\"ts\":\"" + Timestamp() + "\",\"level\":\"error\",\"event\":\"target_unresponsive\",\"model\":" +
-                     JsonString(label_model) + ",\"stage\":\"gate\",\"target\":" + JsonString(target) +
+                     gate_util::JsonString(label_model) + ",\"stage\":\"gate\",\"target\":" + gate_util::JsonString(target) +
                      ",\"stall_timeout_s\":" + std::to_string(timeout_s) + ",\"streams_ended\":" +
                      std::to_string(ended) + ",\"stopping_server\":" + (stop_server_on_stall ? "true" : "false") + "}\n";
   std::fwrite(line.data(), 1, line.size(), stderr);
@@ -860,8 +782,8 @@ TRITONSERVER_Error* WatchInitialize(TRITONBACKEND_Model* model, const std::strin
     if (comma > start) w->doors.push_back(doors.substr(start, comma - start));
     start = comma + 1;
   }
-  double poll_ms = std::atof(ConfigParameter(json, "cancel_poll_ms", "100").c_str());
-  double beat_ms = std::atof(ConfigParameter(json, "heartbeat_ms", "5000").c_str());
+  double poll_ms = std::atof(gate_util::ConfigParameter(json, "cancel_poll_ms", "100").c_str());
+  double beat_ms = std::atof(gate_util::ConfigParameter(json, "heartbeat_ms", "5000").c_str());
   if (w->doors.empty() || !(poll_ms > 0) || !(beat_ms > 0)) {
     delete w;
     return Fail("the admission watch needs door names in watch_models, a positive cancel_poll_ms and heartbeat_ms");
@@ -935,26 +857,26 @@ TRITONSERVER_Error* TRITONBACKEND_ModelInitialize(TRITONBACKEND_Model* model) {
   TRITONSERVER_ErrorDelete(TRITONSERVER_MessageDelete(message));
   if (err) return err;
 
-  const std::string watch_models = ConfigParameter(json, "watch_models", "");
+  const std::string watch_models = gate_util::ConfigParameter(json, "watch_models", "");
   if (!watch_models.empty()) return WatchInitialize(model, json, watch_models);
 
   auto* g = new Gate();
   const char* name = nullptr;
   TRITONSERVER_ErrorDelete(TRITONBACKEND_ModelName(model, &name));
   g->name = name ? name : "";
-  g->target = ConfigParameter(json, "target_model", "");
-  g->busy_message = ConfigParameter(json, "busy_message", "");
-  g->label_model = ConfigParameter(json, "label_model", g->name);
-  std::string metric = ConfigParameter(json, "rejected_metric", "");
-  std::string help = ConfigParameter(json, "rejected_help", "");
-  long max_live = std::atol(ConfigParameter(json, "max_live", "0").c_str());
-  double poll_ms = std::atof(ConfigParameter(json, "cancel_poll_ms", "5").c_str());
-  double settle_ms = std::atof(ConfigParameter(json, "log_settle_ms", "10").c_str());
-  double max_wait_ms = std::atof(ConfigParameter(json, "log_max_wait_ms", "100").c_str());
-  g->ping_input = ConfigParameter(json, "ping_input", "");
-  double ping_ms = std::atof(ConfigParameter(json, "ping_interval_ms", "5000").c_str());
-  double stall_ms = std::atof(ConfigParameter(json, "stall_timeout_ms", "0").c_str());
-  g->stop_server_on_stall = ConfigParameter(json, "stop_server_on_stall", "false") == "true";
+  g->target = gate_util::ConfigParameter(json, "target_model", "");
+  g->busy_message = gate_util::ConfigParameter(json, "busy_message", "");
+  g->label_model = gate_util::ConfigParameter(json, "label_model", g->name);
+  std::string metric = gate_util::ConfigParameter(json, "rejected_metric", "");
+  std::string help = gate_util::ConfigParameter(json, "rejected_help", "");
+  long max_live = std::atol(gate_util::ConfigParameter(json, "max_live", "0").c_str());
+  double poll_ms = std::atof(gate_util::ConfigParameter(json, "cancel_poll_ms", "5").c_str());
+  double settle_ms = std::atof(gate_util::ConfigParameter(json, "log_settle_ms", "10").c_str());
+  double max_wait_ms = std::atof(gate_util::ConfigParameter(json, "log_max_wait_ms", "100").c_str());
+  g->ping_input = gate_util::ConfigParameter(json, "ping_input", "");
+  double ping_ms = std::atof(gate_util::ConfigParameter(json, "ping_interval_ms", "5000").c_str());
+  double stall_ms = std::atof(gate_util::ConfigParameter(json, "stall_timeout_ms", "0").c_str());
+  g->stop_server_on_stall = gate_util::ConfigParameter(json, "stop_server_on_stall", "false") == "true";
   std::string problem = g->target.empty()          ? "parameter target_model is missing"
                         : g->target == g->name     ? "target_model names the gate itself"
                         : g->busy_message.empty()  ? "parameter busy_message is missing"
