@@ -16,7 +16,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "scripts" / "debian_packages.sh"
-PACKAGES = ("libpython3.11", "prometheus", "chromium", "fonts-wqy-microhei")
+PACKAGES = ("libpython3.11", "prometheus", "chromium", "fonts-wqy-microhei", "postgresql")
 needs_apt = pytest.mark.skipif(shutil.which("apt-get") is None, reason="no apt-get: not a Debian-like machine")
 
 
