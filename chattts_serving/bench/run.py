@@ -524,6 +524,21 @@ def serving(profile: Any, cfg: Config, log_name: str, sentences: list[str],
                 monitor.stop()
         finally:
             srv.stop()
+            _scan_server_log(cfg.out / log_name, progress)
+
+
+SERVER_CRASH_SIGNS: list[str] = []
+"""Crash signs (:mod:`chattts_serving.deploy.logscan`) found in the logs of this run's servers:
+any fails the benchmark, whatever its figures."""
+
+
+def _scan_server_log(log: Path, progress: Callable[[str], None]) -> None:
+    from ..deploy.logscan import fatal_lines
+
+    signs = fatal_lines(log.read_text(errors="replace")) if log.is_file() else []
+    for line in signs:
+        progress(f"server log {log.name} shows a crash: {line}")
+    SERVER_CRASH_SIGNS.extend(f"{log.name}: {line}" for line in signs)
 
 
 def run_profile(cfg: Config, name: str, is_default: bool, sentences: list[str], prompts: list[Any],
@@ -719,6 +734,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name} is null: {reason}")
     if any(lv["ok"] == 0 for prof in result["profiles"].values() for lv in prof.get("levels", [])):
         print("bench: error: a concurrency level had no successful request", file=sys.stderr)
+        return 1
+    if SERVER_CRASH_SIGNS:
+        print("bench: error: a server log shows a crash:\n  " + "\n  ".join(SERVER_CRASH_SIGNS[:20]), file=sys.stderr)
         return 1
     return 0
 
