@@ -84,7 +84,9 @@ class SynthesisRequest:
     reference recording, (N,) float32 mono samples in [-1, 1] at reference_sample_rate_hz
     (INT32, default 24000; :func:`read_wav` reads one); reference_text: its transcript
     (required with it or with spk_smp); spk_smp: a ChatTTS audio-prompt string instead of a
-    recording. request_id: Triton request id (not a tensor): echoed in every response's ``id``
+    recording. validate_only: check the request whole (its parameters, voice, reference and
+    refine prompt, as a synthesis would) and end with the final ``info`` and no audio (BOOL).
+    request_id: Triton request id (not a tensor): echoed in every response's ``id``
     and in ``info``; the server generates one when it is None.
 
     vocoder, priority and segmentation also take their values as strings (from a command line
@@ -118,6 +120,7 @@ class SynthesisRequest:
     reference_sample_rate_hz: int | None = None
     reference_text: str | None = None
     spk_smp: str | None = None
+    validate_only: bool | None = None
     request_id: str | None = None
 
     def __post_init__(self) -> None:

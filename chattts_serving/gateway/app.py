@@ -53,7 +53,11 @@ REQUEST_ID_HEADER: Final = "X-Request-Id"
 otherwise generated; passed to Triton as the request id and returned on the response."""
 DROPPED_HEADER: Final = "X-Unspoken-Text"
 """JSON list (ASCII, \\u escapes) of the characters the front end could not speak; absent when none."""
-EXPOSED_HEADERS: Final = (REQUEST_ID_HEADER, SAMPLE_RATE_HEADER, DROPPED_HEADER, "X-Audio-Format", "Retry-After")
+DEGRADED_HEADER: Final = "X-Degraded"
+"""``true`` on a response the server made in its degraded mode (under overload: the codes
+vocoder, larger chunks, no refine-text; never less of the text); absent otherwise."""
+EXPOSED_HEADERS: Final = (REQUEST_ID_HEADER, SAMPLE_RATE_HEADER, DROPPED_HEADER, DEGRADED_HEADER, "X-Audio-Format",
+                          "Retry-After")
 """Response headers a browser script may read on a cross-origin response (CORS)."""
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 
@@ -253,6 +257,9 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
                    "Cache-Control": "no-store", REQUEST_ID_HEADER: request_id}
         if stream.info.get("dropped"):
             headers[DROPPED_HEADER] = json.dumps(stream.info["dropped"])
+        if stream.info.get("degraded"):
+            headers[DEGRADED_HEADER] = "true"
+            metrics.degraded.labels(door="speech").inc()
         relay = _Relay(stream, first, body.stream_format == "sse", len(body.input), request_id, t0, cfg.triton_url,
                        metrics, live)
         return _RelayResponse(relay, media_type="text/event-stream" if relay.sse else info.media_type,

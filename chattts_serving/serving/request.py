@@ -200,7 +200,8 @@ class EntryRequest:
     request_id: the client's Triton request id (or a generated one) for logs and ``info``;
     refine: refine-text parameters, None to skip that stage (the default); segmentation: how
     the text is cut into GPT sequences; reference: the audio prompt the request brought, None
-    for none (a voice from the voices file may still bring its recording).
+    for none (a voice from the voices file may still bring its recording); validate_only:
+    check the request whole and generate nothing (:func:`~.pipeline.validate_request`).
     """
 
     text: str
@@ -214,6 +215,7 @@ class EntryRequest:
     refine: RefineParams | None = None
     segmentation: Segmentation = Segmentation.STREAMING
     reference: Reference | None = None
+    validate_only: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -264,7 +266,8 @@ def parse_entry(inputs: Inputs, limits: EntryLimits, request_params: Mapping[str
                         request_id=request_id, refine=_entry_refine(inputs, limits.max_new_tokens_cap),
                         segmentation=enum_input(inputs, contract.IN_SEGMENTATION.name, Segmentation,
                                                 limits.default_segmentation),
-                        reference=_entry_reference(inputs, limits.reference))
+                        reference=_entry_reference(inputs, limits.reference),
+                        validate_only=bool_input(inputs, contract.IN_VALIDATE_ONLY.name))
 
 
 def _entry_reference(inputs: Inputs, limits: ReferenceLimits) -> Reference | None:
