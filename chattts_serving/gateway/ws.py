@@ -7,7 +7,10 @@ One WebSocket per utterance (or conversation turn). The client sends JSON text m
     {"type": "flush"}                                                                # optional
     {"type": "end"}                                                                  # last
 
-The gateway cuts the text into sentences as they complete
+The start message is checked whole before ``started``, as ``POST /v1/audio/speech`` checks a
+request: the gateway's own checks, then the server's, by a ``validate_only`` request that
+generates nothing (an unknown voice, a parameter outside the server's limits: one ``error`` and
+close 1007; a full server: 1013). The gateway cuts the text into sentences as they complete
 (:class:`~chattts_serving.text.sentences.SentenceSplitter`; a sentence also ends on ``flush``,
 ``end`` or after ``ws_idle_flush_s`` without text) and synthesises each as one ``chattts``
 stream over the shared :class:`~chattts_serving.client.AioStreamClient`, with the start
@@ -16,8 +19,9 @@ message's fields (the same seed for every sentence): sentence *i*'s audio is wha
 ``ws_lookahead`` sentences are synthesised ahead of the one being sent; audio is sent strictly
 in sentence order, as binary frames of ``response_format`` (one encoder for the connection:
 a WAV header comes once), between JSON events (:func:`event`): ``started``, then per sentence
-``sentence_start`` / ``sentence_done``, then ``done`` (or ``error``), and the server closes
-with a code of :class:`Close`.
+``sentence_start`` / ``sentence_done`` (with ``unspoken``, ``dropped`` for a sentence with
+nothing to speak, which is no error, and ``degraded`` when the server made it in its degraded
+mode), then ``done`` (or ``error``), and the server closes with a code of :class:`Close`.
 
 Back-pressure: each sentence holds at most ``ws_queue_chunks`` undelivered chunks; when that is
 full the gateway stops reading its Triton stream, and at most ``1 + ws_lookahead`` sentences
