@@ -143,6 +143,21 @@ def test_segments_keep_every_character_in_order(text: str, expected: list[str] |
         assert segs == expected
 
 
+@pytest.mark.parametrize("text, expected", [
+    ("Here are the steps:\n1. Open Settings.\n2. Click Network.",
+     ["Here are the steps:\n", "1. Open Settings.\n", "2. Click Network."]),
+    ("步骤如下，请一步一步来，不要着急：\n1. 打开设置页面，找到网络选项。\n2. Click Network and wait.",
+     ["步骤如下，请一步一步来，不要着急：\n", "1. 打开设置页面，找到网络选项。\n", "2. Click Network and wait."]),
+    ("1.", ["1."]),
+])
+def test_a_list_marker_starts_the_segment_of_its_item(text: str, expected: list[str]) -> None:
+    """Over HTTP as on the WebSocket: ``1.`` is spoken with its item, never at the end of the
+    line before it (where a Chinese line made it 一 before an English item)."""
+    rules = SegmentRules(max_chars=120, merge_chars=10)
+    assert split_segments(text, rules) == expected
+    assert "".join(split_segments(text, rules)) == text
+
+
 def test_short_sentences_are_merged_not_split_into_tiny_segments() -> None:
     assert len(split_segments("好。对。是。", SegmentRules(max_chars=120, merge_chars=30))) == 1
 

@@ -13,7 +13,7 @@ import re
 import unicodedata
 from typing import Final
 
-from .segments import SENTENCE_END_MARKS
+from .segments import SENTENCE_END_MARKS, markup_only
 
 CLOSING_MARKS: Final = "\"'”’」』）)】]》〉*_~"
 """Closing quotes, brackets and markdown emphasis that stay with the sentence end they follow
@@ -21,22 +21,10 @@ CLOSING_MARKS: Final = "\"'”’」』）)】]》〉*_~"
 ABBREVIATIONS: Final = frozenset({"mr", "mrs", "ms", "dr", "prof", "st", "vs", "e.g", "i.e", "fig", "approx"})
 """Words whose full stop does not end a sentence before white space (``Mr. Smith``), lower case."""
 _WORD_BEFORE_DOT: Final = re.compile(r"([A-Za-z.]+)[.]$")
-MARKUP_CHARS: Final = "#>*-+•·▪‣◦●○■□–—_~`|"
-"""Markdown and list decoration: heading and quote marks, bullets, emphasis, code, rules."""
-_ORDINAL: Final = re.compile(r"[(（]?(?:\d{1,3}|[A-Za-z]|[ivxlcdmIVXLCDM]{1,6}|[一二三四五六七八九十百]{1,4})"
-                             r"[.)、．）。:：]?[)）]?")
-"""A list item's number or letter with its punctuation: ``1.``, ``2)``, ``(3)``, ``a.``, ``iv.``, ``一、``."""
 TRAILING_CATEGORIES: Final = frozenset({"So", "Sk", "Mn", "Me", "Cf"})
 """Unicode categories that stay with the sentence end they follow: emoji and other symbols,
 their modifiers, variation selectors and joiners (``好的！😀``: the emoji is reported unspoken
 with its sentence instead of becoming a sentence of its own)."""
-
-
-def markup_only(text: str) -> bool:
-    """Whether ``text`` holds nothing but list or markdown decoration (``1.``, ``2)``, ``-``,
-    ``*``, ``•``, ``##``, ``>``, ``**1.**``): a fragment that belongs to the words after it."""
-    core = text.strip().strip(MARKUP_CHARS + " \t\n")
-    return not core or _ORDINAL.fullmatch(core) is not None
 
 
 def _trailing(ch: str) -> bool:
