@@ -468,6 +468,25 @@ def test_the_degraded_mode_measures_first_audio_without_the_work_a_request_asked
         assert sample >= 0.0
 
 
+def test_validate_only_checks_the_request_and_generates_nothing(stages: InProcessStages) -> None:
+    """``validate_only`` (the WebSocket's check of its start): a request that passes ends with
+    its final info and no audio, without an engine sequence, and is not counted as a request;
+    one the front end refuses (an unknown voice) is refused INVALID naming the voice."""
+    service, observer = _service(stages)
+    generated = stages.calls["generate"]
+    channel = RecordingChannel()
+    service.stream(service.admit(_tensors("-", voice="alloy", validate_only=True), {}, "check"), channel)
+    assert [e[0] for e in channel.events] == ["final"] and not channel.chunks
+    assert json.loads(channel.events[-1][1])["audio_s"] == 0.0
+    assert stages.calls["generate"] == generated and observer.finishes == []
+    assert service.admission.slots.live == 0
+    bad = RecordingChannel()
+    service.stream(service.admit(_tensors("-", voice="no-such-voice", validate_only=True), {}, "bad"), bad)
+    assert [e[0] for e in bad.events] == ["error"] and stages.calls["generate"] == generated
+    error = bad.events[-1][1]
+    assert error.kind == ErrorKind.INVALID and error.param == "voice", error
+
+
 def test_the_watchdog_leaves_queued_streams_alone_while_others_progress() -> None:
     """Streams waiting behind full engine batches make no progress for minutes: only when no
     stream at all progresses for stall_s is the engine taken for dead."""
