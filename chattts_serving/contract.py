@@ -325,13 +325,16 @@ IN_REFERENCE_TEXT: Final = TensorSpec("reference_text", "TYPE_STRING", (1,), opt
 IN_SPK_SMP: Final = TensorSpec("spk_smp", "TYPE_STRING", (1,), optional=True,
                                doc="a ChatTTS audio-prompt string (Chat.sample_audio_speaker), instead of "
                                    "reference_audio")
+IN_VALIDATE_ONLY: Final = TensorSpec("validate_only", "TYPE_BOOL", (1,), optional=True,
+                                     doc="check the request whole (parameters, voice, reference, refine prompt) and "
+                                         "end with the final info and no audio: nothing is generated")
 ENTRY_INPUTS: Final = (IN_TEXT, IN_VOICE, IN_VOCODER, IN_PRIORITY, IN_TIMEOUT,
                        *(p.tensor() for p in SAMPLING_PARAMS), *(p.tensor() for p in STREAM_PARAMS),
                        IN_REFINE_TEXT, IN_REFINE_PROMPT,
                        *(TensorSpec(REFINE_PREFIX + p.name, p.triton_dtype, (1,), optional=True, doc=p.doc)
                          for p in REFINE_PARAMS),
                        IN_SEGMENTATION, IN_REFERENCE_AUDIO, IN_REFERENCE_RATE, IN_REFERENCE_TEXT, IN_SPK_SMP,
-                       IN_LANGUAGE)
+                       IN_LANGUAGE, IN_VALIDATE_ONLY)
 OUT_AUDIO: Final = TensorSpec("audio", "TYPE_FP32", (-1,),
                               doc="mono waveform samples at SAMPLE_RATE_HZ, float32 in [-1, 1]")
 OUT_INFO: Final = TensorSpec("info", "TYPE_STRING", (1,),

@@ -31,6 +31,10 @@ from typing import Final
 
 from .contract import WireEnum
 
+NOTHING_SPEAKABLE: Final = "text has nothing speakable after normalisation"
+"""How the INVALID error of a text with nothing to speak (only punctuation, symbols, emoji)
+begins: the WebSocket stream reports such a sentence as dropped, not as an error."""
+
 
 class ErrorKind(WireEnum):
     """Why a request failed; decides its status on every protocol (:data:`STATUS`)."""

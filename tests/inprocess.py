@@ -163,6 +163,7 @@ class RecordingObserver:
         self.queue: list[int] = []
         self.active: list[int] = []
         self.degraded: list[bool] = []
+        self.degraded_requests = 0
 
     def rejected(self, reason: str, count: int = 1) -> None:
         self.rejections.extend([reason] * count)
@@ -178,6 +179,9 @@ class RecordingObserver:
 
     def set_degraded(self, on: bool) -> None:
         self.degraded.append(on)
+
+    def degraded_request(self) -> None:
+        self.degraded_requests += 1
 
 
 

@@ -28,7 +28,7 @@ from conftest import running_gateway
 
 from chattts_serving.bench import load_sentences
 from chattts_serving.bench.burst import CLIENT_NICE
-from chattts_serving.bench.gatewayload import GATEWAY_FIGURES, gateway_figures
+from chattts_serving.bench.gatewayload import FIRST_BYTE_FIGURES, GATEWAY_FIGURES, first_byte_figures, gateway_figures
 from chattts_serving.bench.modes import MODE_KEYS
 from chattts_serving.bench.openloop import BUDGET_SCALES, open_loop_plan
 from chattts_serving.bench.outcomes import Outcome, classify_error, count_outcomes
@@ -69,7 +69,7 @@ PROFILE_KEYS = {"throughput_ratio_c16", "ttfa_ratio_c1", "p95_over_p50_c16", "pi
 TOP_KEYS = {"config", "machine", "baseline", "raw_step", "pipeline", "levels", "open_loop", "burst", "as_deployed",
             "profiles", "definitions", "null_reasons", "degradation", "started_at", "elapsed_s", "frontend",
             "frontend_p99_ms", "frontend_share_of_ttfa_c1", "gateway", "modes", "ws", *FIGURES, *GATEWAY_FIGURES,
-            *MODE_KEYS.values(), *WS_FIGURES}
+            *FIRST_BYTE_FIGURES, *MODE_KEYS.values(), *WS_FIGURES}
 LOCUST_TYPES = {"grpc:ttfa", "grpc:total", "sse:ttfa", "sse:total", "http:infer", "gateway:ttfa", "gateway:total"}
 
 
@@ -169,6 +169,10 @@ def test_bench_smoke_writes_report(small_weights: Path, small_int8_artifacts, tm
         assert lv["gateway"]["audio_s_total"] == pytest.approx(lv["direct"]["audio_s_total"])
     assert all(result[name] > 0 for name in GATEWAY_FIGURES)
     assert "## OpenAI gateway overhead" in md
+    # time to first byte per format: every format answered, each figure a p50 difference from pcm
+    first = result["gateway"]["first_byte"]
+    assert all(len(v["first_byte_s"]) == first["runs"] and "error" not in v for v in first["formats"].values())
+    assert all(result[name] is not None for name in FIRST_BYTE_FIGURES) and "first body byte" in md
     # the segmentation modes and the reference voice, one request each, all completed
     assert {k: m["ok"] for k, m in result["modes"].items()} == dict.fromkeys(MODE_KEYS, 1)
     assert all(result[key] > 0 for key in MODE_KEYS.values()) and "## Segmentation modes" in md
@@ -365,8 +369,9 @@ def test_default_path_profile_only_moves_the_degradation_thresholds_out_of_reach
     shipped = load_profile("cpu")
     bench = default_path_profile(shipped)
     assert bench.degrade.live_high == UNREACHABLE_STREAMS and bench.degrade.ttfa_p95_high_s >= 1e9
+    assert bench.degrade.queued_high == UNREACHABLE_STREAMS  # every signal of the degraded mode
     assert bench.model_dump(exclude={"degrade"}) == shipped.model_dump(exclude={"degrade"})
-    assert bench.degrade.max_new_tokens == shipped.degrade.max_new_tokens
+    assert bench.degrade.chunk_scale == shipped.degrade.chunk_scale
 
 
 def test_soak_accounting_confirms_cancels_on_the_server_and_finds_the_lost() -> None:
@@ -454,3 +459,11 @@ def test_gateway_figures_are_gateway_over_direct_at_1_and_16() -> None:
                                                      "gateway_throughput_ratio_c16": 0.95})
     assert gateway_figures({"error": "did not start", "levels": []}) == dict.fromkeys(GATEWAY_FIGURES)
     assert gateway_figures(None)["gateway_ttfa_ratio_c1"] is None
+
+
+def test_first_byte_figures_are_each_formats_p50_over_pcms() -> None:
+    gateway = {"first_byte": {"gap_p50_s": {"wav": 0.0, "mp3": 0.01, "opus": 0.0, "aac": 0.02, "flac": -0.01}}}
+    assert first_byte_figures(gateway) == {"gateway_first_byte_gap_s_wav": 0.0, "gateway_first_byte_gap_s_mp3": 0.01,
+                                           "gateway_first_byte_gap_s_opus": 0.0, "gateway_first_byte_gap_s_aac": 0.02,
+                                           "gateway_first_byte_gap_s_flac": -0.01}
+    assert first_byte_figures({"error": "did not start"}) == dict.fromkeys(FIRST_BYTE_FIGURES)

@@ -113,8 +113,8 @@ def storm_server(small_artifacts: Any, tmp_path_factory: pytest.TempPathFactory)
     from conftest import Server, serve_profile
 
     srv = serve_profile(small_artifacts, tmp_path_factory.mktemp("storm"),
-                        degrade={"live_high": 10**6, "live_low": 10**6 - 1, "ttfa_p95_high_s": 1e9,
-                                 "ttfa_p95_low_s": 1e9 - 1})
+                        degrade={"live_high": 10**6, "live_low": 10**6 - 1, "queued_high": 10**6,
+                                 "queued_low": 10**6 - 1, "ttfa_p95_high_s": 1e9, "ttfa_p95_low_s": 1e9 - 1})
     try:
         yield Server(srv.http_port, srv.grpc_port, srv.metrics_port, server=srv, artifacts=small_artifacts,
                      log_path=srv.log_path)

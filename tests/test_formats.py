@@ -13,6 +13,7 @@ import pytest
 from chattts_serving import contract
 from chattts_serving.audio import formats as audio_format
 from chattts_serving.audio.formats import (
+    FLAC_BLOCK_SAMPLES,
     FORMATS,
     FormatError,
     encode,
@@ -193,3 +194,45 @@ def test_empty_stream_is_still_a_valid_start(name: str) -> None:
         assert data[:4] == b"RIFF" and len(data) == 44
     elif name in ("pcm", "float32"):
         assert data == b""
+
+
+def _first_chunk_samples() -> int:
+    """The smallest first chunk of a stream on any profile: first_chunk_tokens tokens less
+    half a crossfade (what the first vocoder window delivers; 1792 samples on the profiles)."""
+    from chattts_serving.serving.profile import PROFILES_DIR, load_profile
+
+    sizes = []
+    for path in PROFILES_DIR.glob("*.toml"):
+        stream = load_profile(path.stem).stream
+        sizes.append(stream.first_chunk_tokens * contract.SAMPLES_PER_TOKEN - stream.crossfade_samples // 2)
+    return min(sizes)
+
+
+@pytest.mark.parametrize("name", list(FORMATS))
+def test_the_first_chunk_gives_bytes_at_once(name: str) -> None:
+    """Every format gives encoded bytes as soon as a stream's first (small) chunk is fed,
+    without waiting for the next chunk: aac and flac held it back (the gateway's first byte
+    then waited for the second chunk). The lossless ones give that chunk's own samples (flac:
+    all but the last partial frame)."""
+    first = _first_chunk_samples()
+    x = _signal()[:first]
+    enc = new_encoder(name)
+    data = enc.encode(x)
+    assert data, f"{name} held the first {first} samples back"
+    if name == "flac":
+        import av
+
+        with av.open(io.BytesIO(data), format="flac") as c:
+            got = np.concatenate([f.to_ndarray().reshape(-1) for f in c.decode(audio=0)])
+        ref = np.frombuffer(to_pcm16(x), "<i2")
+        assert first - FLAC_BLOCK_SAMPLES < got.size <= first
+        np.testing.assert_array_equal(got, ref[:got.size])
+    if name == "aac":
+        assert data[0] == 0xFF and (data[1] & 0xF6) == 0xF0  # an ADTS frame
+
+
+def test_a_streamed_flac_has_no_padding_block_and_small_frames() -> None:
+    data = new_encoder("flac").encode(_signal()[:4096])
+    assert len(data) < 4096 * 2, len(data)  # no 8 KiB PADDING block before the audio
+    whole = encode("flac", _signal())
+    assert whole[:4] == b"fLaC"

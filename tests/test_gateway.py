@@ -140,6 +140,27 @@ def test_models_health_and_metrics_without_triton(offline_client: TestClient) ->
     assert "tts_gateway_streams_in_flight 0.0" in offline_client.get("/metrics").text  # no key needed
 
 
+@pytest.mark.parametrize("headers, problem", [
+    ({"Origin": "https://elsewhere.example"}, "origin 'https://elsewhere.example' is not allowed"),
+    ({"Access-Control-Request-Method": "DELETE"}, "method 'DELETE' is not allowed"),
+    ({"Access-Control-Request-Headers": "authorization, x-secret"}, "header(s) x-secret not allowed"),
+])
+def test_a_refused_cors_preflight_carries_the_openai_error_object(headers: dict[str, str], problem: str) -> None:
+    """Every refusal of the gateway has OpenAI's error shape: a CORS preflight refused was
+    Starlette's plain text ("Disallowed CORS origin")."""
+    app = create_app(GatewaySettings(triton_url=f"127.0.0.1:{free_port()}", cors_origins=(ORIGIN,)))
+    with TestClient(app) as client:
+        r = client.options("/v1/audio/speech", headers={"Origin": ORIGIN, "Access-Control-Request-Method": "POST",
+                                                        **headers})
+        ok = client.options("/v1/audio/speech", headers={"Origin": ORIGIN, "Access-Control-Request-Method": "POST"})
+    assert r.status_code == 400 and r.headers["content-type"] == "application/json", r.text
+    error = r.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["type"] == "invalid_request_error" and error["code"] == "cors_not_allowed"
+    assert problem in error["message"], error["message"]
+    assert ok.status_code == 200 and ok.headers["access-control-allow-origin"] == ORIGIN
+
+
 def test_cors_is_off_by_default(offline_client: TestClient) -> None:
     r = offline_client.options("/v1/audio/speech", headers={"Origin": ORIGIN, "Access-Control-Request-Method": "POST"})
     assert r.status_code == 405 and "access-control-allow-origin" not in r.headers

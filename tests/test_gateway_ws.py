@@ -27,7 +27,7 @@ from chattts_serving import contract
 from chattts_serving.gateway import GatewaySettings
 from chattts_serving.gateway.ws import WS_PATH, Close
 from chattts_serving.runtime import Artifacts
-from chattts_serving.text.sentences import SentenceSplitter, split_sentences
+from chattts_serving.text.sentences import SentenceSplitter, markup_only, split_sentences
 
 websockets = pytest.importorskip("websockets")
 
@@ -84,6 +84,47 @@ def test_an_over_long_sentence_is_cut_at_its_last_pause() -> None:
     out = split_sentences(text, max_chars=25)
     assert all(len(p) <= 25 for p in out) and "".join(out) == text
     assert all(p.endswith("，") for p in out)
+
+
+LLM_REPLIES = [
+    ("Here are the steps:\n1. Open Settings.\n2. Click Network.",
+     ["Here are the steps:", "1. Open Settings.", "2. Click Network."]),
+    ("步骤如下：\n1. 打开设置。\n2. 点击网络。\n3) 选择无线局域网。",
+     ["步骤如下：", "1. 打开设置。", "2. 点击网络。", "3) 选择无线局域网。"]),
+    ("## Summary\n- **Fast**: it streams.\n* Cheap.\n• Open source.",
+     ["## Summary", "- **Fast**: it streams.", "* Cheap.", "• Open source."]),
+    ("**Note.** Save your work first. Then run `make test.` and `ls -la`. Done!",
+     ["**Note.**", "Save your work first.", "Then run `make test.` and `ls -la`.", "Done!"]),
+    ("> He said \"Stop.\" Then he left.", ['> He said "Stop."', "Then he left."]),
+    ("好的，没问题！😀", ["好的，没问题！😀"]),
+    ("Sure thing!🎉✨\n\n1.\nOpen the app. 👍", ["Sure thing!🎉✨", "1. Open the app.", "👍"]),
+    ("第一步：打开设置。\n(2) 点击“网络”。", ["第一步：打开设置。", "(2) 点击“网络”。"]),
+]
+
+
+def _llm_tokens(text: str) -> list[str]:
+    """The text as an LLM streams it: one CJK character, or one word with its trailing
+    white space, per delta (what the page and the benchmark send)."""
+    return re.findall(r"[\u3000-\u9fff\uff00-\uffef]|[^\s\u3000-\u9fff\uff00-\uffef]+\s*|\s+", text)
+
+
+@pytest.mark.parametrize("text, expected", LLM_REPLIES, ids=[t[:20] for t, _ in LLM_REPLIES])
+def test_llm_replies_keep_list_markers_and_markdown_with_their_words(text: str, expected: list[str]) -> None:
+    """List markers (``1.``, ``2)``, ``(2)``, ``-``, ``*``, ``•``), headings, emphasis, code
+    spans, quotes and a trailing emoji stay with the words they belong to, whether the reply
+    comes word by word or whole: ``1.`` alone was a sentence of its own, read in Chinese."""
+    assert split_sentences(text) == expected
+    assert _feed(_llm_tokens(text)) == expected
+    assert _feed(list(text)) == expected
+    assert not any(markup_only(sentence) for sentence in expected)
+
+
+def test_decoration_alone_is_still_spoken_when_nothing_follows() -> None:
+    """A held list marker is released by flush and end: nothing the client sent is lost."""
+    s = SentenceSplitter()
+    assert s.feed("Options:\n1. ") == ["Options:"] and s.pending.strip() == "1."
+    assert s.flush() == ["1."]
+    assert split_sentences("- ") == ["-"]
 
 
 # --- against a real gateway and tritonserver ---------------------------------------------
@@ -246,16 +287,22 @@ def test_sentence_events_carry_normalised_and_unspoken_text(gateway_url: str) ->
 
 
 @pytest.mark.server
-def test_an_unspeakable_sentence_gets_its_error_event_and_the_stream_goes_on(gateway_url: str) -> None:
-    conv = _speak(gateway_url, ["😀😀。", "你好。"])
-    assert conv.types() == ["started", "error", "sentence_done", "sentence_start", "sentence_done", "done"], \
-        conv.events
-    error = conv.events[1]
-    assert (error["index"], error["kind"], error["retryable"]) == (0, "invalid", False) and error["message"]
-    assert conv.events[2] == {"type": "sentence_done", "index": 0, "audio_s": 0.0, "first_audio_ms": None,
-                              "start_samples": 0, "duration_samples": 0, "start_s": 0.0, "duration_s": 0.0,
-                              "sample_rate_hz": contract.SAMPLE_RATE_HZ}
-    assert conv.close_code == Close.NORMAL and len(conv.audio[1]) == 2 * contract.samples_for_tokens(TOKENS)
+def test_an_unspeakable_fragment_is_reported_dropped_and_the_stream_goes_on(gateway_url: str) -> None:
+    """An emoji alone (here the whole first sentence, and the tail an LLM adds after its last
+    sentence) has nothing to speak: it is reported as dropped in its sentence events and in
+    ``done``, never as an ``error`` (the issue: 好的，没问题！😀 ended on a red error)."""
+    conv = _speak(gateway_url, ["😀😀。", "你好。", "好的，没问题！😀", " 👍"])
+    assert "error" not in conv.types(), conv.events
+    starts = [e for e in conv.events if e["type"] == "sentence_start"]
+    dones = [e for e in conv.events if e["type"] == "sentence_done"]
+    assert [e["text"] for e in starts] == ["😀😀。", "你好。", "好的，没问题！😀", "👍"]
+    assert [e["dropped"] for e in starts] == [True, False, False, True] == [e["dropped"] for e in dones]
+    assert starts[0]["unspoken"] == ["😀"] and starts[2]["unspoken"] == ["😀"] and starts[3]["unspoken"] == ["👍"]
+    assert dones[0]["audio_s"] == 0.0 and dones[0]["first_audio_ms"] is None
+    assert sorted(conv.audio) == [1, 2] and len(conv.audio[1]) == 2 * contract.samples_for_tokens(TOKENS)
+    done = conv.events[-1]
+    assert done["type"] == "done" and done["dropped_sentences"] == [0, 3] and done["unspoken"] == ["😀", "👍"]
+    assert done["sentences"] == 4 and conv.close_code == Close.NORMAL
 
 
 @pytest.mark.server
@@ -346,6 +393,44 @@ MALFORMED = [
     ("voice none without a reference", [{**START, "voice": "none"}], Close.INVALID_DATA, "invalid_value"),
     ("empty voice", [{**START, "voice": " "}], Close.INVALID_DATA, "invalid_value"),
 ]
+"""Mistakes the gateway sees in the message itself."""
+START_MISTAKES = [
+    ("unknown voice", {"voice": "no-such-voice"}, "voice"),
+    ("voice seed out of range", {"voice": "99999999999"}, "voice"),
+    ("malformed spk_emb voice", {"voice": "蘁淰" + "x" * 40}, "voice"),
+    ("unknown vocoder", {"vocoder": "wavenet"}, "vocoder"),
+    ("unknown segmentation", {"segmentation": "paragraphs"}, "segmentation"),
+    ("unknown format", {"response_format": "ogg"}, "response_format"),
+    ("min above max tokens", {"max_new_tokens": 8, "min_new_tokens": 20}, "min_new_tokens"),
+    ("temperature out of range", {"temperature": 0.0}, "temperature"),
+    ("refine prompt without refine", {"refine_prompt": "[oral_2]"}, "refine_text"),
+    ("bad refine prompt", {"refine_text": True, "refine_prompt": "[oral_99]"}, "refine_prompt"),
+    ("transcript without a reference", {"reference_text": "你好。"}, "reference_text"),
+    ("malformed spk_smp", {"spk_smp": "not-a-spk-smp", "reference_text": "你好。"}, "spk_smp"),
+    ("reference audio not a WAV", {"reference_audio": base64.b64encode(b"RIFF1234").decode(),
+                                   "reference_text": "你好。"}, "reference_audio"),
+]
+"""Mistakes in the start message that ``POST /v1/audio/speech`` refuses with 400, most of them
+only the server can see (the voice book, the profile's limits, the front end's checks): each is
+refused at the start, with one error and 1007, before ``started`` (the issue: an unknown voice
+was accepted and every sentence then failed, the stream ending ``done`` with no audio)."""
+
+
+@pytest.mark.server
+@pytest.mark.parametrize("case,fields,param", START_MISTAKES, ids=[m[0] for m in START_MISTAKES])
+def test_a_start_is_validated_whole_before_started(gateway_url: str, case: str, fields: dict[str, Any],
+                                                   param: str) -> None:
+    start = {**START, **fields}
+    conv = asyncio.run(_converse(gateway_url, [start, {"type": "text", "text": "你好。"}, {"type": "end"}]))
+    assert conv.types() == ["error"], conv.events
+    error = conv.events[0]
+    assert error["kind"] == "invalid" and error["retryable"] is False and error["param"] == param, error
+    assert conv.close_code == Close.INVALID_DATA and not conv.audio
+    # the HTTP door refuses the same fields with 400 and the same param
+    body = {k: v for k, v in start.items() if k != "type"}
+    http = httpx.post(gateway_url + "/v1/audio/speech", json={**body, "model": "tts-1", "input": "你好。"},
+                      headers={"Authorization": f"Bearer {API_KEY}"}, timeout=60)
+    assert http.status_code == 400 and http.json()["error"]["param"] == param, http.text
 
 
 @pytest.mark.server
@@ -431,30 +516,45 @@ def test_ten_connections_at_once_complete_or_are_told_busy(triton_server: Server
 @pytest.mark.server
 def test_tritons_busy_answer_is_a_retryable_busy_event_and_1013(small_artifacts: Artifacts,
                                                                 tmp_path_factory: pytest.TempPathFactory) -> None:
-    """Triton admits one stream; while one connection speaks, another's sentence is refused by
-    Triton (not by the gateway: its own limit is far, and its admission watch is off, so that
-    the start is accepted and the sentence meets Triton's gate): busy, retryable, close 1013.
-    With the watch, the start itself is refused: tests/test_gateway.py."""
+    """Triton admits one stream (the gateway's own limit is far, and its admission watch is off,
+    so that requests meet Triton's gate). A connection that starts while another speaks is told
+    busy at its start, by the server's check of the start: one retryable busy event, close 1013,
+    no ``started``. A connection that started while the server was free and whose sentence then
+    meets the full server gets ``started``, then the busy event and 1013. With the watch, the
+    gateway refuses the start itself: tests/test_gateway.py."""
     srv = serve_profile(small_artifacts, tmp_path_factory.mktemp("ws-one-slot"), entry={"max_concurrent_streams": 1})
     try:
         settings = GatewaySettings(triton_url=f"127.0.0.1:{srv.grpc_port}", ws_lookahead=0, admission_watch=False)
         with running_gateway(settings) as url:
-            async def main() -> Conversation:
-                async with websockets.connect(_ws_url(url), max_size=None) as holder:
-                    await holder.send(json.dumps({**START, "max_new_tokens": 2000, "min_new_tokens": 2000}))
-                    await holder.send(json.dumps({"type": "text", "text": "占住唯一的名额。"}))
-                    while not isinstance(await holder.recv(), bytes):
-                        pass  # audio flows: Triton's only slot is taken
-                    return await _converse(url, [START, {"type": "text", "text": "你好。"}, {"type": "end"}],
-                                           key=None)
+            async def main() -> tuple[Conversation, Conversation]:
+                async with websockets.connect(_ws_url(url), max_size=None) as early:
+                    await early.send(json.dumps(START))
+                    assert json.loads(await early.recv())["type"] == "started"  # the server was free
+                    async with websockets.connect(_ws_url(url), max_size=None) as holder:
+                        await holder.send(json.dumps({**START, "max_new_tokens": 2000, "min_new_tokens": 2000}))
+                        await holder.send(json.dumps({"type": "text", "text": "占住唯一的名额。"}))
+                        while not isinstance(await holder.recv(), bytes):
+                            pass  # audio flows: Triton's only slot is taken
+                        late = await _converse(url, [START, {"type": "text", "text": "你好。"}, {"type": "end"}],
+                                               key=None)
+                        await early.send(json.dumps({"type": "text", "text": "你好。"}))
+                        await early.send(json.dumps({"type": "end"}))
+                        rest = Conversation(events=[{"type": "started"}])
+                        async for msg in _messages(early):
+                            if isinstance(msg, str):
+                                rest.events.append(json.loads(msg))
+                        rest.close_code = early.close_code
+                        return late, rest
 
-            conv = asyncio.run(main())
+            late, early = asyncio.run(main())
     finally:
         srv.stop()
-    assert conv.types() == ["started", "error"], conv.events
-    error = conv.events[-1]
-    assert (error["kind"], error["code"], error["retryable"]) == ("busy", "server_busy", True)
-    assert conv.close_code == Close.TRY_AGAIN
+    assert late.types() == ["error"], late.events
+    assert early.types() == ["started", "error"], early.events
+    for conv in (late, early):
+        error = conv.events[-1]
+        assert (error["kind"], error["code"], error["retryable"]) == ("busy", "server_busy", True)
+        assert conv.close_code == Close.TRY_AGAIN
 
 
 def _raw_handshake(url: str) -> socket.socket:

@@ -413,14 +413,15 @@ def test_degraded_mode_takes_the_cheaper_path_and_sheds_batch_requests(stages: I
                                                                        small_artifacts: Artifacts) -> None:
     """While degraded a request is made cheaper in every documented way: the codes vocoder
     (its audio is the codes path's, not the hidden one's), chunks chunk_scale times larger,
-    max_new_tokens capped, refine-text skipped; batch-priority requests are shed as busy."""
-    profile = _degrading_profile(live_high=1, live_low=0, max_new_tokens=40)
+    refine-text skipped; batch-priority requests are shed as busy. It is never made shorter:
+    it gets every token it asked for (the cap the degraded mode once applied cut speech)."""
+    profile = _degrading_profile(live_high=1, live_low=0)
     service, observer = _service(stages, profile)
     rf = small_artifacts.receptive_field_tokens("codes")
     held = service.admit(_tensors(max_new_tokens=50), {}, "first")  # one live stream: degrade at the next arrival
     job = service.admit(_tensors(max_new_tokens=50, min_new_tokens=50, vocoder="hidden", refine_text=True, seed=4,
                                  lookahead_tokens=rf), {}, "second")
-    assert job.degraded and job.req.vocoder == "codes" and job.req.params.max_new_tokens == 40
+    assert job.degraded and job.req.vocoder == "codes" and job.req.params.max_new_tokens == 50
     assert job.req.refine is None
     assert job.schedule.first_chunk_tokens == 2 * profile.stream.first_chunk_tokens
     with pytest.raises(RequestError) as err:
@@ -430,18 +431,18 @@ def test_degraded_mode_takes_the_cheaper_path_and_sheds_batch_requests(stages: I
     service.stream(job, channel)
     final = json.loads(channel.events[-1][1])
     assert final["degraded"] is True and final["vocoder"] == "codes" and final["refined"] is False
-    assert final["tokens"] == 40 and final["capped_segments"] == [0]
+    assert final["tokens"] == 50 and final["capped_segments"] == [0]  # the 50 asked for (min = max)
     spt, half = contract.SAMPLES_PER_TOKEN, profile.stream.crossfade_samples // 2
     sizes = [c.size for c in channel.chunks]
     assert sizes[:2] == [8 * spt - half, 16 * spt]  # 2 x (4 tokens, then 8): cpu profile, chunk_scale 2
-    assert observer.degraded == [True]
+    assert observer.degraded == [True] and observer.degraded_requests == 1
     service.stream(held, RecordingChannel())
-    # the audio is what the codes vocoder makes of those 40 tokens (full lookahead: exact)
+    # the audio is what the codes vocoder makes of those 50 tokens (full lookahead: exact)
     offline = EntryService(contract.MODEL_OFFLINE, _profile(), stages, RecordingObserver(), offline=True)
     ref, _ = run_offline(offline, offline.admit(
-        _tensors(max_new_tokens=40, min_new_tokens=40, vocoder="codes", seed=4), {}, "ref"))
+        _tensors(max_new_tokens=50, min_new_tokens=50, vocoder="codes", seed=4), {}, "ref"))
     hidden, _ = run_offline(offline, offline.admit(
-        _tensors(max_new_tokens=40, min_new_tokens=40, seed=4), {}, "hidden"))
+        _tensors(max_new_tokens=50, min_new_tokens=50, seed=4), {}, "hidden"))
     streamed = np.concatenate(channel.chunks)
     assert streamed.size == ref.size == hidden.size
     np.testing.assert_allclose(streamed, ref, rtol=0, atol=1e-4)
@@ -451,12 +452,13 @@ def test_degraded_mode_takes_the_cheaper_path_and_sheds_batch_requests(stages: I
 def test_slow_first_audio_alone_switches_degraded_mode_on(stages: InProcessStages) -> None:
     """The TTFA criterion, wired through the entry service: with one stream at a time (far
     below live_high) and a TTFA p95 threshold every real request exceeds, requests stay in
-    normal mode until the Degrader has its 10 TTFA samples (min_samples), and the next one
+    normal mode until the Degrader has its 20 TTFA samples (min_samples), and the next one
     is degraded."""
     profile = _degrading_profile(live_high=1000, live_low=999, ttfa_p95_high_s=1e-9, ttfa_p95_low_s=1e-9,
                                  max_age_s=3600.0)
+    assert profile.degrade.min_samples == 20
     service, observer = _service(stages, profile)
-    for i in range(10):
+    for i in range(20):
         job = service.admit(_tensors(max_new_tokens=4, min_new_tokens=4, seed=i), {}, f"r{i}")
         assert not job.degraded, f"request {i} degraded with {i} TTFA samples"
         channel = RecordingChannel()
@@ -466,6 +468,54 @@ def test_slow_first_audio_alone_switches_degraded_mode_on(stages: InProcessStage
     job = service.admit(_tensors(max_new_tokens=4, min_new_tokens=4), {}, "after")
     assert job.degraded and job.req.vocoder == "codes" and observer.degraded == [True]
     service.stream(job, RecordingChannel())
+
+
+@pytest.mark.parametrize("kind", ["plain", "refine_text", "chattts_first_piece", "reference_recording"])
+def test_the_degraded_mode_measures_first_audio_without_the_work_a_request_asked_for(
+        stages: InProcessStages, kind: str) -> None:
+    """What a request asked for before its audio can start (refine-text, ChatTTS' first-piece
+    reference pass, encoding its reference recording) is its own choice, not the load's: the
+    degraded mode's TTFA sample is the request's time to first audio less that work (the issue:
+    one ``segmentation: "chattts"`` request switched a lightly used server into degraded mode).
+    A plain request's sample is its whole TTFA."""
+    service, observer = _service(stages)
+    text = "今天天气很好。我们去公园散步吧。"
+    extra: dict[str, Any] = {"plain": {}, "refine_text": {"refine_text": True, "refine_max_new_tokens": 20},
+                             "chattts_first_piece": {"segmentation": "chattts"}, "reference_recording": {}}[kind]
+    tensors = _tensors(text, max_new_tokens=30, min_new_tokens=30, seed=2, **extra)
+    if kind == "reference_recording":
+        rng = np.random.default_rng(3)
+        tensors["reference_audio"] = (0.1 * rng.standard_normal(contract.SAMPLE_RATE_HZ)).astype(np.float32)
+        tensors["reference_text"] = np.array(["参考录音。".encode()], np.object_)
+    job = service.admit(tensors, {}, kind)
+    service.stream(job, RecordingChannel())
+    ttfa = observer.finishes[-1][4]
+    assert observer.finishes[-1][0] == "ok" and ttfa is not None
+    (sample,) = service.admission.degrader.recent_ttfa_s()
+    if kind == "plain":
+        assert sample == pytest.approx(ttfa, abs=1e-6)
+    else:
+        assert sample < ttfa, "the asked-for work was counted as waiting for the load"
+        assert sample >= 0.0
+
+
+def test_validate_only_checks_the_request_and_generates_nothing(stages: InProcessStages) -> None:
+    """``validate_only`` (the WebSocket's check of its start): a request that passes ends with
+    its final info and no audio, without an engine sequence, and is not counted as a request;
+    one the front end refuses (an unknown voice) is refused INVALID naming the voice."""
+    service, observer = _service(stages)
+    generated = stages.calls["generate"]
+    channel = RecordingChannel()
+    service.stream(service.admit(_tensors("-", voice="alloy", validate_only=True), {}, "check"), channel)
+    assert [e[0] for e in channel.events] == ["final"] and not channel.chunks
+    assert json.loads(channel.events[-1][1])["audio_s"] == 0.0
+    assert stages.calls["generate"] == generated and observer.finishes == []
+    assert service.admission.slots.live == 0
+    bad = RecordingChannel()
+    service.stream(service.admit(_tensors("-", voice="no-such-voice", validate_only=True), {}, "bad"), bad)
+    assert [e[0] for e in bad.events] == ["error"] and stages.calls["generate"] == generated
+    error = bad.events[-1][1]
+    assert error.kind == ErrorKind.INVALID and error.param == "voice", error
 
 
 def test_the_watchdog_leaves_queued_streams_alone_while_others_progress() -> None:

@@ -14,6 +14,7 @@ from chattts_serving.serving.resilience import (
     CircuitOpen,
     Degrader,
     DegradeThresholds,
+    nearest_rank,
     settle,
 )
 from chattts_serving.text.segments import SegmentRules, split_segments
@@ -62,7 +63,7 @@ def test_degrader_switches_on_load_and_back_with_hysteresis() -> None:
     clock = Clock()
     switches: list[bool] = []
     d = Degrader(DegradeThresholds(live_high=10, live_low=4, ttfa_p95_high_s=2.0, ttfa_p95_low_s=1.0,
-                                   window=10, min_dwell_s=5.0), on_switch=switches.append, clock=clock)
+                                   window=20, min_samples=20, min_dwell_s=5.0), on_switch=switches.append, clock=clock)
     assert d.update(5) is False
     assert d.update(10) is True
     clock.t = 1.0
@@ -71,7 +72,7 @@ def test_degrader_switches_on_load_and_back_with_hysteresis() -> None:
     assert d.update(6) is True  # above the recover threshold
     assert d.update(4) is False
     clock.t = 20.0
-    for _ in range(10):
+    for _ in range(20):
         d.record_ttfa(3.0)
     assert d.update(0) is True  # slow first audio alone degrades
     assert switches == [True, False, True] and d.switches == 3
@@ -80,6 +81,52 @@ def test_degrader_switches_on_load_and_back_with_hysteresis() -> None:
     clock.t = 80.5
     assert d.ttfa_p95_s() == 0.0 and d.update(0) is False  # no new requests: the old samples age out
     assert switches == [True, False, True, False]
+
+
+def test_the_queueing_signal_switches_on_and_needs_to_fall_below_its_low_mark() -> None:
+    clock = Clock()
+    d = Degrader(DegradeThresholds(live_high=100, live_low=50, queued_high=8, queued_low=2, min_dwell_s=0.0),
+                 clock=clock)
+    assert d.update(live=3, queued=7) is False
+    assert d.update(live=3, queued=8) is True
+    assert d.update(live=3, queued=3) is True  # between the marks: stays on
+    assert d.update(live=60, queued=0) is True  # occupancy still above its low mark
+    assert d.update(live=3, queued=2) is False
+
+
+def test_one_slow_request_among_twenty_is_not_a_p95_but_two_are() -> None:
+    """The TTFA criterion is a real percentile: nothing below min_samples samples, and the
+    nearest-rank p95 of 20 samples is their second largest, so one request slow for whatever
+    reason (its own choices, a cold cache) never switches the mode; ten short requests and one
+    slow one (the issue's reproduction) are too few to count at all."""
+    clock = Clock()
+    d = Degrader(DegradeThresholds(live_high=100, live_low=50, ttfa_p95_high_s=2.0, ttfa_p95_low_s=1.0,
+                                   min_samples=20, min_dwell_s=0.0), clock=clock)
+    for _ in range(10):
+        d.record_ttfa(0.05)
+    d.record_ttfa(9.0)
+    assert d.ttfa_p95_s() == 0.0 and d.update(1) is False
+    for _ in range(9):
+        d.record_ttfa(0.05)
+    assert d.ttfa_p95_s() == 0.05 and d.update(1) is False  # 20 samples, one slow
+    d.record_ttfa(9.0)
+    assert d.ttfa_p95_s() == 9.0 and d.update(1) is True  # 21 samples, two slow: 5 % and more
+
+
+def test_nearest_rank_percentile() -> None:
+    assert nearest_rank([1.0], 0.95) == 1.0
+    assert nearest_rank([float(i) for i in range(1, 21)], 0.95) == 19.0
+    assert nearest_rank([float(i) for i in range(1, 101)], 0.95) == 95.0
+
+
+def test_a_profile_whose_ttfa_criterion_could_never_count_is_refused() -> None:
+    from chattts_serving.serving.profile import load_profile
+
+    base = load_profile("cpu")
+    data = base.model_dump()
+    data["degrade"].update(min_samples=base.degrade.window + 1)
+    with pytest.raises(ValueError, match="min_samples"):
+        type(base).model_validate(data)
 
 
 @pytest.mark.parametrize("text, expected", [
@@ -94,6 +141,21 @@ def test_segments_keep_every_character_in_order(text: str, expected: list[str] |
     assert all(len(s) <= 40 for s in segs)
     if expected is not None:
         assert segs == expected
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("Here are the steps:\n1. Open Settings.\n2. Click Network.",
+     ["Here are the steps:\n", "1. Open Settings.\n", "2. Click Network."]),
+    ("步骤如下，请一步一步来，不要着急：\n1. 打开设置页面，找到网络选项。\n2. Click Network and wait.",
+     ["步骤如下，请一步一步来，不要着急：\n", "1. 打开设置页面，找到网络选项。\n", "2. Click Network and wait."]),
+    ("1.", ["1."]),
+])
+def test_a_list_marker_starts_the_segment_of_its_item(text: str, expected: list[str]) -> None:
+    """Over HTTP as on the WebSocket: ``1.`` is spoken with its item, never at the end of the
+    line before it (where a Chinese line made it 一 before an English item)."""
+    rules = SegmentRules(max_chars=120, merge_chars=10)
+    assert split_segments(text, rules) == expected
+    assert "".join(split_segments(text, rules)) == text
 
 
 def test_short_sentences_are_merged_not_split_into_tiny_segments() -> None:

@@ -295,12 +295,37 @@ class Mp3Encoder(AvEncoder):
     whole_file_options: ClassVar[dict[str, str]] = {"id3v2_version": "0"}
 
 
+AAC_FRAME_SAMPLES: Final = 1024
+"""Samples per AAC-LC frame."""
+
+
 class AacEncoder(AvEncoder):
-    """AAC-LC in ADTS (FFmpeg's native encoder)."""
+    """AAC-LC in ADTS (FFmpeg's native encoder).
+
+    The encoder emits its first packet once it holds two frames (its one-frame look-ahead) and
+    only whole frames reach it, so the small first chunk of a stream (1792 samples on the
+    profiles) gave no bytes until the next chunk came. The stream therefore starts with just
+    enough silence (at most one frame, 256 samples for that chunk) for the first chunk to fill
+    whole frames, at least two: its first packet leaves with it. ADTS carries no edit list, so
+    a decoder plays the encoder's own 1024 priming samples at the start anyway; the first
+    chunk's own sound decodes from the second packet, which needs the next frame of input (the
+    format's look-ahead, not something an encoder can skip)."""
 
     info = FORMATS["aac"]
     container_format = "adts"
     codec_name = "aac"
+
+    def __init__(self, bit_rate_bps: int | None = None, seekable: bool = False) -> None:
+        super().__init__(bit_rate_bps, seekable)
+        self._aligned = seekable  # a whole file has no first chunk to hurry
+
+    def _encode(self, samples: np.ndarray) -> bytes:
+        if not self._aligned and samples.size:
+            self._aligned = True
+            n = samples.size
+            lead = 2 * AAC_FRAME_SAMPLES - n if n < 2 * AAC_FRAME_SAMPLES else -n % AAC_FRAME_SAMPLES
+            samples = np.concatenate([np.zeros(lead, np.float32), samples])
+        return super()._encode(samples)
 
 
 class OpusEncoder(AvEncoder):
@@ -312,13 +337,28 @@ class OpusEncoder(AvEncoder):
     muxer_options: ClassVar[dict[str, str]] = {"page_duration": "20000"}
 
 
+FLAC_BLOCK_SAMPLES: Final = 1024
+"""Samples per FLAC frame of a stream: a streamed chunk leaves at most this many samples
+(43 ms) behind in the encoder, and the profiles' smallest first chunk (4 tokens less half a
+crossfade: 1792 samples) fills one frame. FFmpeg's default at 24 kHz (2304) held the whole
+first chunk back until the next one."""
+
+
 class FlacEncoder(AvEncoder):
-    """Native FLAC, 16-bit (FFmpeg's encoder)."""
+    """Native FLAC, 16-bit (FFmpeg's encoder), in frames of :data:`FLAC_BLOCK_SAMPLES` when
+    streamed (FFmpeg's default block size for a whole file)."""
 
     info = FORMATS["flac"]
     container_format = "flac"
     codec_name = "flac"
     pcm16_input = True
+    muxer_options: ClassVar[dict[str, str]] = {"metadata_header_padding": "0"}
+    """No PADDING block (8 KiB by default, room for tags a stream can never go back to write)."""
+
+    def __init__(self, bit_rate_bps: int | None = None, seekable: bool = False) -> None:
+        super().__init__(bit_rate_bps, seekable)
+        if not seekable:
+            self._stream.codec_context.options = {"frame_size": str(FLAC_BLOCK_SAMPLES)}
 
 
 _ENCODERS: Final[dict[str, type[AudioEncoder]]] = {

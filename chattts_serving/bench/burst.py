@@ -348,8 +348,10 @@ async def run_burst(url: str, clients: int, tokens: int, text: str = DEFAULT_TEX
     Waits at most ``hold_wait_s`` seconds (``hold_ready`` in the summary says whether every one
     was accepted).
 
-    ``doors`` (of :data:`DOORS`) says where the bursts go, each door's rounds after the other's:
-    the first door's summary is the top level of the result, every other's is under its name
+    ``doors`` (of :data:`DOORS`) says where the bursts go; the doors take turns, round by round
+    (a door's rounds all after another's met another stretch of the saturated phase: the
+    held requests' progress, the host's other load), the first door's summary is the top level
+    of the result, every other's is under its name
     (``gateway`` needs ``gateway_url``, the gateway's base URL; its summary adds
     ``busy_with_retry_after``, the refusals that carried a ``Retry-After`` header).
 
@@ -391,8 +393,8 @@ async def run_burst(url: str, clients: int, tokens: int, text: str = DEFAULT_TEX
                     and time.perf_counter() < give_up and holder.is_alive():
                 await asyncio.sleep(0.1)
         with _priority(client_nice) as nice_in_effect:
-            for door in doors:
-                for r in range(rounds):
+            for r in range(rounds):  # the doors take turns, so that the phase's drift meets each alike
+                for door in doors:
                     if r or door != doors[0]:
                         await asyncio.sleep(pause_s)
                     targets: list[Any] = [gateway_url] * clients if door == "gateway" else conns

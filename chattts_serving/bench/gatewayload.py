@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
 
+import numpy as np
 import psutil
 
 from .. import contract
@@ -34,6 +35,15 @@ GATEWAY_FIGURES: Final = ("gateway_ttfa_ratio_c1", "gateway_ttfa_ratio_c16", "ga
 """bench.json figures: TTFA p50 through the gateway over TTFA p50 over direct gRPC at
 concurrency 1 and 16, and audio seconds per wall second through the gateway over direct at 16
 (1.0: no overhead)."""
+FIRST_BYTE_FORMATS: Final = ("pcm", "wav", "mp3", "opus", "aac", "flac")
+"""The ``response_format`` values whose time to first byte the gateway phase measures (pcm first:
+the others are compared with it)."""
+FIRST_BYTE_FIGURES: Final = tuple(f"gateway_first_byte_gap_s_{f}" for f in FIRST_BYTE_FORMATS[1:])
+"""bench.json figures: time to the first body byte of ``POST /v1/audio/speech`` in each format,
+p50 over the runs, less pcm's, in seconds (target: at most 0.1 s: every encoder gives bytes as
+soon as the first chunk is in)."""
+FIRST_BYTE_RUNS: Final = 5
+"""Requests per format in the first-byte measurement (the formats interleaved round by round)."""
 PCM_BYTES_PER_SAMPLE: Final = 2
 START_TIMEOUT_S: Final = 60.0
 
@@ -129,6 +139,64 @@ def speech_request(url: str, job: Job, voice: str, level_t0: float, timeout_s: f
                          tokens, tokens_requested=tokens)
 
 
+def first_byte_s(url: str, text: str, fmt: str, tokens: int, voice: str, seed: int, timeout_s: float) -> float:
+    """Seconds from sending one ``POST /v1/audio/speech`` (``fmt``, exactly ``tokens`` tokens) to
+    the gateway at ``url`` to its first body byte; the body is then read to its end. Raises
+    RuntimeError for an answer other than 200 or an empty body."""
+    body = json.dumps({"model": "tts-1", "input": text, "voice": voice, "response_format": fmt, "seed": seed,
+                       "max_new_tokens": tokens, "min_new_tokens": tokens})
+    conn = http.client.HTTPConnection(url.removeprefix("http://"), timeout=timeout_s)
+    try:
+        start = time.perf_counter()
+        conn.request("POST", "/v1/audio/speech", body=body, headers={"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        if resp.status != 200:
+            raise RuntimeError(f"{fmt}: HTTP {resp.status}: {resp.read()[:200]!r}")
+        first = resp.read1(1 << 16)
+        elapsed = time.perf_counter() - start
+        if not first:
+            raise RuntimeError(f"{fmt}: empty body")
+        while resp.read1(1 << 16):
+            pass
+        return elapsed
+    finally:
+        conn.close()
+
+
+def run_first_byte(url: str, text: str, *, tokens: int, voice: str, runs: int = FIRST_BYTE_RUNS,
+                   timeout_s: float = 600.0) -> dict[str, Any]:
+    """Time to first byte per format through the gateway at ``url``: ``runs`` rounds, each one
+    request per format of :data:`FIRST_BYTE_FORMATS` one after the other (the order rotated
+    each round), the same text, seed and token count for all. Returns ``{"runs", "tokens",
+    "formats": {fmt: {"first_byte_s": [...], "p50_s"}}, "gap_p50_s": {fmt: p50 - pcm's p50}}``
+    (a format whose requests failed has ``error`` instead)."""
+    times: dict[str, list[float]] = {f: [] for f in FIRST_BYTE_FORMATS}
+    errors: dict[str, str] = {}
+    for r in range(runs):
+        order = FIRST_BYTE_FORMATS[r % len(FIRST_BYTE_FORMATS):] + FIRST_BYTE_FORMATS[:r % len(FIRST_BYTE_FORMATS)]
+        for fmt in order:
+            try:
+                times[fmt].append(first_byte_s(url, text, fmt, tokens, voice, 4000 + r, timeout_s))
+            except Exception as exc:  # a benchmark reports failures; it does not die on them
+                errors[fmt] = f"{type(exc).__name__}: {exc}"
+    formats: dict[str, Any] = {}
+    for fmt, ts in times.items():
+        formats[fmt] = {"first_byte_s": [round(t, 4) for t in ts],
+                        "p50_s": round(float(np.median(ts)), 4) if ts else None}
+        if fmt in errors:
+            formats[fmt]["error"] = errors[fmt]
+    pcm = formats["pcm"]["p50_s"]
+    gaps = {fmt: (round(v["p50_s"] - pcm, 4) if v["p50_s"] is not None and pcm is not None else None)
+            for fmt, v in formats.items() if fmt != "pcm"}
+    return {"runs": runs, "tokens": tokens, "formats": formats, "gap_p50_s": gaps}
+
+
+def first_byte_figures(result: Mapping[str, Any] | None) -> dict[str, float | None]:
+    """The :data:`FIRST_BYTE_FIGURES` of a gateway phase result (None where not measured)."""
+    gaps = ((result or {}).get("first_byte") or {}).get("gap_p50_s") or {}
+    return {f"gateway_first_byte_gap_s_{fmt}": gaps.get(fmt) for fmt in FIRST_BYTE_FORMATS[1:]}
+
+
 def run_gateway_overhead(grpc_url: str, sentences: Sequence[str], *, levels: Sequence[int],
                          requests_for: Callable[[int], int], tokens: int, voice: str, port: int,
                          log_path: Path, timeout_s: float = 600.0,
@@ -139,8 +207,10 @@ def run_gateway_overhead(grpc_url: str, sentences: Sequence[str], *, levels: Seq
     Level c sends ``requests_for(c)`` jobs (texts cycling through ``sentences``, seeds
     2000*c + i) on each path, after one unmeasured warm-up request on each. Returns
     ``{"levels": [{"concurrency", "direct": summary, "gateway": summary, "gateway_cpu_s",
-    "errors"}], "log": log_path}`` (summaries as :func:`~chattts_serving.bench.stats.summarize`),
-    or ``{"error": reason}`` when the gateway could not start.
+    "errors"}], "first_byte": ..., "log": log_path}`` (summaries as
+    :func:`~chattts_serving.bench.stats.summarize`; ``first_byte``: :func:`run_first_byte` at
+    ``tokens``, after the levels, on the idle server), or ``{"error": reason}`` when the gateway
+    could not start.
     """
     try:
         with gateway_process(grpc_url, port, log_path) as (url, proc):
@@ -162,7 +232,10 @@ def run_gateway_overhead(grpc_url: str, sentences: Sequence[str], *, levels: Seq
                 progress(f"gateway c={c}: TTFA p50 {_fmt(level['gateway']['ttfa_p50_s'])} s vs direct "
                          f"{_fmt(level['direct']['ttfa_p50_s'])} s; {_fmt(level['gateway']['audio_s_per_s'])} vs "
                          f"{_fmt(level['direct']['audio_s_per_s'])} audio s/s")
-            return {"levels": out, "log": str(log_path)}
+            first = run_first_byte(url, sentences[0], tokens=tokens, voice=voice, timeout_s=timeout_s)
+            progress("gateway first byte, s over pcm (p50): " + ", ".join(
+                f"{fmt} {_fmt(gap)}" for fmt, gap in first["gap_p50_s"].items()))
+            return {"levels": out, "first_byte": first, "log": str(log_path)}
     except GatewayStartError as exc:
         progress(f"gateway: {exc}")
         return {"error": str(exc), "levels": []}
@@ -210,6 +283,14 @@ def gateway_markdown(result: Mapping[str, Any]) -> list[str]:
     errors = [e for lv in gw["levels"] for e in lv.get("errors", [])]
     if errors:
         lines += ["", "Errors: " + "; ".join(errors[:5])]
+    first = gw.get("first_byte")
+    if first:
+        lines += ["", f"Time to the first body byte per `response_format` ({first['runs']} requests each, "
+                  f"{first['tokens']} tokens, one at a time on the idle server, formats interleaved), and its p50 "
+                  "over pcm's (target: at most 0.1 s).", "", "| format | first byte p50 s | over pcm s |",
+                  "|---|---|---|"]
+        for fmt, v in first["formats"].items():
+            lines.append(f"| {fmt} | {_f(v['p50_s'])} | {_f(first['gap_p50_s'].get(fmt))} |")
     return lines
 
 

@@ -56,7 +56,7 @@ from typing import Any
 from .. import contract
 from . import load_sentences
 from .cpuload import CpuWindow
-from .gatewayload import GATEWAY_FIGURES, gateway_figures, gateway_process
+from .gatewayload import FIRST_BYTE_FIGURES, GATEWAY_FIGURES, first_byte_figures, gateway_figures, gateway_process
 from .modes import MODE_KEYS, mode_figures
 from .report import DEGRADATION_NOTE, definitions, frontend_figures, markdown, plot, profile_figures
 from .wsload import WS_FIGURES, ws_figures
@@ -336,9 +336,10 @@ def _empty_baseline(tokens: int) -> dict[str, Any]:
 
 def default_path_profile(profile: Any) -> Any:
     """``profile`` with its degraded mode out of reach (thresholds never met): the server then
-    runs every request on the default path (the profile's vocoder, chunks and token cap)."""
+    runs every request on the default path (the profile's vocoder, chunks and refine-text)."""
     degrade = profile.degrade.model_copy(update={
         "live_high": UNREACHABLE_STREAMS, "live_low": UNREACHABLE_STREAMS - 1,
+        "queued_high": UNREACHABLE_STREAMS, "queued_low": UNREACHABLE_STREAMS - 1,
         "ttfa_p95_high_s": UNREACHABLE_TTFA_S, "ttfa_p95_low_s": UNREACHABLE_TTFA_S})
     return profile.model_copy(update={"degrade": degrade})
 
@@ -665,6 +666,7 @@ def run(cfg: Config) -> dict[str, Any]:
     result.update({k: v for k, v in top.items() if k in definitions()})
     result.update(frontend_figures(result["frontend"], result["levels"]))
     result.update(gateway_figures(result.get("gateway")))
+    result.update(first_byte_figures(result.get("gateway")))
     result.update(ws_figures(result.get("ws")))
     result.update(mode_figures(result.get("modes")))
     result["definitions"] = definitions()
@@ -728,7 +730,8 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     from .report import FRONTEND_FIGURES
 
-    for name in (*definitions(), *FRONTEND_FIGURES, *GATEWAY_FIGURES, *WS_FIGURES, *MODE_KEYS.values()):
+    for name in (*definitions(), *FRONTEND_FIGURES, *GATEWAY_FIGURES, *FIRST_BYTE_FIGURES, *WS_FIGURES,
+                 *MODE_KEYS.values()):
         print(f"{name}: {result.get(name)}")
     for name, reason in result.get("null_reasons", {}).items():
         print(f"{name} is null: {reason}")

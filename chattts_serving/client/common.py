@@ -85,9 +85,11 @@ class SynthesisRequest:
     (INT32, default 24000; :func:`read_wav` reads one); reference_text: its transcript
     (required with it or with spk_smp); spk_smp: a ChatTTS audio-prompt string instead of a
     recording. language: a :class:`~chattts_serving.contract.Language`, 'auto', 'zh' or 'en':
-    the language of numbers, units and symbols the text gives no context for. request_id:
-    Triton request id (not a tensor): echoed in every response's ``id`` and in ``info``; the
-    server generates one when it is None.
+    the language of numbers, units and symbols the text gives no context for. validate_only:
+    check the request whole (its parameters, voice, reference and refine prompt, as a
+    synthesis would) and end with the final ``info`` and no audio (BOOL). request_id: Triton
+    request id (not a tensor): echoed in every response's ``id`` and in ``info``; the server
+    generates one when it is None.
 
     vocoder, priority, segmentation and language also take their values as strings (from a
     command line or a JSON body): a known value becomes its enum member, any other string is kept and sent
@@ -121,6 +123,7 @@ class SynthesisRequest:
     reference_text: str | None = None
     spk_smp: str | None = None
     language: Language | str | None = None
+    validate_only: bool | None = None
     request_id: str | None = None
 
     def __post_init__(self) -> None:

@@ -66,7 +66,11 @@ REQUEST_ID_HEADER: Final = "X-Request-Id"
 otherwise generated; passed to Triton as the request id and returned on the response."""
 DROPPED_HEADER: Final = "X-Unspoken-Text"
 """JSON list (ASCII, \\u escapes) of the characters the front end could not speak; absent when none."""
-EXPOSED_HEADERS: Final = (REQUEST_ID_HEADER, SAMPLE_RATE_HEADER, DROPPED_HEADER, "X-Audio-Format", "Retry-After")
+DEGRADED_HEADER: Final = "X-Degraded"
+"""``true`` on a response the server made in its degraded mode (under overload: the codes
+vocoder, larger chunks, no refine-text; never less of the text); absent otherwise."""
+EXPOSED_HEADERS: Final = (REQUEST_ID_HEADER, SAMPLE_RATE_HEADER, DROPPED_HEADER, DEGRADED_HEADER, "X-Audio-Format",
+                          "Retry-After")
 """Response headers a browser script may read on a cross-origin response (CORS)."""
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 
@@ -139,7 +143,7 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
 
     app.add_middleware(_BusyDoor, refuse=refuse_early)  # added first: CORS (below) wraps its answers too
     if cfg.cors_origins:
-        app.add_middleware(CORSMiddleware, allow_origins=list(cfg.cors_origins), allow_methods=["GET", "POST"],
+        app.add_middleware(_OpenAICors, allow_origins=list(cfg.cors_origins), allow_methods=["GET", "POST"],
                            allow_headers=["Authorization", "Content-Type", REQUEST_ID_HEADER],
                            expose_headers=list(EXPOSED_HEADERS), max_age=600)
 
@@ -312,6 +316,9 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
                    "Cache-Control": "no-store", REQUEST_ID_HEADER: request_id}
         if stream.info.get("dropped"):
             headers[DROPPED_HEADER] = json.dumps(stream.info["dropped"])
+        if stream.info.get("degraded"):
+            headers[DEGRADED_HEADER] = "true"
+            metrics.degraded.labels(door="speech").inc()
         relay = _Relay(stream, first, body.stream_format == "sse", len(body.input), request_id, t0, cfg.triton_url,
                        metrics, live, timings=bool(body.sentence_timings))
         if body.sentence_timings and not relay.sse:
@@ -320,6 +327,34 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
                               headers=headers)
 
     return app
+
+
+class _OpenAICors(CORSMiddleware):
+    """Starlette's CORS middleware whose preflight refusals carry the OpenAI error object every
+    other refusal of the gateway carries (Starlette answers them in plain text): 400,
+    ``{"error": {"message": "CORS preflight refused: origin ... is not allowed", "type":
+    "invalid_request_error", "param": null, "code": "cors_not_allowed"}}``."""
+
+    def preflight_response(self, request_headers: Headers) -> Response:
+        response = super().preflight_response(request_headers)
+        if response.status_code < 400:
+            return response
+        problems = []
+        if not self.is_allowed_origin(origin=request_headers["origin"]):
+            problems.append(f"origin {request_headers['origin']!r} is not allowed")
+        if request_headers["access-control-request-method"] not in self.allow_methods:
+            problems.append(f"method {request_headers['access-control-request-method']!r} is not allowed "
+                            f"(allowed: {', '.join(sorted(self.allow_methods))})")
+        asked = [h.strip().lower() for h in request_headers.get("access-control-request-headers", "").split(",")
+                 if h.strip()]
+        if not self.allow_all_headers and (refused := [h for h in asked if h not in self.allow_headers]):
+            problems.append(f"header(s) {', '.join(refused)} not allowed")
+        if not problems:
+            problems.append(bytes(response.body).decode(errors="replace"))  # e.g. private network access
+        error = ApiError(response.status_code, "CORS preflight refused: " + "; ".join(problems), INVALID_REQUEST,
+                         code="cors_not_allowed")
+        headers = {k: v for k, v in response.headers.items() if k.lower() not in ("content-length", "content-type")}
+        return JSONResponse(error.body(), status_code=response.status_code, headers=headers)
 
 
 class _BusyDoor:

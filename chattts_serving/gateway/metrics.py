@@ -8,6 +8,7 @@
 | ``tts_gateway_request_duration_seconds`` | histogram | | request received to end of a successful stream |
 | ``tts_gateway_audio_seconds_total`` | counter | | seconds of audio relayed |
 | ``tts_gateway_streams_in_flight`` | gauge | | speech streams being relayed now |
+| ``tts_gateway_degraded_requests_total`` | counter | ``door`` speech, ws | responses made degraded (ws: sentences) |
 
 ``kind`` is an :class:`~chattts_serving.errors.ErrorKind` value (401 and 404 count as
 ``invalid``, an unreachable Triton as ``unavailable``); ``phase`` is ``before_audio`` (answered
@@ -29,6 +30,9 @@ CONTENT_TYPE: Final = CONTENT_TYPE_LATEST
 """Media type of :meth:`GatewayMetrics.render` (Prometheus text format)."""
 
 Phase = Literal["before_audio", "mid_stream"]
+DOORS: Final = ("speech", "ws")
+"""The gateway's doors, as the ``door`` label names them: ``POST /v1/audio/speech`` and the
+WebSocket ``/v1/audio/speech/stream``."""
 
 
 class GatewayMetrics:
@@ -54,6 +58,11 @@ class GatewayMetrics:
         self.ws_sentence_first_audio = Histogram(
             "tts_gateway_ws_sentence_first_audio_seconds", "WebSocket stream: a sentence complete in the text "
             "received to its first audio frame sent, seconds.", buckets=LATENCY_BUCKETS_S, registry=r)
+        self.degraded = Counter("tts_gateway_degraded_requests", "Responses the server made in its degraded mode "
+                                "(X-Degraded on speech, degraded: true on WebSocket sentences), by door (speech, ws; "
+                                "a WebSocket counts each sentence).", ["door"], registry=r)
+        for door in DOORS:
+            self.degraded.labels(door=door)
         for status in ("ok", "error", "cancelled"):
             self.requests.labels(status=status)
         for kind in ErrorKind:

@@ -7,7 +7,10 @@ One WebSocket per utterance (or conversation turn). The client sends JSON text m
     {"type": "flush"}                                                                # optional
     {"type": "end"}                                                                  # last
 
-The gateway cuts the text into sentences as they complete
+The start message is checked whole before ``started``, as ``POST /v1/audio/speech`` checks a
+request: the gateway's own checks, then the server's, by a ``validate_only`` request that
+generates nothing (an unknown voice, a parameter outside the server's limits: one ``error`` and
+close 1007; a full server: 1013). The gateway cuts the text into sentences as they complete
 (:class:`~chattts_serving.text.sentences.SentenceSplitter`; a sentence also ends on ``flush``,
 ``end`` or after ``ws_idle_flush_s`` without text) and synthesises each as one ``chattts``
 stream over the shared :class:`~chattts_serving.client.AioStreamClient`, with the start
@@ -16,8 +19,9 @@ message's fields (the same seed for every sentence): sentence *i*'s audio is wha
 ``ws_lookahead`` sentences are synthesised ahead of the one being sent; audio is sent strictly
 in sentence order, as binary frames of ``response_format`` (one encoder for the connection:
 a WAV header comes once), between JSON events (:func:`event`): ``started``, then per sentence
-``sentence_start`` / ``sentence_done``, then ``done`` (or ``error``), and the server closes
-with a code of :class:`Close`.
+``sentence_start`` / ``sentence_done`` (with ``unspoken``, ``dropped`` for a sentence with
+nothing to speak, which is no error, and ``degraded`` when the server made it in its degraded
+mode), then ``done`` (or ``error``), and the server closes with a code of :class:`Close`.
 
 Back-pressure: each sentence holds at most ``ws_queue_chunks`` undelivered chunks; when that is
 full the gateway stops reading its Triton stream, and at most ``1 + ws_lookahead`` sentences
@@ -37,6 +41,7 @@ import hmac
 import json
 import logging
 import time
+import unicodedata
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -54,7 +59,7 @@ from pydantic import ValidationError
 from .. import contract
 from ..audio import formats as audio_format
 from ..client import AioStreamClient, ClientError, StreamPart, SynthesisRequest
-from ..errors import ErrorKind
+from ..errors import NOTHING_SPEAKABLE, ErrorKind
 from ..text.sentences import SentenceSplitter
 from .errors import AUTHENTICATION, INVALID_REQUEST, SERVER_ERROR, ApiError, from_client_error
 from .metrics import GatewayMetrics
@@ -72,6 +77,9 @@ BEARER_PROTOCOL: Final = "bearer."
 """Prefix of the subprotocol carrying the API key (``bearer.<key>``): browsers cannot set an
 ``Authorization`` header on a WebSocket, so they offer ``["chattts.v1", "bearer.<key>"]``. The
 key is never taken from the URL, where access logs would keep it."""
+START_PROBE_TEXT: Final = "-"
+"""The text of the start's check on the server (``validate_only``): any text serves, since the
+check takes it as a piece that may have nothing to speak; the sentences are checked as they come."""
 MAX_QUEUED_SENTENCES: Final = 64
 """Complete sentences waiting for synthesis; beyond it the gateway stops reading the socket
 (TCP back-pressure on a client that writes faster than the voice speaks)."""
@@ -126,6 +134,17 @@ def error_fields(error: ApiError, retryable: bool) -> dict[str, Any]:
     close code is 1013: busy, unavailable, deadline from the backend)."""
     return {"kind": error.kind.value, "code": error.code, "param": error.param, "message": error.message,
             "retryable": retryable}
+
+
+def unspoken_characters(text: str) -> list[str]:
+    """The characters of ``text`` that are neither white space nor punctuation, each once, in
+    order: what is reported unspoken for a sentence with nothing speakable (``😀😀。`` ->
+    ``["😀"]``; the front end reports the characters of a speakable one itself)."""
+    out: list[str] = []
+    for ch in text:
+        if not ch.isspace() and unicodedata.category(ch)[0] not in "PMC" and ch not in out:  # marks, joiners
+            out.append(ch)
+    return out
 
 
 def invalid(message: str, param: str | None = None, code: str = "invalid_message") -> StreamEnd:
@@ -205,6 +224,12 @@ class SpeechStream:
         """Samples of audio (24 kHz) of the sentences sent so far: where the next one starts."""
         self.rate_hz = contract.SAMPLE_RATE_HZ
         """The delivered sample rate (the connection's encoder's)."""
+        self.dropped: list[int] = []
+        """Indices of the sentences with nothing to speak (an emoji, symbols), reported in ``done``."""
+        self.unspoken: list[str] = []
+        """What the connection's sentences could not speak, in order of first appearance."""
+        self.degraded = 0
+        """Sentences the server made in its degraded mode."""
 
     # --- the connection -------------------------------------------------------------------
 
@@ -222,15 +247,20 @@ class SpeechStream:
                 except TimeoutError:
                     raise self._idle_timeout() from None
                 body, first = parse_start(start)
-                if body.model not in self.cfg.models:
-                    build_request(body, self.cfg.models, self.cfg.max_input_chars)  # raises the 404's ApiError
+                # the start is checked whole, as POST /v1/audio/speech checks a request: here what
+                # the gateway checks (model, voice given, instructions, reference WAV), then, on
+                # the server, what it checks (voice known, parameters within its limits, the
+                # reference and refine prompt), all before "started"
+                probe = build_request(body.model_copy(update={"input": START_PROBE_TEXT}), self.cfg.models,
+                                      self.cfg.max_input_chars)
                 speaker_voice(body)  # a missing or empty voice fails at the start, not on the first sentence
                 info = output_format(body)  # a rate or container the format does not take: 1007 now
                 if (refusal := self.busy()) is not None:
                     raise StreamEnd(Close.TRY_AGAIN, refusal)
-                self.live["streams"] += 1
+                self.live["streams"] += 1  # taken before the check awaits: the limit holds for starts at once
                 self.metrics.in_flight.inc()
                 holding = True
+                await self._validate(probe)
                 await self._send_text(event("started", request_id=self.request_id, format=info.name,
                                             sample_rate_hz=info.sample_rate_hz))
                 try:
@@ -268,6 +298,19 @@ class SpeechStream:
                 self.metrics.audio.inc(self.audio_s)
             if status != "error":
                 self.metrics.requests.labels(status=status).inc()
+
+    async def _validate(self, probe: SynthesisRequest) -> None:
+        """Have the server check the start's fields (a ``validate_only`` request: nothing is
+        generated). Raises ApiError with the server's verdict (invalid: 1007; busy: 1013)."""
+        request = dataclasses.replace(probe, request_id=f"{self.request_id}-start", validate_only=True)
+        try:
+            async with contextlib.aclosing(self.client.stream(
+                    request, idle_timeout_s=self.cfg.stream_idle_timeout_s,
+                    max_duration_s=self.cfg.stream_max_s)) as parts:
+                async for _ in parts:
+                    pass
+        except ClientError as exc:
+            raise from_client_error(exc, self.cfg.triton_url) from None
 
     def _authorize(self) -> None:
         key = self.cfg.api_key
@@ -429,11 +472,18 @@ class SpeechStream:
         tail = await encode(encoder.finish)
         if tail:
             await self._send(functools.partial(self.ws.send_bytes, tail))
-        await self._send_text(event("done", sentences=self.count, audio_s=round(self.audio_s, 4)))
+        await self._send_text(event("done", sentences=self.count, audio_s=round(self.audio_s, 4),
+                                    dropped_sentences=self.dropped, unspoken=self.unspoken,
+                                    degraded_sentences=self.degraded))
+
+    def _unspoken(self, chars: list[str]) -> None:
+        for c in chars:
+            if c not in self.unspoken:
+                self.unspoken.append(c)
 
     async def _send_sentence(self, job: _Sentence, encoder: Any, encode: Callable[..., Any]) -> None:
         info: dict[str, Any] = {}
-        started = False
+        started = dropped = False
         samples = 0
         first_audio_ms: float | None = None
         while True:
@@ -442,7 +492,15 @@ class SpeechStream:
                 error = item if isinstance(item, ApiError) else from_client_error(item, self.cfg.triton_url)
                 if error.kind != ErrorKind.INVALID:
                     raise StreamEnd(CLOSE_FOR_KIND[error.kind], error)
-                # this sentence cannot be spoken (e.g. nothing speakable): say so, go on with the next
+                if error.message.startswith(NOTHING_SPEAKABLE):
+                    # an emoji or a symbol on its own: nothing to say, and nothing wrong either
+                    dropped = True
+                    unspoken = unspoken_characters(job.text)
+                    await self._send_text(event("sentence_start", index=job.index, text=job.text, normalized_text="",
+                                                unspoken=unspoken, dropped=True, degraded=False))
+                    self._unspoken(unspoken)
+                    break
+                # this sentence cannot be spoken for another reason: say so, go on with the next
                 self.metrics.errors.labels(kind=error.kind.value, phase="mid_stream").inc()
                 await self._send_text(event("error", index=job.index, **error_fields(error, False)))
                 break
@@ -451,11 +509,17 @@ class SpeechStream:
             if not started and (item is None or item.audio.size):
                 started = True
                 normalized = info.get("normalized_text") or []
+                degraded = bool(info.get("degraded"))
+                if degraded:
+                    self.degraded += 1
+                    self.metrics.degraded.labels(door="ws").inc()
+                unspoken = list(info.get("dropped") or [])
+                self._unspoken(unspoken)
                 at = SentenceTiming.between(job.index, self.samples_in, self.samples_in, self.rate_hz)
                 await self._send_text(event(
                     "sentence_start", index=job.index, text=job.text,
                     normalized_text="".join(normalized) if isinstance(normalized, list) else str(normalized),
-                    unspoken=info.get("dropped") or [], start_samples=at.start_samples,
+                    unspoken=unspoken, dropped=False, degraded=degraded, start_samples=at.start_samples,
                     start_s=at.fields()["start_s"]))
             if item is None:
                 break
@@ -471,11 +535,13 @@ class SpeechStream:
                 await self._send(functools.partial(self.ws.send_bytes, data))
         audio_s = samples / contract.SAMPLE_RATE_HZ
         self.audio_s += audio_s
+        if dropped:
+            self.dropped.append(job.index)
         timing = SentenceTiming.between(job.index, self.samples_in, self.samples_in + samples, self.rate_hz)
         self.samples_in += samples
         await self._send_text(event("sentence_done", index=job.index, audio_s=round(audio_s, 4),
                                     first_audio_ms=None if first_audio_ms is None else round(first_audio_ms, 1),
-                                    **timing.fields()))
+                                    dropped=dropped, **timing.fields()))
 
 
 def _first_cause(group: BaseException) -> BaseException:

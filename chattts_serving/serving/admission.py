@@ -6,8 +6,10 @@ Busy is decided first and alone: :meth:`Admission.reserve` takes one of the inst
 without reading the request at all, so that under overload a refusal costs a counter check.
 Only a request that holds a slot is then parsed (:func:`~chattts_serving.serving.request.parse_entry`)
 by :meth:`Admission.admit`, which re-evaluates the degraded mode, sheds batch-priority requests
-while degraded and, in degraded mode, makes the request cheaper. Every accepted request holds
-its slot until :meth:`Admission.release`; a refused one gives it back at once.
+while degraded (refused "busy": retryable) and, in degraded mode, makes the request cheaper
+without ever shortening it (another vocoder path, larger chunks, no refine-text; never fewer
+tokens than it asked for). Every accepted request holds its slot until
+:meth:`Admission.release`; a refused one gives it back at once.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from ..text.segments import SegmentRules
 from .pipeline import SynthesisJob
 from .profile import Profile
 from .request import EntryLimits, parse_entry
-from .resilience import Degrader, DegradeThresholds
+from .resilience import Degrader
 
 
 class RefusalsFirst:
@@ -136,13 +138,13 @@ class Admission:
     <busy_detail>"."""
 
     def __init__(self, profile: Profile, limit: int, busy_detail: str = "streams already live",
-                 on_degrade_switch: Callable[[bool], None] | None = None) -> None:
+                 on_degrade_switch: Callable[[bool], None] | None = None,
+                 queued: Callable[[], int] = lambda: 0) -> None:
         self.profile = profile
         self.busy_detail = busy_detail
-        d = profile.degrade
-        self.degrader = Degrader(DegradeThresholds(d.live_high, d.live_low, d.ttfa_p95_high_s, d.ttfa_p95_low_s,
-                                                   d.window, d.min_dwell_s, d.max_age_s),
-                                 on_switch=on_degrade_switch)
+        self.queued = queued
+        """Accepted requests still waiting for their first audio (the degraded mode's queueing signal)."""
+        self.degrader = Degrader(profile.degrade.thresholds(), on_switch=on_degrade_switch)
         self.slots = StreamSlots(limit)
         self.limits = EntryLimits(max_new_tokens_cap=profile.engine.max_new_tokens_cap,
                                   max_text_chars=profile.frontend.max_text_chars,
@@ -168,22 +170,19 @@ class Admission:
         in degraded mode), the slot then given back."""
         try:
             req = parse_entry(inputs, self.limits, params, request_id)
-            degraded = self.degrader.update(self.slots.live - 1)
+            degraded = self.degrader.update(self.slots.live - 1, self.queued())
             if degraded and req.priority == Priority.BATCH:
-                raise RequestError("server busy: batch-priority requests are shed while the server is degraded",
-                                   ErrorKind.BUSY)
+                raise RequestError("server busy: the server is overloaded and sheds batch-priority requests until "
+                                   "the load falls; retry later", ErrorKind.BUSY)
         except RequestError:
             self.release()
             raise
         schedule = self.schedule
-        if degraded:
-            deg = self.profile.degrade
-            cap = deg.max_new_tokens
-            req = replace(req, vocoder=VocoderPath.CODES, refine=None,
-                          params=replace(req.params, max_new_tokens=min(req.params.max_new_tokens, cap),
-                                         min_new_tokens=min(req.params.min_new_tokens, cap)))
-            schedule = replace(schedule, first_chunk_tokens=schedule.first_chunk_tokens * deg.chunk_scale,
-                               max_chunk_tokens=schedule.max_chunk_tokens * deg.chunk_scale)
+        if degraded:  # how the audio is made changes; how much of the text is spoken never does
+            scale = self.profile.degrade.chunk_scale
+            req = replace(req, vocoder=VocoderPath.CODES, refine=None)
+            schedule = replace(schedule, first_chunk_tokens=schedule.first_chunk_tokens * scale,
+                               max_chunk_tokens=schedule.max_chunk_tokens * scale)
         return SynthesisJob(req=req, schedule=schedule, emit_tokens=emit_tokens, arrival_s=arrival_s,
                             segments=self.segments, degraded=degraded)
 
@@ -192,9 +191,10 @@ class Admission:
         self.slots.release()
 
     def record_ttfa(self, seconds: float) -> None:
-        """A request's time to first audio, for the degraded mode's TTFA criterion."""
+        """A request's load TTFA (its time to first audio less the work it asked for), for the
+        degraded mode's TTFA criterion."""
         self.degrader.record_ttfa(seconds)
 
     def tick(self) -> None:
         """Re-evaluate the degraded mode without a new request (an idle server recovers)."""
-        self.degrader.update(self.slots.live)
+        self.degrader.update(self.slots.live, self.queued())

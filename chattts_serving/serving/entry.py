@@ -60,6 +60,9 @@ class EntryObserver(Protocol):
     def set_degraded(self, on: bool) -> None:
         """The degraded mode switched."""
 
+    def degraded_request(self) -> None:
+        """A request was admitted in the degraded mode (counted per door)."""
+
 
 @dataclass(frozen=True, kw_only=True)
 class Outcome:
@@ -164,10 +167,12 @@ class EntryService:
         entry = profile.entry
         self.emit_tokens = entry.offline_emit_tokens if offline else profile.stream.emit_tokens
         offline_limit = 2 * entry.offline_threads if gated else entry.offline_threads
+        # The queueing signal of the degraded mode: streams still waiting for their first audio
+        # (an offline request has none until it ends, so its door has no such signal).
         self.admission = (Admission(profile, offline_limit, OFFLINE_BUSY_DETAIL, on_degrade_switch=self._on_switch)
                           if offline else
                           Admission(profile, entry.max_concurrent_streams * (2 if gated else 1),
-                                    on_degrade_switch=self._on_switch))
+                                    on_degrade_switch=self._on_switch, queued=lambda: self._waiting))
         # Offline requests are watched for stalls only (their clients' cancels are not polled).
         self.watcher = CancelWatcher(entry.cancel_poll_interval_s, entry.stall_timeout_s, self._stalled,
                                      entry.cancel_polls_per_s)
@@ -200,6 +205,8 @@ class EntryService:
             raise
         self._count_waiting(+1)
         self.observer.set_active(self.admission.slots.live)
+        if job.degraded and not job.req.validate_only:
+            self.observer.degraded_request()
         log_event("request_accepted", model=self.model, request_id=request_id, priority=job.req.priority,
                   degraded=job.degraded, text_chars=len(job.req.text), vocoder=job.req.vocoder)
         return job
@@ -320,13 +327,16 @@ class EntryService:
         if error is not None and error.kind == ErrorKind.INVALID:
             status = "invalid"  # client input refused by a stage (e.g. nothing speakable): not a server error
             self.observer.rejected("invalid")
+        elif error is None and job.req.validate_only:
+            status = "validated"  # a check that generated nothing: not a synthesis in the request metrics
         else:
             status = "error" if error else ("cancelled" if result and result.cancelled else "ok")
         audio_s = (result.samples / contract.SAMPLE_RATE_HZ) if result else 0.0
         ttfa = result.first_audio_s if result else None
-        self.observer.finished(status, str(job.req.priority), duration, audio_s, ttfa)
-        if ttfa is not None:
-            self.admission.record_ttfa(ttfa)
+        if status != "validated":
+            self.observer.finished(status, str(job.req.priority), duration, audio_s, ttfa)
+        if result is not None and (load_ttfa := result.load_ttfa_s) is not None:
+            self.admission.record_ttfa(load_ttfa)  # without the work the request asked for
         log_event("request_finished", level="error" if status == "error" else "info", model=self.model,
                   request_id=job.req.request_id, priority=job.req.priority, status=status,
                   duration_ms=round(duration * 1000, 1),
@@ -348,7 +358,7 @@ class EntryService:
         self.observer.set_degraded(degraded)
         log_event("degraded_mode", level="warning", model=self.model, degraded=degraded,
                   live_streams=self.admission.slots.live,
-                  ttfa_p95_s=round(self.admission.degrader.ttfa_p95_s(), 3))
+                  queued=self._waiting, ttfa_p95_s=round(self.admission.degrader.ttfa_p95_s(), 3))
 
     def _tick(self) -> None:
         while not self._closed.wait(DEGRADE_TICK_S):

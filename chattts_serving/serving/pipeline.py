@@ -37,7 +37,7 @@ import numpy as np
 from .. import contract
 from ..audio.chunking import ChunkSchedule, StreamChunker
 from ..contract import Segmentation, SequenceMode, StopReason, VocoderPath
-from ..errors import Cancelled, DeadlineExceeded, ErrorKind, RequestError
+from ..errors import NOTHING_SPEAKABLE, Cancelled, DeadlineExceeded, ErrorKind, RequestError
 from ..params import SamplingParams
 from ..text.normalize import speakable
 from ..text.request_text import carry_speed
@@ -46,7 +46,7 @@ from .request import EntryRequest, FrontendCall, Reference
 
 __all__ = ["FrontendCall", "FrontendOutput", "GenerateCall", "PreparedText", "Stages", "StreamOutput", "StreamResult",
            "SynthesisJob", "TokenBatch", "TokenStream", "info_json", "offline_audio", "prepare_segments",
-           "stream_audio"]
+           "stream_audio", "validate_request"]
 
 
 # --- what crosses the stage boundary --------------------------------------------------------
@@ -183,12 +183,22 @@ class StreamResult:
     segment_starts: list[int] = field(default_factory=list)
     """Sample offset (24 kHz) in the request's audio where each segment's audio begins, one per
     segment whose audio has started (``info.segment_starts``)."""
+    asked_work_s: float = 0.0
+    """Seconds spent before any audio on work the request asked for (refine-text, ChatTTS'
+    first-piece reference pass, encoding its reference recording): ``first_audio_s`` less this
+    is what the load made it wait (the degraded mode's TTFA signal)."""
 
     def add_prepared(self, prepared: PreparedText) -> None:
         """Record the front end's view of every segment (before any audio is sent)."""
         self.normalized_text = [p.normalized_text for p in prepared.segments]
         self.dropped = list(dict.fromkeys(d for p in prepared.segments for d in p.dropped))
         self.reference = prepared.reference
+        self.asked_work_s = prepared.asked_work_s
+
+    @property
+    def load_ttfa_s(self) -> float | None:
+        """Time to first audio less the work the request asked for (s); None without audio."""
+        return None if self.first_audio_s is None else max(0.0, self.first_audio_s - self.asked_work_s)
 
     @property
     def cancelled(self) -> bool:
@@ -305,6 +315,9 @@ class PreparedText:
 
     segments: list[FrontendOutput]
     reference: str = ""
+    asked_work_s: float = 0.0
+    """Seconds spent on work the request asked for (refine-text, the first-piece reference
+    pass, encoding its recording): see :attr:`StreamResult.asked_work_s`."""
 
 
 def _no_progress(working: bool) -> None:
@@ -386,23 +399,47 @@ def prepare_segments(job: SynthesisJob, stages: Stages, watch: Watch = _no_watch
                         reference_text=ref.transcript if ref is not None else None,
                         no_speaker=ref is not None and not req.voice.strip(), keep_unspeakable=chattts,
                         language=req.language)
-    refined = _refine(job, stages, watch, texts, base) if req.refine is not None else [None] * len(texts)
+    asked = _Stopwatch()
+    refined: list[np.ndarray | None] = [None] * len(texts)
+    if req.refine is not None:
+        with asked:
+            refined = _refine(job, stages, watch, texts, base)
     calls = [replace(base, text=t, refined_ids=r) for t, r in zip(texts, refined, strict=True)]
     if ref is not None and ref.audio is not None:  # the recording travels once, with the first segment
         calls[0] = replace(calls[0], reference_audio=ref.audio, reference_rate_hz=ref.rate_hz)
-    prepared = [stages.frontend(c) for c in calls]
+        with asked:
+            first_segment = stages.frontend(calls[0])  # encodes the recording (or finds it cached)
+        prepared = [first_segment, *(stages.frontend(c) for c in calls[1:])]
+    else:
+        prepared = [stages.frontend(c) for c in calls]
     if chattts and not any(speakable(p.normalized_text) for p in prepared):
-        raise RequestError("text has nothing speakable after normalisation (only punctuation, symbols or "
-                           "unsupported characters)", param=contract.IN_TEXT.name)
+        raise RequestError(f"{NOTHING_SPEAKABLE} (only punctuation, symbols or unsupported characters)",
+                           param=contract.IN_TEXT.name)
     codes, source = _request_prompt(ref, prepared[0])
     if codes is None and chattts and len(prepared) > 1:
-        wav = _first_piece_audio(job, stages, watch, prepared[0])
-        transcript = prepared[0].normalized_text
-        first = stages.frontend(replace(calls[0], reference_text=transcript, reference_audio=wav,
-                                        reference_rate_hz=contract.SAMPLE_RATE_HZ, transient_reference=True))
-        codes, source = first.prompt_codes, "first_piece"
-        prepared = [first, *(stages.frontend(replace(c, reference_text=transcript)) for c in calls[1:])]
-    return PreparedText([replace(p, prompt_codes=codes) for p in prepared], source)
+        with asked:
+            wav = _first_piece_audio(job, stages, watch, prepared[0])
+            transcript = prepared[0].normalized_text
+            first = stages.frontend(replace(calls[0], reference_text=transcript, reference_audio=wav,
+                                            reference_rate_hz=contract.SAMPLE_RATE_HZ, transient_reference=True))
+            codes, source = first.prompt_codes, "first_piece"
+            prepared = [first, *(stages.frontend(replace(c, reference_text=transcript)) for c in calls[1:])]
+    return PreparedText([replace(p, prompt_codes=codes) for p in prepared], source, asked.total_s)
+
+
+class _Stopwatch:
+    """Adds up the seconds spent inside its ``with`` blocks (``total_s``)."""
+
+    def __init__(self) -> None:
+        self.total_s = 0.0
+        self._t0 = 0.0
+
+    def __enter__(self) -> _Stopwatch:
+        self._t0 = time.monotonic()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.total_s += time.monotonic() - self._t0
 
 
 def _request_prompt(ref: Reference | None, first: FrontendOutput) -> tuple[np.ndarray | None, str]:
@@ -455,6 +492,26 @@ def _first_piece_audio(job: SynthesisJob, stages: Stages, watch: Watch, first: F
     return wav
 
 
+def validate_request(job: SynthesisJob, stages: Stages) -> StreamResult:
+    """A ``validate_only`` request: what only the front end can check (the voice, the reference
+    recording or ``spk_smp`` with its transcript, the refine prompt), checked on the request's
+    text as one piece that may have nothing speakable in it; nothing is generated. The
+    recording is encoded and cached, so the synthesis that follows finds it ready. Returns an
+    empty :class:`StreamResult` with the front end's view of the text. Raises RequestError
+    (INVALID naming the input at fault)."""
+    req, ref = job.req, job.req.reference
+    call = FrontendCall(text=req.text, voice=req.voice, request_id=req.request_id,
+                        refine_prompt=req.refine.prompt if req.refine is not None else None,
+                        reference_text=ref.transcript if ref is not None else None,
+                        reference_audio=ref.audio if ref is not None else None,
+                        reference_rate_hz=ref.rate_hz if ref is not None else contract.SAMPLE_RATE_HZ,
+                        no_speaker=ref is not None and not req.voice.strip(), keep_unspeakable=True)
+    out = stages.frontend(call)
+    result = StreamResult()
+    result.add_prepared(PreparedText([out], _request_prompt(ref, out)[1]))
+    return result
+
+
 def stream_audio(job: SynthesisJob, stages: Stages, out: StreamOutput) -> StreamResult:
     """Run one streaming request: hand each audio chunk to ``out`` as soon as it is ready.
 
@@ -467,6 +524,8 @@ def stream_audio(job: SynthesisJob, stages: Stages, out: StreamOutput) -> Stream
     (the caller sends it as the stream's error), DeadlineExceeded past the request's deadline.
     """
     req = job.req
+    if req.validate_only:
+        return validate_request(job, stages)
     schedule = job.schedule if req.lookahead_tokens is None else job.schedule.with_lookahead(req.lookahead_tokens)
     result = StreamResult()
     try:
@@ -552,6 +611,8 @@ def offline_audio(job: SynthesisJob, stages: Stages,
     vocoder call's start (True) and end (False). Returns (audio (n,) float32, result). Raises
     RequestError."""
     req = job.req
+    if req.validate_only:
+        return np.zeros(0, np.float32), validate_request(job, stages)
     result = StreamResult()
     prepared = prepare_segments(job, stages)
     result.add_prepared(prepared)

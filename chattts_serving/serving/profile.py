@@ -22,6 +22,7 @@ from ..audio.reference import DEFAULT_PROMPT_CACHE_ENTRIES, ReferenceLimits
 from ..contract import Precision, Segmentation, VocoderPath
 from ..engine.scheduler import EngineConfig
 from ..runtime import OrtOptions
+from .resilience import DegradeThresholds
 
 PROFILES_DIR = Path(__file__).resolve().parents[2] / "profiles"
 
@@ -158,18 +159,29 @@ class EntryProfile(_Strict):
 
 
 class DegradeProfile(_Strict):
-    """Thresholds of :class:`~chattts_serving.serving.resilience.Degrader`, the degraded token
-    cap and how many times larger chunks are while degraded (``chunk_scale``)."""
+    """Thresholds of :class:`~chattts_serving.serving.resilience.Degrader`
+    (:class:`~chattts_serving.serving.resilience.DegradeThresholds`) and how many times larger
+    chunks are while degraded (``chunk_scale``). Degraded mode never caps a request's tokens:
+    it changes how audio is made, not how much of the text is spoken."""
 
     live_high: int = Field(ge=1)
     live_low: int = Field(ge=0)
+    queued_high: int = Field(ge=1)
+    queued_low: int = Field(ge=0)
     ttfa_p95_high_s: float = Field(gt=0)
     ttfa_p95_low_s: float = Field(gt=0)
     window: int = Field(ge=1)
+    min_samples: int = Field(ge=1)
     min_dwell_s: float = Field(ge=0)
     max_age_s: float = Field(gt=0)
-    max_new_tokens: int = Field(ge=1)
     chunk_scale: int = Field(ge=1)
+
+    def thresholds(self) -> DegradeThresholds:
+        return DegradeThresholds(live_high=self.live_high, live_low=self.live_low,
+                                 ttfa_p95_high_s=self.ttfa_p95_high_s, ttfa_p95_low_s=self.ttfa_p95_low_s,
+                                 window=self.window, min_dwell_s=self.min_dwell_s, max_age_s=self.max_age_s,
+                                 min_samples=self.min_samples, queued_high=self.queued_high,
+                                 queued_low=self.queued_low)
 
 
 class HealthProfile(_Strict):
@@ -257,8 +269,10 @@ class Profile(_Strict):
             raise ValueError(f"entry.stall_timeout_s must be at least {STALL_HEARTBEATS} x "
                              "engine.waiting_heartbeat_s (a queued stream is not a stalled one)")
         d = self.degrade
-        if d.live_low >= d.live_high or d.ttfa_p95_low_s > d.ttfa_p95_high_s:
+        if d.live_low >= d.live_high or d.queued_low >= d.queued_high or d.ttfa_p95_low_s > d.ttfa_p95_high_s:
             raise ValueError("degrade: the recover thresholds must be below the degrade thresholds")
+        if d.min_samples > d.window:
+            raise ValueError("degrade: min_samples exceeds window (the TTFA criterion could never count)")
         self.stream.schedule()
         return self
 

@@ -201,7 +201,8 @@ class EntryRequest:
     refine: refine-text parameters, None to skip that stage (the default); segmentation: how
     the text is cut into GPT sequences; reference: the audio prompt the request brought, None
     for none (a voice from the voices file may still bring its recording); language: the
-    language of what the text gives no context for (:class:`~chattts_serving.contract.Language`).
+    language of what the text gives no context for (:class:`~chattts_serving.contract.Language`);
+    validate_only: check the request whole and generate nothing (:func:`~.pipeline.validate_request`).
     """
 
     text: str
@@ -216,6 +217,7 @@ class EntryRequest:
     segmentation: Segmentation = Segmentation.STREAMING
     reference: Reference | None = None
     language: Language = Language.AUTO
+    validate_only: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -267,7 +269,8 @@ def parse_entry(inputs: Inputs, limits: EntryLimits, request_params: Mapping[str
                         segmentation=enum_input(inputs, contract.IN_SEGMENTATION.name, Segmentation,
                                                 limits.default_segmentation),
                         reference=_entry_reference(inputs, limits.reference),
-                        language=enum_input(inputs, contract.IN_LANGUAGE.name, Language, Language.AUTO))
+                        language=enum_input(inputs, contract.IN_LANGUAGE.name, Language, Language.AUTO),
+                        validate_only=bool_input(inputs, contract.IN_VALIDATE_ONLY.name))
 
 
 def _entry_reference(inputs: Inputs, limits: ReferenceLimits) -> Reference | None:

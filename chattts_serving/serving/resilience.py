@@ -6,6 +6,7 @@ Both are plain objects driven by the entry models and unit-tested without a serv
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections import deque
@@ -122,13 +123,22 @@ class BreakerCall:
 
 @dataclass(frozen=True)
 class DegradeThresholds:
-    """When to degrade and when to recover.
+    """When to degrade and when to recover, from signals that rise with load and not with what
+    one request asked for.
 
-    Degrade when live streams >= ``live_high`` or the recent TTFA p95 >= ``ttfa_p95_high_s``;
-    recover when live streams <= ``live_low`` and TTFA p95 <= ``ttfa_p95_low_s`` (hysteresis),
-    judged over the last ``window`` requests that produced audio within ``max_age_s`` seconds
-    (older samples no longer describe the load: an idle server recovers), at most every
-    ``min_dwell_s``.
+    Degrade when any of: live streams >= ``live_high`` (occupancy); accepted requests still
+    waiting for their first audio >= ``queued_high`` (queueing: they wait for an engine row or
+    the vocoder); the p95 of recent *load* TTFAs >= ``ttfa_p95_high_s``. Recover when all of:
+    live <= ``live_low``, queued <= ``queued_low``, that p95 <= ``ttfa_p95_low_s`` (hysteresis),
+    at most every ``min_dwell_s``.
+
+    A load TTFA is a request's time to first audio less the work it asked for before its audio
+    could start (refine-text, ChatTTS' first-piece reference pass, encoding a reference
+    recording: :attr:`~chattts_serving.serving.pipeline.StreamResult.asked_work_s`), so that a
+    request slow by design says nothing about the load. The p95 is taken over the last
+    ``window`` requests recorded within ``max_age_s`` seconds (older samples no longer describe
+    the load: an idle server recovers), and only once there are ``min_samples`` of them; it is
+    the nearest-rank p95, so with ``min_samples`` >= 20 no single request decides it.
     """
 
     live_high: int = 48
@@ -138,17 +148,25 @@ class DegradeThresholds:
     window: int = 50
     min_dwell_s: float = 5.0
     max_age_s: float = 60.0
-    min_samples: int = 10
-    """TTFA samples needed before the TTFA criterion counts (one cold request must not
-    switch the service into degraded mode)."""
+    min_samples: int = 20
+    queued_high: int = 16
+    queued_low: int = 4
+
+
+def nearest_rank(sorted_values: list[float], q: float) -> float:
+    """The nearest-rank ``q`` quantile (0 < q <= 1) of ``sorted_values`` (ascending, not
+    empty): the smallest value with at least ``q`` of the values at or below it."""
+    rank = max(1, math.ceil(q * len(sorted_values)))
+    return sorted_values[rank - 1]
 
 
 class Degrader:
     """Switches the service into a cheaper mode under load and back when load falls.
 
-    In degraded mode the entry model uses the codes -> DVAE vocoder path, larger chunks, a
-    lower cap on new tokens and sheds batch-priority requests (see the entry model). Each switch
-    is logged and counted; ``on_switch(degraded)`` lets the caller publish it (metrics).
+    In degraded mode the entry model uses the codes -> DVAE vocoder path, larger chunks, skips
+    refine-text and sheds batch-priority requests (see the entry model); it never speaks less
+    of a request's text than asked. Each switch is logged and counted; ``on_switch(degraded)``
+    lets the caller publish it (metrics).
     """
 
     def __init__(self, thresholds: DegradeThresholds, on_switch: Callable[[bool], None] | None = None,
@@ -158,37 +176,45 @@ class Degrader:
         self.on_switch = on_switch or (lambda _d: None)
         self.degraded = False
         self.switches = 0
-        self._ttfa: deque[tuple[float, float]] = deque(maxlen=thresholds.window)  # (clock s, TTFA s)
+        self._ttfa: deque[tuple[float, float]] = deque(maxlen=thresholds.window)  # (clock s, load TTFA s)
         self._last_switch = -1e18
         self._lock = threading.Lock()
 
     def record_ttfa(self, seconds: float) -> None:
-        """Record one request's time to first audio (s)."""
+        """Record one request's load TTFA (s): its time to first audio less the work it asked
+        for (see :class:`DegradeThresholds`)."""
         now = self.clock()
         with self._lock:
-            self._ttfa.append((now, seconds))
+            self._ttfa.append((now, max(0.0, seconds)))
+
+    def recent_ttfa_s(self) -> list[float]:
+        """The load TTFA samples (s) recorded, oldest first (at most ``window``)."""
+        with self._lock:
+            return [t for _, t in self._ttfa]
 
     def ttfa_p95_s(self) -> float:
-        """p95 of the TTFA samples (s) of the last ``window`` requests recorded within
-        ``max_age_s``; 0 while fewer than ``min_samples``."""
+        """Nearest-rank p95 of the load TTFA samples (s) of the last ``window`` requests
+        recorded within ``max_age_s``; 0 while fewer than ``min_samples``."""
         oldest = self.clock() - self.t.max_age_s
         with self._lock:
             data = sorted(t for at, t in self._ttfa if at >= oldest)
-        if len(data) < self.t.min_samples:
+        if not data or len(data) < self.t.min_samples:
             return 0.0
-        return data[min(len(data) - 1, int(0.95 * len(data)))]
+        return nearest_rank(data, 0.95)
 
-    def update(self, live: int) -> bool:
-        """Re-evaluate with ``live`` streams in flight; returns the (possibly new) mode."""
+    def update(self, live: int, queued: int = 0) -> bool:
+        """Re-evaluate with ``live`` streams in flight, ``queued`` of the accepted requests still
+        without audio; returns the (possibly new) mode."""
         p95 = self.ttfa_p95_s()
         now = self.clock()
+        t = self.t
         with self._lock:
-            if now - self._last_switch < self.t.min_dwell_s:
+            if now - self._last_switch < t.min_dwell_s:
                 return self.degraded
             want = self.degraded
-            if not self.degraded and (live >= self.t.live_high or p95 >= self.t.ttfa_p95_high_s):
+            if not self.degraded and (live >= t.live_high or queued >= t.queued_high or p95 >= t.ttfa_p95_high_s):
                 want = True
-            elif self.degraded and live <= self.t.live_low and p95 <= self.t.ttfa_p95_low_s:
+            elif self.degraded and live <= t.live_low and queued <= t.queued_low and p95 <= t.ttfa_p95_low_s:
                 want = False
             if want == self.degraded:
                 return self.degraded
@@ -197,7 +223,8 @@ class Degrader:
             self._last_switch = now
             if not want:
                 self._ttfa.clear()
-        log.warning("degraded mode %s (live streams %d, TTFA p95 %.3f s)", "on" if want else "off", live, p95)
+        log.warning("degraded mode %s (live streams %d, queued %d, load TTFA p95 %.3f s)", "on" if want else "off",
+                    live, queued, p95)
         self.on_switch(want)
         return want
 

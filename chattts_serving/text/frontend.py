@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from .. import contract
+from ..errors import NOTHING_SPEAKABLE
 from ..params import ParamError
 from ..runtime import Artifacts
 from . import normalize as textnorm
@@ -204,8 +205,7 @@ class FrontEnd:
                                key=lambda d: text.find(d) if d in text else len(text)))
         if not speakable and not keep_unspeakable:
             what = f": {''.join(dropped)!r}" if dropped else ""
-            raise FrontendError("text has nothing speakable after normalisation (only punctuation, symbols or "
-                                f"unsupported characters{what})")
+            raise FrontendError(f"{NOTHING_SPEAKABLE} (only punctuation, symbols or unsupported characters{what})")
         speed = norm.speed if norm.speed is not None else textnorm.DEFAULT_SPEED
         refine_ids = None
         if refine_prompt is not None and speakable:  # an unspeakable piece is not refined (it keeps its text)

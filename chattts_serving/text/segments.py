@@ -24,6 +24,18 @@ _SENTENCE_END: Final = re.compile(rf"(?<=[{re.escape(SENTENCE_END_MARKS)}])|(?<=
 (not inside ``3.5`` or ``e.g.x``)."""
 _CUT_MARKS: Final = "，、；"
 """Full-width pauses at which an over-long sentence may be cut."""
+MARKUP_CHARS: Final = "#>*-+•·▪‣◦●○■□–—_~`|"
+"""Markdown and list decoration: heading and quote marks, bullets, emphasis, code, rules."""
+_ORDINAL: Final = re.compile(r"[(（]?(?:\d{1,3}|[A-Za-z]|[ivxlcdmIVXLCDM]{1,6}|[一二三四五六七八九十百]{1,4})"
+                             r"[.)、．）。:：]?[)）]?")
+"""A list item's number or letter with its punctuation: ``1.``, ``2)``, ``(3)``, ``a.``, ``iv.``, ``一、``."""
+
+
+def markup_only(text: str) -> bool:
+    """Whether ``text`` holds nothing but list or markdown decoration (``1.``, ``2)``, ``-``,
+    ``*``, ``•``, ``##``, ``>``, ``**1.**``): a fragment that belongs to the words after it."""
+    core = text.strip().strip(MARKUP_CHARS + " \t\n")
+    return not core or _ORDINAL.fullmatch(core) is not None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -40,9 +52,22 @@ def split_segments(text: str, rules: SegmentRules = SegmentRules()) -> list[str]
     """Split ``text`` at sentence ends into segments of at most ``rules.max_chars``
     characters, in order, nothing dropped (whitespace-only pieces are merged into the segment
     before them). A sentence longer than ``max_chars`` is cut after a full-width pause
-    (``，、；``) or after ", " when it has one (never inside "1,234" or "3 km"), else hard.
+    (``，、；``) or after ", " when it has one (never inside "1,234" or "3 km"), else hard. A
+    list marker or other decoration alone (:func:`markup_only`: ``1.`` before its item) starts
+    the segment after it instead of ending the one before, so its language is its item's.
     Returns ``[text]`` when no segment has anything but white space."""
-    pieces = [p for p in _SENTENCE_END.split(text) if p]
+    pieces: list[str] = []
+    held = ""  # list or markdown decoration alone ("1.", "-"): it goes with the words after it
+    for p in _SENTENCE_END.split(text):
+        if not p:
+            continue
+        if markup_only(held + p) and (held + p).strip():
+            held += p
+            continue
+        pieces.append(held + p)
+        held = ""
+    if held:
+        pieces.append(held)
     out: list[str] = []
     limit = rules.max_chars
     for piece in pieces:

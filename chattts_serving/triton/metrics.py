@@ -171,7 +171,7 @@ class EntryMetrics:
     when a decoupled ``execute`` returns); tts_audio_seconds_total; tts_rejected_total{reason};
     tts_request_queue_size (accepted streams not yet producing audio); tts_active_requests
     (accepted requests in flight: what ``python -m chattts_serving.deploy.drain`` waits for);
-    tts_degraded_mode;
+    tts_degraded_mode; tts_degraded_requests_total (requests admitted in the degraded mode);
     and the process's memory (:class:`MemoryGauges`, refreshed as requests finish).
     """
 
@@ -187,6 +187,8 @@ class EntryMetrics:
             "queue": m("tts_request_queue_size", "Accepted requests that have not produced audio yet", m.GAUGE),
             "active": m(contract.ACTIVE_METRIC, "Accepted requests in flight (admitted, not yet finished)", m.GAUGE),
             "degraded": m("tts_degraded_mode", "1 while the service runs in its cheaper mode", m.GAUGE),
+            "degraded_requests": m("tts_degraded_requests_total", "Requests admitted while the service ran in its "
+                                   "cheaper mode (told so in their info)", m.COUNTER),
         }
         self.memory = MemoryGauges(pb, model)
         labels = {"model": model}
@@ -240,6 +242,11 @@ class EntryMetrics:
         with self.lock:
             if not self._closed:
                 self.degraded.set(1.0 if on else 0.0)
+
+    def degraded_request(self) -> None:
+        with self.lock:
+            if not self._closed:
+                self._counter("degraded_requests").increment(1.0)
 
     def close(self) -> None:
         """Delete the metrics, then their families, while the stub can still tell the server;
