@@ -11,9 +11,9 @@ cut at the chunk boundary instead of crossfaded
 the vocoder's receptive field both doors' streams equal the offline decode.
 
 The first window's ``info`` is the stream's header (``contract.INFO_HEADER_KEYS``, made by the
-front end); the last one's the same object completed with ``contract.INFO_FINAL_KEYS``. A
-stream that ends on a chunk boundary gets an empty last window (no tokens, nothing to keep)
-that carries the final info.
+front end); the last one's the same object completed with ``contract.INFO_FINAL_KEYS``. (A
+non-final window waits for its lookahead, so tokens always remain for a last window with
+samples; were none left, an empty last window would carry the final info.)
 """
 
 from __future__ import annotations
