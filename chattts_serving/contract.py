@@ -490,7 +490,10 @@ RELAY_RENAMES: Final = {WIN_HIDDEN.name: VO_HIDDEN.name, WIN_PLAN.name: VO_PLAN.
 OUT_CHUNK_INDEX: Final = TensorSpec("chunk_index", "TYPE_INT32", (1,),
                                     doc="the chunk's index in its stream (0, 1, ...): a client plays chunks in this "
                                         "order (Triton does not promise an ensemble's responses in order)")
-ENSEMBLE_INPUTS: Final = ENTRY_INPUTS
+ENSEMBLE_INPUTS: Final = tuple(FE_TEXT if t == IN_TEXT else t for t in ENTRY_INPUTS)
+"""chattts' inputs; ``text`` is optional in the config only because Triton 2.51 ends an ensemble
+request that lacks a required input with an empty stream and no error (no step can run): the
+front end refuses it ("missing required input 'text'", as chattts does)."""
 ENSEMBLE_OUTPUTS: Final = (OUT_AUDIO, OUT_CHUNK_INDEX, OUT_INFO)
 
 TEXT_EOS_ID: Final = SPECIAL_TOKEN_IDS["[Ebreak]"]

@@ -73,8 +73,8 @@ def test_windows_follow_the_profile_schedule_cut_at_chunk_boundaries(small_artif
         while (w := chunker.next_window(avail, avail == n)) is not None:
             expected.append(chunker.emit(w, voc.run(hidden[None, w.start:w.end])[0]))
     assert len(windows) == len(expected)
-    for w, e in zip(windows, expected, strict=True):
-        np.testing.assert_allclose(voc.run(w.hidden[None])[0][w.keep_first:w.keep_first + w.keep_samples], e,
+    for win, e in zip(windows, expected, strict=True):
+        np.testing.assert_allclose(voc.run(win.hidden[None])[0][win.keep_first:win.keep_first + win.keep_samples], e,
                                    atol=1e-5)
     assert windows[0].keep_samples == schedule.first_chunk_tokens * contract.SAMPLES_PER_TOKEN
 
