@@ -28,6 +28,7 @@ from conftest import running_gateway
 
 from chattts_serving.bench import load_sentences
 from chattts_serving.bench.burst import CLIENT_NICE
+from chattts_serving.bench.doors import DOOR_FIGURES, DOORS
 from chattts_serving.bench.gatewayload import GATEWAY_FIGURES, gateway_figures
 from chattts_serving.bench.modes import MODE_KEYS
 from chattts_serving.bench.openloop import BUDGET_SCALES, open_loop_plan
@@ -68,7 +69,8 @@ PROFILE_KEYS = {"throughput_ratio_c16", "ttfa_ratio_c1", "p95_over_p50_c16", "pi
 """Issue #13: the figures every benchmarked profile reports."""
 TOP_KEYS = {"config", "machine", "baseline", "raw_step", "pipeline", "levels", "open_loop", "burst", "as_deployed",
             "profiles", "definitions", "null_reasons", "degradation", "started_at", "elapsed_s", "frontend",
-            "frontend_p99_ms", "frontend_share_of_ttfa_c1", "gateway", "modes", "ws", *FIGURES, *GATEWAY_FIGURES,
+            "frontend_p99_ms", "frontend_share_of_ttfa_c1", "gateway", "modes", "ws", "doors", *FIGURES,
+            *GATEWAY_FIGURES, *DOOR_FIGURES,
             *MODE_KEYS.values(), *WS_FIGURES}
 LOCUST_TYPES = {"grpc:ttfa", "grpc:total", "sse:ttfa", "sse:total", "http:infer", "gateway:ttfa", "gateway:total"}
 
@@ -169,6 +171,14 @@ def test_bench_smoke_writes_report(small_weights: Path, small_int8_artifacts, tm
         assert lv["gateway"]["audio_s_total"] == pytest.approx(lv["direct"]["audio_s_total"])
     assert all(result[name] > 0 for name in GATEWAY_FIGURES)
     assert "## OpenAI gateway overhead" in md
+    # the two streaming doors took turns at 1 and 16 on the same jobs, every request completed
+    assert [(r["door"], r["concurrency"]) for r in result["doors"]["levels"]] == [
+        (d, c) for c in (1, 16) for d in DOORS]
+    for row in result["doors"]["levels"]:
+        assert row["ok"] == row["requests"] == max(2, row["concurrency"]), row["errors"]
+        assert all(r["tokens"] == 16 for r in row["records"]) and row["cpu_ms_per_token"] > 0
+    assert all(result[name] is not None and result[name] > 0 for name in DOOR_FIGURES)
+    assert "## The two streaming doors" in md
     # the segmentation modes and the reference voice, one request each, all completed
     assert {k: m["ok"] for k, m in result["modes"].items()} == dict.fromkeys(MODE_KEYS, 1)
     assert all(result[key] > 0 for key in MODE_KEYS.values()) and "## Segmentation modes" in md
