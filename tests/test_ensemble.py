@@ -178,6 +178,18 @@ def test_the_client_library_puts_chunks_in_index_order(triton_server) -> None:
         gap.check_complete()
 
 
+def test_the_cli_streams_from_the_ensemble(triton_server, tmp_path: Path) -> None:
+    from chattts_serving.client.cli import main
+    from chattts_serving.client.common import read_wav
+
+    out = tmp_path / "ensemble.wav"
+    assert main(["--url", triton_server.grpc_url, "--model", contract.MODEL_ENSEMBLE, "--text", "命令行。",
+                 "--max-new-tokens", "30", "--min-new-tokens", "30", "--out", str(out)]) == 0
+    audio, rate = read_wav(out)
+    assert rate == contract.SAMPLE_RATE_HZ and audio.size == contract.samples_for_tokens(30)
+    assert main(["--protocol", "sse", "--model", contract.MODEL_ENSEMBLE, "--text", "x", "--out", str(out)]) == 2
+
+
 REFUSED = [
     ("refine_text", [_input("refine_text", True)], "refine_text"),
     ("segmentation chattts", [_input("segmentation", "chattts")], "segmentation"),
