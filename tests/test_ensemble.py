@@ -12,6 +12,7 @@ import queue
 import threading
 import time
 import urllib.request
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -206,11 +207,18 @@ REFUSED = [
 def test_what_only_chattts_does_is_refused_naming_the_chattts_door(triton_server, case: str, extra: list,
                                                                   param: str) -> None:
     text = "今天天气很好。" if extra else "。".join(["这是一句足够长的句子，用来让文本被切成好几个分段"] * 8) + "。"
-    run = ensemble(triton_server.grpc_url, [_input("text", text), *extra])
+    request_id = f"refused-{uuid.uuid4().hex[:8]}"
+    run = ensemble(triton_server.grpc_url, [_input("text", text), *extra], request_id=request_id)
     assert run.error is not None and not run.chunks, case
     tag = decode_tagged(run.error)
     assert tag.kind == ErrorKind.INVALID, run.error
     assert tag.param == param and f"send this request to {contract.MODEL_STREAM}" in tag.message, run.error
+
+    def logged() -> bool:  # one request_rejected line under the client's request id
+        lines = Path(triton_server.log_path).read_text(errors="replace").splitlines()
+        return any(request_id in line and '"request_rejected"' in line and contract.MODEL_ENSEMBLE in line
+                   for line in lines)
+    assert wait_until(logged, 10)
 
 
 @pytest.mark.parametrize("case, inputs, fragment", BAD_INPUTS, ids=[c[0] for c in BAD_INPUTS])
@@ -298,6 +306,10 @@ def test_a_cancel_frees_the_engine_sequence_and_the_slot(one_slot) -> None:
     steps_at_cancel = _gauge(port, "tts_engine_decode_steps_total")
     assert wait_until(lambda: _gauge(port, "tts_engine_active_sequences") == 0, 30)
     steps = _gauge(port, "tts_engine_decode_steps_total") - steps_at_cancel
+    # A tick every 4 steps; the relay's hop takes a few ms, i.e. a few steps of this small model
+    # (~1 ms each; 4 measured here), under one of the full one. The bound leaves room for a
+    # loaded machine and still proves the sequence left long before its 2000 tokens.
+    print(f"\ndecode steps between the client's cancel and the sequence leaving: {steps:.0f}")
     assert steps < 200, f"{steps} decode steps after the cancel (the sequence had 2000 tokens to go)"
     events = [json.loads(line[line.index("{"):]) for line in Path(one_slot.log_path).read_text(errors="replace")
               .splitlines() if line.startswith("{") and '"event":' in line]

@@ -45,7 +45,7 @@ from ..engine.gpt import Embeddings, GptStepRunner
 from ..engine.scheduler import Engine, Sequence
 from ..errors import ErrorKind, RequestError, drop_tracebacks, from_message
 from ..runtime import OrtOptions
-from ..serving.admission import RefusalsFirst, busy_error
+from ..serving.admission import RefusalsFirst, busy_error, rejection_reason
 from ..serving.ensemble import prepare_request
 from ..serving.entry import EntryService, unloading_error
 from ..serving.frontend import FrontendService
@@ -214,7 +214,15 @@ class FrontendModel(UnaryModel):
         arrival = time.monotonic()
         inputs, params, request_id = entry_request(pb, request, ENSEMBLE_FRONTEND_INPUTS)
         inputs[contract.IN_TEXT.name] = inputs.pop(contract.FE_REQUEST_TEXT.name)
-        r = prepare_request(inputs, params, request_id, self.service, self.limits, self.rules, self.schedule, arrival)
+        try:
+            r = prepare_request(inputs, params, request_id, self.service, self.limits, self.rules, self.schedule,
+                                arrival)
+        except RequestError as exc:
+            log_event("request_rejected", level="warning", model=contract.MODEL_ENSEMBLE, request_id=request_id,
+                      reason=rejection_reason(exc), status=exc.kind, message=str(exc))
+            raise
+        log_event("request_accepted", model=contract.MODEL_ENSEMBLE, request_id=request_id, stream_id=r.stream_id,
+                  priority=r.request.priority, text_chars=len(r.request.text))
         return [*self._prepared(r.segment),
                 string_tensor(pb, contract.FE_STREAM_ID.name, r.stream_id),
                 pb.Tensor(contract.FE_ENGINE_PRIORITY.name, np.array([r.engine_priority], np.int32)),
@@ -340,9 +348,14 @@ class EngineModel(DecoupledModel):
         header = inputs.get(contract.EN_INFO_HEADER.name)
         planner = WindowPlanner(schedule, first_string(header) if header is not None else "", self.hidden_size)
         with self._windows_lock:
-            if self._windows_live >= self.window_limit:
-                raise busy_error(self.window_limit)
-            self._windows_live += 1
+            busy = self._windows_live >= self.window_limit
+            if not busy:
+                self._windows_live += 1
+        if busy:
+            exc = busy_error(self.window_limit)
+            log_event("request_rejected", level="warning", model=contract.MODEL_ENSEMBLE,
+                      request_id=request.request_id(), reason=rejection_reason(exc), status=exc.kind, message=str(exc))
+            raise exc
         try:
             self._submit_windows(request, sender, req, planner)
         except BaseException:
