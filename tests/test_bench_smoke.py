@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 from conftest import running_gateway
 
+from chattts_serving import contract
 from chattts_serving.bench import load_sentences
 from chattts_serving.bench.burst import CLIENT_NICE
 from chattts_serving.bench.doors import DOOR_FIGURES, DOORS
@@ -177,7 +178,10 @@ def test_bench_smoke_writes_report(small_weights: Path, small_int8_artifacts, tm
     for row in result["doors"]["levels"]:
         assert row["ok"] == row["requests"] == max(2, row["concurrency"]), row["errors"]
         assert all(r["tokens"] == 16 for r in row["records"]) and row["cpu_ms_per_token"] > 0
-    assert all(result[name] is not None and result[name] > 0 for name in DOOR_FIGURES)
+    for name in DOOR_FIGURES:  # a pipeline efficiency may be null under outside load, with the reason
+        row = next((r for r in result["doors"]["levels"] if r["concurrency"] == 16 and name.endswith(
+            "bls" if r["door"] == contract.MODEL_STREAM else "ensemble")), {})
+        assert (result[name] is not None and result[name] > 0) or row.get("pipeline_efficiency_null"), name
     assert "## The two streaming doors" in md
     # the segmentation modes and the reference voice, one request each, all completed
     assert {k: m["ok"] for k, m in result["modes"].items()} == dict.fromkeys(MODE_KEYS, 1)

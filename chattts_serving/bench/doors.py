@@ -52,23 +52,36 @@ def cpu_ms_per_token(level: Mapping[str, Any]) -> float | None:
 
 
 def run_doors(session: ServerSession, *, tokens: int, requests_for: Callable[[int], int],
-              pipeline_tokens_per_s: float | None, levels: Sequence[int] = LEVELS) -> dict[str, Any]:
-    """Each level of ``levels``, each door of :data:`DOORS` in turn, the same ``requests_for(c)``
-    jobs of ``tokens`` tokens; returns {"levels": [{door, concurrency, cpu_ms_per_token,
-    pipeline_efficiency, ...measure keys}], "pipeline_tokens_per_s"}."""
+              pipeline: Mapping[str, Any] | None, levels: Sequence[int] = LEVELS,
+              doors: Sequence[str] = DOORS) -> dict[str, Any]:
+    """Each level of ``levels``, each door of ``doors`` in turn, the same ``requests_for(c)``
+    jobs of ``tokens`` tokens; ``pipeline``: the minimal pipeline's result (its tokens_per_s
+    and other_cpu_percent). Returns {"levels": [{door, concurrency, cpu_ms_per_token,
+    pipeline_efficiency, ...measure keys}], "pipeline_tokens_per_s"}. A row's pipeline
+    efficiency is None, with ``pipeline_efficiency_null`` saying why, when it or the pipeline
+    ran while other processes used more than ``OUTSIDE_LOAD_WARN_PERCENT`` of a core."""
+    from .report import OUTSIDE_LOAD_WARN_PERCENT
+
+    pipeline = pipeline or {}
+    pipe_tps, pipe_other = pipeline.get("tokens_per_s"), pipeline.get("other_cpu_percent") or 0.0
     out: list[dict[str, Any]] = []
     for c in levels:
         jobs = level_jobs(session.sentences, c, requests_for(c), tokens)
-        for door in DOORS:
+        for door in doors:
             m = session.measure(_phase(session, jobs, c, door))
-            tokens_per_s = m.get("tokens_per_s")
+            tokens_per_s, other = m.get("tokens_per_s"), m.get("other_cpu_percent") or 0.0
+            skew = [f"{name}: other processes used {load:.0f} % of a core" for name, load in
+                    (("this phase", other), ("the minimal pipeline", pipe_other))
+                    if isinstance(load, float) and load > OUTSIDE_LOAD_WARN_PERCENT]
             row = {"door": door, "concurrency": c, **m, "cpu_ms_per_token": cpu_ms_per_token(m),
-                   "pipeline_efficiency": ratio(tokens_per_s if isinstance(tokens_per_s, float) else None,
-                                                pipeline_tokens_per_s)}
+                   "pipeline_efficiency": None if skew else ratio(
+                       tokens_per_s if isinstance(tokens_per_s, float) else None, pipe_tps)}
+            if skew:
+                row["pipeline_efficiency_null"] = "; ".join(skew)
             session.progress(f"doors c={c} {door}: {row['ok']}/{len(jobs)} ok, TTFA p50 {fmt(row['ttfa_p50_s'])} s, "
                              f"{fmt(row['tokens_per_s'])} tokens/s, {fmt(row['cpu_ms_per_token'])} CPU-ms/token")
             out.append(row)
-    return {"levels": out, "pipeline_tokens_per_s": pipeline_tokens_per_s}
+    return {"levels": out, "pipeline_tokens_per_s": pipe_tps}
 
 
 def _row(result: Mapping[str, Any] | None, door: str, c: int) -> Mapping[str, Any]:
@@ -109,6 +122,9 @@ def doors_markdown(result: Mapping[str, Any]) -> list[str]:
                      f"{fmt(row['ttfa_p50_s'])} | {fmt(row['ttfa_p95_s'])} | {fmt(row['latency_p50_s'])} | "
                      f"{fmt(row['tokens_per_s'])} | {fmt(row['audio_s_per_s'])} | {fmt(row['pipeline_efficiency'])} | "
                      f"{fmt(row['cpu_ms_per_token'])} | {top} | {fmt(row.get('other_cpu_percent'), 0)} |")
+    nulls = sorted({row["pipeline_efficiency_null"] for row in doors["levels"] if row.get("pipeline_efficiency_null")})
+    if nulls:
+        lines += ["", "Pipeline efficiency not given (outside load): " + "; ".join(nulls) + "."]
     errors = sorted({e for row in doors["levels"] for e in row.get("errors", [])})
     if errors:
         lines += ["", "Errors: " + "; ".join(errors[:5])]

@@ -475,8 +475,7 @@ def _doors_phase(ctx: PhaseContext) -> Any:
 
     s, cfg = ctx.session, ctx.cfg
     s.progress(f"doors: chattts (BLS) and chattts_ensemble taking turns, levels {list(LEVELS)}")
-    return run_doors(s, tokens=cfg.tokens, requests_for=cfg.requests_for,
-                     pipeline_tokens_per_s=(ctx.prof.get("pipeline") or {}).get("tokens_per_s"))
+    return run_doors(s, tokens=cfg.tokens, requests_for=cfg.requests_for, pipeline=ctx.prof.get("pipeline"))
 
 
 def _modes_phase(ctx: PhaseContext) -> Any:
