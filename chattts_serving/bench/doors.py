@@ -52,16 +52,15 @@ def cpu_ms_per_token(level: Mapping[str, Any]) -> float | None:
 
 
 def run_doors(session: ServerSession, *, tokens: int, requests_for: Callable[[int], int],
-              pipeline: Mapping[str, Any] | None, levels: Sequence[int] = LEVELS,
+              pipeline: Mapping[str, Any] | None, outside_load_percent: float, levels: Sequence[int] = LEVELS,
               doors: Sequence[str] = DOORS) -> dict[str, Any]:
     """Each level of ``levels``, each door of ``doors`` in turn, the same ``requests_for(c)``
     jobs of ``tokens`` tokens; ``pipeline``: the minimal pipeline's result (its tokens_per_s
     and other_cpu_percent). Returns {"levels": [{door, concurrency, cpu_ms_per_token,
     pipeline_efficiency, ...measure keys}], "pipeline_tokens_per_s"}. A row's pipeline
     efficiency is None, with ``pipeline_efficiency_null`` saying why, when it or the pipeline
-    ran while other processes used more than ``OUTSIDE_LOAD_WARN_PERCENT`` of a core."""
-    from .report import OUTSIDE_LOAD_WARN_PERCENT
-
+    ran while other processes used more than ``outside_load_percent`` of a core (the report's
+    ``OUTSIDE_LOAD_WARN_PERCENT``)."""
     pipeline = pipeline or {}
     pipe_tps, pipe_other = pipeline.get("tokens_per_s"), pipeline.get("other_cpu_percent") or 0.0
     out: list[dict[str, Any]] = []
@@ -72,7 +71,7 @@ def run_doors(session: ServerSession, *, tokens: int, requests_for: Callable[[in
             tokens_per_s, other = m.get("tokens_per_s"), m.get("other_cpu_percent") or 0.0
             skew = [f"{name}: other processes used {load:.0f} % of a core" for name, load in
                     (("this phase", other), ("the minimal pipeline", pipe_other))
-                    if isinstance(load, float) and load > OUTSIDE_LOAD_WARN_PERCENT]
+                    if isinstance(load, float) and load > outside_load_percent]
             row = {"door": door, "concurrency": c, **m, "cpu_ms_per_token": cpu_ms_per_token(m),
                    "pipeline_efficiency": None if skew else ratio(
                        tokens_per_s if isinstance(tokens_per_s, float) else None, pipe_tps)}

@@ -475,7 +475,10 @@ def _doors_phase(ctx: PhaseContext) -> Any:
 
     s, cfg = ctx.session, ctx.cfg
     s.progress(f"doors: chattts (BLS) and chattts_ensemble taking turns, levels {list(LEVELS)}")
-    return run_doors(s, tokens=cfg.tokens, requests_for=cfg.requests_for, pipeline=ctx.prof.get("pipeline"))
+    from .report import OUTSIDE_LOAD_WARN_PERCENT
+
+    return run_doors(s, tokens=cfg.tokens, requests_for=cfg.requests_for, pipeline=ctx.prof.get("pipeline"),
+                     outside_load_percent=OUTSIDE_LOAD_WARN_PERCENT)
 
 
 def _modes_phase(ctx: PhaseContext) -> Any:
