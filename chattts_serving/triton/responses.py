@@ -184,6 +184,13 @@ class WindowSink(EngineSink):
         if not windows:
             self.sender.send(self.pb.InferenceResponse(output_tensors=[self._stream_id()]))
 
+    def cancelled(self) -> bool:
+        """Always False, without asking Triton: the engine asks every sequence's sink at every
+        step, and ``response_sender.is_cancelled()`` is a round trip to the server (measured
+        with py-spy at c=16: 14 % of the engine thread's time), while Triton 2.51 never marks an
+        ensemble's running step cancelled. A client's cancel comes through the relay instead."""
+        return False
+
     def error(self, exc: RequestError) -> None:
         self._log_end("expired" if exc.kind == ErrorKind.DEADLINE else "error", f"error: {exc}")
         self._end()
