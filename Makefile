@@ -7,6 +7,7 @@ SIZE      ?= full
 HTTP_PORT ?= 8000
 GRPC_PORT ?= 8001
 METRICS_PORT ?= 8002
+PA_MODEL ?= chattts
 PYTEST_ARGS ?=
 
 .PHONY: help setup export export-small export-full int8-accuracy serve demo test lint typecheck unit bench bench-smoke loadtest soak gateway textnorm-report clean
@@ -67,8 +68,8 @@ bench-smoke:  ## every part of the benchmark on the small config, tiny load (1-2
 	$(PY) -m chattts_serving.bench --smoke --out results/smoke
 
 .PHONY: perf-analyzer
-perf-analyzer:  ## NVIDIA perf_analyzer on the streaming model of a running server (GRPC_PORT; CONCURRENCY="1 4 8 16")
-	GRPC_URL=127.0.0.1:$(GRPC_PORT) bash scripts/perf_analyzer.sh
+perf-analyzer:  ## NVIDIA perf_analyzer on a running server's streaming door (GRPC_PORT; PA_MODEL=chattts|chattts_ensemble; CONCURRENCY="1 4 8 16")
+	GRPC_URL=127.0.0.1:$(GRPC_PORT) MODEL=$(PA_MODEL) bash scripts/perf_analyzer.sh
 
 textnorm-report:  ## accuracy per category on the normalisation corpus: our rules / wetext alone / shipped
 	$(PY) -m chattts_serving.text.normalize_report

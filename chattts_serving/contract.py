@@ -166,6 +166,19 @@ ADMISSION_HEARTBEAT_S: Final = 5.0
 """Between changes the admission watch repeats its report this often, in seconds: a subscriber
 that hears nothing for a few of these stops trusting the last report (a dead connection, not a
 quiet server)."""
+MODEL_ENSEMBLE: Final = "chattts_ensemble"
+"""The ensemble door: a Triton ``platform: "ensemble"`` model whose steps are
+:data:`MODEL_FRONTEND` (the whole request: validated, one sentence segment -> prompt),
+:data:`MODEL_ENGINE` (in window mode: one response per vocoder window of the chunk schedule),
+:data:`MODEL_RELAY` and :data:`MODEL_VOCODER`; it streams the same audio chunks as
+:data:`MODEL_STREAM` for one sentence, without a Python entry model in the per-chunk path, and
+refuses what only :data:`MODEL_STREAM` does (refine-text, several segments, reference
+recordings: docs/ensemble.md)."""
+MODEL_RELAY: Final = "chattts_ensemble_relay"
+"""The ensemble's step between the engine and the vocoder (decoupled, no batching): passes each
+vocoder window on, drops the engine's progress ticks, and tells the engine when the client has
+cancelled (Triton 2.51 marks only the steps an ensemble schedules after a cancel as cancelled,
+never the engine's running request; a step without a dynamic batcher sees it)."""
 MODEL_FRONTEND: Final = "chattts_frontend"
 MODEL_ENGINE: Final = "chattts_gpt"
 MODEL_VOCODER: Final = "chattts_vocoder"
@@ -173,7 +186,8 @@ MODEL_VOCODER: Final = "chattts_vocoder"
 MODEL_VOCODER_CODES: Final = "chattts_dvae_vocoder"
 """codes (T, 4) -> DVAE -> Vocos -> waveform (about half the cost)."""
 ALL_MODELS: Final = (MODEL_FRONTEND, MODEL_ENGINE, MODEL_VOCODER, MODEL_VOCODER_CODES, MODEL_STREAM,
-                     MODEL_OFFLINE, MODEL_STREAM_ENTRY, MODEL_OFFLINE_ENTRY, MODEL_ADMISSION)
+                     MODEL_OFFLINE, MODEL_STREAM_ENTRY, MODEL_OFFLINE_ENTRY, MODEL_ADMISSION, MODEL_RELAY,
+                     MODEL_ENSEMBLE)
 """Every model of the repository with the gate on (the default); without it, all but the
 Python models behind the gates (:data:`GATED_MODELS`) and the admission watch (:func:`models`)."""
 
@@ -390,9 +404,32 @@ FE_TRANSIENT_REFERENCE: Final = TensorSpec("transient_reference", "TYPE_BOOL", (
 FE_PROMPT_CODES: Final = TensorSpec("prompt_codes", "TYPE_INT32", (-1, NUM_VQ),
                                     doc="audio-prompt codes (P, 4) of reference_audio or of the voice's recording; "
                                         "(0, 4) for none")
-FRONTEND_INPUTS: Final = (IN_TEXT, IN_VOICE, IN_REFINE_PROMPT, FE_REFINED_IDS, IN_REFERENCE_TEXT, IN_REFERENCE_AUDIO,
-                          IN_REFERENCE_RATE, FE_NO_SPEAKER, FE_KEEP_UNSPEAKABLE, FE_TRANSIENT_REFERENCE, IN_LANGUAGE)
-FRONTEND_OUTPUTS: Final = (FE_INPUT_IDS, FE_SPK_EMB, FE_NORMALIZED, FE_DROPPED, FE_REFINE_IDS, FE_PROMPT_CODES)
+FE_REQUEST_TEXT: Final = TensorSpec("request_text", "TYPE_STRING", (1,), optional=True,
+                                   doc="the ensemble door's whole request (its 'text'; the other entry inputs under "
+                                       "their own names): validated like chattts' and prepared for the engine's "
+                                       "window mode; without it the call is one segment of a BLS pipeline")
+FRONTEND_REQUEST_INPUTS: Final = tuple(t for t in ENTRY_INPUTS if t.name not in
+                                       {IN_TEXT.name, IN_VOICE.name, IN_REFINE_PROMPT.name, IN_REFERENCE_TEXT.name,
+                                        IN_REFERENCE_AUDIO.name, IN_REFERENCE_RATE.name, IN_VALIDATE_ONLY.name})
+"""The entry inputs the front end takes only for an ensemble request (the others it takes anyway)."""
+FE_TEXT: Final = TensorSpec(IN_TEXT.name, IN_TEXT.triton_dtype, IN_TEXT.dims, optional=True,
+                            doc="one segment's text (required, unless the call has request_text)")
+FRONTEND_INPUTS: Final = (FE_TEXT, IN_VOICE, IN_REFINE_PROMPT, FE_REFINED_IDS, IN_REFERENCE_TEXT, IN_REFERENCE_AUDIO,
+                          IN_REFERENCE_RATE, FE_NO_SPEAKER, FE_KEEP_UNSPEAKABLE, FE_TRANSIENT_REFERENCE,
+                          FE_REQUEST_TEXT, *FRONTEND_REQUEST_INPUTS)
+FE_STREAM_ID: Final = TensorSpec("stream_id", "TYPE_STRING", (1,),
+                                 doc="ensemble request: the engine sequence's handle (a fresh UUID hex)")
+FE_ENGINE_PRIORITY: Final = TensorSpec("engine_priority", "TYPE_INT32", (1,),
+                                       doc="ensemble request: the engine's scheduling class (0 realtime, 1 batch)")
+FE_TIMEOUT_MS: Final = TensorSpec("timeout_ms", "TYPE_INT64", (1,),
+                                  doc="ensemble request: what is left of timeout_s in ms (0: no deadline)")
+FE_LOOKAHEAD: Final = TensorSpec("window_lookahead_tokens", "TYPE_INT32", (1,),
+                                 doc="ensemble request: the request's lookahead_tokens (-1: the profile's schedule)")
+FE_INFO: Final = TensorSpec("info_header", "TYPE_STRING", (1,),
+                            doc="ensemble request: info JSON of the stream's first chunk (INFO_HEADER_KEYS)")
+FRONTEND_REQUEST_OUTPUTS: Final = (FE_STREAM_ID, FE_ENGINE_PRIORITY, FE_TIMEOUT_MS, FE_LOOKAHEAD, FE_INFO)
+FRONTEND_OUTPUTS: Final = (FE_INPUT_IDS, FE_SPK_EMB, FE_NORMALIZED, FE_DROPPED, FE_REFINE_IDS, FE_PROMPT_CODES,
+                           *FRONTEND_REQUEST_OUTPUTS)
 
 # GPT engine (decoupled)
 EN_EMIT_TOKENS: Final = TensorSpec("emit_tokens", "TYPE_INT32", (1,), optional=True,
@@ -411,27 +448,80 @@ EN_MODE: Final = TensorSpec("mode", "TYPE_STRING", (1,), optional=True,
                             doc="'code' (speech codes, default) or 'text' (refine-text: no spk_emb; sampling inputs "
                                 "take REFINE_PARAMS' defaults and ranges; codes carry the text id in every column)")
 EN_SPK_EMB: Final = TensorSpec("spk_emb", "TYPE_FP32", (-1,), optional=True,
-                               doc="L2-normalised speaker vector (H,); none: [empty_spk] prompt")
+                               doc="L2-normalised speaker vector (H,); none or (0,): [empty_spk] prompt")
 EN_PROMPT_CODES: Final = TensorSpec("prompt_codes", "TYPE_INT32", (-1, NUM_VQ), optional=True,
                                     doc="audio-prompt codes (P, 4) in [0, 625) after the text prompt (ChatTTS' "
-                                        "spk_smp); code mode only")
+                                        "spk_smp), (0, 4) for none; code mode only")
 EN_DELIVERY_ADDRESS: Final = TensorSpec("delivery_address", "TYPE_STRING", (1,), optional=True,
                                         doc="the caller's receipt socket (Linux abstract namespace): the engine writes "
                                             "stream_id there after each response it sent "
                                             "(chattts_serving.triton.deliveries)")
+EN_WINDOW_LOOKAHEAD: Final = TensorSpec(FE_LOOKAHEAD.name, "TYPE_INT32", (1,), optional=True,
+                                        doc="window mode (the ensemble door): respond with vocoder windows of the "
+                                            "profile's chunk schedule at this lookahead (-1: the profile's) instead "
+                                            "of token batches")
+EN_INFO_HEADER: Final = TensorSpec(FE_INFO.name, "TYPE_STRING", (1,), optional=True,
+                                   doc="window mode: info JSON for the first window (the last one's is completed "
+                                       "with the final keys)")
 ENGINE_INPUTS: Final = (FE_INPUT_IDS, EN_SPK_EMB, *(p.tensor() for p in SAMPLING_PARAMS), EN_EMIT_TOKENS,
                         EN_STREAM_ID, EN_CONTROL, EN_PRIORITY, EN_TIMEOUT_MS, EN_FIRST_EMIT, EN_MODE, EN_PROMPT_CODES,
-                        EN_DELIVERY_ADDRESS)
+                        EN_DELIVERY_ADDRESS, EN_WINDOW_LOOKAHEAD, EN_INFO_HEADER)
 EN_CODES: Final = TensorSpec("codes", "TYPE_INT32", (-1, NUM_VQ), doc="codes of the new tokens (N, 4)")
 EN_HIDDEN: Final = TensorSpec("hidden", "TYPE_FP32", (-1, -1), doc="GPT last hidden state per token (N, H)")
 EN_STOP: Final = TensorSpec("stop_reason", "TYPE_STRING", (1,),
                             doc="'' while running, then 'eos', 'max_new_tokens' or 'cancelled'")
-ENGINE_OUTPUTS: Final = (EN_CODES, EN_HIDDEN, EN_STOP)
+# window mode (the ensemble door): a response is a vocoder window, or a progress tick that
+# carries only window_stream_id (the relay's chance to see a client's cancel)
+WIN_HIDDEN: Final = TensorSpec("window_hidden", "TYPE_FP32", (-1, -1), optional=True,
+                               doc="the window's tokens' hidden states (T, H): new tokens with left context and "
+                                   "lookahead; (0, H) for an error or an empty last window")
+WIN_PLAN: Final = TensorSpec("window_plan", "TYPE_INT32", (3,), optional=True,
+                             doc="[chunk index, first sample of the window's audio to keep, samples to keep]")
+WIN_INFO: Final = TensorSpec("window_info", "TYPE_STRING", (1,), optional=True,
+                             doc="info JSON of the first chunk (INFO_HEADER_KEYS) and of the last (INFO_FINAL_KEYS); "
+                                 "'' for the others")
+WIN_ERROR: Final = TensorSpec("window_error", "TYPE_STRING", (1,), optional=True,
+                              doc="'' or the stream's error ([kind] message): the vocoder answers it with that error")
+WIN_STREAM_ID: Final = TensorSpec("window_stream_id", "TYPE_STRING", (1,), optional=True,
+                                  doc="the engine sequence's stream_id (the relay cancels it when the client has gone)")
+WINDOW_OUTPUTS: Final = (WIN_HIDDEN, WIN_PLAN, WIN_INFO, WIN_ERROR, WIN_STREAM_ID)
+ENGINE_OUTPUTS: Final = (EN_CODES, EN_HIDDEN, EN_STOP, *WINDOW_OUTPUTS)
 
 # vocoders (max_batch_size > 0: dims exclude the batch dimension)
 VO_HIDDEN: Final = TensorSpec("hidden", "TYPE_FP32", (-1, -1), doc="token window of GPT hidden states (T, H)")
 VO_CODES: Final = TensorSpec("codes", "TYPE_INT32", (-1, NUM_VQ), doc="token window of codes (T, 4)")
 VO_AUDIO: Final = TensorSpec("audio", "TYPE_FP32", (-1,), doc="waveform of the window, 512*T-256 samples")
+VO_PLAN: Final = TensorSpec("plan", "TYPE_INT32", (3,), optional=True,
+                            doc="ensemble window: [chunk index, first sample to keep, samples to keep]; the audio "
+                                "output is then only those samples")
+VO_CHUNK_INFO: Final = TensorSpec("chunk_info", "TYPE_STRING", (1,), optional=True,
+                                  doc="ensemble window: info JSON passed on as the info output ('' : none)")
+VO_ERROR: Final = TensorSpec("error", "TYPE_STRING", (1,), optional=True,
+                             doc="ensemble window: '' or the stream's error, answered as this request's error")
+VO_CHUNK_INDEX: Final = TensorSpec("chunk_index", "TYPE_INT32", (1,),
+                                   doc="ensemble window: the chunk's index in its stream, from 0")
+VO_INFO: Final = TensorSpec("info", "TYPE_STRING", (1,), doc="ensemble window: its chunk_info, when not ''")
+VOCODER_WINDOW_INPUTS: Final = (VO_PLAN, VO_CHUNK_INFO, VO_ERROR)
+VOCODER_WINDOW_OUTPUTS: Final = (VO_CHUNK_INDEX, VO_INFO)
+
+# the relay (decoupled): the engine's window outputs in, the vocoder's window inputs out
+RELAY_INPUTS: Final = WINDOW_OUTPUTS
+RELAY_OUTPUTS: Final = (TensorSpec(VO_HIDDEN.name, "TYPE_FP32", (-1, -1), doc="the window (T, H)"),
+                        VO_PLAN, VO_CHUNK_INFO, VO_ERROR)
+RELAY_RENAMES: Final = {WIN_HIDDEN.name: VO_HIDDEN.name, WIN_PLAN.name: VO_PLAN.name, WIN_INFO.name: VO_CHUNK_INFO.name,
+                        WIN_ERROR.name: VO_ERROR.name}
+"""Which relay output carries which engine window output."""
+
+# the ensemble door: chattts' inputs; audio chunks, each with its index, info on the first and last
+OUT_CHUNK_INDEX: Final = TensorSpec("chunk_index", "TYPE_INT32", (1,),
+                                    doc="the chunk's index in its stream (0, 1, ...): a client plays chunks in this "
+                                        "order (Triton does not promise an ensemble's responses in order)")
+ENSEMBLE_INPUTS: Final = tuple(FE_TEXT if t == IN_TEXT else t for t in ENTRY_INPUTS if t != IN_VALIDATE_ONLY)
+"""chattts' inputs; ``text`` is optional in the config only because Triton 2.51 ends an ensemble
+request that lacks a required input with an empty stream and no error (no step can run): the
+front end refuses it ("missing required input 'text'", as chattts does). ``validate_only`` is not
+one of them: the ensemble always synthesises (Triton refuses the input by name)."""
+ENSEMBLE_OUTPUTS: Final = (OUT_AUDIO, OUT_CHUNK_INDEX, OUT_INFO)
 
 TEXT_EOS_ID: Final = SPECIAL_TOKEN_IDS["[Ebreak]"]
 """End token of the text mode: ``[Ebreak]`` (21136), ChatTTS' ``tokenizer.eos_token``; like

@@ -139,7 +139,10 @@ def drop_tracebacks(exc: BaseException | None) -> None:
 
 _PARAM: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 """What a ``param`` may be: an input name."""
-_TAG: Final = re.compile(r"^\[(" + "|".join(k.value for k in ErrorKind) + r")(?::(" + _PARAM.pattern + r"))?\] ")
+_TAG: Final = re.compile(r"^(?:in ensemble '[^']*', )?\[(" + "|".join(k.value for k in ErrorKind) + r")(?::("
+                         + _PARAM.pattern + r"))?\] ")
+"""The tag at the start of a message; Triton puts "in ensemble '<name>', " before the message of
+an error that a step of an ensemble raised (the ensemble door, ``chattts_ensemble``)."""
 STOP_ERROR_PREFIX: Final = "error:"
 """Start of the GPT engine's stop reason for a failed sequence: ``error:<kind>:<message>``."""
 

@@ -5,6 +5,7 @@
 #   make serve &                          # any running server (HTTP 8000, gRPC 8001)
 #   make perf-analyzer                    # = scripts/perf_analyzer.sh: concurrency 1, 4, 8, 16
 #   CONCURRENCY="1 2" GRPC_URL=host:8001 scripts/perf_analyzer.sh -p 10000   # extra args go to perf_analyzer
+#   MODEL=chattts_ensemble scripts/perf_analyzer.sh   # the ensemble door (make perf-analyzer PA_MODEL=...)
 #
 # What it runs, per concurrency level C:
 #   perf_analyzer -m chattts -i grpc -u $GRPC_URL --streaming \
@@ -24,7 +25,8 @@
 # in the tritonclient 2.41.0 manylinux wheel and needs Debian's libb64-0d and libcudart.so.12
 # (PyPI nvidia-cuda-runtime-cu12, put on LD_LIBRARY_PATH); it then runs on CPU hosts too.
 #
-# Knobs (environment): GRPC_URL (127.0.0.1:8001), MODEL (chattts), INPUT_DATA
+# Knobs (environment): GRPC_URL (127.0.0.1:8001), MODEL (chattts, or chattts_ensemble: the same
+# inputs; its time to the last response includes the empty final one), INPUT_DATA
 # (loadtest/perf_analyzer_input.json), CONCURRENCY ("1 4 8 16"), MEASUREMENT_INTERVAL_MS
 # (10000), STABILITY_PCT (30: perf_analyzer's -s, the spread of 3 windows it accepts as
 # stable; its default of 10 never settles on a busy 2-core host), OUT_DIR

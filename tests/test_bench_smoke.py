@@ -26,8 +26,10 @@ from pathlib import Path
 import pytest
 from conftest import running_gateway
 
+from chattts_serving import contract
 from chattts_serving.bench import load_sentences
 from chattts_serving.bench.burst import CLIENT_NICE
+from chattts_serving.bench.doors import DOOR_FIGURES, DOORS
 from chattts_serving.bench.gatewayload import FIRST_BYTE_FIGURES, GATEWAY_FIGURES, first_byte_figures, gateway_figures
 from chattts_serving.bench.modes import MODE_KEYS
 from chattts_serving.bench.openloop import BUDGET_SCALES, open_loop_plan
@@ -68,8 +70,8 @@ PROFILE_KEYS = {"throughput_ratio_c16", "ttfa_ratio_c1", "p95_over_p50_c16", "pi
 """Issue #13: the figures every benchmarked profile reports."""
 TOP_KEYS = {"config", "machine", "baseline", "raw_step", "pipeline", "levels", "open_loop", "burst", "as_deployed",
             "profiles", "definitions", "null_reasons", "degradation", "started_at", "elapsed_s", "frontend",
-            "frontend_p99_ms", "frontend_share_of_ttfa_c1", "gateway", "modes", "ws", *FIGURES, *GATEWAY_FIGURES,
-            *FIRST_BYTE_FIGURES, *MODE_KEYS.values(), *WS_FIGURES}
+            "frontend_p99_ms", "frontend_share_of_ttfa_c1", "gateway", "modes", "ws", "doors", *FIGURES,
+            *GATEWAY_FIGURES, *FIRST_BYTE_FIGURES, *DOOR_FIGURES, *MODE_KEYS.values(), *WS_FIGURES}
 LOCUST_TYPES = {"grpc:ttfa", "grpc:total", "sse:ttfa", "sse:total", "http:infer", "gateway:ttfa", "gateway:total"}
 
 
@@ -173,6 +175,17 @@ def test_bench_smoke_writes_report(small_weights: Path, small_int8_artifacts, tm
     first = result["gateway"]["first_byte"]
     assert all(len(v["first_byte_s"]) == first["runs"] and "error" not in v for v in first["formats"].values())
     assert all(result[name] is not None for name in FIRST_BYTE_FIGURES) and "first body byte" in md
+    # the two streaming doors took turns at 1 and 16 on the same jobs, every request completed
+    assert [(r["door"], r["concurrency"]) for r in result["doors"]["levels"]] == [
+        (d, c) for c in (1, 16) for d in DOORS]
+    for row in result["doors"]["levels"]:
+        assert row["ok"] == row["requests"] == max(2, row["concurrency"]), row["errors"]
+        assert all(r["tokens"] == 16 for r in row["records"]) and row["cpu_ms_per_token"] > 0
+    for name in DOOR_FIGURES:  # a pipeline efficiency may be null under outside load, with the reason
+        row = next((r for r in result["doors"]["levels"] if r["concurrency"] == 16 and name.endswith(
+            "bls" if r["door"] == contract.MODEL_STREAM else "ensemble")), {})
+        assert (result[name] is not None and result[name] > 0) or row.get("pipeline_efficiency_null"), name
+    assert "## The two streaming doors" in md
     # the segmentation modes and the reference voice, one request each, all completed
     assert {k: m["ok"] for k, m in result["modes"].items()} == dict.fromkeys(MODE_KEYS, 1)
     assert all(result[key] > 0 for key in MODE_KEYS.values()) and "## Segmentation modes" in md

@@ -107,3 +107,34 @@ def test_real_vocoder_smaller_lookahead_stays_close(real) -> None:
         snrs.append(10 * np.log10((offline ** 2).sum() / (err ** 2).sum()))
     assert snrs[0] < snrs[1] < snrs[2]
     assert snrs[0] > 10.0
+
+
+@pytest.mark.parametrize("n", [1, 8, 13, 150])
+@pytest.mark.parametrize("step", [1, 4, 33])
+@pytest.mark.parametrize("lookahead", [1, 4, 8])
+def test_keep_cuts_exactly_what_emit_sends_without_crossfade(n: int, step: int, lookahead: int) -> None:
+    """The ensemble door's vocoder is told which samples of a window to keep; for a schedule
+    without crossfade that is exactly what emit() would send, seam for seam, and the kept
+    samples add up to the utterance."""
+    tokens = np.random.default_rng(n + step).normal(size=n)
+    voc = _fir_vocoder(tokens, radius=3)
+    sched = ChunkSchedule(4, 2.0, 32, 8, lookahead, 512, first_lookahead_tokens=2).without_crossfade()
+    emitted = _stream(StreamChunker(sched), n, step, voc)
+    kept, ch, avail = [], StreamChunker(sched), 0
+    while not ch.done:
+        avail = min(n, avail + step)
+        while (w := ch.next_window(avail, avail == n)) is not None:
+            first, count = ch.keep(w)
+            kept.append(voc(w.start, w.end)[first:first + count])
+    assert len(kept) == len(emitted)
+    for a, b in zip(kept, emitted, strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert sum(k.size for k in kept) == contract.samples_for_tokens(n)
+
+
+def test_keep_refuses_a_schedule_with_a_crossfade() -> None:
+    ch = StreamChunker(ChunkSchedule(4, 2.0, 32, 8, 8, 512))
+    w = ch.next_window(100, False)
+    assert w is not None
+    with pytest.raises(ValueError, match="crossfade"):
+        ch.keep(w)

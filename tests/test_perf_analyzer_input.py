@@ -32,3 +32,19 @@ def test_the_script_sends_the_admin_header_of_the_package() -> None:
     script = (ROOT / "scripts" / "perf_analyzer.sh").read_text()
     assert "GRPC_ADMIN_HEADER" in script and "token_from_env" in script
     assert "--streaming" in script and "tritonclient==2.41.0" in script
+
+
+def test_every_step_is_also_a_request_the_ensemble_door_serves() -> None:
+    """``MODEL=chattts_ensemble scripts/perf_analyzer.sh`` sends the same file: each text is one
+    sentence segment of the cpu profile (what the ensemble serves; more is refused)."""
+    from chattts_serving.serving.profile import load_profile
+    from chattts_serving.text.segments import SegmentRules, split_segments
+
+    fp = load_profile("cpu").frontend
+    rules = SegmentRules(max_chars=fp.max_segment_chars, merge_chars=fp.merge_segment_chars)
+    ensemble = {t.name for t in contract.ENSEMBLE_INPUTS}
+    for step in json.loads(INPUT.read_text(encoding="utf-8"))["data"]:
+        assert set(step) <= ensemble
+        assert len(split_segments(step["text"][0], rules)) == 1, step["text"]
+    script = (ROOT / "scripts" / "perf_analyzer.sh").read_text()
+    assert 'MODEL=${MODEL:-chattts}' in script and '-m "$MODEL"' in script

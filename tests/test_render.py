@@ -26,6 +26,10 @@ def test_profiles_render_every_model_into_valid_configs(name: str, tmp_path: Pat
         if cfg.backend == contract.GATE_BACKEND:  # the admission gate: C++, no model.py, no artifacts
             assert cfg.name in (*contract.GATED_MODELS, contract.MODEL_ADMISSION) and (p.parent / "1").is_dir()
             continue
+        if cfg.platform == "ensemble":  # the ensemble door: steps, no model.py, no instances
+            assert cfg.name == contract.MODEL_ENSEMBLE and not (p.parent / "1" / "model.py").exists()
+            assert not cfg.instance_group and not cfg.backend
+            continue
         assert cfg.backend == "python" and (p.parent / "1" / "model.py").is_file()
         assert cfg.parameters["artifacts_dir"].string_value == str(small_artifacts.root.resolve())
         kind = cfg.instance_group[0].kind
@@ -48,6 +52,41 @@ def test_profiles_render_every_model_into_valid_configs(name: str, tmp_path: Pat
     voc = text_format.Parse((tmp_path / "repo" / contract.MODEL_VOCODER / "config.pbtxt").read_text(),
                             model_config_pb2.ModelConfig())
     assert voc.max_batch_size > 0 and voc.input[0].allow_ragged_batch
+    ens = text_format.Parse((tmp_path / "repo" / contract.MODEL_ENSEMBLE / "config.pbtxt").read_text(),
+                            model_config_pb2.ModelConfig())
+    # chattts' inputs but validate_only (the ensemble always synthesises)
+    assert [i.name for i in ens.input] == [t.name for t in contract.ENSEMBLE_INPUTS]
+    # text is refused by the front end when missing (Triton would end the ensemble silently)
+    assert [i.optional for i in ens.input] == [t.optional or t.name == contract.IN_TEXT.name
+                                               for t in contract.ENSEMBLE_INPUTS]
+    assert [o.name for o in ens.output] == [t.name for t in contract.ENSEMBLE_OUTPUTS]
+    assert [s.model_name for s in ens.ensemble_scheduling.step] == [
+        contract.MODEL_FRONTEND, contract.MODEL_ENGINE, contract.MODEL_RELAY, contract.MODEL_VOCODER]
+    relay = text_format.Parse((tmp_path / "repo" / contract.MODEL_RELAY / "config.pbtxt").read_text(),
+                              model_config_pb2.ModelConfig())
+    # the relay must see requests Triton marked cancelled: a dynamic batcher answers those itself
+    assert relay.model_transaction_policy.decoupled and not relay.HasField("dynamic_batching")
+
+
+def _ensemble_with(change) -> list[render.ModelSpec]:  # type: ignore[no-untyped-def]
+    specs = render.model_specs(load_profile("cpu"), Path("/artifacts"), Path("/repo"))
+    ens = next(s for s in specs if s.name == contract.MODEL_ENSEMBLE)
+    ens.steps = tuple(change(list(ens.steps)))
+    return specs
+
+
+@pytest.mark.parametrize(("change", "cause"), [
+    (lambda steps: steps[:1] + steps[2:], "no earlier step makes"),  # the engine step left out
+    (lambda steps: [steps[0], render.EnsembleStep(contract.MODEL_ENGINE, {**steps[1].input_map, "seed": "top_p"},
+                                                  steps[1].output_map), *steps[2:]], "TYPE_FP32"),
+    (lambda steps: [*steps[:3], render.EnsembleStep(contract.MODEL_VOCODER, {"plan": "_plan"},
+                                                    steps[3].output_map)], "required inputs"),
+    (lambda steps: [*steps[:3], render.EnsembleStep("chattts_nowhere", {}, {})], "not in the repository"),
+])
+def test_an_ensemble_that_triton_would_refuse_fails_at_render_time(change, cause: str,  # type: ignore[no-untyped-def]
+                                                                    tmp_path: Path) -> None:
+    with pytest.raises(render.RenderError, match=cause):
+        render._check_ensembles(_ensemble_with(change))
 
 
 def test_unknown_profile_key_is_an_error(tmp_path: Path) -> None:

@@ -81,6 +81,15 @@ class ChunkSchedule:
                              max(self.left_context_tokens, lookahead_tokens), lookahead_tokens, fade,
                              first_lookahead_tokens=0).validate()
 
+    def without_crossfade(self) -> ChunkSchedule:
+        """The same chunks, context and lookahead, seams cut at the chunk boundary instead of
+        crossfaded: what a stream whose windows are vocoded by a stateless step needs (the
+        ensemble door: its vocoder cannot blend a window with the one before), see
+        :meth:`StreamChunker.keep`. With a lookahead of the receptive field nothing changes
+        (both sides of a seam equal the offline decode)."""
+        return ChunkSchedule(self.first_chunk_tokens, self.growth, self.max_chunk_tokens, self.left_context_tokens,
+                             self.lookahead_tokens, 0, self.first_lookahead_tokens).validate()
+
 
 @dataclass(frozen=True)
 class Window:
@@ -136,6 +145,29 @@ class StreamChunker:
             return None
         return Window(start, need, self.boundary, end, False)
 
+    def keep(self, w: Window) -> tuple[int, int]:
+        """For a schedule without crossfade (:meth:`ChunkSchedule.without_crossfade`): which
+        samples of window ``w``'s audio to send, (first sample, count), advancing the chunker
+        as :meth:`emit` does; ``emit(w, audio)`` returns exactly ``audio[first:first+count]``.
+        For a vocoder that is told what to keep instead of being handed the audio. Raises
+        ValueError for a schedule with a crossfade (its seams need the previous window's audio)."""
+        if self.s.crossfade_samples:
+            raise ValueError("keep() needs a schedule without crossfade")
+        spt = contract.SAMPLES_PER_TOKEN
+        stop = contract.samples_for_tokens(w.end) if w.final else w.chunk_end * spt
+        first = self.emitted - w.start * spt
+        count = max(0, stop - self.emitted)
+        self._advance(w, stop)
+        return first, count
+
+    def _advance(self, w: Window, stop: int) -> None:
+        if w.final:
+            self.done = True
+        else:
+            self.boundary = w.chunk_end
+            self.size = min(self.s.max_chunk_tokens, max(self.size + 1, int(self.size * self.s.growth)))
+        self.emitted = stop
+
     def emit(self, w: Window, audio: np.ndarray) -> np.ndarray:
         """Samples to send for window ``w`` given its decoded ``audio`` (1-D float32)."""
         spt = contract.SAMPLES_PER_TOKEN
@@ -147,12 +179,6 @@ class StreamChunker:
             f = min(self.tail.size, out.size)
             ramp = (np.arange(f, dtype=np.float32) + 0.5) / np.float32(self.tail.size)
             out[:f] = self.tail[:f] * (1.0 - ramp) + out[:f] * ramp
-        if w.final:
-            self.tail = None
-            self.done = True
-        else:
-            self.tail = np.asarray(audio[stop - base: stop + 2 * half - base], dtype=np.float32).copy()
-            self.boundary = w.chunk_end
-            self.size = min(self.s.max_chunk_tokens, max(self.size + 1, int(self.size * self.s.growth)))
-        self.emitted = stop
+        self.tail = None if w.final else np.asarray(audio[stop - base: stop + 2 * half - base], dtype=np.float32).copy()
+        self._advance(w, stop)
         return out

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
+from .doors import doors_markdown
 from .gatewayload import gateway_markdown
 from .modes import modes_markdown
 from .stats import REALTIME_MIN_FRACTION, REALTIME_TOLERANCE_S, cdf, fmt, ratio
@@ -530,7 +531,8 @@ def _plots(_result: Mapping[str, Any]) -> list[str]:
 
 
 SECTIONS: list[Callable[[Mapping[str, Any]], list[str]]] = [
-    _header, _headline, _baselines, _profile_sections, _burst, gateway_markdown, ws_markdown, modes_markdown,
+    _header, _headline, _baselines, _profile_sections, _burst, doors_markdown, gateway_markdown, ws_markdown,
+    modes_markdown,
     _frontend, _warnings,
     _plots]
 """The report's sections in order; a new benchmark phase appends (or inserts) its own."""

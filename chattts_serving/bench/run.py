@@ -22,7 +22,9 @@ part has the machine to itself):
    gRPC (:mod:`~chattts_serving.bench.gatewayload`), then text replayed at LLM speed over its
    WebSocket at concurrency 1 and 8 (:mod:`~chattts_serving.bench.wsload`).
 5. for the default profile, on the same server, the time to first audio of each segmentation
-   mode and of a reference recording (:mod:`~chattts_serving.bench.modes`).
+   mode and of a reference recording (:mod:`~chattts_serving.bench.modes`), and the two
+   streaming doors, ``chattts`` (BLS) and ``chattts_ensemble``, taking turns at c=1 and c=16
+   (:mod:`~chattts_serving.bench.doors`).
 
 Every request records the server's ``info`` (generated tokens, degraded mode, vocoder); a
 figure whose measurement ran a degraded request, or ran while other processes loaded the
@@ -56,6 +58,7 @@ from typing import Any
 from .. import contract
 from . import load_sentences
 from .cpuload import CpuWindow
+from .doors import DOOR_FIGURES, door_figures
 from .gatewayload import FIRST_BYTE_FIGURES, GATEWAY_FIGURES, first_byte_figures, gateway_figures, gateway_process
 from .modes import MODE_KEYS, mode_figures
 from .report import DEGRADATION_NOTE, definitions, frontend_figures, markdown, plot, profile_figures
@@ -468,6 +471,17 @@ def _ws_phase(ctx: PhaseContext) -> Any:
                         progress=s.progress)
 
 
+def _doors_phase(ctx: PhaseContext) -> Any:
+    from .doors import LEVELS, run_doors
+
+    s, cfg = ctx.session, ctx.cfg
+    s.progress(f"doors: chattts (BLS) and chattts_ensemble taking turns, levels {list(LEVELS)}")
+    from .report import OUTSIDE_LOAD_WARN_PERCENT
+
+    return run_doors(s, tokens=cfg.tokens, requests_for=cfg.requests_for, pipeline=ctx.prof.get("pipeline"),
+                     outside_load_percent=OUTSIDE_LOAD_WARN_PERCENT)
+
+
 def _modes_phase(ctx: PhaseContext) -> Any:
     from .modes import measure_modes
 
@@ -479,6 +493,7 @@ def _modes_phase(ctx: PhaseContext) -> Any:
 SERVER_PHASES: list[ServerPhase] = [
     ServerPhase("levels", _levels_phase),
     ServerPhase("open_loop", _open_loop_phase),
+    ServerPhase("doors", _doors_phase, default_only=True),
     ServerPhase("gateway", _gateway_phase, default_only=True),
     ServerPhase("ws", _ws_phase, default_only=True),
     ServerPhase("modes", _modes_phase, default_only=True),
@@ -665,6 +680,7 @@ def run(cfg: Config) -> dict[str, Any]:
             result[key] = top[key]
     result.update({k: v for k, v in top.items() if k in definitions()})
     result.update(frontend_figures(result["frontend"], result["levels"]))
+    result.update(door_figures(result.get("doors")))
     result.update(gateway_figures(result.get("gateway")))
     result.update(first_byte_figures(result.get("gateway")))
     result.update(ws_figures(result.get("ws")))
@@ -730,8 +746,8 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     from .report import FRONTEND_FIGURES
 
-    for name in (*definitions(), *FRONTEND_FIGURES, *GATEWAY_FIGURES, *FIRST_BYTE_FIGURES, *WS_FIGURES,
-                 *MODE_KEYS.values()):
+    for name in (*definitions(), *FRONTEND_FIGURES, *DOOR_FIGURES, *GATEWAY_FIGURES, *FIRST_BYTE_FIGURES,
+                 *WS_FIGURES, *MODE_KEYS.values()):
         print(f"{name}: {result.get(name)}")
     for name, reason in result.get("null_reasons", {}).items():
         print(f"{name} is null: {reason}")

@@ -194,8 +194,10 @@ class WarmupError(RuntimeError):
     """The server failed its first request: measuring it would only measure errors."""
 
 
-def stream_request(url: str, job: Job, voice: str, phase_t0: float, timeout_s: float) -> RequestRecord:
-    """Stream ``job`` to the entry model at ``url`` (gRPC ``host:port``) and record it: every
+def stream_request(url: str, job: Job, voice: str, phase_t0: float, timeout_s: float,
+                   model: str = contract.MODEL_STREAM) -> RequestRecord:
+    """Stream ``job`` to the entry model ``model`` (``chattts``, or ``chattts_ensemble`` whose
+    chunks are put in order first) at ``url`` (gRPC ``host:port``) and record it: every
     non-empty chunk's arrival time and samples, and the server's ``info`` (generated tokens,
     degraded, vocoder). Never raises: a failure is a record with its
     :class:`~chattts_serving.bench.outcomes.Outcome` and message."""
@@ -206,7 +208,7 @@ def stream_request(url: str, job: Job, voice: str, phase_t0: float, timeout_s: f
     info: dict[str, object] = {}
     start = time.perf_counter()
     try:
-        for part in iter_parts(url, req, timeout_s=timeout_s):
+        for part in iter_parts(url, req, timeout_s=timeout_s, model=model):
             if part.info:
                 info.update(part.info)
             if part.audio.size:

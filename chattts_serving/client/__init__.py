@@ -6,13 +6,14 @@ streams from asyncio code (one shared gRPC channel per process; the OpenAI gatew
 """
 
 from .aio import AioStreamClient
-from .common import ClientError, StreamPart, SynthesisRequest, SynthesisResult, read_wav, write_wav
+from .common import ChunkOrder, ClientError, StreamPart, SynthesisRequest, SynthesisResult, read_wav, write_wav
 from .grpc_stream import iter_chunks, iter_parts, synthesize_stream
 from .http_infer import synthesize_offline
 from .sse import iter_sse_chunks, iter_sse_parts, synthesize_sse
 
 __all__ = [
     "AioStreamClient",
+    "ChunkOrder",
     "ClientError",
     "StreamPart",
     "SynthesisRequest",

@@ -52,6 +52,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--protocol", choices=sorted(DEFAULT_URLS), default="grpc",
                     help=f"grpc: stream from '{contract.MODEL_STREAM}'; http: one '/infer' call to "
                          f"'{contract.MODEL_OFFLINE}'; sse: stream over HTTP generate_stream (default grpc)")
+    ap.add_argument("--model", choices=(contract.MODEL_STREAM, contract.MODEL_ENSEMBLE), default=contract.MODEL_STREAM,
+                    help=f"grpc only: the streaming door, '{contract.MODEL_STREAM}' (BLS, default) or "
+                         f"'{contract.MODEL_ENSEMBLE}' (Triton ensemble: one sentence, chunks put in order)")
     src = ap.add_mutually_exclusive_group(required=True)
     src.add_argument("--text", help="text to speak (Chinese and/or English)")
     src.add_argument("--text-file", type=Path, help="UTF-8 file holding the text to speak")
@@ -106,10 +109,11 @@ def _fail(message: str, code: int) -> int:
     return code
 
 
-def _synthesizer(protocol: str) -> Callable[[str, SynthesisRequest, float], SynthesisResult]:
+def _synthesizer(protocol: str, model: str = contract.MODEL_STREAM
+                 ) -> Callable[[str, SynthesisRequest, float], SynthesisResult]:
     if protocol == "grpc":
         from .grpc_stream import synthesize_stream
-        return synthesize_stream
+        return lambda url, request, timeout_s: synthesize_stream(url, request, timeout_s, model=model)
     if protocol == "http":
         from .http_infer import synthesize_offline
         return synthesize_offline
@@ -156,9 +160,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         priority=args.priority, timeout_s=args.server_timeout_s, segmentation=args.segmentation,
         reference_audio=audio, reference_sample_rate_hz=rate, reference_text=args.reference_text,
         spk_smp=args.spk_smp, language=args.language)
+    if args.model != contract.MODEL_STREAM and args.protocol != "grpc":
+        return _fail(f"--model {args.model} needs --protocol grpc", 2)
     url = args.url or DEFAULT_URLS[args.protocol]
     try:
-        result = _synthesizer(args.protocol)(url, request, args.timeout_s)
+        result = _synthesizer(args.protocol, args.model)(url, request, args.timeout_s)
     except ClientError as exc:
         if exc.connection:
             return _fail(f"{exc.message} (protocol {args.protocol}; is the server running?)", 2)

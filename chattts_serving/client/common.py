@@ -226,6 +226,41 @@ class StreamPart:
 
     audio: np.ndarray
     info: dict[str, Any] | None = None
+    index: int | None = None
+    """The chunk's ``chunk_index`` (the ensemble door's responses carry one), None without."""
+
+
+class ChunkOrder:
+    """Puts the ensemble door's chunks in stream order: Triton does not promise an ensemble's
+    responses in order, so each carries its ``chunk_index`` and :meth:`add` returns the parts
+    that are next in order (holding a part until those before it arrived); parts without an
+    index pass at once. :meth:`check_complete` at the stream's end raises ClientError when an
+    index is missing (held parts never came out) or came twice."""
+
+    def __init__(self) -> None:
+        self.next = 0
+        self.held: dict[int, StreamPart] = {}
+        self.out_of_order = 0
+        """Parts that arrived before one of their predecessors (0 on Triton 2.51 with one
+        vocoder instance, see docs/ensemble.md)."""
+
+    def add(self, part: StreamPart) -> list[StreamPart]:
+        if part.index is None:
+            return [part]
+        if part.index < self.next or part.index in self.held:
+            raise ClientError(f"chunk {part.index} arrived twice")
+        if part.index != self.next:
+            self.out_of_order += 1
+        self.held[part.index] = part
+        ready = []
+        while self.next in self.held:
+            ready.append(self.held.pop(self.next))
+            self.next += 1
+        return ready
+
+    def check_complete(self) -> None:
+        if self.held:
+            raise ClientError(f"the stream ended without chunk {self.next} (held: {sorted(self.held)})")
 
 
 def parse_info(raw: object) -> dict[str, Any]:

@@ -1,4 +1,6 @@
-"""Streaming client for the decoupled entry model over gRPC (``contract.MODEL_STREAM``).
+"""Streaming client for the decoupled entry model over gRPC (``contract.MODEL_STREAM``), or the
+ensemble door (``contract.MODEL_ENSEMBLE``, ``model=``), whose chunks are put in order by
+their ``chunk_index`` (:class:`~chattts_serving.client.common.ChunkOrder`).
 
 One bidirectional gRPC stream per request: the request is sent with
 ``enable_empty_final_response=True`` and audio chunks arrive as they are synthesised until
@@ -19,6 +21,7 @@ from tritonclient.utils import InferenceServerException
 from .. import contract
 from .common import (
     TIMEOUT,
+    ChunkOrder,
     ClientError,
     StreamPart,
     SynthesisRequest,
@@ -64,33 +67,40 @@ def response_part(result: Any) -> tuple[StreamPart, bool]:
     Raises ClientError when ``info`` is not a JSON object."""
     audio = result.as_numpy(contract.OUT_AUDIO.name)
     info = result.as_numpy(contract.OUT_INFO.name)
+    index = result.as_numpy(contract.OUT_CHUNK_INDEX.name)
     params = result.get_response().parameters
     final = "triton_final_response" in params and bool(params["triton_final_response"].bool_param)
     return StreamPart(np.zeros(0, np.float32) if audio is None else np.asarray(audio, np.float32).reshape(-1),
-                      parse_info(info) if info is not None else None), final
+                      parse_info(info) if info is not None else None,
+                      int(index.reshape(-1)[0]) if index is not None and index.size else None), final
 
 
-def iter_chunks(url: str, request: SynthesisRequest,
-                timeout_s: float = DEFAULT_TIMEOUT_S) -> Generator[np.ndarray, None, None]:
-    """Stream ``request`` to ``contract.MODEL_STREAM`` at ``url`` (``host:port`` of Triton's
-    gRPC endpoint) and yield each audio chunk as it arrives: (n,) float32 mono samples at
-    ``contract.SAMPLE_RATE_HZ``, empty responses skipped. Closing the generator early cancels
-    the request on the server. Raises :class:`ClientError` as :func:`iter_parts` does."""
-    yield from audio_only(iter_parts(url, request, timeout_s))
+def iter_chunks(url: str, request: SynthesisRequest, timeout_s: float = DEFAULT_TIMEOUT_S,
+                model: str = contract.MODEL_STREAM) -> Generator[np.ndarray, None, None]:
+    """Stream ``request`` to ``model`` (``chattts`` or ``chattts_ensemble``) at ``url``
+    (``host:port`` of Triton's gRPC endpoint) and yield each audio chunk in stream order:
+    (n,) float32 mono samples at ``contract.SAMPLE_RATE_HZ``, empty responses skipped. Closing
+    the generator early cancels the request on the server. Raises :class:`ClientError` as
+    :func:`iter_parts` does."""
+    yield from audio_only(iter_parts(url, request, timeout_s, model))
 
 
-def iter_parts(url: str, request: SynthesisRequest,
-               timeout_s: float = DEFAULT_TIMEOUT_S) -> Generator[StreamPart, None, None]:
-    """Stream ``request`` to ``contract.MODEL_STREAM`` at ``url`` (``host:port`` of Triton's
-    gRPC endpoint) and yield each response as a :class:`StreamPart`: its audio ((n,) float32
-    mono at ``contract.SAMPLE_RATE_HZ``, possibly empty) and its ``info`` JSON object (on the
-    first audio response and the final one). Closing the generator early cancels the
-    request on the server (``stop_stream(cancel_requests=True)``).
+def iter_parts(url: str, request: SynthesisRequest, timeout_s: float = DEFAULT_TIMEOUT_S,
+               model: str = contract.MODEL_STREAM, order: ChunkOrder | None = None
+               ) -> Generator[StreamPart, None, None]:
+    """Stream ``request`` to ``model`` (``chattts``, or the ensemble door ``chattts_ensemble``)
+    at ``url`` (``host:port`` of Triton's gRPC endpoint) and yield each response as a
+    :class:`StreamPart`, in stream order (an ensemble's parts by their ``chunk_index``, through
+    ``order``, a fresh :class:`ChunkOrder` by default): its audio ((n,) float32 mono at
+    ``contract.SAMPLE_RATE_HZ``, possibly empty) and its ``info`` JSON object (on the first
+    audio response and the final one). Closing the generator early cancels the request on
+    the server (``stop_stream(cancel_requests=True)``).
 
     Raises :class:`ClientError` when the server returns an error for the request (the
-    server's message, status None), cannot be reached (``connection=True``), or the stream
-    does not finish within ``timeout_s`` seconds.
+    server's message, status None), cannot be reached (``connection=True``), the stream
+    does not finish within ``timeout_s`` seconds, or an ensemble chunk is missing.
     """
+    order = order if order is not None else ChunkOrder()
     client = grpcclient.InferenceServerClient(url)
     responses: queue.Queue[tuple[Any, InferenceServerException | None]] = queue.Queue()
 
@@ -105,7 +115,7 @@ def iter_parts(url: str, request: SynthesisRequest,
             finished = True
             raise _client_error(exc, url) from None
         try:
-            client.async_stream_infer(contract.MODEL_STREAM, grpc_inputs(request), request_id=request.request_id or "",
+            client.async_stream_infer(model, grpc_inputs(request), request_id=request.request_id or "",
                                       enable_empty_final_response=True)
         except InferenceServerException as exc:
             # A stream that failed at once (server unreachable) refuses new requests; the
@@ -126,10 +136,12 @@ def iter_parts(url: str, request: SynthesisRequest,
                 finished = True  # the server has ended this request
                 raise _client_error(error, url)
             part, final = response_part(result)
-            if part.audio.size or part.info:
-                yield part
+            for p in order.add(part):
+                if p.audio.size or p.info:
+                    yield p
             if final:
                 finished = True
+                order.check_complete()
                 return
     finally:
         try:
@@ -138,13 +150,14 @@ def iter_parts(url: str, request: SynthesisRequest,
             client.close()
 
 
-def synthesize_stream(url: str, request: SynthesisRequest,
-                      timeout_s: float = DEFAULT_TIMEOUT_S) -> SynthesisResult:
-    """Run one streamed synthesis over gRPC and collect it.
+def synthesize_stream(url: str, request: SynthesisRequest, timeout_s: float = DEFAULT_TIMEOUT_S,
+                      model: str = contract.MODEL_STREAM) -> SynthesisResult:
+    """Run one streamed synthesis over gRPC on ``model`` (``chattts`` or ``chattts_ensemble``)
+    and collect it.
 
     ``ttfa_s`` is the time from sending to the first non-empty chunk, ``total_s`` to the
     final response (both ``time.perf_counter`` seconds, including connection setup).
     Raises :class:`ClientError` as :func:`iter_chunks` does.
     """
     t0 = time.perf_counter()
-    return collect_stream(iter_parts(url, request, timeout_s=timeout_s), t0)
+    return collect_stream(iter_parts(url, request, timeout_s=timeout_s, model=model), t0)

@@ -42,6 +42,16 @@ class Batching:
     default_priority_level: int = 1
 
 
+@dataclass(frozen=True)
+class EnsembleStep:
+    """One step of an ensemble: its model, model input <- ensemble tensor, model output ->
+    ensemble tensor."""
+
+    model: str
+    input_map: dict[str, str]
+    output_map: dict[str, str]
+
+
 @dataclass
 class ModelSpec:
     """What one config.pbtxt says; ``dims`` exclude the batch dimension when batching."""
@@ -59,6 +69,8 @@ class ModelSpec:
     parameters: dict[str, str] = field(default_factory=dict)
     adapter: str = ""  # model_repository/<adapter>/1/model.py; default: the model's own name
     backend: str = "python"  # another backend (the gate) has no model.py
+    platform: str = ""  # "ensemble": no backend, no instances, no model.py; ``steps`` instead
+    steps: tuple[EnsembleStep, ...] = ()
 
     @property
     def adapter_dir(self) -> str:
@@ -122,6 +134,38 @@ def admission_spec() -> ModelSpec:
                                  "heartbeat_ms": f"{contract.ADMISSION_HEARTBEAT_S * 1000:g}"})
 
 
+def ensemble_spec() -> ModelSpec:
+    """``chattts_ensemble`` (:data:`contract.MODEL_ENSEMBLE`, ``platform: "ensemble"``): the
+    entry inputs of ``chattts`` -> ``chattts_frontend`` (the whole request, its text as
+    ``request_text``) -> ``chattts_gpt`` in window mode (the sampling inputs straight from the
+    request) -> ``chattts_ensemble_relay`` -> ``chattts_vocoder`` -> audio, chunk_index, info.
+    Ensemble tensors between steps are named ``_<name>``."""
+    fe_in = {contract.FE_REQUEST_TEXT.name: contract.IN_TEXT.name,
+             **{t.name: t.name for t in contract.ENSEMBLE_INPUTS if t.name != contract.IN_TEXT.name}}
+    fe_out = [contract.FE_INPUT_IDS, contract.FE_SPK_EMB, contract.FE_PROMPT_CODES, *contract.FRONTEND_REQUEST_OUTPUTS]
+    engine_from_frontend = {contract.FE_INPUT_IDS.name: contract.FE_INPUT_IDS.name,
+                            contract.EN_SPK_EMB.name: contract.FE_SPK_EMB.name,
+                            contract.EN_PROMPT_CODES.name: contract.FE_PROMPT_CODES.name,
+                            contract.EN_STREAM_ID.name: contract.FE_STREAM_ID.name,
+                            contract.EN_PRIORITY.name: contract.FE_ENGINE_PRIORITY.name,
+                            contract.EN_TIMEOUT_MS.name: contract.FE_TIMEOUT_MS.name,
+                            contract.EN_WINDOW_LOOKAHEAD.name: contract.FE_LOOKAHEAD.name,
+                            contract.EN_INFO_HEADER.name: contract.FE_INFO.name}
+    steps = (
+        EnsembleStep(contract.MODEL_FRONTEND, fe_in, {t.name: f"_{t.name}" for t in fe_out}),
+        EnsembleStep(contract.MODEL_ENGINE,
+                     {**{k: f"_{v}" for k, v in engine_from_frontend.items()},
+                      **{p.name: p.name for p in contract.SAMPLING_PARAMS}},
+                     {t.name: f"_{t.name}" for t in contract.WINDOW_OUTPUTS}),
+        EnsembleStep(contract.MODEL_RELAY, {t.name: f"_{t.name}" for t in contract.RELAY_INPUTS},
+                     {t.name: f"_{t.name}" for t in contract.RELAY_OUTPUTS}),
+        EnsembleStep(contract.MODEL_VOCODER, {t.name: f"_{t.name}" for t in contract.RELAY_OUTPUTS},
+                     {t.name: t.name for t in (contract.VO_AUDIO, *contract.VOCODER_WINDOW_OUTPUTS)}),
+    )
+    return ModelSpec(contract.MODEL_ENSEMBLE, contract.ENSEMBLE_INPUTS, contract.ENSEMBLE_OUTPUTS,
+                     platform="ensemble", steps=steps)
+
+
 def gate_limit(profile: Profile, model: str) -> tuple[int, RequestError]:
     """The requests the gate of ``model`` lets through at once, and its busy error: for
     ``chattts`` ``entry.max_concurrent_streams`` live streams; for ``chattts_offline``
@@ -173,11 +217,17 @@ def model_specs(profile: Profile, artifacts_dir: Path, repo_dir: Path) -> list[M
         specs += entries
     for path, name in contract.VOCODER_PATHS.items():
         tensor = contract.VO_HIDDEN if path is VocoderPath.HIDDEN else contract.VO_CODES
-        specs.append(ModelSpec(name, (tensor,), (contract.VO_AUDIO,),
+        specs.append(ModelSpec(name, (tensor, *contract.VOCODER_WINDOW_INPUTS),
+                               (contract.VO_AUDIO, *contract.VOCODER_WINDOW_OUTPUTS),
                                max_batch_size=profile.vocoder.max_batch_size, ragged=True,
                                instance_count=profile.vocoder.instance_count, batching=vocoder_batching,
                                parameters={**params, "vocoder_path": path}, adapter=contract.MODEL_VOCODER,
                                **accel))  # type: ignore[arg-type]
+    # The ensemble door: the relay between the engine and the vocoder (no batching, so that it
+    # sees requests Triton has marked cancelled), and the ensemble itself.
+    specs.append(ModelSpec(contract.MODEL_RELAY, contract.RELAY_INPUTS, contract.RELAY_OUTPUTS, decoupled=True,
+                           parameters=dict(params)))
+    specs.append(ensemble_spec())
     return specs
 
 
@@ -220,12 +270,48 @@ def validate_config(text: str, expected_name: str) -> Any:
             raise RenderError(f"{expected_name}: tensor {t.name} has no dims")
         if t.data_type == model_config_pb2.TYPE_INVALID:
             raise RenderError(f"{expected_name}: tensor {t.name} has no data_type")
+    if cfg.platform == "ensemble" and (not cfg.ensemble_scheduling.step or cfg.instance_group):
+        raise RenderError(f"{expected_name}: an ensemble needs steps and has no instance groups")
     if cfg.model_transaction_policy.decoupled and cfg.max_batch_size > 0:
         raise RenderError(f"{expected_name}: a decoupled model here must not batch (max_batch_size 0)")
     for g in cfg.instance_group:
         if g.kind == model_config_pb2.ModelInstanceGroup.KIND_GPU and not g.gpus:
             raise RenderError(f"{expected_name}: KIND_GPU instance group without gpus")
     return cfg
+
+
+def _check_ensembles(specs: list[ModelSpec]) -> None:
+    """Each ensemble step names a model of ``specs`` and only its tensors, maps every required
+    input, and each ensemble tensor has one dtype wherever it is used (what Triton checks at
+    load, here at render time). Raises :class:`RenderError`."""
+    by_name = {s.name: s for s in specs}
+    for e in (s for s in specs if s.platform == "ensemble"):
+        dtypes = {t.name: t.triton_dtype for t in e.inputs}
+        produced = set(dtypes)
+        for step in e.steps:
+            m = by_name.get(step.model)
+            if m is None:
+                raise RenderError(f"{e.name}: step model {step.model} is not in the repository")
+            ins, outs = {t.name: t for t in m.inputs}, {t.name: t for t in m.outputs}
+            for model_in, tensor in step.input_map.items():
+                if model_in not in ins:
+                    raise RenderError(f"{e.name}: {step.model} has no input {model_in}")
+                if tensor not in produced:
+                    raise RenderError(f"{e.name}: {step.model}.{model_in} reads {tensor}, which no earlier step makes")
+                if dtypes[tensor] != ins[model_in].triton_dtype:
+                    raise RenderError(f"{e.name}: {tensor} is {dtypes[tensor]}, {step.model}.{model_in} "
+                                      f"{ins[model_in].triton_dtype}")
+            missing = [n for n, t in ins.items() if not t.optional and n not in step.input_map]
+            if missing:
+                raise RenderError(f"{e.name}: {step.model}'s required inputs {missing} are not mapped")
+            for model_out, tensor in step.output_map.items():
+                if model_out not in outs:
+                    raise RenderError(f"{e.name}: {step.model} has no output {model_out}")
+                dtypes[tensor] = outs[model_out].triton_dtype
+                produced.add(tensor)
+        for t in e.outputs:
+            if dtypes.get(t.name) != t.triton_dtype:
+                raise RenderError(f"{e.name}: output {t.name} ({t.triton_dtype}) is not made by a step")
 
 
 def render_repository(profile: Profile, artifacts_dir: Path, out: Path) -> list[Path]:
@@ -238,8 +324,9 @@ def render_repository(profile: Profile, artifacts_dir: Path, out: Path) -> list[
     artifacts_dir = Path(artifacts_dir).resolve()
     specs = model_specs(profile, artifacts_dir, out)
     rendered = {s.name: render_config(s, profile.name) for s in specs}
+    _check_ensembles(specs)
     for s in specs:
-        if s.backend == "python" and not (REPO_SRC / s.adapter_dir / "1" / "model.py").is_file():
+        if s.backend == "python" and not s.platform and not (REPO_SRC / s.adapter_dir / "1" / "model.py").is_file():
             raise RenderError(f"{s.name}: no adapter model_repository/{s.adapter_dir}/1/model.py")
     if out.exists():
         shutil.rmtree(out)
@@ -248,7 +335,7 @@ def render_repository(profile: Profile, artifacts_dir: Path, out: Path) -> list[
     written = []
     for s in specs:
         (out / s.name / "1").mkdir(parents=True)
-        if s.backend == "python":
+        if s.backend == "python" and not s.platform:
             shutil.copy2(REPO_SRC / s.adapter_dir / "1" / "model.py", out / s.name / "1" / "model.py")
         (out / s.name / "config.pbtxt").write_text(rendered[s.name])
         written.append(out / s.name / "config.pbtxt")

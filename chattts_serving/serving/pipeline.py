@@ -244,7 +244,7 @@ class StreamOutput(Protocol):
 
 
 # --- the pipeline ------------------------------------------------------------------------------
-class _TokenStore:
+class TokenStore:
     """Growing (N, 4) codes and (N, H) hidden arrays with amortised appends (capacity doubles,
     starting at ``MIN_CAPACITY`` tokens)."""
 
@@ -325,7 +325,7 @@ def _no_progress(working: bool) -> None:
 
 
 def _run_all(stages: Stages, calls: list[GenerateCall], watch: Watch, cancelled: str,
-             progress: Callable[[bool], None] = _no_progress) -> list[tuple[_TokenStore, StopReason | None]]:
+             progress: Callable[[bool], None] = _no_progress) -> list[tuple[TokenStore, StopReason | None]]:
     """Start every sequence of ``calls`` at once (the engine batches them), then read each to
     its end: its tokens and stop reason, in order. ``watch`` ends them in the engine as soon as
     the client cancels; ``progress(False)`` is called at every batch the engine sends (its
@@ -341,7 +341,7 @@ def _run_all(stages: Stages, calls: list[GenerateCall], watch: Watch, cancelled:
             streams.append(stream)
             unwatch.append(watch(stream.request_cancel))
         for stream in streams:
-            store = _TokenStore()
+            store = TokenStore()
             reason: StopReason | None = None
             for batch in stream:
                 progress(False)
@@ -550,7 +550,7 @@ def _stream_segment(job: SynthesisJob, stages: Stages, schedule: ChunkSchedule, 
                     result: StreamResult, out: StreamOutput) -> tuple[StopReason, int]:
     req = job.req
     chunker = StreamChunker(schedule)
-    store = _TokenStore()
+    store = TokenStore()
     tokens = stages.generate(_code_call(job, seg, first_emit_tokens=schedule.tokens_before_first_chunk()))
     unwatch: Callable[[], None] | None = None
     reason: StopReason | None = None

@@ -158,6 +158,14 @@ class EntryProfile(_Strict):
     offline_emit_tokens: int = Field(ge=1)
 
 
+class EnsembleProfile(_Strict):
+    """The ensemble door (``chattts_ensemble``): ``max_concurrent_streams`` live streams at
+    once, counted by the GPT engine model (its window-mode sequences), beyond which a request
+    is refused "server busy" before generating anything. Optional in a profile file."""
+
+    max_concurrent_streams: int = Field(default=16, ge=1)
+
+
 class DegradeProfile(_Strict):
     """Thresholds of :class:`~chattts_serving.serving.resilience.Degrader`
     (:class:`~chattts_serving.serving.resilience.DegradeThresholds`) and how many times larger
@@ -249,6 +257,7 @@ class Profile(_Strict):
     degrade: DegradeProfile
     health: HealthProfile
     reference: ReferenceProfile = ReferenceProfile()
+    ensemble: EnsembleProfile = EnsembleProfile()
 
     @model_validator(mode="after")
     def _consistent(self) -> Profile:

@@ -442,10 +442,14 @@ def parse_engine(inputs: Inputs, hidden_size: int, max_new_tokens_cap: int) -> E
     if ids.min() < 0 or ids.max() >= contract.TEXT_VOCAB_SIZE:
         raise RequestError(f"input_ids must be in [0, {contract.TEXT_VOCAB_SIZE})", param=contract.FE_INPUT_IDS.name)
     spk = inputs.get(contract.EN_SPK_EMB.name)
+    if spk is not None and spk.size == 0:  # the front end's "no speaker" (the ensemble passes it on as is)
+        spk = None
     if spk is not None and (spk.dtype != np.float32 or spk.shape != (hidden_size,) or not np.isfinite(spk).all()):
         raise RequestError(f"spk_emb must be a finite FP32 tensor of shape [{hidden_size}]",
                            param=contract.EN_SPK_EMB.name)
     prompt_codes = codes_input(inputs, contract.EN_PROMPT_CODES.name)
+    if prompt_codes is not None and not len(prompt_codes):  # (0, 4): none, as the front end says it
+        prompt_codes = None
     if mode == SequenceMode.TEXT:
         if spk is not None or prompt_codes is not None:
             raise RequestError("a text-mode (refine) sequence takes no spk_emb and no prompt_codes",

@@ -16,10 +16,16 @@ service (:mod:`chattts_serving.serving.entry`).
 | chattts_vocoder, chattts_dvae_vocoder | :class:`VocoderModel` | no (dynamic batching) |
 | chattts | :class:`StreamingEntryModel` | yes |
 | chattts_offline | :class:`OfflineEntryModel` | no |
+| chattts_ensemble_relay | :class:`RelayModel` | yes |
+
+``chattts_ensemble`` is a Triton ensemble (no model.py): its steps are the front end (a whole
+request: :meth:`FrontendModel.respond`), the engine in window mode (:meth:`EngineModel.accept`),
+the relay and the vocoder (:meth:`VocoderModel.execute` with a ``plan``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import json
 import logging
@@ -40,20 +46,31 @@ from ..audio.encoder import DvaeEncoderRunner
 from ..audio.vocoder import VocoderRunner
 from ..engine.gpt import Embeddings, GptStepRunner
 from ..engine.scheduler import Engine, Sequence
-from ..errors import ErrorKind, RequestError, drop_tracebacks
+from ..errors import ErrorKind, RequestError, drop_tracebacks, from_message
 from ..runtime import OrtOptions
-from ..serving.admission import RefusalsFirst
+from ..serving.admission import RefusalsFirst, busy_error, rejection_reason
+from ..serving.ensemble import prepare_request
 from ..serving.entry import EntryService, unloading_error
 from ..serving.frontend import FrontendService
 from ..serving.logs import log_event
 from ..serving.pipeline import SynthesisJob
-from ..serving.request import EngineControl, FrontendCall, parse_engine, parse_frontend
+from ..serving.request import (
+    EngineControl,
+    EngineRequest,
+    EntryLimits,
+    FrontendCall,
+    int_input,
+    parse_engine,
+    parse_frontend,
+)
+from ..serving.windows import WindowPlanner
 from ..text.frontend import FrontEnd
-from .cancels import CancelListener, cancel_address
+from ..text.segments import SegmentRules
+from .cancels import CancelListener, cancel_address, send_cancel
 from .deliveries import ReceiptSender, ReceiptWriter, delivery_prefix
 from .finals import FinalWindow, WindowedSender, answer_ping, is_ping, ping_inputs
 from .metrics import EngineMetrics, EntryMetrics, MemoryGauges
-from .responses import EngineSink, OfflineChannel, SenderChannel, send_engine_error, send_final_error
+from .responses import EngineSink, OfflineChannel, SenderChannel, WindowSink, send_engine_error, send_final_error
 from .setup import ModelSetup, lower_priority
 from .stages import BlsStages, iterator_grave, release_held_iterators
 from .tensors import first_string, request_inputs, string_tensor, triton_error
@@ -97,8 +114,7 @@ class TritonModel:
         faulthandler.enable(all_threads=True)
         self.setup = ModelSetup.from_args(self.pb, args, decoupled=self.decoupled)
         self.name = self.setup.name
-        if self.ping_specs is not None:
-            self.finals = FinalWindow(self._ping)
+        self.finals = FinalWindow(self._ping) if self.ping_specs is not None else None
         self.start(self.setup)
 
     def _ping(self) -> None:
@@ -114,9 +130,21 @@ class TritonModel:
         else:
             req.exec()
 
-    def windowed(self, sender: Any) -> WindowedSender:
-        """``sender`` with its final response sent through ``self.finals``."""
+    def windowed(self, sender: Any) -> Any:
+        """``sender`` with its final response sent through ``self.finals`` (as it is for a model
+        that sends every response inside ``execute``)."""
+        if self.finals is None:
+            return sender
         return WindowedSender(sender, self.finals, self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+
+    def close_finals(self) -> None:
+        """The model unloads: finals from now on go out at once (:meth:`FinalWindow.close`)."""
+        if self.finals is not None:
+            self.finals.close()
+
+    def executing(self) -> contextlib.AbstractContextManager[None]:
+        """Wrap ``execute``'s body: the final-response window's (:meth:`FinalWindow.executing`)."""
+        return self.finals.executing() if self.finals is not None else contextlib.nullcontext()
 
     def start(self, setup: ModelSetup) -> None:
         """Build the model's state (sessions, threads)."""
@@ -156,7 +184,7 @@ class DecoupledModel(TritonModel):
     decoupled = True
 
     def execute(self, requests: list[Any]) -> None:
-        with self.finals.executing():
+        with self.executing():
             for request in requests:
                 raw = request.get_response_sender()
                 if is_ping(request):
@@ -193,21 +221,60 @@ class FrontendModel(UnaryModel):
     (INT32 [T]), spk_emb (FP32 [H], L2-normalised; [0] without a speaker), normalized_text
     (BYTES [1]), dropped (BYTES [1], JSON list of what is not spoken), refine_ids (INT32 [T'],
     the refine-text prompt), prompt_codes (INT32 [P, 4], the audio prompt; [0, 4] for none).
-    The DVAE encoder runs here (:class:`~chattts_serving.serving.frontend.FrontendService`)."""
+    The DVAE encoder runs here (:class:`~chattts_serving.serving.frontend.FrontendService`).
+
+    With ``request_text`` the call is the ensemble door's first step: the whole request (the
+    entry inputs, ``request_text`` its text) is validated and prepared by
+    :func:`~chattts_serving.serving.ensemble.prepare_request`, and the outputs also hold the
+    engine's window-mode inputs (``contract.FRONTEND_REQUEST_OUTPUTS``)."""
 
     def start(self, setup: ModelSetup) -> None:
-        fp, ref = setup.profile.frontend, setup.profile.reference
+        profile = setup.profile
+        fp, ref = profile.frontend, profile.reference
         encoder = DvaeEncoderRunner(setup.artifacts, OrtOptions(intra_op_threads=ref.encoder_intra_op_threads))
         encoder.run(np.zeros(contract.SAMPLE_RATE_HZ, np.float32))  # first-run allocations before serving
         self.service = FrontendService(
             FrontEnd(setup.artifacts, fp.max_text_chars, fp.default_voice_seed, wetext=fp.wetext), encoder.run,
             ref.limits(), ref.prompt_cache_entries)
         self.service.prepare(FrontendCall(text=WARM_UP_TEXT))
+        self.limits = EntryLimits(max_new_tokens_cap=profile.engine.max_new_tokens_cap,
+                                  max_text_chars=fp.max_text_chars, default_vocoder=profile.stream.default_vocoder,
+                                  default_segmentation=fp.segmentation, reference=ref.limits())
+        self.rules = SegmentRules(max_chars=fp.max_segment_chars, merge_chars=fp.merge_segment_chars)
+        self.schedule = profile.stream.schedule()
 
     def respond(self, request: Any) -> list[Any]:
         pb = self.pb
+        if pb.get_input_tensor_by_name(request, contract.FE_REQUEST_TEXT.name) is not None:
+            return self._ensemble_request(request)
         p = self.service.prepare(parse_frontend(request_inputs(pb, request, contract.FRONTEND_INPUTS),
                                                 request.request_id()))
+        return self._prepared(p)
+
+    def _ensemble_request(self, request: Any) -> list[Any]:
+        """The ensemble door's request -> the prepared segment and the engine's window-mode inputs."""
+        pb = self.pb
+        arrival = time.monotonic()
+        inputs, params, request_id = entry_request(pb, request, ENSEMBLE_FRONTEND_INPUTS)
+        inputs[contract.IN_TEXT.name] = inputs.pop(contract.FE_REQUEST_TEXT.name)
+        try:
+            r = prepare_request(inputs, params, request_id, self.service, self.limits, self.rules, self.schedule,
+                                arrival)
+        except RequestError as exc:
+            log_event("request_rejected", level="warning", model=contract.MODEL_ENSEMBLE, request_id=request_id,
+                      reason=rejection_reason(exc), status=exc.kind, message=str(exc))
+            raise
+        log_event("request_accepted", model=contract.MODEL_ENSEMBLE, request_id=request_id, stream_id=r.stream_id,
+                  priority=r.request.priority, text_chars=len(r.request.text))
+        return [*self._prepared(r.segment),
+                string_tensor(pb, contract.FE_STREAM_ID.name, r.stream_id),
+                pb.Tensor(contract.FE_ENGINE_PRIORITY.name, np.array([r.engine_priority], np.int32)),
+                pb.Tensor(contract.FE_TIMEOUT_MS.name, np.array([r.timeout_ms], np.int64)),
+                pb.Tensor(contract.FE_LOOKAHEAD.name, np.array([r.lookahead_tokens], np.int32)),
+                string_tensor(pb, contract.FE_INFO.name, r.info_header)]
+
+    def _prepared(self, p: Any) -> list[Any]:
+        pb = self.pb
         none = np.zeros((0, contract.NUM_VQ), np.int32)
         return [pb.Tensor(contract.FE_INPUT_IDS.name, p.input_ids),
                 pb.Tensor(contract.FE_SPK_EMB.name,
@@ -223,7 +290,14 @@ class EngineModel(DecoupledModel):
     """chattts_gpt: the in-flight batching GPT engine, KV caches resident. input_ids (INT32
     [T]), spk_emb (FP32 [H], code mode), mode, sampling parameters, emit_tokens -> a stream of
     codes (INT32 [N, 4]), hidden (FP32 [N, H]), stop_reason (BYTES [1]), starting with an empty
-    acknowledgement; or a control request ('cancel' + stream_id), answered with the final flag."""
+    acknowledgement; or a control request ('cancel' + stream_id), answered with the final flag.
+
+    With ``window_lookahead_tokens`` (the ensemble door) the sequence answers in window mode
+    (:class:`~chattts_serving.triton.responses.WindowSink`): vocoder windows of the profile's
+    chunk schedule (``window_hidden``, ``window_plan``, ``window_info``, ``window_error``,
+    ``window_stream_id``) and progress ticks; errors are Triton error responses (final), and at
+    most ``ensemble.max_concurrent_streams`` such sequences live at once, beyond which a request
+    is refused "server busy" at once (the ensemble door's admission)."""
 
     ping_specs = contract.ENGINE_INPUTS
 
@@ -249,6 +323,9 @@ class EngineModel(DecoupledModel):
         except OSError as exc:  # the entry models fall back to control requests
             log.warning("%s: no cancel socket (%s): cancels arrive as control requests only", setup.name, exc)
         self.receipts = ReceiptWriter()
+        self.window_limit = setup.profile.ensemble.max_concurrent_streams
+        self._windows_live = 0
+        self._windows_lock = threading.Lock()
 
     def sender_for(self, request: Any, sender: Any) -> Any:
         """A sequence that names its caller's receipt socket (``delivery_address``) and its
@@ -269,8 +346,19 @@ class EngineModel(DecoupledModel):
         return ReceiptSender(sender, self.receipts, addr, sid)
 
     def accept(self, request: Any, sender: Any) -> None:
-        req = parse_engine(request_inputs(self.pb, request, contract.ENGINE_INPUTS), self.hidden_size,
-                           self.setup.profile.engine.max_new_tokens_cap)
+        inputs = request_inputs(self.pb, request, contract.ENGINE_INPUTS)
+        if contract.EN_WINDOW_LOOKAHEAD.name in inputs:
+            try:
+                self._accept_windows(request, sender, inputs)
+            except RequestError as exc:
+                drop_tracebacks(exc)
+                send_final_error(self.pb, sender, exc)
+            except Exception as exc:
+                log.exception("%s: window-mode request failed", self.name)
+                drop_tracebacks(exc)
+                send_final_error(self.pb, sender, internal_error(exc))
+            return
+        req = parse_engine(inputs, self.hidden_size, self.setup.profile.engine.max_new_tokens_cap)
         if isinstance(req, EngineControl):
             self.engine.cancel(req.stream_id)
             sender.send(flags=self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
@@ -287,11 +375,61 @@ class EngineModel(DecoupledModel):
         except ValueError as exc:
             raise RequestError(str(exc)) from None
 
+    def _accept_windows(self, request: Any, sender: Any, inputs: dict[str, np.ndarray]) -> None:
+        """A window-mode sequence (the ensemble door): admitted while fewer than
+        ``window_limit`` live, else BUSY. Raises RequestError."""
+        profile = self.setup.profile
+        req = parse_engine(inputs, self.hidden_size, profile.engine.max_new_tokens_cap)
+        if isinstance(req, EngineControl) or not req.stream_id:
+            raise RequestError("a window-mode request needs stream_id and no control",
+                               param=contract.EN_STREAM_ID.name)
+        lookahead = int_input(inputs, contract.EN_WINDOW_LOOKAHEAD.name, -1, -1, 256)
+        if lookahead == 0:
+            raise RequestError("window_lookahead_tokens must be >= 1 (or -1 for the profile's)",
+                               param=contract.EN_WINDOW_LOOKAHEAD.name)
+        schedule = profile.stream.schedule()
+        if lookahead > 0:
+            schedule = schedule.with_lookahead(lookahead)
+        header = inputs.get(contract.EN_INFO_HEADER.name)
+        planner = WindowPlanner(schedule, first_string(header) if header is not None else "", self.hidden_size)
+        with self._windows_lock:
+            busy = self._windows_live >= self.window_limit
+            if not busy:
+                self._windows_live += 1
+        if busy:
+            exc = busy_error(self.window_limit)
+            log_event("request_rejected", level="warning", model=contract.MODEL_ENSEMBLE,
+                      request_id=request.request_id(), reason=rejection_reason(exc), status=exc.kind, message=str(exc))
+            raise exc
+        try:
+            self._submit_windows(request, sender, req, planner)
+        except BaseException:
+            self._window_closed()
+            raise
+
+    def _submit_windows(self, request: Any, sender: Any, req: EngineRequest, planner: WindowPlanner) -> None:
+        deadline = time.monotonic() + req.timeout_s if req.timeout_s else None
+        prompt_tokens = req.input_ids.size + (len(req.prompt_codes) if req.prompt_codes is not None else 0)
+        sink = WindowSink(self.pb, sender, self.name, request.request_id(), prompt_tokens, planner, req.stream_id,
+                          self._window_closed)
+        try:
+            self.engine.submit(Sequence(req.input_ids, req.spk_emb, req.params, sink, mode=req.mode,
+                                        emit_tokens=self.setup.profile.stream.emit_tokens,
+                                        first_emit_tokens=planner.first_emit_tokens(), priority=req.priority,
+                                        deadline_s=deadline, request_id=req.stream_id, owner=req.stream_id,
+                                        prompt_codes=req.prompt_codes))
+        except ValueError as exc:
+            raise RequestError(str(exc)) from None
+
+    def _window_closed(self) -> None:
+        with self._windows_lock:
+            self._windows_live -= 1
+
     def refuse(self, sender: Any, exc: RequestError) -> None:
         send_engine_error(self.pb, sender, exc)
 
     def finalize(self) -> None:
-        self.finals.close()  # no execute comes any more: the engine's last finals go out at once
+        self.close_finals()  # no execute comes any more: the engine's last finals go out at once
         if self.cancels is not None:
             self.cancels.close()
         self.engine.stop()
@@ -303,7 +441,13 @@ class VocoderModel(TritonModel):
     """chattts_vocoder / chattts_dvae_vocoder (dynamic batching): a token window, hidden (FP32
     [T, H]) or codes (INT32 [T, 4]), -> audio (FP32 [512*T-256]) at 24 kHz. Windows of equal
     length in one batch run as one ONNX Runtime call; one ``vocoder_batch`` log line per
-    batch (request ids, window tokens, ONNX Runtime calls, duration in ms)."""
+    batch (request ids, window tokens, ONNX Runtime calls, duration in ms).
+
+    An ensemble window also has ``plan`` (INT32 [3]: chunk index, first sample to keep,
+    samples to keep), ``chunk_info`` and ``error`` (BYTES [1]): its audio output is only the
+    samples to keep, with ``chunk_index`` (INT32 [1]) and, when ``chunk_info`` is not '',
+    ``info``; a non-empty ``error`` is answered as this request's error (the stream's, sent
+    by the engine behind its earlier windows)."""
 
     def start(self, setup: ModelSetup) -> None:
         self.memory = MemoryGauges(self.pb, setup.name, setup.gpu_index)
@@ -318,7 +462,7 @@ class VocoderModel(TritonModel):
         t0 = time.monotonic()
         windows = [pb.get_input_tensor_by_name(r, runner.input_name).as_numpy() for r in requests]
         audio: list[np.ndarray | None] = [None] * len(requests)
-        lengths = sorted({w.shape[1] for w in windows})
+        lengths = sorted({w.shape[1] for w in windows} - {0})
         for length in lengths:
             idx = [i for i, w in enumerate(windows) if w.shape[1] == length]
             out = runner.run(np.concatenate([windows[i] for i in idx]))
@@ -328,18 +472,78 @@ class VocoderModel(TritonModel):
                   batch_size=len(requests), window_tokens=[int(w.shape[1]) for w in windows], runs=len(lengths),
                   duration_ms=round((time.monotonic() - t0) * 1000, 1))
         self.memory.maybe_update()
-        return [pb.InferenceResponse(output_tensors=[pb.Tensor(contract.VO_AUDIO.name, a)]) for a in audio]
+        return [self._response(r, a) for r, a in zip(requests, audio, strict=True)]
+
+    def _response(self, request: Any, audio: np.ndarray | None) -> Any:
+        pb = self.pb
+        plan = pb.get_input_tensor_by_name(request, contract.VO_PLAN.name)
+        if plan is None:
+            return pb.InferenceResponse(output_tensors=[pb.Tensor(contract.VO_AUDIO.name, audio)])
+        error, info = (pb.get_input_tensor_by_name(request, spec.name) for spec in (contract.VO_ERROR,
+                                                                                    contract.VO_CHUNK_INFO))
+        if error is not None and (message := first_string(error.as_numpy())):
+            return pb.InferenceResponse(error=triton_error(pb, from_message(message)))
+        index, first, count = (int(v) for v in plan.as_numpy().reshape(-1)[:3])
+        kept = np.zeros((1, 0), np.float32) if audio is None else audio[:, first:first + count]
+        outs = [pb.Tensor(contract.VO_AUDIO.name, np.ascontiguousarray(kept)),
+                pb.Tensor(contract.VO_CHUNK_INDEX.name, np.array([[index]], np.int32))]
+        if info is not None and (text := first_string(info.as_numpy())):
+            outs.append(pb.Tensor(contract.VO_INFO.name, np.array([[text.encode("utf-8")]], dtype=np.object_)))
+        return pb.InferenceResponse(output_tensors=outs)
+
+
+class RelayModel(DecoupledModel):
+    """chattts_ensemble_relay (decoupled, no batching): the ensemble's step between the engine
+    and the vocoder. Each request is one engine response: a window (``window_hidden``,
+    ``window_plan``, ``window_info``, ``window_error``, ``window_stream_id``) is passed on to
+    the vocoder as ``hidden``, ``plan``, ``chunk_info``, ``error``; a progress tick (only
+    ``window_stream_id``) ends without a response. A request that Triton has marked cancelled
+    (the ensemble marks every step it schedules after the client cancelled; this model has no
+    dynamic batcher, which would answer it CANCELLED before ``execute`` sees it) is not passed
+    on, and its stream is cancelled in the engine over the engine's cancel socket
+    (:mod:`~chattts_serving.triton.cancels`): the engine drops the sequence at its next step
+    and ends it with the final flag, so the ensemble ends cleanly."""
+
+    def start(self, setup: ModelSetup) -> None:
+        self.cancel_address = cancel_address(contract.MODEL_ENGINE)
+
+    def accept(self, request: Any, sender: Any) -> None:
+        pb = self.pb
+        final = pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        if request.is_cancelled():
+            stream = pb.get_input_tensor_by_name(request, contract.WIN_STREAM_ID.name)
+            if stream is not None:
+                stream_id = first_string(stream.as_numpy())
+                if not send_cancel(self.cancel_address, stream_id):
+                    log.warning("%s: could not reach the engine's cancel socket for %s", self.name, stream_id)
+                log_event("ensemble_cancelled", model=self.name, request_id=request.request_id(), stream_id=stream_id)
+            sender.send(flags=final)
+            return
+        outs = []
+        for name, out_name in contract.RELAY_RENAMES.items():
+            t = pb.get_input_tensor_by_name(request, name)
+            if t is not None:
+                outs.append(pb.Tensor(out_name, t.as_numpy()))
+        if not outs:  # a progress tick
+            sender.send(flags=final)
+            return
+        sender.send(pb.InferenceResponse(output_tensors=outs), flags=final)
 
 
 # --- entry models ------------------------------------------------------------------------------
-def entry_request(pb: Any, request: Any) -> tuple[dict[str, np.ndarray], dict[str, object], str]:
-    """An entry request's tensors, Triton request parameters (an unparsable JSON reads as none)
-    and request id (the client's, or a generated UUID hex)."""
+def entry_request(pb: Any, request: Any, specs: tuple[contract.TensorSpec, ...] = contract.ENTRY_INPUTS
+                  ) -> tuple[dict[str, np.ndarray], dict[str, object], str]:
+    """An entry request's tensors (``specs``), Triton request parameters (an unparsable JSON
+    reads as none) and request id (the client's, or a generated UUID hex)."""
     try:
         params = json.loads(request.parameters() or "{}")
     except (ValueError, TypeError):
         params = {}
-    return request_inputs(pb, request, contract.ENTRY_INPUTS), params, request.request_id() or uuid.uuid4().hex
+    return request_inputs(pb, request, specs), params, request.request_id() or uuid.uuid4().hex
+
+
+ENSEMBLE_FRONTEND_INPUTS = (contract.FE_REQUEST_TEXT, *(t for t in contract.ENTRY_INPUTS if t != contract.IN_TEXT))
+"""What the front end reads of an ensemble request: the entry inputs, the text as ``request_text``."""
 
 
 class EntryModel(TritonModel):
@@ -388,7 +592,7 @@ class EntryModel(TritonModel):
         self._dispatcher.start()
 
     def execute(self, requests: list[Any]) -> None:
-        with self.finals.executing():
+        with self.executing():
             for request in requests:
                 arrival = time.monotonic()
                 if is_ping(request):
@@ -493,7 +697,7 @@ class EntryModel(TritonModel):
 
         def left() -> float:
             return max(0.0, deadline - time.monotonic())
-        self.finals.close()  # no execute comes any more: the streams' last finals go out at once
+        self.close_finals()  # no execute comes any more: the streams' last finals go out at once
         self._unloading = True  # a request that a worker has yet to start ends "model unloading"
         self.workers.shutdown(wait=False)  # and so does what the dispatcher is still handed
         self._accepted.put(None)
