@@ -21,6 +21,25 @@ from .. import contract
 BATCH_BUCKETS = [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0]
 
 
+class PingMetrics:
+    """tts_pings_total{model} (counter): pings a model answered in ``execute``: the ones it sends
+    itself to send queued final responses (:mod:`~chattts_serving.triton.finals`) and the
+    admission gate's liveness pings. Updated on the execute thread only."""
+
+    def __init__(self, pb: Any, model: str) -> None:
+        self._fam = pb.MetricFamily("tts_pings_total", "Pings a model answered (final-response window, gate liveness)",
+                                    pb.MetricFamily.COUNTER)
+        self.pings = self._fam.Metric(labels={"model": model})
+
+    def answered(self) -> None:
+        self.pings.increment(1.0)
+
+    def close(self) -> None:
+        """Release the family (the model unloads: see the module's docstring)."""
+        del self.pings
+        del self._fam
+
+
 class EngineMetrics:
     """:class:`~chattts_serving.engine.scheduler.EngineObserver` that publishes the GPT engine's state.
 

@@ -69,7 +69,7 @@ from ..text.segments import SegmentRules
 from .cancels import CancelListener, cancel_address, send_cancel
 from .deliveries import ReceiptSender, ReceiptWriter, delivery_prefix
 from .finals import FinalWindow, WindowedSender, answer_ping, is_ping, ping_inputs
-from .metrics import EngineMetrics, EntryMetrics, MemoryGauges
+from .metrics import EngineMetrics, EntryMetrics, MemoryGauges, PingMetrics
 from .responses import EngineSink, OfflineChannel, SenderChannel, WindowSink, send_engine_error, send_final_error
 from .setup import ModelSetup, lower_priority
 from .stages import BlsStages, iterator_grave, release_held_iterators
@@ -115,6 +115,7 @@ class TritonModel:
         self.setup = ModelSetup.from_args(self.pb, args, decoupled=self.decoupled)
         self.name = self.setup.name
         self.finals = FinalWindow(self._ping) if self.ping_specs is not None else None
+        self.ping_metrics = PingMetrics(self.pb, self.name) if self.ping_specs is not None else None
         self.start(self.setup)
 
     def _ping(self) -> None:
@@ -141,6 +142,15 @@ class TritonModel:
         """The model unloads: finals from now on go out at once (:meth:`FinalWindow.close`)."""
         if self.finals is not None:
             self.finals.close()
+        if self.ping_metrics is not None:
+            self.ping_metrics.close()
+            self.ping_metrics = None
+
+    def answer_ping(self, request: Any, decoupled: bool) -> None:
+        """Answer a ping (inside ``execute``) and count it."""
+        answer_ping(self.pb, request.get_response_sender(), decoupled)
+        if self.ping_metrics is not None:
+            self.ping_metrics.answered()
 
     def executing(self) -> contextlib.AbstractContextManager[None]:
         """Wrap ``execute``'s body: the final-response window's (:meth:`FinalWindow.executing`)."""
@@ -186,11 +196,10 @@ class DecoupledModel(TritonModel):
     def execute(self, requests: list[Any]) -> None:
         with self.executing():
             for request in requests:
-                raw = request.get_response_sender()
                 if is_ping(request):
-                    answer_ping(self.pb, raw, decoupled=True)
+                    self.answer_ping(request, decoupled=True)
                     continue
-                sender = self.windowed(self.sender_for(request, raw))
+                sender = self.windowed(self.sender_for(request, request.get_response_sender()))
                 try:
                     self.accept(request, sender)
                 except RequestError as exc:
@@ -596,7 +605,7 @@ class EntryModel(TritonModel):
             for request in requests:
                 arrival = time.monotonic()
                 if is_ping(request):
-                    answer_ping(self.pb, request.get_response_sender(), self.decoupled)
+                    self.answer_ping(request, self.decoupled)
                     continue
                 sender = self.windowed(request.get_response_sender())
                 busy = self.service.reserve()
