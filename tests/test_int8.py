@@ -68,10 +68,15 @@ def test_int8_graph_quantizes_the_weight_matmuls_only(int8_artifacts: Artifacts)
     weights = {i.name for i in fp32.graph.initializer}
     weight_matmuls = sum(n.op_type == "MatMul" and n.input[1] in weights for n in fp32.graph.node)
     ops = [n.op_type for n in q.graph.node]
-    assert ops.count("MatMulInteger") == weight_matmuls > 0
-    assert ops.count("MatMul") == sum(n.op_type == "MatMul" for n in fp32.graph.node) - weight_matmuls  # attention
-    int8_weights = [i for i in q.graph.initializer if i.data_type == onnx.TensorProto.INT8]
-    assert sum(np.prod(i.dims) for i in int8_weights) > 0.9 * sum(
+    assert ops.count("MatMulNBits") == weight_matmuls == 4 * int8_artifacts.num_layers + 1
+    assert ops.count("MatMul") == 0 and ops.count("GroupQueryAttention") == int8_artifacts.num_layers
+    for n in q.graph.node:
+        if n.op_type == "MatMulNBits":
+            attrs = {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}
+            assert (attrs["bits"], attrs["block_size"], attrs["accuracy_level"]) == (
+                8, INT8_QUANTIZATION["block_size"], 4)
+    packed = [i for i in q.graph.initializer if i.data_type == onnx.TensorProto.UINT8]
+    assert sum(np.prod(i.dims) for i in packed) >= sum(  # one byte per weight
         np.prod(i.dims) for i in fp32.graph.initializer if i.name in {n.input[1] for n in fp32.graph.node
                                                                         if n.op_type == "MatMul"})
     # the IO, KV cache included, is unchanged: float32 in and out
@@ -85,18 +90,18 @@ def test_int8_step_keeps_float32_io_and_kv_cache(int8_artifacts: Artifacts) -> N
     r = GptStepRunner(int8_artifacts, INT8)
     assert r.kv_dtype is np.float32
     b, h = 2, int8_artifacts.hidden_size
-    logits, hidden, kv = r.run(np.ones((b, 5, h), np.float32), np.ones((b, 5), np.int64), r.empty_past(b))
+    logits, hidden, kv = r.prefill(np.ones((b, 5, h), np.float32), np.array([5, 3]))
     assert logits.dtype == hidden.dtype == np.float32
     assert logits.shape == (b, contract.NUM_VQ, contract.NUM_AUDIO_TOKENS)
     assert all(k.dtype == np.float32 and k.shape == (b, int8_artifacts.num_heads, 5, int8_artifacts.head_dim)
-               for k in kv)
+               for k in kv.buffers)
 
 
 def test_engine_on_the_int8_graph_decodes_its_greedy_tokens(int8_artifacts: Artifacts) -> None:
-    """The engine with an int8 runner (its preallocated, partly masked KV buffers, growth,
-    sampling at top_k=1) emits exactly the int8 graph's own step-by-step argmax: the engine is
-    consistent with the graph it loads. Batch of 1: int8 activations are scaled per call, so
-    outputs depend on the batch's other rows (export/int8.py)."""
+    """The engine with an int8 runner (its preallocated KV cache, sampling at top_k=1) emits
+    exactly the int8 graph's own step-by-step argmax, alone or with another sequence in the
+    batch (MatMulNBits quantizes activations per row: no dependence on the other rows): the
+    engine is consistent with the graph it loads."""
     runner = GptStepRunner(int8_artifacts, INT8)
     emb = Embeddings(int8_artifacts)
     rng = np.random.default_rng(4)
@@ -104,30 +109,32 @@ def test_engine_on_the_int8_graph_decodes_its_greedy_tokens(int8_artifacts: Arti
     ids[0], ids[1], ids[-1] = 21131, contract.SPECIAL_TOKEN_IDS["[spk_emb]"], 21132
     spk = rng.standard_normal(int8_artifacts.hidden_size).astype(np.float32)
     spk /= np.linalg.norm(spk)
-    n = 40  # more than KV_GROWTH (16): the engine's KV buffers grow twice
+    n = 40
     # ChatTTS' sampler keeps at least 3 candidates whatever top_k says: greedy is temperature 1e-6
     params = SamplingParams(temperature=1e-6, top_k=1, repetition_penalty=1.0, max_new_tokens=n, min_new_tokens=n)
-    sink = CollectingSink()
-    engine = Engine(runner, emb, EngineConfig())
-    engine.submit(Sequence(ids, spk, params, sink, emit_tokens=3))
-    while engine.live_count():
-        engine.run_once()
-    assert not sink.errors, sink.errors
-    got = sink.all_codes
-    assert got.shape == (n, contract.NUM_VQ) and sink.reason == contract.StopReason.MAX_TOKENS
-
     x = emb.prompt(ids, spk)[None].astype(np.float32)
-    mask = np.ones((1, len(ids)), np.int64)
-    past = runner.empty_past(1)
+    cache = runner.new_cache(1, len(ids) + n)
     want = []
-    for _ in range(n):
-        logits, _, new = runner.run(x, mask, past)
-        past = [np.concatenate([p, k], 2) for p, k in zip(past, new)]
+    for step in range(n):
+        if step == 0:
+            logits, _, kv = runner.prefill(x, np.array([len(ids)]))
+            cache.copy_row(0, kv, 0, len(ids))
+        else:
+            logits, _ = runner.decode(x, cache, np.array([len(ids) + step - 1]))
         codes = logits[0].argmax(-1)
         want.append(codes)
         x = emb.codes(codes[None])[:, None, :].astype(np.float32)
-        mask = np.ones((1, mask.shape[1] + 1), np.int64)
-    np.testing.assert_array_equal(got, np.stack(want))
+    for companion in (False, True):
+        sink = CollectingSink()
+        engine = Engine(runner, emb, EngineConfig())
+        if companion:
+            engine.submit(Sequence(ids[:15], None, SamplingParams(seed=3, max_new_tokens=n), CollectingSink()))
+        engine.submit(Sequence(ids, spk, params, sink, emit_tokens=3))
+        while engine.live_count():
+            engine.run_once()
+        assert not sink.errors, sink.errors
+        assert sink.reason == contract.StopReason.MAX_TOKENS
+        np.testing.assert_array_equal(sink.all_codes, np.stack(want), err_msg=f"with a companion: {companion}")
 
 
 def test_accuracy_report_measures_int8_against_fp32_and_lands_in_the_manifest(int8_artifacts: Artifacts,
