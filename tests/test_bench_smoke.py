@@ -64,12 +64,14 @@ LEVEL_KEYS = {"concurrency", "requests", "ok", "failed", "wall_s", "ttfa_p50_s",
               "cpu_s_by_process", "rss_mb", "rss_mb_peak", "records", "outcomes", "degraded_requests", "vocoders",
               "realtime_fraction", "start_buffer_p95_s", "other_cpu_percent"}
 PROFILE_KEYS = {"throughput_ratio_c16", "ttfa_ratio_c1", "p95_over_p50_c16", "pipeline_efficiency_c16",
-                "realtime_streams", "rtf_c1"}
+                "realtime_streams", "rtf_c1", "gpt_step_ms", "gpt_step_ms_b1", "gpt_step_ms_b4", "gpt_step_ms_b16",
+                "gpt_floor_ms_b1", "gpt_floor_ms_b4", "gpt_floor_ms_b16", "step_over_floor_b1", "step_over_floor_b4",
+                "floor"}
 """Issue #13: the figures every benchmarked profile reports."""
-TOP_KEYS = {"config", "machine", "baseline", "raw_step", "pipeline", "levels", "open_loop", "burst", "as_deployed",
-            "profiles", "definitions", "null_reasons", "degradation", "started_at", "elapsed_s", "frontend",
-            "frontend_p99_ms", "frontend_share_of_ttfa_c1", "gateway", "modes", "ws", *FIGURES, *GATEWAY_FIGURES,
-            *MODE_KEYS.values(), *WS_FIGURES}
+TOP_KEYS = {"config", "machine", "baseline", "raw_step", "pipeline", "floor", "levels", "open_loop", "burst",
+            "as_deployed", "profiles", "definitions", "null_reasons", "degradation", "started_at", "elapsed_s",
+            "frontend", "frontend_p99_ms", "frontend_share_of_ttfa_c1", "gateway", "modes", "ws", *FIGURES,
+            *GATEWAY_FIGURES, *MODE_KEYS.values(), *WS_FIGURES}
 LOCUST_TYPES = {"grpc:ttfa", "grpc:total", "sse:ttfa", "sse:total", "http:infer", "gateway:ttfa", "gateway:total"}
 
 
@@ -112,7 +114,9 @@ def test_bench_smoke_writes_report(small_weights: Path, small_int8_artifacts, tm
     assert all(s["first_chunk_p50_s"] is not None for s in base["stream_settings"])
     assert base["stream"] == base["stream_settings"][0]
 
-    assert set(result["raw_step"]["batches"]) == {"1", "16"} and result["raw_step"]["rounds"] == 3
+    assert set(result["raw_step"]["batches"]) == {"1", "4", "16"} and result["raw_step"]["rounds"] == 3
+    assert result["raw_step"]["past_tokens"] == 300
+    assert result["floor"]["bandwidth_gbps"] > 0 and result["floor"]["matrix_bytes"] >= 64 << 20
     pipe = result["pipeline"]
     assert pipe["batch"] == 16 and len(pipe["runs"]) == 3 and all(r["tokens"] == 16 * 16 for r in pipe["runs"])
 
@@ -146,6 +150,16 @@ def test_bench_smoke_writes_report(small_weights: Path, small_int8_artifacts, tm
     assert "skipped" not in int8 and int8.keys() >= PROFILE_KEYS, int8.get("skipped")
     assert [lv["concurrency"] for lv in int8["levels"]] == [1, 2, 16]
     assert all(lv["ok"] == lv["requests"] and lv["degraded_requests"] == 0 for lv in int8["levels"])
+    for p in (prof, int8):  # the floor of each profile's own graph, over the bandwidth of this run
+        fl = p["floor"]
+        assert fl["bandwidth_gbps"] == result["floor"]["bandwidth_gbps"] and fl["past_tokens"] == 300
+        assert 0 < fl["floor_ms"]["1"] < fl["floor_ms"]["4"] < fl["floor_ms"]["16"]
+        assert p["gpt_step_ms"] == {b: p[f"gpt_step_ms_b{b}"] for b in ("1", "4", "16")}
+        for b in ("1", "4"):
+            want = p[f"gpt_step_ms_b{b}"] / fl["floor_ms"][b] if p[f"gpt_step_ms_b{b}"] is not None else None
+            assert p[f"step_over_floor_b{b}"] == (pytest.approx(want) if want is not None else None)
+    assert int8["floor"]["graph"] == "gpt_step.int8.onnx" and prof["floor"]["graph"] == "gpt_step.onnx"
+    assert int8["floor"]["weight_bytes"] < 0.4 * prof["floor"]["weight_bytes"]  # 8-bit weights: about a quarter
     assert set(result["definitions"]) == set(FIGURES)
     for name in FIGURES:
         assert result[name] == prof[name], name

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
+from .floor import over_floor
 from .gatewayload import gateway_markdown
 from .modes import modes_markdown
 from .stats import REALTIME_MIN_FRACTION, REALTIME_TOLERANCE_S, cdf, fmt, ratio
@@ -62,6 +63,17 @@ FIGURES: dict[str, Figure] = {
         f"{REALTIME_MIN_FRACTION:.0%} of streams play without a gap from their first chunk (needed start "
         f"buffer <= {REALTIME_TOLERANCE_S * 1000:g} ms); 0 when c=1 fails"),
     "rtf_c1": Figure("real-time factor (total s / audio s) p50 at closed-loop c=1 (default path)"),
+    **{f"gpt_step_ms_b{b}": Figure(
+        f"one GPT decode step at batch {b} over a past of raw_step.past_tokens positions (300 in a full run), ms, "
+        "median of the raw step's rounds (the graph and ORT options of the profile, the cache bound in place)")
+       for b in (1, 4, 16)},
+    **{f"gpt_floor_ms_b{b}": Figure(
+        f"the memory floor of that step at batch {b}, ms: bytes it must stream (every weight once + the KV cache "
+        "of its rows) over this host's streaming bandwidth measured in the same run (floor.bandwidth_gbps: one "
+        "large fp32 GEMV through ONNX Runtime)") for b in (1, 4, 16)},
+    "step_over_floor_b1": Figure("gpt_step_ms_b1 / gpt_floor_ms_b1: 1.0 = a step that only streams its bytes",
+                                 ("<=", 1.3)),
+    "step_over_floor_b4": Figure("gpt_step_ms_b4 / gpt_floor_ms_b4"),
     "busy_p99_s_saturated": Figure(
         "p99 seconds from send to the 'busy' answer of burst requests (one 16-token stream request per client on "
         "its open stream, all at once; the burst's rounds pooled) while long streams hold every stream slot "
@@ -88,7 +100,8 @@ FIGURES: dict[str, Figure] = {
 TARGETS: dict[str, tuple[str, float]] = {k: f.target for k, f in FIGURES.items() if f.target is not None}
 """The targets of the figures that have one, for every profile (see :data:`PROFILE_TARGETS`)."""
 PROFILE_TARGETS: dict[str, dict[str, tuple[str, float]]] = {
-    "cpu-int8": {"throughput_ratio_c16": (">=", 15.0), "rtf_c1": ("<=", 0.6), "realtime_streams": (">=", 3.0)},
+    "cpu-int8": {"throughput_ratio_c16": (">=", 15.0), "rtf_c1": ("<=", 0.6), "realtime_streams": (">=", 3.0),
+                 "step_over_floor_b1": ("<=", 1.5), "step_over_floor_b4": ("<=", 1.5)},
 }
 """Targets that differ or exist for one profile only (issue #13: the int8 profile)."""
 
@@ -208,6 +221,15 @@ def profile_figures(prof: Mapping[str, Any], baseline: Mapping[str, Any]) -> tup
     if reason:
         nulls["realtime_streams"] = reason
     _figure(f, nulls, "rtf_c1", get(c1, "rtf_p50"), L1)
+    raw, floor = prof.get("raw_step"), prof.get("floor")
+    raw_part = ("raw step", raw)
+    for b in (1, 4, 16):
+        step = (raw or {}).get("batches", {}).get(str(b), {}).get("step_ms_p50")
+        _figure(f, nulls, f"gpt_step_ms_b{b}", step, raw_part)
+        _figure(f, nulls, f"gpt_floor_ms_b{b}", (floor or {}).get("floor_ms", {}).get(str(b)))
+    for b in (1, 4):
+        _figure(f, nulls, f"step_over_floor_b{b}", over_floor(raw, floor, b), raw_part)
+    f["gpt_step_ms"] = {str(b): f[f"gpt_step_ms_b{b}"] for b in (1, 4, 16)}
     burst = prof.get("burst")
     if burst is not None:
         for name, key in (("busy_p99_s_saturated", "saturated"), ("busy_p99_s_burst", "burst")):

@@ -185,8 +185,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batched-repeats", type=int, default=None,
                    help="timed Chat.infer calls over a list of 16 texts (default 2; 0 skips)")
     p.add_argument("--voice-seed", type=int, default=2, help="speaker seed used by both systems")
-    p.add_argument("--raw-batches", type=_ints, default=(1, 16), help="batch sizes of the raw step (1,16)")
-    p.add_argument("--raw-past", type=_positive, default=150, help="past positions of the raw step (150)")
+    p.add_argument("--raw-batches", type=_ints, default=(1, 4, 16), help="batch sizes of the raw step (1,4,16)")
+    p.add_argument("--raw-past", type=_positive, default=300, help="past positions of the raw step (300)")
     p.add_argument("--raw-repeats", type=_positive, default=None, help="timed raw steps per batch and round (20)")
     p.add_argument("--pipeline-repeats", type=_positive, default=None,
                    help="timed runs of the minimal pipeline (3; the median counts)")
@@ -527,10 +527,14 @@ def serving(profile: Any, cfg: Config, log_name: str, sentences: list[str],
 
 
 def run_profile(cfg: Config, name: str, is_default: bool, sentences: list[str], prompts: list[Any],
-                progress: Callable[[str], None]) -> dict[str, Any]:
+                progress: Callable[[str], None], bandwidth_gbps: float | None = None) -> dict[str, Any]:
     """Every per-profile part for profile ``name`` (module docstring, steps 2 and 3); returns
-    its result (``skipped`` with the reason when its graphs are missing)."""
+    its result (``skipped`` with the reason when its graphs are missing). ``bandwidth_gbps``:
+    the host's streaming bandwidth measured in this run, for the step's floor (none: no floor)."""
+    from ..engine.gpt import GptStepRunner
+    from ..runtime import Artifacts
     from ..serving.profile import load_profile
+    from .floor import step_floor
     from .minimal import measure_pipeline
     from .rawstep import measure_raw_step
     from .serverload import run_level
@@ -548,6 +552,12 @@ def run_profile(cfg: Config, name: str, is_default: bool, sentences: list[str], 
     prof["raw_step"] = measure_raw_step(cfg.artifacts, profile.ort("engine"), cfg.raw_batches,
                                         past_tokens=cfg.raw_past_tokens, repeats=cfg.raw_repeats)
     prof["raw_step"]["cpu"] = window.stop()
+    if bandwidth_gbps:
+        art = Artifacts.load(cfg.artifacts)
+        runner = GptStepRunner(art, profile.ort("engine"))
+        prof["floor"] = step_floor(art, runner.graph, runner.kv_dtype(0).itemsize, list(cfg.raw_batches),
+                                   cfg.raw_past_tokens, bandwidth_gbps)
+        del runner
 
     progress(f"{name}: minimal pipeline, batch {len(prompts)}, {cfg.tokens} tokens, {cfg.pipeline_repeats} runs")
     prof["pipeline"] = measure_pipeline(cfg.artifacts, profile, prompts, tokens=cfg.tokens,
@@ -631,9 +641,16 @@ def run(cfg: Config) -> dict[str, Any]:
 
     texts = [j.text for j in level_jobs(sentences, PIPELINE_BATCH, PIPELINE_BATCH, cfg.tokens)]
     prompts = pipeline_prompts(cfg.artifacts, default, texts, str(cfg.voice_seed))
+    from .floor import GEMV_SHAPE_FULL, GEMV_SHAPE_SMOKE, stream_bandwidth
+
+    progress("streaming bandwidth: one large GEMV through ONNX Runtime")
+    window = CpuWindow()
+    result["floor"] = stream_bandwidth(default.ort("engine"), GEMV_SHAPE_SMOKE if cfg.smoke else GEMV_SHAPE_FULL,
+                                       repeats=5 if cfg.smoke else 15)
+    result["floor"]["cpu"] = window.stop()
     result["profiles"] = {}
     for i, name in enumerate(cfg.profiles):
-        prof = run_profile(cfg, name, i == 0, sentences, prompts, progress)
+        prof = run_profile(cfg, name, i == 0, sentences, prompts, progress, result["floor"]["bandwidth_gbps"])
         if "skipped" not in prof:
             figures, nulls = profile_figures(prof, result["baseline"])
             prof.update(figures)
