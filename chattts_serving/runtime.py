@@ -89,13 +89,31 @@ def make_session(path: Path | str, opts: OrtOptions = OrtOptions()) -> Any:
     so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     so.add_session_config_entry("session.intra_op.allow_spinning", "1" if opts.allow_spinning else "0")
-    available = set(ort.get_available_providers())
-    providers = [p for p in opts.providers if p in available] or ["CPUExecutionProvider"]
+    with_opts = session_providers(opts, ort.get_available_providers())
+    return ort.InferenceSession(str(path), sess_options=so, providers=with_opts)
+
+
+GPU_PROVIDERS = ("CUDAExecutionProvider", "TensorrtExecutionProvider")
+
+
+def session_providers(opts: OrtOptions, available: list[str]) -> list[Any]:
+    """The ``providers`` argument of ``InferenceSession`` for ``opts`` on an onnxruntime build
+    offering ``available``: ``opts.providers`` in order, those the build lacks dropped, the CPU
+    EP always last as the fallback; a GPU EP gets ``device_id`` (``opts.device_id``) and, for
+    CUDA, ``do_copy_in_default_stream`` (so the engine's cupy writes to the KV cache, made on
+    the default stream, are ordered before the step that reads them)."""
+    providers = [p for p in opts.providers if p in set(available)] or ["CPUExecutionProvider"]
     if "CPUExecutionProvider" not in providers:
         providers.append("CPUExecutionProvider")
-    gpu_eps = ("CUDAExecutionProvider", "TensorrtExecutionProvider")
-    with_opts: list[Any] = [(p, {"device_id": str(opts.device_id)}) if p in gpu_eps else p for p in providers]
-    return ort.InferenceSession(str(path), sess_options=so, providers=with_opts)
+    out: list[Any] = []
+    for p in providers:
+        if p == "CUDAExecutionProvider":
+            out.append((p, {"device_id": str(opts.device_id), "do_copy_in_default_stream": "1"}))
+        elif p in GPU_PROVIDERS:
+            out.append((p, {"device_id": str(opts.device_id)}))
+        else:
+            out.append(p)
+    return out
 
 
 @dataclass(frozen=True)

@@ -249,3 +249,118 @@ def test_fp16_engine_is_deterministic_through_joins_leaves_and_text_mode(fp16_ar
 def test_fp16_without_fp16_graphs_is_a_clear_error(small_artifacts: Artifacts) -> None:
     with pytest.raises(FileNotFoundError, match="--precision fp16"):
         GptStepRunner(small_artifacts, OrtOptions(precision="fp16"))
+
+
+# ---- the CUDA path, without a GPU --------------------------------------------------------------
+
+class _FakeIO:
+    """Records what a runner binds (ONNX Runtime's IOBinding interface)."""
+
+    def __init__(self) -> None:
+        self.inputs: dict[str, tuple[object, ...]] = {}
+        self.outputs: dict[str, tuple[object, ...]] = {}
+        self.cpu_inputs: dict[str, np.ndarray] = {}
+
+    def bind_input(self, name, device_type, device_id, dtype, shape, ptr):  # type: ignore[no-untyped-def]
+        self.inputs[name] = (device_type, device_id, np.dtype(dtype), tuple(shape), ptr)
+
+    def bind_output(self, name, device_type, device_id, dtype, shape, ptr):  # type: ignore[no-untyped-def]
+        self.outputs[name] = (device_type, device_id, np.dtype(dtype), tuple(shape), ptr)
+
+    def bind_cpu_input(self, name: str, arr: np.ndarray) -> None:
+        self.cpu_inputs[name] = arr.copy()
+
+    def synchronize_inputs(self) -> None:
+        pass
+
+    def synchronize_outputs(self) -> None:
+        pass
+
+
+class _FakeSession:
+    def __init__(self) -> None:
+        self.bindings: list[_FakeIO] = []
+        self.runs = 0
+
+    def io_binding(self) -> _FakeIO:
+        self.bindings.append(_FakeIO())
+        return self.bindings[-1]
+
+    def run_with_iobinding(self, io: _FakeIO) -> None:
+        self.runs += 1
+
+
+class _DeviceArray:
+    """Stands for a cupy array: a shape, a dtype and a device address."""
+
+    next_ptr = 1 << 40
+
+    def __init__(self, shape: tuple[int, ...], dtype: object) -> None:
+        self.shape, self.dtype = tuple(shape), np.dtype(dtype)
+        self.flags = type("Flags", (), {"c_contiguous": True})()
+        self.data = type("Mem", (), {"ptr": _DeviceArray.next_ptr})()
+        self.size = int(np.prod(shape))
+        _DeviceArray.next_ptr += 1 << 32
+
+
+def _fake_cuda_backend(device_id: int) -> arrays.ArrayBackend:
+    from types import SimpleNamespace
+
+    synced: list[int] = []
+    xp = SimpleNamespace(zeros=_DeviceArray, synced=synced,
+                         cuda=SimpleNamespace(Device=lambda i: SimpleNamespace(synchronize=lambda: synced.append(i))))
+    return arrays.ArrayBackend(xp, "cuda", device_id)  # type: ignore[arg-type]
+
+
+def test_on_cuda_the_cache_is_bound_as_device_memory_for_past_and_present(small_artifacts: Artifacts) -> None:
+    """The gpu profile's runner (CUDA EP, IO binding, a device-resident cache), with the device
+    faked: each layer's K and V are bound as past AND present at the same device address
+    (the first B rows, the whole capacity), on the profile's GPU; only the embeddings, the row
+    lengths and the total length go in from the host and only logits and hidden come back; the
+    device is synchronised before each step; a step over the same rows keeps its binding."""
+    opts = load_profile("gpu").ort("engine")
+    opts = OrtOptions(opts.intra_op_threads, opts.allow_spinning, opts.providers, opts.io_binding, "fp32", 1)
+    r = GptStepRunner(small_artifacts, opts)  # the CPU-only build drops the CUDA EP: swap in the device
+    be = _fake_cuda_backend(1)
+    r.backend, r.session = be, _FakeSession()
+    r._placeholder = be.zeros((1,), np.float32)
+    cache = r.new_cache(3, 10)
+    assert all(isinstance(b, _DeviceArray) and b.shape == (3, small_artifacts.num_heads, 10, small_artifacts.head_dim)
+               for b in cache.buffers)
+    h = small_artifacts.hidden_size
+    for b, lengths in ((2, [4, 7]), (2, [5, 8]), (3, [6, 9, 0])):
+        r.decode(np.zeros((b, 1, h), np.float32), cache, np.array(lengths))
+        io = r.session.bindings[-1]
+        for i in range(small_artifacts.num_layers):
+            for j, (past, present) in enumerate(zip(contract.past_names(i), contract.present_names(i))):
+                buf = cache.buffers[2 * i + j]
+                want = ("cuda", 1, np.dtype(np.float32), (b, *buf.shape[1:]), buf.data.ptr)
+                assert io.inputs[past] == want and io.outputs[present] == want
+        np.testing.assert_array_equal(io.cpu_inputs[contract.G_SEQLENS_K], np.array(lengths, np.int32))
+        assert io.cpu_inputs[contract.G_SEQLENS_K].dtype == np.int32
+        np.testing.assert_array_equal(io.cpu_inputs[contract.G_TOTAL_SEQ], [max(lengths) + 1])
+        assert io.cpu_inputs[contract.G_EMBEDS].shape == (b, 1, h)
+        assert io.outputs[contract.G_LOGITS][0] == io.outputs[contract.G_HIDDEN][0] == "cpu"
+    assert len(r.session.bindings) == 2 and r.session.runs == 3  # B=2 twice: one binding; B=3: a new one
+    assert be.xp.synced == [1, 1, 1]  # type: ignore[attr-defined]
+
+    _, _, kv = r.prefill(np.zeros((2, 5, h), np.float32), np.array([5, 3]))
+    io = r.session.bindings[-1]
+    buf = kv.buffers[0]
+    assert io.inputs["past_key_0"] == ("cuda", 1, np.dtype(np.float32), (2, small_artifacts.num_heads, 0,
+                                                                         small_artifacts.head_dim),
+                                       r._placeholder.data.ptr)
+    assert io.outputs["present_key_0"] == ("cuda", 1, np.dtype(np.float32), buf.shape, buf.data.ptr)
+    np.testing.assert_array_equal(io.cpu_inputs[contract.G_SEQLENS_K], [4, 2])
+
+
+def test_the_gpu_profile_asks_for_cuda_on_its_device_with_the_cpu_as_fallback() -> None:
+    from chattts_serving.runtime import session_providers
+
+    opts = load_profile("gpu").ort("engine")
+    cuda = ["CUDAExecutionProvider", "CPUExecutionProvider"]
+    assert session_providers(opts, cuda) == [
+        ("CUDAExecutionProvider", {"device_id": "0", "do_copy_in_default_stream": "1"}), "CPUExecutionProvider"]
+    assert session_providers(OrtOptions(providers=opts.providers, device_id=2), cuda)[0][1]["device_id"] == "2"
+    assert session_providers(opts, ["CPUExecutionProvider"]) == ["CPUExecutionProvider"]  # a CPU-only build
+    assert opts.precision == "fp16" and opts.io_binding  # ORT's CUDA GroupQueryAttention takes fp16/bf16 only

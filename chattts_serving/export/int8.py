@@ -29,7 +29,7 @@ on the same tokens, against relative tolerances that grow with depth (:func:`int
 Accuracy for users (:func:`accuracy_report`, ``python -m chattts_serving.bench.int8
 --measure``) is measured the same way over the benchmark's real sentences and at least
 :data:`MIN_ACCURACY_DECODE_STEPS` decode steps, and judged by :data:`ACCURACY_THRESHOLD`.
-Block sizes are compared by ``python -m chattts_serving.bench.int8 --blocks``.
+Block sizes are compared by ``scripts/bench_int8.py ARTIFACTS --blocks 32,64,128``.
 """
 
 from __future__ import annotations
@@ -389,7 +389,7 @@ def add_int8(root: Path, *, force: bool = False, progress: Any = None) -> bool:
         return False
     manifest = json.loads((root / contract.MANIFEST).read_text())
     sources = {src: manifest["files"][src] for src in INT8_GRAPH_FILES}
-    say("quantizing the GPT step to int8 (onnxruntime quantize_dynamic)")
+    say("quantizing the GPT step to 8-bit MatMulNBits (onnxruntime matmul_nbits_quantizer)")
     t0 = time.perf_counter()
     for src, dst in INT8_GRAPH_FILES.items():
         quantize_graph(root / src, root / dst)
