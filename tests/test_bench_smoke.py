@@ -66,7 +66,7 @@ LEVEL_KEYS = {"concurrency", "requests", "ok", "failed", "wall_s", "ttfa_p50_s",
 PROFILE_KEYS = {"throughput_ratio_c16", "ttfa_ratio_c1", "p95_over_p50_c16", "pipeline_efficiency_c16",
                 "realtime_streams", "rtf_c1", "gpt_step_ms", "gpt_step_ms_b1", "gpt_step_ms_b4", "gpt_step_ms_b16",
                 "gpt_floor_ms_b1", "gpt_floor_ms_b4", "gpt_floor_ms_b16", "step_over_floor_b1", "step_over_floor_b4",
-                "floor"}
+                "floor", "vocoder_cpu_ms_per_token", "vocoder_cpu_ms_per_token_c1"}
 """Issue #13: the figures every benchmarked profile reports."""
 TOP_KEYS = {"config", "machine", "baseline", "raw_step", "pipeline", "floor", "levels", "open_loop", "burst",
             "as_deployed", "profiles", "definitions", "null_reasons", "degradation", "started_at", "elapsed_s",
@@ -158,6 +158,14 @@ def test_bench_smoke_writes_report(small_weights: Path, small_int8_artifacts, tm
         for b in ("1", "4"):
             want = p[f"gpt_step_ms_b{b}"] / fl["floor_ms"][b] if p[f"gpt_step_ms_b{b}"] is not None else None
             assert p[f"step_over_floor_b{b}"] == (pytest.approx(want) if want is not None else None)
+    for p in (prof, int8):  # the vocoder's CPU per generated token, from its own process
+        for name, c in (("vocoder_cpu_ms_per_token", 16), ("vocoder_cpu_ms_per_token_c1", 1)):
+            lv = next(x for x in p["levels"] if x["concurrency"] == c)
+            assert lv["cpu_s_by_process"].get("chattts_vocoder", 0) > 0, lv["cpu_s_by_process"]
+            assert p[name] is not None or name in p["null_reasons"], name
+            if p[name] is not None:
+                assert p[name] == pytest.approx(1000 * lv["cpu_s_by_process"]["chattts_vocoder"]
+                                                / (lv["tokens_per_s"] * lv["wall_s"]), rel=1e-6)
     assert int8["floor"]["graph"] == "gpt_step.int8.onnx" and prof["floor"]["graph"] == "gpt_step.onnx"
     assert int8["floor"]["weight_bytes"] < 0.4 * prof["floor"]["weight_bytes"]  # 8-bit weights: about a quarter
     assert set(result["definitions"]) == set(FIGURES)

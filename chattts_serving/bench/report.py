@@ -71,6 +71,10 @@ FIGURES: dict[str, Figure] = {
         f"the memory floor of that step at batch {b}, ms: bytes it must stream (every weight once + the KV cache "
         "of its rows) over this host's streaming bandwidth measured in the same run (floor.bandwidth_gbps: one "
         "large fp32 GEMV through ONNX Runtime)") for b in (1, 4, 16)},
+    "vocoder_cpu_ms_per_token": Figure(
+        "CPU ms the vocoder models' processes (chattts_vocoder, chattts_dvae_vocoder) spent per generated token at "
+        "closed-loop c=16 (default path): window context and lookahead, batching and the per-call cost included"),
+    "vocoder_cpu_ms_per_token_c1": Figure("the same at closed-loop c=1 (one stream: no batching, smallest chunks)"),
     "step_over_floor_b1": Figure("gpt_step_ms_b1 / gpt_floor_ms_b1: 1.0 = a step that only streams its bytes",
                                  ("<=", 1.3)),
     "step_over_floor_b4": Figure("gpt_step_ms_b4 / gpt_floor_ms_b4"),
@@ -221,6 +225,8 @@ def profile_figures(prof: Mapping[str, Any], baseline: Mapping[str, Any]) -> tup
     if reason:
         nulls["realtime_streams"] = reason
     _figure(f, nulls, "rtf_c1", get(c1, "rtf_p50"), L1)
+    for name, (label, lv) in (("vocoder_cpu_ms_per_token", L16), ("vocoder_cpu_ms_per_token_c1", L1)):
+        _figure(f, nulls, name, vocoder_cpu_ms_per_token(lv), (label, lv))
     raw, floor = prof.get("raw_step"), prof.get("floor")
     raw_part = ("raw step", raw)
     for b in (1, 4, 16):
@@ -249,6 +255,20 @@ def profile_figures(prof: Mapping[str, Any], baseline: Mapping[str, Any]) -> tup
         if reason or value is None:
             nulls["throughput_ratio_c16_as_deployed"] = reason or "a measurement it divides is missing or zero"
     return f, nulls
+
+
+VOCODER_PROCESSES = ("chattts_vocoder", "chattts_dvae_vocoder")
+"""Process labels (model names of the Python stubs) of the vocoder models."""
+
+
+def vocoder_cpu_ms_per_token(lv: Mapping[str, Any] | None) -> float | None:
+    """CPU ms of the vocoder processes per token generated at level ``lv`` (None when either
+    is missing or no token was generated)."""
+    if not lv or not lv.get("cpu_s_by_process"):
+        return None
+    tokens = (lv.get("tokens_per_s") or 0.0) * (lv.get("wall_s") or 0.0)
+    cpu_s = sum(v for k, v in lv["cpu_s_by_process"].items() if k in VOCODER_PROCESSES)
+    return 1000.0 * cpu_s / tokens if tokens else None
 
 
 FRONTEND_SHARE_TARGET = 0.05

@@ -113,7 +113,8 @@ class StreamProfile(_Strict):
     ``rate_planned_chunks``: chunks after the first are sized from the stream's measured token
     rate so that each is ready before the audio sent has played out (``growth`` until a rate
     is known, and for streams slower than real time); ``chunk_margin_s``: the audio a planned
-    chunk keeps in hand."""
+    chunk keeps in hand; ``min_planned_chunk_tokens``: the smallest planned chunk (vocoder cost
+    against gaps at rates barely above real time)."""
 
     first_chunk_tokens: int = Field(ge=1)
     growth: float = Field(ge=1.0)
@@ -126,11 +127,13 @@ class StreamProfile(_Strict):
     first_lookahead_tokens: int = Field(ge=0)
     rate_planned_chunks: bool = False
     chunk_margin_s: float = Field(default=0.05, ge=0, le=5)
+    min_planned_chunk_tokens: int = Field(default=2, ge=1)
 
     def schedule(self) -> ChunkSchedule:
         return ChunkSchedule(self.first_chunk_tokens, self.growth, self.max_chunk_tokens,
                              self.left_context_tokens, self.lookahead_tokens, self.crossfade_samples,
-                             self.first_lookahead_tokens, self.rate_planned_chunks, self.chunk_margin_s).validate()
+                             self.first_lookahead_tokens, self.rate_planned_chunks, self.chunk_margin_s,
+                             self.min_planned_chunk_tokens).validate()
 
 
 class EntryProfile(_Strict):
