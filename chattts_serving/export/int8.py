@@ -132,11 +132,12 @@ def _quiet_quantizer() -> Iterator[None]:
 
 
 def quantize_graph(src: Path, dst: Path, bits: int = 8, block_size: int = INT8_BLOCK_SIZE,
-                   accuracy_level: int = 4) -> None:
+                   accuracy_level: int = 4, keep_fp32: tuple[str, ...] = ()) -> None:
     """Write the weight-only ``bits``-bit variant of ONNX graph ``src`` to ``dst``: ONNX
     Runtime's ``MatMulNBitsQuantizer`` (symmetric, one scale per ``block_size`` input rows;
     ``accuracy_level`` 4 = int8 activations inside the kernel, 0 = weights dequantized to
-    fp32). The defaults are :data:`INT8_QUANTIZATION`'s.
+    fp32). ``keep_fp32``: weight initializers whose MatMuls stay fp32 (e.g. ``heads.weight``,
+    the code heads). The defaults are :data:`INT8_QUANTIZATION`'s.
 
     Raises:
         ImportError: this onnxruntime build lacks ``onnxruntime.quantization``.
@@ -144,10 +145,12 @@ def quantize_graph(src: Path, dst: Path, bits: int = 8, block_size: int = INT8_B
     import onnx
     from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
+    model = onnx.load(str(src))
+    exclude = [n.name for n in model.graph.node if n.op_type == "MatMul" and n.input[1] in set(keep_fp32)]
     with _quiet_quantizer():
         logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer").setLevel(logging.ERROR)
-        q = MatMulNBitsQuantizer(onnx.load(str(src)), bits=bits, block_size=block_size, is_symmetric=True,
-                                 accuracy_level=accuracy_level)
+        q = MatMulNBitsQuantizer(model, bits=bits, block_size=block_size, is_symmetric=True,
+                                 accuracy_level=accuracy_level, nodes_to_exclude=exclude)
         q.process()
         q.model.save_model_to_file(str(dst), use_external_data_format=False)
 
