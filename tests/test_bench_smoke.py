@@ -306,10 +306,15 @@ def test_realtime_streams_is_the_largest_level_reached_without_a_failing_level_b
 
 
 def _figures_input() -> tuple[dict, dict]:
-    levels = [{"concurrency": 1, "ttfa_p50_s": 0.2, "rtf_p50": 0.5, "realtime_fraction": 1.0},
+    levels = [{"concurrency": 1, "ttfa_p50_s": 0.2, "rtf_p50": 0.5, "realtime_fraction": 1.0, "tokens_per_s": 50.0,
+               "wall_s": 2.0, "cpu_s_by_process": {"chattts_vocoder": 0.2, "chattts_gpt": 1.0}},
               {"concurrency": 16, "audio_s_per_s": 6.0, "latency_p50_s": 2.0, "latency_p95_s": 2.4,
-               "tokens_per_s": 270.0, "realtime_fraction": 0.5}]
+               "tokens_per_s": 270.0, "realtime_fraction": 0.5, "wall_s": 4.0,
+               "cpu_s_by_process": {"chattts_vocoder": 1.62, "chattts_dvae_vocoder": 0.54, "chattts_gpt": 3.0}}]
     prof = {"levels": levels, "pipeline": {"tokens_per_s": 300.0},
+            "raw_step": {"batches": {"1": {"step_ms_p50": 8.0}, "4": {"step_ms_p50": 12.0},
+                                     "16": {"step_ms_p50": 30.0}}},
+            "floor": {"floor_ms": {"1": 4.0, "4": 8.0, "16": 15.0}},
             "open_loop": {"ttfa_p95_over_p50": 2.0, "rtf_p95_over_p50": 1.5},
             "burst": {"saturated": {"busy_p99_s": 0.05, "offline": {"busy_p99_s": 0.08},
                                     "gateway": {"busy_p99_s": 0.09}},
@@ -324,19 +329,24 @@ def test_profile_figures_name_their_baselines_and_meet_targets() -> None:
     prof, baseline = _figures_input()
     f, nulls = profile_figures(prof, baseline)
     assert nulls == {}
+    assert f.pop("gpt_step_ms") == {"1": 8.0, "4": 12.0, "16": 30.0}
     assert f == pytest.approx({
         "throughput_ratio_c16": 12.0, "throughput_ratio_c16_vs_batched": 3.0, "ttfa_ratio_c1": 0.05,
         "ttfa_ratio_c1_vs_stream_smallest": 0.25, "p95_over_p50_c16": 1.2, "ttfa_p95_over_p50_open_loop": 2.0,
         "rtf_p95_over_p50_open_loop": 1.5, "pipeline_efficiency_c16": 0.9, "realtime_streams": 1, "rtf_c1": 0.5,
         "busy_p99_s_saturated": 0.05, "busy_p99_s_burst": 0.02, "throughput_ratio_c16_as_deployed": 14.0,
         "busy_p99_s_offline_saturated": 0.08, "busy_p99_s_gateway_saturated": 0.09,
-        "degraded_fraction_as_deployed": 0.5})
+        "degraded_fraction_as_deployed": 0.5, "gpt_step_ms_b1": 8.0, "gpt_step_ms_b4": 12.0, "gpt_step_ms_b16": 30.0,
+        "gpt_floor_ms_b1": 4.0, "gpt_floor_ms_b4": 8.0, "gpt_floor_ms_b16": 15.0, "step_over_floor_b1": 2.0,
+        "step_over_floor_b4": 1.5, "vocoder_cpu_ms_per_token": 2.0, "vocoder_cpu_ms_per_token_c1": 2.0})
     assert set(f) == set(FIGURES)
     for name in ("throughput_ratio_c16", "ttfa_ratio_c1", "p95_over_p50_c16", "pipeline_efficiency_c16",
                  "busy_p99_s_saturated", "busy_p99_s_offline_saturated", "busy_p99_s_gateway_saturated"):
         assert target_met(name, f[name]) is True, name
     assert target_met("throughput_ratio_c16", 12.0, "cpu-int8") is False  # the int8 profile aims at 15
     assert target_met("p95_over_p50_c16", 1.5) is False and target_met("rtf_c1", None) is None
+    assert target_met("step_over_floor_b1", 1.4) is False and target_met("step_over_floor_b1", 1.4, "cpu-int8") is True
+    assert target_met("step_over_floor_b4", 1.6, "cpu-int8") is False and target_met("step_over_floor_b4", 9.0) is None
 
 
 def test_a_degraded_or_skewed_level_nulls_its_figures_with_the_reason() -> None:

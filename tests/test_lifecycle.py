@@ -382,7 +382,8 @@ def _degrading_profile(**degrade: Any) -> Profile:
 def test_degraded_mode_takes_the_cheaper_path_and_sheds_batch_requests(stages: InProcessStages,
                                                                        small_artifacts: Artifacts) -> None:
     """While degraded a request is made cheaper in every documented way: the codes vocoder
-    (its audio is the codes path's, not the hidden one's), chunks chunk_scale times larger,
+    (its audio is the codes path's, not the hidden one's), chunks chunk_scale times larger
+    and doubling (not cut smaller by rate planning),
     max_new_tokens capped, refine-text skipped; batch-priority requests are shed as busy."""
     profile = _degrading_profile(live_high=1, live_low=0, max_new_tokens=40)
     service, observer = _service(stages, profile)
@@ -393,6 +394,7 @@ def test_degraded_mode_takes_the_cheaper_path_and_sheds_batch_requests(stages: I
     assert job.degraded and job.req.vocoder == "codes" and job.req.params.max_new_tokens == 40
     assert job.req.refine is None
     assert job.schedule.first_chunk_tokens == 2 * profile.stream.first_chunk_tokens
+    assert profile.stream.rate_planned_chunks and not job.schedule.rate_planned
     with pytest.raises(RequestError) as err:
         service.admit(_tensors(priority="batch"), {}, "third")
     assert err.value.kind == ErrorKind.BUSY and "shed" in str(err.value)

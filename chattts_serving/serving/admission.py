@@ -182,8 +182,9 @@ class Admission:
             req = replace(req, vocoder=VocoderPath.CODES, refine=None,
                           params=replace(req.params, max_new_tokens=min(req.params.max_new_tokens, cap),
                                          min_new_tokens=min(req.params.min_new_tokens, cap)))
+            # cost first: chunk_scale x larger doubling chunks, none cut smaller to stay gapless
             schedule = replace(schedule, first_chunk_tokens=schedule.first_chunk_tokens * deg.chunk_scale,
-                               max_chunk_tokens=schedule.max_chunk_tokens * deg.chunk_scale)
+                               max_chunk_tokens=schedule.max_chunk_tokens * deg.chunk_scale, rate_planned=False)
         return SynthesisJob(req=req, schedule=schedule, emit_tokens=emit_tokens, arrival_s=arrival_s,
                             segments=self.segments, degraded=degraded)
 
