@@ -90,8 +90,12 @@ class Precision(WireEnum):
     FP32 = "fp32"
     FP16 = "fp16"
     INT8 = "int8"
-    """Dynamic int8 GPT step (``chattts-export --precision int8``; the vocoders have no int8
+    """8-bit weight GPT step (``chattts-export --precision int8``; the vocoders have no int8
     variant, see :data:`INT8_GRAPH_FILES`)."""
+    AUTO = "auto"
+    """The GPT step only: int8 where the artifacts hold an int8 graph whose measured accuracy
+    (manifest.json ``precisions.int8.accuracy.meets_threshold``) meets the project's threshold,
+    else fp32 (``runtime.resolve_precision``)."""
 
 # --- audio -----------------------------------------------------------------------------
 SAMPLE_RATE_HZ: Final = 24000

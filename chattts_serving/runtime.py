@@ -60,15 +60,29 @@ def _precision(value: Precision | str) -> Precision:
         raise ValueError(f"unknown precision {value!r}; expected one of {PRECISIONS}") from None
 
 
+def resolve_precision(artifacts: Artifacts, precision: Precision | str) -> Precision:
+    """``precision``, with ``auto`` decided for ``artifacts``: int8 when they list an int8
+    graph whose accuracy was measured and meets the threshold (manifest.json
+    ``precisions.int8.accuracy.meets_threshold``, written by ``make int8-accuracy``), else
+    fp32. Raises ValueError for an unknown precision."""
+    precision = _precision(precision)
+    if precision is not Precision.AUTO:
+        return precision
+    int8 = artifacts.manifest.get("precisions", {}).get(Precision.INT8, {})
+    accurate = bool(int8.get("accuracy", {}).get("meets_threshold"))
+    return Precision.INT8 if accurate and int8.get(contract.GPT_GRAPH) else Precision.FP32
+
+
 def graph_path(artifacts: Artifacts, graph: str, precision: Precision | str = Precision.FP32) -> Path:
     """Path of graph file ``graph`` (a ``contract.*_GRAPH`` name) in ``precision``.
 
     fp32 is the file itself; fp16 and int8 are the files the manifest lists under
-    ``precisions.<precision>.<graph>``. Raises ValueError for an unknown precision and
+    ``precisions.<precision>.<graph>``; ``auto`` is :func:`resolve_precision`'s choice.
+    Raises ValueError for an unknown precision and
     FileNotFoundError when the artifacts have no such variant (re-export with
     ``chattts-export --precision <precision>``; int8 exists for the GPT step only).
     """
-    precision = _precision(precision)
+    precision = resolve_precision(artifacts, precision)
     if precision is Precision.FP32:
         return artifacts.root / graph
     variant = artifacts.manifest.get("precisions", {}).get(precision, {}).get(graph)

@@ -174,6 +174,12 @@ def test_measure_command_writes_the_accuracy_into_the_manifest(int8_artifacts: A
     assert "top-1 agreement per code head" in proc.stdout
     acc = json.loads((root / contract.MANIFEST).read_text())["precisions"]["int8"]["accuracy"]
     assert acc["prompts"] >= 20 and acc["decode_steps"] == acc["prompts"] * 3
+    # make bench measures only what is missing: the measurement stands until the graph changes
+    before = (root / contract.MANIFEST).read_text()
+    proc = subprocess.run([sys.executable, "-m", "chattts_serving.bench.int8", "--artifacts", str(root),
+                           "--measure-if-missing", "--steps", "2"], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0 and "already measured" in proc.stderr, proc.stderr
+    assert (root / contract.MANIFEST).read_text() == before
 
 
 def test_raw_step_benchmark_times_the_graph_the_profile_names(int8_artifacts: Artifacts) -> None:
@@ -191,16 +197,50 @@ def test_int8_without_the_int8_graph_is_a_clear_error(small_artifacts: Artifacts
         GptStepRunner(small_artifacts, INT8)
 
 
-def test_cpu_int8_profile_is_the_cpu_profile_with_the_int8_gpt() -> None:
-    cpu, int8 = load_profile("cpu"), load_profile("cpu-int8")
+def test_cpu_int8_and_cpu_fp32_profiles_are_the_cpu_profile_with_one_precision() -> None:
+    cpu, int8, fp32 = load_profile("cpu"), load_profile("cpu-int8"), load_profile("cpu-fp32")
     assert int8.engine.precision == "int8" and int8.ort("engine").precision == "int8"
-    assert int8.vocoder.precision == "fp32"  # the vocoders gain nothing from int8 (README "int8 on CPU")
-    a, b = cpu.model_dump(), int8.model_dump()
-    a["engine"].pop("precision")
-    b["engine"].pop("precision")
-    assert (a.pop("name"), b.pop("name")) == ("cpu", "cpu-int8")
-    assert a == b
-    assert cpu.engine.precision == "fp32"  # int8 does not meet the README's threshold on generated weights
+    assert fp32.engine.precision == "fp32" and cpu.engine.precision == "auto"
+    assert int8.vocoder.precision == "fp32"  # there is no int8 vocoder graph
+    dumps = [p.model_dump() for p in (cpu, int8, fp32)]
+    for d in dumps:
+        d["engine"].pop("precision")
+    assert [d.pop("name") for d in dumps] == ["cpu", "cpu-int8", "cpu-fp32"]
+    assert dumps[0] == dumps[1] == dumps[2]
+
+
+def test_the_cpu_profile_runs_int8_only_where_it_was_measured_accurate_enough(
+        int8_artifacts: Artifacts, small_artifacts: Artifacts, tmp_path: Path) -> None:
+    """precision "auto": int8 when the artifacts' int8 graph has a measured accuracy that meets
+    the threshold (manifest precisions.int8.accuracy.meets_threshold), else fp32: not
+    measured, measured below, or no int8 graph at all; the benchmark then skips the pinned
+    profile that runs the same as cpu."""
+    from chattts_serving.bench.run import same_as
+    from chattts_serving.runtime import resolve_precision
+
+    root = tmp_path / "art"
+    shutil.copytree(int8_artifacts.root, root)
+    opts = load_profile("cpu").ort("engine")
+    fp32_file, int8_file = contract.GPT_GRAPH, contract.INT8_GRAPH_FILES[contract.GPT_GRAPH]
+    assert resolve_precision(Artifacts.load(root), "auto") == "fp32"  # not measured
+    assert GptStepRunner(Artifacts.load(root), opts).graph.name == fp32_file
+    assert same_as(root, "cpu-fp32", {"cpu": _key(root, "cpu")}) == "cpu"
+    assert same_as(root, "cpu-int8", {"cpu": _key(root, "cpu")}) is None
+    for meets, want in ((True, int8_file), (False, fp32_file)):
+        write_accuracy(root, {"meets_threshold": meets, "top1_agreement_min": 0.96 if meets else 0.9})
+        assert GptStepRunner(Artifacts.load(root), opts).graph.name == want
+    write_accuracy(root, {"meets_threshold": True})
+    assert same_as(root, "cpu-int8", {"cpu": _key(root, "cpu")}) == "cpu"
+    assert same_as(root, "cpu-fp32", {"cpu": _key(root, "cpu")}) is None
+    assert resolve_precision(small_artifacts, "auto") == "fp32"  # no int8 graph
+    with pytest.raises(ValueError, match="unknown precision"):
+        resolve_precision(small_artifacts, "int4")
+
+
+def _key(root: Path, name: str) -> str:
+    from chattts_serving.bench.run import resolved_key
+
+    return resolved_key(root, load_profile(name))
 
 
 @pytest.mark.server

@@ -103,11 +103,16 @@ FIGURES: dict[str, Figure] = {
 ``profiles.<name>`` for each profile (the burst and as-deployed ones for the default only)."""
 TARGETS: dict[str, tuple[str, float]] = {k: f.target for k, f in FIGURES.items() if f.target is not None}
 """The targets of the figures that have one, for every profile (see :data:`PROFILE_TARGETS`)."""
-PROFILE_TARGETS: dict[str, dict[str, tuple[str, float]]] = {
-    "cpu-int8": {"throughput_ratio_c16": (">=", 15.0), "rtf_c1": ("<=", 0.6), "realtime_streams": (">=", 3.0),
-                 "step_over_floor_b1": ("<=", 1.5), "step_over_floor_b4": ("<=", 1.5)},
+PRECISION_TARGETS: dict[str, dict[str, tuple[str, float]]] = {
+    "int8": {"throughput_ratio_c16": (">=", 20.0), "throughput_ratio_c16_vs_batched": (">=", 2.0),
+             "rtf_c1": ("<=", 0.5), "realtime_streams": (">=", 3.0), "ttfa_ratio_c1": ("<=", 0.05),
+             "step_over_floor_b1": ("<=", 1.5), "step_over_floor_b4": ("<=", 1.5)},
+    "fp32": {"throughput_ratio_c16": (">=", 15.0), "realtime_streams": (">=", 1.0)},
 }
-"""Targets that differ or exist for one profile only (issue #13: the int8 profile)."""
+"""Targets by the GPT precision a profile ran (issue #30), over :data:`TARGETS`."""
+PROFILE_TARGETS: dict[str, dict[str, tuple[str, float]]] = {"cpu-int8": PRECISION_TARGETS["int8"],
+                                                            "cpu-fp32": PRECISION_TARGETS["fp32"]}
+"""Targets of a profile by name, for callers that do not know the precision it ran."""
 
 PLOTS = {"throughput": "throughput_vs_concurrency.png", "latency_cdf": "latency_cdf.png",
          "ttfa": "ttfa_vs_concurrency.png"}
@@ -118,14 +123,15 @@ def definitions() -> dict[str, str]:
     return {k: f.text for k, f in FIGURES.items()}
 
 
-def targets_for(profile: str) -> dict[str, tuple[str, float]]:
-    """The targets that apply to ``profile``."""
-    return {**TARGETS, **PROFILE_TARGETS.get(profile, {})}
+def targets_for(profile: str, precision: str | None = None) -> dict[str, tuple[str, float]]:
+    """The targets that apply to ``profile`` (which ran its GPT at ``precision``, if known)."""
+    by_precision = PRECISION_TARGETS.get(precision, {}) if precision else PROFILE_TARGETS.get(profile, {})
+    return {**TARGETS, **by_precision}
 
 
-def target_met(name: str, value: float | None, profile: str = "") -> bool | None:
+def target_met(name: str, value: float | None, profile: str = "", precision: str | None = None) -> bool | None:
     """Whether ``value`` meets ``profile``'s target for figure ``name``; None when unknown."""
-    target = targets_for(profile).get(name)
+    target = targets_for(profile, precision).get(name)
     if value is None or target is None:
         return None
     op, bound = target
@@ -350,11 +356,12 @@ def _headline(result: Mapping[str, Any]) -> list[str]:
         cells = []
         for pname, p in profs:
             v = p.get(name)
-            met = target_met(name, v, pname)
+            met = target_met(name, v, pname, p.get("precision"))
             mark = "" if met is None else (" ✓" if met else " ✗")
             cells.append("–" if name not in p else ("null" if v is None else fmt(v)) + mark)
         targets = sorted({f"{op} {bound:g}" + ("" if t == TARGETS.get(name) else f" ({pn})")
-                          for pn, _ in profs for t in [targets_for(pn).get(name)] if t for op, bound in [t]})
+                          for pn, pp in profs for t in [targets_for(pn, pp.get("precision")).get(name)] if t
+                          for op, bound in [t]})
         lines.append(f"| `{name}` | " + " | ".join(cells) + f" | {', '.join(targets) or '–'} | {fig.text} |")
     nulls = [(pn, k, r) for pn, p in profs for k, r in (p.get("null_reasons") or {}).items()]
     if nulls:

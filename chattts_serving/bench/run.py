@@ -77,8 +77,10 @@ FULL: dict[str, Any] = {"levels": (1, 2, 3, 4, 6, 8, 16), "tokens": 100, "baseli
                         "pipeline_repeats": 3, "frontend_repeats": 20, "open_loop_requests": 60, "burst_clients": 200,
                         "burst_rounds": 5, "hold_tokens": 2048}
 """The full run's sizes: about 15 minutes on 2 cores for two profiles (README "Performance")."""
-DEFAULT_PROFILES = ("cpu", "cpu-int8")
-"""Profiles benchmarked by default, those of them that exist (the first is the default profile)."""
+DEFAULT_PROFILES = ("cpu", "cpu-fp32", "cpu-int8")
+"""Profiles benchmarked by default, those of them that exist (the first is the default profile).
+``cpu`` runs int8 or fp32 (precision ``auto``): the one of the other two that runs the same is
+skipped (:func:`same_as`), so both precisions are measured once each."""
 PIPELINE_BATCH = 16
 """Sequences of the minimal pipeline: the concurrency its tokens/s is compared with."""
 BURST_TOKENS = 16
@@ -343,6 +345,26 @@ def default_path_profile(profile: Any) -> Any:
     return profile.model_copy(update={"degrade": degrade})
 
 
+def resolved_key(artifacts_dir: Path, profile: Any) -> str:
+    """What ``profile`` runs on ``artifacts_dir``: its settings without its name, the engine's
+    precision resolved (``auto`` decided), as a comparable string."""
+    from ..runtime import Artifacts, resolve_precision
+
+    data = profile.model_dump(mode="json")
+    data.pop("name")
+    data["engine"]["precision"] = str(resolve_precision(Artifacts.load(artifacts_dir), profile.engine.precision))
+    return json.dumps(data, sort_keys=True)
+
+
+def same_as(artifacts_dir: Path, name: str, earlier: dict[str, str]) -> str | None:
+    """The earlier profile (``earlier``: name -> :func:`resolved_key`) that runs exactly what
+    profile ``name`` runs on ``artifacts_dir``, or None."""
+    from ..serving.profile import load_profile
+
+    key = resolved_key(artifacts_dir, load_profile(name))
+    return next((other for other, k in earlier.items() if k == key), None)
+
+
 def missing_graphs(artifacts_dir: Path, profile: Any) -> str | None:
     """Why ``profile`` cannot run on ``artifacts_dir`` (a graph of its precision was not
     exported), or None."""
@@ -532,7 +554,7 @@ def run_profile(cfg: Config, name: str, is_default: bool, sentences: list[str], 
     its result (``skipped`` with the reason when its graphs are missing). ``bandwidth_gbps``:
     the host's streaming bandwidth measured in this run, for the step's floor (none: no floor)."""
     from ..engine.gpt import GptStepRunner
-    from ..runtime import Artifacts
+    from ..runtime import Artifacts, resolve_precision
     from ..serving.profile import load_profile
     from .floor import step_floor
     from .minimal import measure_pipeline
@@ -540,7 +562,11 @@ def run_profile(cfg: Config, name: str, is_default: bool, sentences: list[str], 
     from .serverload import run_level
 
     profile = load_profile(name)
-    prof: dict[str, Any] = {"profile": name, "default": is_default, "precision": str(profile.engine.precision),
+    precision = str(profile.engine.precision)
+    if missing_graphs(cfg.artifacts, profile) is None:
+        precision = str(resolve_precision(Artifacts.load(cfg.artifacts), profile.engine.precision))
+    prof: dict[str, Any] = {"profile": name, "default": is_default, "precision": precision,
+                            "precision_setting": str(profile.engine.precision),
                             "vocoder": str(profile.stream.default_vocoder), "degradation": DEGRADATION_NOTE}
     missing = missing_graphs(cfg.artifacts, profile)
     if missing:
@@ -649,7 +675,14 @@ def run(cfg: Config) -> dict[str, Any]:
                                        repeats=5 if cfg.smoke else 15)
     result["floor"]["cpu"] = window.stop()
     result["profiles"] = {}
+    ran: dict[str, str] = {}
     for i, name in enumerate(cfg.profiles):
+        twin = same_as(cfg.artifacts, name, ran) if i else None
+        if twin is not None:
+            progress(f"{name}: skipped: it runs what {twin} ran")
+            result["profiles"][name] = {"profile": name, "default": False, "skipped": f"the same as {twin}"}
+            continue
+        ran[name] = resolved_key(cfg.artifacts, load_profile(name))
         prof = run_profile(cfg, name, i == 0, sentences, prompts, progress, result["floor"]["bandwidth_gbps"])
         if "skipped" not in prof:
             figures, nulls = profile_figures(prof, result["baseline"])

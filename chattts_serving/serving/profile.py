@@ -40,7 +40,9 @@ class EngineProfile(_Strict):
     computes (device memory with cupy on CUDA; every step binds the cache in place either way,
     see :class:`~chattts_serving.engine.gpt.GptStepRunner`). ``precision``:
     ``fp32``, or the ``fp16`` or ``int8`` GPT graph (``chattts-export --precision fp16|int8``;
-    int8: ``chattts_serving/export/int8.py``, its accuracy in manifest.json and the README)."""
+    int8: ``chattts_serving/export/int8.py``, its accuracy in manifest.json), or ``auto``: int8
+    where its measured accuracy meets the threshold, else fp32
+    (:func:`~chattts_serving.runtime.resolve_precision`)."""
 
     max_batch_size: int = Field(ge=1, le=256)
     max_waiting: int = Field(ge=1)
@@ -83,8 +85,8 @@ class VocoderProfile(_Strict):
     @field_validator("precision")
     @classmethod
     def _no_int8(cls, value: Precision) -> Precision:
-        """Refuse ``int8``: there is no int8 vocoder graph (raises ValueError)."""
-        if value is Precision.INT8:
+        """Refuse ``int8`` and ``auto``: there is no int8 vocoder graph (raises ValueError)."""
+        if value in (Precision.INT8, Precision.AUTO):
             raise ValueError("the vocoders have no int8 graph: fp32 or fp16")
         return value
 
