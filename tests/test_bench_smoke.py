@@ -167,7 +167,8 @@ def test_bench_smoke_writes_report(small_weights: Path, small_int8_artifacts, tm
                 assert p[name] == pytest.approx(1000 * lv["cpu_s_by_process"]["chattts_vocoder"]
                                                 / (lv["tokens_per_s"] * lv["wall_s"]), rel=1e-6)
     assert int8["floor"]["graph"] == "gpt_step.int8.onnx" and prof["floor"]["graph"] == "gpt_step.onnx"
-    assert int8["floor"]["weight_bytes"] < 0.4 * prof["floor"]["weight_bytes"]  # 8-bit weights: about a quarter
+    assert int8["floor"]["weight_bytes"] < 0.6 * prof["floor"]["weight_bytes"]  # 8-bit weights (the small
+    # config's fp32 code heads, 256 x 2504, are a fifth of its projections' bytes)
     assert set(result["definitions"]) == set(FIGURES)
     for name in FIGURES:
         assert result[name] == prof[name], name
