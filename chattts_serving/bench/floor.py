@@ -102,3 +102,56 @@ def over_floor(raw_step: dict[str, Any] | None, floor: dict[str, Any] | None, ba
     got = raw_step.get("batches", {}).get(str(batch), {}).get("step_ms_p50")
     bound = floor.get("floor_ms", {}).get(str(batch))
     return got / bound if got and bound else None
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m chattts_serving.bench.floor --artifacts DIR [--profiles cpu-fp32,cpu-int8]``:
+    the streaming bandwidth, then each profile's decode step against its floor (the profiles
+    interleaved round by round, so that outside load hits them alike), as ``make bench``
+    reports them; prints a Markdown table and the JSON."""
+    import argparse
+    import json
+
+    from ..engine.gpt import GptStepRunner
+    from ..serving.profile import load_profile
+    from .rawstep import time_steps
+
+    ap = argparse.ArgumentParser(prog="python -m chattts_serving.bench.floor", description=main.__doc__)
+    ap.add_argument("--artifacts", type=Path, required=True)
+    ap.add_argument("--profiles", default="cpu-fp32,cpu-int8")
+    ap.add_argument("--batches", default="1,4,16")
+    ap.add_argument("--past", type=int, default=300)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--steps", type=int, default=10)
+    args = ap.parse_args(argv)
+    art = Artifacts.load(args.artifacts)
+    batches = [int(b) for b in args.batches.split(",")]
+    names = args.profiles.split(",")
+    profiles = {n: load_profile(n) for n in names}
+    bw = stream_bandwidth(profiles[names[0]].ort("engine"))
+    runners = {n: GptStepRunner(art, p.ort("engine")) for n, p in profiles.items()}
+    rounds: dict[str, dict[int, list[float]]] = {n: {b: [] for b in batches} for n in names}
+    rng = np.random.default_rng(0)
+    for _ in range(args.rounds):
+        for b in batches:
+            for n, r in runners.items():
+                rounds[n][b].append(statistics.median(time_steps(r, b, args.past, args.steps, 2, rng)) * 1e3)
+    out: dict[str, Any] = {"bandwidth": bw, "profiles": {}}
+    print(f"streaming bandwidth {bw['bandwidth_gbps']:.1f} GB/s ({bw['method']})\n")
+    print("| profile | graph | B | step ms (median / min of rounds) | floor ms | step / floor |")
+    print("|---|---|---|---|---|---|")
+    for n, r in runners.items():
+        fl = step_floor(art, r.graph, r.kv_dtype(0).itemsize, batches, args.past, bw["bandwidth_gbps"])
+        raw = {"batches": {str(b): {"step_ms_p50": statistics.median(v), "step_ms_min": min(v)}
+                           for b, v in rounds[n].items()}}
+        out["profiles"][n] = {"floor": fl, "raw_step": raw}
+        for b in batches:
+            m = raw["batches"][str(b)]
+            print(f"| {n} | {r.graph.name} | {b} | {m['step_ms_p50']:.1f} / {m['step_ms_min']:.1f} | "
+                  f"{fl['floor_ms'][str(b)]:.1f} | {over_floor(raw, fl, b):.2f} |")
+    print(json.dumps(out, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
