@@ -386,6 +386,7 @@ def test_degraded_mode_takes_the_cheaper_path_and_sheds_batch_requests(stages: I
     and doubling (not cut smaller by rate planning),
     max_new_tokens capped, refine-text skipped; batch-priority requests are shed as busy."""
     profile = _degrading_profile(live_high=1, live_low=0, max_new_tokens=40)
+    profile = profile.model_copy(update={"stream": profile.stream.model_copy(update={"rate_planned_chunks": True})})
     service, observer = _service(stages, profile)
     rf = small_artifacts.receptive_field_tokens("codes")
     held = service.admit(_tensors(max_new_tokens=50), {}, "first")  # one live stream: degrade at the next arrival
