@@ -187,7 +187,8 @@ def test_profiles_select_io_binding_and_precision() -> None:
     assert opts.device_id == gpu.gpu_ids[0] == 0
     assert not gpu.ort("vocoder").io_binding and gpu.ort("vocoder").precision == "fp16"
     cpu = load_profile("cpu").ort("engine")
-    assert cpu.precision == "fp32" and cpu.providers == ("CPUExecutionProvider",)
+    assert cpu.precision == "auto" and cpu.providers == ("CPUExecutionProvider",)
+    assert load_profile("cpu-fp32").ort("engine").precision == "fp32"
 
 
 # ---- fp16 ------------------------------------------------------------------------------------
