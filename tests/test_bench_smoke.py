@@ -161,11 +161,11 @@ def test_bench_smoke_writes_report(small_weights: Path, small_int8_artifacts, tm
     for p in (prof, int8):  # the vocoder's CPU per generated token, from its own process
         for name, c in (("vocoder_cpu_ms_per_token", 16), ("vocoder_cpu_ms_per_token_c1", 1)):
             lv = next(x for x in p["levels"] if x["concurrency"] == c)
-            assert lv["cpu_s_by_process"].get("chattts_vocoder", 0) > 0, lv["cpu_s_by_process"]
+            assert "chattts_vocoder" in lv["cpu_s_by_process"], lv["cpu_s_by_process"]  # its own process, counted
             assert p[name] is not None or name in p["null_reasons"], name
-            if p[name] is not None:
-                assert p[name] == pytest.approx(1000 * lv["cpu_s_by_process"]["chattts_vocoder"]
-                                                / (lv["tokens_per_s"] * lv["wall_s"]), rel=1e-6)
+            if p[name] is not None:  # (a tiny smoke level may stay below the CPU clock's 10 ms tick: 0.0)
+                vocoders = sum(v for k, v in lv["cpu_s_by_process"].items() if "vocoder" in k)
+                assert p[name] == pytest.approx(1000 * vocoders / (lv["tokens_per_s"] * lv["wall_s"]), rel=1e-6)
     assert int8["floor"]["graph"] == "gpt_step.int8.onnx" and prof["floor"]["graph"] == "gpt_step.onnx"
     assert int8["floor"]["weight_bytes"] < 0.6 * prof["floor"]["weight_bytes"]  # 8-bit weights (the small
     # config's fp32 code heads, 256 x 2504, are a fifth of its projections' bytes)
