@@ -58,9 +58,10 @@ unit:  ## tests that need no server
 # Profiles whose GPT runs int8 need their graph exported too (once the int8 profile exists).
 INT8_PROFILE := $(wildcard profiles/cpu-int8.toml)
 
-bench: setup  ## benchmark vs upstream ChatTTS, profiles cpu (+ cpu-int8) -> results/bench.{json,md,png}; ~15 min on 2 quiet cores
+bench: setup  ## benchmark vs upstream ChatTTS, profiles cpu (auto) + the other precision -> results/bench.{json,md,png}; ~20 min on 2 quiet cores
 	$(PY) -m chattts_serving.export --synthetic --size full --quiet
 	$(if $(INT8_PROFILE),$(PY) -m chattts_serving.export --synthetic --size full --precision int8 --quiet)
+	$(if $(INT8_PROFILE),$(PY) -m chattts_serving.bench.int8 --artifacts artifacts/full --measure-if-missing)
 	$(PY) -m chattts_serving.bench --out results
 
 bench-smoke:  ## every part of the benchmark on the small config, tiny load (1-2 min; CI runs it through the tests)

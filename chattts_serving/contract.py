@@ -100,8 +100,12 @@ class Precision(WireEnum):
     FP32 = "fp32"
     FP16 = "fp16"
     INT8 = "int8"
-    """Dynamic int8 GPT step (``chattts-export --precision int8``; the vocoders have no int8
+    """8-bit weight GPT step (``chattts-export --precision int8``; the vocoders have no int8
     variant, see :data:`INT8_GRAPH_FILES`)."""
+    AUTO = "auto"
+    """The GPT step only: int8 where the artifacts hold an int8 graph whose measured accuracy
+    (manifest.json ``precisions.int8.accuracy.meets_threshold``) meets the project's threshold,
+    else fp32 (``runtime.resolve_precision``)."""
 
 # --- audio -----------------------------------------------------------------------------
 SAMPLE_RATE_HZ: Final = 24000
@@ -574,20 +578,27 @@ def encoder_tokens(n_samples: int) -> int:
 
 
 G_EMBEDS: Final = "inputs_embeds"
-G_MASK: Final = "attention_mask"
+"""GPT step input: (B, S, H) float32 embeddings of the S new positions (right-padded in a prefill)."""
+G_SEQLENS_K: Final = "seqlens_k"
+"""GPT step input: (B,) int32, each row's positions in its KV cache after the call, minus 1
+(GroupQueryAttention's ``seqlens_k``; chattts_serving/export/fused.py)."""
+G_TOTAL_SEQ: Final = "total_sequence_length"
+"""GPT step input: (1,) int32, ``max(seqlens_k) + 1``."""
 G_LOGITS: Final = "logits"
 G_HIDDEN: Final = "hidden"
 
 
 def past_names(layer: int) -> tuple[str, str]:
-    """Names of layer ``layer``'s KV-cache inputs: (B, heads, P, head_dim) float32 each."""
+    """Names of layer ``layer``'s KV-cache inputs: (B, heads, C, head_dim) each, the cache
+    buffers (C columns; each row's positions from column 0)."""
     return f"past_key_{layer}", f"past_value_{layer}"
 
 
 def present_names(layer: int) -> tuple[str, str]:
-    """Names of layer ``layer``'s new KV outputs: (B, heads, T, head_dim) float32 each (the
-    keys/values of the T new positions; the engine writes them into its cache in place)."""
-    return f"new_key_{layer}", f"new_value_{layer}"
+    """Names of layer ``layer``'s KV-cache outputs: (B, heads, max(C, total), head_dim) each;
+    the engine binds them to the same buffers as :func:`past_names` (the new positions are
+    written in place)."""
+    return f"present_key_{layer}", f"present_value_{layer}"
 
 
 def samples_for_tokens(n_tokens: int) -> int:

@@ -60,15 +60,29 @@ def _precision(value: Precision | str) -> Precision:
         raise ValueError(f"unknown precision {value!r}; expected one of {PRECISIONS}") from None
 
 
+def resolve_precision(artifacts: Artifacts, precision: Precision | str) -> Precision:
+    """``precision``, with ``auto`` decided for ``artifacts``: int8 when they list an int8
+    graph whose accuracy was measured and meets the threshold (manifest.json
+    ``precisions.int8.accuracy.meets_threshold``, written by ``make int8-accuracy``), else
+    fp32. Raises ValueError for an unknown precision."""
+    precision = _precision(precision)
+    if precision is not Precision.AUTO:
+        return precision
+    int8 = artifacts.manifest.get("precisions", {}).get(Precision.INT8, {})
+    accurate = bool(int8.get("accuracy", {}).get("meets_threshold"))
+    return Precision.INT8 if accurate and int8.get(contract.GPT_GRAPH) else Precision.FP32
+
+
 def graph_path(artifacts: Artifacts, graph: str, precision: Precision | str = Precision.FP32) -> Path:
     """Path of graph file ``graph`` (a ``contract.*_GRAPH`` name) in ``precision``.
 
     fp32 is the file itself; fp16 and int8 are the files the manifest lists under
-    ``precisions.<precision>.<graph>``. Raises ValueError for an unknown precision and
+    ``precisions.<precision>.<graph>``; ``auto`` is :func:`resolve_precision`'s choice.
+    Raises ValueError for an unknown precision and
     FileNotFoundError when the artifacts have no such variant (re-export with
     ``chattts-export --precision <precision>``; int8 exists for the GPT step only).
     """
-    precision = _precision(precision)
+    precision = resolve_precision(artifacts, precision)
     if precision is Precision.FP32:
         return artifacts.root / graph
     variant = artifacts.manifest.get("precisions", {}).get(precision, {}).get(graph)
@@ -89,13 +103,31 @@ def make_session(path: Path | str, opts: OrtOptions = OrtOptions()) -> Any:
     so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     so.add_session_config_entry("session.intra_op.allow_spinning", "1" if opts.allow_spinning else "0")
-    available = set(ort.get_available_providers())
-    providers = [p for p in opts.providers if p in available] or ["CPUExecutionProvider"]
+    with_opts = session_providers(opts, ort.get_available_providers())
+    return ort.InferenceSession(str(path), sess_options=so, providers=with_opts)
+
+
+GPU_PROVIDERS = ("CUDAExecutionProvider", "TensorrtExecutionProvider")
+
+
+def session_providers(opts: OrtOptions, available: list[str]) -> list[Any]:
+    """The ``providers`` argument of ``InferenceSession`` for ``opts`` on an onnxruntime build
+    offering ``available``: ``opts.providers`` in order, those the build lacks dropped, the CPU
+    EP always last as the fallback; a GPU EP gets ``device_id`` (``opts.device_id``) and, for
+    CUDA, ``do_copy_in_default_stream`` (so the engine's cupy writes to the KV cache, made on
+    the default stream, are ordered before the step that reads them)."""
+    providers = [p for p in opts.providers if p in set(available)] or ["CPUExecutionProvider"]
     if "CPUExecutionProvider" not in providers:
         providers.append("CPUExecutionProvider")
-    gpu_eps = ("CUDAExecutionProvider", "TensorrtExecutionProvider")
-    with_opts: list[Any] = [(p, {"device_id": str(opts.device_id)}) if p in gpu_eps else p for p in providers]
-    return ort.InferenceSession(str(path), sess_options=so, providers=with_opts)
+    out: list[Any] = []
+    for p in providers:
+        if p == "CUDAExecutionProvider":
+            out.append((p, {"device_id": str(opts.device_id), "do_copy_in_default_stream": "1"}))
+        elif p in GPU_PROVIDERS:
+            out.append((p, {"device_id": str(opts.device_id)}))
+        else:
+            out.append(p)
+    return out
 
 
 @dataclass(frozen=True)

@@ -8,10 +8,10 @@ ARTIFACTS: an exported (fp32) artifact directory, full size for figures that mea
 ``gpt_step.onnx`` and quantized into a temporary directory:
 
 - ``fp32``: the graph itself;
-- ``int8``: dynamic int8 (``chattts_serving.export.int8.quantize_graph``, what
-  ``chattts-export --precision int8`` writes);
-- ``int4-b32``, ``int4-b128``: 4-bit weight-only ``MatMulNBits`` (symmetric, blocks of 32 or
-  128, accuracy level 4: int8 activations inside the kernel).
+- ``int8-b<N>``: 8-bit weight-only ``MatMulNBits`` (``chattts_serving.export.int8.quantize_graph``,
+  symmetric, blocks of N input rows from ``--blocks``, accuracy level 4: int8 activations inside
+  the kernel; block 128 is what ``chattts-export --precision int8`` writes);
+- ``int4-b128``: the same in 4 bits (for reference: measured too inaccurate to ship).
 
 Measurements, as the ``cpu`` profile runs ONNX Runtime (``--threads`` intra-op threads,
 spinning off):
@@ -22,7 +22,9 @@ spinning off):
    median over ``--rounds`` rounds (the minimum round is reported too);
 2. accuracy of each quantized candidate against fp32 on the export parity prompts
    (``chattts_serving.export.int8.int8_parity``: top-1 agreement, logit and hidden errors);
-3. vocoders (hidden and codes paths), fp32 against dynamic int8 of their MatMuls, on 1 s and
+   with ``--parts accuracy`` also as ``make int8-accuracy`` measures it (the 20 benchmark
+   sentences, >= 1000 teacher-forced decode steps, vocoded SNR);
+3. vocoders (hidden and codes paths), fp32 against 8-bit MatMulNBits of their MatMuls, on 1 s and
    5 s windows (47 and 235 tokens) of a real token stream (the fp32 GPT decoding a benchmark
    sentence), batch 1: median ms over the rounds, and the SNR of the int8 audio against fp32;
    then the whole stream vocoded as the server streams it (the ``cpu`` profile's chunk
@@ -89,10 +91,14 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--parts", default="gpt,parity,vocoders", help="what to measure (comma-separated)")
+    ap.add_argument("--blocks", default="32,128", help="block sizes of the 8-bit candidates (comma-separated)")
+    ap.add_argument("--heads-fp32", action="store_true", help="also each 8-bit candidate with fp32 code heads")
+    ap.add_argument("--no-int4", dest="int4", action="store_false", help="skip the 4-bit reference candidate")
     ap.add_argument("--out", type=Path, default=Path("results/int8_bench.json"))
     args = ap.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
     parts = set(args.parts.split(","))
+    blocks = [int(b) for b in args.blocks.split(",")]
     opts = OrtOptions(args.threads, False)
     src = Artifacts.load(args.artifacts)
     t_start = time.perf_counter()
@@ -104,13 +110,16 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="bench_int8_") as tmp:
         work = Path(tmp)
         gpt = src.root / contract.GPT_GRAPH
-        makers = {"int8": lambda dst: int8.quantize_graph(gpt, dst),
-                  "int4-b32": lambda dst: int8.quantize_graph_4bit(gpt, dst, 32, 4),
-                  "int4-b128": lambda dst: int8.quantize_graph_4bit(gpt, dst, 128, 4)}
+        makers = {f"int8-b{blk}": (lambda dst, blk=blk: int8.quantize_graph(gpt, dst, 8, blk)) for blk in blocks}
+        if args.heads_fp32:
+            makers.update({f"int8-b{blk}-heads-fp32": (lambda dst, blk=blk: int8.quantize_graph(
+                gpt, dst, 8, blk, keep_fp32=("heads.weight",))) for blk in blocks})
+        if args.int4:
+            makers["int4-b128"] = lambda dst: int8.quantize_graph(gpt, dst, 4, 128)
         arts: dict[str, Artifacts] = {}
         sizes = {"fp32": gpt.stat().st_size}
         quantize_s = {}
-        for name, make in makers.items() if parts & {"gpt", "parity"} else ():
+        for name, make in makers.items() if parts & {"gpt", "parity", "accuracy"} else ():
             d = work / name
             d.mkdir()
             t = time.perf_counter()
@@ -137,6 +146,16 @@ def main() -> int:
             print(f"round {r + 1}/{args.rounds}: " + ", ".join(
                 f"{k} " + "/".join(f"{per_round[k][b][-1]:.1f}" for b in batches) for k in runners), flush=True)
         result["gpt_step_ms"] = {k: {str(b): summary(v[b]) for b in batches} for k, v in per_round.items()}
+        # Prefill through the same graph: one 60-token prompt, and 4 prompts right-padded to 60.
+        prefill: dict[str, dict[str, list[float]]] = {k: {"b1_t60": [], "b4_padded_t60": []} for k in runners}
+        for _ in range(args.rounds if runners else 0):
+            for k, runner in runners.items():
+                for key, lengths in (("b1_t60", [60]), ("b4_padded_t60", [60, 45, 30, 52])):
+                    x = rng.standard_normal((len(lengths), 60, src.hidden_size), dtype=np.float32)
+                    t = time.perf_counter()
+                    runner.prefill(x, np.array(lengths))
+                    prefill[k][key].append((time.perf_counter() - t) * 1e3)
+        result["prefill_ms"] = {k: {key: summary(v) for key, v in d.items()} for k, d in prefill.items()}
         del runners
 
         # 2. accuracy of each candidate on the export parity prompts.
@@ -144,6 +163,13 @@ def main() -> int:
         for k, a in arts.items() if "parity" in parts else ():
             result["parity_vs_fp32"][k] = int8.int8_parity(a, opts)
             print(f"{k}: parity {result['parity_vs_fp32'][k]}", flush=True)
+
+        # 2b. accuracy of every candidate as make int8-accuracy measures it (>= 1000 decode steps),
+        # the fp32 reference run once per step for all of them.
+        if "accuracy" in parts:
+            result["accuracy"] = accuracy_all(src, arts, opts)
+            for k, v in result["accuracy"].items():
+                print(f"{k}: accuracy {v}", flush=True)
 
         # 3. vocoders.
         if "vocoders" in parts:
@@ -155,6 +181,60 @@ def main() -> int:
     print(tables(result, batches))
     print(f"wrote {args.out}")
     return 0
+
+
+def accuracy_all(src: Artifacts, arts: dict[str, Artifacts], opts: OrtOptions) -> dict[str, Any]:
+    """Teacher-forced top-1 agreement per head and hidden-path SNR of each candidate against
+    fp32 over the 20 benchmark sentences (>= 1000 decode steps), as
+    ``chattts_serving.export.int8.accuracy_report`` measures one, sharing the reference."""
+    from chattts_serving.engine.gpt import Embeddings
+    from chattts_serving.engine.sampling import RequestSampler, sample_batch
+    from chattts_serving.params import SamplingParams
+
+    texts = load_sentences()
+    steps = -(-int8.MIN_ACCURACY_DECODE_STEPS // len(texts)) + 1
+    ref = GptStepRunner(src, opts)
+    cands = {k: GptStepRunner(a, OrtOptions(opts.intra_op_threads, False, precision="int8")) for k, a in arts.items()}
+    emb = Embeddings(src)
+    vocoder = VocoderRunner(src, "hidden", opts)
+    runs: dict[str, list[Any]] = {k: [] for k in cands}
+    snr: dict[str, list[float]] = {k: [] for k in cands}
+    for i, prompt in enumerate(int8._prompts(src, texts, int8.ACCURACY_VOICE)):
+        sampler = RequestSampler(SamplingParams(seed=i, max_new_tokens=steps, min_new_tokens=steps))
+        n = len(prompt)
+        runners = {"ref": ref, **cands}
+        caches = {k: r.new_cache(1, n + steps) for k, r in runners.items()}
+        logs: dict[str, tuple[list[Any], list[Any]]] = {k: ([], []) for k in runners}
+        x = prompt[None].astype(np.float32)
+        codes = []
+        for step in range(steps):
+            for k, r in runners.items():
+                if step == 0:
+                    lg, hd, kv = r.prefill(x, np.array([n]))
+                    caches[k].copy_row(0, kv, 0, n)
+                else:
+                    lg, hd = r.decode(x, caches[k], np.array([n + step - 1]))
+                logs[k][0].append(lg[0])
+                logs[k][1].append(hd[0])
+            c = sample_batch(logs["ref"][0][-1][None], [sampler])[0]
+            sampler.record(c)
+            codes.append(c)
+            x = emb.codes(c[None])[:, None, :].astype(np.float32)
+        rl, rh = np.stack(logs["ref"][0]), np.stack(logs["ref"][1])
+        a_ref = vocoder.run(rh[None])[0]
+        for k in cands:
+            ch = np.stack(logs[k][1])
+            runs[k].append(int8.TeacherForced(np.stack(codes), rl, np.stack(logs[k][0]), rh, ch))
+            snr[k].append(int8.snr_db(a_ref, vocoder.run(ch[None])[0]))
+        print(f"accuracy: prompt {i + 1}/{len(texts)}", flush=True)
+    out = {}
+    for k in cands:
+        c = int8.compare_runs(runs[k])
+        out[k] = {"top1_agreement": [round(a, 4) for a in c["top1_agreement"]],
+                  "top1_agreement_min": round(c["top1_agreement_min"], 4), "decode_steps": c["decode_steps"],
+                  "hidden_rel_err_mean": round(c["hidden_rel_err_mean"], 4),
+                  "audio_snr_db_min": round(min(snr[k]), 2), "audio_snr_db_mean": round(statistics.mean(snr[k]), 2)}
+    return out
 
 
 def summary(ms: list[float]) -> dict[str, float]:
@@ -229,6 +309,11 @@ def tables(result: dict[str, Any], batches: list[int]) -> str:
         lines.append(f"| {k} | {result['graph_bytes'][k] / 1e6:.0f} | "
                      + " | ".join(f"{v[str(b)]['median']:.1f} ({v[str(b)]['min']:.1f})" for b in batches)
                      + f" | {acc} |")
+    if result.get("prefill_ms"):
+        lines += ["", "| graph | prefill B=1, 60 tokens, ms | prefill B=4 right-padded to 60, ms |", "|---|---|---|"]
+        for k, v in result["prefill_ms"].items():
+            lines.append(f"| {k} | {v['b1_t60']['median']:.1f} ({v['b1_t60']['min']:.1f}) | "
+                         f"{v['b4_padded_t60']['median']:.1f} ({v['b4_padded_t60']['min']:.1f}) |")
     if "vocoders" in result:
         lines += ["", "| vocoder window, batch 1 | fp32 ms median (min) | int8 ms median (min) | int8 SNR dB |",
                   "|---|---|---|---|"]

@@ -15,11 +15,12 @@ unless a later one needs its output):
 3. ``parity_cuda``: fp32 and fp16 parity against ChatTTS' torch modules with the graphs on the
    CUDA EP (asserting the session really runs on CUDA: ORT silently falls back to CPU when the
    CUDA libraries do not load), full config; fp16 checked against the relative tolerance.
-4. ``io_binding_cuda``: the engine with IO binding (cupy KV cache on the device) decodes exactly
-   what it decodes without, on CUDA, fp32 and fp16, small config, with joins/leaves/growth/trims;
-   and the KV buffers are cupy arrays.
-5. ``step_bench``: raw decode step and engine step, IO binding off/on, full config, fp32 and
-   fp16, B = 1, 16, 32, past 300 (scripts/bench_io_binding.py).
+4. ``engine_cuda``: the fp16 engine on CUDA (the fused graph's KV cache in cupy device memory,
+   bound as past and present) runs joins, leaves and different lengths twice with the same
+   tokens, and its top-1 codes agree with the CPU EP's fp32 graph over 200 teacher-forced
+   steps (ORT's CUDA GroupQueryAttention takes fp16/bf16 only: fp32 on CUDA would run the
+   attention on the CPU).
+5. ``step_bench``: raw decode step of the fused fp16 graph on CUDA, B = 1, 16, 32, past 300.
 6. ``server``: ``python -m chattts_serving.bench --profile gpu`` on the full artifacts (the
    bundled tritonserver with the gpu profile's model repository, closed-loop gRPC streams):
    TTFA and RTF at concurrency 1 and 16, no torch baseline.
@@ -129,29 +130,31 @@ def parity_cuda(art: Path, weights: Path) -> dict[str, Any]:
             "fp16_ok": all(v["rel"] <= FP16_RELATIVE_TOLERANCE for v in fp16.values())}
 
 
-def io_binding_cuda(art: Path) -> dict[str, Any]:
+def engine_cuda(art: Path) -> dict[str, Any]:
+    """The fp16 engine on CUDA (IO binding, the KV cache in cupy device memory): a scenario of
+    joins, leaves and both modes completes twice with the same tokens, and teacher-forced over
+    200 steps its top-1 codes agree with the fp32 graph on the CPU EP."""
     import numpy as np
 
-    from chattts_serving import contract
-    from chattts_serving.engine import scheduler as engine_mod
     from chattts_serving.engine.gpt import Embeddings, GptStepRunner
     from chattts_serving.engine.scheduler import Engine, EngineConfig, Sequence
     from chattts_serving.engine.sinks import CollectingSink
+    from chattts_serving.export import int8
     from chattts_serving.params import SamplingParams
     from chattts_serving.runtime import Artifacts, OrtOptions
 
-    Sink = CollectingSink
-
     a = Artifacts.load(art)
     emb = Embeddings(a)
-    engine_mod.KV_GROWTH, engine_mod.KV_TRIM = 3, 6
+    gpu = GptStepRunner(a, OrtOptions(providers=CUDA, precision="fp16", io_binding=True))
+    if gpu.backend.device_type != "cuda" or gpu.session.get_providers()[0] != "CUDAExecutionProvider":
+        raise RuntimeError(f"not on the device: backend {gpu.backend.device_type}, {gpu.session.get_providers()}")
 
-    def scenario(runner: GptStepRunner) -> tuple[list[Sink], Any]:
-        eng = Engine(runner, emb, EngineConfig(max_batch_size=3))
+    def scenario() -> tuple[list[CollectingSink], str]:
+        eng = Engine(gpu, emb, EngineConfig(max_batch_size=3, max_context_tokens=1024))
         sinks = []
         rng = np.random.default_rng(0)
         for i in range(10):
-            sink = Sink()
+            sink = CollectingSink()
             sinks.append(sink)
             ids = rng.integers(200, 7000, 12 + 3 * (i % 5))
             ids[0], ids[-1] = 21131, 21132
@@ -160,41 +163,32 @@ def io_binding_cuda(art: Path) -> dict[str, Any]:
                                 emit_tokens=1 + i % 3))
             for _ in range(i % 4):
                 eng.run_once()
-        kv_type = None
         while eng.live_count():
             eng.run_once()
-            if eng._kv:
-                kv_type = type(eng._kv[0]).__module__ + "." + type(eng._kv[0]).__name__
-        return sinks, kv_type
+        buf = eng._batch.cache.buffers[0]
+        return sinks, type(buf).__module__ + "." + type(buf).__name__
 
-    out: dict[str, Any] = {}
-    for precision in ("fp32", "fp16"):
-        plain = GptStepRunner(a, OrtOptions(providers=CUDA, precision=precision))
-        bound = GptStepRunner(a, OrtOptions(providers=CUDA, precision=precision, io_binding=True))
-        if bound.backend.device_type != "cuda":
-            raise RuntimeError("IO binding on CUDA did not get the cupy backend (is cupy installed?)")
-        ref, _ = scenario(plain)
-        got, kv_type = scenario(bound)
-        codes_equal = all(np.array_equal(np.concatenate(x.codes), np.concatenate(y.codes)) for x, y in zip(ref, got))
-        hidden_err = max(float(np.abs(np.concatenate(x.hidden) - np.concatenate(y.hidden)).max())
-                         for x, y in zip(ref, got))
-        out[precision] = {"codes_equal": codes_equal, "hidden_max_abs_diff": hidden_err, "kv_array_type": kv_type,
-                          "kv_dtype": np.dtype(bound.kv_dtype).name, "tokens": contract.NUM_VQ * sum(
-                              len(np.concatenate(s.codes)) for s in got)}
-        if not codes_equal:
-            raise RuntimeError(f"{precision}: IO binding changed the decoded codes: {out}")
+    first, kv_type = scenario()
+    second, _ = scenario()
+    same = all(np.array_equal(x.all_codes, y.all_codes) for x, y in zip(first, second))
+    errors = [str(e) for s in first for e in s.errors]
+    cpu = GptStepRunner(a, OrtOptions(precision="fp32"))
+    prompt = int8._prompts(a, ["今天天气很好，我们一起去公园散步吧。"], int8.ACCURACY_VOICE)[0]
+    acc = int8.compare_runs([int8.teacher_forced(cpu, gpu, prompt, 200)])
+    out = {"kv_array_type": kv_type, "kv_dtype": np.dtype(gpu.kv_dtype).name, "repeatable": same,
+           "errors": errors, "top1_vs_cpu_fp32": acc["top1_agreement"], "logits_rel_max": acc["logits_rel_max"]}
+    if not same or errors or "cupy" not in kv_type:
+        raise RuntimeError(f"engine on CUDA: {out}")
     return out
 
 
 def step_bench(art: Path) -> dict[str, Any]:
-    res: dict[str, Any] = {}
-    for precision in ("fp32", "fp16"):
-        path = BENCH_DIR / f"io_binding_{precision}.json"
-        run([PY, str(ROOT / "scripts" / "bench_io_binding.py"), str(art), "--batches", "1,16,32", "--past", "300",
-             "--repeats", "20", "--steps", "30", "--threads", "4", "--precision", precision,
-             "--providers", ",".join(CUDA), "--out", str(path)], 150)
-        res[precision] = json.loads(path.read_text())
-    return res
+    """Raw decode step of the fused fp16 graph on CUDA at B = 1, 16, 32 over a past of 300."""
+    from chattts_serving.bench.rawstep import measure_raw_step
+    from chattts_serving.runtime import OrtOptions
+
+    return measure_raw_step(art, OrtOptions(4, False, CUDA, True, "fp16"), [1, 16, 32], past_tokens=300,
+                            repeats=30)
 
 
 def server(art: Path, weights: Path) -> dict[str, Any]:
@@ -221,7 +215,7 @@ def main() -> int:
     art, weights = (ART_FULL, W_FULL) if full_ok else (ART_SMALL, W_SMALL)
     report["artifacts_measured"] = str(art)
     step("parity_cuda", lambda: parity_cuda(art, weights))
-    step("io_binding_cuda", lambda: io_binding_cuda(ART_SMALL))
+    step("engine_cuda", lambda: engine_cuda(art))
     step("step_bench", lambda: step_bench(art))
     step("server", lambda: server(art, weights))
     report["elapsed_s"] = round(time.perf_counter() - t0, 1)

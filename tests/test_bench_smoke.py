@@ -66,11 +66,13 @@ LEVEL_KEYS = {"concurrency", "requests", "ok", "failed", "wall_s", "ttfa_p50_s",
               "cpu_s_by_process", "rss_mb", "rss_mb_peak", "records", "outcomes", "degraded_requests", "vocoders",
               "realtime_fraction", "start_buffer_p95_s", "other_cpu_percent"}
 PROFILE_KEYS = {"throughput_ratio_c16", "ttfa_ratio_c1", "p95_over_p50_c16", "pipeline_efficiency_c16",
-                "realtime_streams", "rtf_c1"}
+                "realtime_streams", "rtf_c1", "gpt_step_ms", "gpt_step_ms_b1", "gpt_step_ms_b4", "gpt_step_ms_b16",
+                "gpt_floor_ms_b1", "gpt_floor_ms_b4", "gpt_floor_ms_b16", "step_over_floor_b1", "step_over_floor_b4",
+                "floor", "vocoder_cpu_ms_per_token", "vocoder_cpu_ms_per_token_c1"}
 """Issue #13: the figures every benchmarked profile reports."""
-TOP_KEYS = {"config", "machine", "baseline", "raw_step", "pipeline", "levels", "open_loop", "burst", "as_deployed",
-            "profiles", "definitions", "null_reasons", "degradation", "started_at", "elapsed_s", "frontend",
-            "frontend_p99_ms", "frontend_share_of_ttfa_c1", "gateway", "modes", "ws", "doors", *FIGURES,
+TOP_KEYS = {"config", "machine", "baseline", "raw_step", "pipeline", "floor", "levels", "open_loop", "burst",
+            "as_deployed", "profiles", "definitions", "null_reasons", "degradation", "started_at", "elapsed_s",
+            "frontend", "frontend_p99_ms", "frontend_share_of_ttfa_c1", "gateway", "modes", "ws", "doors", *FIGURES,
             *GATEWAY_FIGURES, *FIRST_BYTE_FIGURES, *DOOR_FIGURES, *MODE_KEYS.values(), *WS_FIGURES}
 LOCUST_TYPES = {"grpc:ttfa", "grpc:total", "sse:ttfa", "sse:total", "http:infer", "gateway:ttfa", "gateway:total"}
 
@@ -114,7 +116,9 @@ def test_bench_smoke_writes_report(small_weights: Path, small_int8_artifacts, tm
     assert all(s["first_chunk_p50_s"] is not None for s in base["stream_settings"])
     assert base["stream"] == base["stream_settings"][0]
 
-    assert set(result["raw_step"]["batches"]) == {"1", "16"} and result["raw_step"]["rounds"] == 3
+    assert set(result["raw_step"]["batches"]) == {"1", "4", "16"} and result["raw_step"]["rounds"] == 3
+    assert result["raw_step"]["past_tokens"] == 300
+    assert result["floor"]["bandwidth_gbps"] > 0 and result["floor"]["matrix_bytes"] >= 64 << 20
     pipe = result["pipeline"]
     assert pipe["batch"] == 16 and len(pipe["runs"]) == 3 and all(r["tokens"] == 16 * 16 for r in pipe["runs"])
 
@@ -148,6 +152,25 @@ def test_bench_smoke_writes_report(small_weights: Path, small_int8_artifacts, tm
     assert "skipped" not in int8 and int8.keys() >= PROFILE_KEYS, int8.get("skipped")
     assert [lv["concurrency"] for lv in int8["levels"]] == [1, 2, 16]
     assert all(lv["ok"] == lv["requests"] and lv["degraded_requests"] == 0 for lv in int8["levels"])
+    for p in (prof, int8):  # the floor of each profile's own graph, over the bandwidth of this run
+        fl = p["floor"]
+        assert fl["bandwidth_gbps"] == result["floor"]["bandwidth_gbps"] and fl["past_tokens"] == 300
+        assert 0 < fl["floor_ms"]["1"] < fl["floor_ms"]["4"] < fl["floor_ms"]["16"]
+        assert p["gpt_step_ms"] == {b: p[f"gpt_step_ms_b{b}"] for b in ("1", "4", "16")}
+        for b in ("1", "4"):
+            want = p[f"gpt_step_ms_b{b}"] / fl["floor_ms"][b] if p[f"gpt_step_ms_b{b}"] is not None else None
+            assert p[f"step_over_floor_b{b}"] == (pytest.approx(want) if want is not None else None)
+    for p in (prof, int8):  # the vocoder's CPU per generated token, from its own process
+        for name, c in (("vocoder_cpu_ms_per_token", 16), ("vocoder_cpu_ms_per_token_c1", 1)):
+            lv = next(x for x in p["levels"] if x["concurrency"] == c)
+            assert "chattts_vocoder" in lv["cpu_s_by_process"], lv["cpu_s_by_process"]  # its own process, counted
+            assert p[name] is not None or name in p["null_reasons"], name
+            if p[name] is not None:  # (a tiny smoke level may stay below the CPU clock's 10 ms tick: 0.0)
+                vocoders = sum(v for k, v in lv["cpu_s_by_process"].items() if "vocoder" in k)
+                assert p[name] == pytest.approx(1000 * vocoders / (lv["tokens_per_s"] * lv["wall_s"]), rel=1e-6)
+    assert int8["floor"]["graph"] == "gpt_step.int8.onnx" and prof["floor"]["graph"] == "gpt_step.onnx"
+    assert int8["floor"]["weight_bytes"] < 0.6 * prof["floor"]["weight_bytes"]  # 8-bit weights (the small
+    # config's fp32 code heads, 256 x 2504, are a fifth of its projections' bytes)
     assert set(result["definitions"]) == set(FIGURES)
     for name in FIGURES:
         assert result[name] == prof[name], name
@@ -301,10 +324,15 @@ def test_realtime_streams_is_the_largest_level_reached_without_a_failing_level_b
 
 
 def _figures_input() -> tuple[dict, dict]:
-    levels = [{"concurrency": 1, "ttfa_p50_s": 0.2, "rtf_p50": 0.5, "realtime_fraction": 1.0},
+    levels = [{"concurrency": 1, "ttfa_p50_s": 0.2, "rtf_p50": 0.5, "realtime_fraction": 1.0, "tokens_per_s": 50.0,
+               "wall_s": 2.0, "cpu_s_by_process": {"chattts_vocoder": 0.2, "chattts_gpt": 1.0}},
               {"concurrency": 16, "audio_s_per_s": 6.0, "latency_p50_s": 2.0, "latency_p95_s": 2.4,
-               "tokens_per_s": 270.0, "realtime_fraction": 0.5}]
+               "tokens_per_s": 270.0, "realtime_fraction": 0.5, "wall_s": 4.0,
+               "cpu_s_by_process": {"chattts_vocoder": 1.62, "chattts_dvae_vocoder": 0.54, "chattts_gpt": 3.0}}]
     prof = {"levels": levels, "pipeline": {"tokens_per_s": 300.0},
+            "raw_step": {"batches": {"1": {"step_ms_p50": 8.0}, "4": {"step_ms_p50": 12.0},
+                                     "16": {"step_ms_p50": 30.0}}},
+            "floor": {"floor_ms": {"1": 4.0, "4": 8.0, "16": 15.0}},
             "open_loop": {"ttfa_p95_over_p50": 2.0, "rtf_p95_over_p50": 1.5},
             "burst": {"saturated": {"busy_p99_s": 0.05, "offline": {"busy_p99_s": 0.08},
                                     "gateway": {"busy_p99_s": 0.09}},
@@ -319,19 +347,24 @@ def test_profile_figures_name_their_baselines_and_meet_targets() -> None:
     prof, baseline = _figures_input()
     f, nulls = profile_figures(prof, baseline)
     assert nulls == {}
+    assert f.pop("gpt_step_ms") == {"1": 8.0, "4": 12.0, "16": 30.0}
     assert f == pytest.approx({
         "throughput_ratio_c16": 12.0, "throughput_ratio_c16_vs_batched": 3.0, "ttfa_ratio_c1": 0.05,
         "ttfa_ratio_c1_vs_stream_smallest": 0.25, "p95_over_p50_c16": 1.2, "ttfa_p95_over_p50_open_loop": 2.0,
         "rtf_p95_over_p50_open_loop": 1.5, "pipeline_efficiency_c16": 0.9, "realtime_streams": 1, "rtf_c1": 0.5,
         "busy_p99_s_saturated": 0.05, "busy_p99_s_burst": 0.02, "throughput_ratio_c16_as_deployed": 14.0,
         "busy_p99_s_offline_saturated": 0.08, "busy_p99_s_gateway_saturated": 0.09,
-        "degraded_fraction_as_deployed": 0.5})
+        "degraded_fraction_as_deployed": 0.5, "gpt_step_ms_b1": 8.0, "gpt_step_ms_b4": 12.0, "gpt_step_ms_b16": 30.0,
+        "gpt_floor_ms_b1": 4.0, "gpt_floor_ms_b4": 8.0, "gpt_floor_ms_b16": 15.0, "step_over_floor_b1": 2.0,
+        "step_over_floor_b4": 1.5, "vocoder_cpu_ms_per_token": 2.0, "vocoder_cpu_ms_per_token_c1": 2.0})
     assert set(f) == set(FIGURES)
     for name in ("throughput_ratio_c16", "ttfa_ratio_c1", "p95_over_p50_c16", "pipeline_efficiency_c16",
                  "busy_p99_s_saturated", "busy_p99_s_offline_saturated", "busy_p99_s_gateway_saturated"):
         assert target_met(name, f[name]) is True, name
     assert target_met("throughput_ratio_c16", 12.0, "cpu-int8") is False  # the int8 profile aims at 15
     assert target_met("p95_over_p50_c16", 1.5) is False and target_met("rtf_c1", None) is None
+    assert target_met("step_over_floor_b1", 1.4) is False and target_met("step_over_floor_b1", 1.4, "cpu-int8") is True
+    assert target_met("step_over_floor_b4", 1.6, "cpu-int8") is False and target_met("step_over_floor_b4", 9.0) is None
 
 
 def test_a_degraded_or_skewed_level_nulls_its_figures_with_the_reason() -> None:

@@ -9,6 +9,7 @@ import pytest
 from chattts_serving import contract
 from chattts_serving.audio.chunking import ChunkSchedule, StreamChunker
 from chattts_serving.audio.vocoder import VocoderRunner
+from chattts_serving.bench.stats import REALTIME_TOLERANCE_S
 from chattts_serving.runtime import Artifacts
 
 
@@ -138,3 +139,105 @@ def test_keep_refuses_a_schedule_with_a_crossfade() -> None:
     assert w is not None
     with pytest.raises(ValueError, match="crossfade"):
         ch.keep(w)
+
+
+# ---- chunk sizes planned from the token rate (a simulated stream on a fake clock) ------------
+
+CPU_LIKE = ChunkSchedule(4, 2.0, 64, 8, 8, 512, first_lookahead_tokens=4)
+"""The cpu profile's schedule before rate planning (first chunk 4 + 4 lookahead, then 8)."""
+
+
+def _simulate(schedule: ChunkSchedule, rate_hz: float, n: int, batch: int = 4,
+              vocode_s=lambda tokens: 0.004 + 0.0003 * tokens):  # type: ignore[no-untyped-def]
+    """A stream of ``n`` tokens arriving ``batch`` at a time at ``rate_hz`` tokens/s, each window
+    vocoded in ``vocode_s(window tokens)`` seconds of a fake clock; returns (chunk send times
+    (s), chunk samples, the concatenated audio, the offline audio) with the toy vocoder."""
+    from chattts_serving.bench.stats import needed_buffer_s
+
+    clock = [0.0]
+    ch = StreamChunker(schedule, clock=lambda: clock[0])
+    tokens = np.random.default_rng(int(rate_hz)).normal(size=n)
+    voc = _fir_vocoder(tokens, radius=schedule.lookahead_tokens)
+    times, samples, chunks = [], [], []
+    avail = 0
+    while not ch.done:
+        arrived = min(n, int(clock[0] * rate_hz) // batch * batch)
+        if arrived <= avail:
+            arrived = min(n, avail + batch)
+            clock[0] = max(clock[0], arrived / rate_hz)
+        avail = arrived
+        while (w := ch.next_window(avail, avail == n)) is not None:
+            clock[0] += vocode_s(w.end - w.start)
+            out = ch.emit(w, voc(w.start, w.end))
+            if out.size:
+                times.append(clock[0])
+                samples.append(out.size)
+                chunks.append(out)
+    return needed_buffer_s(times, samples), times, np.concatenate(chunks), voc(0, n)
+
+
+@pytest.mark.parametrize("rtf", [0.7, 0.58, 0.45])
+def test_rate_planned_chunks_play_without_a_gap_where_doubling_ones_stall(rtf: float) -> None:
+    """Generated at 1 / RTF times real time: doubling chunk sizes (first 4 + 4, then 8 with 8
+    of lookahead, 16, ...) need a start buffer (a gap at c=1 in the issue's int8 run, RTF 0.58);
+    chunks sized from the measured rate need none (within 10 ms), with the same first chunk at
+    the same time (TTFA kept), and the stream still equals the offline decode at full
+    lookahead."""
+    rate = contract.SAMPLE_RATE_HZ / contract.SAMPLES_PER_TOKEN / rtf
+    n = 400
+    grown, t_grown, _, _ = _simulate(CPU_LIKE, rate, n)
+    planned_schedule = ChunkSchedule(4, 2.0, 64, 8, 8, 512, first_lookahead_tokens=4, rate_planned=True)
+    planned, t_planned, audio, offline = _simulate(planned_schedule, rate, n)
+    assert grown > REALTIME_TOLERANCE_S, grown  # measured 0.60 / 0.29 / 0.044 s
+    assert planned <= REALTIME_TOLERANCE_S, planned
+    assert t_planned[0] == t_grown[0]
+    np.testing.assert_allclose(audio[-offline.size // 2:], offline[-offline.size // 2:], atol=1e-6)
+    assert audio.size == offline.size
+
+
+def test_rate_planning_waits_for_a_rate_and_leaves_slow_streams_to_growth() -> None:
+    """Before two tokens have arrived over measurable time there is no plan; a stream slower
+    than real time gets the geometric sizes (it stalls whatever the size); a fast one reaches
+    the largest chunks."""
+    sched = ChunkSchedule(4, 2.0, 64, 8, 8, 512, first_lookahead_tokens=4, rate_planned=True)
+    clock = [0.0]
+    ch = StreamChunker(sched, clock=lambda: clock[0])
+    assert ch.rate_hz is None and ch.plan_next(0) is None
+    slow = contract.SAMPLE_RATE_HZ / contract.SAMPLES_PER_TOKEN * 0.8
+    _, t_slow, _, _ = _simulate(sched, slow, 200)
+    _, t_grow, _, _ = _simulate(CPU_LIKE, slow, 200)
+    assert t_slow == t_grow
+    fast_sizes = []
+    clock[0] = 0.0
+    ch = StreamChunker(sched, clock=lambda: clock[0])
+    avail = 0
+    while not ch.done and avail < 2000:
+        avail += 4
+        clock[0] += 4 / 1000.0  # 1000 tokens/s
+        while (w := ch.next_window(avail, avail == 2000)) is not None:
+            ch.emit(w, np.zeros(contract.samples_for_tokens(w.end - w.start), np.float32))
+            fast_sizes.append(w.chunk_end - w.chunk_start)
+    assert fast_sizes[0] == 4 and max(fast_sizes) == 64
+
+
+def test_margin_must_not_be_negative() -> None:
+    with pytest.raises(ValueError, match="margin"):
+        ChunkSchedule(rate_planned=True, margin_s=-0.1).validate()
+
+
+def test_planned_chunks_have_a_floor_that_bounds_the_vocoder_windows() -> None:
+    """Barely faster than real time (RTF 0.8), an unbounded plan would cut 300 tokens into
+    dozens of tiny windows (each vocoding ~18 tokens of context); the floor of 2 tokens keeps
+    the needed start buffer within 30 ms with far fewer windows, and a floor of 4 fewer still."""
+    rate = contract.SAMPLE_RATE_HZ / contract.SAMPLES_PER_TOKEN / 0.8
+    windows = {}
+    for floor in (1, 2, 4):
+        sched = ChunkSchedule(4, 2.0, 64, 8, 8, 512, first_lookahead_tokens=4, rate_planned=True,
+                              min_planned_tokens=floor)
+        buf, times, _, _ = _simulate(sched, rate, 300, vocode_s=lambda t: 0.010 + 0.0005 * t)
+        windows[floor] = len(times)
+        if floor == 2:
+            assert buf <= 0.03, buf
+    assert windows[1] > windows[2] > windows[4], windows
+    with pytest.raises(ValueError, match="min_planned_tokens"):
+        ChunkSchedule(rate_planned=True, min_planned_tokens=0).validate()

@@ -3,8 +3,6 @@ determinism, batch invariance, in-flight joins and leaves, cancellation, admissi
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import pytest
 import torch
@@ -173,7 +171,7 @@ def test_cancelled_sequence_leaves_at_the_next_step(parts, small_artifacts: Arti
         eng.run_once()
     assert len(stay.all_codes) == 40
     assert eng.stats()["cancelled"] == 1
-    assert eng._kv == [] and eng.stats()["running"] == 0
+    assert eng.running() == [] and eng.stats()["running"] == 0
 
 
 def test_admission_limit_raises_busy_and_accepted_requests_complete(parts) -> None:
@@ -197,13 +195,20 @@ class _EndCodeAt(GptStepRunner):
         super().__init__(artifacts)
         self.calls, self.call, self.rows, self.head = 0, call, rows, head
 
-    def step(self, embeds, mask, past, *, reuse_outputs=False):  # type: ignore[no-untyped-def]
-        logits, hidden, kv = super().step(embeds, mask, past, reuse_outputs=reuse_outputs)
+    def _end(self, logits: np.ndarray) -> np.ndarray:
         if self.calls == self.call:
             logits = logits.copy()
             logits[list(self.rows), self.head, contract.EOS_CODE] += 1000.0
         self.calls += 1
-        return logits, hidden, kv
+        return logits
+
+    def prefill(self, embeds, lengths):  # type: ignore[no-untyped-def]
+        logits, hidden, kv = super().prefill(embeds, lengths)
+        return self._end(logits), hidden, kv
+
+    def decode(self, embeds, cache, lengths):  # type: ignore[no-untyped-def]
+        logits, hidden = super().decode(embeds, cache, lengths)
+        return self._end(logits), hidden
 
 
 def test_eos_ends_a_sequence_at_its_step_without_emitting_the_end_code(parts, small_artifacts: Artifacts) -> None:
@@ -287,7 +292,8 @@ def test_a_waiting_sequence_hears_a_heartbeat_while_the_batch_is_full(parts) -> 
     tokens, no stop reason) whenever ``waiting_heartbeat_s`` has passed since its last one, so
     that the entry's stall watchdog can tell "queued" from "engine dead"; a sequence without
     acknowledge gets none; once running, the waiting one gets its tokens as usual."""
-    eng = Engine(*parts, EngineConfig(max_batch_size=1, waiting_heartbeat_s=0.5))
+    now = [1000.0]
+    eng = Engine(*parts, EngineConfig(max_batch_size=1, waiting_heartbeat_s=0.5), clock=lambda: now[0])
     hog, waiting, plain = Sink(), Sink(), Sink()
     params = SamplingParams(max_new_tokens=30, min_new_tokens=30)
     eng.submit(Sequence(_prompt(20, 1), None, params, hog, emit_tokens=30, acknowledge=True, request_id="hog"))
@@ -299,7 +305,7 @@ def test_a_waiting_sequence_hears_a_heartbeat_while_the_batch_is_full(parts) -> 
     eng.run_once()
     assert len(waiting.codes) == 1  # no heartbeat before waiting_heartbeat_s has passed
     for beats in range(1, 4):
-        time.sleep(0.55)
+        now[0] += 0.55
         eng.run_once()
         assert len(waiting.codes) == 1 + beats and waiting.reason is None
     assert all(len(c) == 0 for c in waiting.codes) and plain.codes == []
@@ -328,7 +334,7 @@ def test_batch_priority_sequences_leave_rows_free_for_realtime_ones(parts) -> No
     assert eng.stats()["running"] == 3 and len(realtime.all_codes) >= 1 and batch[2].codes == []
     while eng.live_count():
         eng.run_once()
-        assert sum(1 for s in eng._running if not s.done and s.priority > 0) <= 2
+        assert sum(1 for s in eng.running() if not s.done and s.priority > 0) <= 2
     assert realtime.reason == contract.StopReason.MAX_TOKENS and len(realtime.all_codes) == 8
     assert all(s.reason == contract.StopReason.MAX_TOKENS and len(s.all_codes) == 30 for s in batch)
 
@@ -373,43 +379,70 @@ def test_finished_rows_are_reused_by_newcomers_without_mixing(parts, small_artif
         np.testing.assert_array_equal(sink.all_codes, solo[i], err_msg=f"request {i}")
     stats = eng.stats()
     assert stats["row_reuses"] >= 2, stats
-    assert eng._kv == []
+    assert eng.running() == []
 
 
-def test_kv_buffers_grow_in_place_without_changing_results(parts, small_artifacts: Artifacts,
-                                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    """With 3 spare columns the KV buffers grow every few steps; outputs stay the solo ones."""
-    import chattts_serving.engine.scheduler as engine_mod
-
-    reqs = [(_prompt(20, 60 + i), _spk(small_artifacts, i),
-             SamplingParams(seed=i, max_new_tokens=25, min_new_tokens=25)) for i in range(3)]
+def test_the_kv_cache_is_allocated_once_and_written_in_place(parts, small_artifacts: Artifacts) -> None:
+    """Requests joining and leaving a running batch over 300 steps: the KV buffers are the
+    same arrays at the same addresses throughout (no growth, compaction or per-step copy),
+    each decode step writes exactly one new column per running row (the one after its
+    positions) and leaves every other held position untouched, and the outputs are the solo
+    ones."""
+    reqs = [(_prompt(20 + 4 * i, 60 + i), _spk(small_artifacts, i),
+             SamplingParams(seed=i, max_new_tokens=25 + 7 * i, min_new_tokens=25 + 7 * i)) for i in range(6)]
     solo = [_solo(parts, small_artifacts, *r).all_codes for r in reqs]
-    monkeypatch.setattr(engine_mod, "KV_GROWTH", 3)
-    eng = Engine(*parts, EngineConfig())
+    eng = Engine(*parts, EngineConfig(max_batch_size=3))
+    cache = eng._batch.cache
+    bufs = list(cache.buffers)
+    ptrs = [b.ctypes.data for b in bufs]
     sinks = [Sink() for _ in reqs]
     for r, sink in zip(reqs, sinks):
         eng.submit(Sequence(r[0], r[1], r[2], sink))
-        eng.run_once()
     while eng.live_count():
+        before = [b.copy() for b in cache.buffers]
+        rows = {id(s): eng._batch.row_of(s) for s in eng.running()}
+        lengths = eng._batch.lengths.copy()
         eng.run_once()
+        for s in eng.running():
+            r = rows.get(id(s))
+            if r is None or s.done:
+                continue  # joined in this iteration
+            n = int(lengths[r])
+            for old, new in zip(before, cache.buffers):
+                np.testing.assert_array_equal(new[r, :, :n], old[r, :, :n])  # held positions untouched
+                assert not np.array_equal(new[r, :, n], old[r, :, n])  # the new one written
+        assert all(a is b for a, b in zip(bufs, cache.buffers))
+    assert [b.ctypes.data for b in cache.buffers] == ptrs
     for i, sink in enumerate(sinks):
         np.testing.assert_array_equal(sink.all_codes, solo[i])
+    assert eng.stats()["row_reuses"] >= 3
 
 
-def test_batch_width_stays_bounded_under_continuous_arrivals(parts, small_artifacts: Artifacts) -> None:
-    """Newcomers keep taking finished rows, so the batch never empties; its KV width must
-    still stay near the longest live sequence instead of growing with every step."""
-    eng = Engine(*parts, EngineConfig(max_batch_size=4))
-    sinks: list[Sink] = []
-    widths = []
-    for i in range(40):
-        sink = Sink()
-        sinks.append(sink)
-        eng.submit(Sequence(_prompt(20, i), None, SamplingParams(seed=i, max_new_tokens=30, min_new_tokens=30), sink))
-        for _ in range(8):
-            eng.run_once()
-            widths.append(eng._width)
+def test_rows_of_different_lengths_decode_together(parts, small_artifacts: Artifacts) -> None:
+    """A long-running sequence and short ones that join, end and leave beside it: the decode
+    step covers rows of very different lengths (no common width, no padding columns) and
+    each gets its solo codes; the long one's row never moves."""
+    long_req = (_prompt(40, 90), _spk(small_artifacts, 9), SamplingParams(seed=5, max_new_tokens=90,
+                                                                        min_new_tokens=90))
+    short = [(_prompt(12 + i, 91 + i), None, SamplingParams(seed=i, max_new_tokens=6, min_new_tokens=6))
+             for i in range(8)]
+    solo_long = _solo(parts, small_artifacts, *long_req).all_codes
+    solo_short = [_solo(parts, small_artifacts, *r).all_codes for r in short]
+    eng = Engine(*parts, EngineConfig(max_batch_size=2))
+    first = Sink()
+    eng.submit(Sequence(*long_req, first))
+    eng.run_once()
+    row = eng._batch.row_of(eng.running()[0])
+    sinks = [Sink() for _ in short]
+    for r, sink in zip(short, sinks):
+        eng.submit(Sequence(r[0], r[1], r[2], sink))
+    spans = set()
     while eng.live_count():
         eng.run_once()
-    assert all(len(s.all_codes) == 30 for s in sinks)
-    assert max(widths) <= 20 + 30 + 64, max(widths)  # prompt + generated + KV_TRIM; 320 steps ran
+        if first.reason is None:
+            assert eng._batch.seqs[row] is not None and eng._batch.seqs[row].sink is first  # type: ignore[union-attr]
+        spans.add(tuple(eng._batch.lengths))
+    np.testing.assert_array_equal(first.all_codes, solo_long)
+    for i, sink in enumerate(sinks):
+        np.testing.assert_array_equal(sink.all_codes, solo_short[i])
+    assert any(a and b and abs(a - b) > 30 for a, b in spans)

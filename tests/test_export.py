@@ -7,6 +7,7 @@ import json
 import shutil
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +18,7 @@ from chattts_serving.engine.gpt import Embeddings, GptStepRunner
 from chattts_serving.engine.scheduler import Engine, EngineConfig, Sequence
 from chattts_serving.engine.sinks import CollectingSink
 from chattts_serving.export.build import PARITY_TOLERANCE, export_artifacts, sha256_file
+from chattts_serving.export.fused import FUSED_LAYOUT
 from chattts_serving.export.parity import chattts_prompt, parity_report
 from chattts_serving.params import SamplingParams
 from chattts_serving.runtime import Artifacts
@@ -81,14 +83,36 @@ def test_manifest_records_geometry_tensors_and_hashes(small_artifacts: Artifacts
     assert m["opset"] >= 17
     step = m["graphs"]["gpt_step"]
     names = [t["name"] for t in step["inputs"]]
-    assert names[:2] == [contract.G_EMBEDS, contract.G_MASK]
-    assert names[2:4] == list(contract.past_names(0))
-    assert [t["name"] for t in step["outputs"]][:2] == [contract.G_LOGITS, contract.G_HIDDEN]
+    assert names[:3] == [contract.G_EMBEDS, contract.G_SEQLENS_K, contract.G_TOTAL_SEQ]
+    assert names[3:5] == list(contract.past_names(0))
+    assert [t["name"] for t in step["outputs"]][:4] == [contract.G_LOGITS, contract.G_HIDDEN,
+                                                         *contract.present_names(0)]
+    assert step["layout"] == FUSED_LAYOUT
     assert step["outputs"][0]["shape"][1:] == [contract.NUM_VQ, contract.NUM_AUDIO_TOKENS]
     for rel, digest in m["files"].items():
         assert sha256_file(small_artifacts.root / rel) == digest
     assert m["receptive_field_tokens"]["hidden"] >= 1
     assert m["source"]["kind"] == "synthetic"
+
+
+def test_the_gpt_step_is_the_fused_graph(small_artifacts: Artifacts) -> None:
+    """Per layer one packed QKV MatMul, one GroupQueryAttention (rotary inside), one packed
+    gate/up MatMul, fused RMSNorms with the residual add; no attention spelled out in
+    primitives (Softmax, Concat of the cache) and none of the projections unpacked."""
+    import onnx
+
+    model = onnx.load(str(small_artifacts.root / contract.GPT_GRAPH))
+    ops = Counter(n.op_type for n in model.graph.node)
+    layers = small_artifacts.num_layers
+    assert ops["GroupQueryAttention"] == layers
+    assert ops["SkipSimplifiedLayerNormalization"] == 2 * layers - 1 and ops["SimplifiedLayerNormalization"] == 2
+    assert ops["MatMul"] == 4 * layers + 1  # qkv, o, gate/up, down per layer, then the code heads
+    assert ops["QuickGelu"] == layers and "Softmax" not in ops
+    assert ops["Concat"] <= 1  # only the last-position gather's shape, never a KV cache
+    gqa = next(n for n in model.graph.node if n.op_type == "GroupQueryAttention")
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in gqa.attribute}
+    assert attrs["do_rotary"] == 1 and attrs["num_heads"] == attrs["kv_num_heads"] == small_artifacts.num_heads
+    assert len(model.graph.node) < 12 * layers + 20, len(model.graph.node)
 
 
 def test_rerun_reuses_up_to_date_artifacts(small_weights: Path, small_artifacts: Artifacts) -> None:

@@ -68,12 +68,21 @@ def test_int8_graph_quantizes_the_weight_matmuls_only(int8_artifacts: Artifacts)
     weights = {i.name for i in fp32.graph.initializer}
     weight_matmuls = sum(n.op_type == "MatMul" and n.input[1] in weights for n in fp32.graph.node)
     ops = [n.op_type for n in q.graph.node]
-    assert ops.count("MatMulInteger") == weight_matmuls > 0
-    assert ops.count("MatMul") == sum(n.op_type == "MatMul" for n in fp32.graph.node) - weight_matmuls  # attention
-    int8_weights = [i for i in q.graph.initializer if i.data_type == onnx.TensorProto.INT8]
-    assert sum(np.prod(i.dims) for i in int8_weights) > 0.9 * sum(
+    assert weight_matmuls == 4 * int8_artifacts.num_layers + 1
+    assert ops.count("MatMulNBits") == 4 * int8_artifacts.num_layers  # every projection ...
+    heads = [n for n in q.graph.node if n.op_type == "MatMul"]
+    assert [n.input[1] for n in heads] == list(INT8_QUANTIZATION["keep_fp32"]) == ["heads.weight"]  # ... not the heads
+    assert ops.count("GroupQueryAttention") == int8_artifacts.num_layers
+    for n in q.graph.node:
+        if n.op_type == "MatMulNBits":
+            attrs = {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}
+            assert (attrs["bits"], attrs["block_size"], attrs["accuracy_level"]) == (
+                8, INT8_QUANTIZATION["block_size"], 4)
+    packed = [i for i in q.graph.initializer if i.data_type == onnx.TensorProto.UINT8]
+    assert sum(np.prod(i.dims) for i in packed) >= sum(  # one byte per weight
         np.prod(i.dims) for i in fp32.graph.initializer if i.name in {n.input[1] for n in fp32.graph.node
-                                                                        if n.op_type == "MatMul"})
+                                                                        if n.op_type == "MatMul"}
+        and i.name != "heads.weight")
     # the IO, KV cache included, is unchanged: float32 in and out
     assert [(v.name, v.type.tensor_type.elem_type) for v in q.graph.input] == \
         [(v.name, v.type.tensor_type.elem_type) for v in fp32.graph.input]
@@ -85,18 +94,18 @@ def test_int8_step_keeps_float32_io_and_kv_cache(int8_artifacts: Artifacts) -> N
     r = GptStepRunner(int8_artifacts, INT8)
     assert r.kv_dtype is np.float32
     b, h = 2, int8_artifacts.hidden_size
-    logits, hidden, kv = r.run(np.ones((b, 5, h), np.float32), np.ones((b, 5), np.int64), r.empty_past(b))
+    logits, hidden, kv = r.prefill(np.ones((b, 5, h), np.float32), np.array([5, 3]))
     assert logits.dtype == hidden.dtype == np.float32
     assert logits.shape == (b, contract.NUM_VQ, contract.NUM_AUDIO_TOKENS)
     assert all(k.dtype == np.float32 and k.shape == (b, int8_artifacts.num_heads, 5, int8_artifacts.head_dim)
-               for k in kv)
+               for k in kv.buffers)
 
 
 def test_engine_on_the_int8_graph_decodes_its_greedy_tokens(int8_artifacts: Artifacts) -> None:
-    """The engine with an int8 runner (its preallocated, partly masked KV buffers, growth,
-    sampling at top_k=1) emits exactly the int8 graph's own step-by-step argmax: the engine is
-    consistent with the graph it loads. Batch of 1: int8 activations are scaled per call, so
-    outputs depend on the batch's other rows (export/int8.py)."""
+    """The engine with an int8 runner (its preallocated KV cache, sampling at top_k=1) emits
+    exactly the int8 graph's own step-by-step tokens (the same sampler over the graph's logits),
+    alone or with another sequence in the batch (MatMulNBits quantizes activations per row: no
+    dependence on the other rows): the engine is consistent with the graph it loads."""
     runner = GptStepRunner(int8_artifacts, INT8)
     emb = Embeddings(int8_artifacts)
     rng = np.random.default_rng(4)
@@ -104,30 +113,36 @@ def test_engine_on_the_int8_graph_decodes_its_greedy_tokens(int8_artifacts: Arti
     ids[0], ids[1], ids[-1] = 21131, contract.SPECIAL_TOKEN_IDS["[spk_emb]"], 21132
     spk = rng.standard_normal(int8_artifacts.hidden_size).astype(np.float32)
     spk /= np.linalg.norm(spk)
-    n = 40  # more than KV_GROWTH (16): the engine's KV buffers grow twice
+    n = 40
     # ChatTTS' sampler keeps at least 3 candidates whatever top_k says: greedy is temperature 1e-6
     params = SamplingParams(temperature=1e-6, top_k=1, repetition_penalty=1.0, max_new_tokens=n, min_new_tokens=n)
-    sink = CollectingSink()
-    engine = Engine(runner, emb, EngineConfig())
-    engine.submit(Sequence(ids, spk, params, sink, emit_tokens=3))
-    while engine.live_count():
-        engine.run_once()
-    assert not sink.errors, sink.errors
-    got = sink.all_codes
-    assert got.shape == (n, contract.NUM_VQ) and sink.reason == contract.StopReason.MAX_TOKENS
+    from chattts_serving.engine.sampling import RequestSampler, sample_batch
 
     x = emb.prompt(ids, spk)[None].astype(np.float32)
-    mask = np.ones((1, len(ids)), np.int64)
-    past = runner.empty_past(1)
+    cache = runner.new_cache(1, len(ids) + n)
+    sampler = RequestSampler(params)  # the engine's own sampler, same seed: near-ties fall the same way
     want = []
-    for _ in range(n):
-        logits, _, new = runner.run(x, mask, past)
-        past = [np.concatenate([p, k], 2) for p, k in zip(past, new)]
-        codes = logits[0].argmax(-1)
+    for step in range(n):
+        if step == 0:
+            logits, _, kv = runner.prefill(x, np.array([len(ids)]))
+            cache.copy_row(0, kv, 0, len(ids))
+        else:
+            logits, _ = runner.decode(x, cache, np.array([len(ids) + step - 1]))
+        codes = sample_batch(logits, [sampler])[0]
+        sampler.record(codes)
         want.append(codes)
         x = emb.codes(codes[None])[:, None, :].astype(np.float32)
-        mask = np.ones((1, mask.shape[1] + 1), np.int64)
-    np.testing.assert_array_equal(got, np.stack(want))
+    for companion in (False, True):
+        sink = CollectingSink()
+        engine = Engine(runner, emb, EngineConfig())
+        if companion:
+            engine.submit(Sequence(ids[:15], None, SamplingParams(seed=3, max_new_tokens=n), CollectingSink()))
+        engine.submit(Sequence(ids, spk, params, sink, emit_tokens=3))
+        while engine.live_count():
+            engine.run_once()
+        assert not sink.errors, sink.errors
+        assert sink.reason == contract.StopReason.MAX_TOKENS
+        np.testing.assert_array_equal(sink.all_codes, np.stack(want), err_msg=f"with a companion: {companion}")
 
 
 def test_accuracy_report_measures_int8_against_fp32_and_lands_in_the_manifest(int8_artifacts: Artifacts,
@@ -167,6 +182,12 @@ def test_measure_command_writes_the_accuracy_into_the_manifest(int8_artifacts: A
     assert "top-1 agreement per code head" in proc.stdout
     acc = json.loads((root / contract.MANIFEST).read_text())["precisions"]["int8"]["accuracy"]
     assert acc["prompts"] >= 20 and acc["decode_steps"] == acc["prompts"] * 3
+    # make bench measures only what is missing: the measurement stands until the graph changes
+    before = (root / contract.MANIFEST).read_text()
+    proc = subprocess.run([sys.executable, "-m", "chattts_serving.bench.int8", "--artifacts", str(root),
+                           "--measure-if-missing", "--steps", "2"], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0 and "already measured" in proc.stderr, proc.stderr
+    assert (root / contract.MANIFEST).read_text() == before
 
 
 def test_raw_step_benchmark_times_the_graph_the_profile_names(int8_artifacts: Artifacts) -> None:
@@ -184,16 +205,50 @@ def test_int8_without_the_int8_graph_is_a_clear_error(small_artifacts: Artifacts
         GptStepRunner(small_artifacts, INT8)
 
 
-def test_cpu_int8_profile_is_the_cpu_profile_with_the_int8_gpt() -> None:
-    cpu, int8 = load_profile("cpu"), load_profile("cpu-int8")
+def test_cpu_int8_and_cpu_fp32_profiles_are_the_cpu_profile_with_one_precision() -> None:
+    cpu, int8, fp32 = load_profile("cpu"), load_profile("cpu-int8"), load_profile("cpu-fp32")
     assert int8.engine.precision == "int8" and int8.ort("engine").precision == "int8"
-    assert int8.vocoder.precision == "fp32"  # the vocoders gain nothing from int8 (README "int8 on CPU")
-    a, b = cpu.model_dump(), int8.model_dump()
-    a["engine"].pop("precision")
-    b["engine"].pop("precision")
-    assert (a.pop("name"), b.pop("name")) == ("cpu", "cpu-int8")
-    assert a == b
-    assert cpu.engine.precision == "fp32"  # int8 does not meet the README's threshold on generated weights
+    assert fp32.engine.precision == "fp32" and cpu.engine.precision == "auto"
+    assert int8.vocoder.precision == "fp32"  # there is no int8 vocoder graph
+    dumps = [p.model_dump() for p in (cpu, int8, fp32)]
+    for d in dumps:
+        d["engine"].pop("precision")
+    assert [d.pop("name") for d in dumps] == ["cpu", "cpu-int8", "cpu-fp32"]
+    assert dumps[0] == dumps[1] == dumps[2]
+
+
+def test_the_cpu_profile_runs_int8_only_where_it_was_measured_accurate_enough(
+        int8_artifacts: Artifacts, small_artifacts: Artifacts, tmp_path: Path) -> None:
+    """precision "auto": int8 when the artifacts' int8 graph has a measured accuracy that meets
+    the threshold (manifest precisions.int8.accuracy.meets_threshold), else fp32: not
+    measured, measured below, or no int8 graph at all; the benchmark then skips the pinned
+    profile that runs the same as cpu."""
+    from chattts_serving.bench.run import same_as
+    from chattts_serving.runtime import resolve_precision
+
+    root = tmp_path / "art"
+    shutil.copytree(int8_artifacts.root, root)
+    opts = load_profile("cpu").ort("engine")
+    fp32_file, int8_file = contract.GPT_GRAPH, contract.INT8_GRAPH_FILES[contract.GPT_GRAPH]
+    assert resolve_precision(Artifacts.load(root), "auto") == "fp32"  # not measured
+    assert GptStepRunner(Artifacts.load(root), opts).graph.name == fp32_file
+    assert same_as(root, "cpu-fp32", {"cpu": _key(root, "cpu")}) == "cpu"
+    assert same_as(root, "cpu-int8", {"cpu": _key(root, "cpu")}) is None
+    for meets, want in ((True, int8_file), (False, fp32_file)):
+        write_accuracy(root, {"meets_threshold": meets, "top1_agreement_min": 0.96 if meets else 0.9})
+        assert GptStepRunner(Artifacts.load(root), opts).graph.name == want
+    write_accuracy(root, {"meets_threshold": True})
+    assert same_as(root, "cpu-int8", {"cpu": _key(root, "cpu")}) == "cpu"
+    assert same_as(root, "cpu-fp32", {"cpu": _key(root, "cpu")}) is None
+    assert resolve_precision(small_artifacts, "auto") == "fp32"  # no int8 graph
+    with pytest.raises(ValueError, match="unknown precision"):
+        resolve_precision(small_artifacts, "int4")
+
+
+def _key(root: Path, name: str) -> str:
+    from chattts_serving.bench.run import resolved_key
+
+    return resolved_key(root, load_profile(name))
 
 
 @pytest.mark.server

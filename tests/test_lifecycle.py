@@ -412,10 +412,12 @@ def _degrading_profile(**degrade: Any) -> Profile:
 def test_degraded_mode_takes_the_cheaper_path_and_sheds_batch_requests(stages: InProcessStages,
                                                                        small_artifacts: Artifacts) -> None:
     """While degraded a request is made cheaper in every documented way: the codes vocoder
-    (its audio is the codes path's, not the hidden one's), chunks chunk_scale times larger,
-    refine-text skipped; batch-priority requests are shed as busy. It is never made shorter:
-    it gets every token it asked for (the cap the degraded mode once applied cut speech)."""
+    (its audio is the codes path's, not the hidden one's), chunks chunk_scale times larger
+    and doubling (not cut smaller by rate planning), refine-text skipped; batch-priority
+    requests are shed as busy. It is never made shorter: it gets every token it asked for (the
+    cap the degraded mode once applied cut speech)."""
     profile = _degrading_profile(live_high=1, live_low=0)
+    profile = profile.model_copy(update={"stream": profile.stream.model_copy(update={"rate_planned_chunks": True})})
     service, observer = _service(stages, profile)
     rf = small_artifacts.receptive_field_tokens("codes")
     held = service.admit(_tensors(max_new_tokens=50), {}, "first")  # one live stream: degrade at the next arrival
@@ -424,6 +426,7 @@ def test_degraded_mode_takes_the_cheaper_path_and_sheds_batch_requests(stages: I
     assert job.degraded and job.req.vocoder == "codes" and job.req.params.max_new_tokens == 50
     assert job.req.refine is None
     assert job.schedule.first_chunk_tokens == 2 * profile.stream.first_chunk_tokens
+    assert profile.stream.rate_planned_chunks and not job.schedule.rate_planned
     with pytest.raises(RequestError) as err:
         service.admit(_tensors(priority="batch"), {}, "third")
     assert err.value.kind == ErrorKind.BUSY and "shed" in str(err.value)

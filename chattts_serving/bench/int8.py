@@ -28,6 +28,17 @@ from ..runtime import OrtOptions
 from . import load_sentences
 
 
+def has_accuracy(root: Path) -> bool:
+    """True when ``root``'s manifest holds an accuracy measurement of its int8 graph (a new
+    int8 graph drops the old measurement: :func:`~chattts_serving.export.int8.add_int8`)."""
+    import json
+
+    from .. import contract
+
+    manifest = json.loads((Path(root) / contract.MANIFEST).read_text())
+    return "accuracy" in manifest.get("precisions", {}).get("int8", {})
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m chattts_serving.bench.int8 --artifacts DIR [--measure]``: add the int8 GPT
     graph to an exported artifact directory (if missing or stale) and, with ``--measure``,
@@ -36,6 +47,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--artifacts", type=Path, required=True, help="an exported artifact directory")
     ap.add_argument("--measure", action="store_true",
                     help="teacher-forced accuracy vs fp32 over the benchmark sentences -> manifest.json")
+    ap.add_argument("--measure-if-missing", action="store_true",
+                    help="--measure unless the manifest already holds an accuracy of the current int8 graph")
     ap.add_argument("--steps", type=int, default=None,
                     help=f"tokens per sentence (default: enough for {MIN_ACCURACY_DECODE_STEPS} decode steps in all)")
     ap.add_argument("--voice", default=ACCURACY_VOICE, help="voice of the prompts (default %(default)s)")
@@ -50,6 +63,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         added = add_int8(args.artifacts, force=args.force, progress=say)
         say(f"{args.artifacts}: int8 graph {'added' if added else 'up to date'}")
+        if args.measure_if_missing and not args.measure:
+            args.measure = not has_accuracy(args.artifacts)
+            say(f"{args.artifacts}: int8 accuracy {'to measure' if args.measure else 'already measured'}")
         if args.measure:
             texts = load_sentences()
             steps = args.steps or -(-MIN_ACCURACY_DECODE_STEPS // len(texts)) + 1

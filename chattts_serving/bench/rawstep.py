@@ -21,9 +21,9 @@ def measure_raw_step(artifacts_dir: Path, opts: OrtOptions, batches: Sequence[in
                      repeats: int, rounds: int = 3, warmup: int = 3, seed: int = 0) -> dict[str, object]:
     """Median wall time of one decode step (T = 1) per batch size, on random inputs.
 
-    Inputs: embeddings (B, 1, H) float32, an all-ones int64 mask (B, P+1), and a random past of
-    ``past_tokens`` positions per layer (B, heads, P, head_dim) in the graph's KV dtype, run as
-    the engine runs it (:meth:`GptStepRunner.step`: IO binding when ``opts`` asks for it). Each
+    Inputs: embeddings (B, 1, H) float32 and a KV cache of B rows holding a random past of
+    ``past_tokens`` positions each in the graph's KV dtype, run as the engine runs it
+    (:meth:`GptStepRunner.decode`, the cache bound in place). Each
     of ``rounds`` rounds times ``repeats`` steps per batch size (after ``warmup`` untimed ones);
     the figure is the median of the rounds' medians. Returns {"past_tokens",
     "intra_op_threads", "allow_spinning", "precision", "repeats", "rounds", "batches": {str(B):
@@ -56,15 +56,15 @@ def time_steps(runner: GptStepRunner, batch: int, past_tokens: int, repeats: int
     art = runner.art
     rng = np.random.default_rng(0) if rng is None else rng
     embeds = rng.standard_normal((batch, 1, art.hidden_size), dtype=np.float32)
-    be = runner.backend
-    mask = be.to_device(np.ones((batch, past_tokens + 1), np.int64))
-    past = [be.to_device(rng.standard_normal((batch, art.num_heads, past_tokens, art.head_dim), dtype=np.float32)
-                         .astype(runner.kv_dtype)) for _ in range(2 * art.num_layers)]
+    cache = runner.new_cache(batch, past_tokens + 1)
+    for buf in cache.buffers:
+        buf[...] = cache.backend.to_device(rng.standard_normal(buf.shape, dtype=np.float32).astype(runner.kv_dtype))
+    lengths = np.full(batch, past_tokens, np.int64)
     for _ in range(warmup):
-        runner.step(embeds, mask, past, reuse_outputs=True)
+        runner.decode(embeds, cache, lengths)
     times = []
     for _ in range(repeats):
         t = time.perf_counter()
-        runner.step(embeds, mask, past, reuse_outputs=True)
+        runner.decode(embeds, cache, lengths)  # writes column past_tokens in place each time
         times.append(time.perf_counter() - t)
     return times

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from .doors import doors_markdown
+from .floor import over_floor
 from .gatewayload import gateway_markdown
 from .modes import modes_markdown
 from .stats import REALTIME_MIN_FRACTION, REALTIME_TOLERANCE_S, cdf, fmt, ratio
@@ -63,6 +64,21 @@ FIGURES: dict[str, Figure] = {
         f"{REALTIME_MIN_FRACTION:.0%} of streams play without a gap from their first chunk (needed start "
         f"buffer <= {REALTIME_TOLERANCE_S * 1000:g} ms); 0 when c=1 fails"),
     "rtf_c1": Figure("real-time factor (total s / audio s) p50 at closed-loop c=1 (default path)"),
+    **{f"gpt_step_ms_b{b}": Figure(
+        f"one GPT decode step at batch {b} over a past of raw_step.past_tokens positions (300 in a full run), ms, "
+        "median of the raw step's rounds (the graph and ORT options of the profile, the cache bound in place)")
+       for b in (1, 4, 16)},
+    **{f"gpt_floor_ms_b{b}": Figure(
+        f"the memory floor of that step at batch {b}, ms: bytes it must stream (every weight once + the KV cache "
+        "of its rows) over this host's streaming bandwidth measured in the same run (floor.bandwidth_gbps: one "
+        "large fp32 GEMV through ONNX Runtime)") for b in (1, 4, 16)},
+    "vocoder_cpu_ms_per_token": Figure(
+        "CPU ms the vocoder models' processes (chattts_vocoder, chattts_dvae_vocoder) spent per generated token at "
+        "closed-loop c=16 (default path): window context and lookahead, batching and the per-call cost included"),
+    "vocoder_cpu_ms_per_token_c1": Figure("the same at closed-loop c=1 (one stream: no batching, smallest chunks)"),
+    "step_over_floor_b1": Figure("gpt_step_ms_b1 / gpt_floor_ms_b1: 1.0 = a step that only streams its bytes",
+                                 ("<=", 1.3)),
+    "step_over_floor_b4": Figure("gpt_step_ms_b4 / gpt_floor_ms_b4"),
     "busy_p99_s_saturated": Figure(
         "p99 seconds from send to the 'busy' answer of burst requests (one 16-token stream request per client on "
         "its open stream, all at once; the burst's rounds pooled) while long streams hold every stream slot "
@@ -88,10 +104,16 @@ FIGURES: dict[str, Figure] = {
 ``profiles.<name>`` for each profile (the burst and as-deployed ones for the default only)."""
 TARGETS: dict[str, tuple[str, float]] = {k: f.target for k, f in FIGURES.items() if f.target is not None}
 """The targets of the figures that have one, for every profile (see :data:`PROFILE_TARGETS`)."""
-PROFILE_TARGETS: dict[str, dict[str, tuple[str, float]]] = {
-    "cpu-int8": {"throughput_ratio_c16": (">=", 15.0), "rtf_c1": ("<=", 0.6), "realtime_streams": (">=", 3.0)},
+PRECISION_TARGETS: dict[str, dict[str, tuple[str, float]]] = {
+    "int8": {"throughput_ratio_c16": (">=", 20.0), "throughput_ratio_c16_vs_batched": (">=", 2.0),
+             "rtf_c1": ("<=", 0.5), "realtime_streams": (">=", 3.0), "ttfa_ratio_c1": ("<=", 0.05),
+             "step_over_floor_b1": ("<=", 1.5), "step_over_floor_b4": ("<=", 1.5)},
+    "fp32": {"throughput_ratio_c16": (">=", 15.0), "realtime_streams": (">=", 1.0)},
 }
-"""Targets that differ or exist for one profile only (issue #13: the int8 profile)."""
+"""Targets by the GPT precision a profile ran (issue #30), over :data:`TARGETS`."""
+PROFILE_TARGETS: dict[str, dict[str, tuple[str, float]]] = {"cpu-int8": PRECISION_TARGETS["int8"],
+                                                            "cpu-fp32": PRECISION_TARGETS["fp32"]}
+"""Targets of a profile by name, for callers that do not know the precision it ran."""
 
 PLOTS = {"throughput": "throughput_vs_concurrency.png", "latency_cdf": "latency_cdf.png",
          "ttfa": "ttfa_vs_concurrency.png"}
@@ -102,14 +124,15 @@ def definitions() -> dict[str, str]:
     return {k: f.text for k, f in FIGURES.items()}
 
 
-def targets_for(profile: str) -> dict[str, tuple[str, float]]:
-    """The targets that apply to ``profile``."""
-    return {**TARGETS, **PROFILE_TARGETS.get(profile, {})}
+def targets_for(profile: str, precision: str | None = None) -> dict[str, tuple[str, float]]:
+    """The targets that apply to ``profile`` (which ran its GPT at ``precision``, if known)."""
+    by_precision = PRECISION_TARGETS.get(precision, {}) if precision else PROFILE_TARGETS.get(profile, {})
+    return {**TARGETS, **by_precision}
 
 
-def target_met(name: str, value: float | None, profile: str = "") -> bool | None:
+def target_met(name: str, value: float | None, profile: str = "", precision: str | None = None) -> bool | None:
     """Whether ``value`` meets ``profile``'s target for figure ``name``; None when unknown."""
-    target = targets_for(profile).get(name)
+    target = targets_for(profile, precision).get(name)
     if value is None or target is None:
         return None
     op, bound = target
@@ -209,6 +232,17 @@ def profile_figures(prof: Mapping[str, Any], baseline: Mapping[str, Any]) -> tup
     if reason:
         nulls["realtime_streams"] = reason
     _figure(f, nulls, "rtf_c1", get(c1, "rtf_p50"), L1)
+    for name, (label, lv) in (("vocoder_cpu_ms_per_token", L16), ("vocoder_cpu_ms_per_token_c1", L1)):
+        _figure(f, nulls, name, vocoder_cpu_ms_per_token(lv), (label, lv))
+    raw, floor = prof.get("raw_step"), prof.get("floor")
+    raw_part = ("raw step", raw)
+    for b in (1, 4, 16):
+        step = (raw or {}).get("batches", {}).get(str(b), {}).get("step_ms_p50")
+        _figure(f, nulls, f"gpt_step_ms_b{b}", step, raw_part)
+        _figure(f, nulls, f"gpt_floor_ms_b{b}", (floor or {}).get("floor_ms", {}).get(str(b)))
+    for b in (1, 4):
+        _figure(f, nulls, f"step_over_floor_b{b}", over_floor(raw, floor, b), raw_part)
+    f["gpt_step_ms"] = {str(b): f[f"gpt_step_ms_b{b}"] for b in (1, 4, 16)}
     burst = prof.get("burst")
     if burst is not None:
         for name, key in (("busy_p99_s_saturated", "saturated"), ("busy_p99_s_burst", "burst")):
@@ -228,6 +262,20 @@ def profile_figures(prof: Mapping[str, Any], baseline: Mapping[str, Any]) -> tup
         if reason or value is None:
             nulls["throughput_ratio_c16_as_deployed"] = reason or "a measurement it divides is missing or zero"
     return f, nulls
+
+
+VOCODER_PROCESSES = ("chattts_vocoder", "chattts_dvae_vocoder")
+"""Process labels (model names of the Python stubs) of the vocoder models."""
+
+
+def vocoder_cpu_ms_per_token(lv: Mapping[str, Any] | None) -> float | None:
+    """CPU ms of the vocoder processes per token generated at level ``lv`` (None when either
+    is missing or no token was generated)."""
+    if not lv or not lv.get("cpu_s_by_process"):
+        return None
+    tokens = (lv.get("tokens_per_s") or 0.0) * (lv.get("wall_s") or 0.0)
+    cpu_s = sum(v for k, v in lv["cpu_s_by_process"].items() if k in VOCODER_PROCESSES)
+    return 1000.0 * cpu_s / tokens if tokens else None
 
 
 FRONTEND_SHARE_TARGET = 0.05
@@ -309,11 +357,12 @@ def _headline(result: Mapping[str, Any]) -> list[str]:
         cells = []
         for pname, p in profs:
             v = p.get(name)
-            met = target_met(name, v, pname)
+            met = target_met(name, v, pname, p.get("precision"))
             mark = "" if met is None else (" ✓" if met else " ✗")
             cells.append("–" if name not in p else ("null" if v is None else fmt(v)) + mark)
         targets = sorted({f"{op} {bound:g}" + ("" if t == TARGETS.get(name) else f" ({pn})")
-                          for pn, _ in profs for t in [targets_for(pn).get(name)] if t for op, bound in [t]})
+                          for pn, pp in profs for t in [targets_for(pn, pp.get("precision")).get(name)] if t
+                          for op, bound in [t]})
         lines.append(f"| `{name}` | " + " | ".join(cells) + f" | {', '.join(targets) or '–'} | {fig.text} |")
     nulls = [(pn, k, r) for pn, p in profs for k, r in (p.get("null_reasons") or {}).items()]
     if nulls:

@@ -80,8 +80,10 @@ FULL: dict[str, Any] = {"levels": (1, 2, 3, 4, 6, 8, 16), "tokens": 100, "baseli
                         "pipeline_repeats": 3, "frontend_repeats": 20, "open_loop_requests": 60, "burst_clients": 200,
                         "burst_rounds": 5, "hold_tokens": 2048}
 """The full run's sizes: about 15 minutes on 2 cores for two profiles (README "Performance")."""
-DEFAULT_PROFILES = ("cpu", "cpu-int8")
-"""Profiles benchmarked by default, those of them that exist (the first is the default profile)."""
+DEFAULT_PROFILES = ("cpu", "cpu-fp32", "cpu-int8")
+"""Profiles benchmarked by default, those of them that exist (the first is the default profile).
+``cpu`` runs int8 or fp32 (precision ``auto``): the one of the other two that runs the same is
+skipped (:func:`same_as`), so both precisions are measured once each."""
 PIPELINE_BATCH = 16
 """Sequences of the minimal pipeline: the concurrency its tokens/s is compared with."""
 BURST_TOKENS = 16
@@ -188,8 +190,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batched-repeats", type=int, default=None,
                    help="timed Chat.infer calls over a list of 16 texts (default 2; 0 skips)")
     p.add_argument("--voice-seed", type=int, default=2, help="speaker seed used by both systems")
-    p.add_argument("--raw-batches", type=_ints, default=(1, 16), help="batch sizes of the raw step (1,16)")
-    p.add_argument("--raw-past", type=_positive, default=150, help="past positions of the raw step (150)")
+    p.add_argument("--raw-batches", type=_ints, default=(1, 4, 16), help="batch sizes of the raw step (1,4,16)")
+    p.add_argument("--raw-past", type=_positive, default=300, help="past positions of the raw step (300)")
     p.add_argument("--raw-repeats", type=_positive, default=None, help="timed raw steps per batch and round (20)")
     p.add_argument("--pipeline-repeats", type=_positive, default=None,
                    help="timed runs of the minimal pipeline (3; the median counts)")
@@ -345,6 +347,26 @@ def default_path_profile(profile: Any) -> Any:
         "queued_high": UNREACHABLE_STREAMS, "queued_low": UNREACHABLE_STREAMS - 1,
         "ttfa_p95_high_s": UNREACHABLE_TTFA_S, "ttfa_p95_low_s": UNREACHABLE_TTFA_S})
     return profile.model_copy(update={"degrade": degrade})
+
+
+def resolved_key(artifacts_dir: Path, profile: Any) -> str:
+    """What ``profile`` runs on ``artifacts_dir``: its settings without its name, the engine's
+    precision resolved (``auto`` decided), as a comparable string."""
+    from ..runtime import Artifacts, resolve_precision
+
+    data = profile.model_dump(mode="json")
+    data.pop("name")
+    data["engine"]["precision"] = str(resolve_precision(Artifacts.load(artifacts_dir), profile.engine.precision))
+    return json.dumps(data, sort_keys=True)
+
+
+def same_as(artifacts_dir: Path, name: str, earlier: dict[str, str]) -> str | None:
+    """The earlier profile (``earlier``: name -> :func:`resolved_key`) that runs exactly what
+    profile ``name`` runs on ``artifacts_dir``, or None."""
+    from ..serving.profile import load_profile
+
+    key = resolved_key(artifacts_dir, load_profile(name))
+    return next((other for other, k in earlier.items() if k == key), None)
 
 
 def missing_graphs(artifacts_dir: Path, profile: Any) -> str | None:
@@ -558,16 +580,24 @@ def _scan_server_log(log: Path, progress: Callable[[str], None]) -> None:
 
 
 def run_profile(cfg: Config, name: str, is_default: bool, sentences: list[str], prompts: list[Any],
-                progress: Callable[[str], None]) -> dict[str, Any]:
+                progress: Callable[[str], None], bandwidth_gbps: float | None = None) -> dict[str, Any]:
     """Every per-profile part for profile ``name`` (module docstring, steps 2 and 3); returns
-    its result (``skipped`` with the reason when its graphs are missing)."""
+    its result (``skipped`` with the reason when its graphs are missing). ``bandwidth_gbps``:
+    the host's streaming bandwidth measured in this run, for the step's floor (none: no floor)."""
+    from ..engine.gpt import GptStepRunner
+    from ..runtime import Artifacts, resolve_precision
     from ..serving.profile import load_profile
+    from .floor import step_floor
     from .minimal import measure_pipeline
     from .rawstep import measure_raw_step
     from .serverload import run_level
 
     profile = load_profile(name)
-    prof: dict[str, Any] = {"profile": name, "default": is_default, "precision": str(profile.engine.precision),
+    precision = str(profile.engine.precision)
+    if missing_graphs(cfg.artifacts, profile) is None:
+        precision = str(resolve_precision(Artifacts.load(cfg.artifacts), profile.engine.precision))
+    prof: dict[str, Any] = {"profile": name, "default": is_default, "precision": precision,
+                            "precision_setting": str(profile.engine.precision),
                             "vocoder": str(profile.stream.default_vocoder), "degradation": DEGRADATION_NOTE}
     missing = missing_graphs(cfg.artifacts, profile)
     if missing:
@@ -579,6 +609,12 @@ def run_profile(cfg: Config, name: str, is_default: bool, sentences: list[str], 
     prof["raw_step"] = measure_raw_step(cfg.artifacts, profile.ort("engine"), cfg.raw_batches,
                                         past_tokens=cfg.raw_past_tokens, repeats=cfg.raw_repeats)
     prof["raw_step"]["cpu"] = window.stop()
+    if bandwidth_gbps:
+        art = Artifacts.load(cfg.artifacts)
+        runner = GptStepRunner(art, profile.ort("engine"))
+        prof["floor"] = step_floor(art, runner.graph, runner.kv_dtype(0).itemsize, list(cfg.raw_batches),
+                                   cfg.raw_past_tokens, bandwidth_gbps)
+        del runner
 
     progress(f"{name}: minimal pipeline, batch {len(prompts)}, {cfg.tokens} tokens, {cfg.pipeline_repeats} runs")
     prof["pipeline"] = measure_pipeline(cfg.artifacts, profile, prompts, tokens=cfg.tokens,
@@ -662,9 +698,23 @@ def run(cfg: Config) -> dict[str, Any]:
 
     texts = [j.text for j in level_jobs(sentences, PIPELINE_BATCH, PIPELINE_BATCH, cfg.tokens)]
     prompts = pipeline_prompts(cfg.artifacts, default, texts, str(cfg.voice_seed))
+    from .floor import GEMV_SHAPE_FULL, GEMV_SHAPE_SMOKE, stream_bandwidth
+
+    progress("streaming bandwidth: one large GEMV through ONNX Runtime")
+    window = CpuWindow()
+    result["floor"] = stream_bandwidth(default.ort("engine"), GEMV_SHAPE_SMOKE if cfg.smoke else GEMV_SHAPE_FULL,
+                                       repeats=5 if cfg.smoke else 15)
+    result["floor"]["cpu"] = window.stop()
     result["profiles"] = {}
+    ran: dict[str, str] = {}
     for i, name in enumerate(cfg.profiles):
-        prof = run_profile(cfg, name, i == 0, sentences, prompts, progress)
+        twin = same_as(cfg.artifacts, name, ran) if i else None
+        if twin is not None:
+            progress(f"{name}: skipped: it runs what {twin} ran")
+            result["profiles"][name] = {"profile": name, "default": False, "skipped": f"the same as {twin}"}
+            continue
+        ran[name] = resolved_key(cfg.artifacts, load_profile(name))
+        prof = run_profile(cfg, name, i == 0, sentences, prompts, progress, result["floor"]["bandwidth_gbps"])
         if "skipped" not in prof:
             figures, nulls = profile_figures(prof, result["baseline"])
             prof.update(figures)

@@ -88,22 +88,55 @@ class Embeddings:
         return out
 
 
+class KvCache:
+    """The GPT's KV cache: per layer one K and one V buffer (rows, heads, capacity, head_dim)
+    of ``dtype`` on ``backend`` (numpy on the host, cupy on a CUDA device), allocated once.
+
+    Row r holds its sequence's positions in columns [0, length) (GroupQueryAttention's layout,
+    see chattts_serving/export/fused.py); the step graph reads them and writes the new
+    positions after them in place (its ``past_*`` and ``present_*`` are bound to the same
+    memory), so a decode step copies nothing. Columns past a row's length hold stale data that
+    is never read. On the host the buffers are ``zeros`` (calloc: pages are committed as
+    positions are first written, not at allocation).
+    """
+
+    def __init__(self, backend: Any, layers: int, rows: int, heads: int, capacity: int, head_dim: int,
+                 dtype: Any) -> None:
+        self.backend = backend
+        self.dtype = dtype
+        self.buffers = [backend.zeros((rows, heads, capacity, head_dim), dtype) for _ in range(2 * layers)]
+        """2*layers arrays: layer i's K at 2i, its V at 2i+1."""
+
+    @property
+    def rows(self) -> int:
+        return int(self.buffers[0].shape[0])
+
+    @property
+    def capacity(self) -> int:
+        """Positions each row can hold."""
+        return int(self.buffers[0].shape[2])
+
+    def copy_row(self, row: int, src: KvCache, src_row: int, n: int) -> None:
+        """Copy the first ``n`` positions of ``src``'s row ``src_row`` into row ``row`` (a
+        sequence joining the batch with its prefill KV: O(n), the only copy it ever gets)."""
+        for dst, s in zip(self.buffers, src.buffers):
+            dst[row, :, :n] = s[src_row, :, :n]
+
+
 class GptStepRunner:
-    """Runs ``gpt_step.onnx`` (or its fp16 or int8 variant, ``opts.precision``; the int8
-    graph's IO and KV cache are float32 like the fp32 graph's).
+    """Runs the fused GPT step graph ``gpt_step.onnx`` (or its ``opts.precision`` variant) with
+    ONNX Runtime's IO binding over a :class:`KvCache`.
 
-    :meth:`run` takes embeddings (B, T, H) float32, an int64 mask (B, P+T) and the per-layer
-    past KV list (2*layers arrays of (B, heads, P, head_dim) :attr:`kv_dtype`: float32, float16
-    for the fp16 graph); returns logits (B, 4, 626) float32, hidden (B, H) float32 and the new
-    positions' KV list (B, heads, T, head_dim) :attr:`kv_dtype`, all numpy (``session.run``).
-
-    :meth:`step` is what the engine calls: :meth:`run` without IO binding; with
-    ``opts.io_binding`` it is :meth:`run_bound`, where mask, past and new KV are arrays of
-    :attr:`backend` (device memory on the CUDA EP with cupy) bound in place.
+    :meth:`prefill` runs right-padded prompts from an empty cache into a new cache of their
+    own; :meth:`decode` runs one token for each of the first B rows of a cache, reading and
+    writing its buffers in place. The KV dtype is the graph's (float32; float16 for the fp16
+    graph) and the cache lives on :attr:`backend` (numpy on the host; cupy device memory with
+    ``opts.io_binding`` on the CUDA execution provider). Embeddings go in and logits and
+    hidden come out through host memory: the only per-step transfers.
     """
 
     def __init__(self, artifacts: Artifacts, opts: OrtOptions = OrtOptions()) -> None:
-        from .arrays import NUMPY, backend_for_session
+        from .arrays import backend_for_session
 
         self.art = artifacts
         self.opts = opts
@@ -112,83 +145,100 @@ class GptStepRunner:
         self.session = make_session(self.graph, opts)
         self.layers = artifacts.num_layers
         self._past = [n for i in range(self.layers) for n in contract.past_names(i)]
-        self._out = [contract.G_LOGITS, contract.G_HIDDEN,
-                     *(n for i in range(self.layers) for n in contract.present_names(i))]
-        past_type = {i.name: i.type for i in self.session.get_inputs()}[self._past[0]]
-        self.kv_dtype: type[np.floating[Any]] = np.float16 if past_type == "tensor(float16)" else np.float32
-        """dtype of the KV cache the graph takes and returns: float16 for the fp16 graph, else float32."""
+        self._present = [n for i in range(self.layers) for n in contract.present_names(i)]
+        types = {i.name: i.type for i in self.session.get_inputs()}
+        if contract.G_SEQLENS_K not in types or self._past[0] not in types:
+            raise RuntimeError(f"{self.graph} is not the fused GPT step graph (exported before the fused "
+                               "graph existed): re-run `make export`")
+        self.kv_dtype: type[np.floating[Any]] = np.float16 if types[self._past[0]] == "tensor(float16)" else np.float32
+        """dtype of the KV cache: float16 for the fp16 graph, else float32."""
         self.io_binding = opts.io_binding
-        self.backend = (backend_for_session(list(self.session.get_providers()), True, opts.device_id)
-                        if opts.io_binding else NUMPY)
-        """Where :meth:`step` expects mask and KV arrays and returns new KV arrays."""
-        self._new_kv: dict[tuple[int, int], list[Any]] = {}
-        self._placeholder = self.backend.zeros((1,), np.float32)  # a valid address for empty buffers
+        self.backend = backend_for_session(list(self.session.get_providers()), opts.io_binding, opts.device_id)
+        """Where :class:`KvCache` buffers live (device memory with cupy on the CUDA EP when
+        ``opts.io_binding``; else host memory)."""
+        self._placeholder = self.backend.zeros((1,), self.kv_dtype)  # a valid address for an empty past
+        self._bound: tuple[KvCache, int, Any] | None = None  # (cache, rows, IOBinding) of the last decode
 
-    def empty_past(self, batch: int) -> list[Any]:
-        """Past KV of 0 positions for ``batch`` rows: 2*layers arrays (B, heads, 0, head_dim)
-        of :attr:`kv_dtype` on :attr:`backend` (numpy without IO binding)."""
-        shape = (batch, self.art.num_heads, 0, self.art.head_dim)
-        return [self.backend.zeros(shape, self.kv_dtype) for _ in range(2 * self.layers)]
+    def new_cache(self, rows: int, capacity: int) -> KvCache:
+        """An empty :class:`KvCache` of ``rows`` rows of ``capacity`` positions for this graph."""
+        return KvCache(self.backend, self.layers, rows, self.art.num_heads, capacity, self.art.head_dim,
+                       self.kv_dtype)
 
-    def run(self, embeds: np.ndarray, mask: np.ndarray,
-            past: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
-        feed = {contract.G_EMBEDS: embeds, contract.G_MASK: mask}
-        feed.update(zip(self._past, past))
-        outs = self.session.run(self._out, feed)
-        return outs[0], outs[1], outs[2:]
-
-    def step(self, embeds: np.ndarray, mask: Any, past: list[Any], *,
-             reuse_outputs: bool = False) -> tuple[np.ndarray, np.ndarray, list[Any]]:
-        """One GPT call as the engine makes it: :meth:`run_bound` with IO binding, else
-        :meth:`run` (``mask`` and ``past`` then numpy, ``reuse_outputs`` ignored)."""
-        if self.io_binding:
-            return self.run_bound(embeds, mask, past, reuse_outputs=reuse_outputs)
-        return self.run(embeds, mask, past)
-
-    def run_bound(self, embeds: np.ndarray, mask: Any, past: list[Any], *,
-                  reuse_outputs: bool = False) -> tuple[np.ndarray, np.ndarray, list[Any]]:
-        """One GPT call through IO binding.
-
-        Args:
-            embeds: (B, T, H) float32 host array (the only per-step upload: B*T*H*4 bytes).
-            mask: (B, P+T) int64, C-contiguous, on :attr:`backend`'s device.
-            past: 2*layers C-contiguous (B, heads, P, head_dim) :attr:`kv_dtype` arrays on the device,
-                bound in place (not copied); they may be the engine's whole KV buffers.
-            reuse_outputs: write the new KV into buffers preallocated for this (B, T) and
-                reused by the next call of the same shape (the decode step, whose caller copies
-                them into its cache at once); otherwise fresh buffers.
-
-        Returns:
-            logits (B, 4, 626) float32 and hidden (B, H) float32 on the host (the per-step
-            download), and the new KV: 2*layers (B, heads, T, head_dim) :attr:`kv_dtype` arrays on the
-            device.
-
-        Raises:
-            ValueError: a bound array is not C-contiguous.
-        """
+    def _bind_kv(self, io: Any, cache: KvCache, rows: int) -> None:
+        """Bind the first ``rows`` rows of ``cache`` as both past and present (one memory)."""
         be = self.backend
-        b, t, h = embeds.shape
-        io = self.session.io_binding()
-        embeds = np.ascontiguousarray(embeds, np.float32)
+        for past, present, buf in zip(self._past, self._present, cache.buffers):
+            shape = (rows, *buf.shape[1:])
+            io.bind_input(past, be.device_type, be.device_id, self.kv_dtype, shape, be.ptr(buf))
+            io.bind_output(present, be.device_type, be.device_id, self.kv_dtype, shape, be.ptr(buf))
+
+    def _run(self, io: Any, embeds: np.ndarray, seqlens_k: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        b = embeds.shape[0]
         io.bind_cpu_input(contract.G_EMBEDS, embeds)
-        io.bind_input(contract.G_MASK, be.device_type, be.device_id, np.int64, tuple(mask.shape), be.ptr(mask))
-        for name, p in zip(self._past, past):
-            ptr = be.ptr(p) if p.size else be.ptr(self._placeholder)
-            io.bind_input(name, be.device_type, be.device_id, self.kv_dtype, tuple(p.shape), ptr)
+        io.bind_cpu_input(contract.G_SEQLENS_K, seqlens_k)
+        io.bind_cpu_input(contract.G_TOTAL_SEQ, np.array([int(seqlens_k.max()) + 1], np.int32))
         logits = np.empty((b, contract.NUM_VQ, contract.NUM_AUDIO_TOKENS), np.float32)
-        hidden = np.empty((b, h), np.float32)
+        hidden = np.empty((b, self.art.hidden_size), np.float32)
         io.bind_output(contract.G_LOGITS, "cpu", 0, np.float32, logits.shape, logits.ctypes.data)
         io.bind_output(contract.G_HIDDEN, "cpu", 0, np.float32, hidden.shape, hidden.ctypes.data)
-        shape = (b, self.art.num_heads, t, self.art.head_dim)
-        new_kv = self._new_kv.get((b, t)) if reuse_outputs else None
-        if new_kv is None:
-            new_kv = [be.zeros(shape, self.kv_dtype) for _ in range(2 * self.layers)]
-            if reuse_outputs:
-                self._new_kv = {(b, t): new_kv}  # one decode shape at a time: free the others
-        for name, buf in zip(self._out[2:], new_kv):
-            io.bind_output(name, be.device_type, be.device_id, self.kv_dtype, shape, be.ptr(buf))
-        be.synchronize()  # the engine's writes to mask/KV (cupy's stream) before ORT's stream reads them
+        self.backend.synchronize()  # the engine's writes to the cache before ORT's stream reads it
         io.synchronize_inputs()
         self.session.run_with_iobinding(io)
         io.synchronize_outputs()
-        return logits, hidden, new_kv
+        return logits, hidden
+
+    def prefill(self, embeds: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray, KvCache]:
+        """Prompts through the graph from an empty cache.
+
+        Args:
+            embeds: (B, T, H) float32, row b's prompt in its first ``lengths[b]`` positions
+                (right-padded; the padding is computed and ignored).
+            lengths: (B,) int, 1 <= lengths[b] <= T.
+
+        Returns:
+            logits (B, 4, 626) and hidden (B, H) float32 at each row's last prompt position,
+            and a new :class:`KvCache` (B rows, capacity T) whose row b holds the prompt's
+            ``lengths[b]`` positions.
+        """
+        b, t, _ = embeds.shape
+        lengths = np.asarray(lengths)
+        if lengths.shape != (b,) or lengths.min() < 1 or lengths.max() > t:
+            raise ValueError(f"prefill lengths must be (B,) in [1, T]; got {lengths} for T={t}")
+        cache = self.new_cache(b, t)
+        be = self.backend
+        io = self.session.io_binding()
+        for name, buf in zip(self._past, cache.buffers):
+            io.bind_input(name, be.device_type, be.device_id, self.kv_dtype, (b, *buf.shape[1:2], 0, buf.shape[3]),
+                          be.ptr(self._placeholder))
+        for name, buf in zip(self._present, cache.buffers):
+            io.bind_output(name, be.device_type, be.device_id, self.kv_dtype, tuple(buf.shape), be.ptr(buf))
+        logits, hidden = self._run(io, np.ascontiguousarray(embeds, np.float32), (lengths - 1).astype(np.int32))
+        return logits, hidden, cache
+
+    def decode(self, embeds: np.ndarray, cache: KvCache, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """One new token for each of the first B rows of ``cache``, written in place at column
+        ``lengths[b]`` of row b.
+
+        Args:
+            embeds: (B, 1, H) float32, B <= cache.rows.
+            cache: the batch's :class:`KvCache` (its first B rows are bound, not copied).
+            lengths: (B,) int, positions each row holds before this step (< capacity); a row
+                that holds no sequence may pass 0 (its output is garbage and its column 0 is
+                overwritten).
+
+        Returns:
+            logits (B, 4, 626) and hidden (B, H) float32 of the new tokens.
+        """
+        b = embeds.shape[0]
+        lengths = np.asarray(lengths)
+        if embeds.shape[1] != 1 or b > cache.rows or lengths.shape != (b,):
+            raise ValueError(f"decode takes (B, 1, H) embeddings for B <= {cache.rows} rows and (B,) lengths")
+        if b and int(lengths.max()) >= cache.capacity:
+            raise ValueError(f"a row is full: {int(lengths.max())} positions in a cache of {cache.capacity}")
+        if self._bound is not None and self._bound[0] is cache and self._bound[1] == b:
+            io = self._bound[2]  # the KV bindings of the last step still hold: rebind only the rest
+        else:
+            io = self.session.io_binding()
+            self._bind_kv(io, cache, b)
+            self._bound = (cache, b, io)
+        return self._run(io, np.ascontiguousarray(embeds, np.float32), lengths.astype(np.int32))

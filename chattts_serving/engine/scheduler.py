@@ -1,16 +1,17 @@
-"""The GPT engine: in-flight batching of ChatTTS decode steps with a resident KV cache.
+"""The GPT engine: in-flight batching of ChatTTS decode steps over a preallocated KV cache.
 
-One :class:`Engine` owns one ONNX Runtime GPT session and runs a scheduling loop on its own
-thread. Each iteration:
+One :class:`Engine` owns one ONNX Runtime GPT session (the fused step graph,
+chattts_serving/export/fused.py) and runs a scheduling loop on its own thread. Each
+iteration:
 
-1. drops sequences whose client went away (cancelled) or whose deadline passed;
-2. admits waiting sequences (highest priority first, then arrival order) while the batch
-   has room (batch-priority ones only into ``EngineConfig.batch_rows`` rows), and prefills
-   them together in one padded GPT call, sampling their first token;
-3. places each newcomer into the row of a finished sequence (copying only its own prompt KV)
-   or, when none fits, compacts the batch in one rebuild of the KV buffers (rows
-   right-aligned, left padding masked out);
-4. runs one decode step for every running sequence in one batched GPT call, samples each
+1. ends sequences whose client went away (cancelled) or whose deadline passed, and frees
+   their rows;
+2. admits waiting sequences (:class:`~chattts_serving.engine.waiting.WaitingQueue`: highest
+   priority first, then arrival order) while rows are free (batch-priority ones only into
+   ``EngineConfig.batch_rows`` rows), prefills them together in one right-padded GPT call,
+   samples their first token and copies each one's prompt KV into a free row
+   (:class:`~chattts_serving.engine.kvbatch.KvBatch`);
+3. runs one decode step for every running sequence in one batched GPT call, samples each
    row with its own sampler, and streams tokens to each sequence's sink.
 
 Two kinds of sequence share the batch, the step graph and the KV layout (same GPT weights):
@@ -19,28 +20,26 @@ refine-text stage, ``_refine_text``: prompt embedded with ``emb_text`` only, eac
 embedded with ``emb_text``, logits from the text head on the step's hidden output, end token
 ``[Ebreak]``). Only the per-row embedding of the new token and the head/sampler differ.
 
-The KV cache lives in per-layer buffers of the engine, (rows, heads, capacity, head_dim),
-rows right-aligned and advancing together: each step the graph reads the buffers (unused
-columns masked) and returns only the new position's keys and values, which are written into
-the next column in place; the buffers grow by ``KV_GROWTH`` columns when full. The mask has
-one more column than the buffers, always 1: the new position of the next step, so that it is
-passed to the graph as it is. KV buffers and mask are arrays of the runner's
-:class:`~chattts_serving.engine.arrays.ArrayBackend`: numpy on the host, or (IO binding on the CUDA
-execution provider) cupy in device memory, where they stay: a decode step uploads only the
-embeddings (B, 1, H) and downloads logits and hidden (:meth:`GptStepRunner.step`). Nothing here
-imports Triton: the Triton model binds a :class:`TokenSink` to its response sender.
+The KV cache (:class:`~chattts_serving.engine.gpt.KvCache`) is allocated once, ``max_batch_size``
+rows of ``max_context_tokens`` positions per layer; each row's positions start at column 0
+and the graph writes each new position in place (its past and present are one memory), so a
+decode step copies no cache and nothing ever grows or is compacted: a sequence's KV is copied
+once, when it joins. Rows of different lengths share a step (GroupQueryAttention takes each
+row's length). The cache lives in host memory (numpy), or with IO binding on the CUDA
+execution provider in device memory (cupy), where it stays: a decode step uploads only the
+embeddings (B, 1, H) and row lengths and downloads logits and hidden. Nothing here imports
+Triton: the Triton model binds a :class:`TokenSink` to its response sender.
 """
 
 from __future__ import annotations
 
-import heapq
-import itertools
 import logging
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
 import numpy as np
 
@@ -49,23 +48,11 @@ from ..contract import TEXT_EOS_ID, SequenceMode, StopReason
 from ..errors import ErrorKind, RequestError
 from ..params import SamplingParams
 from .gpt import Embeddings, GptStepRunner
+from .kvbatch import KvBatch
 from .sampling import RequestSampler, sample_batch, sample_text_batch
+from .waiting import QueueFull, WaitingQueue
 
 log = logging.getLogger(__name__)
-
-KV_TRIM = 64
-"""Compact the batch when this many leading KV columns are padding for every live row. Rows
-advance together, so with newcomers taking finished rows the batch never empties and its
-width would otherwise grow without bound (found by a 30-minute soak: memory and step time
-kept rising)."""
-
-KV_GROWTH = 16
-"""Columns added to the KV buffers when full: one copy per 16 steps, and on average 8 masked
-columns of wasted attention (64 spare columns cost more in attention reads than the copies).
-"""
-
-
-
 
 DEADLINE_EXCEEDED = "deadline exceeded"
 """The error message of a sequence whose deadline passed (kind DEADLINE)."""
@@ -190,8 +177,6 @@ class Sequence:
     done: bool = False
     submitted_s: float = field(default_factory=time.monotonic)
     answered_s: float = 0.0  # time.monotonic() of the last sink call (0: none yet)
-    prefill_kv: list[np.ndarray] | None = None  # this row's prefill KV until it joins the batch
-    prefill_width: int = 0
     cancel_requested: bool = False
 
     def __post_init__(self) -> None:
@@ -205,7 +190,8 @@ class Sequence:
 
 @dataclass
 class EngineStats:
-    """Counters since start: steps, prefills, tokens, and how many rows each decode step had."""
+    """Counters since start: steps, prefills, tokens, how many rows each decode step had,
+    sequences that joined the batch and how many of them took a row an earlier one had held."""
 
     decode_steps: int = 0
     prefill_calls: int = 0
@@ -214,39 +200,37 @@ class EngineStats:
     finished: int = 0
     cancelled: int = 0
     errors: int = 0
-    rebuilds: int = 0
+    joins: int = 0
     row_reuses: int = 0
 
     def snapshot(self) -> dict[str, object]:
         return {"decode_steps": self.decode_steps, "prefill_calls": self.prefill_calls,
                 "tokens": self.tokens, "finished": self.finished, "cancelled": self.cancelled,
-                "errors": self.errors, "rebuilds": self.rebuilds, "row_reuses": self.row_reuses,
+                "errors": self.errors, "joins": self.joins, "row_reuses": self.row_reuses,
                 "batch_sizes": {str(k): v for k, v in sorted(self.batch_sizes.items())}}
 
 
 class Engine:
-    """In-flight batching engine over ``gpt_step.onnx``.
+    """In-flight batching engine over the fused ``gpt_step.onnx``.
 
-    Thread-safety: :meth:`submit`, :meth:`stats` and :meth:`live_count` may be called from
-    any thread; everything else runs on the engine thread (or, in tests, the caller's, via
-    :meth:`run_once`).
+    Thread-safety: :meth:`submit`, :meth:`cancel`, :meth:`stats` and :meth:`live_count` may
+    be called from any thread; everything else runs on the engine thread (or, in tests, the
+    caller's, via :meth:`run_once`). ``clock``: monotonic seconds for deadlines and heartbeats
+    (a sequence's ``deadline_s`` and ``answered_s`` are on it).
     """
 
     def __init__(self, runner: GptStepRunner, embeddings: Embeddings, config: EngineConfig,
-                 observer: EngineObserver | None = None) -> None:
+                 observer: EngineObserver | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         self.runner = runner
         self.observer: EngineObserver = observer or _NoObserver()
         self.emb = embeddings
         self.config = config
+        self.clock = clock
         self._cv = threading.Condition()
-        self._waiting: list[tuple[int, int, Sequence]] = []  # heap of (priority, order, seq)
+        self._queue = WaitingQueue(config.max_waiting, clock)
         self._unacknowledged: list[Sequence] = []  # submitted with acknowledge=True, not yet answered
-        self._order = itertools.count()
-        self._running: list[Sequence] = []
-        self._xp = runner.backend
-        self._kv: list[Any] = []  # per layer K, V: (rows, heads, capacity, head_dim) runner.kv_dtype
-        self._mask: Any = self._xp.zeros((0, 1), np.int64)  # (rows, capacity + 1); >= _width unused, last 1
-        self._width = 0
+        self._batch: KvBatch[Sequence] = KvBatch(runner.new_cache(config.max_batch_size, config.max_context_tokens))
+        self._used_rows: set[int] = set()  # rows some sequence has held (for the row_reuses count)
         self._stop = False
         self._thread: threading.Thread | None = None
         self.stats_data = EngineStats()
@@ -280,48 +264,46 @@ class Engine:
                              f"({seq.params.max_new_tokens}) exceeds the context of "
                              f"{self.config.max_context_tokens} tokens")
         with self._cv:
-            if not self._has_owner(seq.owner) and (queued := self._waiting_requests()) >= self.config.max_waiting:
-                raise EngineBusy(f"server busy: {queued} requests already waiting")
-            heapq.heappush(self._waiting, (seq.priority, next(self._order), seq))
+            running = bool(seq.owner) and any(s.owner == seq.owner and not s.done for s in self._batch.running())
+            try:
+                self._queue.push(seq, owner_live=running)
+            except QueueFull as exc:
+                raise EngineBusy(f"server busy: {exc}") from None
             if seq.acknowledge:
                 self._unacknowledged.append(seq)
             self._cv.notify()
-
-    def _waiting_requests(self) -> int:
-        """Requests with a sequence in the queue: distinct owners, each sequence without one a
-        request of its own. Called with the lock held."""
-        owners = {q[2].owner for q in self._waiting if q[2].owner}
-        return len(owners) + sum(1 for q in self._waiting if not q[2].owner)
-
-    def _has_owner(self, owner: str) -> bool:
-        """A live sequence (waiting or running) has this ``owner`` (never for ""). Called with
-        the lock held."""
-        return bool(owner) and any(
-            s.owner == owner and not s.done for s in [q[2] for q in self._waiting] + self._running)
 
     def cancel(self, request_id: str) -> bool:
         """Ask the engine to end the live sequence ``request_id`` at its next step (it then
         gets a last ``tokens`` call with stop reason ``cancelled``). Returns False when no
         such sequence is live."""
         with self._cv:
-            for s in [q[2] for q in self._waiting] + self._running:
-                if s.request_id == request_id and not s.done:
-                    s.cancel_requested = True
-                    self._cv.notify()
-                    return True
-        return False
+            found = self._queue.cancel(request_id)
+            if not found:
+                for s in self._batch.running():
+                    if s.request_id == request_id and not s.done:
+                        s.cancel_requested = found = True
+                        break
+            if found:
+                self._cv.notify()
+            return found
 
     def live_count(self) -> int:
         """Sequences waiting or running."""
         with self._cv:
-            return len(self._waiting) + sum(1 for s in self._running if not s.done)
+            return len(self._queue) + sum(1 for s in self._batch.running() if not s.done)
+
+    def running(self) -> list[Sequence]:
+        """The sequences holding rows now, in row order (a snapshot)."""
+        with self._cv:
+            return self._batch.running()
 
     def stats(self) -> dict[str, object]:
         with self._stats_lock:
             snap = self.stats_data.snapshot()
         with self._cv:
-            snap["waiting"] = len(self._waiting)
-            snap["running"] = sum(1 for s in self._running if not s.done)
+            snap["waiting"] = len(self._queue)
+            snap["running"] = sum(1 for s in self._batch.running() if not s.done)
         return snap
 
     def warm_up(self, batch_sizes: tuple[int, ...] = (1, 4, 16), prompt_tokens: int = 48,
@@ -329,19 +311,17 @@ class Engine:
         """Run the GPT step once per shape class before serving, so that the first requests do
         not pay ONNX Runtime's first-run allocations (about 1 s on the full model here).
         ``text_head``: also load the refine-text head now (65 MB at H=768) instead of at the
-        first text-mode sequence; RuntimeError when the artifacts lack it."""
+        first text-mode sequence; RuntimeError when the artifacts lack it. Uses the batch's
+        own cache rows while nothing runs (their contents are never read afterwards)."""
         h = self.emb.emb_text.shape[1]
-        xp = self._xp
         if text_head:
             self.emb.text_logits(np.zeros((1, h), np.float32))
-        self.runner.step(np.zeros((1, prompt_tokens, h), np.float32),
-                         xp.to_device(np.ones((1, prompt_tokens), np.int64)), self.runner.empty_past(1))
-        heads, hd = self.runner.art.num_heads, self.runner.art.head_dim
+        self.runner.prefill(np.zeros((1, prompt_tokens, h), np.float32), np.array([prompt_tokens]))
+        cache = self._batch.cache
+        past = min(past_tokens, cache.capacity - 1)
         for b in batch_sizes:
             b = min(b, self.config.max_batch_size)
-            past = [xp.zeros((b, heads, past_tokens, hd), self.runner.kv_dtype) for _ in range(2 * self.runner.layers)]
-            self.runner.step(np.zeros((b, 1, h), np.float32), xp.to_device(np.ones((b, past_tokens + 1), np.int64)),
-                             past)
+            self.runner.decode(np.zeros((b, 1, h), np.float32), cache, np.full(b, past, np.int64))
 
     def start(self) -> None:
         """Start the scheduling thread."""
@@ -356,9 +336,9 @@ class Engine:
         if self._thread is not None:
             self._thread.join(timeout_s)
         with self._cv:
-            leftovers = [s for _, _, s in self._waiting] + [s for s in self._running if not s.done]
-            self._waiting.clear()
-            self._running = []
+            leftovers = self._queue.drain() + [s for s in self._batch.running() if not s.done]
+            for r in self._batch.occupied():
+                self._batch.leave(r)
         for s in leftovers:
             self._fail(s, RequestError("server is shutting down", ErrorKind.INTERNAL))
 
@@ -366,7 +346,7 @@ class Engine:
     def _loop(self) -> None:
         while True:
             with self._cv:
-                while not self._stop and not self._waiting and not any(not s.done for s in self._running):
+                while not self._stop and not len(self._queue) and not any(not s.done for s in self._batch.running()):
                     self._cv.wait()
                 if self._stop:
                     return
@@ -375,82 +355,50 @@ class Engine:
             except Exception as exc:  # keep serving: fail what was in flight, not the engine
                 log.exception("engine iteration failed")
                 with self._cv:
-                    victims = [s for s in self._running if not s.done]
-                    self._running = []
-                    self._release_kv()
+                    victims = [s for s in self._batch.running() if not s.done]
+                    for r in self._batch.occupied():
+                        self._batch.leave(r)
                 for s in victims:
                     self._fail(s, RequestError(f"engine step failed: {type(exc).__name__}", ErrorKind.INTERNAL))
 
     def run_once(self) -> None:
-        """One scheduling iteration (admit + prefill, rebuild, one decode step)."""
-        now = time.monotonic()
-        for s in self._running:
+        """One scheduling iteration (ends, admissions + prefill, one decode step)."""
+        now = self.clock()
+        for s in self._batch.running():
             if s.done:
                 continue
             if s.cancel_requested or s.sink.cancelled():
                 self._cancelled(s)
             elif s.deadline_s is not None and now > s.deadline_s:
                 self._fail(s, RequestError(DEADLINE_EXCEEDED, ErrorKind.DEADLINE))
+        self._release_done()
         with self._cv:
             new, self._unacknowledged = self._unacknowledged, []
         for s in new:
             if not s.done:
                 self._flush(s, None)
-        self._heartbeat(now)
-        self._sweep_waiting(now)
+        self._heartbeat()
+        with self._cv:
+            gone = self._queue.sweep()
+        self._end_waiting(gone)
         newcomers = self._admit()
         if newcomers:
             self._prefill(newcomers)
-        self._place([s for s in newcomers if not s.done])
-        if any(not s.done for s in self._running):
+        if any(not s.done for s in self._batch.running()):
             self._decode()
-        if self._running and all(s.done for s in self._running):
-            self._rebuild([])  # the batch emptied: release its KV cache now
-        elif self._running and self._width - max(s.length for s in self._running if not s.done) >= KV_TRIM:
-            self._trim()
+        self._release_done()
 
-    def _place(self, newcomers: list[Sequence]) -> None:
-        """Put newcomers into the batch. A finished row stays in the batch as a dead row (its
-        mask ignored, its output discarded) until a newcomer takes its slot: then only the
-        newcomer's KV is copied into that row, O(prompt) instead of rebuilding the whole batch
-        cache, O(batch x width) (measured: the full copy cost about one decode step per join at
-        batch 16). The batch is compacted by a full rebuild only when a newcomer does not fit
-        (no dead row, or a prompt longer than the batch width), when more than half the rows
-        are dead, or when every row is dead (then the cache is released)."""
-        rows = self._running
-        dead = [i for i, s in enumerate(rows) if s.done]
-        width = self._width
-        leftover = []
-        for s in newcomers:
-            if dead and s.length <= width:
-                self._fill_row(dead.pop(), s)
-            else:
-                leftover.append(s)
-        if leftover or len(dead) * 2 > len(rows) or (rows and len(dead) == len(rows)):
-            self._rebuild(leftover)
-
-    def _release_kv(self) -> None:
-        """Drop the KV buffers (the batch is empty)."""
-        self._kv, self._mask, self._width = [], self._xp.zeros((0, 1), np.int64), 0
-
-    def _fill_row(self, r: int, s: Sequence) -> None:
-        """Copy newcomer ``s``'s prefill KV right-aligned into dead row ``r``."""
-        assert s.prefill_kv is not None
-        width, n, pw = self._width, s.length, s.prefill_width
-        self._mask[r, :-1] = 0
-        self._mask[r, width - n:width] = 1
-        for j, src in enumerate(s.prefill_kv):
-            self._kv[j][r, :, width - n:width] = src[0, :, pw - n:pw]
-        s.prefill_kv = None
+    def _release_done(self) -> None:
+        """Free the rows of ended sequences; tell the observer when the batch empties."""
+        batch = self._batch
+        ended = [r for r in batch.occupied() if batch.seqs[r].done]  # type: ignore[union-attr]
+        if not ended:
+            return
         with self._cv:
-            self._running[r] = s
-        with self._stats_lock:
-            self.stats_data.row_reuses += 1
-
-    @staticmethod
-    def _expired_or_named(seq: Sequence, now: float) -> bool:
-        """A waiting sequence that :meth:`cancel` named or whose deadline passed."""
-        return seq.cancel_requested or (seq.deadline_s is not None and now > seq.deadline_s)
+            for r in ended:
+                batch.leave(r)
+        if batch.span == 0:
+            self.observer.idle()
 
     def _end_waiting(self, gone: list[Sequence]) -> None:
         """End sequences taken out of the queue (called without the lock: their sinks send)."""
@@ -460,64 +408,29 @@ class Engine:
             else:
                 self._fail(seq, RequestError(f"{DEADLINE_EXCEEDED} while waiting for a slot", ErrorKind.DEADLINE))
 
-    def _heartbeat(self, now: float) -> None:
+    def _heartbeat(self) -> None:
         """An empty sink call to every acknowledged waiting sequence that has heard nothing for
         ``waiting_heartbeat_s`` (sent without the lock, as in :meth:`_admit`)."""
-        period = self.config.waiting_heartbeat_s
         with self._cv:
-            due = [q[2] for q in self._waiting
-                   if q[2].acknowledge and q[2].answered_s and now - q[2].answered_s >= period]
+            due = self._queue.heartbeats_due(self.config.waiting_heartbeat_s)
         for s in due:
             if not s.done:
                 self._flush(s, None)
-
-    def _sweep_waiting(self, now: float) -> None:
-        """Drop waiting sequences that :meth:`cancel` named or whose deadline passed, also
-        while the batch is full (``_admit`` only looks at the queue's head when a slot is
-        free). Their sinks are not asked here (in Triton that is a round trip per sequence
-        and step); ``_admit`` asks when a slot frees."""
-        keep: list[tuple[int, int, Sequence]] = []
-        gone: list[Sequence] = []
-        with self._cv:
-            for q in self._waiting:
-                if self._expired_or_named(q[2], now):
-                    gone.append(q[2])
-                else:
-                    keep.append(q)
-            if not gone:
-                return
-            self._waiting = keep
-            heapq.heapify(self._waiting)
-        self._end_waiting(gone)
 
     def _admit(self) -> list[Sequence]:
         """Take the next waiting sequences for the free rows, up to ``max_prefill_tokens``
         padded prompt tokens. Sinks are asked and answered only after the queue's lock is
         released: a sink may talk to Triton, which may be waiting for ``submit`` or
         ``cancel`` (both take the lock) on the model's execute thread."""
-        now = time.monotonic()
-        out: list[Sequence] = []
-        gone: list[Sequence] = []
         with self._cv:
-            room = self.config.max_batch_size - sum(1 for s in self._running if not s.done)
-            batch_room = (room if self.config.batch_rows is None else
-                          self.config.batch_rows - sum(1 for s in self._running if not s.done and s.priority > 0))
-            while self._waiting and len(out) < room:
-                seq = self._waiting[0][2]
-                if self._expired_or_named(seq, now):
-                    gone.append(heapq.heappop(self._waiting)[2])
-                    continue
-                if seq.priority > 0 and batch_room <= 0:
-                    break  # the queue is in priority order: only batch sequences are left
-                width = max([s.prompt_length for s in out] + [seq.prompt_length])
-                if out and width * (len(out) + 1) > self.config.max_prefill_tokens:
-                    break
-                out.append(heapq.heappop(self._waiting)[2])
-                if seq.priority > 0:
-                    batch_room -= 1
-        self._end_waiting(gone)
+            running = self._batch.running()
+            room = self._batch.free_rows()
+            batch_room = (None if self.config.batch_rows is None else
+                          self.config.batch_rows - sum(1 for s in running if s.priority > 0))
+            decision = self._queue.admit(room, batch_room, self.config.max_prefill_tokens)
+        self._end_waiting(decision.gone)
         admitted = []
-        for seq in out:
+        for seq in decision.admitted:
             if seq.sink.cancelled():
                 seq.cancel_requested = True
                 self._end_waiting([seq])
@@ -526,121 +439,60 @@ class Engine:
         return admitted
 
     def _prefill(self, seqs: list[Sequence]) -> None:
+        """One right-padded prefill of ``seqs``; each samples its first token and, unless that
+        ended it, takes a free row with its prompt KV."""
         width = max(s.prompt_length for s in seqs)
         h = self.emb.emb_text.shape[1]
         embeds = np.zeros((len(seqs), width, h), np.float32)
-        mask = np.zeros((len(seqs), width), np.int64)
+        lengths = np.array([s.prompt_length for s in seqs], np.int64)
         for i, s in enumerate(seqs):
-            n = s.prompt_length
-            embeds[i, width - n:] = self.emb.prompt(s.prompt_ids, s.spk_emb, s.prompt_codes)
-            mask[i, width - n:] = 1
-        logits, hidden, present = self.runner.step(embeds, self._xp.to_device(mask), self.runner.empty_past(len(seqs)))
+            embeds[i, :s.prompt_length] = self.emb.prompt(s.prompt_ids, s.spk_emb, s.prompt_codes)
+        logits, hidden, cache = self.runner.prefill(embeds, lengths)
         with self._stats_lock:
             self.stats_data.prefill_calls += 1
-        for i, s in enumerate(seqs):
+        for s in seqs:
             s.length = s.prompt_length
-            s.prefill_kv = [p[i:i + 1] for p in present]
-            s.prefill_width = width
         self._accept(seqs, self._sample(seqs, logits, hidden), hidden)
-
-    def _rebuild(self, newcomers: list[Sequence]) -> None:
-        """New KV buffers from surviving rows and newcomers; rows right-aligned to a common
-        width equal to the longest sequence, with ``KV_GROWTH`` spare columns."""
-        old_rows = {id(s): i for i, s in enumerate(self._running)}
-        old_width = self._width
-        keep = [s for s in self._running if not s.done] + newcomers
-        with self._cv:
-            self._running = keep
-        with self._stats_lock:
-            self.stats_data.rebuilds += 1
-        if not keep:
-            self._release_kv()
-            self.observer.idle()
-            return
-        width = max(s.length for s in keep)
-        cap = width + KV_GROWTH
-        n_layers2 = 2 * self.runner.layers
-        heads, hd = self.runner.art.num_heads, self.runner.art.head_dim
-        kv = [self._xp.zeros((len(keep), heads, cap, hd), self.runner.kv_dtype) for _ in range(n_layers2)]
-        mask = np.zeros((len(keep), cap + 1), np.int64)
-        mask[:, -1] = 1
-        for r, s in enumerate(keep):
-            n = s.length
-            mask[r, width - n:width] = 1
-            if id(s) in old_rows:
-                src_row, src, src_w = old_rows[id(s)], self._kv, old_width
-            else:
-                assert s.prefill_kv is not None
-                src_row, src, src_w = 0, s.prefill_kv, s.prefill_width
-            for j in range(n_layers2):
-                kv[j][r, :, width - n:width] = src[j][src_row, :, src_w - n:src_w]
-            s.prefill_kv = None
-        self._kv, self._mask, self._width = kv, self._xp.to_device(mask), width
-
-    def _trim(self) -> None:
-        """Drop the leading KV columns that are padding for every live row (one copy). Rows,
-        dead ones included, keep their places, so newcomers can still take finished rows."""
-        keep = max(s.length for s in self._running if not s.done)
-        start = self._width - keep
-        rows, heads, _, hd = self._kv[0].shape
-        trimmed = []
-        for buf in self._kv:
-            t = self._xp.zeros((rows, heads, keep + KV_GROWTH, hd), self.runner.kv_dtype)
-            t[:, :, :keep] = buf[:, :, start:self._width]
-            trimmed.append(t)
-        mask = self._xp.zeros((rows, keep + KV_GROWTH + 1), np.int64)
-        mask[:, :keep] = self._mask[:, start:self._width]
-        mask[:, -1] = 1
-        self._kv, self._mask, self._width = trimmed, mask, keep
-        with self._stats_lock:
-            self.stats_data.rebuilds += 1
-
-    def _grow(self) -> None:
-        """Add ``KV_GROWTH`` columns to the full KV buffers (one copy)."""
-        rows, heads, cap, hd = self._kv[0].shape
-        grown = []
-        for buf in self._kv:
-            g = self._xp.zeros((rows, heads, cap + KV_GROWTH, hd), self.runner.kv_dtype)
-            g[:, :, :cap] = buf
-            grown.append(g)
-        mask = self._xp.zeros((rows, cap + KV_GROWTH + 1), np.int64)
-        mask[:, :cap] = self._mask[:, :cap]
-        mask[:, -1] = 1
-        self._kv, self._mask = grown, mask
+        for i, s in enumerate(seqs):
+            if s.done:
+                continue
+            with self._cv:
+                row = self._batch.join(s, cache, i, s.length)
+            with self._stats_lock:
+                self.stats_data.joins += 1
+                self.stats_data.row_reuses += row in self._used_rows
+            self._used_rows.add(row)
 
     def _decode(self) -> None:
-        seqs = self._running
-        if self._width >= self._kv[0].shape[2]:
-            self._grow()
+        batch = self._batch
+        span = batch.span
+        seqs = batch.seqs[:span]
         embeds = self._step_embeds(seqs)[:, None, :].astype(np.float32)
-        # The mask's last column (always 1) is this step's new position: passed as it is.
-        logits, hidden, new_kv = self.runner.step(embeds, self._mask, self._kv, reuse_outputs=True)
-        w = self._width
-        for buf, new in zip(self._kv, new_kv):
-            buf[:, :, w] = new[:, :, 0]
-        self._mask[:, w] = 1
-        self._width = w + 1
-        live_rows = [i for i, s in enumerate(seqs) if not s.done]
-        for i in live_rows:
-            seqs[i].length += 1
+        logits, hidden = self.runner.decode(embeds, batch.cache, batch.step_lengths())
+        batch.advance()
+        live_rows = [i for i, s in enumerate(seqs) if s is not None and not s.done]
+        live = [seqs[i] for i in live_rows]
+        for s in live:
+            assert s is not None
+            s.length += 1
         with self._stats_lock:
             self.stats_data.decode_steps += 1
             self.stats_data.batch_sizes[len(live_rows)] += 1
-        live = [seqs[i] for i in live_rows]
-        self._accept(live, self._sample(live, logits[live_rows], hidden[live_rows]), hidden[live_rows])
+        self._accept(live, self._sample(live, logits[live_rows], hidden[live_rows]),  # type: ignore[arg-type]
+                     hidden[live_rows])
         with self._cv:
-            queued = len(self._waiting) + sum(1 for s in self._running if not s.done)
-        self.observer.step(len(live_rows), queued, int(len(seqs) * self._width))
+            queued = len(self._queue) + sum(1 for s in batch.running() if not s.done)
+        self.observer.step(len(live_rows), queued, batch.resident_tokens())
 
-    def _step_embeds(self, seqs: list[Sequence]) -> np.ndarray:
+    def _step_embeds(self, seqs: list[Sequence | None]) -> np.ndarray:
         """Embeddings (B, H) of each row's previous token: the sum of the 4 code embeddings
-        (code mode), the ``emb_text`` row of the text id (text mode), zeros' codes for dead
-        rows (their output is discarded)."""
+        (code mode), the ``emb_text`` row of the text id (text mode), zeros' codes for free
+        or ended rows (their output is discarded)."""
         codes_in = np.zeros((len(seqs), contract.NUM_VQ), np.int64)
         text_rows: list[int] = []
         text_ids: list[int] = []
         for i, s in enumerate(seqs):
-            if s.done or s.last_codes is None:
+            if s is None or s.done or s.last_codes is None:
                 continue
             if s.mode == SequenceMode.TEXT:
                 text_rows.append(i)
@@ -693,7 +545,7 @@ class Engine:
         codes = np.stack(s.pending_codes) if s.pending_codes else np.zeros((0, contract.NUM_VQ), np.int32)
         hidden = np.stack(s.pending_hidden) if s.pending_hidden else np.zeros((0, h), np.float32)
         s.pending_codes, s.pending_hidden = [], []
-        s.answered_s = time.monotonic()
+        s.answered_s = self.clock()
         try:
             s.sink.tokens(codes, hidden.astype(np.float32, copy=False), reason)
         except Exception:  # a broken sink must not stop the other sequences

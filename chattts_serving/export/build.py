@@ -2,7 +2,7 @@
 
 Artifacts (names from :mod:`chattts_serving.contract`)::
 
-    gpt_step.onnx          GPT prefill/decode step, per-layer KV cache in and out
+    gpt_step.onnx          GPT prefill/decode step, fused (export/fused.py): KV cache bound in place
     vocoder_hidden.onnx    hidden (B, T, H) -> Decoder -> Vocos -> audio (B, 512T-256)
     vocoder_codes.onnx     codes (B, T, 4) -> DVAE -> Vocos -> audio (B, 512T-256)
     dvae_encoder.onnx      log-mel (B, 100, F) -> DVAE encoder -> codes (B, F // 2, 4) int32
@@ -33,12 +33,14 @@ from typing import Any
 import numpy as np
 
 from .. import contract
+from .fused import FUSED_LAYOUT
 from .weights import WeightsError, check_asset_dir, load_chat, read_sizes
 
-EXPORTER_VERSION = 4
+EXPORTER_VERSION = 5
 """Part of the input fingerprint: bump whenever the artifacts' content or layout changes, so
 that stale artifact directories are re-exported. 3: ``head_text`` added to embed.npz.
-4: ``dvae_encoder.onnx`` and ``dvae_mel.npz`` (reference recordings, ChatTTS' ``DVAE.sample_audio``)."""
+4: ``dvae_encoder.onnx`` and ``dvae_mel.npz`` (reference recordings, ChatTTS' ``DVAE.sample_audio``).
+5: ``gpt_step.onnx`` is the fused step graph (export/fused.py)."""
 OPSET = 17
 PARITY_TOLERANCE = 1e-4
 """Maximum absolute error allowed between a torch module and its exported graph."""
@@ -195,26 +197,11 @@ def _export_into(chat: Any, weights_root: Path, tmp: Path, say: Progress) -> dic
     kv_heads = int(getattr(cfg, "num_key_value_heads", None) or heads)
     timings: dict[str, float] = {}
 
-    say(f"exporting GPT step ({layers} layers, hidden {hidden})")
+    say(f"writing the fused GPT step ({layers} layers, hidden {hidden})")
     t0 = time.perf_counter()
-    step = graphs.GptStep(llama, graphs.folded_code_heads(chat.embed)).eval()
-    b, t, p = 2, 3, 4
-    emb = torch.randn(b, t, hidden)
-    mask = torch.ones(b, p + t, dtype=torch.long)
-    past = [torch.randn(b, kv_heads, p, head_dim) for _ in range(2 * layers)]
-    in_names = [contract.G_EMBEDS, contract.G_MASK]
-    out_names = [contract.G_LOGITS, contract.G_HIDDEN]
-    dyn: dict[str, dict[int, str]] = {contract.G_EMBEDS: {0: "batch", 1: "new"},
-                                      contract.G_MASK: {0: "batch", 1: "total"},
-                                      contract.G_LOGITS: {0: "batch"}, contract.G_HIDDEN: {0: "batch"}}
-    for i in range(layers):
-        for n in contract.past_names(i):
-            in_names.append(n)
-            dyn[n] = {0: "batch", 2: "past"}
-        for n in contract.present_names(i):
-            out_names.append(n)
-            dyn[n] = {0: "batch", 2: "new"}
-    _onnx_export(step, (emb, mask, *past), tmp / contract.GPT_GRAPH, in_names, out_names, dyn)
+    from .fused import export_fused
+
+    export_fused(llama, graphs.folded_code_heads(chat.embed), tmp / contract.GPT_GRAPH)
     timings["gpt_s"] = time.perf_counter() - t0
 
     say("exporting vocoder (hidden -> Decoder -> Vocos)")
@@ -272,7 +259,7 @@ def _export_into(chat: Any, weights_root: Path, tmp: Path, say: Progress) -> dic
                    "num_vq": contract.NUM_VQ, "num_audio_tokens": contract.NUM_AUDIO_TOKENS,
                    "eos_code": contract.EOS_CODE, "text_vocab_size": contract.TEXT_VOCAB_SIZE,
                    "max_position_embeddings": int(cfg.max_position_embeddings)},
-        "graphs": {"gpt_step": _graph_io(tmp / contract.GPT_GRAPH),
+        "graphs": {"gpt_step": {**_graph_io(tmp / contract.GPT_GRAPH), "layout": FUSED_LAYOUT},
                    "vocoder_hidden": _graph_io(tmp / contract.VOCODER_HIDDEN_GRAPH),
                    "vocoder_codes": _graph_io(tmp / contract.VOCODER_CODES_GRAPH),
                    "dvae_encoder": _graph_io(tmp / contract.DVAE_ENCODER_GRAPH)},

@@ -33,7 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="where --synthetic writes its checkpoint / --download its snapshot "
                         "(default build/weights/<name>)")
     p.add_argument("--force", action="store_true", help="export even if the artifacts are up to date")
-    p.add_argument("--precision", choices=[str(x) for x in Precision], default=str(Precision.FP32),
+    p.add_argument("--precision", choices=[str(x) for x in Precision if x is not Precision.AUTO],
+                   default=str(Precision.FP32),
                    help="fp16: also write fp16 variants of the graphs (KV cache fp16, fp32 embeddings/logits/"
                         "audio), checked against ChatTTS' fp32 modules; int8: also write a dynamic-int8 GPT "
                         "step (fp32 IO and KV cache; vocoders stay fp32), checked against the fp32 graph; "

@@ -3,9 +3,8 @@
 Each wrapper calls the ``ChatTTS``/``vocos``/``transformers`` module it was given; the only
 computation written here is what ONNX cannot take as-is:
 
-- :class:`GptStep`: the LlamaModel with an explicit per-layer KV cache, position ids computed
-  from the attention mask as ChatTTS does (``cumsum(mask) - 1``, padded slots set to 1), and
-  the 4 weight-normed code heads folded to plain matrices.
+- :func:`folded_code_heads`: the 4 weight-normed code heads as plain matrices (the GPT step
+  itself is written from the LlamaModel's weights by :mod:`.fused`).
 - :class:`InverseSTFT`: ``torch.istft(center=True)`` (what Vocos' ISTFTHead calls, and which
   does not export) as one ConvTranspose1d with a windowed inverse-DFT basis, divided by the
   window envelope.
@@ -23,79 +22,6 @@ import torch
 from torch import nn
 
 from .. import contract
-
-
-class GptStep(nn.Module):
-    """One GPT forward over ``T`` new positions given a KV cache of ``P`` positions.
-
-    Serves prefill (``P = 0``, ``T`` = prompt length) and decode (``T = 1``) alike. The layers
-    are ChatTTS' own LlamaModel submodules (``input_layernorm``, ``q/k/v/o_proj``, the
-    rotary embedding, ``post_attention_layernorm``, ``mlp``, ``norm``); only attention is
-    written out, so that the graph never concatenates the cache: scores against the past and
-    against the new positions are computed separately and combined after the softmax. The
-    graph returns only the new positions' keys and values; the engine keeps the cache in its
-    own buffers and writes them in place (a concatenating graph copied the whole cache every
-    step: 30 % of a batch-16 step here). ``past`` may hold unused columns: they are masked.
-
-    Inputs:
-        inputs_embeds: (B, T, H) float32.
-        attention_mask: (B, P+T) int64, 1 for real positions, 0 for padding or unused columns.
-        past_key_i, past_value_i: (B, heads, P, head_dim) float32 for each layer i.
-    Outputs:
-        logits: (B, 4, 626) float32, code-head logits at the last position.
-        hidden: (B, H) float32, last hidden state at the last position (the Decoder's input).
-        new_key_i, new_value_i: (B, heads, T, head_dim) float32, RoPE applied (cache layout).
-    """
-
-    head_w: torch.Tensor
-
-    def __init__(self, llama: Any, head_weights: torch.Tensor) -> None:
-        super().__init__()
-        self.llama = llama
-        cfg = llama.config
-        self.num_layers = int(cfg.num_hidden_layers)
-        self.heads = int(cfg.num_attention_heads)
-        self.head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
-        self.register_buffer("head_w", head_weights.detach().clone().reshape(-1, head_weights.shape[-1]))
-        self.n_codes = int(head_weights.shape[0])
-
-    def forward(self, inputs_embeds: torch.Tensor, attention_mask: torch.Tensor,
-                *past: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
-
-        b, t, _ = inputs_embeds.shape
-        p = attention_mask.shape[1] - t
-        pos = attention_mask.cumsum(-1) - 1
-        pos = pos.masked_fill(attention_mask == 0, 1)[:, -t:]
-        cos, sin = self.llama.rotary_emb(inputs_embeds, pos)
-        neg = torch.finfo(torch.float32).min
-        keep = attention_mask.bool()
-        bias_past = torch.where(keep[:, None, None, :p], 0.0, neg)  # (B, 1, 1, P)
-        causal = torch.ones(t, t, dtype=torch.bool, device=inputs_embeds.device).tril()
-        bias_new = torch.where(causal[None, None] & keep[:, None, None, p:], 0.0, neg)  # (B, 1, T, T)
-        scale = self.head_dim ** -0.5
-        x = inputs_embeds
-        new_kv: list[torch.Tensor] = []
-        for i, layer in enumerate(self.llama.layers):
-            attn = layer.self_attn
-            h = layer.input_layernorm(x)
-            q = attn.q_proj(h).view(b, t, self.heads, self.head_dim).transpose(1, 2)
-            k = attn.k_proj(h).view(b, t, self.heads, self.head_dim).transpose(1, 2)
-            v = attn.v_proj(h).view(b, t, self.heads, self.head_dim).transpose(1, 2)
-            q, k = apply_rotary_pos_emb(q, k, cos, sin)
-            pk, pv = past[2 * i], past[2 * i + 1]
-            s_past = torch.matmul(q, pk.transpose(2, 3)) * scale + bias_past
-            s_new = torch.matmul(q, k.transpose(2, 3)) * scale + bias_new
-            probs = torch.softmax(torch.cat([s_past, s_new], dim=-1), dim=-1)
-            o = torch.matmul(probs[..., :p], pv) + torch.matmul(probs[..., p:], v)
-            o = o.transpose(1, 2).reshape(b, t, self.heads * self.head_dim)
-            x = x + attn.o_proj(o)
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
-            new_kv += [k, v]
-        x = self.llama.norm(x)
-        hidden = x[:, -1]
-        logits = torch.matmul(hidden, self.head_w.t()).view(b, self.n_codes, -1)
-        return (logits, hidden, *new_kv)
 
 
 def folded_code_heads(embed: Any) -> torch.Tensor:

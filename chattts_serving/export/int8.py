@@ -1,33 +1,26 @@
-"""int8 variant of the GPT step graph (``chattts-export --precision int8``), for the ``cpu-int8`` profile.
+"""int8 variant of the fused GPT step graph (``chattts-export --precision int8``), for the ``cpu-int8``
+profile and, when it meets :data:`ACCURACY_THRESHOLD`, the ``cpu`` profile's default.
 
-The fp32 ``gpt_step.onnx`` is quantized by ONNX Runtime's own tool,
-``onnxruntime.quantization.quantize_dynamic`` (:data:`INT8_QUANTIZATION`): every MatMul whose
-second input is a weight (q/k/v/o projections, the MLP, the folded code heads: 141 of the
-full model's 221 MatMuls) becomes ``MatMulInteger`` with
+The fp32 ``gpt_step.onnx`` (the fused graph, :mod:`.fused`) is quantized by ONNX Runtime's
+own weight-only quantizer, ``onnxruntime.quantization.matmul_nbits_quantizer``
+(:data:`INT8_QUANTIZATION`): every MatMul with a weight (the packed QKV, ``o_proj``, the packed
+gate/up and ``down_proj``: 4 per layer) becomes ``MatMulNBits`` with
 
-- int8 weights in 7 bits (-64..63: ``reduce_range``, see :data:`INT8_QUANTIZATION`),
-  symmetric, one scale per output channel (column), fixed at export;
-- uint8 activations, asymmetric, one scale and zero point per tensor, computed at run time
-  by ``DynamicQuantizeLinear`` from the whole input of that call.
+- 8-bit weights, symmetric, one fp32 scale per block of :data:`INT8_BLOCK_SIZE` input rows of
+  each output column, fixed at export;
+- ``accuracy_level`` 4: the kernel quantizes each activation block to int8 at run time and
+  multiplies in int8 (VNNI where the CPU has it), per row: a row's result does not depend on
+  the other rows of the batch.
 
-Attention's activation-by-activation MatMuls (Q.K^T, weights.V), norms, RoPE and softmax stay
-fp32, and so do the graph's inputs and outputs and the KV cache (``past_*``/``new_*``): the
-engine's IO does not change. The file is about 4x smaller (full model: 763 MB -> 192 MB).
+The folded code heads (:data:`INT8_KEEP_FP32`), attention (GroupQueryAttention), norms, the KV
+cache and the graph's inputs and outputs stay fp32: the engine's IO does not change. A decode
+step streams about a quarter of the fp32 graph's weight bytes, which is what a decode step at
+small batch is bound by (docs/decode-speed.md).
 
-What int8 changes (measured by :func:`accuracy_report`, written to manifest.json and the
-README): the logits and hidden states differ from fp32's, so a sampled token stream differs
-from the one the fp32 graph (and ChatTTS) would produce from the same seed, and the hidden
-vocoder path renders slightly different audio for the same tokens. int8 tokens are not
-ChatTTS' tokens. Two properties follow from the per-call activation scale:
-
-- **batch dependence**: a row's activations share their scale with the other rows of the
-  same call, so a sequence's output depends (within the quantization step) on what it is
-  batched with; greedy decoding is reproducible for the same batch composition only;
-- the prefill's scale covers the whole padded prompt batch in the same way.
-
-Only the GPT step has an int8 variant. The vocoders were measured too (scripts/bench_int8.py;
-README "int8 on CPU") and stay fp32. The 4-bit weight-only alternative (``MatMulNBits``) is
-timed by the same script and not exported (see the README for why).
+What int8 changes (measured by :func:`accuracy_report`, written to manifest.json): the logits
+and hidden states differ from fp32's, so a sampled token stream differs from the one the fp32
+graph (and ChatTTS) would produce from the same seed, and the hidden vocoder path renders
+slightly different audio for the same tokens. int8 tokens are not ChatTTS' tokens.
 
 Parity at export (:func:`int8_parity`, :func:`check_int8_parity`) compares the int8 graph
 with the fp32 graph it came from (itself within 1e-4 of ChatTTS' torch modules), teacher-forced
@@ -35,6 +28,7 @@ on the same tokens, against relative tolerances that grow with depth (:func:`int
 Accuracy for users (:func:`accuracy_report`, ``python -m chattts_serving.bench.int8
 --measure``) is measured the same way over the benchmark's real sentences and at least
 :data:`MIN_ACCURACY_DECODE_STEPS` decode steps, and judged by :data:`ACCURACY_THRESHOLD`.
+Block sizes are compared by ``scripts/bench_int8.py ARTIFACTS --blocks 32,64,128``.
 """
 
 from __future__ import annotations
@@ -59,54 +53,49 @@ from .weights import WeightsError
 
 INT8_GRAPH_FILES = contract.INT8_GRAPH_FILES
 
+INT8_BLOCK_SIZE = 32
+"""Input rows per weight scale. Measured (full size, generated weights, 1000 teacher-forced
+steps; docs/decode-speed.md): worst head's top-1 agreement 0.950 at block 32 against 0.947 at
+128, which misses the threshold; block 32 streams 9 % more bytes (a scale per 32 weights)."""
+
+INT8_KEEP_FP32: tuple[str, ...] = ("heads.weight",)
+"""Weights whose MatMul stays fp32: the 4 code heads (H x 2504: 7.7 MB of fp32 against about
+200 MB streamed per step), whose rounding moves the logits directly; measured with them in
+fp32 the worst head agrees on 0.957 of steps (0.950 with them quantized)."""
+
 INT8_QUANTIZATION: dict[str, Any] = {
-    "tool": "onnxruntime.quantization.quantize_dynamic", "weight_type": "QInt8", "per_channel": True,
-    "reduce_range": True, "op_types_to_quantize": ["MatMul", "Gemm"], "extra_options": {"MatMulConstBOnly": True},
+    "tool": "onnxruntime.quantization.matmul_nbits_quantizer.MatMulNBitsQuantizer", "op": "MatMulNBits",
+    "bits": 8, "block_size": INT8_BLOCK_SIZE, "is_symmetric": True, "accuracy_level": 4,
+    "keep_fp32": list(INT8_KEEP_FP32),
 }
 """How the int8 graph is made; recorded in manifest.json (``precisions.int8.quantization``) and
-part of the up-to-date check.
-
-``reduce_range``: weights in 7 bits (-64..63). ONNX Runtime's u8 x s8 kernel on CPUs without
-VNNI (AVX2: ``vpmaddubsw`` adds pairs of products into saturating int16) overflows with
-full-range weights: measured here (AVX2, no VNNI) on the code heads' MatMul alone, 13 % RMS
-error relative to the logits' spread instead of 1 %; through the small config's whole graph,
-top-1 agreement with fp32 on the parity prompts was 67-83 % per head instead of 96-98 %. 7 bits cannot
-overflow and cost 1.8 % instead of 0.9 % weight rounding; the artifacts then give the same
-figures on any x86 CPU. ``MatMulConstBOnly``: only MatMuls with a constant (weight) second
-input are quantized (ONNX Runtime 1.32 skips the others anyway; explicit, so that an
-attention MatMul over the KV cache, whose masked spare columns would then enter the
-per-tensor scale, is never quantized by another version)."""
+part of the up-to-date check (a graph made another way is re-made)."""
 
 INT8_HIDDEN_RELATIVE_TOLERANCE_PER_LAYER = 0.015
 """Per transformer layer: the largest relative error of the last hidden state allowed at export
 is this times the number of layers (:func:`int8_tolerances`), ||h_int8 - h_fp32|| / ||h_fp32||
 per position, maximum over the parity run (:func:`int8_parity`).
 
-Why: each layer adds the outputs of its 7 quantized MatMuls (q/k/v/o, gate/up/down) into the
-residual stream. One quantized MatMul's output moves by about 2 % of its RMS: the weights
-are int8 per output channel with ``reduce_range`` (7 bits, see :data:`INT8_QUANTIZATION`), so
-a Gaussian column (max about 4 sigma) rounds with an RMS error of 4 / (63 sqrt(12)) = 1.8 %;
-the activations are uint8 per tensor over a range of about 6 RMS after RMSNorm, an RMS error
-of 6 / (255 sqrt(12)) = 0.7 % (more with outlier channels). How much of that reaches the
-residual stream depends on how large each sublayer's output is next to it, so the error grows
-about linearly with depth; measured on generated weights (CPU EP, AVX2): max 0.0071 for the
-small config's 2 layers (0.0036 per layer) and 0.077 for the full model's 20 (0.0038 per
-layer). The bound allows 4x that per layer: 0.03 small, 0.30 full. The margin is for real
-weights, whose activation outliers (which generated weights lack) widen the per-tensor
-activation range; what int8 rounding cannot explain still fails it: a lost scale, a quantized
-KV cache or attention operand, a saturating kernel (the small config's logits moved by 0.26 of
-their maximum without ``reduce_range`` on AVX2, against a bound of 0.05). It says nothing about tokens:
-that is what :func:`accuracy_report` measures.
+Why: each layer adds the outputs of its 4 quantized MatMuls (packed QKV, o, packed gate/up,
+down) into the residual stream. With 8-bit weights and a scale per block of 128 input rows a
+Gaussian block (max about 3 sigma) rounds with an RMS error of 3 / (127 sqrt(12)) = 0.7 % of
+the weights' RMS, and ``accuracy_level`` 4 rounds the activations per block to int8 in the
+same way (more where outlier channels widen a block's range). How much reaches the residual
+stream depends on how large each sublayer's output is next to it, so the error grows about
+linearly with depth. The bound (0.03 for the small config's 2 layers, 0.30 for the full 20)
+is 4x what the earlier per-channel dynamic int8 measured on generated weights (0.0036-0.0038
+per layer); the block-wise 8-bit graph measures below that (manifest.json ``parity_int8``).
+What int8 rounding cannot explain still fails it: a lost scale, a quantized KV cache or
+attention operand, a saturating kernel. It says nothing about tokens: that is what
+:func:`accuracy_report` measures.
 """
 
 INT8_LOGITS_RELATIVE_TOLERANCE_BASE = 0.03
 INT8_LOGITS_RELATIVE_TOLERANCE_PER_LAYER = 0.01
 """The largest logit error allowed at export, relative to the fp32 logits' largest magnitude
 (max |l_int8 - l_fp32| / max |l_fp32|), is BASE + PER_LAYER x layers (:func:`int8_tolerances`):
-the code heads' own quantized MatMul (about 1 % of the logits' scale: 1.8 % weight rounding
-and 0.7 % activation rounding relative to their RMS, less relative to their maximum) plus the
-hidden state's error carried through them. Measured on generated weights: 0.0115 for the
-small config, 0.055 for the full model; the bound is about 4x that: 0.05 small, 0.23 full."""
+the code heads' own quantized MatMul plus the hidden state's error carried through them
+(0.05 small, 0.23 full: about 4x what per-channel dynamic int8 measured on generated weights)."""
 
 
 def int8_tolerances(num_layers: int) -> dict[str, float]:
@@ -148,33 +137,26 @@ def _quiet_quantizer() -> Iterator[None]:
         root.setLevel(level)
 
 
-def quantize_graph(src: Path, dst: Path) -> None:
-    """Write the dynamic-int8 variant of ONNX graph ``src`` to ``dst`` (:data:`INT8_QUANTIZATION`).
+def quantize_graph(src: Path, dst: Path, bits: int = 8, block_size: int = INT8_BLOCK_SIZE,
+                   accuracy_level: int = 4, keep_fp32: tuple[str, ...] = INT8_KEEP_FP32) -> None:
+    """Write the weight-only ``bits``-bit variant of ONNX graph ``src`` to ``dst``: ONNX
+    Runtime's ``MatMulNBitsQuantizer`` (symmetric, one scale per ``block_size`` input rows;
+    ``accuracy_level`` 4 = int8 activations inside the kernel, 0 = weights dequantized to
+    fp32). ``keep_fp32``: weight initializers whose MatMuls stay fp32 (e.g. ``heads.weight``,
+    the code heads). The defaults are :data:`INT8_QUANTIZATION`'s.
 
     Raises:
         ImportError: this onnxruntime build lacks ``onnxruntime.quantization``.
     """
-    from onnxruntime.quantization import QuantType, quantize_dynamic
-
-    q = INT8_QUANTIZATION
-    with _quiet_quantizer():
-        quantize_dynamic(Path(src), Path(dst), weight_type=QuantType.QInt8, per_channel=q["per_channel"],
-                         reduce_range=q["reduce_range"], op_types_to_quantize=list(q["op_types_to_quantize"]),
-                         extra_options=dict(q["extra_options"]))
-
-
-def quantize_graph_4bit(src: Path, dst: Path, block_size: int = 32, accuracy_level: int = 4) -> None:
-    """Write a 4-bit weight-only variant of ``src`` to ``dst``: ONNX Runtime's
-    ``MatMulNBitsQuantizer`` (symmetric int4 weights in blocks of ``block_size`` input rows,
-    one fp32 scale per block; ``accuracy_level`` 4 = int8 activations inside the kernel, 0 =
-    weights dequantized to fp32). Not exported: used by scripts/bench_int8.py to compare."""
     import onnx
     from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
+    model = onnx.load(str(src))
+    exclude = [n.name for n in model.graph.node if n.op_type == "MatMul" and n.input[1] in set(keep_fp32)]
     with _quiet_quantizer():
         logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer").setLevel(logging.ERROR)
-        q = MatMulNBitsQuantizer(onnx.load(str(src)), bits=4, block_size=block_size, is_symmetric=True,
-                                 accuracy_level=accuracy_level)
+        q = MatMulNBitsQuantizer(model, bits=bits, block_size=block_size, is_symmetric=True,
+                                 accuracy_level=accuracy_level, nodes_to_exclude=exclude)
         q.process()
         q.model.save_model_to_file(str(dst), use_external_data_format=False)
 
@@ -218,14 +200,19 @@ def teacher_forced(reference: GptStepRunner, candidate: GptStepRunner, embeds: n
     emb = Embeddings(reference.art)
     sampler = RequestSampler(SamplingParams(seed=seed, max_new_tokens=steps, min_new_tokens=steps))
     x = np.ascontiguousarray(embeds[None], np.float32)
-    mask = np.ones((1, x.shape[1]), np.int64)
-    past_r, past_c = reference.empty_past(1), candidate.empty_past(1)
+    n = x.shape[1]
+    caches = [r.new_cache(1, n + steps) for r in (reference, candidate)]
     codes, rl, cl, rh, ch = [], [], [], [], []
-    for _ in range(steps):
-        lr, hr, new_r = reference.run(x, mask, past_r)
-        lc, hc, new_c = candidate.run(x, mask, past_c)
-        past_r = [np.concatenate([p, n], 2) for p, n in zip(past_r, new_r)]
-        past_c = [np.concatenate([p, n], 2) for p, n in zip(past_c, new_c)]
+    for step in range(steps):
+        outs = []
+        for runner, cache in zip((reference, candidate), caches):
+            if step == 0:
+                lg, hd, prompt_kv = runner.prefill(x, np.array([n]))
+                cache.copy_row(0, prompt_kv, 0, n)
+            else:
+                lg, hd = runner.decode(x, cache, np.array([n + step - 1]))
+            outs.append((lg, hd))
+        (lr, hr), (lc, hc) = outs
         c = sample_batch(lr, [sampler])[0]
         sampler.record(c)
         codes.append(c)
@@ -234,7 +221,6 @@ def teacher_forced(reference: GptStepRunner, candidate: GptStepRunner, embeds: n
         rh.append(hr[0])
         ch.append(hc[0])
         x = emb.codes(c[None])[:, None, :].astype(np.float32)
-        mask = np.ones((1, mask.shape[1] + 1), np.int64)
     return TeacherForced(np.stack(codes), np.stack(rl), np.stack(cl), np.stack(rh), np.stack(ch))
 
 
@@ -412,7 +398,7 @@ def add_int8(root: Path, *, force: bool = False, progress: Any = None) -> bool:
         return False
     manifest = json.loads((root / contract.MANIFEST).read_text())
     sources = {src: manifest["files"][src] for src in INT8_GRAPH_FILES}
-    say("quantizing the GPT step to int8 (onnxruntime quantize_dynamic)")
+    say("quantizing the GPT step to 8-bit MatMulNBits (onnxruntime matmul_nbits_quantizer)")
     t0 = time.perf_counter()
     for src, dst in INT8_GRAPH_FILES.items():
         quantize_graph(root / src, root / dst)

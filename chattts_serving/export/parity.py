@@ -30,6 +30,15 @@ def _artifacts_for(chat: Any, root: Path) -> Artifacts:
         "precisions": {"fp16": dict(FP16_GRAPH_FILES)}})
 
 
+def right_padded(embeds: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """Left-padded rows (ChatTTS' tokenizer pads on the left; ``mask`` (B, T) 1 for real
+    positions) moved to the right-padded layout the fused graph's prefill takes."""
+    out = np.zeros_like(embeds)
+    for r, m in enumerate(mask.astype(bool)):
+        out[r, :int(m.sum())] = embeds[r, m]
+    return out
+
+
 def chattts_prompt(chat: Any, texts: list[str], spk: str | None) -> tuple[Any, Any, Any]:
     """ChatTTS' prompt for ``texts``: (input_ids (B, T, 4), attention_mask (B, T), emb (B, T, H)),
     built by its tokenizer, ``Speaker.decorate_code_prompts``, ``Embed`` and ``Speaker.apply``."""
@@ -50,9 +59,11 @@ def parity_report(chat: Any, root: Path, opts: OrtOptions | None = None,
     the CUDA EP). When ``scales`` is given it receives, per stage, the largest absolute value
     of the reference (for relative errors: error / scale).
 
-    Stages: ``gpt_prefill_logits``, ``gpt_prefill_hidden`` (batch of 2, left-padded, with a
-    speaker), ``gpt_decode_logits``, ``gpt_decode_hidden`` (one step after it),
-    ``gpt_decode_spare_columns_logits`` (that step over a cache with masked unused columns),
+    Stages: ``gpt_prefill_logits``, ``gpt_prefill_hidden`` (batch of 2 prompts of different
+    lengths, with a speaker: ChatTTS left-pads them, the fused graph takes them right-padded),
+    ``gpt_decode_logits``, ``gpt_decode_hidden`` (one step after it, rows of different
+    lengths), ``gpt_decode_spare_columns_logits`` (that step in a wider cache of garbage
+    columns, between two rows that hold nothing),
     ``embed_prompt`` (numpy lookups vs ``Embed`` + ``Speaker.apply``), ``vocoder_hidden``
     and ``vocoder_codes`` (batch of 2, 40 tokens), and the refine-text mode (see
     :func:`text_mode_parity`): ``text_head_logits``, ``gpt_text_prefill_logits``,
@@ -90,7 +101,8 @@ def parity_report(chat: Any, root: Path, opts: OrtOptions | None = None,
     report["embed_prompt"] = float(np.abs(embeds[real] - emb.numpy()[real]).max())
     scale["embed_prompt"] = float(np.abs(emb.numpy()[real]).max())
     runner = GptStepRunner(art, opts)
-    logits, hidden, present = runner.run(embeds, mask, runner.empty_past(len(ids)))
+    lengths = mask.sum(1)
+    logits, hidden, cache = runner.prefill(right_padded(embeds, mask), lengths)
     report["gpt_prefill_logits"] = float(np.abs(logits - logits_ref.numpy()).max())
     report["gpt_prefill_hidden"] = float(np.abs(hidden - h_ref.numpy()).max())
     scale["gpt_prefill_logits"] = float(np.abs(logits_ref.numpy()).max())
@@ -106,22 +118,28 @@ def parity_report(chat: Any, root: Path, opts: OrtOptions | None = None,
                      past_key_values=out.past_key_values, use_cache=True)
         h2_ref = out2.last_hidden_state[:, -1]
         logits2_ref = heads(h2_ref)
-    step_np = emb_np.codes(codes.numpy().astype(np.int64))[:, None, :]
-    mask2 = np.concatenate([mask, np.ones((len(ids), 1), np.int64)], 1)
-    logits2, hidden2, _ = runner.run(step_np.astype(np.float32), mask2, present)
+    step_np = emb_np.codes(codes.numpy().astype(np.int64))[:, None, :].astype(np.float32)
+    batch = runner.new_cache(len(ids), int(lengths.max()) + 1)
+    for r in range(len(ids)):
+        batch.copy_row(r, cache, r, int(lengths[r]))
+    logits2, hidden2 = runner.decode(step_np, batch, lengths)
     report["gpt_decode_logits"] = float(np.abs(logits2 - logits2_ref.numpy()).max())
     report["gpt_decode_hidden"] = float(np.abs(hidden2 - h2_ref.numpy()).max())
     scale["gpt_decode_logits"] = scale["gpt_decode_spare_columns_logits"] = float(np.abs(logits2_ref.numpy()).max())
     scale["gpt_decode_hidden"] = float(np.abs(h2_ref.numpy()).max())
-    # The same step over a cache with unused (masked) columns of garbage after the real ones,
-    # as the engine's preallocated buffers have.
+    # The same step in a wider cache whose columns after each row's positions hold garbage,
+    # as the engine's preallocated rows do, in rows 1 and 2 of 4 (rows 0 and 3 hold no
+    # sequence: length 0).
     spare = 5
     rng = np.random.default_rng(3)
-    padded = [np.concatenate([p_, rng.normal(size=(*p_.shape[:2], spare, p_.shape[3])).astype(p_.dtype)], axis=2)
-              for p_ in present]
-    mask3 = np.concatenate([mask, np.zeros((len(ids), spare), np.int64), np.ones((len(ids), 1), np.int64)], 1)
-    logits3, _, _ = runner.run(step_np.astype(np.float32), mask3, padded)
-    report["gpt_decode_spare_columns_logits"] = float(np.abs(logits3 - logits2_ref.numpy()).max())
+    wide = runner.new_cache(len(ids) + 2, int(lengths.max()) + 1 + spare)
+    for buf in wide.buffers:
+        buf[...] = rng.normal(size=buf.shape).astype(buf.dtype)
+    for r in range(len(ids)):
+        wide.copy_row(r + 1, cache, r, int(lengths[r]))
+    step_wide = np.concatenate([np.zeros_like(step_np[:1]), step_np, np.zeros_like(step_np[:1])])
+    logits3, _ = runner.decode(step_wide, wide, np.concatenate([[0], lengths, [0]]))
+    report["gpt_decode_spare_columns_logits"] = float(np.abs(logits3[1:-1] - logits2_ref.numpy()).max())
 
     report.update(text_mode_parity(chat, art, h_ref.numpy(), opts, scale))
 
@@ -190,11 +208,14 @@ def text_mode_parity(chat: Any, art: Artifacts, hidden: np.ndarray, opts: OrtOpt
     mask = attn.numpy().astype(np.int64)
     embeds = np.stack([emb_np.prompt(row, None) for row in ids]).astype(np.float32)
     runner = GptStepRunner(art, opts)
-    _, hid, present = runner.run(embeds, mask, runner.empty_past(len(ids)))
+    lengths = mask.sum(1)
+    _, hid, cache = runner.prefill(right_padded(embeds, mask), lengths)
     report["gpt_text_prefill_logits"] = float(np.abs(emb_np.text_logits(hid) - logits_ref.numpy()).max())
     step = emb_np.text(nxt.numpy().astype(np.int64))[:, None, :].astype(np.float32)
-    mask2 = np.concatenate([mask, np.ones((len(ids), 1), np.int64)], 1)
-    _, hid2, _ = runner.run(step, mask2, present)
+    batch = runner.new_cache(len(ids), int(lengths.max()) + 1)
+    for r in range(len(ids)):
+        batch.copy_row(r, cache, r, int(lengths[r]))
+    _, hid2 = runner.decode(step, batch, lengths)
     report["gpt_text_decode_logits"] = float(np.abs(emb_np.text_logits(hid2) - logits2_ref.numpy()).max())
     scale["gpt_text_prefill_logits"] = float(np.abs(logits_ref.numpy()).max())
     scale["gpt_text_decode_logits"] = float(np.abs(logits2_ref.numpy()).max())

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from ..contract import Precision
 
-VARIANT_PRECISIONS = tuple(str(p) for p in Precision if p is not Precision.FP32)
+VARIANT_PRECISIONS = tuple(str(p) for p in Precision if p not in (Precision.FP32, Precision.AUTO))
 """Precisions written next to the fp32 graphs on request (fp32 is always exported)."""
 
 
@@ -21,7 +21,8 @@ def ensure_precision(out: Path, weights_root: Path, precision: str, *, force: bo
     """Add the ``precision`` variant to the complete fp32 artifact directory ``out`` unless it
     is up to date (or ``force``). fp16 checks its parity against ChatTTS' torch modules, so it
     loads the checkpoint in ``weights_root``; int8 is checked against the fp32 graph and needs
-    no weights. ``fp32`` is a no-op.
+    no weights. ``fp32`` is a no-op, and so is ``auto`` (it runs int8 only where an int8 graph was
+    exported and measured accurate enough: ``make int8-accuracy``).
 
     Returns True when a variant was written.
 
@@ -31,7 +32,7 @@ def ensure_precision(out: Path, weights_root: Path, precision: str, *, force: bo
             artifacts are incomplete.
     """
     say = progress or (lambda _msg: None)
-    if precision == Precision.FP32:
+    if precision in (Precision.FP32, Precision.AUTO):
         return False
     if precision == Precision.FP16:
         from .fp16 import add_fp16, fp16_up_to_date

@@ -179,10 +179,11 @@ class Admission:
             raise
         schedule = self.schedule
         if degraded:  # how the audio is made changes; how much of the text is spoken never does
+            # cost first: chunk_scale x larger doubling chunks, none cut smaller to stay gapless
             scale = self.profile.degrade.chunk_scale
             req = replace(req, vocoder=VocoderPath.CODES, refine=None)
             schedule = replace(schedule, first_chunk_tokens=schedule.first_chunk_tokens * scale,
-                               max_chunk_tokens=schedule.max_chunk_tokens * scale)
+                               max_chunk_tokens=schedule.max_chunk_tokens * scale, rate_planned=False)
         return SynthesisJob(req=req, schedule=schedule, emit_tokens=emit_tokens, arrival_s=arrival_s,
                             segments=self.segments, degraded=degraded)
 

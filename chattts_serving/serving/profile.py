@@ -37,11 +37,13 @@ class _Strict(BaseModel):
 
 
 class EngineProfile(_Strict):
-    """The GPT engine's knobs. ``io_binding``: run the GPT step through ONNX Runtime's IO
-    binding with the KV cache resident where the execution provider computes (device memory
-    with cupy on CUDA; see :class:`~chattts_serving.runtime.GptStepRunner`). ``precision``:
+    """The GPT engine's knobs. ``io_binding``: keep the KV cache where a GPU execution provider
+    computes (device memory with cupy on CUDA; every step binds the cache in place either way,
+    see :class:`~chattts_serving.engine.gpt.GptStepRunner`). ``precision``:
     ``fp32``, or the ``fp16`` or ``int8`` GPT graph (``chattts-export --precision fp16|int8``;
-    int8: ``chattts_serving/export/int8.py``, its accuracy in manifest.json and the README)."""
+    int8: ``chattts_serving/export/int8.py``, its accuracy in manifest.json), or ``auto``: int8
+    where its measured accuracy meets the threshold, else fp32
+    (:func:`~chattts_serving.runtime.resolve_precision`)."""
 
     max_batch_size: int = Field(ge=1, le=256)
     max_waiting: int = Field(ge=1)
@@ -84,8 +86,8 @@ class VocoderProfile(_Strict):
     @field_validator("precision")
     @classmethod
     def _no_int8(cls, value: Precision) -> Precision:
-        """Refuse ``int8``: there is no int8 vocoder graph (raises ValueError)."""
-        if value is Precision.INT8:
+        """Refuse ``int8`` and ``auto``: there is no int8 vocoder graph (raises ValueError)."""
+        if value in (Precision.INT8, Precision.AUTO):
             raise ValueError("the vocoders have no int8 graph: fp32 or fp16")
         return value
 
@@ -110,6 +112,13 @@ class FrontendProfile(_Strict):
 
 
 class StreamProfile(_Strict):
+    """The streaming chunk schedule (:class:`~chattts_serving.audio.chunking.ChunkSchedule`).
+    ``rate_planned_chunks``: chunks after the first are sized from the stream's measured token
+    rate so that each is ready before the audio sent has played out (``growth`` until a rate
+    is known, and for streams slower than real time); ``chunk_margin_s``: the audio a planned
+    chunk keeps in hand; ``min_planned_chunk_tokens``: the smallest planned chunk (vocoder cost
+    against gaps at rates barely above real time)."""
+
     first_chunk_tokens: int = Field(ge=1)
     growth: float = Field(ge=1.0)
     max_chunk_tokens: int = Field(ge=1)
@@ -119,11 +128,15 @@ class StreamProfile(_Strict):
     emit_tokens: int = Field(ge=1)
     default_vocoder: VocoderPath
     first_lookahead_tokens: int = Field(ge=0)
+    rate_planned_chunks: bool = False
+    chunk_margin_s: float = Field(default=0.05, ge=0, le=5)
+    min_planned_chunk_tokens: int = Field(default=2, ge=1)
 
     def schedule(self) -> ChunkSchedule:
         return ChunkSchedule(self.first_chunk_tokens, self.growth, self.max_chunk_tokens,
                              self.left_context_tokens, self.lookahead_tokens, self.crossfade_samples,
-                             self.first_lookahead_tokens).validate()
+                             self.first_lookahead_tokens, self.rate_planned_chunks, self.chunk_margin_s,
+                             self.min_planned_chunk_tokens).validate()
 
 
 class EntryProfile(_Strict):

@@ -47,7 +47,7 @@ from ..audio.vocoder import VocoderRunner
 from ..engine.gpt import Embeddings, GptStepRunner
 from ..engine.scheduler import Engine, Sequence
 from ..errors import ErrorKind, RequestError, drop_tracebacks, from_message
-from ..runtime import OrtOptions
+from ..runtime import OrtOptions, resolve_precision
 from ..serving.admission import RefusalsFirst, busy_error, rejection_reason
 from ..serving.ensemble import prepare_request
 from ..serving.entry import EntryService, unloading_error
@@ -314,7 +314,9 @@ class EngineModel(DecoupledModel):
         ep = setup.profile.engine
         self.hidden_size = setup.artifacts.hidden_size
         runner = GptStepRunner(setup.artifacts, setup.ort("engine"))
-        log.info("%s: GPT step graph %s (precision %s)", setup.name, runner.graph.name, runner.opts.precision)
+        chosen = resolve_precision(setup.artifacts, runner.opts.precision)
+        precision = str(chosen) if chosen is runner.opts.precision else f"{runner.opts.precision}: {chosen}"
+        log.info("%s: GPT step graph %s (precision %s)", setup.name, runner.graph.name, precision)
         self.metrics = EngineMetrics(self.pb, setup.name, ep.max_batch_size * ep.max_context_tokens,
                                      MemoryGauges(self.pb, setup.name, setup.gpu_index))
         self.engine = Engine(runner, Embeddings(setup.artifacts), ep.engine_config(), self.metrics)
