@@ -26,7 +26,9 @@ the relay and the vocoder (:meth:`VocoderModel.execute` with a ``plan``).
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import faulthandler
+import itertools
 import json
 import logging
 import os
@@ -85,6 +87,13 @@ the engine's last response (one decode step, milliseconds); the bound keeps an u
 hanging on a stage that does not answer, and stays inside tritonserver's
 ``--exit-timeout-secs`` (10 s in ``chattts-serve``, 30 s by default)."""
 
+PING_ID_PREFIX = "chattts-ping-"
+"""Request id of a model's ping to itself (a counter follows)."""
+
+UNANSWERED_PINGS: list[Any] = []
+"""Response iterators of pings that were never answered (the server stopped first): kept, never
+freed, because their last response may still arrive (see :meth:`TritonModel._ping`)."""
+
 WARM_UP_TEXT = "你好，世界。Hello 123, 2024-03-05."
 """The front end's first text: number readers, the normaliser, the tokenizer, the voice cache and
 (with ``frontend.wetext``) WeTextProcessing warmed before serving."""
@@ -114,22 +123,37 @@ class TritonModel:
         faulthandler.enable(all_threads=True)
         self.setup = ModelSetup.from_args(self.pb, args, decoupled=self.decoupled)
         self.name = self.setup.name
+        self._pings: dict[str, Any] = {}  # this model's own pings in flight: id -> BLS response iterator
+        self._answered: set[str] = set()  # own pings answered before their exec returned
+        self._pings_lock = threading.Lock()
+        self._ping_ids = itertools.count()
         self.finals = FinalWindow(self._ping) if self.ping_specs is not None else None
         self.ping_metrics = PingMetrics(self.pb, self.name) if self.ping_specs is not None else None
         self.start(self.setup)
 
     def _ping(self) -> None:
         """Ask Triton for an ``execute`` of this instance (a ping to this model; see
-        :mod:`~chattts_serving.triton.finals`). Its response is not read: a decoupled one's
-        iterator goes to the grave."""
+        :mod:`~chattts_serving.triton.finals`). A decoupled ping's response iterator is never
+        read: :meth:`answer_ping` hands it to the grave once the answer is in it (the backend
+        delivers a BLS response before the sender's ``send`` returns), and one never answered
+        (the server stopped first) is kept for the process's life (:data:`UNANSWERED_PINGS`):
+        an iterator freed before its last response arrives corrupts the stub (see
+        :class:`~chattts_serving.triton.stages.IteratorGrave`)."""
         pb = self.pb
         assert self.ping_specs is not None
-        req = pb.InferenceRequest(model_name=self.name, inputs=ping_inputs(pb, self.ping_specs),
+        ping_id = f"{PING_ID_PREFIX}{next(self._ping_ids)}"
+        req = pb.InferenceRequest(model_name=self.name, request_id=ping_id, inputs=ping_inputs(pb, self.ping_specs),
                                   requested_output_names=[], parameters={contract.PING_PARAMETER: True})
-        if self.decoupled:
-            iterator_grave().keep(req.exec(decoupled=True))
-        else:
+        if not self.decoupled:
             req.exec()
+            return
+        iterator = req.exec(decoupled=True)
+        with self._pings_lock:
+            if ping_id not in self._answered:
+                self._pings[ping_id] = iterator
+                return
+            self._answered.discard(ping_id)  # answered before exec returned
+        iterator_grave().keep(iterator)
 
     def windowed(self, sender: Any) -> Any:
         """``sender`` with its final response sent through ``self.finals`` (as it is for a model
@@ -139,16 +163,32 @@ class TritonModel:
         return WindowedSender(sender, self.finals, self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 
     def close_finals(self) -> None:
-        """The model unloads: finals from now on go out at once (:meth:`FinalWindow.close`)."""
+        """The model unloads: finals from now on go out at once (:meth:`FinalWindow.close`); the
+        answered pings' iterators are freed now, while the stub's shared memory exists, and the
+        unanswered ones are kept (see :meth:`_ping`)."""
         if self.finals is not None:
             self.finals.close()
+        with self._pings_lock:
+            unanswered, self._pings = list(self._pings.values()), {}
+        for iterator in unanswered:  # one more reference than anyone will ever drop: never freed
+            ctypes.pythonapi.Py_IncRef(ctypes.py_object(iterator))
+        UNANSWERED_PINGS.extend(unanswered)
+        release_held_iterators()
         if self.ping_metrics is not None:
             self.ping_metrics.close()
             self.ping_metrics = None
 
     def answer_ping(self, request: Any, decoupled: bool) -> None:
-        """Answer a ping (inside ``execute``) and count it."""
+        """Answer a ping (inside ``execute``) and count it; this model's own ping's iterator,
+        its answer now in it, goes to the grave."""
         answer_ping(self.pb, request.get_response_sender(), decoupled)
+        ping_id = request.request_id()
+        with self._pings_lock:
+            iterator = self._pings.pop(ping_id, None)
+            if iterator is None and ping_id.startswith(PING_ID_PREFIX):
+                self._answered.add(ping_id)  # its exec has not returned yet: _ping hands it over
+        if iterator is not None:
+            iterator_grave().keep(iterator)
         if self.ping_metrics is not None:
             self.ping_metrics.answered()
 
