@@ -6,9 +6,12 @@ success, failure or release)."""
 
 from __future__ import annotations
 
+import gc
 import json
 import time
+import weakref
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -186,3 +189,32 @@ def test_an_accepted_request_the_dispatcher_cannot_hand_over_ends_with_an_error_
     assert stream.service.admission.slots.live == live  # type: ignore[attr-defined]
     served = _stream(host, _entry(max_new_tokens=10, min_new_tokens=10))
     assert not any(r.has_error() for r in served) and _audio(served).size == contract.samples_for_tokens(10)
+
+
+def test_finalized_models_are_freed_by_reference_counting_alone(small_artifacts: Artifacts,
+                                                                 tmp_path: Path) -> None:
+    """Once the stub drops a finalized model, everything of it goes by reference counting: no
+    reference cycle keeps the model (its response senders, BLS objects, metric families) for the
+    cyclic garbage collector, which in a stub runs last at exit, after the shared memory is
+    gone (Triton 2.51's stub then dies: "Fatal Python error: Segmentation fault ...
+    Garbage-collecting"). Cycles seen here before: a final-response window holding the model's
+    bound method, an entry service holding its model's stall callback."""
+    base = load_profile("cpu")
+    profile = base.model_copy(update={"entry": base.entry.model_copy(update={"gate": False}),
+                                      "engine": base.engine.model_copy(update={"nice": 0})})
+    repo = tmp_path / "model_repository"
+    render_repository(profile, small_artifacts.root, repo)
+    h = Host(repo, FakePb())
+    served = _stream(h, _entry(max_new_tokens=10, min_new_tokens=10))
+    assert not any(r.has_error() for r in served)
+    h.close()
+    refs = {name: weakref.ref(model) for name, model in h.models.items()}
+    gc.collect()
+    gc.disable()
+    try:
+        h.models.clear()
+        del served
+        alive = [name for name, ref in refs.items() if ref() is not None]
+    finally:
+        gc.enable()
+    assert not alive, f"finalized models kept alive by reference cycles: {alive}"

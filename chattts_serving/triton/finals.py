@@ -129,6 +129,7 @@ class FinalWindow:
             self._cv.notify_all()
         self._drain()
         self._thread.join(timeout=5.0)
+        self._ping = _no_ping  # the model's bound method: a reference cycle through the model
 
     def _drain(self) -> None:
         """Send the queued finals on this thread (inside the window, or once it is direct)."""
@@ -178,6 +179,10 @@ class FinalWindow:
             log.warning("final-response window: a final response waited over %.1f s for an execute; "
                         "sent outside it (%d so far)", self.max_hold_s, forced)
         _run(send)
+
+
+def _no_ping() -> None:
+    pass
 
 
 def _run(send: Callable[[], None]) -> None:

@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import faulthandler
+import gc
 import itertools
 import json
 import logging
@@ -486,6 +487,7 @@ class EngineModel(DecoupledModel):
         self.engine.stop()
         self.receipts.close()
         self.metrics.close()
+        gc.collect()  # what waits in reference cycles (response senders, BLS objects) goes now, not at exit
 
 
 class VocoderModel(TritonModel):
@@ -597,6 +599,28 @@ ENSEMBLE_FRONTEND_INPUTS = (contract.FE_REQUEST_TEXT, *(t for t in contract.ENTR
 """What the front end reads of an ensemble request: the entry inputs, the text as ``request_text``."""
 
 
+class ServerStopper:
+    """What an entry model does when a request finds a stage stuck (no answer for
+    ``entry.stall_timeout_s``, ``health.stop_on_stall``): stop the server once (SIGTERM to
+    tritonserver, the stub's parent), so that it stops claiming readiness and its supervisor
+    starts a fresh one. Holds no reference to the model (a bound method would tie the model
+    into a reference cycle, freed only at the stub's exit, after its shared memory is gone)."""
+
+    def __init__(self, model: str, stall_timeout_s: float) -> None:
+        self.model, self.stall_timeout_s = model, stall_timeout_s
+        self._lock = threading.Lock()
+        self.stopped = False
+
+    def __call__(self, stage: str) -> None:
+        with self._lock:
+            if self.stopped:
+                return
+            self.stopped = True
+        log_event("server_stopping", level="error", model=self.model, reason=f"the {stage} stopped responding",
+                  stall_timeout_s=self.stall_timeout_s)
+        os.kill(os.getppid(), signal.SIGTERM)
+
+
 class EntryModel(TritonModel):
     """What the two entry models share: requests are answered on their response sender (also
     by ``chattts_offline``, which Triton lets do so when ``execute`` returns None), so that
@@ -630,7 +654,8 @@ class EntryModel(TritonModel):
         self.metrics = EntryMetrics(self.pb, label)
         self.service = EntryService(label, setup.profile, stages, self.metrics, offline=self.offline,
                                     gated=setup.parameters.get("gated") == "true",
-                                    on_stall=self._stalled if setup.profile.health.stop_on_stall else None)
+                                    on_stall=(ServerStopper(self.name, entry.stall_timeout_s)
+                                              if setup.profile.health.stop_on_stall else None))
         self.workers = ThreadPoolExecutor(self.service.admission.slots.limit, thread_name_prefix="entry")
         self.refusals = ThreadPoolExecutor(entry.refusal_threads, thread_name_prefix="refuse")
         self.refusals_first = RefusalsFirst(entry.admission_settle_s, entry.admission_max_wait_s)
@@ -638,7 +663,6 @@ class EntryModel(TritonModel):
         self._running: set[Future[None]] = set()
         self._running_lock = threading.Lock()
         self._unloading = False
-        self._stopping_server = False
         self._dispatcher = threading.Thread(target=self._dispatch, name="entry-dispatch", daemon=True)
         self._dispatcher.start()
 
@@ -657,17 +681,6 @@ class EntryModel(TritonModel):
                 else:
                     self._accepted.put((request, sender, arrival))
         return None
-
-    def _stalled(self, stage: str) -> None:
-        """A request found ``stage`` stuck (no answer for ``entry.stall_timeout_s``): stop the
-        server (SIGTERM to tritonserver, this stub's parent; once), so that it stops claiming
-        readiness and its supervisor starts a fresh one (``health.stop_on_stall``)."""
-        if self._stopping_server:
-            return
-        self._stopping_server = True
-        log_event("server_stopping", level="error", model=self.name, reason=f"the {stage} stopped responding",
-                  stall_timeout_s=self.setup.profile.entry.stall_timeout_s)
-        os.kill(os.getppid(), signal.SIGTERM)
 
     def _dispatch(self) -> None:
         """Hand accepted requests to the workers, in arrival order, each once the refusals of
@@ -764,6 +777,7 @@ class EntryModel(TritonModel):
             self.workers.shutdown(wait=True)  # the idle threads exit now, not while the stub does
         release_held_iterators()
         self.metrics.close()
+        gc.collect()  # what waits in reference cycles (response senders, BLS objects) goes now, not at exit
 
 
 class StreamingEntryModel(EntryModel):
