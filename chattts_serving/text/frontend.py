@@ -114,6 +114,8 @@ class FrontEnd:
             raise FrontendError(str(exc)) from None
         self.speakers = SpeakerCache(self.std, self.mean, speaker_cache_entries)
         self.normalizer = _chattts_normalizer()
+        for sample in NORMALIZER_WARM_UP:  # numba compiles ChatTTS' normaliser per path on first use
+            self.normalizer(sample, do_text_normalization=True, do_homophone_replacement=True)
 
     def voice(self, voice: str) -> Voice:
         """The :class:`~chattts_serving.text.voices.Voice` of a request's ``voice``: '' (default
@@ -291,6 +293,13 @@ class TokenizerVocabulary:
             return text, ()
         cleaned = re.sub(r"(?<=[A-Za-z])\0+(?=[A-Za-z])", " ", "".join(out)).replace("\0", "")
         return cleaned, tuple(unknown)
+
+
+NORMALIZER_WARM_UP = ("你好，世界。今天天气很好！我们去公园散步吧？", "Hello, world! How are you today?",
+                      "他说：“好的。”（是的）", "[uv_break]你好[laugh]")
+"""Texts ChatTTS' normaliser reads once at start: its numba-compiled helpers compile on first
+use, which would otherwise happen inside a request (seconds of latency, and numba keeps the
+request's frames in reference cycles until the next full garbage collection)."""
 
 
 def _chattts_normalizer() -> Any:

@@ -159,7 +159,7 @@ class FinalWindow:
                 self.pings += 1
                 self._ping()
             except Exception as exc:  # the server stops, or the model is gone: try again
-                log.warning("final-response window: ping failed (%s)", exc)
+                log.warning("final-response window: ping failed (%s)", str(exc))  # text: a record keeps no frames
             with self._cv:  # the ping's execute opens (and drains) the window; wait for it
                 self._cv.wait_for(partial(self._served, opened), timeout=self.retry_s)
 

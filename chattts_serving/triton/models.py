@@ -201,7 +201,13 @@ class TritonModel:
         """Build the model's state (sessions, threads)."""
 
     def finalize(self) -> None:
-        """Stop the model's threads (Triton unloads it)."""
+        """Stop the model's threads (Triton unloads it). Every model's finalize ends by
+        collecting the cyclic garbage while the stub's shared memory still exists: whatever a
+        library left in a reference cycle (numba's compiler keeps exceptions whose tracebacks
+        hold the request being served when it compiled) is otherwise collected at the stub's
+        exit, where freeing a Triton request or response kills the stub (``Fatal Python error:
+        Segmentation fault ... Garbage-collecting``) and the model never unloads."""
+        gc.collect()
 
 
 class UnaryModel(TritonModel):
@@ -487,7 +493,7 @@ class EngineModel(DecoupledModel):
         self.engine.stop()
         self.receipts.close()
         self.metrics.close()
-        gc.collect()  # what waits in reference cycles (response senders, BLS objects) goes now, not at exit
+        super().finalize()
 
 
 class VocoderModel(TritonModel):
@@ -509,6 +515,7 @@ class VocoderModel(TritonModel):
 
     def finalize(self) -> None:
         self.memory.close()
+        super().finalize()
 
     def execute(self, requests: list[Any]) -> list[Any]:
         pb, runner = self.pb, self.runner
@@ -777,7 +784,7 @@ class EntryModel(TritonModel):
             self.workers.shutdown(wait=True)  # the idle threads exit now, not while the stub does
         release_held_iterators()
         self.metrics.close()
-        gc.collect()  # what waits in reference cycles (response senders, BLS objects) goes now, not at exit
+        super().finalize()
 
 
 class StreamingEntryModel(EntryModel):
