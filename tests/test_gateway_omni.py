@@ -187,7 +187,7 @@ def test_errors_are_error_events_and_the_session_goes_on(gateway_url: str) -> No
         errors.append(json.loads(await ws.recv()))
         await c.send(type="input.text", text="你好。")
         await c.send(**CONFIG)  # while an utterance is in progress
-        await c.send(type="input.text", text="😀😀。")  # nothing speakable: that sentence fails
+        await c.send(type="input.text", text="😀😀。")  # nothing speakable: no error either
         u = await c.utterance(["再见。"])
         return errors, u
 
@@ -196,10 +196,10 @@ def test_errors_are_error_events_and_the_session_goes_on(gateway_url: str) -> No
     assert "Unknown message type" in errors[1]["message"] and "string" in errors[2]["message"]
     assert errors[3]["param"] == "response_format"
     assert any("in progress" in e["message"] for e in u.errors)
-    failed = [x for x in u.sentences if x.done is not None and x.done["error"]]
-    assert len(failed) == 1 and failed[0].start["sentence_text"] == "😀😀。" and not failed[0].frames
-    assert u.done is not None and u.done["total_sentences"] == 3
-    assert all(x.done is not None and not x.done["error"] and x.frames for x in u.sentences if x not in failed)
+    # an LLM's stray emoji is no error (issue 29): it stays with the sentence before it, unspoken
+    assert [x.start["sentence_text"] for x in u.sentences] == ["你好。😀😀。", "再见。"]
+    assert u.done is not None and u.done["total_sentences"] == 2
+    assert all(x.done is not None and not x.done["error"] and x.frames for x in u.sentences)
 
 
 REFUSED = [({"response_format": "wav", "stream_audio": True}, "response_format"),

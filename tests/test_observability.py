@@ -475,7 +475,7 @@ def test_structured_logs_carry_the_client_request_id(triton_server: Server) -> N
         assert not missing, f"{missing} missing in {e}"
         datetime.fromisoformat(e["ts"])
         assert e["level"] in {"debug", "info", "warning", "error", "critical"}, e
-        assert e["model"] in {contract.MODEL_STREAM, contract.MODEL_OFFLINE}, e
+        assert e["model"] in {contract.MODEL_STREAM, contract.MODEL_OFFLINE, contract.MODEL_ENSEMBLE}, e
 
     mine = [e for e in request_events if e["request_id"] == request_id]
     assert [e["event"] for e in mine] == ["request_accepted", "request_finished"], mine

@@ -111,40 +111,27 @@ def server(small_artifacts: Artifacts, tmp_path: Path) -> Iterator[TritonServer]
         srv.stop(timeout_s=15.0)
 
 
-def test_a_frozen_entry_model_has_its_streams_ended_by_the_gate_and_the_server_stops(server: TritonServer) -> None:
-    """SIGSTOP the entry model's stub (chattts_entry) under two live streams: its own stall
-    watchdog is frozen with it, so only the gate can answer. Within the stall timeout and a
-    ping interval each stream ends with UNAVAILABLE naming the stuck model, and the server
-    stops (readiness false) so that it is restarted."""
+@pytest.mark.parametrize(("model", "error", "event"), [
+    (contract.MODEL_STREAM_ENTRY, f"{contract.MODEL_STREAM_ENTRY} stopped responding", "target_unresponsive"),
+    (contract.MODEL_ENGINE, "the GPT engine stopped responding", "server_stopping"),
+], ids=["entry", "engine"])
+def test_a_frozen_model_has_its_streams_ended_and_the_server_stops(server: TritonServer, model: str, error: str,
+                                                                    event: str) -> None:
+    """SIGSTOP a model's stub under two live streams. The entry model (chattts_entry): its own
+    stall watchdog is frozen with it, so only the gate can answer; its pings find the model
+    stuck. The GPT engine: the entry model's stall watchdog sees it. Either way every stream
+    ends with UNAVAILABLE naming what is stuck within the stall timeout (and a ping interval),
+    and the server stops (readiness false) so that it is restarted: it must not go on claiming
+    readiness while it cannot synthesise."""
     streams = _open_streams(server)
-    pid = _stub_pid(server, contract.MODEL_STREAM_ENTRY)
+    pid = _stub_pid(server, model)
     os.kill(pid, signal.SIGSTOP)
     try:
         for s in streams:
-            assert s.done.wait(10 * STALL_S), "a stream hung behind a frozen entry model"
-            assert s.error is not None and "stopped responding" in s.error, s.error
-            assert contract.MODEL_STREAM_ENTRY in s.error, s.error
+            assert s.done.wait(10 * STALL_S), f"a stream hung behind a frozen {model}"
+            assert s.error is not None and error in s.error, s.error
         assert wait_until(lambda: not _ready(server), 30), "the server still claims readiness"
-        assert '"event":"target_unresponsive"' in _log(server)
-    finally:
-        os.kill(pid, signal.SIGCONT)
-        for s in streams:
-            s.close()
-
-
-def test_a_frozen_engine_ends_the_streams_and_the_server_stops(server: TritonServer) -> None:
-    """SIGSTOP the GPT engine's stub: the entry model's stall watchdog ends every stream with
-    UNAVAILABLE ("the GPT engine stopped responding") and, the engine being stuck, stops the
-    server: it must not go on claiming readiness while it cannot synthesise."""
-    streams = _open_streams(server)
-    pid = _stub_pid(server, contract.MODEL_ENGINE)
-    os.kill(pid, signal.SIGSTOP)
-    try:
-        for s in streams:
-            assert s.done.wait(10 * STALL_S), "a stream hung behind a frozen engine"
-            assert s.error is not None and "GPT engine stopped responding" in s.error, s.error
-        assert wait_until(lambda: not _ready(server), 30), "the server still claims readiness"
-        assert '"event":"server_stopping"' in _log(server)
+        assert f'"event":"{event}"' in _log(server)
     finally:
         os.kill(pid, signal.SIGCONT)
         for s in streams:
