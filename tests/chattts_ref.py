@@ -2,7 +2,7 @@
 reference recordings, computed once per session for each set of arguments (the in-process
 and the real-server tests compare against the same waveforms).
 
-Greedy settings (temperature 1e-6: ../shared/NOTES.md, 1e-4 still leaves near-ties to
+Greedy settings (temperature 1e-6: at 1e-4 a logit gap of about 1e-4 still leaves near-ties to
 chance), ChatTTS' ``manual_seed`` fixed, no ``min_new_token`` (pieces end at different
 lengths, so ChatTTS' group padding matters), refine-text skipped.
 """

@@ -97,7 +97,7 @@ def test_real_vocoder_full_receptive_field_equals_offline(real) -> None:
 
 def test_real_vocoder_smaller_lookahead_stays_close(real) -> None:
     """A lookahead below the receptive field is an approximation; its SNR against the
-    offline decode is reported in the README (measured on the full-size model)."""
+    offline decode is reported in docs/streaming-quality.md (measured on the full-size model)."""
     _, hidden, voc, offline = real
     snrs = []
     for lookahead in (2, 4, 8):

@@ -5,7 +5,7 @@ utterance in one window give the waveform of ChatTTS' ``Chat._infer_code`` +
 ``sample_random_speaker``), on the small generated checkpoint.
 
 ``Chat.infer`` itself returns that waveform with every sample of magnitude <= 1e-5 deleted
-(``ChatTTS/core.py``); the server does not delete samples (README, "Fidelity"), so the
+(``ChatTTS/core.py``); the server does not delete samples (docs/requests.md, "Fidelity"), so the
 reference here is taken before that step.
 """
 
@@ -23,7 +23,7 @@ from chattts_serving.serving.pipeline import SynthesisJob, offline_audio
 from chattts_serving.serving.profile import load_profile
 from chattts_serving.serving.request import EntryRequest
 
-GREEDY = 1e-6  # see ../shared/NOTES.md: at 1e-4 near-ties are still coin tosses
+GREEDY = 1e-6  # at 1e-4 a near-tie (logit gap about 1e-4) is still a coin toss between implementations
 TOKENS = 24
 
 

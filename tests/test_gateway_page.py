@@ -1,7 +1,7 @@
 """The page at ``/`` in headless Chromium (Debian's ``chromium`` driven by Playwright): it
 loads, fills the voice picker from ``/v1/audio/voices``, plays a synthesis streamed over the
 WebSocket, and shows the time to first audio. ``CHATTTS_UPDATE_SCREENSHOT=1`` also saves the
-README's picture (``docs/ws-page.png``).
+picture in docs/openai-gateway.md (``docs/ws-page.png``).
 
 Without Chromium (or Playwright) the test is skipped, naming what to install; under CI
 (``$CI`` true: ``1``, ``true``, ``yes`` or ``on``, as ``.ci/run`` and CI services set it) it

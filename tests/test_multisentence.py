@@ -6,7 +6,7 @@ a given ``spk_smp`` with blank lines and a lone mark. The pipeline runs as in th
 :class:`inprocess.InProcessStages`; tests/test_refvoice_server.py runs it through Triton.
 
 ``Chat.infer`` deletes every sample with ``|x| <= 1e-5`` from each piece; the server does not
-(README, "Multi-sentence and reference voices"), so the same deletion is applied to ours before
+(docs/chattts-multisentence.md), so the same deletion is applied to ours before
 comparing (tests/chattts_ref.py: greedy settings, the reference computed once per session).
 """
 

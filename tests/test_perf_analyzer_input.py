@@ -1,6 +1,6 @@
 """The perf_analyzer input file (``loadtest/perf_analyzer_input.json``) speaks the streaming
 model's contract: every step gives the required text and only known inputs, each a one-element
-list of the input's type, and the token budget of the README's measurement."""
+list of the input's type, and the token budget of the perf_analyzer measurement in docs/performance.md."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def test_every_step_is_a_valid_request_of_the_streaming_model() -> None:
             assert isinstance(value, list) and len(value) == 1, (name, value)
             assert isinstance(value[0], PYTHON_TYPE[specs[name].triton_dtype]), (name, value)
         assert step["text"][0].strip()
-        assert step["max_new_tokens"] == step["min_new_tokens"] == [48]  # the README's table: 1.0 s of audio
+        assert step["max_new_tokens"] == step["min_new_tokens"] == [48]  # docs/performance.md's table: 1.0 s of audio
 
 
 def test_the_script_sends_the_admin_header_of_the_package() -> None:

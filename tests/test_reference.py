@@ -329,7 +329,7 @@ def test_profiles_carry_the_reference_limits() -> None:
         assert ref.prompt_cache_entries >= 1
     assert ReferenceProfile().limits() == ReferenceLimits()
     assert ReferenceLimits().max_tokens == contract.encoder_tokens(30 * SR) == 1406  # the number the docs quote
-    assert contract.encoder_tokens(5 * SR) == 234  # the bench's 5 s reference (README's TTFA table)
+    assert contract.encoder_tokens(5 * SR) == 234  # the bench's 5 s reference (docs/chattts-multisentence.md)
     with pytest.raises(ValueError):
         ReferenceProfile(min_recording_s=5, max_recording_s=2)
     assert issubclass(ProfileError, ValueError)

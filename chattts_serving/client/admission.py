@@ -10,7 +10,7 @@ server behind its target is full, and forwards again within one message of a slo
 
 Why: a refusal that goes through the gateway and Triton costs the gateway a request parse and
 a gRPC call in Python, about 2 to 3 CPU-ms here; a burst of 200 such refusals took 0.3 to 0.9 s
-to come out on 2 cores (README, "Where the busy time goes"). A refusal decided from the watch
+to come out on 2 cores (docs/performance.md, "Where the busy time goes"). A refusal decided from the watch
 costs the HTTP parse alone.
 
 What it promises: :meth:`AdmissionWatch.full` is True only while every reachable address of the

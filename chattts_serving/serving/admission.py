@@ -45,7 +45,7 @@ class RefusalsFirst:
     whichever comes first. A request alone waits ``settle_s`` (profile ``[entry]
     admission_settle_s``; a few ms of a TTFA of hundreds); while requests keep arriving less
     than ``settle_s`` apart (clients retrying "busy" at once, say), or refusals keep waiting,
-    each accepted one waits the whole ``max_wait_s``. Figures in the README ("Where the busy
+    each accepted one waits the whole ``max_wait_s``. Figures in docs/performance.md ("Where the busy
     time goes").
     """
 
@@ -94,7 +94,8 @@ class StreamSlots:
     """At most ``limit`` live requests per entry-model instance.
 
     A decoupled model that hands requests to threads empties Triton's queue at once, so the
-    queue policy cannot bound live streams; this counter does (../shared/TRITON.md)."""
+    queue policy cannot bound live streams; this counter does (docs/triton-workarounds.md,
+    "gate, not max_queue_size")."""
 
     def __init__(self, limit: int) -> None:
         self.limit = limit

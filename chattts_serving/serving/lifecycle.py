@@ -37,8 +37,8 @@ class ResponseChannel(Protocol):
         """End the stream with ``exc`` (a final response)."""
 
     def is_cancelled(self) -> bool:
-        """The client cancelled. Must not be asked once the stream has ended (Triton 2.51
-        crashes when asked about a completed request)."""
+        """The client cancelled. Must not be asked once the stream has ended
+        (docs/triton-workarounds.md, "is_cancelled after the final")."""
 
 
 class StreamGuard:
@@ -106,8 +106,8 @@ class StreamGuard:
 class CancelWatcher:
     """Polls the watched streams' ``is_cancelled()`` on one thread and runs their
     ``on_cancel`` once. With ``stall_s`` it also ends the guarded streams when none of them has
-    made progress for that long (the GPT engine's process died: Triton 2.51 then never answers
-    the BLS iterator); ``on_stall(guard, context)`` runs on the watcher thread for each. While
+    made progress for that long (the GPT engine's process died or hangs: docs/triton-workarounds.md,
+    "stuck model, nobody says so"); ``on_stall(guard, context)`` runs on the watcher thread for each. While
     any stream progresses, streams that merely wait (queued behind full engine batches) are
     left alone.
 
@@ -179,8 +179,8 @@ class CancelWatcher:
         fire = []
         # is_cancelled() runs under the lock that unwatch() takes: once a stream has unwatched
         # (before it sends its final response) it is never polled again. Polling a sender
-        # whose request has completed crashes Triton 2.51 (use after free in
-        # TRITONBACKEND_ResponseFactoryIsCancelled).
+        # whose request has completed crashes Triton 2.51 (docs/triton-workarounds.md,
+        # "is_cancelled after the final").
         with self._lock:
             for key, (is_cancelled, on_cancel) in list(self._watched.items()):
                 try:

@@ -1,28 +1,11 @@
 """Delivery receipts from the GPT engine to the entry models, outside Triton: so that an entry
 thread asks a BLS response iterator for a response only once it is there.
 
-Why: Triton 2.51's Python backend can deadlock a stub in which one thread waits in
-``ResponseIterator.Next`` for a decoupled BLS response while others finish theirs. The waiting
-thread is woken holding the iterator's mutex and then waits for the GIL; the stub's message
-thread (``ParentToStubMQMonitor``), holding the stub's iterator-map mutex, waits for that
-iterator mutex to queue the next response of the same call (the engine's last batch and its
-final flag arrive back to back); the stub-to-parent thread, holding its queue's mutex while it
-sends the cleanup of another finished iterator, waits for the iterator-map mutex; and a thread
-that holds the GIL, finishing a third iterator (``ResponseIterator::Clear`` ->
-``Stub::EnqueueUtilsMessage``), waits for that queue mutex. Nothing moves again: no stream of
-the server ever ends. Found with ``py-spy dump`` and ``gdb`` on a server that stopped during
-``make bench-smoke`` (16 streams ending at the same engine step); the same mutexes are taken in
-that order in python_backend's main branch (``pb_response_iterator.cc``, ``pb_stub.cc``), so a
-newer Triton does not help. The sibling cycle through ``exec(decoupled=True)`` is why cancels
-travel over a socket (:mod:`~chattts_serving.triton.cancels`).
-
-Every cycle of this kind starts with a thread that waits inside ``Next``. ``Next`` waits only
-when the iterator's buffer is empty, and the engine's ``send`` returns only after the caller's
-stub has queued the response (the parent delivers a BLS response synchronously, in the
-thread that handles the engine's send, and waits for the caller's stub to take it). So the
-engine writes one receipt after each send that returned, and the entry thread waits for the
-receipt (a semaphore, GIL released) before it calls ``next``: ``Next`` then finds the response
-and never waits.
+Why: a stub thread waiting inside ``ResponseIterator.Next`` can deadlock Triton 2.51's Python
+stub for good (docs/triton-workarounds.md, "receipts"). ``Next`` waits only when the
+iterator's buffer is empty, and the engine's ``send`` returns only once the caller's stub has
+queued the response; so the engine writes one receipt after each send, and the entry thread
+waits for the receipt (a semaphore, GIL released) before it calls ``next``.
 
 Transport: each entry stub listens on a Unix stream socket in Linux's abstract namespace,
 named after the tritonserver process (the stubs' parent) and the stub's own process id, and

@@ -44,15 +44,10 @@ class IteratorGrave:
     """Keeps finished decoupled-BLS response iterators referenced for ``grace_s`` seconds, then
     lets them go from its own Python thread.
 
-    Why: in Triton 2.51's Python stub (python_backend r24.10) a response iterator is also owned
-    by the stub's iterator map until the stub's stub-to-parent thread has sent the cleanup
-    message its last response queued. If Python lets go of the iterator first, that thread
-    frees it, its responses and their numpy arrays without holding the GIL (fixed upstream in
-    December 2024, "Hold GIL when deleting numpy array", after r24.10), which corrupts the
-    interpreter's memory: the entry stub died of a segmentation fault or "corrupted size vs.
-    prev_size" during bursts of cancelled streams, when that thread is busiest. Kept here past
-    the cleanup, the iterator is freed by the last Python reference, with the GIL. Costs the
-    iterator's responses' memory for ``grace_s`` seconds."""
+    Why: Triton 2.51's stub frees a BLS iterator that Python let go of too early without the
+    GIL, which corrupts the interpreter's memory (docs/triton-workarounds.md, "iterator
+    grave"). Kept past the stub's cleanup, the iterator is freed by the last Python reference,
+    with the GIL. Costs the iterator's responses' memory for ``grace_s`` seconds."""
 
     def __init__(self, grace_s: float = ITERATOR_GRACE_S) -> None:
         self.grace_s = grace_s
@@ -230,14 +225,14 @@ class _Done:
 class EngineStream:
     """One sequence on the GPT engine over a decoupled BLS call: iterate for
     :class:`~chattts_serving.serving.pipeline.TokenBatch` es; :meth:`cancel` ends it early
-    (Triton 2.51's BLS cannot cancel a request it sent: a datagram to the engine's cancel
+    (docs/triton-workarounds.md, "cancel datagram": a datagram to the engine's cancel
     socket at ``cancel_address`` names the sequence by its ``stream_id``, or, when nothing
     listens there, a control request to the engine model does). ``call`` (the engine breaker's) is settled exactly once:
     success at the last batch, failure on an INTERNAL error, release otherwise.
 
     With ``receipts`` (this stub's :class:`~chattts_serving.triton.deliveries.ReceiptBoard`)
     each response is read only after the engine's receipt for it arrived, so that the BLS
-    iterator never waits inside ``Next`` (the deadlock that module describes). The first
+    iterator never waits inside ``Next`` (docs/triton-workarounds.md, "receipts"). The first
     response is there when ``exec`` returns (the engine's acknowledgement, or Triton's error
     for an engine that is down: read at once). Its receipt may take
     :data:`RECEIPT_FIRST_WAIT_S`; without it the stream reads without receipts. A later one is
