@@ -201,6 +201,7 @@ class Host:
         pb.host = self
         self.models: dict[str, models.TritonModel] = {}
         self.override: dict[str, Any] = {}
+        self._finalized: set[int] = set()
         for name, cls in CLASSES.items():
             config = text_format.Parse((repo / name / "config.pbtxt").read_text(), model_config_pb2.ModelConfig())
             args = {"model_config": json.dumps(json_format.MessageToDict(config, preserving_proto_field_name=True)),
@@ -228,5 +229,10 @@ class Host:
                 return
 
     def close(self) -> None:
-        for model in self.models.values():
-            model.finalize()
+        """Finalize every model once, the entry models first (they end their streams while the
+        stages those call are still there, as when Triton unloads them all at once)."""
+        entries = [m for m in self.models.values() if isinstance(m, models.EntryModel)]
+        for model in entries + [m for m in self.models.values() if m not in entries]:
+            if id(model) not in self._finalized:
+                self._finalized.add(id(model))
+                model.finalize()

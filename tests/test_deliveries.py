@@ -6,6 +6,7 @@ listens for, and whose engine writes, the receipts of every stream."""
 from __future__ import annotations
 
 import os
+import socket
 import threading
 import time
 import uuid
@@ -22,6 +23,7 @@ from chattts_serving import contract
 from chattts_serving.contract import StopReason
 from chattts_serving.errors import RequestError
 from chattts_serving.params import SamplingParams
+from chattts_serving.serving.entry_runtime import SharedHelper
 from chattts_serving.serving.pipeline import GenerateCall
 from chattts_serving.serving.resilience import CircuitBreaker, enter
 from chattts_serving.triton import stages
@@ -198,7 +200,10 @@ def _stream_over(board: ReceiptBoard | None, engine: _Engine, monkeypatch: Any) 
             return engine
 
     monkeypatch.setattr(pb, "InferenceRequest", _Request, raising=False)
-    monkeypatch.setattr(stages, "_GRAVE", IteratorGrave(grace_s=3600.0))
+    grave = IteratorGrave(grace_s=3600.0)
+    held = SharedHelper("grave", lambda: grave, lambda g, deadline_s: None)
+    held.acquire()
+    monkeypatch.setattr(stages, "ITERATOR_GRAVE", held)
     call = GenerateCall(input_ids=np.arange(4), spk_emb=np.zeros(8, np.float32), params=SamplingParams(),
                         emit_tokens=2)
     return EngineStream(pb, call, enter(CircuitBreaker("engine", 5, 10.0)), receipts=board)
@@ -231,12 +236,12 @@ def test_an_engine_stream_reads_each_response_only_after_its_receipt(monkeypatch
 def test_without_its_first_receipt_a_stream_reads_as_without_a_board(monkeypatch: Any) -> None:
     monkeypatch.setattr(stages, "RECEIPT_FIRST_WAIT_S", 0.05)
     board = _board("silent")
-    late = EngineStream.late_receipts
+    late = board.late
     try:
         engine = _Engine(board, ReceiptWriter(), _responses(2), receipts=False)  # an engine that cannot reach it
         stream = _stream_over(board, engine, monkeypatch)
         assert [b.stop_reason for b in stream] == [None, None, StopReason.EOS]
-        assert EngineStream.late_receipts == late + 1  # one wait, then none: no stall per response
+        assert board.late == late + 1  # one wait, then none: no stall per response
         assert stream.stream_id not in board._streams
     finally:
         board.close()
@@ -244,12 +249,12 @@ def test_without_its_first_receipt_a_stream_reads_as_without_a_board(monkeypatch
 
 def test_a_closed_engine_connection_wakes_a_waiting_stream_which_reads_on_without_receipts(monkeypatch: Any) -> None:
     board = _board("closed")
-    late = EngineStream.late_receipts
+    late = board.late
     try:
         engine = _Engine(board, ReceiptWriter(), _responses(3), dies_after=2)
         stream = _stream_over(board, engine, monkeypatch)
         assert [b.stop_reason for b in stream] == [None, None, None, StopReason.EOS]
-        assert board.epoch == 1 and EngineStream.late_receipts == late + 1
+        assert board.epoch == 1 and board.late == late + 1
         assert engine.early, "the stream should have gone on inside the iterator once the receipts stopped"
         assert stream.stream_id not in board._streams
     finally:
@@ -292,14 +297,14 @@ def test_an_engine_that_is_down_answers_at_once_without_a_receipt(monkeypatch: A
         return sems[-1]
 
     monkeypatch.setattr(board, "register", register)
-    late = EngineStream.late_receipts
+    late = board.late
     try:
         engine = _Engine(board, ReceiptWriter(), [_ErrorResponse()], receipts=False)  # Triton's error, no engine
         stream = _stream_over(board, engine, monkeypatch)
         with pytest.raises(RequestError, match="not healthy"):
             list(stream)
         assert sems[0].acquires == 0, "waited for a receipt that cannot come"
-        assert EngineStream.late_receipts == late and engine.early == [] and stream.finished
+        assert board.late == late and engine.early == [] and stream.finished
     finally:
         board.close()
 
@@ -331,3 +336,33 @@ def test_the_entry_stub_listens_for_receipts_and_the_engine_writes_them(triton_s
     assert named(stub_processes(triton_server)[contract.MODEL_STREAM_ENTRY].pid) >= 1
     log = triton_server.log_path.read_text(errors="replace")
     assert "reads without receipts" not in log and "receipts could not be written" not in log
+
+
+def test_late_reads_are_counted_per_board_under_its_lock() -> None:
+    """Every worker of an entry stub counts its late reads on the one board: none is lost."""
+    import sys
+
+    board = ReceiptBoard("\0chattts-serving/test/late")
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        threads = [threading.Thread(target=lambda: [board.count_late() for _ in range(2000)]) for _ in range(8)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+    finally:
+        sys.setswitchinterval(old)
+    assert board.late == 16000
+
+
+def test_a_stopped_board_ends_its_accept_and_read_threads() -> None:
+    board = _board("stop")
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    conn.connect(board.address)
+    try:
+        assert wait_until(lambda: len(board._threads.alive()) == 2, 10.0)  # accept + one reader
+        assert board.stop(time.monotonic() + 5.0) == []
+        assert board.epoch == 1  # the reader ended as when an engine goes
+    finally:
+        conn.close()

@@ -171,7 +171,7 @@ def test_an_accepted_request_the_dispatcher_cannot_hand_over_ends_with_an_error_
     internal error (never a hang), its slot comes back, and the next request is served."""
     stream = host.models["chattts"]
     live = stream.service.admission.slots.live  # type: ignore[attr-defined]
-    real_submit = stream.workers.submit  # type: ignore[attr-defined]
+    real_submit = stream.runtime.workers.submit  # type: ignore[attr-defined]
     calls = []
 
     def failing_once(fn: Any, *args: Any) -> Any:
@@ -179,7 +179,7 @@ def test_an_accepted_request_the_dispatcher_cannot_hand_over_ends_with_an_error_
             calls.append(fn)
             raise ValueError("no worker")
         return real_submit(fn, *args)
-    monkeypatch.setattr(stream.workers, "submit", failing_once)  # type: ignore[attr-defined]
+    monkeypatch.setattr(stream.runtime.workers, "submit", failing_once)  # type: ignore[attr-defined]
     failed = _stream(host, _entry(request_id="lost-worker"))
     err = failed[0].error()
     assert len(failed) == 1 and err is not None and decode(err.message())[0] == "internal", err

@@ -20,6 +20,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from ..errors import RequestError
+from .threads import Spawn, start_thread
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +123,7 @@ class CancelWatcher:
 
     def __init__(self, interval_s: float, stall_s: float | None = None,
                  on_stall: Callable[[StreamGuard, Any], None] | None = None,
-                 max_polls_per_s: float = float("inf")) -> None:
+                 max_polls_per_s: float = float("inf"), spawn: Spawn = start_thread) -> None:
         self.interval_s = interval_s
         self.stall_s = stall_s
         self.on_stall = on_stall
@@ -133,8 +134,8 @@ class CancelWatcher:
         self._lock = threading.Lock()
         self._closed = threading.Event()
         self._on_close: Callable[[StreamGuard, Any], None] | None = None
-        self._thread = threading.Thread(target=self._loop, name="cancel-watch", daemon=True)
-        self._thread.start()
+        self._spawn = spawn
+        self._thread = spawn("cancel-watch", self._loop)
 
     def round_interval_s(self) -> float:
         """Seconds between two poll rounds with the streams watched now."""
@@ -245,8 +246,7 @@ class CancelWatcher:
                     on_cancel()
                 except Exception:
                     log.exception("cancel watcher")
-        canceller = threading.Thread(target=cancel_all, name="unload-cancels", daemon=True)
-        canceller.start()
+        canceller = self._spawn("unload-cancels", cancel_all)
         for thread in (canceller, self._thread):
             thread.join(max(0.0, deadline_s - time.monotonic()))
         return len(guarded)

@@ -43,6 +43,7 @@ from ..text.normalize import speakable
 from ..text.request_text import carry_speed
 from ..text.segments import SegmentRules, chattts_groups, split_like_chattts, split_segments
 from .request import EntryRequest, FrontendCall, Reference
+from .slots import SlotToken
 
 __all__ = ["FrontendCall", "FrontendOutput", "GenerateCall", "PreparedText", "Stages", "StreamOutput", "StreamResult",
            "SynthesisJob", "TokenBatch", "TokenStream", "info_json", "offline_audio", "prepare_segments",
@@ -151,7 +152,7 @@ class SynthesisJob:
     schedule: the chunk schedule (streaming; the request's ``lookahead_tokens`` is applied by
     :func:`stream_audio`); emit_tokens: tokens per engine batch; arrival_s:
     ``time.monotonic()`` at arrival (the deadline counts from it); segments: how the text is
-    split; degraded: run in the server's degraded mode (reported in ``info``).
+    split; degraded: run in the server's degraded mode (reported in ``info``); slot: see below.
     """
 
     req: EntryRequest
@@ -160,6 +161,8 @@ class SynthesisJob:
     arrival_s: float
     segments: SegmentRules = SegmentRules()
     degraded: bool = False
+    slot: SlotToken | None = field(default=None, compare=False)
+    """The admission slot the request holds until it ends (released once, by whoever ends it)."""
 
 
 @dataclass

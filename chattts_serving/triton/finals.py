@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from .. import contract
+from ..serving.threads import Spawn, start_thread
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +50,8 @@ class FinalWindow:
     queued while the window is closed. ``clock`` is injectable for tests."""
 
     def __init__(self, ping: Callable[[], None], *, max_hold_s: float = MAX_HOLD_S,
-                 retry_s: float = PING_RETRY_S, clock: Callable[[], float] = time.monotonic) -> None:
+                 retry_s: float = PING_RETRY_S, clock: Callable[[], float] = time.monotonic,
+                 spawn: Spawn = start_thread) -> None:
         self._ping = ping
         self.max_hold_s, self.retry_s = max_hold_s, retry_s
         self._clock = clock
@@ -66,8 +68,7 @@ class FinalWindow:
         """Pings sent."""
         self.forced = 0
         """Finals sent outside the window after :attr:`max_hold_s` (pings failing)."""
-        self._thread = threading.Thread(target=self._pinger, name="final-window", daemon=True)
-        self._thread.start()
+        self._thread = spawn("final-window", self._pinger)
 
     @contextmanager
     def executing(self) -> Iterator[None]:
