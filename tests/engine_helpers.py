@@ -8,7 +8,7 @@ import numpy as np
 
 from chattts_serving import contract
 from chattts_serving.contract import SequenceMode
-from chattts_serving.engine.scheduler import Sequence, TokenSink
+from chattts_serving.engine.scheduler import Sequence, TokenSink, make_sequence
 from chattts_serving.text.refine import RefineParams
 
 
@@ -18,7 +18,7 @@ def refine_sequence(prompt_ids: np.ndarray, params: RefineParams, sink: TokenSin
     other Sequence fields. The sink receives codes (N, 4) int32 whose columns all hold the
     refined text id (:func:`text_ids`)."""
     params.validate()
-    return Sequence(np.asarray(prompt_ids), None, params.sampling_params(), sink, mode=SequenceMode.TEXT, **kwargs)
+    return make_sequence(np.asarray(prompt_ids), None, params.sampling_params(), sink, mode=SequenceMode.TEXT, **kwargs)
 
 
 def text_ids(codes: np.ndarray) -> np.ndarray:

@@ -16,6 +16,7 @@ import time
 import uuid
 import weakref
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -29,7 +30,7 @@ from chattts_serving.engine.sinks import CollectingSink
 from chattts_serving.errors import RequestError
 from chattts_serving.runtime import Artifacts
 from chattts_serving.serving.frontend import FrontendService
-from chattts_serving.serving.pipeline import FrontendCall, FrontendOutput, GenerateCall, TokenBatch
+from chattts_serving.serving.pipeline import FrontendCall, FrontendOutput, SequenceRequest, TokenBatch
 from chattts_serving.text.frontend import FrontEnd
 from chattts_serving.text.voices import VoiceBook
 
@@ -38,16 +39,13 @@ class EngineTokens:
     """A :class:`~chattts_serving.serving.pipeline.TokenStream` over an in-process engine: the
     reader runs the engine (``run_once``) until its sequence has a new batch."""
 
-    def __init__(self, engine: Engine, lock: threading.Lock, call: GenerateCall) -> None:
+    def __init__(self, engine: Engine, lock: threading.Lock, call: SequenceRequest) -> None:
         self.engine, self.lock = engine, lock
         self.stream_id = uuid.uuid4().hex
         self.sink = CollectingSink()
         self.read = 0
         deadline = time.monotonic() + call.timeout_s if call.timeout_s is not None else None
-        engine.submit(Sequence(np.asarray(call.input_ids, np.int64), call.spk_emb, call.params, self.sink,
-                               emit_tokens=call.emit_tokens, first_emit_tokens=call.first_emit_tokens,
-                               priority=call.priority, deadline_s=deadline, request_id=self.stream_id,
-                               mode=call.mode, prompt_codes=call.prompt_codes))
+        engine.submit(Sequence(replace(call, stream_id=self.stream_id), self.sink, deadline_s=deadline))
 
     def __iter__(self) -> Iterator[TokenBatch]:
         while True:
@@ -97,7 +95,7 @@ class InProcessStages:
         self.calls["frontend"] += 1
         return self.frontend_impl.prepare(call)
 
-    def generate(self, call: GenerateCall) -> EngineTokens:
+    def generate(self, call: SequenceRequest) -> EngineTokens:
         self.calls["generate"] += 1
         tokens = EngineTokens(self.engine, self.lock, call)
         self.token_streams.add(tokens)

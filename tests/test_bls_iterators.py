@@ -19,9 +19,9 @@ from conftest import wait_until
 
 from chattts_serving import contract
 from chattts_serving.contract import StopReason
+from chattts_serving.engine.request import SequenceRequest
 from chattts_serving.params import SamplingParams
 from chattts_serving.serving.entry_runtime import SharedHelper
-from chattts_serving.serving.pipeline import GenerateCall
 from chattts_serving.serving.resilience import CircuitBreaker, enter
 from chattts_serving.triton import stages
 from chattts_serving.triton.stages import EngineStream, IteratorGrave
@@ -116,7 +116,7 @@ def test_an_engine_stream_hands_its_finished_iterator_to_the_grave(monkeypatch: 
     held.acquire()
     monkeypatch.setattr(stages, "ITERATOR_GRAVE", held)
     pb = _FakePb()
-    call = GenerateCall(input_ids=np.arange(4), spk_emb=np.zeros(8, np.float32), params=SamplingParams(),
+    call = SequenceRequest(input_ids=np.arange(4), spk_emb=np.zeros(8, np.float32), params=SamplingParams(),
                         emit_tokens=2)
     stream = EngineStream(pb, call, enter(CircuitBreaker("engine", 5, 10.0)), cancel_address="")
     batches = list(stream)

@@ -21,10 +21,10 @@ from test_bls_iterators import _FakePb, _Iterator, _Response
 
 from chattts_serving import contract
 from chattts_serving.contract import StopReason
+from chattts_serving.engine.request import SequenceRequest
 from chattts_serving.errors import RequestError
 from chattts_serving.params import SamplingParams
 from chattts_serving.serving.entry_runtime import SharedHelper
-from chattts_serving.serving.pipeline import GenerateCall
 from chattts_serving.serving.resilience import CircuitBreaker, enter
 from chattts_serving.triton import stages
 from chattts_serving.triton.deliveries import (
@@ -204,7 +204,7 @@ def _stream_over(board: ReceiptBoard | None, engine: _Engine, monkeypatch: Any) 
     held = SharedHelper("grave", lambda: grave, lambda g, deadline_s: None)
     held.acquire()
     monkeypatch.setattr(stages, "ITERATOR_GRAVE", held)
-    call = GenerateCall(input_ids=np.arange(4), spk_emb=np.zeros(8, np.float32), params=SamplingParams(),
+    call = SequenceRequest(input_ids=np.arange(4), spk_emb=np.zeros(8, np.float32), params=SamplingParams(),
                         emit_tokens=2)
     return EngineStream(pb, call, enter(CircuitBreaker("engine", 5, 10.0)), receipts=board)
 

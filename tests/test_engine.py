@@ -10,7 +10,7 @@ import torch
 from chattts_serving import contract
 from chattts_serving.engine.gpt import Embeddings, GptStepRunner
 from chattts_serving.engine.sampling import RequestSampler, sample_batch
-from chattts_serving.engine.scheduler import Engine, EngineBusy, EngineConfig, Sequence
+from chattts_serving.engine.scheduler import Engine, EngineBusy, EngineConfig, make_sequence
 from chattts_serving.engine.sinks import CollectingSink
 from chattts_serving.params import ParamError, SamplingParams
 from chattts_serving.runtime import Artifacts
@@ -126,7 +126,7 @@ def _spk(art: Artifacts, seed: int) -> np.ndarray:
 def _solo(parts, art: Artifacts, ids: np.ndarray, spk: np.ndarray, params: SamplingParams) -> Sink:
     eng = Engine(*parts, EngineConfig())
     sink = Sink()
-    eng.submit(Sequence(ids, spk, params, sink, emit_tokens=3))
+    eng.submit(make_sequence(ids, spk, params, sink, emit_tokens=3))
     while eng.live_count():
         eng.run_once()
     return sink
@@ -141,7 +141,7 @@ def test_each_sequence_in_a_batch_gets_what_it_gets_alone(parts, small_artifacts
     eng = Engine(*parts, EngineConfig(max_batch_size=8))
     sinks = [Sink() for _ in reqs]
     for i, (r, sink) in enumerate(zip(reqs, sinks)):
-        eng.submit(Sequence(r[0], r[1], r[2], sink, emit_tokens=1 + i % 4))
+        eng.submit(make_sequence(r[0], r[1], r[2], sink, emit_tokens=1 + i % 4))
         for _ in range(i % 3):
             eng.run_once()
     while eng.live_count():
@@ -156,8 +156,8 @@ def test_each_sequence_in_a_batch_gets_what_it_gets_alone(parts, small_artifacts
 def test_cancelled_sequence_leaves_at_the_next_step(parts, small_artifacts: Artifacts) -> None:
     eng = Engine(*parts, EngineConfig())
     stay, leave = Sink(), Sink(cancel_after=4)
-    eng.submit(Sequence(_prompt(20, 1), None, SamplingParams(max_new_tokens=40, min_new_tokens=40), stay))
-    eng.submit(Sequence(_prompt(25, 2), None, SamplingParams(max_new_tokens=40, min_new_tokens=40), leave))
+    eng.submit(make_sequence(_prompt(20, 1), None, SamplingParams(max_new_tokens=40, min_new_tokens=40), stay))
+    eng.submit(make_sequence(_prompt(25, 2), None, SamplingParams(max_new_tokens=40, min_new_tokens=40), leave))
     steps = 0
     while eng.live_count():
         eng.run_once()
@@ -178,9 +178,9 @@ def test_admission_limit_raises_busy_and_accepted_requests_complete(parts) -> No
     eng = Engine(*parts, EngineConfig(max_batch_size=2, max_waiting=3))
     sinks = [Sink() for _ in range(3)]
     for s in sinks:
-        eng.submit(Sequence(_prompt(12, 5), None, SamplingParams(max_new_tokens=6, min_new_tokens=6), s))
+        eng.submit(make_sequence(_prompt(12, 5), None, SamplingParams(max_new_tokens=6, min_new_tokens=6), s))
     with pytest.raises(EngineBusy):
-        eng.submit(Sequence(_prompt(12, 5), None, SamplingParams(max_new_tokens=6), Sink()))
+        eng.submit(make_sequence(_prompt(12, 5), None, SamplingParams(max_new_tokens=6), Sink()))
     while eng.live_count():
         eng.run_once()
     assert all(len(s.all_codes) == 6 and s.reason == contract.StopReason.MAX_TOKENS for s in sinks)
@@ -225,7 +225,7 @@ def test_eos_ends_a_sequence_at_its_step_without_emitting_the_end_code(parts, sm
     eng = Engine(_EndCodeAt(small_artifacts, call=k, rows=(0, 2)), parts[1], EngineConfig())
     sinks = [Sink() for _ in reqs]
     for r, sink in zip(reqs, sinks):
-        eng.submit(Sequence(r[0], r[1], r[2], sink, emit_tokens=3))  # prefilled together: rows 0, 1, 2
+        eng.submit(make_sequence(r[0], r[1], r[2], sink, emit_tokens=3))  # prefilled together: rows 0, 1, 2
     while eng.live_count():
         eng.run_once()
     ended, other, held = sinks
@@ -242,15 +242,15 @@ def test_eos_ends_a_sequence_at_its_step_without_emitting_the_end_code(parts, sm
 def test_prompt_longer_than_context_is_refused(parts) -> None:
     eng = Engine(*parts, EngineConfig(max_context_tokens=64))
     with pytest.raises(ValueError, match="context"):
-        eng.submit(Sequence(_prompt(40, 1), None, SamplingParams(max_new_tokens=30), Sink()))
+        eng.submit(make_sequence(_prompt(40, 1), None, SamplingParams(max_new_tokens=30), Sink()))
 
 
 def test_cancel_by_request_id_ends_the_sequence_with_a_cancelled_reason(parts) -> None:
     eng = Engine(*parts, EngineConfig())
     a, b = Sink(), Sink()
-    eng.submit(Sequence(_prompt(20, 1), None, SamplingParams(max_new_tokens=50, min_new_tokens=50), a,
+    eng.submit(make_sequence(_prompt(20, 1), None, SamplingParams(max_new_tokens=50, min_new_tokens=50), a,
                         request_id="keep"))
-    eng.submit(Sequence(_prompt(20, 2), None, SamplingParams(max_new_tokens=50, min_new_tokens=50), b,
+    eng.submit(make_sequence(_prompt(20, 2), None, SamplingParams(max_new_tokens=50, min_new_tokens=50), b,
                         request_id="drop"))
     for _ in range(3):
         eng.run_once()
@@ -270,11 +270,11 @@ def test_waiting_sequences_are_acknowledged_at_once_and_leave_on_cancel_while_sl
     eng = Engine(*parts, EngineConfig(max_batch_size=1))
     hog, waiting, plain = Sink(), Sink(), Sink()
     params = SamplingParams(max_new_tokens=50, min_new_tokens=50)
-    eng.submit(Sequence(_prompt(20, 1), None, params, hog, emit_tokens=50, acknowledge=True, request_id="hog"))
+    eng.submit(make_sequence(_prompt(20, 1), None, params, hog, emit_tokens=50, acknowledge=True, request_id="hog"))
     eng.run_once()
     assert [len(c) for c in hog.codes] == [0] and hog.reason is None  # the acknowledgement, before any token
-    eng.submit(Sequence(_prompt(20, 2), None, params, waiting, acknowledge=True, request_id="waiting"))
-    eng.submit(Sequence(_prompt(20, 3), None, params, plain, request_id="plain"))
+    eng.submit(make_sequence(_prompt(20, 2), None, params, waiting, acknowledge=True, request_id="waiting"))
+    eng.submit(make_sequence(_prompt(20, 3), None, params, plain, request_id="plain"))
     eng.run_once()
     assert [len(c) for c in waiting.codes] == [0] and plain.codes == []  # both still wait for the slot
     assert eng.cancel("waiting")
@@ -296,10 +296,10 @@ def test_a_waiting_sequence_hears_a_heartbeat_while_the_batch_is_full(parts) -> 
     eng = Engine(*parts, EngineConfig(max_batch_size=1, waiting_heartbeat_s=0.5), clock=lambda: now[0])
     hog, waiting, plain = Sink(), Sink(), Sink()
     params = SamplingParams(max_new_tokens=30, min_new_tokens=30)
-    eng.submit(Sequence(_prompt(20, 1), None, params, hog, emit_tokens=30, acknowledge=True, request_id="hog"))
+    eng.submit(make_sequence(_prompt(20, 1), None, params, hog, emit_tokens=30, acknowledge=True, request_id="hog"))
     eng.run_once()
-    eng.submit(Sequence(_prompt(20, 2), None, params, waiting, acknowledge=True, request_id="waiting"))
-    eng.submit(Sequence(_prompt(20, 3), None, params, plain, request_id="plain"))
+    eng.submit(make_sequence(_prompt(20, 2), None, params, waiting, acknowledge=True, request_id="waiting"))
+    eng.submit(make_sequence(_prompt(20, 3), None, params, plain, request_id="plain"))
     eng.run_once()
     assert len(waiting.codes) == 1  # the acknowledgement
     eng.run_once()
@@ -325,11 +325,11 @@ def test_batch_priority_sequences_leave_rows_free_for_realtime_ones(parts) -> No
                                                                                         min_new_tokens=8)
     batch = [Sink() for _ in range(3)]
     for i, sink in enumerate(batch):
-        eng.submit(Sequence(_prompt(12, i), None, long_, sink, priority=1, request_id=f"b{i}"))
+        eng.submit(make_sequence(_prompt(12, i), None, long_, sink, priority=1, request_id=f"b{i}"))
     eng.run_once()
     assert eng.stats()["running"] == 2 and eng.stats()["waiting"] == 1
     realtime = Sink()
-    eng.submit(Sequence(_prompt(12, 9), None, short, realtime, priority=0, request_id="rt"))
+    eng.submit(make_sequence(_prompt(12, 9), None, short, realtime, priority=0, request_id="rt"))
     eng.run_once()
     assert eng.stats()["running"] == 3 and len(realtime.all_codes) >= 1 and batch[2].codes == []
     while eng.live_count():
@@ -346,18 +346,18 @@ def test_the_waiting_limit_counts_requests_not_their_sequences(parts) -> None:
     eng = Engine(*parts, EngineConfig(max_batch_size=1, max_waiting=2))
     params = SamplingParams(max_new_tokens=4, min_new_tokens=4)
     sinks = [Sink() for _ in range(5)]
-    eng.submit(Sequence(_prompt(12, 1), None, params, sinks[0], owner="a"))
-    eng.submit(Sequence(_prompt(12, 2), None, params, sinks[1], owner="b"))
+    eng.submit(make_sequence(_prompt(12, 1), None, params, sinks[0], owner="a"))
+    eng.submit(make_sequence(_prompt(12, 2), None, params, sinks[1], owner="b"))
     with pytest.raises(EngineBusy):
-        eng.submit(Sequence(_prompt(12, 3), None, params, Sink(), owner="c"))
+        eng.submit(make_sequence(_prompt(12, 3), None, params, Sink(), owner="c"))
     with pytest.raises(EngineBusy):
-        eng.submit(Sequence(_prompt(12, 3), None, params, Sink()))  # no owner: a request of its own
-    eng.submit(Sequence(_prompt(12, 4), None, params, sinks[2], owner="a"))
-    eng.submit(Sequence(_prompt(12, 5), None, params, sinks[3], owner="b"))
+        eng.submit(make_sequence(_prompt(12, 3), None, params, Sink()))  # no owner: a request of its own
+    eng.submit(make_sequence(_prompt(12, 4), None, params, sinks[2], owner="a"))
+    eng.submit(make_sequence(_prompt(12, 5), None, params, sinks[3], owner="b"))
     eng.run_once()  # "a" runs; its second sequence and both of "b" wait: 2 requests
-    eng.submit(Sequence(_prompt(12, 6), None, params, sinks[4], owner="a"))
+    eng.submit(make_sequence(_prompt(12, 6), None, params, sinks[4], owner="a"))
     with pytest.raises(EngineBusy, match="2 requests already waiting"):
-        eng.submit(Sequence(_prompt(12, 7), None, params, Sink(), owner="d"))
+        eng.submit(make_sequence(_prompt(12, 7), None, params, Sink(), owner="d"))
     while eng.live_count():
         eng.run_once()
     assert all(s.reason == contract.StopReason.MAX_TOKENS and len(s.all_codes) == 4 for s in sinks)
@@ -372,7 +372,7 @@ def test_finished_rows_are_reused_by_newcomers_without_mixing(parts, small_artif
     eng = Engine(*parts, EngineConfig(max_batch_size=2))
     sinks = [Sink() for _ in reqs]
     for r, sink in zip(reqs, sinks):
-        eng.submit(Sequence(r[0], r[1], r[2], sink, emit_tokens=2))
+        eng.submit(make_sequence(r[0], r[1], r[2], sink, emit_tokens=2))
     while eng.live_count():
         eng.run_once()
     for i, sink in enumerate(sinks):
@@ -397,7 +397,7 @@ def test_the_kv_cache_is_allocated_once_and_written_in_place(parts, small_artifa
     ptrs = [b.ctypes.data for b in bufs]
     sinks = [Sink() for _ in reqs]
     for r, sink in zip(reqs, sinks):
-        eng.submit(Sequence(r[0], r[1], r[2], sink))
+        eng.submit(make_sequence(r[0], r[1], r[2], sink))
     while eng.live_count():
         before = [b.copy() for b in cache.buffers]
         rows = {id(s): eng._batch.row_of(s) for s in eng.running()}
@@ -430,12 +430,12 @@ def test_rows_of_different_lengths_decode_together(parts, small_artifacts: Artif
     solo_short = [_solo(parts, small_artifacts, *r).all_codes for r in short]
     eng = Engine(*parts, EngineConfig(max_batch_size=2))
     first = Sink()
-    eng.submit(Sequence(*long_req, first))
+    eng.submit(make_sequence(*long_req, first))
     eng.run_once()
     row = eng._batch.row_of(eng.running()[0])
     sinks = [Sink() for _ in short]
     for r, sink in zip(short, sinks):
-        eng.submit(Sequence(r[0], r[1], r[2], sink))
+        eng.submit(make_sequence(r[0], r[1], r[2], sink))
     spans = set()
     while eng.live_count():
         eng.run_once()

@@ -15,7 +15,7 @@ import torch
 
 from chattts_serving import contract
 from chattts_serving.engine.gpt import Embeddings, GptStepRunner
-from chattts_serving.engine.scheduler import Engine, EngineConfig, Sequence
+from chattts_serving.engine.scheduler import Engine, EngineConfig, make_sequence
 from chattts_serving.engine.sinks import CollectingSink
 from chattts_serving.export.build import PARITY_TOLERANCE, export_artifacts, sha256_file
 from chattts_serving.export.fused import FUSED_LAYOUT
@@ -63,7 +63,7 @@ def test_engine_greedy_codes_equal_chattts_generate(small_chat, small_artifacts:
     for _ in range(3):
         sink = _Collect()
         sinks.append(sink)
-        engine.submit(Sequence(ids, spk_vec, SamplingParams(temperature=1e-5, max_new_tokens=n, min_new_tokens=n),
+        engine.submit(make_sequence(ids, spk_vec, SamplingParams(temperature=1e-5, max_new_tokens=n, min_new_tokens=n),
                                sink, emit_tokens=5))
         engine.run_once()
         engine.run_once()

@@ -17,7 +17,7 @@ from conftest import free_port
 
 from chattts_serving import contract
 from chattts_serving.engine.gpt import Embeddings, GptStepRunner
-from chattts_serving.engine.scheduler import Engine, EngineConfig, Sequence
+from chattts_serving.engine.scheduler import Engine, EngineConfig, make_sequence
 from chattts_serving.engine.sinks import CollectingSink
 from chattts_serving.export.build import verify_artifacts
 from chattts_serving.export.int8 import (
@@ -136,8 +136,8 @@ def test_engine_on_the_int8_graph_decodes_its_greedy_tokens(int8_artifacts: Arti
         sink = CollectingSink()
         engine = Engine(runner, emb, EngineConfig())
         if companion:
-            engine.submit(Sequence(ids[:15], None, SamplingParams(seed=3, max_new_tokens=n), CollectingSink()))
-        engine.submit(Sequence(ids, spk, params, sink, emit_tokens=3))
+            engine.submit(make_sequence(ids[:15], None, SamplingParams(seed=3, max_new_tokens=n), CollectingSink()))
+        engine.submit(make_sequence(ids, spk, params, sink, emit_tokens=3))
         while engine.live_count():
             engine.run_once()
         assert not sink.errors, sink.errors

@@ -12,7 +12,7 @@ from chattts_serving import contract
 from chattts_serving.contract import SequenceMode
 from chattts_serving.engine import arrays
 from chattts_serving.engine.gpt import Embeddings, GptStepRunner
-from chattts_serving.engine.scheduler import Engine, EngineConfig, Sequence
+from chattts_serving.engine.scheduler import Engine, EngineConfig, make_sequence
 from chattts_serving.engine.sinks import CollectingSink
 from chattts_serving.params import SamplingParams
 from chattts_serving.runtime import Artifacts, OrtOptions
@@ -154,9 +154,9 @@ def _scenario(runner: GptStepRunner, emb: Embeddings, h: int) -> list[Sink]:
         n = 10 + 4 * i
         params = SamplingParams(seed=i, max_new_tokens=n, min_new_tokens=n)
         if i % 4 == 3:
-            seq = Sequence(_prompt(12 + i, 100 + i), None, params, sink, emit_tokens=2, mode=SequenceMode.TEXT)
+            seq = make_sequence(_prompt(12 + i, 100 + i), None, params, sink, emit_tokens=2, mode=SequenceMode.TEXT)
         else:
-            seq = Sequence(_prompt(14 + 3 * (i % 5), i), _spk(h, i), params, sink, emit_tokens=1 + i % 3)
+            seq = make_sequence(_prompt(14 + 3 * (i % 5), i), _spk(h, i), params, sink, emit_tokens=1 + i % 3)
         eng.submit(seq)
         for _ in range(i % 4):
             eng.run_once()

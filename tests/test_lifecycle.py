@@ -24,10 +24,11 @@ from conftest import wait_until
 from inprocess import InProcessStages, RecordingChannel, RecordingObserver, run_offline
 
 from chattts_serving import contract
+from chattts_serving.engine.request import SequenceRequest
 from chattts_serving.errors import ErrorKind, RequestError
 from chattts_serving.runtime import Artifacts
 from chattts_serving.serving.entry import EntryService
-from chattts_serving.serving.pipeline import GenerateCall, StreamResult, TokenBatch, stream_audio
+from chattts_serving.serving.pipeline import StreamResult, TokenBatch, stream_audio
 from chattts_serving.serving.profile import Profile, load_profile
 
 TEXT = "今天天气很好。"
@@ -182,7 +183,7 @@ class _StuckStages:
     def frontend(self, call: Any) -> Any:
         return self.inner.frontend(call)
 
-    def generate(self, call: GenerateCall) -> _Stuck:
+    def generate(self, call: SequenceRequest) -> _Stuck:
         return _Stuck(self.release, call.spk_emb.size if call.spk_emb is not None else 0)
 
     def vocode(self, path: Any, window: np.ndarray, request_id: str = "") -> np.ndarray:

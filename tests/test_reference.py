@@ -30,7 +30,7 @@ from chattts_serving.audio.reference import (
 )
 from chattts_serving.contract import SequenceMode
 from chattts_serving.engine.gpt import Embeddings, GptStepRunner
-from chattts_serving.engine.scheduler import Engine, EngineConfig, Sequence
+from chattts_serving.engine.scheduler import Engine, EngineConfig, Sequence, make_sequence
 from chattts_serving.params import SamplingParams
 from chattts_serving.runtime import Artifacts
 from chattts_serving.text.refine import load_tokenizer, speech_prompt_ids
@@ -215,10 +215,10 @@ def test_engine_takes_audio_prompt_codes_and_checks_them(small_artifacts: Artifa
             eng.run_once()
 
     alone, together, plain = Keep(), Keep(), Keep()
-    seq = Sequence(ids, spk, params, alone, prompt_codes=codes)
+    seq = make_sequence(ids, spk, params, alone, prompt_codes=codes)
     assert seq.prompt_length == len(ids) + len(codes)
     run([seq])
-    run([Sequence(ids, spk, params, plain), Sequence(ids, spk, params, together, prompt_codes=codes)])
+    run([make_sequence(ids, spk, params, plain), make_sequence(ids, spk, params, together, prompt_codes=codes)])
     a, t, p = (np.concatenate(k.codes) for k in (alone, together, plain))
     np.testing.assert_array_equal(a, t)
     assert len(a) == 12 and not np.array_equal(a, p)  # the audio prompt changes what is generated
@@ -226,9 +226,9 @@ def test_engine_takes_audio_prompt_codes_and_checks_them(small_artifacts: Artifa
     for bad, kw in [(np.full((3, 4), 625), {}), (np.zeros((3, 3), np.int32), {}), (np.zeros((3, 4), np.int32),
                                                                                       {"mode": SequenceMode.TEXT})]:
         with pytest.raises(ValueError):
-            eng.submit(Sequence(ids, None if kw else spk, params, Keep(), prompt_codes=bad, **kw))
+            eng.submit(make_sequence(ids, None if kw else spk, params, Keep(), prompt_codes=bad, **kw))
     with pytest.raises(ValueError, match="context"):
-        eng.submit(Sequence(ids, spk, params, Keep(), prompt_codes=np.zeros((60, 4), np.int32)))
+        eng.submit(make_sequence(ids, spk, params, Keep(), prompt_codes=np.zeros((60, 4), np.int32)))
 
 
 # ---- recordings and the cache ----------------------------------------------------------------

@@ -22,7 +22,7 @@ from chattts_serving import contract
 from chattts_serving.contract import TEXT_EOS_ID, SequenceMode
 from chattts_serving.engine.gpt import Embeddings, GptStepRunner
 from chattts_serving.engine.sampling import RequestSampler, sample_text_batch
-from chattts_serving.engine.scheduler import Engine, EngineConfig, Sequence
+from chattts_serving.engine.scheduler import Engine, EngineConfig, Sequence, make_sequence
 from chattts_serving.engine.sinks import CollectingSink
 from chattts_serving.export.parity import chattts_prompt
 from chattts_serving.params import ParamError, SamplingParams
@@ -144,7 +144,7 @@ def test_greedy_text_mode_equals_chattts_mixed_with_code_sequences(small_chat, s
 
     def code_seq() -> tuple[Sequence, Collect]:
         sink = Collect()
-        return Sequence(code_ids, spk_vec, SamplingParams(temperature=GREEDY, max_new_tokens=n_code,
+        return make_sequence(code_ids, spk_vec, SamplingParams(temperature=GREEDY, max_new_tokens=n_code,
                                                           min_new_tokens=n_code), sink, emit_tokens=5), sink
 
     code1, code1_sink = code_seq()
@@ -391,9 +391,9 @@ def test_engine_refuses_bad_text_sequences(small_artifacts: Artifacts, tokenizer
     prompt = refine_prompt_ids(tokenizer, TEXTS[0])
     spk = np.ones(small_artifacts.hidden_size, np.float32)
     with pytest.raises(ValueError, match="speaker"):
-        engine.submit(Sequence(prompt, spk, RefineParams().sampling_params(), Collect(), mode=SequenceMode.TEXT))
+        engine.submit(make_sequence(prompt, spk, RefineParams().sampling_params(), Collect(), mode=SequenceMode.TEXT))
     with pytest.raises(ValueError, match="mode"):
-        engine.submit(Sequence(prompt, None, RefineParams().sampling_params(), Collect(), mode="texts"))
+        engine.submit(make_sequence(prompt, None, RefineParams().sampling_params(), Collect(), mode="texts"))
     with pytest.raises(ValueError, match="empty"):
         refine_prompt_ids(tokenizer, "  ")
     with pytest.raises(ValueError):
@@ -412,6 +412,6 @@ def test_engine_refuses_bad_text_sequences(small_artifacts: Artifacts, tokenizer
         Embeddings(old).text_logits(np.zeros((1, old.hidden_size), np.float32))
     # code sequences still run on such artifacts
     sink = Collect()
-    old_engine.submit(Sequence(np.array([21131, 21143, 300, 21132]), spk, SamplingParams(max_new_tokens=3), sink))
+    old_engine.submit(make_sequence(np.array([21131, 21143, 300, 21132]), spk, SamplingParams(max_new_tokens=3), sink))
     _run(old_engine)
     assert sink.reason in (contract.StopReason.EOS, contract.StopReason.MAX_TOKENS) and not sink.errors

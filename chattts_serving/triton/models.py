@@ -34,6 +34,7 @@ import signal
 import threading
 import time
 import uuid
+from dataclasses import replace
 from typing import Any, ClassVar
 
 import numpy as np
@@ -42,6 +43,7 @@ from .. import contract
 from ..audio.encoder import DvaeEncoderRunner
 from ..audio.vocoder import VocoderRunner
 from ..engine.gpt import Embeddings, GptStepRunner
+from ..engine.request import SequenceRequest
 from ..engine.scheduler import Engine, Sequence
 from ..errors import RequestError, drop_tracebacks, from_message
 from ..runtime import OrtOptions, resolve_precision
@@ -54,7 +56,6 @@ from ..serving.logs import log_event
 from ..serving.pipeline import SynthesisJob
 from ..serving.request import (
     EngineControl,
-    EngineRequest,
     EntryLimits,
     FrontendCall,
     int_input,
@@ -358,22 +359,17 @@ class EngineModel(DecoupledModel):
                 drop_tracebacks(exc)
                 send_final_error(self.pb, sender, internal_error(exc))
             return
-        req = parse_engine(inputs, self.hidden_size, self.setup.profile.engine.max_new_tokens_cap)
+        owner = request.request_id()
+        req = parse_engine(inputs, self.hidden_size, self.setup.profile.engine.max_new_tokens_cap, owner)
         if isinstance(req, EngineControl):
             self.engine.cancel(req.stream_id)
             sender.send(flags=self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
             return
+        if not req.stream_id:  # a caller without a handle: the sequence is named by its request
+            req = replace(req, stream_id=owner)
         deadline = time.monotonic() + req.timeout_s if req.timeout_s else None
-        prompt_tokens = req.input_ids.size + (len(req.prompt_codes) if req.prompt_codes is not None else 0)
-        sink = EngineSink(self.pb, sender, self.name, request.request_id(), prompt_tokens)
-        try:
-            self.engine.submit(Sequence(req.input_ids, req.spk_emb, req.params, sink, mode=req.mode,
-                                        acknowledge=True, emit_tokens=req.emit_tokens,
-                                        first_emit_tokens=req.first_emit_tokens, priority=req.priority,
-                                        deadline_s=deadline, request_id=req.stream_id or request.request_id(),
-                                        owner=request.request_id(), prompt_codes=req.prompt_codes))
-        except ValueError as exc:
-            raise RequestError(str(exc)) from None
+        sink = EngineSink(self.pb, sender, self.name, owner, req.prompt_length)
+        self.engine.submit(Sequence(req, sink, deadline_s=deadline, acknowledge=True))
 
     def _accept_windows(self, request: Any, sender: Any, inputs: dict[str, np.ndarray]) -> None:
         """A window-mode sequence (the ensemble door): admitted while fewer than
@@ -407,19 +403,13 @@ class EngineModel(DecoupledModel):
             self._window_closed()
             raise
 
-    def _submit_windows(self, request: Any, sender: Any, req: EngineRequest, planner: WindowPlanner) -> None:
+    def _submit_windows(self, request: Any, sender: Any, req: SequenceRequest, planner: WindowPlanner) -> None:
         deadline = time.monotonic() + req.timeout_s if req.timeout_s else None
-        prompt_tokens = req.input_ids.size + (len(req.prompt_codes) if req.prompt_codes is not None else 0)
-        sink = WindowSink(self.pb, sender, self.name, request.request_id(), prompt_tokens, planner, req.stream_id,
+        sink = WindowSink(self.pb, sender, self.name, request.request_id(), req.prompt_length, planner, req.stream_id,
                           self._window_closed)
-        try:
-            self.engine.submit(Sequence(req.input_ids, req.spk_emb, req.params, sink, mode=req.mode,
-                                        emit_tokens=self.setup.profile.stream.emit_tokens,
-                                        first_emit_tokens=planner.first_emit_tokens(), priority=req.priority,
-                                        deadline_s=deadline, request_id=req.stream_id, owner=req.stream_id,
-                                        prompt_codes=req.prompt_codes))
-        except ValueError as exc:
-            raise RequestError(str(exc)) from None
+        req = replace(req, emit_tokens=self.setup.profile.stream.emit_tokens,
+                      first_emit_tokens=planner.first_emit_tokens(), request_id=req.stream_id)
+        self.engine.submit(Sequence(req, sink, deadline_s=deadline))
 
     def _window_closed(self) -> None:
         with self._windows_lock:

@@ -22,9 +22,10 @@ import numpy as np
 
 from .. import contract
 from ..contract import StopReason, VocoderPath
+from ..engine.request import SequenceRequest
 from ..errors import decode_stop
 from ..serving.entry_runtime import SharedHelper
-from ..serving.pipeline import FrontendCall, FrontendOutput, GenerateCall, TokenBatch
+from ..serving.pipeline import FrontendCall, FrontendOutput, TokenBatch
 from ..serving.request import CONTROL_CANCEL
 from ..serving.resilience import BreakerCall, CircuitBreaker, enter, settle
 from .cancels import cancel_address, send_cancel
@@ -194,7 +195,7 @@ class BlsStages:
                               dropped=tuple(json.loads(first_string(out(contract.FE_DROPPED)) or "[]")),
                               refine_ids=refine if refine.size else None, prompt_codes=codes if codes.size else None)
 
-    def generate(self, call: GenerateCall) -> EngineStream:
+    def generate(self, call: SequenceRequest) -> EngineStream:
         return EngineStream(self.pb, call, enter(self.breakers["engine"]), self.cancel_address,
                             receipts=self.receipts)
 
@@ -208,7 +209,7 @@ class BlsStages:
         return pb.get_output_tensor_by_name(resp, contract.VO_AUDIO.name).as_numpy()[0]
 
 
-def engine_inputs(pb: Any, call: GenerateCall, stream_id: str, delivery_address: str = "") -> list[Any]:
+def engine_inputs(pb: Any, call: SequenceRequest, stream_id: str, delivery_address: str = "") -> list[Any]:
     """The GPT engine's input tensors for ``call`` (``contract.ENGINE_INPUTS``); with a
     ``delivery_address``, the engine writes a receipt there after each response it sent."""
     inputs = [pb.Tensor(contract.FE_INPUT_IDS.name, np.asarray(call.input_ids).astype(np.int32)),
@@ -257,7 +258,7 @@ class EngineStream:
     reconnected), the stream reads without receipts (the board's ``late`` counts the streams
     that fell back either way)."""
 
-    def __init__(self, pb: Any, call: GenerateCall, breaker_call: BreakerCall, cancel_address: str = "",
+    def __init__(self, pb: Any, call: SequenceRequest, breaker_call: BreakerCall, cancel_address: str = "",
                  receipts: ReceiptBoard | None = None) -> None:
         self.pb = pb
         self.breaker_call = breaker_call
