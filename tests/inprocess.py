@@ -29,7 +29,7 @@ from chattts_serving.engine.scheduler import Engine, EngineConfig, Sequence
 from chattts_serving.engine.sinks import CollectingSink
 from chattts_serving.errors import RequestError
 from chattts_serving.runtime import Artifacts
-from chattts_serving.serving.frontend import FrontendService
+from chattts_serving.serving.frontend_service import FrontendService
 from chattts_serving.serving.pipeline import FrontendCall, FrontendOutput, SequenceRequest, TokenBatch
 from chattts_serving.text.frontend import FrontEnd
 from chattts_serving.text.voices import VoiceBook

@@ -352,7 +352,7 @@ def test_a_voices_file_recording_is_the_voice_and_its_transcript_precedes_the_te
     encoded once at start, its codes in every call's output, its transcript as txt_smp, no
     speaker vector unless the entry names one; a request's own recording wins; a recording
     outside the limits fails the front end's start with the voice's name."""
-    from chattts_serving.serving.frontend import FrontendService
+    from chattts_serving.serving.frontend_service import FrontendService
     from chattts_serving.serving.request import FrontendCall
     from chattts_serving.text.frontend import FrontEnd, FrontendError
     from chattts_serving.text.voices import VoiceBook

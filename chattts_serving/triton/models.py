@@ -51,7 +51,7 @@ from ..serving.admission import busy_error, rejection_reason
 from ..serving.ensemble import prepare_request
 from ..serving.entry import EntryService
 from ..serving.entry_runtime import UNLOAD_WAIT_S, EntryRuntime, internal_error
-from ..serving.frontend import FrontendService
+from ..serving.frontend_service import FrontendService
 from ..serving.logs import log_event
 from ..serving.pipeline import SynthesisJob
 from ..serving.request import (
@@ -219,7 +219,7 @@ class FrontendModel(UnaryModel):
     (INT32 [T]), spk_emb (FP32 [H], L2-normalised; [0] without a speaker), normalized_text
     (BYTES [1]), dropped (BYTES [1], JSON list of what is not spoken), refine_ids (INT32 [T'],
     the refine-text prompt), prompt_codes (INT32 [P, 4], the audio prompt; [0, 4] for none).
-    The DVAE encoder runs here (:class:`~chattts_serving.serving.frontend.FrontendService`).
+    The DVAE encoder runs here (:class:`~chattts_serving.serving.frontend_service.FrontendService`).
 
     With ``request_text`` the call is the ensemble door's first step: the whole request (the
     entry inputs, ``request_text`` its text) is validated and prepared by
