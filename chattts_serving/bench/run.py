@@ -642,7 +642,7 @@ def run(cfg: Config) -> dict[str, Any]:
     from ..runtime import Artifacts
     from ..serving.profile import load_profile
     from .baseline import run_baseline
-    from .frontend import measure_frontend
+    from .frontend_cost import measure_frontend
     from .minimal import pipeline_prompts
     from .serverload import level_jobs
 
