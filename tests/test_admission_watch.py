@@ -10,7 +10,7 @@ import asyncio
 import pytest
 
 from chattts_serving import contract
-from chattts_serving.client.admission import AdmissionWatch, target_host_port
+from chattts_serving.client.admission_watch import AdmissionWatch, target_host_port
 from chattts_serving.errors import ErrorKind
 from chattts_serving.gateway import GatewaySettings
 from chattts_serving.gateway.errors import busy_refusal

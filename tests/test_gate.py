@@ -443,7 +443,7 @@ def _follow(url: str, steps: Any, **kwargs: Any) -> Any:
     in an event loop of its own; its result."""
     import asyncio
 
-    from chattts_serving.client.admission import AdmissionWatch
+    from chattts_serving.client.admission_watch import AdmissionWatch
 
     async def main() -> Any:
         watch = AdmissionWatch(url, **kwargs)

@@ -312,7 +312,7 @@ void Announce() {
 // connection (and stop trusting a "full" that nobody confirms).
 // Ending every subscription when a gate unloads matters (docs/triton-workarounds.md, "watch
 // subscriptions at unload"). A subscriber that
-// closed its request side, as chattts_serving/client/admission.py does, ends its call at the
+// closed its request side, as chattts_serving/client/admission_watch.py does, ends its call at the
 // final flag, the model unloads, and the subscriber simply subscribes again (to a restarted
 // server). Unloading the watch alone (model control) waits for its subscribers to go.
 struct Watch {
