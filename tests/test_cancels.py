@@ -94,14 +94,14 @@ async def _storm(url: str, streams: int, metrics_url: str) -> int:
     running when closed."""
     import tritonclient.grpc.aio as aio
 
-    from chattts_serving.bench.burst import Outcome, _held_accepted, _one
+    from chattts_serving.bench.burst import BurstResult, _held_accepted, _one
     from chattts_serving.client import SynthesisRequest
 
     conns = [aio.InferenceServerClient(url) for _ in range(streams)]
     tag = uuid.uuid4().hex[:8]  # request ids stay unique in the shared server's log
     go = asyncio.Event()
     go.set()
-    outs = [Outcome() for _ in range(streams)]
+    outs = [BurstResult() for _ in range(streams)]
     tasks = [asyncio.create_task(_one(c, SynthesisRequest(text="一直说下去。", max_new_tokens=2048, min_new_tokens=2048,
                                                           request_id=f"storm-{tag}-{i}"), go, 600.0, outs[i]))
              for i, c in enumerate(conns)]

@@ -153,3 +153,20 @@ def test_each_gpu_instance_runs_on_its_own_device() -> None:
     assert on_gpu1.ort("engine").device_id == 1 and on_gpu1.ort("vocoder").device_id == 1
     assert on_gpu1.ort("engine").providers == prof.ort("engine").providers
     assert on_cpu.ort("engine") == load_profile("cpu").ort("engine")
+
+
+@pytest.mark.parametrize("gate", [True, False])
+def test_each_model_py_docstring_names_every_model_it_serves(gate: bool, tmp_path: Path) -> None:
+    """A reader of model_repository/<dir>/1/model.py learns which models it serves: with the
+    gate (every shipped profile) chattts/1/model.py serves chattts_entry, without it chattts."""
+    base = load_profile("cpu")
+    profile = base.model_copy(update={"entry": base.entry.model_copy(update={"gate": gate})})
+    specs = render.model_specs(profile, tmp_path, tmp_path)
+    missing = []
+    for s in specs:
+        if s.backend != "python" or s.platform:
+            continue
+        doc = (render.REPO_SRC / s.adapter_dir / "1" / "model.py").read_text().split('"""')[1]
+        if f"``{s.name}``" not in doc:
+            missing.append(f"{s.adapter_dir}/1/model.py does not name {s.name}")
+    assert missing == []

@@ -67,7 +67,7 @@ class EntryObserver(Protocol):
 
 
 @dataclass(frozen=True, kw_only=True)
-class Outcome:
+class EntryOutcome:
     """How an accepted request ended: its result (None when it failed before any audio) and
     its error (None when it completed or was cancelled)."""
 
@@ -252,7 +252,7 @@ class EntryService:
             assert result is not None
             closed = guard.finish(info_json(job, result, final=True))
         if closed:
-            self.finish(job, Outcome(result=result or out.partial, error=error))
+            self.finish(job, EntryOutcome(result=result or out.partial, error=error))
 
     def close(self, deadline_s: float) -> int:
         """The model unloads: end every live stream now with :func:`unloading_error` and tell
@@ -273,7 +273,7 @@ class EntryService:
         """End a stream from outside its thread (watchdog, unload) with ``exc``, recording its
         outcome unless the stream had already ended."""
         if guard.fail(exc):
-            self.finish(job, Outcome(result=None, error=exc))
+            self.finish(job, EntryOutcome(result=None, error=exc))
 
     def _stalled(self, guard: StreamGuard, job: SynthesisJob) -> None:
         """The watchdog's verdict on a request without progress for ``entry.stall_timeout_s``
@@ -315,14 +315,14 @@ class EntryService:
             guard.send_chunk(audio)
             closed = guard.finish(info_json(job, result, final=True))
         if closed:
-            self.finish(job, Outcome(result=result, error=error))
+            self.finish(job, EntryOutcome(result=result, error=error))
 
     # ---- bookkeeping -------------------------------------------------------------------------------
     def first_audio(self, job: SynthesisJob) -> None:
         """The request produced its first audio: it no longer counts as queued."""
         self._count_waiting(-1)
 
-    def finish(self, job: SynthesisJob, outcome: Outcome) -> None:
+    def finish(self, job: SynthesisJob, outcome: EntryOutcome) -> None:
         """Record the end of an accepted request (exactly once): slot, metrics, log line."""
         result, error = outcome.result, outcome.error
         duration = time.monotonic() - job.arrival_s
