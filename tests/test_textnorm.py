@@ -14,7 +14,7 @@ from chattts_serving.runtime import Artifacts
 from chattts_serving.text import normalize as textnorm
 from chattts_serving.text import request_text
 from chattts_serving.text.frontend import FrontEnd, FrontendError
-from chattts_serving.text.normalize import normalize, split_segments
+from chattts_serving.text.normalize import normalize, split_languages
 from chattts_serving.text.speaker import encode_spk_emb, speaker_from_seed
 from chattts_serving.text.voices import (
     OPENAI_VOICES,
@@ -133,8 +133,8 @@ SEGMENTS = [
 
 
 @pytest.mark.parametrize("text, expected", SEGMENTS)
-def test_split_segments(text: str, expected: list[tuple[str, str]]) -> None:
-    assert [(s.lang, s.text) for s in split_segments(text)] == expected
+def test_split_languages(text: str, expected: list[tuple[str, str]]) -> None:
+    assert [(s.lang, s.text) for s in split_languages(text)] == expected
 
 
 def test_mixed_text_segments_follow_the_language_of_each_part() -> None:
