@@ -22,7 +22,6 @@ from typing import Any
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from conftest import Server, free_port
 from tritonclient.utils import InferenceServerException
 
 from chattts_serving import contract
@@ -31,6 +30,7 @@ from chattts_serving.deploy import admin
 from chattts_serving.deploy.probe import probe
 from chattts_serving.deploy.server import Supervisor, bundled_triton
 from chattts_serving.serving.profile import HealthProfile
+from tests.support.servers import Server, free_port
 
 REFUSED_HTTP = f"This API is restricted, expecting header '{admin.ADMIN_HEADER}'"
 REFUSED_GRPC = f"This protocol is restricted, expecting header '{admin.GRPC_ADMIN_HEADER}'"

@@ -70,7 +70,7 @@ def test_a_door_is_full_only_when_every_reachable_address_reports_it_full(
 
 def test_a_follower_of_an_address_where_nothing_listens_marks_it_unreachable() -> None:
     async def follow() -> dict[str, object]:
-        from conftest import free_port
+        from tests.support.servers import free_port
 
         watch = AdmissionWatch(f"127.0.0.1:{free_port()}", retry_s=0.05)
         watch.start()

@@ -24,7 +24,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import running_gateway
 
 from chattts_serving import contract
 from chattts_serving.bench import load_sentences
@@ -57,6 +56,7 @@ from chattts_serving.bench.wsload import WS_FIGURES, last_deltas, tokens_of
 from chattts_serving.client.common import TIMEOUT, ClientError
 from chattts_serving.errors import ErrorKind, encode
 from chattts_serving.serving.profile import load_profile
+from tests.support.servers import running_gateway
 
 ROOT = Path(__file__).resolve().parent.parent
 

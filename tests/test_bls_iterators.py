@@ -15,9 +15,7 @@ import weakref
 from typing import Any
 
 import numpy as np
-from conftest import wait_until
 
-from chattts_serving import contract
 from chattts_serving.contract import StopReason
 from chattts_serving.engine.request import SequenceRequest
 from chattts_serving.params import SamplingParams
@@ -25,6 +23,8 @@ from chattts_serving.serving.entry_runtime import SharedHelper
 from chattts_serving.serving.resilience import CircuitBreaker, enter
 from chattts_serving.triton import stages
 from chattts_serving.triton.stages import EngineStream, IteratorGrave
+from tests.support.bls_fakes import FakeBlsPb
+from tests.support.servers import wait_until
 
 
 class _Held:
@@ -51,63 +51,12 @@ def test_the_grave_holds_an_iterator_for_its_grace_then_its_thread_lets_go() -> 
     assert quick.held() == 0
 
 
-class _Tensor:
-    def __init__(self, name: str, value: np.ndarray) -> None:
-        self.name, self.value = name, value
-
-    def as_numpy(self) -> np.ndarray:
-        return self.value
 
 
-class _Response:
-    def __init__(self, tensors: dict[str, np.ndarray] | None) -> None:
-        self.tensors = tensors or {}
-
-    def has_error(self) -> bool:
-        return False
 
 
-class _Iterator:
-    """A decoupled BLS call's responses: batches of 2 tokens, the last with stop reason eos,
-    then the empty final response."""
-
-    def __init__(self, batches: int, hidden: int) -> None:
-        def batch(i: int) -> _Response:
-            stop = "eos" if i == batches - 1 else ""
-            return _Response({contract.EN_CODES.name: np.zeros((2, contract.NUM_VQ), np.int32),
-                              contract.EN_HIDDEN.name: np.zeros((2, hidden), np.float32),
-                              contract.EN_STOP.name: np.array([stop.encode()], np.object_)})
-        self._items = iter([batch(i) for i in range(batches)] + [_Response(None)])
-
-    def __iter__(self) -> _Iterator:
-        return self
-
-    def __next__(self) -> _Response:
-        return next(self._items)
 
 
-class _FakePb:
-    """The parts of ``triton_python_backend_utils`` an engine stream uses."""
-
-    def __init__(self) -> None:
-        self.iterators: list[weakref.ref[_Iterator]] = []
-
-    Tensor = _Tensor
-
-    def InferenceRequest(self, **_: Any) -> Any:  # Triton's name
-        pb = self
-
-        class _Request:
-            def exec(self, decoupled: bool = False) -> _Iterator:
-                assert decoupled
-                it = _Iterator(3, 8)
-                pb.iterators.append(weakref.ref(it))
-                return it
-        return _Request()
-
-    @staticmethod
-    def get_output_tensor_by_name(resp: _Response, name: str) -> _Tensor | None:
-        return _Tensor(name, resp.tensors[name]) if name in resp.tensors else None
 
 
 def test_an_engine_stream_hands_its_finished_iterator_to_the_grave(monkeypatch: Any) -> None:
@@ -115,7 +64,7 @@ def test_an_engine_stream_hands_its_finished_iterator_to_the_grave(monkeypatch: 
     held = SharedHelper("grave", lambda: grave, lambda g, deadline_s: None)
     held.acquire()
     monkeypatch.setattr(stages, "ITERATOR_GRAVE", held)
-    pb = _FakePb()
+    pb = FakeBlsPb()
     call = SequenceRequest(input_ids=np.arange(4), spk_emb=np.zeros(8, np.float32), params=SamplingParams(),
                         emit_tokens=2)
     stream = EngineStream(pb, call, enter(CircuitBreaker("engine", 5, 10.0)), cancel_address="")

@@ -11,10 +11,10 @@ import uuid
 from typing import Any
 
 import pytest
-from conftest import wait_until
 
 from chattts_serving import contract
 from chattts_serving.triton.cancels import CancelListener, cancel_address, send_cancel
+from tests.support.servers import wait_until
 
 
 def _address(tag: str) -> str:
@@ -125,7 +125,7 @@ async def _storm(url: str, streams: int, metrics_url: str) -> int:
 def storm_server(small_artifacts: Any, tmp_path_factory: pytest.TempPathFactory) -> Any:
     """A server of its own (the storm would switch a shared one into its degraded mode) whose
     degraded mode is out of reach."""
-    from conftest import Server, serve_profile
+    from tests.support.servers import Server, serve_profile
 
     srv = serve_profile(small_artifacts, tmp_path_factory.mktemp("storm"),
                         degrade={"live_high": 10**6, "live_low": 10**6 - 1, "queued_high": 10**6,

@@ -19,7 +19,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import metric, wait_until
 
 from chattts_serving import contract
 from chattts_serving.client import (
@@ -34,6 +33,7 @@ from chattts_serving.client import (
     synthesize_stream,
 )
 from chattts_serving.serving.profile import load_profile
+from tests.support.servers import metric, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 TEXT_ZH = "你好，欢迎使用流式语音合成服务。"

@@ -14,11 +14,11 @@ import urllib.request
 import numpy as np
 import psutil
 import pytest
-from conftest import Server, free_port, stub_processes
 
 from chattts_serving import contract
 from chattts_serving.client import AioStreamClient, ClientError, SynthesisRequest, iter_parts
 from chattts_serving.errors import ErrorKind
+from tests.support.servers import Server, free_port, stub_processes
 
 pytestmark = pytest.mark.server
 
@@ -58,7 +58,7 @@ def test_same_audio_as_the_threaded_client_and_many_streams_share_one_channel(tr
             await client.close()
 
     alone, results = asyncio.run(main())
-    np.testing.assert_allclose(alone, sync, rtol=0, atol=1e-4)  # two syntheses: float noise (conftest.SAME_PCM16_LSB)
+    np.testing.assert_allclose(alone, sync, rtol=0, atol=1e-4)  # two syntheses: float noise (servers.SAME_PCM16_LSB)
     # batched with others, the vocoder's float sums may round differently
     np.testing.assert_allclose(results[0][0], sync, atol=1e-5)
     for audio, info in results:

@@ -16,8 +16,6 @@ from typing import Any
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
-from conftest import Server, stub_processes, wait_until
-from test_bls_iterators import _FakePb, _Iterator, _Response
 
 from chattts_serving import contract
 from chattts_serving.contract import StopReason
@@ -35,6 +33,8 @@ from chattts_serving.triton.deliveries import (
     delivery_prefix,
 )
 from chattts_serving.triton.stages import EngineStream, IteratorGrave
+from tests.support.bls_fakes import FakeBlsPb, FakeIterator, FakeResponse
+from tests.support.servers import Server, stub_processes, wait_until
 
 
 def _board(tag: str) -> ReceiptBoard:
@@ -147,7 +147,7 @@ class _Engine:
     writes each one's receipt after it, slowly; records every ``next`` that came before the
     response it asks for was queued."""
 
-    def __init__(self, board: ReceiptBoard, writer: ReceiptWriter, responses: list[_Response],
+    def __init__(self, board: ReceiptBoard, writer: ReceiptWriter, responses: list[FakeResponse],
                  receipts: bool = True, dies_after: int | None = None) -> None:
         self.board, self.writer, self.receipts = board, writer, receipts
         self.dies_after = dies_after  # close the receipt connection after this many responses
@@ -158,7 +158,7 @@ class _Engine:
     def __iter__(self) -> _Engine:
         return self
 
-    def __next__(self) -> _Response:
+    def __next__(self) -> FakeResponse:
         if self.read >= len(self.items):
             raise StopIteration
         if self.read >= self.queued:
@@ -183,7 +183,7 @@ class _Engine:
 
 
 def _stream_over(board: ReceiptBoard | None, engine: _Engine, monkeypatch: Any) -> EngineStream:
-    pb = _FakePb()
+    pb = FakeBlsPb()
 
     class _Request:
         def __init__(self, **kw: Any) -> None:
@@ -209,9 +209,9 @@ def _stream_over(board: ReceiptBoard | None, engine: _Engine, monkeypatch: Any) 
     return EngineStream(pb, call, enter(CircuitBreaker("engine", 5, 10.0)), receipts=board)
 
 
-def _responses(batches: int) -> list[_Response]:
-    it = _Iterator(batches, 8)
-    ack = _Response({contract.EN_CODES.name: np.zeros((0, contract.NUM_VQ), np.int32),
+def _responses(batches: int) -> list[FakeResponse]:
+    it = FakeIterator(batches, 8)
+    ack = FakeResponse({contract.EN_CODES.name: np.zeros((0, contract.NUM_VQ), np.int32),
                      contract.EN_HIDDEN.name: np.zeros((0, 8), np.float32),
                      contract.EN_STOP.name: np.array([b""], np.object_)})
     return [ack, *it._items]
@@ -266,7 +266,7 @@ class _TritonError:
         return "Failed to process the request(s) for model 'chattts_gpt', message: Stub process is not healthy."
 
 
-class _ErrorResponse(_Response):
+class _ErrorResponse(FakeResponse):
     def __init__(self) -> None:
         super().__init__(None)
 

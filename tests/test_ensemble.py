@@ -21,9 +21,6 @@ from typing import Any
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
-from conftest import serve_profile, wait_until
-from test_server import BAD_INPUTS, GREEDY, _input
-from test_server import stream as bls_stream
 
 from chattts_serving import contract
 from chattts_serving.audio.reference import encode_spk_smp
@@ -31,6 +28,9 @@ from chattts_serving.client import ChunkOrder, SynthesisRequest, synthesize_stre
 from chattts_serving.client.common import StreamPart
 from chattts_serving.errors import ErrorKind, decode_tagged
 from chattts_serving.runtime import Artifacts
+from tests.support.requests import BAD_INPUTS, GREEDY, entry_input
+from tests.support.requests import stream as bls_stream
+from tests.support.servers import serve_profile, wait_until
 
 pytestmark = pytest.mark.server
 
@@ -90,12 +90,12 @@ def ensemble(url: str, inputs: list[grpcclient.InferInput], timeout_s: float = 1
 
 def _request(text: str, seed: int, tokens: int, lookahead: int | None = None,
              greedy: bool = False) -> list[grpcclient.InferInput]:
-    out = [_input("text", text), _input("seed", seed), _input("voice", str(seed)), _input("max_new_tokens", tokens),
-           _input("min_new_tokens", tokens)]
+    out = [entry_input("text", text), entry_input("seed", seed), entry_input("voice", str(seed)),
+           entry_input("max_new_tokens", tokens), entry_input("min_new_tokens", tokens)]
     if lookahead is not None:
-        out.append(_input("lookahead_tokens", lookahead))
+        out.append(entry_input("lookahead_tokens", lookahead))
     if greedy:
-        out.append(_input("temperature", GREEDY))
+        out.append(entry_input("temperature", GREEDY))
     return out
 
 
@@ -192,13 +192,13 @@ def test_the_cli_streams_from_the_ensemble(triton_server, tmp_path: Path) -> Non
 
 
 REFUSED = [
-    ("refine_text", [_input("refine_text", True)], "refine_text"),
-    ("segmentation chattts", [_input("segmentation", "chattts")], "segmentation"),
-    ("codes vocoder", [_input("vocoder", "codes")], "vocoder"),
-    ("reference recording", [_input("reference_audio", np.zeros(24000, np.float32) + 0.01, "FP32"),
-                             _input("reference_text", "这是参考录音。")], "reference_audio"),
-    ("spk_smp", [_input("spk_smp", encode_spk_smp(np.ones((30, contract.NUM_VQ), np.int32))),
-                 _input("reference_text", "参考。")], "spk_smp"),
+    ("refine_text", [entry_input("refine_text", True)], "refine_text"),
+    ("segmentation chattts", [entry_input("segmentation", "chattts")], "segmentation"),
+    ("codes vocoder", [entry_input("vocoder", "codes")], "vocoder"),
+    ("reference recording", [entry_input("reference_audio", np.zeros(24000, np.float32) + 0.01, "FP32"),
+                             entry_input("reference_text", "这是参考录音。")], "reference_audio"),
+    ("spk_smp", [entry_input("spk_smp", encode_spk_smp(np.ones((30, contract.NUM_VQ), np.int32))),
+                 entry_input("reference_text", "参考。")], "spk_smp"),
     ("several sentence segments", [], "text"),
 ]
 
@@ -208,7 +208,7 @@ def test_what_only_chattts_does_is_refused_naming_the_chattts_door(triton_server
                                                                   param: str) -> None:
     text = "今天天气很好。" if extra else "。".join(["这是一句足够长的句子，用来让文本被切成好几个分段"] * 8) + "。"
     request_id = f"refused-{uuid.uuid4().hex[:8]}"
-    run = ensemble(triton_server.grpc_url, [_input("text", text), *extra], request_id=request_id)
+    run = ensemble(triton_server.grpc_url, [entry_input("text", text), *extra], request_id=request_id)
     assert run.error is not None and not run.chunks, case
     tag = decode_tagged(run.error)
     assert tag.kind == ErrorKind.INVALID, run.error
@@ -323,7 +323,7 @@ def test_a_cancel_frees_the_engine_sequence_and_the_slot(one_slot) -> None:
 def test_a_deadline_ends_the_stream_with_an_explicit_error(one_slot) -> None:
     url, port = f"127.0.0.1:{one_slot.grpc_port}", one_slot.metrics_port
     t0 = time.monotonic()
-    run = ensemble(url, [*_request("超时测试。", 9, 2000), _input("timeout_s", 0.5)])
+    run = ensemble(url, [*_request("超时测试。", 9, 2000), entry_input("timeout_s", 0.5)])
     assert run.error is not None, "a 2000-token stream ended within its 0.5 s deadline"
     assert decode_tagged(run.error).kind == ErrorKind.DEADLINE, run.error
     assert time.monotonic() - t0 < 60

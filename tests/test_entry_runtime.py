@@ -13,8 +13,6 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
-from conftest import wait_until
-from fake_triton import FINAL, FakePb, Host, Request, Tensor
 
 from chattts_serving.deploy.render import render_repository
 from chattts_serving.errors import decode
@@ -24,6 +22,8 @@ from chattts_serving.serving.profile import load_profile
 from chattts_serving.serving.slots import StreamSlots
 from chattts_serving.triton.deliveries import RECEIPT_BOARD
 from chattts_serving.triton.stages import ITERATOR_GRAVE
+from tests.support.fake_triton import FINAL, FakePb, Host, Request, Tensor
+from tests.support.servers import wait_until
 
 STUB_THREADS = ("entry_", "refuse_", "entry-dispatch", "refusal-record", "degrade-tick", "cancel-watch",
                 "unload-cancels", "final-window", "receipts-accept", "receipts-read", "bls-iterator-grave")

@@ -26,8 +26,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import free_port
-from test_overload import Stream, _serve
 
 from chattts_serving import contract
 from chattts_serving.client import ClientError, SynthesisRequest, synthesize_stream
@@ -43,6 +41,8 @@ from chattts_serving.deploy.server import (
 )
 from chattts_serving.runtime import Artifacts
 from chattts_serving.serving.profile import PROFILES_DIR, HealthProfile, ProfileError, load_profile
+from tests.support.servers import free_port, serve_profile
+from tests.support.streams import Stream
 
 BREAKER_FAILURES = 3
 NOT_HEALTHY = "not healthy"  # Triton 2.51's error for a request to a model whose stub died
@@ -99,7 +99,7 @@ def crashable(small_artifacts: Artifacts, tmp_path_factory: pytest.TempPathFacto
     stub holds the shared-memory lock of a response it is sending (see the death test). A stuck
     engine does not stop this server (health.stop_on_stall off: tests/test_stalls.py covers
     that), so that the tests after the frozen-engine one find it serving."""
-    srv = _serve(small_artifacts, tmp_path_factory.mktemp("crashable"),
+    srv = serve_profile(small_artifacts, tmp_path_factory.mktemp("crashable"),
                  entry={"stall_timeout_s": 3.0, "breaker_failures": BREAKER_FAILURES, "breaker_cooldown_s": 3600.0,
                         "max_concurrent_streams": 2}, stream={"emit_tokens": 64},
                  engine={"waiting_heartbeat_s": 1.0}, health={"stop_on_stall": False})
@@ -304,7 +304,7 @@ def test_stopping_a_server_ends_live_streams_as_unavailable_and_exits_cleanly(
     the entry models joined their threads in finalize, their stubs died with "Fatal Python
     error: Segmentation fault" at every stop of a server that had served requests), and the
     server exits before its exit timeout."""
-    srv = _serve(small_artifacts, tmp_path)
+    srv = serve_profile(small_artifacts, tmp_path)
     streams: list[Stream] = []
     try:
         streams = [Stream(f"127.0.0.1:{srv.grpc_port}", "停止时还在播放的流。", i, 2000, request_id=f"live-{i}").start()
@@ -336,7 +336,7 @@ def test_the_drain_returns_once_the_requests_in_flight_have_finished(
     from chattts_serving.deploy.drain import drain
     from chattts_serving.deploy.drain import main as drain_main
 
-    srv = _serve(small_artifacts, tmp_path)
+    srv = serve_profile(small_artifacts, tmp_path)
     metrics = f"http://127.0.0.1:{srv.metrics_port}/metrics"
     grpc = f"127.0.0.1:{srv.grpc_port}"
     try:

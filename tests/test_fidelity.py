@@ -14,7 +14,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from inprocess import InProcessStages
 
 from chattts_serving import contract
 from chattts_serving.params import SamplingParams
@@ -22,6 +21,7 @@ from chattts_serving.runtime import Artifacts
 from chattts_serving.serving.pipeline import SynthesisJob, offline_audio
 from chattts_serving.serving.profile import load_profile
 from chattts_serving.serving.request import EntryRequest
+from tests.support.inprocess import InProcessStages
 
 GREEDY = 1e-6  # at 1e-4 a near-tie (logit gap about 1e-4) is still a coin toss between implementations
 TOKENS = 24

@@ -10,10 +10,10 @@ from typing import Any
 
 import numpy as np
 import pytest
-from fake_triton import FINAL, FakePb, Request, Sender
 
 from chattts_serving import contract
 from chattts_serving.triton.finals import FinalWindow, WindowedSender, answer_ping, is_ping, ping_inputs
+from tests.support.fake_triton import FINAL, FakePb, Request, Sender
 
 
 class Clock:

@@ -20,7 +20,6 @@ import numpy as np
 import pytest
 import tomllib
 import tritonclient.grpc as grpcclient
-from conftest import free_port, metric
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
@@ -32,6 +31,7 @@ from chattts_serving.deploy.server import TritonServer
 from chattts_serving.runtime import Artifacts
 from chattts_serving.serving.admission import busy_error
 from chattts_serving.serving.profile import PROFILES_DIR, Profile, load_profile
+from tests.support.servers import metric, serve_profile
 
 
 # --- build ---------------------------------------------------------------------------------------
@@ -219,7 +219,7 @@ def test_a_stream_through_the_gate_is_the_stream_of_the_entry_model(triton_serve
                                  request_id="gate-fwd-2")
     assert err_gate is None and err_direct is None
     assert len(via_gate) == len(direct) >= 3  # first chunk, more chunks, final info
-    np.testing.assert_allclose(_audio(via_gate), _audio(direct), rtol=0, atol=1e-4)  # conftest.SAME_PCM16_LSB
+    np.testing.assert_allclose(_audio(via_gate), _audio(direct), rtol=0, atol=1e-4)  # servers.SAME_PCM16_LSB
     assert [r.as_numpy(contract.OUT_AUDIO.name).shape if r.as_numpy(contract.OUT_AUDIO.name) is not None else None
             for r in via_gate] == [r.as_numpy(contract.OUT_AUDIO.name).shape
                                    if r.as_numpy(contract.OUT_AUDIO.name) is not None else None for r in direct]
@@ -252,7 +252,7 @@ def test_an_utterance_through_the_offline_gate_is_the_offline_entry_models(trito
     assert err_gate is None and err_direct is None, (err_gate, err_direct)
     a, b = via_gate.as_numpy(contract.OUT_AUDIO.name), direct.as_numpy(contract.OUT_AUDIO.name)
     assert a.shape == b.shape and a.size > 0
-    np.testing.assert_allclose(a, b, rtol=0, atol=1e-4)  # conftest.SAME_PCM16_LSB
+    np.testing.assert_allclose(a, b, rtol=0, atol=1e-4)  # servers.SAME_PCM16_LSB
     info_gate, info_direct = (json.loads(r.as_numpy(contract.OUT_INFO.name)[0]) for r in (via_gate, direct))
     assert sorted(info_gate) == sorted(info_direct) and info_gate["final"] is True
     assert info_gate["request_id"] == "off-gate-1"
@@ -313,10 +313,7 @@ def test_a_client_cancel_passes_through_the_gate(triton_server: Any) -> None:
 # --- without the gate ------------------------------------------------------------------------------
 def _serve(artifacts: Artifacts, work: Path, **entry: Any) -> Iterator[TritonServer]:
     """A started server over ``artifacts`` with the cpu profile's ``[entry]`` changed; stopped after."""
-    render_repository(_profile(**entry), artifacts.root, work / "repo")
-    srv = TritonServer(work / "repo", http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
-                       log_path=work / "tritonserver.log", build_dir=work / "build")
-    srv.start()
+    srv = serve_profile(artifacts, work, entry=entry)
     try:
         yield srv
     finally:

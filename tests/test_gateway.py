@@ -23,17 +23,6 @@ from typing import Any
 import httpx2 as httpx
 import numpy as np
 import pytest
-from conftest import (
-    ROOT,
-    SAME_PCM16_LSB,
-    Server,
-    free_port,
-    metric,
-    pcm16_gap,
-    running_gateway,
-    serve_profile,
-    wait_until,
-)
 from fastapi.testclient import TestClient
 
 from chattts_serving import contract
@@ -46,6 +35,17 @@ from chattts_serving.gateway.__main__ import parse_args, settings_from_args
 from chattts_serving.gateway.errors import from_client_error
 from chattts_serving.runtime import Artifacts
 from chattts_serving.text.voices import OPENAI_VOICES, VoiceBook
+from tests.support.servers import (
+    ROOT,
+    SAME_PCM16_LSB,
+    Server,
+    free_port,
+    metric,
+    pcm16_gap,
+    running_gateway,
+    serve_profile,
+    wait_until,
+)
 
 API_KEY = "test-key-123"
 TOKENS = 40

@@ -22,12 +22,12 @@ from typing import Any
 import httpx2 as httpx
 import numpy as np
 import pytest
-from conftest import SAME_PCM16_LSB, Server, pcm16_gap, running_gateway
 
 from chattts_serving import contract
 from chattts_serving.gateway import GatewaySettings
 from chattts_serving.gateway.omni_ws import ClauseSplitter
 from chattts_serving.gateway.ws import WS_PATH
+from tests.support.servers import SAME_PCM16_LSB, Server, pcm16_gap, running_gateway
 
 websockets = pytest.importorskip("websockets")
 

@@ -16,11 +16,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ROOT, Server, running_gateway, wait_until
 
 from chattts_serving import contract
 from chattts_serving.gateway import GatewaySettings
 from chattts_serving.gateway.ws import WS_PATH
+from tests.support.servers import ROOT, Server, running_gateway, wait_until
 
 CHROMIUM = os.environ.get("CHATTTS_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
 API_KEY = "page-key-1"

@@ -17,7 +17,6 @@ from typing import Any
 import httpx2 as httpx
 import numpy as np
 import pytest
-from conftest import Server, running_gateway
 
 from chattts_serving import contract
 from chattts_serving.audio import formats as F
@@ -25,6 +24,7 @@ from chattts_serving.audio.formats import resampled_length
 from chattts_serving.client import SynthesisRequest, iter_parts
 from chattts_serving.gateway import GatewaySettings
 from chattts_serving.gateway.ws import WS_PATH, Close
+from tests.support.servers import Server, running_gateway
 
 TOKENS = 24
 BODY = {"model": "chattts", "voice": "alloy", "input": "你好，欢迎使用。", "seed": 5, "max_new_tokens": TOKENS,

@@ -21,13 +21,13 @@ from typing import Any
 import httpx2 as httpx
 import numpy as np
 import pytest
-from conftest import Server, metric, running_gateway, serve_profile, wait_until
 
 from chattts_serving import contract
 from chattts_serving.gateway import GatewaySettings
 from chattts_serving.gateway.ws import WS_PATH, Close
 from chattts_serving.runtime import Artifacts
 from chattts_serving.text.sentences import SentenceSplitter, markup_only, split_sentences
+from tests.support.servers import Server, metric, running_gateway, serve_profile, wait_until
 
 websockets = pytest.importorskip("websockets")
 

@@ -13,7 +13,6 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from conftest import free_port
 
 from chattts_serving import contract
 from chattts_serving.engine.gpt import Embeddings, GptStepRunner
@@ -33,6 +32,7 @@ from chattts_serving.export.int8 import (
 from chattts_serving.params import SamplingParams
 from chattts_serving.runtime import Artifacts, OrtOptions
 from chattts_serving.serving.profile import load_profile
+from tests.support.servers import serve_profile
 
 INT8 = OrtOptions(precision="int8")
 
@@ -254,17 +254,14 @@ def _key(root: Path, name: str) -> str:
 @pytest.mark.server
 def test_cpu_int8_profile_serves_a_stream_from_the_int8_graph(int8_artifacts: Artifacts, tmp_path: Path) -> None:
     from chattts_serving.client import SynthesisRequest, synthesize_stream
-    from chattts_serving.deploy.render import render_repository
-    from chattts_serving.deploy.server import TritonServer
 
-    repo = tmp_path / "model_repository"
-    render_repository(load_profile("cpu-int8"), int8_artifacts.root, repo)
-    ports = free_port(), free_port(), free_port()
+    srv = serve_profile(int8_artifacts, tmp_path, profile="cpu-int8")
     log = tmp_path / "tritonserver.log"
-    with TritonServer(repo, http_port=ports[0], grpc_port=ports[1], metrics_port=ports[2], log_path=log,
-                      build_dir=tmp_path / "build"):
-        res = synthesize_stream(f"127.0.0.1:{ports[1]}", SynthesisRequest(
+    try:
+        res = synthesize_stream(f"127.0.0.1:{srv.grpc_port}", SynthesisRequest(
             text="你好，欢迎使用流式语音合成服务。", seed=1, max_new_tokens=24, min_new_tokens=24))
+    finally:
+        srv.stop()
     assert res.chunks >= 2
     assert res.audio.size == contract.samples_for_tokens(24) and np.isfinite(res.audio).all()
     assert f"GPT step graph {contract.INT8_GRAPH_FILES[contract.GPT_GRAPH]} (precision int8)" in log.read_text(

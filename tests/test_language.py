@@ -8,7 +8,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-from inprocess import InProcessStages
 
 from chattts_serving import contract
 from chattts_serving.client import ClientError, SynthesisRequest, synthesize_offline, synthesize_stream
@@ -18,6 +17,7 @@ from chattts_serving.runtime import Artifacts
 from chattts_serving.serving.pipeline import SynthesisJob, prepare_segments
 from chattts_serving.serving.profile import load_profile
 from chattts_serving.serving.request import EntryLimits, EntryRequest, parse_entry, parse_frontend
+from tests.support.inprocess import InProcessStages
 
 READINGS = [("25kg", {"zh": "二十五千克", "en": "twenty five kilograms"}),
             ("03:04pm", {"zh": "下午三点零四分", "en": "three oh four PM"})]

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 import tritonclient.http as httpclient
-from conftest import free_port
 from tritonclient.utils import InferenceServerException
 
 from chattts_serving import contract
 from chattts_serving.deploy import admin
 from chattts_serving.runtime import Artifacts
+from tests.support.servers import free_port
 
 pytestmark = pytest.mark.server
 

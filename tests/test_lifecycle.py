@@ -20,8 +20,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import wait_until
-from inprocess import InProcessStages, RecordingChannel, RecordingObserver, run_offline
 
 from chattts_serving import contract
 from chattts_serving.engine.request import SequenceRequest
@@ -30,6 +28,8 @@ from chattts_serving.runtime import Artifacts
 from chattts_serving.serving.entry import EntryService
 from chattts_serving.serving.pipeline import StreamResult, TokenBatch, stream_audio
 from chattts_serving.serving.profile import Profile, load_profile
+from tests.support.inprocess import InProcessStages, RecordingChannel, RecordingObserver, run_offline
+from tests.support.servers import wait_until
 
 TEXT = "今天天气很好。"
 

@@ -17,8 +17,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-from chattts_ref import GREEDY, VOICE, assert_same_audio, chat_infer, recording, strip_like_chattts
-from inprocess import InProcessStages, RecordingChannel, RecordingObserver
 
 from chattts_serving import contract
 from chattts_serving.audio.reference import AudioPrompt, encode_spk_smp
@@ -31,6 +29,8 @@ from chattts_serving.serving.profile import load_profile
 from chattts_serving.serving.request import EntryRequest, Reference
 from chattts_serving.text.refine import RefineParams
 from chattts_serving.text.segments import split_like_chattts
+from tests.support.chattts_ref import GREEDY, VOICE, assert_same_audio, chat_infer, recording, strip_like_chattts
+from tests.support.inprocess import InProcessStages, RecordingChannel, RecordingObserver
 
 
 class Recording(InProcessStages):

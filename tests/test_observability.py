@@ -34,11 +34,11 @@ import psutil
 import pytest
 import tritonclient.grpc as grpcclient
 import yaml
-from conftest import ROOT, Server, free_port, running_gateway
 
 from chattts_serving import contract
 from chattts_serving.client import ClientError, SynthesisRequest, synthesize_offline, synthesize_stream
 from chattts_serving.serving.logs import JsonLineFormatter, event_line
+from tests.support.servers import ROOT, Server, free_port, running_gateway
 
 pytestmark = pytest.mark.server
 

@@ -4,7 +4,6 @@ whose profile has small limits (small generated model)."""
 from __future__ import annotations
 
 import json
-import queue
 import threading
 import time
 import urllib.request
@@ -16,15 +15,12 @@ from typing import Any
 import numpy as np
 import psutil
 import pytest
-import tomllib
-import tritonclient.grpc as grpcclient
-from conftest import free_port
 
 from chattts_serving import contract
-from chattts_serving.deploy.render import render_repository
 from chattts_serving.deploy.server import TritonServer
 from chattts_serving.runtime import Artifacts
-from chattts_serving.serving.profile import PROFILES_DIR, Profile
+from tests.support.servers import serve_profile
+from tests.support.streams import Stream
 
 pytestmark = pytest.mark.server
 
@@ -35,17 +31,6 @@ DEGRADED_ASKED_TOKENS = 300
 STREAM_TOKENS = 1000
 
 
-def _serve(artifacts: Artifacts, work: Path, **changes: dict[str, Any]) -> TritonServer:
-    data = tomllib.loads((PROFILES_DIR / "cpu.toml").read_text())
-    for table, values in changes.items():
-        data[table].update(values)
-    render_repository(Profile.model_validate(data), artifacts.root, work / "repo")
-    ports = free_port(), free_port(), free_port()
-    srv = TritonServer(work / "repo", http_port=ports[0], grpc_port=ports[1], metrics_port=ports[2],
-                       log_path=work / "tritonserver.log", build_dir=work / "build")
-    return srv.start()
-
-
 def _info(srv: TritonServer) -> dict[str, Any]:
     return {"grpc": f"127.0.0.1:{srv.grpc_port}", "metrics": srv.metrics_port, "log": srv.log_path, "server": srv}
 
@@ -54,7 +39,7 @@ def _info(srv: TritonServer) -> dict[str, Any]:
 def tight(small_artifacts: Artifacts, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """A server whose entry model admits 4 streams, whose one chattts_offline instance runs 2
     requests at once, and whose engine decodes 2 at a time."""
-    srv = _serve(small_artifacts, tmp_path_factory.mktemp("tight"),
+    srv = serve_profile(small_artifacts, tmp_path_factory.mktemp("tight"),
                  entry={"max_concurrent_streams": MAX_STREAMS, "offline_threads": OFFLINE_THREADS},
                  engine={"max_batch_size": ENGINE_BATCH, "batch_rows": ENGINE_BATCH})
     try:
@@ -67,7 +52,7 @@ def tight(small_artifacts: Artifacts, tmp_path_factory: pytest.TempPathFactory) 
 def degrading(small_artifacts: Artifacts, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """A server whose degradation thresholds are forced low: on at 3 live streams, off at 1
     (TTFA never decides here: tests/test_lifecycle.py covers that criterion)."""
-    srv = _serve(small_artifacts, tmp_path_factory.mktemp("degrading"),
+    srv = serve_profile(small_artifacts, tmp_path_factory.mktemp("degrading"),
                  degrade={"live_high": 3, "live_low": 1, "ttfa_p95_high_s": 1000.0, "ttfa_p95_low_s": 999.0,
                           "min_dwell_s": 0.0})
     try:
@@ -87,7 +72,7 @@ def two_rows(small_artifacts: Artifacts, tmp_path_factory: pytest.TempPathFactor
     priority, and queues TWO_ROWS_WAITING requests (what its entry admits: 3 streams, 2
     offline requests); whose streams are taken for stalled (the engine dead) after STALL_S
     without a response; a queued one hears from the engine every STALL_S / 4."""
-    srv = _serve(small_artifacts, tmp_path_factory.mktemp("two-rows"),
+    srv = serve_profile(small_artifacts, tmp_path_factory.mktemp("two-rows"),
                  entry={"stall_timeout_s": STALL_S, "offline_threads": 2,
                         "max_concurrent_streams": 3},
                  engine={"max_batch_size": 2, "batch_rows": 1, "waiting_heartbeat_s": STALL_S / 4,
@@ -98,84 +83,6 @@ def two_rows(small_artifacts: Artifacts, tmp_path_factory: pytest.TempPathFactor
         srv.stop()
 
 
-class Stream:
-    """One gRPC stream on ``chattts`` in a background thread, recording times (s since start)."""
-
-    def __init__(self, url: str, text: str, seed: int, tokens: int, parameters: dict | None = None,
-                 priority: str | None = None, timeout_s: float | None = None,
-                 extra: tuple[tuple[str, np.ndarray, str], ...] = (), request_id: str = "") -> None:
-        self.url, self.chunks, self.error = url, [], None  # type: ignore[var-annotated]
-        self.request_id = request_id
-        self.extra = extra  # more inputs: (name, value, Triton dtype)
-        self.text, self.seed, self.tokens = text, seed, tokens
-        self.parameters, self.priority, self.timeout_s = parameters, priority, timeout_s
-        self.first_audio_s: float | None = None
-        self.end_s: float | None = None
-        self.first_chunk = threading.Event()
-        self.done = threading.Event()
-        self.client = grpcclient.InferenceServerClient(url)
-        self.q: queue.Queue[tuple[Any, Any]] = queue.Queue()
-        self.t0 = 0.0
-
-    def inputs(self) -> list[grpcclient.InferInput]:
-        out = []
-        for name, value, dt in (("text", np.array([self.text.encode()], np.object_), "BYTES"),
-                                ("seed", np.array([self.seed], np.int64), "INT64"),
-                                ("max_new_tokens", np.array([self.tokens], np.int32), "INT32"),
-                                ("min_new_tokens", np.array([self.tokens], np.int32), "INT32"),
-                                *([("priority", np.array([self.priority.encode()], np.object_), "BYTES")]
-                                  if self.priority else []),
-                                *([("timeout_s", np.array([self.timeout_s], np.float32), "FP32")]
-                                  if self.timeout_s else []), *self.extra):
-            i = grpcclient.InferInput(name, list(value.shape), dt)
-            i.set_data_from_numpy(value)
-            out.append(i)
-        return out
-
-    def start(self) -> Stream:
-        self.client.start_stream(callback=lambda result, error: self.q.put((result, error)))
-        self.t0 = time.perf_counter()
-        self.client.async_stream_infer(contract.MODEL_STREAM, self.inputs(), enable_empty_final_response=True,
-                                       parameters=self.parameters, request_id=self.request_id)
-        threading.Thread(target=self._read, daemon=True).start()
-        return self
-
-    def _read(self) -> None:
-        while True:
-            try:
-                result, error = self.q.get(timeout=120)
-            except queue.Empty:
-                self.error = "timeout"
-                break
-            now = time.perf_counter() - self.t0
-            if error is not None:
-                self.error, self.end_s = str(error), now
-                break
-            audio = result.as_numpy(contract.OUT_AUDIO.name)
-            if audio is not None and audio.size:
-                self.chunks.append(audio)
-                if self.first_audio_s is None:
-                    self.first_audio_s = now
-                    self.first_chunk.set()
-            if result.get_response().parameters["triton_final_response"].bool_param:
-                self.end_s = now
-                break
-        self.first_chunk.set()  # wake waiters on error or end too; they check .error / .chunks
-        self.done.set()
-
-    def cancel(self) -> None:
-        self.client.stop_stream(cancel_requests=True)
-
-    def close(self) -> None:
-        if not self.done.is_set():
-            self.cancel()
-        self.done.wait(30)
-        self.client.stop_stream()
-        self.client.close()
-
-    @property
-    def audio(self) -> np.ndarray:
-        return np.concatenate(self.chunks) if self.chunks else np.zeros(0, np.float32)
 
 
 def metrics(port: int) -> dict[str, float]:
@@ -483,9 +390,9 @@ def test_a_degraded_response_says_so_at_every_door_and_is_never_shorter(degradin
     model). A response made in normal mode has no such header."""
     import httpx2 as httpx
     import websockets.sync.client as ws_client
-    from conftest import running_gateway
 
     from chattts_serving.gateway import GatewaySettings
+    from tests.support.servers import running_gateway
 
     port, grpc = degrading["metrics"], degrading["grpc"]
     body = {"model": "tts-1", "voice": "alloy", "input": "今天天气很好，我们去公园散步吧。", "response_format": "pcm",
@@ -537,7 +444,7 @@ def test_one_request_slow_by_design_on_a_light_load_leaves_the_degraded_mode_off
     it is spoken whole and not degraded."""
     from chattts_serving.client import SynthesisRequest, synthesize_stream
 
-    srv = _serve(small_artifacts, tmp_path_factory.mktemp("light-load"),
+    srv = serve_profile(small_artifacts, tmp_path_factory.mktemp("light-load"),
                  degrade={"ttfa_p95_high_s": 0.5, "ttfa_p95_low_s": 0.25, "min_dwell_s": 0.0})
     try:
         grpc, port = f"127.0.0.1:{srv.grpc_port}", srv.metrics_port

@@ -9,10 +9,10 @@ import sys
 from typing import Any
 
 import pytest
-from conftest import Server, stub_processes
 
 from chattts_serving import contract
 from chattts_serving.serving.profile import load_profile
+from tests.support.servers import Server, stub_processes
 
 CHILD = """
 import os, threading

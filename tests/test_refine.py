@@ -16,7 +16,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from engine_helpers import refine_sequence, text_ids
 
 from chattts_serving import contract
 from chattts_serving.contract import TEXT_EOS_ID, SequenceMode
@@ -38,6 +37,7 @@ from chattts_serving.text.refine import (
     refine_prompt_ids,
 )
 from chattts_serving.text.speaker import normalize_speaker
+from tests.support.engine_helpers import refine_sequence, text_ids
 
 TEXTS = ("你好，欢迎使用流式语音合成。", "ChatTTS 在 Triton 上。")
 GREEDY = 1e-5  # temperature: ChatTTS' softmax and ours both put all mass on the argmax

@@ -15,12 +15,12 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from conftest import wait_until
 
 from chattts_serving.errors import ErrorKind, RequestError
 from chattts_serving.serving.admission import RefusalsFirst
 from chattts_serving.serving.entry import RefusalRecorder
 from chattts_serving.serving.logs import log_event
+from tests.support.servers import wait_until
 
 
 class CallObserver:

@@ -20,7 +20,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-from chattts_ref import GREEDY, VOICE, assert_same_audio, chat_infer, recording
 
 from chattts_serving import contract
 from chattts_serving.audio.reference import encode_spk_smp, resample_to_model_rate
@@ -34,6 +33,7 @@ from chattts_serving.client import (
     write_wav,
 )
 from chattts_serving.errors import ErrorKind
+from tests.support.chattts_ref import GREEDY, VOICE, assert_same_audio, chat_infer, recording
 
 pytestmark = pytest.mark.server
 

@@ -20,8 +20,6 @@ from typing import Any
 import httpx2 as httpx
 import numpy as np
 import pytest
-from conftest import SAME_PCM16_LSB, Server, pcm16_gap, running_gateway
-from pg import PgServer
 
 from chattts_serving import contract
 from chattts_serving.audio.formats import to_pcm16
@@ -37,6 +35,8 @@ from chattts_serving.gateway.voice_store import (
     redact,
 )
 from chattts_serving.gateway.ws import WS_PATH, Close
+from tests.support.pg import PgServer
+from tests.support.servers import SAME_PCM16_LSB, Server, pcm16_gap, running_gateway
 
 TOKENS = 16
 SPEECH = {"model": "chattts", "input": "你好，今天天气很好。", "seed": 9, "max_new_tokens": TOKENS,

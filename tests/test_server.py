@@ -14,6 +14,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
 from chattts_serving import contract
+from tests.support.requests import BAD_INPUTS, GREEDY, entry_input, stream
 
 pytestmark = pytest.mark.server
 
@@ -22,50 +23,13 @@ TEXTS = ["你好，欢迎使用流式语音合成服务。", "今天天气很好
          "最后一句，谢谢大家的耐心。"]
 
 
-def _input(name: str, value: Any, datatype: str | None = None) -> grpcclient.InferInput:
-    spec = {t.name: t for t in contract.ENTRY_INPUTS}.get(name)
-    if isinstance(value, np.ndarray):
-        arr = value
-    elif spec is not None and spec.triton_dtype == "TYPE_STRING":
-        arr = np.array([value.encode() if isinstance(value, str) else value], dtype=np.object_)
-    else:
-        assert spec is not None
-        arr = np.array([value], dtype=spec.np_dtype)
-    dt = datatype or (spec.client_dtype if spec else "BYTES")
-    i = grpcclient.InferInput(name, list(arr.shape), dt)
-    i.set_data_from_numpy(arr)
-    return i
 
 
-def stream(url: str, inputs: list[grpcclient.InferInput], timeout_s: float = 120.0
-           ) -> tuple[list[np.ndarray], str | None]:
-    """Run one stream on ``chattts``; returns (chunks, error message or None)."""
-    client = grpcclient.InferenceServerClient(url)
-    q: queue.Queue[tuple[Any, Any]] = queue.Queue()
-    client.start_stream(callback=lambda result, error: q.put((result, error)))
-    chunks: list[np.ndarray] = []
-    err = None
-    try:
-        client.async_stream_infer(contract.MODEL_STREAM, inputs, enable_empty_final_response=True)
-        while True:
-            result, error = q.get(timeout=timeout_s)
-            if error is not None:
-                err = str(error)
-                break
-            audio = result.as_numpy(contract.OUT_AUDIO.name)
-            if audio is not None and audio.size:
-                chunks.append(audio)
-            if result.get_response().parameters["triton_final_response"].bool_param:
-                break
-    finally:
-        client.stop_stream()
-        client.close()
-    return chunks, err
 
 
 def _request(text: str, seed: int, tokens: int = 40) -> list[grpcclient.InferInput]:
-    return [_input("text", text), _input("seed", seed), _input("max_new_tokens", tokens),
-            _input("min_new_tokens", tokens), _input("voice", str(seed))]
+    return [entry_input("text", text), entry_input("seed", seed), entry_input("max_new_tokens", tokens),
+            entry_input("min_new_tokens", tokens), entry_input("voice", str(seed))]
 
 
 def _metric(metrics_port: int, name: str) -> dict[str, float]:
@@ -124,35 +88,6 @@ def test_concurrent_streams_each_get_their_solo_audio(triton_server) -> None:
     assert delta("_sum") / steps > 1.5, "decode steps were hardly batched"
 
 
-BAD_INPUTS = [
-    ("empty text", [_input("text", "")], "empty"),
-    ("whitespace only", [_input("text", "   \n\t ")], "empty"),
-    ("punctuation only", [_input("text", "，。！")], "nothing speakable"),
-    ("missing text", [_input("seed", 3)], "missing required input 'text'"),
-    ("invalid utf-8", [_input("text", b"\xff\xfe\xfa")], "UTF-8"),
-    ("wrong dtype", [_input("text", "你好"), _input("temperature", np.array([0.3], np.float64), "FP64")],
-     "expects 'FP32'"),
-    ("wrong shape", [_input("text", np.array([b"a", b"b"], dtype=np.object_))], "shape"),
-    ("unknown voice", [_input("text", "你好"), _input("voice", "not-a-voice!")], "unknown voice"),
-    ("voice seed out of range", [_input("text", "你好"), _input("voice", "99999999999999")], "out of range"),
-    ("max_new_tokens zero", [_input("text", "你好"), _input("max_new_tokens", 0)], "max_new_tokens"),
-    ("max_new_tokens negative", [_input("text", "你好"), _input("max_new_tokens", -3)], "max_new_tokens"),
-    ("max_new_tokens huge", [_input("text", "你好"), _input("max_new_tokens", 10**9)], "max_new_tokens"),
-    ("temperature negative", [_input("text", "你好"), _input("temperature", -0.5)], "temperature"),
-    ("top_p above one", [_input("text", "你好"), _input("top_p", 1.5)], "top_p"),
-    ("unknown vocoder", [_input("text", "你好"), _input("vocoder", "wavenet")], "vocoder"),
-    ("lookahead zero", [_input("text", "你好"), _input("lookahead_tokens", 0)], "lookahead"),
-    ("text too long", [_input("text", "好" * 5000)], "limit"),
-    ("24000 characters", [_input("text", "语音合成。" * 4800)], "limit"),
-    ("emoji only", [_input("text", "😀🎉")], "nothing speakable"),
-    ("negative top_k", [_input("text", "你好"), _input("top_k", -4)], "top_k"),
-    ("huge seed voice", [_input("text", "你好"), _input("voice", "-1")], "out of range"),
-    ("refine parameter without refine_text", [_input("text", "你好"), _input("refine_top_k", 5)], "refine_text"),
-    ("refine prompt not control tokens", [_input("text", "你好"), _input("refine_text", True),
-                                          _input("refine_prompt", "说慢一点")], "refine_prompt"),
-    ("refine temperature zero", [_input("text", "你好"), _input("refine_text", True),
-                                 _input("refine_temperature", 0.0)], "refine_temperature"),
-]
 
 ACCEPTED_INPUTS = [
     ("leading punctuation", "，。你好，世界。"),
@@ -163,8 +98,8 @@ ACCEPTED_INPUTS = [
 
 @pytest.mark.parametrize("case, text", ACCEPTED_INPUTS, ids=[c[0] for c in ACCEPTED_INPUTS])
 def test_unusual_but_speakable_text_streams(triton_server, case: str, text: str) -> None:
-    chunks, err = stream(triton_server.grpc_url, [_input("text", text), _input("max_new_tokens", 20),
-                                                  _input("min_new_tokens", 20), _input("seed", 1)])
+    chunks, err = stream(triton_server.grpc_url, [entry_input("text", text), entry_input("max_new_tokens", 20),
+                                                  entry_input("min_new_tokens", 20), entry_input("seed", 1)])
     assert err is None, f"{case}: {err}"
     assert sum(c.size for c in chunks) > 0
 
@@ -207,7 +142,6 @@ def test_server_still_streams_after_bad_inputs(triton_server) -> None:
     assert err is None and sum(c.size for c in chunks) == contract.samples_for_tokens(30)
 
 
-GREEDY = 1e-6  # token-for-token comparisons with ChatTTS need 1e-6 (at 1e-4 near-ties are coin tosses)
 
 
 def test_refine_text_speaks_the_text_chattts_refines(triton_server, small_chat) -> None:  # type: ignore[no-untyped-def]
@@ -267,8 +201,9 @@ def test_cancel_during_refine_text_ends_the_refine_sequence_at_once(triton_serve
     client = grpcclient.InferenceServerClient(triton_server.grpc_url)
     q: queue.Queue[tuple[Any, Any]] = queue.Queue()
     client.start_stream(callback=lambda result, error: q.put((result, error)))
-    inputs = [_input("text", TEXTS[2]), _input("refine_text", True), _input("refine_max_new_tokens", 2000),
-              _input("refine_min_new_tokens", 2000), _input("max_new_tokens", 20)]
+    inputs = [entry_input("text", TEXTS[2]), entry_input("refine_text", True),
+              entry_input("refine_max_new_tokens", 2000), entry_input("refine_min_new_tokens", 2000),
+              entry_input("max_new_tokens", 20)]
     client.async_stream_infer(contract.MODEL_STREAM, inputs, enable_empty_final_response=True)
     deadline = time.monotonic() + 60
     while engine_gauge("tts_engine_active_sequences") < 1:

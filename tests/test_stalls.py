@@ -28,17 +28,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import tomllib
-from conftest import free_port, wait_until
-from test_overload import Stream
 
 from chattts_serving import contract
 from chattts_serving.client import SynthesisRequest, synthesize_stream
 from chattts_serving.deploy.gate import GATE_DIR
-from chattts_serving.deploy.render import render_repository
 from chattts_serving.deploy.server import Supervisor, TritonServer
 from chattts_serving.runtime import Artifacts
-from chattts_serving.serving.profile import PROFILES_DIR, HealthProfile, Profile
+from chattts_serving.serving.profile import HealthProfile
+from tests.support.servers import serve_profile, wait_until
+from tests.support.streams import Stream
 
 pytestmark = pytest.mark.server
 
@@ -54,24 +52,23 @@ instance_group { count: 1 kind: KIND_CPU }
 """
 
 
+def _add_crasher(work: Path) -> None:
+    """The test backend's model beside the others (its library built with the host's g++)."""
+    (work / "repo" / "crasher" / "1").mkdir(parents=True)
+    (work / "repo" / "crasher" / "config.pbtxt").write_text(CRASHER_CONFIG)
+    lib = work / "build" / "backends" / "crasher" / "libtriton_crasher.so"
+    lib.parent.mkdir(parents=True)
+    # -O0 -fno-builtin: the compiler must not drop the writes to freed memory it relies on.
+    subprocess.run([shutil.which("g++") or "c++", "-std=c++17", "-O0", "-fno-builtin", "-shared", "-fPIC",
+                    f"-I{GATE_DIR}", str(CRASHER), "-o", str(lib)], check=True)
+
+
 def _server(artifacts: Artifacts, work: Path, crasher: bool = False) -> TritonServer:
     """A server on the cpu profile with a short stall timeout (the gate pings every 0.5 s),
     two stream slots, and with ``crasher`` the test backend's model beside the others."""
-    data = tomllib.loads((PROFILES_DIR / "cpu.toml").read_text())
-    data["entry"].update({"stall_timeout_s": STALL_S, "max_concurrent_streams": 2})
-    data["engine"].update({"waiting_heartbeat_s": STALL_S / 4})
-    render_repository(Profile.model_validate(data), artifacts.root, work / "repo")
-    srv = TritonServer(work / "repo", http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
-                       log_path=work / "tritonserver.log", build_dir=work / "build")
-    if crasher:
-        (work / "repo" / "crasher" / "1").mkdir(parents=True)
-        (work / "repo" / "crasher" / "config.pbtxt").write_text(CRASHER_CONFIG)
-        lib = work / "build" / "backends" / "crasher" / "libtriton_crasher.so"
-        lib.parent.mkdir(parents=True)
-        # -O0 -fno-builtin: the compiler must not drop the writes to freed memory it relies on.
-        subprocess.run([shutil.which("g++") or "c++", "-std=c++17", "-O0", "-fno-builtin", "-shared", "-fPIC",
-                        f"-I{GATE_DIR}", str(CRASHER), "-o", str(lib)], check=True)
-    return srv.start()
+    return serve_profile(artifacts, work, prepare=_add_crasher if crasher else None,
+                         entry={"stall_timeout_s": STALL_S, "max_concurrent_streams": 2},
+                         engine={"waiting_heartbeat_s": STALL_S / 4})
 
 
 def _ready(srv: TritonServer) -> bool:

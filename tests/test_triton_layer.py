@@ -13,14 +13,14 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import wait_until
-from fake_triton import FINAL, FakePb, Host, InferenceResponse, MetricFamily, Request, Tensor, TritonError
 
 from chattts_serving import contract
 from chattts_serving.deploy.render import render_repository
 from chattts_serving.errors import decode, decode_tagged
 from chattts_serving.runtime import Artifacts
 from chattts_serving.serving.profile import load_profile
+from tests.support.fake_triton import FINAL, FakePb, Host, InferenceResponse, MetricFamily, Request, Tensor, TritonError
+from tests.support.servers import wait_until
 
 COOLDOWN_S = 0.3
 

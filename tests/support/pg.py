@@ -15,7 +15,8 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from conftest import free_port
+
+from .servers import free_port
 
 
 def _bindir() -> Path | None:
