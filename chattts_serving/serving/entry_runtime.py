@@ -306,6 +306,11 @@ class EntryRuntime:
             log.warning("threads still alive after unload: %s", ", ".join(sorted(alive)))
         return alive
 
+    def running(self) -> int:
+        """Accepted requests a worker is running now."""
+        with self._running_lock:
+            return len(self._running)
+
     def live_threads(self) -> list[threading.Thread]:
         """The runtime's own threads and its pools' that are alive now."""
         return self.threads.alive() + [t for t in pool_threads(self._pools) if t.is_alive()]
