@@ -88,3 +88,32 @@ def test_no_file_of_the_repository_points_outside_it() -> None:
         if path.suffix == ".md":
             found += [f"{path.relative_to(ROOT)}: link {ref}" for ref in broken_links(path, text)]
     assert not found, "\n".join(found)
+
+
+SPHINX_REF = re.compile(r":(?:mod|class|func|meth|data|attr|exc):`[~!]?(?:[^`<]*<)?(chattts_serving(?:\.\w+)+)>?`")
+"""A cross-reference of a docstring to a name of the package (``:class:`~chattts_serving.x.Y```)."""
+
+
+def _resolves(dotted: str) -> bool:
+    import importlib
+
+    parts = dotted.split(".")
+    for i in range(len(parts), 0, -1):
+        try:
+            obj: object = importlib.import_module(".".join(parts[:i]))
+        except ImportError:
+            continue
+        for name in parts[i:]:
+            if not hasattr(obj, name):
+                return False
+            obj = getattr(obj, name)
+        return True
+    return False
+
+
+def test_every_docstring_reference_to_the_package_names_something_that_exists() -> None:
+    """A module that moved, or a name that was renamed, leaves no reference behind."""
+    refs = {(str(path.relative_to(ROOT)), ref) for path in (ROOT / "chattts_serving").rglob("*.py")
+            for ref in SPHINX_REF.findall(path.read_text())}
+    assert refs, "the pattern finds nothing: the check would pass on anything"
+    assert sorted(f"{f}: {ref}" for f, ref in refs if not _resolves(ref)) == []
