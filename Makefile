@@ -49,11 +49,11 @@ lint:  ## ruff
 typecheck:  ## mypy
 	$(PY) -m mypy chattts_serving
 
-test: setup lint typecheck  ## lint, type-check and the whole test suite (real tritonserver included)
+test: setup lint typecheck  ## lint, type-check and the whole test suite: tests/unit and tests/server (real tritonserver)
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
-unit:  ## tests that need no server
-	$(PY) -m pytest -q -m "not server" $(PYTEST_ARGS)
+unit:  ## tests/unit: in process, no server (fast)
+	$(PY) -m pytest -q tests/unit $(PYTEST_ARGS)
 
 # Profiles whose GPT runs int8 need their graph exported too (once the int8 profile exists).
 INT8_PROFILE := $(wildcard profiles/cpu-int8.toml)

@@ -1,7 +1,7 @@
 """ChatTTS served from NVIDIA Triton: streaming text-to-speech at scale.
 
 The folders follow a request's data, and imports point one way, from the top of this list to
-the bottom (``tests/test_layout.py`` checks it):
+the bottom (``tests/unit/test_layout.py`` checks it):
 
 * ``contract``, ``errors``, ``params``, ``runtime``: the base. Tensor names, dtypes, model
   names, the sample rate and the enumerations; error kinds and their codec (kind -> Triton

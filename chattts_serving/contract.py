@@ -181,8 +181,7 @@ recordings: docs/ensemble.md)."""
 MODEL_RELAY: Final = "chattts_ensemble_relay"
 """The ensemble's step between the engine and the vocoder (decoupled, no batching): passes each
 vocoder window on, drops the engine's progress ticks, and tells the engine when the client has
-cancelled (Triton 2.51 marks only the steps an ensemble schedules after a cancel as cancelled,
-never the engine's running request; a step without a dynamic batcher sees it)."""
+cancelled (docs/triton-workarounds.md, "ensemble: cancels and errors")."""
 MODEL_FRONTEND: Final = "chattts_frontend"
 MODEL_ENGINE: Final = "chattts_gpt"
 MODEL_VOCODER: Final = "chattts_vocoder"
@@ -373,7 +372,8 @@ came from (:data:`REFERENCE_SOURCES`), ``segment_starts`` (the sample offset at 
 each segment's audio begins, so far; the first chunk of every later segment carries an ``info``
 of only ``{"segment_starts": [...]}``, the list grown by one: where sentences start in the audio,
 as it streams), and ``final`` false. Triton 2.51's Python backend cannot set response
-parameters, so this travels as an output; the client's request id also comes back in every
+parameters (docs/triton-workarounds.md, "no response parameters"), so this travels as an
+output; the client's request id also comes back in every
 response's ``id`` field (Triton's own)."""
 INFO_FINAL_KEYS: Final = (*INFO_HEADER_KEYS, "audio_s", "chunks", "tokens", "capped_segments", "stop_reason")
 """Keys of ``info`` on the final response (streaming) or the only one (offline): the header's
@@ -521,9 +521,9 @@ OUT_CHUNK_INDEX: Final = TensorSpec("chunk_index", "TYPE_INT32", (1,),
                                     doc="the chunk's index in its stream (0, 1, ...): a client plays chunks in this "
                                         "order (Triton does not promise an ensemble's responses in order)")
 ENSEMBLE_INPUTS: Final = tuple(FE_TEXT if t == IN_TEXT else t for t in ENTRY_INPUTS if t != IN_VALIDATE_ONLY)
-"""chattts' inputs; ``text`` is optional in the config only because Triton 2.51 ends an ensemble
-request that lacks a required input with an empty stream and no error (no step can run): the
-front end refuses it ("missing required input 'text'", as chattts does). ``validate_only`` is not
+"""chattts' inputs; ``text`` is optional in the config only because of docs/triton-workarounds.md,
+"ensemble: missing required input": the front end refuses it ("missing required input
+'text'", as chattts does). ``validate_only`` is not
 one of them: the ensemble always synthesises (Triton refuses the input by name)."""
 ENSEMBLE_OUTPUTS: Final = (OUT_AUDIO, OUT_CHUNK_INDEX, OUT_INFO)
 

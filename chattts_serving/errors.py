@@ -4,7 +4,8 @@ model that raised it to the status the client sees.
 Every way a request can fail is one :class:`ErrorKind`. A kind has one Triton error code,
 one HTTP status and one gRPC status (:data:`STATUS`). On its way to the client the kind
 travels inside the error message as a tag, ``[kind] message`` (:func:`encode` /
-:func:`decode`), because neither of Triton 2.51's two carriers keeps the code. An error about
+:func:`decode`), because neither of Triton 2.51's two carriers keeps the code
+(docs/triton-workarounds.md, "error codes lost"). An error about
 one input also names it: ``[kind:param] message`` (``param`` an input name such as ``voice``,
 :attr:`RequestError.param`), so that clients (the gateway's OpenAI ``param`` field) know which
 input was wrong without reading the message:
@@ -14,8 +15,8 @@ input was wrong without reading the message:
   message with no status code at all, and over SSE Triton answers any first-response error
   with HTTP 400.
 
-The GPT engine cannot use error responses at all (Triton 2.51 never delivers an error
-response of a decoupled model to a BLS caller's iterator): it ends a failed sequence with the
+The GPT engine cannot use error responses at all (docs/triton-workarounds.md, "no error
+responses from the engine"): it ends a failed sequence with the
 stop reason ``error:<kind>:<message>`` (:func:`encode_stop` / :func:`decode_stop`).
 
 Clients decode the tag (:func:`decode`), falling back to the transport's status
@@ -118,14 +119,9 @@ def drop_tracebacks(exc: BaseException | None) -> None:
     """Forget the traceback of ``exc`` and of every exception chained to it (``__cause__``,
     ``__context__``), once it has been logged and a request's outcome no longer needs it.
 
-    Why: a traceback holds the frames it passed through, and a frame that keeps the exception
-    in a local (``error = exc``, ``failed = ...; raise failed``) closes a reference cycle. The
-    objects in those frames (in the server, a stream's BLS responses, tensors and audio) are
-    then freed only by the cyclic garbage collector: during serving at an unpredictable time
-    on whichever thread triggers it, and at the stub's exit after its shared memory is gone,
-    where Triton 2.51's stub dies of a segmentation fault in ``~ResponseIterator`` (core dumps
-    of the entry model's stub, at every unload). Dropping the tracebacks frees them by
-    reference counting, on the request's own thread."""
+    Why: an exception kept in a frame closes a reference cycle, whose BLS objects the cyclic GC
+    may free after the stub's shared memory is gone (docs/triton-workarounds.md, "tracebacks").
+    Dropping the tracebacks frees them by reference counting, on the request's own thread."""
     seen: set[int] = set()
     todo = [exc]
     while todo:

@@ -29,7 +29,7 @@ gateway's bearer key, when it requires one).
 """
 
 # gRPC must cooperate with gevent before anything imports it: without this a gRPC user never
-# sends a request and Locust ignores -t and SIGTERM (../shared/TRITON.md).
+# sends a request and Locust ignores -t and SIGTERM (seen with Locust's gevent workers).
 import grpc.experimental.gevent as grpc_gevent
 
 grpc_gevent.init_gevent()

@@ -6,9 +6,9 @@
 #                   server (the observability test scrapes a real server); without them 8
 #                   tests are skipped
 #   chromium        the headless browser that plays the gateway's page in
-#                   tests/test_gateway_page.py (Playwright drives it; its own download is
+#                   tests/server/test_gateway_page.py (Playwright drives it; its own download is
 #                   not reachable); fonts-wqy-microhei draws the page's Chinese text
-#   postgresql      a throwaway PostgreSQL server for tests/test_saved_voices.py (the saved
+#   postgresql      a throwaway PostgreSQL server for tests/server/test_saved_voices.py (the saved
 #                   voices' shared store; the tests start it with initdb + pg_ctl in a temp
 #                   directory); the gateway itself needs only a URL to one
 #

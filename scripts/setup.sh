@@ -4,7 +4,7 @@
 #   scripts/setup.sh            CPU host (default): onnxruntime, torch 2.13.0 CPU build
 #   CHATTTS_ONNX=gpu scripts/setup.sh   GPU host: onnxruntime-gpu instead of onnxruntime
 #
-# Why each step exists (measured facts in ../shared/NOTES.md):
+# Why each step exists (each was measured on a CPU host without CUDA):
 # - torch==2.13.0 is installed first and repeated on every pip line, so no resolver swaps it
 #   for a multi-gigabyte CUDA build.
 # - torchaudio's compiled extensions are CUDA builds; on a host without libcudart they make

@@ -7,31 +7,20 @@ repository with the ``cpu`` profile and starts the bundled tritonserver on free 
 
 from __future__ import annotations
 
-import re
-import socket
-import threading
-import time
-import urllib.request
 from collections.abc import Generator, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
-import tomllib
 
 from chattts_serving.deploy.logscan import LogScanner
-from chattts_serving.deploy.render import render_repository
 from chattts_serving.deploy.server import TritonServer
 from chattts_serving.export.build import export_artifacts
 from chattts_serving.export.weights import generate_checkpoint, read_sizes
 from chattts_serving.runtime import Artifacts
-from chattts_serving.serving.profile import PROFILES_DIR, Profile, load_profile
 
-ROOT = Path(__file__).resolve().parent.parent
-BUILD = ROOT / "build" / "test"
+from .support.servers import BUILD, Server, serve_profile
+
 SMALL_SEED = 0
 
 
@@ -103,26 +92,6 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
                 report.sections.append(("tritonserver log", text))
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def serve_profile(artifacts: Artifacts, work: Path, **changes: dict[str, Any]) -> TritonServer:
-    """A started tritonserver over ``artifacts`` with the ``cpu`` profile changed by table
-    (``entry={"max_concurrent_streams": 1}``), its repository and log under ``work``, on free
-    ports. The caller stops it."""
-    data = tomllib.loads((PROFILES_DIR / "cpu.toml").read_text())
-    for table, values in changes.items():
-        data[table].update(values)
-    render_repository(Profile.model_validate(data), artifacts.root, work / "repo")
-    srv = TritonServer(work / "repo", http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
-                       log_path=work / "tritonserver.log", build_dir=work / "build")
-    return srv.start()
-
-
 @pytest.fixture(scope="session", autouse=True)
 def _private_voice_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """Gateways the tests start keep saved voices in a SQLite file of this session (the
@@ -180,117 +149,13 @@ def small_chat(small_weights: Path):  # type: ignore[no-untyped-def]
     return load_chat(small_weights)
 
 
-@dataclass(frozen=True)
-class Server:
-    """A running test server: its ports and the server object."""
-
-    http_port: int
-    grpc_port: int
-    metrics_port: int
-    server: TritonServer
-    artifacts: Artifacts
-    log_path: Path
-
-    @property
-    def grpc_url(self) -> str:
-        return f"127.0.0.1:{self.grpc_port}"
-
-    @property
-    def http_url(self) -> str:
-        return f"127.0.0.1:{self.http_port}"
-
-    @property
-    def admin_token(self) -> str:
-        """The header value the server's admin APIs need (generated for it unless configured)."""
-        return self.server.admin_token
-
-
 @pytest.fixture(scope="session")
 def triton_server(small_artifacts: Artifacts, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """A real tritonserver on the rendered ``cpu`` repository over the small artifacts."""
-    work = tmp_path_factory.mktemp("triton")
-    repo = work / "model_repository"
-    render_repository(load_profile("cpu"), small_artifacts.root, repo)
-    ports = free_port(), free_port(), free_port()
-    log_path = work / "tritonserver.log"
-    srv = TritonServer(repo, http_port=ports[0], grpc_port=ports[1], metrics_port=ports[2], log_path=log_path,
-                       build_dir=work / "build")
-    srv.start()
+    srv = serve_profile(small_artifacts, tmp_path_factory.mktemp("triton"))
     try:
-        yield Server(*ports, server=srv, artifacts=small_artifacts, log_path=log_path)
+        yield Server.of(srv, small_artifacts)
     finally:
         srv.stop()
 
 
-def metric(port: int, name: str, **labels: str) -> float:
-    """Sum of the series of ``name`` on a tritonserver's metrics ``port`` whose labels include ``labels``."""
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
-    total = 0.0
-    for line in text.splitlines():
-        m = re.fullmatch(rf"{name}(?:{{(.*)}})? (\S+)", line)
-        if m and labels.items() <= dict(re.findall(r'(\w+)="([^"]*)"', m.group(1) or "")).items():
-            total += float(m.group(2))
-    return total
-
-
-# Two syntheses of the same request may differ by float noise (the stream's chunk windows
-# follow the client's pace, and ORT's results depend on the batch a window shared), which
-# flips a PCM16 rounding now and then: CI saw one sample one LSB apart. "The same audio" is
-# within this many LSB (1.2e-4 of full scale, the float tests' 1e-4); different prompts differ
-# by thousands.
-SAME_PCM16_LSB = 4
-
-
-def pcm16_gap(a: bytes, b: bytes) -> float:
-    """The largest difference in LSB between two little-endian int16 PCM byte strings; inf
-    when their lengths differ."""
-    x, y = np.frombuffer(a, "<i2").astype(np.int32), np.frombuffer(b, "<i2").astype(np.int32)
-    return float(np.abs(x - y).max(initial=0)) if x.shape == y.shape else float("inf")
-
-
-def stub_processes(server: Server) -> dict[str, Any]:
-    """The Python backend stubs of a running test server, as ``psutil.Process`` keyed by the
-    model each serves (its command line holds ``<repo>/<model>/1/model.py``)."""
-    import psutil
-
-    proc = server.server.proc
-    assert proc is not None
-    out = {}
-    for child in psutil.Process(proc.pid).children(recursive=True):
-        args = child.cmdline()
-        if child.name() == "triton_python_backend_stub" and len(args) > 1:
-            out[Path(args[1]).parent.parent.name] = child
-    return out
-
-
-def wait_until(pred: Any, timeout_s: float = 60.0) -> bool:
-    """Poll ``pred`` until it is true (True) or ``timeout_s`` passed (its last value)."""
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end:
-        if pred():
-            return True
-        time.sleep(0.02)
-    return bool(pred())
-
-
-@contextmanager
-def running_gateway(settings: Any) -> Iterator[str]:
-    """The OpenAI gateway app for ``settings`` (a ``GatewaySettings``) served by uvicorn in a
-    thread; yields its base URL and stops it afterwards."""
-    import uvicorn
-
-    from chattts_serving.gateway import create_app
-
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(settings), host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, name="gateway", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "gateway did not start"
-        time.sleep(0.05)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(15)

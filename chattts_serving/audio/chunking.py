@@ -60,7 +60,7 @@ class ChunkSchedule:
     """Smallest rate-planned chunk. Each window vocodes its chunk plus about 18 tokens of
     context, lookahead and crossfade, so a stream barely faster than real time would be cut
     into many tiny, costly windows; below this size it takes the small gap instead (simulated
-    in tests/test_chunking.py: 2 keeps RTF 0.7 gapless and costs 26 windows instead of 41 per
+    in tests/unit/test_chunking.py: 2 keeps RTF 0.7 gapless and costs 26 windows instead of 41 per
     300 tokens at RTF 0.8)."""
 
     def validate(self) -> ChunkSchedule:

@@ -44,7 +44,7 @@ DEFAULT_TEXT = "今天天气很好，我们一起去公园散步吧。"
 
 
 @dataclass
-class Outcome:
+class BurstResult:
     """One burst request: seconds from its send to its first response (audio or error) and to
     its end, its error kind (None when it streamed audio to the end) and its message;
     ``sent_at`` is its send (``time.perf_counter()``; 0.0 until sent), ``sent_after_start_s``
@@ -73,12 +73,12 @@ def _inputs(request: SynthesisRequest) -> list[Any]:
 
 
 async def _one(client: Any, request: SynthesisRequest, start: asyncio.Event, timeout_s: float,
-               out: Outcome | None = None) -> Outcome:
+               out: BurstResult | None = None) -> BurstResult:
     """Open a stream now, send ``request`` on it once ``start`` is set and follow the stream
     to the end; ``out`` (optional) is filled as the stream goes, for a caller that watches it.
     Times count from the moment gRPC takes the request to write it (``out.sent_at``): the
     client's own work for the other requests of a burst before that is not the server's."""
-    out = out if out is not None else Outcome()
+    out = out if out is not None else BurstResult()
     inputs = _inputs(request)
 
     async def requests() -> AsyncIterator[dict[str, Any]]:
@@ -117,13 +117,13 @@ def _error_kind(message: str, status: Any) -> tuple[str, str]:
 
 
 async def _offline_one(client: Any, request: SynthesisRequest, start: asyncio.Event, timeout_s: float,
-                       out: Outcome | None = None) -> Outcome:
+                       out: BurstResult | None = None) -> BurstResult:
     """Send ``request`` to ``chattts_offline`` (one infer call) once ``start`` is set and wait
     for its answer: the whole utterance (first and end at once) or one error. Times count from
     the call, made right after the start signal wakes this task."""
     from tritonclient.utils import InferenceServerException
 
-    out = out if out is not None else Outcome()
+    out = out if out is not None else BurstResult()
     inputs = _inputs(request)
     await start.wait()
     out.sent_at = time.perf_counter()
@@ -160,11 +160,11 @@ def _gateway_kind(status: int, body: bytes) -> tuple[str, str]:
 
 
 async def _gateway_one(base_url: str, request: SynthesisRequest, start: asyncio.Event, timeout_s: float,
-                       out: Outcome | None = None) -> Outcome:
+                       out: BurstResult | None = None) -> BurstResult:
     """Connect to the gateway at ``base_url`` now, send one ``POST /v1/audio/speech`` (pcm) once
     ``start`` is set and read its answer: a 200 stream (first audio bytes, then to its end) or
     an error status, whose ``Retry-After`` is kept. Times count from writing the request."""
-    out = out if out is not None else Outcome()
+    out = out if out is not None else BurstResult()
     host, _, port = base_url.removeprefix("http://").partition(":")
     body = json.dumps({"model": "tts-1", "input": request.text, "voice": request.voice or "2",
                        "response_format": "pcm", "max_new_tokens": request.max_new_tokens,
@@ -274,7 +274,7 @@ def _hold_main(url: str, hold: int, hold_tokens: int, text: str, timeout_s: floa
         offline_conns = [aio.InferenceServerClient(url) for _ in range(offline_hold)]
         go = asyncio.Event()
         go.set()
-        outs = [Outcome() for _ in range(hold)]
+        outs = [BurstResult() for _ in range(hold)]
         in_flight: dict[int, float] = {}
         tasks = [asyncio.create_task(_one(c, SynthesisRequest(text=text, max_new_tokens=hold_tokens,
                                                               min_new_tokens=hold_tokens, request_id=f"hold-{i}"),
@@ -375,7 +375,7 @@ async def run_burst(url: str, clients: int, tokens: int, text: str = DEFAULT_TEX
         raise ValueError("the gateway door needs gateway_url")
     conns = [aio.InferenceServerClient(url) for _ in range(clients)]
     hold_ready: bool | None = None
-    pooled: dict[str, list[Outcome]] = {d: [] for d in doors}
+    pooled: dict[str, list[BurstResult]] = {d: [] for d in doors}
     round_p99: dict[str, list[float | None]] = {d: [] for d in doors}
     round_order: list[bool | None] = []
     ctx = mp.get_context("spawn")
@@ -430,12 +430,13 @@ async def run_burst(url: str, clients: int, tokens: int, text: str = DEFAULT_TEX
     return summary
 
 
-async def _round(send: Any, targets: list[Any], tokens: int, text: str, timeout_s: float, tag: str) -> list[Outcome]:
+async def _round(send: Any, targets: list[Any], tokens: int, text: str, timeout_s: float,
+                 tag: str) -> list[BurstResult]:
     """One burst: each of ``targets`` (a gRPC client, or the gateway's URL) gets ready to send
     (``send``: :func:`_one`, :func:`_offline_one` or :func:`_gateway_one`), then one request
     is sent on each at once."""
     start = asyncio.Event()
-    outs = [Outcome() for _ in targets]
+    outs = [BurstResult() for _ in targets]
     tasks = [asyncio.create_task(send(t, SynthesisRequest(text=text, max_new_tokens=tokens, min_new_tokens=tokens,
                                                           request_id=f"{tag}-{i}"), start, timeout_s, outs[i]))
              for i, t in enumerate(targets)]
@@ -459,7 +460,7 @@ def _held_accepted(streaming: int, hold: int, metrics_url: str | None) -> bool:
     return metrics_url is not None and streaming + _accepted_waiting(metrics_url) >= hold
 
 
-def summarize(outcomes: list[Outcome]) -> dict[str, Any]:
+def summarize(outcomes: list[BurstResult]) -> dict[str, Any]:
     """Counts by outcome, busy-refusal latency and accepted streams' TTFA (s): p50, p99, max."""
     busy = [o.first_s for o in outcomes if o.kind == ErrorKind.BUSY and o.first_s is not None]
     busy_from_start = [o.first_s + o.sent_after_start_s for o in outcomes

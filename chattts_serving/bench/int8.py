@@ -5,7 +5,7 @@ manifest.json (``precisions.int8.accuracy``).
 
 The command sits in ``bench/`` because its prompts are the benchmark's sentences
 (:func:`chattts_serving.bench.load_sentences`), and ``export/`` imports nothing above the core
-(tests/test_layout.py).
+(tests/unit/test_layout.py).
 """
 
 from __future__ import annotations

@@ -23,8 +23,7 @@ from ..audio.chunking import ChunkSchedule, StreamChunker, Window
 from ..audio.vocoder import VocoderRunner
 from ..contract import VocoderPath
 from ..engine.gpt import Embeddings, GptStepRunner
-from ..engine.scheduler import Engine
-from ..engine.scheduler import Sequence as EngineSequence
+from ..engine.scheduler import Engine, make_sequence
 from ..engine.sinks import CollectingSink
 from ..params import SamplingParams
 from ..runtime import Artifacts
@@ -74,9 +73,9 @@ def run_batch(engine: Engine, vocoder: VocoderRunner, schedule: ChunkSchedule,
     t0 = time.perf_counter()
     for i, ((ids, spk), st) in enumerate(zip(prompts, streams, strict=True)):
         params = SamplingParams(max_new_tokens=tokens, min_new_tokens=tokens, seed=seed + i)
-        engine.submit(EngineSequence(np.asarray(ids, np.int64), spk, params, st.sink, emit_tokens=emit_tokens,
-                                     first_emit_tokens=schedule.tokens_before_first_chunk(),
-                                     request_id=f"minimal-{seed}-{i}"))
+        engine.submit(make_sequence(np.asarray(ids, np.int64), spk, params, st.sink, emit_tokens=emit_tokens,
+                                    first_emit_tokens=schedule.tokens_before_first_chunk(),
+                                    request_id=f"minimal-{seed}-{i}"))
     decode_s = vocode_s = decode_cpu = vocode_cpu = 0.0
     calls = windows = 0
     while not all(st.chunker.done for st in streams):

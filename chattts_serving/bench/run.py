@@ -79,7 +79,7 @@ FULL: dict[str, Any] = {"levels": (1, 2, 3, 4, 6, 8, 16), "tokens": 100, "baseli
                         "stream_requests": 2, "batched_repeats": 2, "baseline_batch": 16, "raw_repeats": 20,
                         "pipeline_repeats": 3, "frontend_repeats": 20, "open_loop_requests": 60, "burst_clients": 200,
                         "burst_rounds": 5, "hold_tokens": 2048}
-"""The full run's sizes: about 15 minutes on 2 cores for two profiles (README "Performance")."""
+"""The full run's sizes: about 15 minutes on 2 cores for two profiles (docs/performance.md)."""
 DEFAULT_PROFILES = ("cpu", "cpu-fp32", "cpu-int8")
 """Profiles benchmarked by default, those of them that exist (the first is the default profile).
 ``cpu`` runs int8 or fp32 (precision ``auto``): the one of the other two that runs the same is
@@ -642,7 +642,7 @@ def run(cfg: Config) -> dict[str, Any]:
     from ..runtime import Artifacts
     from ..serving.profile import load_profile
     from .baseline import run_baseline
-    from .frontend import measure_frontend
+    from .frontend_cost import measure_frontend
     from .minimal import pipeline_prompts
     from .serverload import level_jobs
 

@@ -8,7 +8,7 @@ returns once their sum has been 0 on :data:`QUIET_POLLS` reads in a row, or when
 sum), ``waited_s``, ``reason``.
 
 Why: on SIGTERM tritonserver unloads every model at once and the live streams end with
-UNAVAILABLE (README, "Stopping it"). Kubernetes runs this as the server container's
+UNAVAILABLE (docs/operations.md, "Stopping it"). Kubernetes runs this as the server container's
 ``preStop`` hook: the pod is already being taken out of its Service's endpoints, so no new
 requests arrive, and the streams in flight finish before the kubelet sends SIGTERM.
 

@@ -1,8 +1,8 @@
 """Deep health check of a running server: ``python -m chattts_serving.deploy.probe`` (``--help``).
 
 Triton's own ``/v2/health/ready`` is not enough: in Triton 2.51 a Python-backend model whose
-stub process died stays READY and the server stays ready (upstream issue
-triton-inference-server/server#8604), while every request to it fails with "Stub process ...
+stub process died stays READY and the server stays ready (docs/triton-workarounds.md,
+"stuck model, nobody says so"), while every request to it fails with "Stub process ...
 is not healthy". :func:`probe` therefore checks, within one deadline:
 
 1. ``live``: HTTP ``GET /v2/health/live`` answers 200;

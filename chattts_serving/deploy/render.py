@@ -196,9 +196,8 @@ def model_specs(profile: Profile, artifacts_dir: Path, repo_dir: Path) -> list[M
         ModelSpec(contract.MODEL_ENGINE, contract.ENGINE_INPUTS, contract.ENGINE_OUTPUTS, decoupled=True,
                   parameters=dict(params), **accel),  # type: ignore[arg-type]
     ]
-    # No dynamic_batching on the decoupled entry model: with it, Triton 2.51 hands new
-    # requests to this Python model in bursts separated by 0.5 s stalls (measured: 20
-    # simultaneous streams admitted over 1.5 s instead of 25 ms). Its admission limit and
+    # No dynamic_batching on the decoupled entry model (docs/triton-workarounds.md, "no dynamic
+    # batching on the streaming entry"). Its admission limit and
     # priorities are the model's own (entry.max_concurrent_streams, request parameter
     # `priority`), since a decoupled model empties Triton's queue at once anyway.
     entries = [ModelSpec(contract.MODEL_STREAM, contract.ENTRY_INPUTS, contract.ENTRY_OUTPUTS, decoupled=True,

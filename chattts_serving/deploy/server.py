@@ -5,12 +5,14 @@ The wheel ships Triton 2.51 with the Python backend and a backend stub per Pytho
 next to ``libtriton_python.so``), puts this virtual environment's ``bin/`` first on the
 server's PATH (the stub runs ``python3`` from there, so it sees this venv's site-packages),
 starts the server, waits for ``/v2/health/ready`` and stops it with SIGINT (then SIGKILL).
-See ../shared/TRITON.md for why each step is needed. Its admin APIs (logging, trace, shared
-memory, model repository, statistics) need the header of :mod:`chattts_serving.deploy.admin`.
+The stub runs Python isolated (PYTHONPATH is ignored), hence the PATH. Its admin APIs
+(logging, trace, shared memory, model repository, statistics) need the header of
+:mod:`chattts_serving.deploy.admin`.
 
 :class:`Supervisor` (``chattts-serve --restart-on-failure``) restarts the server when one of
 its model processes dies or the deep probe (:mod:`chattts_serving.deploy.probe`) keeps failing:
-Triton 2.51 neither restarts a dead Python-backend stub nor reports it in its health.
+Triton 2.51 neither restarts a dead Python-backend stub nor reports it in its health
+(docs/triton-workarounds.md, "stuck model, nobody says so").
 """
 
 from __future__ import annotations

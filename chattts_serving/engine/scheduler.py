@@ -49,6 +49,7 @@ from ..errors import ErrorKind, RequestError
 from ..params import SamplingParams
 from .gpt import Embeddings, GptStepRunner
 from .kvbatch import KvBatch
+from .request import InvalidSequence, SequenceRequest
 from .sampling import RequestSampler, sample_batch, sample_text_batch
 from .waiting import QueueFull, WaitingQueue
 
@@ -136,38 +137,27 @@ class EngineConfig:
 
 @dataclass(eq=False)
 class Sequence:
-    """One request inside the engine.
+    """One request inside the engine: its :class:`~chattts_serving.engine.request.SequenceRequest`
+    (checked when it was made; its fields are readable here under the scheduler's names:
+    ``prompt_ids``, ``spk_emb``, ``params``, ``emit_tokens``, ``first_emit_tokens``,
+    ``priority``, ``mode``, ``prompt_codes``; ``request_id`` is the request's ``stream_id``, the
+    name :meth:`Engine.cancel` takes, and ``owner`` its ``request_id``, see
+    ``EngineConfig.max_waiting``), the sink its tokens go to, and the engine's state of it.
 
-    prompt_ids: (T,) int prompt token ids; spk_emb: (H,) float32 normalised speaker vector or
-    None; emit_tokens: tokens per sink call; priority: lower runs first (0 = realtime);
     deadline_s: ``time.monotonic()`` after which the sequence is dropped with an error;
-    mode: ``"code"`` (speech codes) or ``"text"`` (refine text: prompt from
-    :func:`chattts_serving.text.refine.refine_prompt_ids`, no speaker vector, params from
-    :meth:`chattts_serving.text.refine.RefineParams.sampling_params`); acknowledge: the engine
-    thread's first sink call for the sequence is an empty one (no tokens, stop reason ''),
-    made as soon as it sees the submission (a BLS caller returns from its call at the first
-    response and can then watch its client; every response is sent from the engine thread);
-    prompt_codes: (P, 4) int audio-prompt codes in [0, 625) placed after the text prompt and
-    embedded as the sum of the 4 code embeddings (ChatTTS' ``spk_smp``, see
-    :mod:`chattts_serving.audio.reference`), code mode only; None (default) for none;
-    request_id: names the sequence (:meth:`Engine.cancel`); owner: the request it belongs to
-    (in the server the entry's request id, shared by a request's sequences; "" for none), see
-    ``EngineConfig.max_waiting``.
+    acknowledge: the engine thread's first sink call for the sequence is an empty one (no
+    tokens, stop reason ''), made as soon as it sees the submission (a BLS caller returns from
+    its call at the first response and can then watch its client; every response is sent from
+    the engine thread). A text-mode sequence (refine-text) embeds its prompt and new tokens with
+    ``emb_text`` and samples from the text head; prompt codes (ChatTTS' ``spk_smp``, see
+    :mod:`chattts_serving.audio.reference`) are embedded as the sum of the 4 code embeddings
+    after the text prompt.
     """
 
-    prompt_ids: np.ndarray
-    spk_emb: np.ndarray | None
-    params: SamplingParams
+    request: SequenceRequest
     sink: TokenSink
-    emit_tokens: int = 1
-    first_emit_tokens: int = 0  # also flush when exactly this many tokens exist (the first chunk's need)
-    priority: int = 0
     deadline_s: float | None = None
-    request_id: str = ""
-    owner: str = ""
-    mode: SequenceMode = SequenceMode.CODE
     acknowledge: bool = False
-    prompt_codes: np.ndarray | None = None
     sampler: RequestSampler = field(init=False)
     length: int = 0  # tokens in this sequence's KV cache
     generated: int = 0
@@ -180,12 +170,65 @@ class Sequence:
     cancel_requested: bool = False
 
     def __post_init__(self) -> None:
-        self.sampler = RequestSampler(self.params)
+        self.sampler = RequestSampler(self.request.params)
+
+    @property
+    def prompt_ids(self) -> np.ndarray:
+        return self.request.input_ids
+
+    @property
+    def spk_emb(self) -> np.ndarray | None:
+        return self.request.spk_emb
+
+    @property
+    def params(self) -> SamplingParams:
+        return self.request.params
+
+    @property
+    def emit_tokens(self) -> int:
+        return self.request.emit_tokens
+
+    @property
+    def first_emit_tokens(self) -> int:
+        return self.request.first_emit_tokens
+
+    @property
+    def priority(self) -> int:
+        return self.request.priority
+
+    @property
+    def mode(self) -> SequenceMode:
+        return self.request.mode
+
+    @property
+    def prompt_codes(self) -> np.ndarray | None:
+        return self.request.prompt_codes
+
+    @property
+    def request_id(self) -> str:
+        return self.request.stream_id
+
+    @property
+    def owner(self) -> str:
+        return self.request.request_id
 
     @property
     def prompt_length(self) -> int:
         """Prompt positions: text ids plus audio-prompt codes."""
-        return int(self.prompt_ids.size) + (0 if self.prompt_codes is None else len(self.prompt_codes))
+        return self.request.prompt_length
+
+
+def make_sequence(prompt_ids: np.ndarray, spk_emb: np.ndarray | None, params: SamplingParams, sink: TokenSink, *,
+                  emit_tokens: int = 1, first_emit_tokens: int = 0, priority: int = 0,
+                  deadline_s: float | None = None, request_id: str = "", owner: str = "",
+                  mode: SequenceMode = SequenceMode.CODE, acknowledge: bool = False,
+                  prompt_codes: np.ndarray | None = None) -> Sequence:
+    """A :class:`Sequence` from its parts (the engine's own callers: benchmarks, tests).
+    Raises :class:`~chattts_serving.engine.request.InvalidSequence`."""
+    return Sequence(SequenceRequest(np.asarray(prompt_ids), spk_emb, params, emit_tokens=emit_tokens,
+                                    first_emit_tokens=first_emit_tokens, priority=priority, mode=mode,
+                                    prompt_codes=prompt_codes, stream_id=request_id, request_id=owner),
+                    sink, deadline_s=deadline_s, acknowledge=acknowledge)
 
 
 @dataclass
@@ -238,31 +281,18 @@ class Engine:
 
     # ---- public API ---------------------------------------------------------------------
     def submit(self, seq: Sequence) -> None:
-        """Queue a sequence. Raises :class:`EngineBusy` when the waiting queue is full (unless
-        a live sequence has the same non-empty ``owner``) and
-        ValueError when its prompt is empty or cannot fit the context, its mode is unknown,
-        a text-mode sequence has a speaker vector or audio-prompt codes or the artifacts lack
-        the text head, or audio-prompt codes are not (P, 4) in [0, 625)."""
-        if seq.prompt_ids.size == 0:
-            raise ValueError("empty prompt")
-        if seq.prompt_codes is not None:
-            pc = seq.prompt_codes
-            if seq.mode != SequenceMode.CODE:
-                raise ValueError("only a code-mode sequence takes audio-prompt codes")
-            if pc.ndim != 2 or pc.shape[1] != contract.NUM_VQ or (
-                    pc.size and (pc.min() < 0 or pc.max() >= contract.EOS_CODE)):
-                raise ValueError(f"audio-prompt codes must be (P, {contract.NUM_VQ}) in [0, {contract.EOS_CODE})")
-        if seq.mode not in tuple(SequenceMode):
-            raise ValueError(f"unknown sequence mode {seq.mode!r}; expected one of {[m.value for m in SequenceMode]}")
-        if seq.mode == SequenceMode.TEXT:
-            if seq.spk_emb is not None:
-                raise ValueError("a text-mode (refine) sequence takes no speaker vector")
-            if not self.emb.has_text_head:
-                raise ValueError("these artifacts have no text head for refine-text; re-run `make export`")
+        """Queue a sequence (its request's own rules were checked when it was made). Raises
+        :class:`EngineBusy` when the waiting queue is full (unless a live sequence has the same
+        non-empty ``owner``) and :class:`~chattts_serving.engine.request.InvalidSequence` (a
+        ValueError) when its prompt and ``max_new_tokens`` cannot fit the context or a
+        text-mode sequence meets artifacts without the text head."""
+        if seq.mode == SequenceMode.TEXT and not self.emb.has_text_head:
+            raise InvalidSequence("these artifacts have no text head for refine-text; re-run `make export`",
+                                  param=contract.EN_MODE.name)
         if seq.prompt_length + seq.params.max_new_tokens > self.config.max_context_tokens:
-            raise ValueError(f"prompt ({seq.prompt_length} tokens) + max_new_tokens "
-                             f"({seq.params.max_new_tokens}) exceeds the context of "
-                             f"{self.config.max_context_tokens} tokens")
+            raise InvalidSequence(f"prompt ({seq.prompt_length} tokens) + max_new_tokens "
+                                  f"({seq.params.max_new_tokens}) exceeds the context of "
+                                  f"{self.config.max_context_tokens} tokens", param=contract.FE_INPUT_IDS.name)
         with self._cv:
             running = bool(seq.owner) and any(s.owner == seq.owner and not s.done for s in self._batch.running())
             try:

@@ -17,9 +17,12 @@ from typing import Any, Protocol
 class Waiting(Protocol):
     """What the queue reads of a sequence (:class:`~chattts_serving.engine.scheduler.Sequence`)."""
 
-    priority: int
-    owner: str
-    request_id: str
+    @property
+    def priority(self) -> int: ...
+    @property
+    def owner(self) -> str: ...
+    @property
+    def request_id(self) -> str: ...
     deadline_s: float | None
     cancel_requested: bool
     done: bool

@@ -49,7 +49,7 @@ weights): about 1e-3 relative on the full config's logits and hidden (2.0e-3 / 2
 3.3e-3 / 3.0), top-1 code agreement 100 %. An error of 2e-2 of the logits' range moves a
 logit by far less than the gap that sampling at temperature 0.3 resolves, and the
 vocoders' 2e-2 of peak amplitude is about -34 dB, below the streaming seam errors accepted
-in the README. The fp32 graphs' bound stays :data:`chattts_serving.export.build.PARITY_TOLERANCE`
+in docs/streaming-quality.md. The fp32 graphs' bound stays :data:`chattts_serving.export.build.PARITY_TOLERANCE`
 (absolute, 1e-4).
 """
 

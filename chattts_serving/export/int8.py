@@ -113,7 +113,7 @@ MIN_ACCURACY_DECODE_STEPS = 1000
 """Fewest decode steps :func:`accuracy_report` compares (the issue's requirement)."""
 
 ACCURACY_THRESHOLD: dict[str, float] = {"top1_agreement_min": 0.95, "audio_snr_db_min": 20.0}
-"""The bar for making int8 a profile's default precision (README "int8 on CPU"): the fp32 and
+"""The bar for making int8 a profile's default precision (docs/decode-speed.md, "8-bit weights"): the fp32 and
 int8 graphs' top-1 codes agree on at least 95 % of teacher-forced steps on every one of the 4
 heads, and the hidden-path audio of the same token stream differs from fp32's by at least
 20 dB SNR (error energy at most 1 % of the signal's). Below it fp32 stays the default and int8
@@ -441,7 +441,7 @@ def write_accuracy(root: Path, accuracy: dict[str, Any]) -> None:
 
 
 def accuracy_table(acc: dict[str, Any]) -> str:
-    """A Markdown table of :func:`accuracy_report`'s figures (as in the README)."""
+    """A Markdown table of :func:`accuracy_report`'s figures (as in docs/decode-speed.md)."""
     t = acc["threshold"]
     heads = " / ".join(f"{a:.3f}" for a in acc["top1_agreement"])
     rows = [

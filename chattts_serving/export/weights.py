@@ -317,7 +317,7 @@ LAYER_SCALE = 0.25
 """Layer scale given to every ConvNeXt block of generated Decoder/DVAE/Vocos weights.
 
 ChatTTS' random init uses 1e-6 (Decoder/DVAE), which makes the blocks near-identity and hides
-the vocoder's receptive field (about +-52 tokens with trained weights, ../shared/NOTES.md);
+the vocoder's receptive field (about +-52 tokens with a realistic layer scale, docs/streaming-quality.md);
 trained values are of order 0.1 to 1, so generated weights use a realistic 0.25.
 """
 

@@ -6,8 +6,9 @@
 // Why: a refusal answered by the Python entry model costs two inter-process round trips (the
 // request into the stub, the error back through the response sender), one request at a time;
 // with every core busy decoding, 136 refusals of a 200-request burst took 0.1 to 0.3 s to come
-// out (README, "Where the busy time goes"). Here "busy" is decided and sent in the server's own
-// process, before any Python code runs.
+// out (docs/performance.md, "Where the busy time goes"; docs/triton-workarounds.md, "gate, not
+// max_queue_size"). Here "busy" is decided and sent in the server's own process, before any
+// Python code runs.
 //
 // The same holds for chattts_offline, whose Python instances run whole utterances: with all
 // their threads busy, refusals of a burst took about 1 s (make bench, busy_p99_s_offline_saturated).
@@ -41,7 +42,7 @@
 //
 // Loaded into tritonserver, the library also replaces Triton's handler of fatal signals (struct
 // CrashHandler): after a heap corruption, Triton 2.51's handler blocks forever and leaves a
-// server that answers "ready" and serves nothing (docs/triton-workarounds.md).
+// server that answers "ready" and serves nothing (docs/triton-workarounds.md, "fatal-signal handler").
 //
 // Parameters (model config, all strings; rendered by chattts_serving/deploy/render.py):
 //   a gate: target_model, max_live, busy_message, label_model, rejected_metric, rejected_help,
@@ -80,11 +81,9 @@ uint64_t NowNs() {
       .count();
 }
 
-// Fatal signals of the server process. Triton 2.51's handler (triton_signal.cc) prints
-// "Signal (N) received." and then a symbolised stack trace (boost::stacktrace with addr2line),
-// which allocates memory. glibc raises SIGABRT on a corrupted heap while it holds the
-// allocator's lock, so that trace blocks forever: the process lives on, its HTTP and gRPC
-// threads answer "ready", and no request completes. This handler allocates nothing: it writes
+// Fatal signals of the server process: Triton 2.51's own handler can block for good after a
+// heap corruption (docs/triton-workarounds.md, "fatal-signal handler"). This handler allocates
+// nothing: it writes
 // the same first line and a raw stack trace (backtrace_symbols_fd) with write(2), then the
 // signal's default action ends the process (a core dump where enabled) and the supervisor
 // starts a new one.
@@ -311,10 +310,9 @@ void Announce() {
 // it, and learns within one message that a slot is free again. Between flips the current state
 // is sent again every `heartbeat_ms`, so that a subscriber can tell a quiet server from a dead
 // connection (and stop trusting a "full" that nobody confirms).
-// Ending every subscription when a gate unloads matters: Triton 2.51 keeps a model loaded while
-// a subscription to it lives (its response factory, and a gRPC stream that sent it a request:
-// seen here, a stopping server waited its whole exit timeout for the watch). A subscriber that
-// closed its request side, as chattts_serving/client/admission.py does, ends its call at the
+// Ending every subscription when a gate unloads matters (docs/triton-workarounds.md, "watch
+// subscriptions at unload"). A subscriber that
+// closed its request side, as chattts_serving/client/admission_watch.py does, ends its call at the
 // final flag, the model unloads, and the subscriber simply subscribes again (to a restarted
 // server). Unloading the watch alone (model control) waits for its subscribers to go.
 struct Watch {

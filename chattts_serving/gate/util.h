@@ -1,6 +1,6 @@
 // The admission gate's pure helpers (no Triton call): JSON string literals for its log lines,
 // the string parameters of a model config in Triton's JSON form, and the fatal-signal line,
-// formatted without allocating. Tested by util_test.cc (tests/test_gate.py builds and runs it).
+// formatted without allocating. Tested by util_test.cc (tests/unit/test_gate.py builds and runs it).
 #pragma once
 
 #include <cstddef>

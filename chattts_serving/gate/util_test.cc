@@ -1,4 +1,4 @@
-// Tests of the gate's pure helpers (util.h), built and run by tests/test_gate.py with the same
+// Tests of the gate's pure helpers (util.h), built and run by tests/unit/test_gate.py with the same
 // compiler flags as the gate. Prints one line per failed check and exits 1 on any.
 #include <cstdio>
 #include <string>

@@ -6,7 +6,7 @@ loop, and only the lossy encoders (mp3, aac, opus) run in worker threads.
 
 "Server busy" is decided before anything else where the gateway knows it already (its own
 ``max_streams``, or the server's admission watch reporting every stream slot taken:
-:class:`~chattts_serving.client.admission.AdmissionWatch`): :class:`_BusyDoor` answers such a
+:class:`~chattts_serving.client.admission_watch.AdmissionWatch`): :class:`_BusyDoor` answers such a
 speech request with 503 and ``Retry-After`` before its body is read, parsed or forwarded.
 """
 
@@ -35,7 +35,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ..audio import formats as audio_format
 from ..client import AioStreamClient, ClientError
-from ..client.admission import AdmissionWatch
+from ..client.admission_watch import AdmissionWatch
 from ..errors import ErrorKind
 from ..text.voices import OPENAI_VOICES, VoiceBook
 from .errors import AUTHENTICATION, INVALID_REQUEST, SERVER_ERROR, ApiError, busy_refusal, from_client_error

@@ -11,7 +11,7 @@ from typing import Any, Final
 
 from .. import contract
 from ..client import ClientError
-from ..client.admission import AdmissionWatch
+from ..client.admission_watch import AdmissionWatch
 from ..errors import STATUS, ErrorKind, kind_from_status
 
 INVALID_REQUEST: Final = "invalid_request_error"

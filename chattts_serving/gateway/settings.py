@@ -109,7 +109,7 @@ class GatewaySettings:
     seconds. stream_max_s: optional cap on a whole stream in seconds (None: none; the idle
     timeout alone ends a stalled stream, so the longest legal input is never cut). max_streams:
     streams relayed at once; one more is answered 503 at once. admission_watch: follow the
-    server's admission watch (:class:`~chattts_serving.client.admission.AdmissionWatch`) and
+    server's admission watch (:class:`~chattts_serving.client.admission_watch.AdmissionWatch`) and
     answer 503 before reading a speech request while every stream slot of every server behind
     ``triton_url`` is taken (False: every request within ``max_streams`` goes to Triton; the
     gateway's own limit is decided before reading either way). retry_after_s: the Retry-After

@@ -8,8 +8,9 @@ Only a request that holds a slot is then parsed (:func:`~chattts_serving.serving
 by :meth:`Admission.admit`, which re-evaluates the degraded mode, sheds batch-priority requests
 while degraded (refused "busy": retryable) and, in degraded mode, makes the request cheaper
 without ever shortening it (another vocoder path, larger chunks, no refine-text; never fewer
-tokens than it asked for). Every accepted request holds its slot until
-:meth:`Admission.release`; a refused one gives it back at once.
+tokens than it asked for). Every accepted request holds its slot (a
+:class:`~chattts_serving.serving.slots.SlotToken`, released exactly once) until it ends; a
+refused one gives it back at once.
 """
 
 from __future__ import annotations
@@ -29,6 +30,9 @@ from .pipeline import SynthesisJob
 from .profile import Profile
 from .request import EntryLimits, parse_entry
 from .resilience import Degrader
+from .slots import SlotToken, StreamSlots
+
+__all__ = ["Admission", "RefusalsFirst", "SlotToken", "StreamSlots", "busy_error", "rejection_reason"]
 
 
 class RefusalsFirst:
@@ -45,7 +49,7 @@ class RefusalsFirst:
     whichever comes first. A request alone waits ``settle_s`` (profile ``[entry]
     admission_settle_s``; a few ms of a TTFA of hundreds); while requests keep arriving less
     than ``settle_s`` apart (clients retrying "busy" at once, say), or refusals keep waiting,
-    each accepted one waits the whole ``max_wait_s``. Figures in the README ("Where the busy
+    each accepted one waits the whole ``max_wait_s``. Figures in docs/performance.md ("Where the busy
     time goes").
     """
 
@@ -54,6 +58,13 @@ class RefusalsFirst:
         self._cond = threading.Condition()
         self._last_arrival_s = float("-inf")
         self._pending = 0
+        self._closed = False
+
+    def close(self) -> None:
+        """The model unloads: every :meth:`wait`, now and later, returns at once."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
 
     def arrived(self, refused: bool, now_s: float) -> None:
         """A request arrived at ``now_s`` (``time.monotonic()``); ``refused``: its "busy" is
@@ -82,36 +93,12 @@ class RefusalsFirst:
         start = time.monotonic()
         deadline = arrival_s + self.max_wait_s
         with self._cond:
-            while (now := time.monotonic()) < deadline:
+            while not self._closed and (now := time.monotonic()) < deadline:
                 quiet_in = self._last_arrival_s + self.settle_s - now
                 if self._pending <= 0 and quiet_in <= 0:
                     break
                 self._cond.wait(min(deadline - now, quiet_in) if self._pending <= 0 else deadline - now)
         return time.monotonic() - start
-
-
-class StreamSlots:
-    """At most ``limit`` live requests per entry-model instance.
-
-    A decoupled model that hands requests to threads empties Triton's queue at once, so the
-    queue policy cannot bound live streams; this counter does (../shared/TRITON.md)."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.live = 0
-        self._lock = threading.Lock()
-
-    def acquire(self) -> bool:
-        """Take a slot; False when all are taken."""
-        with self._lock:
-            if self.live >= self.limit:
-                return False
-            self.live += 1
-            return True
-
-    def release(self) -> None:
-        with self._lock:
-            self.live -= 1
 
 
 OFFLINE_BUSY_DETAIL: Final = "requests already running"
@@ -155,19 +142,18 @@ class Admission:
         self.segments = SegmentRules(max_chars=profile.frontend.max_segment_chars,
                                      merge_chars=profile.frontend.merge_segment_chars)
 
-    def reserve(self) -> RequestError | None:
-        """Take a slot for a request that has just arrived, before reading it: None when taken,
-        else the BUSY error to answer at once."""
-        if self.slots.acquire():
-            return None
-        return busy_error(self.slots.limit, self.busy_detail)
+    def reserve(self) -> SlotToken | RequestError:
+        """Take a slot for a request that has just arrived, before reading it: its token, or
+        the BUSY error to answer at once."""
+        token = self.slots.acquire()
+        return token if token is not None else busy_error(self.slots.limit, self.busy_detail)
 
     def admit(self, inputs: Mapping[str, np.ndarray], params: Mapping[str, object], request_id: str,
-              arrival_s: float, emit_tokens: int) -> SynthesisJob:
-        """Parse, validate and admit one request that holds a slot (:meth:`reserve`) and
+              arrival_s: float, emit_tokens: int, slot: SlotToken) -> SynthesisJob:
+        """Parse, validate and admit one request that holds ``slot`` (:meth:`reserve`) and
         arrived at ``arrival_s`` (``time.monotonic()``); ``emit_tokens``: tokens per engine
-        batch for this entry model. Raises RequestError (INVALID for bad input, BUSY when shed
-        in degraded mode), the slot then given back."""
+        batch for this entry model. The job holds the slot. Raises RequestError (INVALID for bad
+        input, BUSY when shed in degraded mode), the slot then given back."""
         try:
             req = parse_entry(inputs, self.limits, params, request_id)
             degraded = self.degrader.update(self.slots.live - 1, self.queued())
@@ -175,7 +161,7 @@ class Admission:
                 raise RequestError("server busy: the server is overloaded and sheds batch-priority requests until "
                                    "the load falls; retry later", ErrorKind.BUSY)
         except RequestError:
-            self.release()
+            slot.release()
             raise
         schedule = self.schedule
         if degraded:  # how the audio is made changes; how much of the text is spoken never does
@@ -185,11 +171,7 @@ class Admission:
             schedule = replace(schedule, first_chunk_tokens=schedule.first_chunk_tokens * scale,
                                max_chunk_tokens=schedule.max_chunk_tokens * scale, rate_planned=False)
         return SynthesisJob(req=req, schedule=schedule, emit_tokens=emit_tokens, arrival_s=arrival_s,
-                            segments=self.segments, degraded=degraded)
-
-    def release(self) -> None:
-        """An accepted request ended: free its slot."""
-        self.slots.release()
+                            segments=self.segments, degraded=degraded, slot=slot)
 
     def record_ttfa(self, seconds: float) -> None:
         """A request's load TTFA (its time to first audio less the work it asked for), for the

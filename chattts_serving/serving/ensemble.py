@@ -30,7 +30,7 @@ from ..contract import Segmentation, VocoderPath
 from ..errors import RequestError
 from ..text.request_text import carry_speed
 from ..text.segments import SegmentRules, split_segments
-from .frontend import FrontendService
+from .frontend_service import FrontendService
 from .pipeline import FrontendOutput, PreparedText, StreamResult, SynthesisJob, info_json, seconds_left
 from .request import EntryLimits, EntryRequest, FrontendCall, parse_entry
 

@@ -34,6 +34,8 @@ from .lifecycle import CancelWatcher, ResponseChannel, StreamGuard
 from .logs import log_event
 from .pipeline import Stages, StreamResult, SynthesisJob, info_json, offline_audio, stream_audio
 from .profile import Profile
+from .slots import SlotToken
+from .threads import Spawn, start_thread
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +67,7 @@ class EntryObserver(Protocol):
 
 
 @dataclass(frozen=True, kw_only=True)
-class Outcome:
+class EntryOutcome:
     """How an accepted request ended: its result (None when it failed before any audio) and
     its error (None when it completed or was cancelled)."""
 
@@ -91,12 +93,11 @@ class RefusalRecorder:
     MAX_DELAY_S: ClassVar[float] = 0.1
 
     def __init__(self, model: str, observer: EntryObserver, settle_s: float = SETTLE_S,
-                 max_delay_s: float = MAX_DELAY_S) -> None:
+                 max_delay_s: float = MAX_DELAY_S, spawn: Spawn = start_thread) -> None:
         self.model, self.observer = model, observer
         self.settle_s, self.max_delay_s = settle_s, max_delay_s
         self._queue: queue.SimpleQueue[tuple[str, RequestError] | None] = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._loop, name="refusal-record", daemon=True)
-        self._thread.start()
+        self._thread = spawn("refusal-record", self._loop)
 
     def close(self, deadline_s: float) -> None:
         """Record what is queued, then stop the thread (waited for until ``deadline_s``,
@@ -156,12 +157,14 @@ class EntryService:
     client cancels polled by a :class:`CancelWatcher`). ``gated``: the requests come through
     the admission gate, which holds the limit; the gate frees a slot at a request's final
     response, a moment before :meth:`finish` frees this model's, so here the limit is twice the
-    gate's and never the one that refuses.
+    gate's and never the one that refuses. ``spawn`` starts the service's threads
+    (``refusal-record``, ``cancel-watch``, ``unload-cancels``, ``degrade-tick``): in a stub, the
+    :class:`~chattts_serving.serving.entry_runtime.EntryRuntime`'s, which joins them.
     """
 
     def __init__(self, model: str, profile: Profile, stages: Stages, observer: EntryObserver,
                  offline: bool = False, gated: bool = False,
-                 on_stall: Callable[[str], None] | None = None) -> None:
+                 on_stall: Callable[[str], None] | None = None, spawn: Spawn = start_thread) -> None:
         self.model, self.profile, self.stages, self.observer = model, profile, stages, observer
         self.on_stall = on_stall
         entry = profile.entry
@@ -175,31 +178,34 @@ class EntryService:
                                     on_degrade_switch=self._on_switch, queued=lambda: self._waiting))
         # Offline requests are watched for stalls only (their clients' cancels are not polled).
         self.watcher = CancelWatcher(entry.cancel_poll_interval_s, entry.stall_timeout_s, self._stalled,
-                                     entry.cancel_polls_per_s)
-        self.refusals = RefusalRecorder(model, observer)
+                                     entry.cancel_polls_per_s, spawn=spawn)
+        self.refusals = RefusalRecorder(model, observer, spawn=spawn)
         self._waiting = 0
         self._lock = threading.Lock()
         # Re-evaluate the degraded mode once a second too, not only on arrivals: a server
         # whose load has gone must leave it without waiting for new requests.
         self._closed = threading.Event()
-        self._ticker = threading.Thread(target=self._tick, name="degrade-tick", daemon=True)
-        self._ticker.start()
+        self._ticker = spawn("degrade-tick", self._tick)
 
     # ---- admission -------------------------------------------------------------------------
-    def reserve(self) -> RequestError | None:
-        """Take a slot for a request that has just arrived, before reading anything of it:
-        None when taken, else the BUSY error to send at once (then :meth:`refused`)."""
+    def reserve(self) -> SlotToken | RequestError:
+        """Take a slot for a request that has just arrived, before reading anything of it: its
+        token, or the BUSY error to send at once (then :meth:`refused`)."""
         return self.admission.reserve()
 
     def admit(self, inputs: Mapping[str, np.ndarray], params: Mapping[str, object], request_id: str,
-              arrival_s: float | None = None, reserved: bool = False) -> SynthesisJob:
-        """Validate and admit one request (``reserved``: it already holds a slot from
-        :meth:`reserve`). Raises RequestError, already counted and logged (the slot given back)."""
+              arrival_s: float | None = None, slot: SlotToken | None = None) -> SynthesisJob:
+        """Validate and admit one request that holds ``slot`` (from :meth:`reserve`; None: take
+        one now). The job holds the slot until :meth:`finish`. Raises RequestError, already
+        counted and logged (the slot given back)."""
         arrival = time.monotonic() if arrival_s is None else arrival_s
         try:
-            if not reserved and (busy := self.reserve()) is not None:
-                raise busy
-            job = self.admission.admit(inputs, params, request_id, arrival, self.emit_tokens)
+            if slot is None:
+                taken = self.reserve()
+                if isinstance(taken, RequestError):
+                    raise taken
+                slot = taken
+            job = self.admission.admit(inputs, params, request_id, arrival, self.emit_tokens, slot)
         except RequestError as exc:
             self.rejected(request_id, exc)
             raise
@@ -246,7 +252,7 @@ class EntryService:
             assert result is not None
             closed = guard.finish(info_json(job, result, final=True))
         if closed:
-            self.finish(job, Outcome(result=result or out.partial, error=error))
+            self.finish(job, EntryOutcome(result=result or out.partial, error=error))
 
     def close(self, deadline_s: float) -> int:
         """The model unloads: end every live stream now with :func:`unloading_error` and tell
@@ -267,7 +273,7 @@ class EntryService:
         """End a stream from outside its thread (watchdog, unload) with ``exc``, recording its
         outcome unless the stream had already ended."""
         if guard.fail(exc):
-            self.finish(job, Outcome(result=None, error=exc))
+            self.finish(job, EntryOutcome(result=None, error=exc))
 
     def _stalled(self, guard: StreamGuard, job: SynthesisJob) -> None:
         """The watchdog's verdict on a request without progress for ``entry.stall_timeout_s``
@@ -309,20 +315,21 @@ class EntryService:
             guard.send_chunk(audio)
             closed = guard.finish(info_json(job, result, final=True))
         if closed:
-            self.finish(job, Outcome(result=result, error=error))
+            self.finish(job, EntryOutcome(result=result, error=error))
 
     # ---- bookkeeping -------------------------------------------------------------------------------
     def first_audio(self, job: SynthesisJob) -> None:
         """The request produced its first audio: it no longer counts as queued."""
         self._count_waiting(-1)
 
-    def finish(self, job: SynthesisJob, outcome: Outcome) -> None:
+    def finish(self, job: SynthesisJob, outcome: EntryOutcome) -> None:
         """Record the end of an accepted request (exactly once): slot, metrics, log line."""
         result, error = outcome.result, outcome.error
         duration = time.monotonic() - job.arrival_s
         if result is None or result.first_audio_s is None:
             self.first_audio(job)
-        self.admission.release()
+        if job.slot is not None:
+            job.slot.release()
         self.observer.set_active(self.admission.slots.live)
         if error is not None and error.kind == ErrorKind.INVALID:
             status = "invalid"  # client input refused by a stage (e.g. nothing speakable): not a server error

@@ -20,6 +20,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from ..errors import RequestError
+from .threads import Spawn, start_thread
 
 log = logging.getLogger(__name__)
 
@@ -37,8 +38,8 @@ class ResponseChannel(Protocol):
         """End the stream with ``exc`` (a final response)."""
 
     def is_cancelled(self) -> bool:
-        """The client cancelled. Must not be asked once the stream has ended (Triton 2.51
-        crashes when asked about a completed request)."""
+        """The client cancelled. Must not be asked once the stream has ended
+        (docs/triton-workarounds.md, "is_cancelled after the final")."""
 
 
 class StreamGuard:
@@ -106,8 +107,8 @@ class StreamGuard:
 class CancelWatcher:
     """Polls the watched streams' ``is_cancelled()`` on one thread and runs their
     ``on_cancel`` once. With ``stall_s`` it also ends the guarded streams when none of them has
-    made progress for that long (the GPT engine's process died: Triton 2.51 then never answers
-    the BLS iterator); ``on_stall(guard, context)`` runs on the watcher thread for each. While
+    made progress for that long (the GPT engine's process died or hangs: docs/triton-workarounds.md,
+    "stuck model, nobody says so"); ``on_stall(guard, context)`` runs on the watcher thread for each. While
     any stream progresses, streams that merely wait (queued behind full engine batches) are
     left alone.
 
@@ -122,7 +123,7 @@ class CancelWatcher:
 
     def __init__(self, interval_s: float, stall_s: float | None = None,
                  on_stall: Callable[[StreamGuard, Any], None] | None = None,
-                 max_polls_per_s: float = float("inf")) -> None:
+                 max_polls_per_s: float = float("inf"), spawn: Spawn = start_thread) -> None:
         self.interval_s = interval_s
         self.stall_s = stall_s
         self.on_stall = on_stall
@@ -133,8 +134,8 @@ class CancelWatcher:
         self._lock = threading.Lock()
         self._closed = threading.Event()
         self._on_close: Callable[[StreamGuard, Any], None] | None = None
-        self._thread = threading.Thread(target=self._loop, name="cancel-watch", daemon=True)
-        self._thread.start()
+        self._spawn = spawn
+        self._thread = spawn("cancel-watch", self._loop)
 
     def round_interval_s(self) -> float:
         """Seconds between two poll rounds with the streams watched now."""
@@ -179,8 +180,8 @@ class CancelWatcher:
         fire = []
         # is_cancelled() runs under the lock that unwatch() takes: once a stream has unwatched
         # (before it sends its final response) it is never polled again. Polling a sender
-        # whose request has completed crashes Triton 2.51 (use after free in
-        # TRITONBACKEND_ResponseFactoryIsCancelled).
+        # whose request has completed crashes Triton 2.51 (docs/triton-workarounds.md,
+        # "is_cancelled after the final").
         with self._lock:
             for key, (is_cancelled, on_cancel) in list(self._watched.items()):
                 try:
@@ -245,8 +246,7 @@ class CancelWatcher:
                     on_cancel()
                 except Exception:
                     log.exception("cancel watcher")
-        canceller = threading.Thread(target=cancel_all, name="unload-cancels", daemon=True)
-        canceller.start()
+        canceller = self._spawn("unload-cancels", cancel_all)
         for thread in (canceller, self._thread):
             thread.join(max(0.0, deadline_s - time.monotonic()))
         return len(guarded)

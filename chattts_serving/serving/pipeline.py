@@ -37,16 +37,31 @@ import numpy as np
 from .. import contract
 from ..audio.chunking import ChunkSchedule, StreamChunker
 from ..contract import Segmentation, SequenceMode, StopReason, VocoderPath
+from ..engine.request import SequenceRequest
 from ..errors import NOTHING_SPEAKABLE, Cancelled, DeadlineExceeded, ErrorKind, RequestError
-from ..params import SamplingParams
 from ..text.normalize import speakable
 from ..text.request_text import carry_speed
 from ..text.segments import SegmentRules, chattts_groups, split_like_chattts, split_segments
 from .request import EntryRequest, FrontendCall, Reference
+from .slots import SlotToken
 
-__all__ = ["FrontendCall", "FrontendOutput", "GenerateCall", "PreparedText", "Stages", "StreamOutput", "StreamResult",
-           "SynthesisJob", "TokenBatch", "TokenStream", "info_json", "offline_audio", "prepare_segments",
-           "stream_audio", "validate_request"]
+__all__ = [
+    "FrontendCall",
+    "FrontendOutput",
+    "PreparedText",
+    "SequenceRequest",
+    "Stages",
+    "StreamOutput",
+    "StreamResult",
+    "SynthesisJob",
+    "TokenBatch",
+    "TokenStream",
+    "info_json",
+    "offline_audio",
+    "prepare_segments",
+    "stream_audio",
+    "validate_request",
+]
 
 
 # --- what crosses the stage boundary --------------------------------------------------------
@@ -68,31 +83,6 @@ class FrontendOutput:
     normalized_text: str = ""
     dropped: tuple[str, ...] = ()
     refine_ids: np.ndarray | None = None
-    prompt_codes: np.ndarray | None = None
-
-
-@dataclass(frozen=True, kw_only=True)
-class GenerateCall:
-    """One sequence for the GPT engine.
-
-    input_ids: (T,) int prompt ids; spk_emb: (H,) float32, None in text mode; params:
-    sampling; emit_tokens: tokens per batch; first_emit_tokens: also deliver a batch when
-    exactly this many tokens exist (the first chunk's need; 0: off); priority: the engine's
-    scheduling class (0 realtime); timeout_s: the engine ends the sequence with a DEADLINE
-    error after this long, None for never; mode: code (speech) or text (refine-text: codes
-    (N, 4) carry the text id in every column); prompt_codes: (P, 4) int32 audio-prompt codes
-    after the text prompt (ChatTTS' ``spk_smp``), None for none.
-    """
-
-    input_ids: np.ndarray
-    spk_emb: np.ndarray | None
-    params: SamplingParams
-    emit_tokens: int
-    first_emit_tokens: int = 0
-    priority: int = 0
-    timeout_s: float | None = None
-    request_id: str = ""
-    mode: SequenceMode = SequenceMode.CODE
     prompt_codes: np.ndarray | None = None
 
 
@@ -126,8 +116,8 @@ class Stages(Protocol):
     def frontend(self, call: FrontendCall) -> FrontendOutput:
         """Normalise and tokenize one segment, resolve the voice (:class:`FrontendCall`)."""
 
-    def generate(self, call: GenerateCall) -> TokenStream:
-        """Start a sequence on the engine (:class:`GenerateCall`)."""
+    def generate(self, call: SequenceRequest) -> TokenStream:
+        """Start a sequence on the engine (:class:`SequenceRequest`)."""
 
     def vocode(self, path: VocoderPath, window: np.ndarray, request_id: str = "") -> np.ndarray:
         """Window (T, H) float32 (hidden path) or (T, 4) int32 (codes path) -> audio
@@ -151,7 +141,7 @@ class SynthesisJob:
     schedule: the chunk schedule (streaming; the request's ``lookahead_tokens`` is applied by
     :func:`stream_audio`); emit_tokens: tokens per engine batch; arrival_s:
     ``time.monotonic()`` at arrival (the deadline counts from it); segments: how the text is
-    split; degraded: run in the server's degraded mode (reported in ``info``).
+    split; degraded: run in the server's degraded mode (reported in ``info``); slot: see below.
     """
 
     req: EntryRequest
@@ -160,6 +150,8 @@ class SynthesisJob:
     arrival_s: float
     segments: SegmentRules = SegmentRules()
     degraded: bool = False
+    slot: SlotToken | None = field(default=None, compare=False)
+    """The admission slot the request holds until it ends (released once, by whoever ends it)."""
 
 
 @dataclass
@@ -324,7 +316,7 @@ def _no_progress(working: bool) -> None:
     pass
 
 
-def _run_all(stages: Stages, calls: list[GenerateCall], watch: Watch, cancelled: str,
+def _run_all(stages: Stages, calls: list[SequenceRequest], watch: Watch, cancelled: str,
              progress: Callable[[bool], None] = _no_progress) -> list[tuple[TokenStore, StopReason | None]]:
     """Start every sequence of ``calls`` at once (the engine batches them), then read each to
     its end: its tokens and stop reason, in order. ``watch`` ends them in the engine as soon as
@@ -360,11 +352,11 @@ def _run_all(stages: Stages, calls: list[GenerateCall], watch: Watch, cancelled:
     return out
 
 
-def _code_call(job: SynthesisJob, seg: FrontendOutput, first_emit_tokens: int = 0) -> GenerateCall:
+def _code_call(job: SynthesisJob, seg: FrontendOutput, first_emit_tokens: int = 0) -> SequenceRequest:
     """The speech sequence of one prepared segment (``first_emit_tokens``: a streamed one's
     first chunk)."""
     req = job.req
-    return GenerateCall(input_ids=seg.input_ids, spk_emb=seg.spk_emb, params=req.params, emit_tokens=job.emit_tokens,
+    return SequenceRequest(input_ids=seg.input_ids, spk_emb=seg.spk_emb, params=req.params, emit_tokens=job.emit_tokens,
                         first_emit_tokens=first_emit_tokens, priority=req.priority.engine_class,
                         timeout_s=seconds_left(job), request_id=req.request_id, prompt_codes=seg.prompt_codes)
 
@@ -462,7 +454,7 @@ def _refine(job: SynthesisJob, stages: Stages, watch: Watch, texts: list[str],
     prompts = [stages.frontend(replace(base, text=t, refine_prompt=req.refine.prompt)).refine_ids for t in texts]
     params = req.refine.sampling_params()
     todo = {i: ids for i, ids in enumerate(prompts) if ids is not None and ids.size}
-    runs = _run_all(stages, [GenerateCall(input_ids=ids, spk_emb=None, params=params,
+    runs = _run_all(stages, [SequenceRequest(input_ids=ids, spk_emb=None, params=params,
                                           emit_tokens=REFINE_EMIT_TOKENS, priority=req.priority.engine_class,
                                           timeout_s=seconds_left(job), request_id=req.request_id,
                                           mode=SequenceMode.TEXT) for ids in todo.values()],

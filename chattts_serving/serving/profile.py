@@ -152,7 +152,7 @@ class EntryProfile(_Strict):
     built at server start with the host's C++ compiler), which refuses "busy" in the server
     process and forwards the rest to the Python entry model ``chattts_entry``; false: the
     Python entry model is ``chattts`` itself and refuses on its own (no compiler needed,
-    slower refusals under load: README, "Where the busy time goes")."""
+    slower refusals under load: docs/performance.md, "Where the busy time goes")."""
 
     gate: bool
     max_concurrent_streams: int = Field(ge=1)

@@ -8,7 +8,8 @@ parameters):
 
 * :func:`parse_entry` -> :class:`EntryRequest` (``chattts`` and ``chattts_offline``),
 * :func:`parse_frontend` -> :class:`FrontendCall` (``chattts_frontend``),
-* :func:`parse_engine` -> :class:`EngineRequest` or :class:`EngineControl` (``chattts_gpt``).
+* :func:`parse_engine` -> :class:`~chattts_serving.engine.request.SequenceRequest` or :class:`EngineControl`
+  (``chattts_gpt``).
 
 Names, dtypes, defaults and ranges come from :mod:`chattts_serving.contract`.
 """
@@ -31,6 +32,7 @@ from ..audio.reference import (
     decode_spk_smp,
 )
 from ..contract import Language, Priority, Segmentation, SequenceMode, VocoderPath
+from ..engine.request import MAX_EMIT_TOKENS, SequenceRequest
 from ..errors import RequestError
 from ..params import ParamError, SamplingParams
 from ..text.refine import REFINE_PARAMS, RefineParams
@@ -164,15 +166,14 @@ def refuse_request_params(params: Mapping[str, object]) -> None:
 
 
 def codes_input(inputs: Inputs, name: str) -> np.ndarray | None:
-    """Audio-prompt codes (P, 4) int32 in [0, 625) of INT32 input ``name``, None when absent.
-    Raises RequestError for another dtype, shape or range."""
+    """Audio-prompt codes of INT32 input ``name``, None when absent (their shape and range are
+    :class:`~chattts_serving.engine.request.SequenceRequest`'s rules). Raises RequestError for
+    another dtype."""
     arr = inputs.get(name)
     if arr is None:
         return None
-    if arr.dtype != np.int32 or arr.ndim != 2 or arr.shape[1] != contract.NUM_VQ:
+    if arr.dtype != np.int32:
         raise RequestError(f"{name} must be an INT32 tensor of shape [P, {contract.NUM_VQ}]", param=name)
-    if arr.size and (arr.min() < 0 or arr.max() >= contract.EOS_CODE):
-        raise RequestError(f"{name} must be codes in [0, {contract.EOS_CODE})", param=name)
     return arr
 
 
@@ -382,30 +383,6 @@ def parse_frontend(inputs: Inputs, request_id: str = "") -> FrontendCall:
 
 
 # --- the GPT engine ----------------------------------------------------------------------------
-@dataclass(frozen=True, kw_only=True)
-class EngineRequest:
-    """A validated GPT-engine sequence request.
-
-    input_ids: (T,) int64 prompt ids; spk_emb: (H,) float32 speaker vector, None in text mode;
-    params: sampling parameters; emit_tokens: tokens per response; first_emit_tokens: also
-    respond when exactly this many tokens exist (0: off); priority: scheduling class (0
-    realtime); timeout_s: the engine ends the sequence this long after submission, None for
-    never; stream_id: the caller's handle for a later cancel; mode: code or text;
-    prompt_codes: (P, 4) int32 audio-prompt codes after the text prompt, None for none.
-    """
-
-    input_ids: np.ndarray
-    spk_emb: np.ndarray | None
-    params: SamplingParams
-    emit_tokens: int = 1
-    first_emit_tokens: int = 0
-    priority: int = 0
-    timeout_s: float | None = None
-    stream_id: str = ""
-    mode: SequenceMode = SequenceMode.CODE
-    prompt_codes: np.ndarray | None = None
-
-
 @dataclass(frozen=True)
 class EngineControl:
     """A control request to the GPT engine: ``cancel`` the live sequence ``stream_id``."""
@@ -416,14 +393,16 @@ class EngineControl:
 CONTROL_CANCEL = "cancel"
 """The only control word of the GPT engine."""
 MAX_ENGINE_TIMEOUT_MS = 3_600_000
-MAX_EMIT_TOKENS = 4096
 
 
-def parse_engine(inputs: Inputs, hidden_size: int, max_new_tokens_cap: int) -> EngineRequest | EngineControl:
-    """Validate a GPT-engine request: a control request (``control='cancel'`` with a
-    ``stream_id``) or a sequence. In text mode (refine-text) the sampling inputs take
-    ``contract.REFINE_PARAMS``' defaults and ranges and a speaker vector is refused.
-    Raises RequestError."""
+def parse_engine(inputs: Inputs, hidden_size: int, max_new_tokens_cap: int,
+                 request_id: str = "") -> SequenceRequest | EngineControl:
+    """A GPT-engine request's tensors as a control request (``control='cancel'`` with a
+    ``stream_id``) or a :class:`~chattts_serving.engine.request.SequenceRequest` (whose own
+    rules are checked as it is made; here only what the wire and this engine add: dtypes, the
+    speaker vector's size, the sampling ranges). ``request_id``: the BLS request's id (the
+    request the sequence belongs to). In text mode (refine-text) the sampling inputs take
+    ``contract.REFINE_PARAMS``' defaults and ranges. Raises RequestError."""
     control = (string_input(inputs, contract.EN_CONTROL.name, required=False) or "").strip()
     stream_id = string_input(inputs, contract.EN_STREAM_ID.name, required=False) or ""
     if control not in ("", CONTROL_CANCEL):
@@ -437,31 +416,24 @@ def parse_engine(inputs: Inputs, hidden_size: int, max_new_tokens_cap: int) -> E
     ids = inputs.get(contract.FE_INPUT_IDS.name)
     if ids is None:
         raise RequestError("missing required input 'input_ids'", param=contract.FE_INPUT_IDS.name)
-    if ids.dtype != np.int32 or ids.ndim != 1 or ids.size == 0:
+    if ids.dtype != np.int32:
         raise RequestError("input_ids must be a non-empty 1-D INT32 tensor", param=contract.FE_INPUT_IDS.name)
-    if ids.min() < 0 or ids.max() >= contract.TEXT_VOCAB_SIZE:
-        raise RequestError(f"input_ids must be in [0, {contract.TEXT_VOCAB_SIZE})", param=contract.FE_INPUT_IDS.name)
     spk = inputs.get(contract.EN_SPK_EMB.name)
     if spk is not None and spk.size == 0:  # the front end's "no speaker" (the ensemble passes it on as is)
         spk = None
-    if spk is not None and (spk.dtype != np.float32 or spk.shape != (hidden_size,) or not np.isfinite(spk).all()):
+    if spk is not None and (spk.dtype != np.float32 or spk.shape != (hidden_size,)):
         raise RequestError(f"spk_emb must be a finite FP32 tensor of shape [{hidden_size}]",
                            param=contract.EN_SPK_EMB.name)
     prompt_codes = codes_input(inputs, contract.EN_PROMPT_CODES.name)
-    if prompt_codes is not None and not len(prompt_codes):  # (0, 4): none, as the front end says it
-        prompt_codes = None
     if mode == SequenceMode.TEXT:
-        if spk is not None or prompt_codes is not None:
-            raise RequestError("a text-mode (refine) sequence takes no spk_emb and no prompt_codes",
-                               param=contract.EN_SPK_EMB.name if spk is not None else contract.EN_PROMPT_CODES.name)
         params = refine_input(inputs, max_new_tokens_cap).sampling_params()
     else:
         params = sampling_input(inputs, max_new_tokens_cap)
     priority_high = max(p.engine_class for p in Priority)
     timeout_ms = int_input(inputs, contract.EN_TIMEOUT_MS.name, 0, 0, MAX_ENGINE_TIMEOUT_MS)
-    return EngineRequest(input_ids=ids.astype(np.int64), spk_emb=spk, params=params,
-                         emit_tokens=int_input(inputs, contract.EN_EMIT_TOKENS.name, 1, 1, MAX_EMIT_TOKENS),
-                         first_emit_tokens=int_input(inputs, contract.EN_FIRST_EMIT.name, 0, 0, MAX_EMIT_TOKENS),
-                         priority=int_input(inputs, contract.EN_PRIORITY.name, 0, 0, priority_high),
-                         timeout_s=timeout_ms / 1000 or None, stream_id=stream_id, mode=mode,
-                         prompt_codes=prompt_codes)
+    return SequenceRequest(input_ids=ids.astype(np.int64), spk_emb=spk, params=params,
+                           emit_tokens=int_input(inputs, contract.EN_EMIT_TOKENS.name, 1, 1, MAX_EMIT_TOKENS),
+                           first_emit_tokens=int_input(inputs, contract.EN_FIRST_EMIT.name, 0, 0, MAX_EMIT_TOKENS),
+                           priority=int_input(inputs, contract.EN_PRIORITY.name, 0, 0, priority_high),
+                           timeout_s=timeout_ms / 1000 or None, mode=mode, prompt_codes=prompt_codes,
+                           stream_id=stream_id, request_id=request_id)

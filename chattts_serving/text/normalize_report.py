@@ -11,7 +11,7 @@ normalised text, what is reported as not spoken, a note) is read three ways:
 - ``shipped``: :func:`~chattts_serving.text.normalize.normalize` as the front end runs it (library on).
 
 A row counts as correct when the normalised text equals the expected text exactly. The table
-(Markdown, also pasted into the README) has one row per category and a total; ``--failures``
+(Markdown, also pasted into docs/text-normalisation.md) has one row per category and a total; ``--failures``
 lists the rows a mode gets wrong. Exit status 0.
 """
 

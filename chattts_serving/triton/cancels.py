@@ -1,17 +1,9 @@
 """Cancels from the entry models to the GPT engine, outside Triton: one Unix datagram socket.
 
 Why not a BLS control request (what the entry models sent before, and still send when the
-socket cannot be reached): Triton 2.51's Python backend can deadlock a stub whose threads
-start decoupled BLS calls while other threads wait on the responses of theirs. A thread
-waiting in ``ResponseIterator.Next`` is woken holding the iterator's mutex and then waits for
-the GIL; the stub's message thread, holding the stub's iterator-map mutex, waits for that
-iterator mutex to queue the next response of the same call; and a thread that holds the GIL
-and calls ``InferenceRequest.exec(decoupled=True)`` waits for the iterator-map mutex
-(``Stub::GetResponseIterator``). Found with ``py-spy dump --native`` on a server that stopped
-for good after 64 clients closed their streams at once: each close sent a control request
-(``exec(decoupled=True)``) while the engine answered the cancelled streams with two
-responses each (the last batch, then the final flag). A datagram needs neither Triton nor
-the GIL held while it waits, and costs one ``sendto`` instead of a BLS round trip.
+socket cannot be reached): a storm of them deadlocks the entry stub in Triton 2.51
+(docs/triton-workarounds.md, "cancel datagram"). A datagram needs neither Triton nor the GIL
+held while it waits, and costs one ``sendto`` instead of a BLS round trip.
 
 The socket lives in Linux's abstract namespace (no file to clean up), named after the
 tritonserver process (the stubs' parent) and the engine model, so two servers on one host

@@ -1,28 +1,11 @@
 """Delivery receipts from the GPT engine to the entry models, outside Triton: so that an entry
 thread asks a BLS response iterator for a response only once it is there.
 
-Why: Triton 2.51's Python backend can deadlock a stub in which one thread waits in
-``ResponseIterator.Next`` for a decoupled BLS response while others finish theirs. The waiting
-thread is woken holding the iterator's mutex and then waits for the GIL; the stub's message
-thread (``ParentToStubMQMonitor``), holding the stub's iterator-map mutex, waits for that
-iterator mutex to queue the next response of the same call (the engine's last batch and its
-final flag arrive back to back); the stub-to-parent thread, holding its queue's mutex while it
-sends the cleanup of another finished iterator, waits for the iterator-map mutex; and a thread
-that holds the GIL, finishing a third iterator (``ResponseIterator::Clear`` ->
-``Stub::EnqueueUtilsMessage``), waits for that queue mutex. Nothing moves again: no stream of
-the server ever ends. Found with ``py-spy dump`` and ``gdb`` on a server that stopped during
-``make bench-smoke`` (16 streams ending at the same engine step); the same mutexes are taken in
-that order in python_backend's main branch (``pb_response_iterator.cc``, ``pb_stub.cc``), so a
-newer Triton does not help. The sibling cycle through ``exec(decoupled=True)`` is why cancels
-travel over a socket (:mod:`~chattts_serving.triton.cancels`).
-
-Every cycle of this kind starts with a thread that waits inside ``Next``. ``Next`` waits only
-when the iterator's buffer is empty, and the engine's ``send`` returns only after the caller's
-stub has queued the response (the parent delivers a BLS response synchronously, in the
-thread that handles the engine's send, and waits for the caller's stub to take it). So the
-engine writes one receipt after each send that returned, and the entry thread waits for the
-receipt (a semaphore, GIL released) before it calls ``next``: ``Next`` then finds the response
-and never waits.
+Why: a stub thread waiting inside ``ResponseIterator.Next`` can deadlock Triton 2.51's Python
+stub for good (docs/triton-workarounds.md, "receipts"). ``Next`` waits only when the
+iterator's buffer is empty, and the engine's ``send`` returns only once the caller's stub has
+queued the response; so the engine writes one receipt after each send, and the entry thread
+waits for the receipt (a semaphore, GIL released) before it calls ``next``.
 
 Transport: each entry stub listens on a Unix stream socket in Linux's abstract namespace,
 named after the tritonserver process (the stubs' parent) and the stub's own process id, and
@@ -40,6 +23,9 @@ import os
 import socket
 import threading
 from typing import Any
+
+from ..serving.entry_runtime import SharedHelper
+from ..serving.threads import ThreadOwner
 
 log = logging.getLogger(__name__)
 
@@ -80,17 +66,21 @@ class ReceiptBoard:
     come (its reader sees the new epoch and reads without receipts).
 
     :meth:`start` raises OSError when the address cannot be bound (the callers then iterate
-    without receipts)."""
+    without receipts). Its threads (``receipts-accept``, one ``receipts-read`` per engine
+    connection) end at :meth:`stop`."""
 
     def __init__(self, address: str) -> None:
         self.address = address
         self._lock = threading.Lock()
         self._streams: dict[str, threading.Semaphore] = {}
         self._sock: socket.socket | None = None
+        self._conns: set[socket.socket] = set()
+        self._threads = ThreadOwner()
         self.unknown = 0
         """Receipts for ids not registered (a stream that ended early): counted, dropped."""
         self.epoch = 0
         """Engine connections closed so far."""
+        self._late = 0
 
     def start(self) -> ReceiptBoard:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -101,8 +91,20 @@ class ReceiptBoard:
             sock.close()
             raise
         self._sock = sock
-        threading.Thread(target=self._accept_loop, name="receipts-accept", daemon=True).start()
+        self._threads.spawn("receipts-accept", self._accept_loop, sock)
         return self
+
+    def count_late(self) -> int:
+        """One more read went ahead without its receipt; returns how many so far."""
+        with self._lock:
+            self._late += 1
+            return self._late
+
+    @property
+    def late(self) -> int:
+        """Reads, over all streams of this board, that went ahead without their receipt."""
+        with self._lock:
+            return self._late
 
     def register(self, stream_id: str) -> threading.Semaphore:
         """The semaphore of ``stream_id`` (new, value 0); call before the request is sent."""
@@ -124,19 +126,25 @@ class ReceiptBoard:
                 return
         sem.release()
 
-    def _accept_loop(self) -> None:
-        while self._sock is not None:
+    def _accept_loop(self, sock: socket.socket) -> None:
+        while True:
             try:
-                conn, _ = self._sock.accept()
+                conn, _ = sock.accept()
             except OSError:
                 return  # closed
-            threading.Thread(target=self._read_loop, args=(conn,), name="receipts-read", daemon=True).start()
+            with self._lock:
+                if self._sock is None:
+                    conn.close()
+                    return
+                self._conns.add(conn)
+            self._threads.spawn("receipts-read", self._read_loop, conn)
 
     def _read_loop(self, conn: socket.socket) -> None:
         try:
             self._read_receipts(conn)
         finally:
             with self._lock:
+                self._conns.discard(conn)
                 self.epoch += 1
                 waiting = list(self._streams.values())
             for sem in waiting:
@@ -163,11 +171,24 @@ class ReceiptBoard:
     def close(self) -> None:
         """Stop accepting engines (connected readers end when their engine closes: ``epoch``
         then grows)."""
-        sock, self._sock = self._sock, None
+        with self._lock:
+            sock, self._sock = self._sock, None
         if sock is not None:
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
             sock.close()
+
+    def stop(self, deadline_s: float) -> list[str]:
+        """:meth:`close`, end every engine connection too (each waiting stream is woken, as when
+        an engine goes), and join the board's threads until ``deadline_s``
+        (``time.monotonic()``); returns the names of those still alive."""
+        self.close()
+        with self._lock:
+            conns = list(self._conns)
+        for conn in conns:
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)
+        return [t.name for t in self._threads.join(deadline_s)]
 
 
 class ReceiptWriter:
@@ -252,21 +273,19 @@ class ReceiptSender:
         return bool(self._sender.is_cancelled())
 
 
-_BOARD: ReceiptBoard | None = None
-_BOARD_TRIED = False
-_BOARD_LOCK = threading.Lock()
+RECEIPT_BOARD: SharedHelper[ReceiptBoard] = SharedHelper(
+    "delivery-receipt socket (engine responses are then awaited inside the BLS iterator)",
+    lambda: ReceiptBoard(delivery_address()).start(), lambda board, deadline_s: _stop_board(board, deadline_s))
+"""This stub's :class:`ReceiptBoard`: started by the first entry runtime of the process, stopped
+by the last (:class:`~chattts_serving.serving.entry_runtime.SharedHelper`); None where its
+socket could not be bound."""
+
+
+def _stop_board(board: ReceiptBoard, deadline_s: float) -> None:
+    if alive := board.stop(deadline_s):
+        log.warning("receipt board: threads still alive after its stop: %s", ", ".join(alive))
 
 
 def receipt_board() -> ReceiptBoard | None:
-    """This stub's :class:`ReceiptBoard`, started on first use; None when its socket could not
-    be bound (logged once)."""
-    global _BOARD, _BOARD_TRIED
-    with _BOARD_LOCK:
-        if not _BOARD_TRIED:
-            _BOARD_TRIED = True
-            try:
-                _BOARD = ReceiptBoard(delivery_address()).start()
-            except OSError as exc:
-                log.warning("no delivery-receipt socket (%s): engine responses are awaited inside "
-                            "the BLS iterator", exc)
-        return _BOARD
+    """This stub's running :class:`ReceiptBoard`, or None."""
+    return RECEIPT_BOARD.get()

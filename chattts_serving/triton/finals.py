@@ -1,26 +1,18 @@
 """Final responses only while the model instance executes: the workaround for a heap
 corruption in Triton 2.51's Python backend (docs/triton-workarounds.md, "final responses").
 
-The race: in the server process, the backend's ``ModelInstanceState::ProcessRequests`` starts
-every ``execute`` with ``closed_requests_ = {}`` without taking ``closed_requests_mutex_``,
-while its thread pool appends to the same vector (under that mutex) for every response sent
-with the final flag (``ResponseSendDecoupled``). A final response sent from a model's own
-thread while Triton starts an ``execute`` of the same instance can free the vector's buffer
-twice or write into it after it was freed: glibc then aborts the whole server ("malloc():
-unsorted double linked list corrupted"). Upstream python_backend has the same code to this day.
-
-The backend's ``execute`` thread waits for the stub while the stub runs ``execute``, so a final
-sent (and acknowledged) while the stub is inside ``execute`` cannot meet the unlocked reset.
-:class:`FinalWindow` enforces that: ``execute`` runs inside :meth:`FinalWindow.executing`; a
-final response from any other moment is queued and sent by the next ``execute`` of this
-instance, and when none is due a *ping* (a request to the model itself carrying the
-:data:`~chattts_serving.contract.PING_PARAMETER`, answered at once by ``execute``) brings one
-within a BLS round trip. Responses without the final flag are sent at once, as before.
+A final response sent from a model's own thread while Triton starts an ``execute`` of the same
+instance can corrupt the server's heap (the race is told in the register). :class:`FinalWindow`:
+``execute`` runs inside :meth:`FinalWindow.executing`; a final response from any other moment is
+queued and sent by the next ``execute`` of this instance, and when none is due a *ping* (a
+request to the model itself carrying :data:`~chattts_serving.contract.PING_PARAMETER`, answered
+at once by ``execute``) brings one within a BLS round trip. Responses without the final flag
+are sent at once.
 
 :class:`WindowedSender` wraps a request's response sender: ``send`` with the final flag goes
 through the window (and returns before it is sent when the window is closed); after it,
-``is_cancelled`` no longer asks the server (the backend deletes the response factory with the
-final response, and asking about a deleted factory reads freed memory).
+``is_cancelled`` no longer asks the server (docs/triton-workarounds.md, "is_cancelled after the
+final").
 """
 
 from __future__ import annotations
@@ -37,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from .. import contract
+from ..serving.threads import Spawn, start_thread
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +50,8 @@ class FinalWindow:
     queued while the window is closed. ``clock`` is injectable for tests."""
 
     def __init__(self, ping: Callable[[], None], *, max_hold_s: float = MAX_HOLD_S,
-                 retry_s: float = PING_RETRY_S, clock: Callable[[], float] = time.monotonic) -> None:
+                 retry_s: float = PING_RETRY_S, clock: Callable[[], float] = time.monotonic,
+                 spawn: Spawn = start_thread) -> None:
         self._ping = ping
         self.max_hold_s, self.retry_s = max_hold_s, retry_s
         self._clock = clock
@@ -74,8 +68,7 @@ class FinalWindow:
         """Pings sent."""
         self.forced = 0
         """Finals sent outside the window after :attr:`max_hold_s` (pings failing)."""
-        self._thread = threading.Thread(target=self._pinger, name="final-window", daemon=True)
-        self._thread.start()
+        self._thread = spawn("final-window", self._pinger)
 
     @contextmanager
     def executing(self) -> Iterator[None]:

@@ -2,10 +2,8 @@
 
 Names are the ones the alert rules and the dashboard in ``docker/`` use. The families are
 created once per model instance and must stay referenced for the model's lifetime, then be
-released by ``close()`` in the model's ``finalize``: a metric or family still alive when the
-stub's interpreter exits is deleted after the stub's shared memory is gone, and Triton 2.51's
-stub then dies of a segmentation fault on every unload (``Metric::Clear`` from
-``~MetricFamily``, seen in a core dump).
+released by ``close()`` in the model's ``finalize``, and every update takes the model's metrics
+lock (docs/triton-workarounds.md, "metrics at unload").
 """
 
 from __future__ import annotations
@@ -218,8 +216,7 @@ class EntryMetrics:
         self.queue = self._fam["queue"].Metric(labels=labels)
         self.active = self._fam["active"].Metric(labels=labels)
         self.degraded = self._fam["degraded"].Metric(labels=labels)
-        # The Python backend's metric calls are not safe from several threads at once (Triton
-        # 2.51 crashed under concurrent streams): every metric update takes this lock.
+        # Every metric update takes this lock (docs/triton-workarounds.md, "metrics at unload").
         self.lock = threading.Lock()
         self._closed = False
 

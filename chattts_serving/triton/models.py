@@ -33,13 +33,11 @@ import itertools
 import json
 import logging
 import os
-import queue
 import signal
 import threading
 import time
 import uuid
-from concurrent.futures import Future, ThreadPoolExecutor
-from concurrent.futures import wait as futures_wait
+from dataclasses import replace
 from typing import Any, ClassVar
 
 import numpy as np
@@ -48,45 +46,39 @@ from .. import contract
 from ..audio.encoder import DvaeEncoderRunner
 from ..audio.vocoder import VocoderRunner
 from ..engine.gpt import Embeddings, GptStepRunner
+from ..engine.request import SequenceRequest
 from ..engine.scheduler import Engine, Sequence
-from ..errors import ErrorKind, RequestError, drop_tracebacks, from_message
+from ..errors import RequestError, drop_tracebacks, from_message
 from ..runtime import OrtOptions, resolve_precision
-from ..serving.admission import RefusalsFirst, busy_error, rejection_reason
+from ..serving.admission import busy_error, rejection_reason
 from ..serving.ensemble import prepare_request
-from ..serving.entry import EntryService, unloading_error
-from ..serving.frontend import FrontendService
+from ..serving.entry import EntryService
+from ..serving.entry_runtime import UNLOAD_WAIT_S, EntryRuntime, internal_error
+from ..serving.frontend_service import FrontendService
 from ..serving.logs import log_event
 from ..serving.pipeline import SynthesisJob
 from ..serving.request import (
     EngineControl,
-    EngineRequest,
     EntryLimits,
     FrontendCall,
     int_input,
     parse_engine,
     parse_frontend,
 )
+from ..serving.threads import Spawn, start_thread
 from ..serving.windows import WindowPlanner
 from ..text.frontend import FrontEnd
 from ..text.segments import SegmentRules
 from .cancels import CancelListener, cancel_address, send_cancel
-from .deliveries import ReceiptSender, ReceiptWriter, delivery_prefix
+from .deliveries import RECEIPT_BOARD, ReceiptSender, ReceiptWriter, delivery_prefix
 from .finals import FinalWindow, WindowedSender, answer_ping, is_ping, ping_inputs
 from .metrics import EngineMetrics, EntryMetrics, MemoryGauges, PingMetrics
 from .responses import EngineSink, OfflineChannel, SenderChannel, WindowSink, send_engine_error, send_final_error
 from .setup import ModelSetup, lower_priority
-from .stages import BlsStages, iterator_grave, release_held_iterators
+from .stages import ITERATOR_GRAVE, BlsStages, keep_iterator
 from .tensors import first_string, request_inputs, string_tensor, triton_error
 
 log = logging.getLogger(__name__)
-
-UNLOAD_WAIT_S = 5.0
-"""How long an entry model's ``finalize`` waits for its threads, all together (the
-dispatcher, the cancels, the requests still running, the service's own threads). Once their
-streams are ended and their engine sequences cancelled, a request's thread only has to read
-the engine's last response (one decode step, milliseconds); the bound keeps an unload from
-hanging on a stage that does not answer, and stays inside tritonserver's
-``--exit-timeout-secs`` (10 s in ``chattts-serve``, 30 s by default)."""
 
 PING_ID_PREFIX = "chattts-ping-"
 """Request id of a model's ping to itself (a counter follows)."""
@@ -100,11 +92,6 @@ WARM_UP_TEXT = "你好，世界。Hello 123, 2024-03-05."
 (with ``frontend.wetext``) WeTextProcessing warmed before serving."""
 
 
-def internal_error(exc: BaseException) -> RequestError:
-    """What a client hears of an unexpected exception: its type, never a traceback."""
-    return RequestError(f"internal error: {type(exc).__name__}", ErrorKind.INTERNAL)
-
-
 class TritonModel:
     """Base of every model: ``pb`` (the ``triton_python_backend_utils`` module) is set by the
     model.py that subclasses it; ``decoupled`` is the transaction policy the config must have
@@ -112,6 +99,8 @@ class TritonModel:
 
     pb: ClassVar[Any] = None
     decoupled: ClassVar[bool] = False
+    spawn: Spawn = staticmethod(start_thread)
+    """How the model's components start threads (an entry model's runtime, which joins them)."""
     ping_specs: ClassVar[tuple[contract.TensorSpec, ...] | None] = None
     """The inputs of a model that sends final responses from its own threads, which then go
     through a :class:`~chattts_serving.triton.finals.FinalWindow` (``self.finals``) and are
@@ -128,18 +117,16 @@ class TritonModel:
         self._answered: set[str] = set()  # own pings answered before their exec returned
         self._pings_lock = threading.Lock()
         self._ping_ids = itertools.count()
-        self.finals = FinalWindow(self._ping) if self.ping_specs is not None else None
+        self.finals = FinalWindow(self._ping, spawn=self.spawn) if self.ping_specs is not None else None
         self.ping_metrics = PingMetrics(self.pb, self.name) if self.ping_specs is not None else None
         self.start(self.setup)
 
     def _ping(self) -> None:
         """Ask Triton for an ``execute`` of this instance (a ping to this model; see
         :mod:`~chattts_serving.triton.finals`). A decoupled ping's response iterator is never
-        read: :meth:`answer_ping` hands it to the grave once the answer is in it (the backend
-        delivers a BLS response before the sender's ``send`` returns), and one never answered
-        (the server stopped first) is kept for the process's life (:data:`UNANSWERED_PINGS`):
-        an iterator freed before its last response arrives corrupts the stub (see
-        :class:`~chattts_serving.triton.stages.IteratorGrave`)."""
+        read: :meth:`answer_ping` hands it to the grave once answered; one never answered (the
+        server stopped first) is kept for the process's life (:data:`UNANSWERED_PINGS`;
+        docs/triton-workarounds.md, "ping iterators")."""
         pb = self.pb
         assert self.ping_specs is not None
         ping_id = f"{PING_ID_PREFIX}{next(self._ping_ids)}"
@@ -154,7 +141,7 @@ class TritonModel:
                 self._pings[ping_id] = iterator
                 return
             self._answered.discard(ping_id)  # answered before exec returned
-        iterator_grave().keep(iterator)
+        keep_iterator(iterator)
 
     def windowed(self, sender: Any) -> Any:
         """``sender`` with its final response sent through ``self.finals`` (as it is for a model
@@ -165,8 +152,9 @@ class TritonModel:
 
     def close_finals(self) -> None:
         """The model unloads: finals from now on go out at once (:meth:`FinalWindow.close`); the
-        answered pings' iterators are freed now, while the stub's shared memory exists, and the
-        unanswered ones are kept (see :meth:`_ping`)."""
+        unanswered pings' iterators are kept for the process's life (see :meth:`_ping`); the
+        answered ones are in the grave, freed when the model releases it in ``finalize``, while
+        the stub's shared memory exists."""
         if self.finals is not None:
             self.finals.close()
         with self._pings_lock:
@@ -174,7 +162,6 @@ class TritonModel:
         for iterator in unanswered:  # one more reference than anyone will ever drop: never freed
             ctypes.pythonapi.Py_IncRef(ctypes.py_object(iterator))
         UNANSWERED_PINGS.extend(unanswered)
-        release_held_iterators()
         if self.ping_metrics is not None:
             self.ping_metrics.close()
             self.ping_metrics = None
@@ -189,7 +176,7 @@ class TritonModel:
             if iterator is None and ping_id.startswith(PING_ID_PREFIX):
                 self._answered.add(ping_id)  # its exec has not returned yet: _ping hands it over
         if iterator is not None:
-            iterator_grave().keep(iterator)
+            keep_iterator(iterator)
         if self.ping_metrics is not None:
             self.ping_metrics.answered()
 
@@ -202,11 +189,8 @@ class TritonModel:
 
     def finalize(self) -> None:
         """Stop the model's threads (Triton unloads it). Every model's finalize ends by
-        collecting the cyclic garbage while the stub's shared memory still exists: whatever a
-        library left in a reference cycle (numba's compiler keeps exceptions whose tracebacks
-        hold the request being served when it compiled) is otherwise collected at the stub's
-        exit, where freeing a Triton request or response kills the stub (``Fatal Python error:
-        Segmentation fault ... Garbage-collecting``) and the model never unloads."""
+        collecting the cyclic garbage while the stub's shared memory still exists
+        (docs/triton-workarounds.md, "cycles at exit")."""
         gc.collect()
 
 
@@ -277,7 +261,7 @@ class FrontendModel(UnaryModel):
     (INT32 [T]), spk_emb (FP32 [H], L2-normalised; [0] without a speaker), normalized_text
     (BYTES [1]), dropped (BYTES [1], JSON list of what is not spoken), refine_ids (INT32 [T'],
     the refine-text prompt), prompt_codes (INT32 [P, 4], the audio prompt; [0, 4] for none).
-    The DVAE encoder runs here (:class:`~chattts_serving.serving.frontend.FrontendService`).
+    The DVAE encoder runs here (:class:`~chattts_serving.serving.frontend_service.FrontendService`).
 
     With ``request_text`` the call is the ensemble door's first step: the whole request (the
     entry inputs, ``request_text`` its text) is validated and prepared by
@@ -358,6 +342,7 @@ class EngineModel(DecoupledModel):
     ping_specs = contract.ENGINE_INPUTS
 
     def start(self, setup: ModelSetup) -> None:
+        ITERATOR_GRAVE.acquire()  # its pings' iterators (released at finalize)
         ep = setup.profile.engine
         self.hidden_size = setup.artifacts.hidden_size
         runner = GptStepRunner(setup.artifacts, setup.ort("engine"))
@@ -416,22 +401,17 @@ class EngineModel(DecoupledModel):
                 drop_tracebacks(exc)
                 send_final_error(self.pb, sender, internal_error(exc))
             return
-        req = parse_engine(inputs, self.hidden_size, self.setup.profile.engine.max_new_tokens_cap)
+        owner = request.request_id()
+        req = parse_engine(inputs, self.hidden_size, self.setup.profile.engine.max_new_tokens_cap, owner)
         if isinstance(req, EngineControl):
             self.engine.cancel(req.stream_id)
             sender.send(flags=self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
             return
+        if not req.stream_id:  # a caller without a handle: the sequence is named by its request
+            req = replace(req, stream_id=owner)
         deadline = time.monotonic() + req.timeout_s if req.timeout_s else None
-        prompt_tokens = req.input_ids.size + (len(req.prompt_codes) if req.prompt_codes is not None else 0)
-        sink = EngineSink(self.pb, sender, self.name, request.request_id(), prompt_tokens)
-        try:
-            self.engine.submit(Sequence(req.input_ids, req.spk_emb, req.params, sink, mode=req.mode,
-                                        acknowledge=True, emit_tokens=req.emit_tokens,
-                                        first_emit_tokens=req.first_emit_tokens, priority=req.priority,
-                                        deadline_s=deadline, request_id=req.stream_id or request.request_id(),
-                                        owner=request.request_id(), prompt_codes=req.prompt_codes))
-        except ValueError as exc:
-            raise RequestError(str(exc)) from None
+        sink = EngineSink(self.pb, sender, self.name, owner, req.prompt_length)
+        self.engine.submit(Sequence(req, sink, deadline_s=deadline, acknowledge=True))
 
     def _accept_windows(self, request: Any, sender: Any, inputs: dict[str, np.ndarray]) -> None:
         """A window-mode sequence (the ensemble door): admitted while fewer than
@@ -465,19 +445,13 @@ class EngineModel(DecoupledModel):
             self._window_closed()
             raise
 
-    def _submit_windows(self, request: Any, sender: Any, req: EngineRequest, planner: WindowPlanner) -> None:
+    def _submit_windows(self, request: Any, sender: Any, req: SequenceRequest, planner: WindowPlanner) -> None:
         deadline = time.monotonic() + req.timeout_s if req.timeout_s else None
-        prompt_tokens = req.input_ids.size + (len(req.prompt_codes) if req.prompt_codes is not None else 0)
-        sink = WindowSink(self.pb, sender, self.name, request.request_id(), prompt_tokens, planner, req.stream_id,
+        sink = WindowSink(self.pb, sender, self.name, request.request_id(), req.prompt_length, planner, req.stream_id,
                           self._window_closed)
-        try:
-            self.engine.submit(Sequence(req.input_ids, req.spk_emb, req.params, sink, mode=req.mode,
-                                        emit_tokens=self.setup.profile.stream.emit_tokens,
-                                        first_emit_tokens=planner.first_emit_tokens(), priority=req.priority,
-                                        deadline_s=deadline, request_id=req.stream_id, owner=req.stream_id,
-                                        prompt_codes=req.prompt_codes))
-        except ValueError as exc:
-            raise RequestError(str(exc)) from None
+        req = replace(req, emit_tokens=self.setup.profile.stream.emit_tokens,
+                      first_emit_tokens=planner.first_emit_tokens(), request_id=req.stream_id)
+        self.engine.submit(Sequence(req, sink, deadline_s=deadline))
 
     def _window_closed(self) -> None:
         with self._windows_lock:
@@ -493,6 +467,7 @@ class EngineModel(DecoupledModel):
         self.engine.stop()
         self.receipts.close()
         self.metrics.close()
+        ITERATOR_GRAVE.release(time.monotonic() + 1.0)
         super().finalize()
 
 
@@ -610,8 +585,8 @@ class ServerStopper:
     """What an entry model does when a request finds a stage stuck (no answer for
     ``entry.stall_timeout_s``, ``health.stop_on_stall``): stop the server once (SIGTERM to
     tritonserver, the stub's parent), so that it stops claiming readiness and its supervisor
-    starts a fresh one. Holds no reference to the model (a bound method would tie the model
-    into a reference cycle, freed only at the stub's exit, after its shared memory is gone)."""
+    starts a fresh one. Holds no reference to the model (docs/triton-workarounds.md, "cycles at
+    exit")."""
 
     def __init__(self, model: str, stall_timeout_s: float) -> None:
         self.model, self.stall_timeout_s = model, stall_timeout_s
@@ -629,49 +604,42 @@ class ServerStopper:
 
 
 class EntryModel(TritonModel):
-    """What the two entry models share: requests are answered on their response sender (also
-    by ``chattts_offline``, which Triton lets do so when ``execute`` returns None), so that
-    ``execute`` only decides "busy" and hands everything else to worker threads.
-
-    Under overload a refusal must not wait behind the work of the requests before it: Triton
-    calls ``execute`` with one request at a time, so everything ``execute`` does for an accepted
-    request (reading and validating its tensors, logs, metrics, each a round trip to the server
-    for metrics) delays every refusal queued behind it. Here ``execute`` takes a slot or not
-    (:meth:`EntryService.reserve`, a counter), queues the refusal on the refusal threads or
-    the request for the dispatcher thread, and returns. The dispatcher hands a request to the
-    workers once its burst's refusals are out
-    (:class:`~chattts_serving.serving.admission.RefusalsFirst`); the busy error is sent first,
-    counted and logged after the burst has settled
-    (:class:`~chattts_serving.serving.entry.RefusalRecorder`: one metric update per burst
-    instead of one round trip per refusal). Measured in ``make bench``:
-    ``busy_p99_s_saturated`` and ``busy_p99_s_burst``. With the admission gate in front
-    (``[entry] gate``, ``chattts_serving/gate/gate.cc``), the streaming model runs as
-    ``chattts_entry``: the gate refuses at the stream limit, this model's own limit is twice it
-    (config parameter ``gated``), and its metrics and logs carry the public name
-    (``label_model``).
+    """What the two entry models share: a thin adapter over
+    :class:`~chattts_serving.serving.entry_runtime.EntryRuntime`, which owns the slots, every
+    thread of the stub and the process-wide helpers (its docstring is the map). Requests are
+    answered on their response sender (also by ``chattts_offline``, which Triton lets do so when
+    ``execute`` returns None), so that ``execute`` only takes a slot or refuses "busy" and
+    hands everything else to the runtime's threads (why: docs/performance.md, "Where the busy
+    time goes"). With the admission gate in front (``[entry] gate``,
+    ``chattts_serving/gate/gate.cc``), the streaming model runs as ``chattts_entry``: the gate
+    refuses at the stream limit, this model's own limit is twice it (config parameter
+    ``gated``), and its metrics and logs carry the public name (``label_model``).
     """
 
     offline: ClassVar[bool] = False
     ping_specs = contract.ENTRY_INPUTS
 
+    def initialize(self, args: dict[str, Any]) -> None:
+        self.runtime = EntryRuntime(helpers=(RECEIPT_BOARD, ITERATOR_GRAVE))
+        self.spawn = self.runtime.spawn
+        try:
+            super().initialize(args)
+        except BaseException:
+            self.runtime.stop(first=self.close_finals if hasattr(self, "finals") else None)
+            raise
+
     def start(self, setup: ModelSetup) -> None:
         entry = setup.profile.entry
-        stages = BlsStages(self.pb, entry.breaker_failures, entry.breaker_cooldown_s)
+        stages = BlsStages(self.pb, entry.breaker_failures, entry.breaker_cooldown_s, receipts=RECEIPT_BOARD.get())
         label = setup.parameters.get("label_model", setup.name)  # behind the gate: the public name
         self.metrics = EntryMetrics(self.pb, label)
         self.service = EntryService(label, setup.profile, stages, self.metrics, offline=self.offline,
                                     gated=setup.parameters.get("gated") == "true",
                                     on_stall=(ServerStopper(self.name, entry.stall_timeout_s)
-                                              if setup.profile.health.stop_on_stall else None))
-        self.workers = ThreadPoolExecutor(self.service.admission.slots.limit, thread_name_prefix="entry")
-        self.refusals = ThreadPoolExecutor(entry.refusal_threads, thread_name_prefix="refuse")
-        self.refusals_first = RefusalsFirst(entry.admission_settle_s, entry.admission_max_wait_s)
-        self._accepted: queue.SimpleQueue[tuple[Any, Any, float] | None] = queue.SimpleQueue()
-        self._running: set[Future[None]] = set()
-        self._running_lock = threading.Lock()
-        self._unloading = False
-        self._dispatcher = threading.Thread(target=self._dispatch, name="entry-dispatch", daemon=True)
-        self._dispatcher.start()
+                                              if setup.profile.health.stop_on_stall else None),
+                                    spawn=self.runtime.spawn)
+        self.runtime.serve(self.service, self, refusal_threads=entry.refusal_threads,
+                           settle_s=entry.admission_settle_s, max_wait_s=entry.admission_max_wait_s)
 
     def execute(self, requests: list[Any]) -> None:
         with self.executing():
@@ -680,109 +648,27 @@ class EntryModel(TritonModel):
                 if is_ping(request):
                     self.answer_ping(request, self.decoupled)
                     continue
-                sender = self.windowed(request.get_response_sender())
-                busy = self.service.reserve()
-                self.refusals_first.arrived(busy is not None, arrival)
-                if busy is not None:
-                    self.refusals.submit(self._refuse, request, sender, busy)
-                else:
-                    self._accepted.put((request, sender, arrival))
+                self.runtime.arrive(request, self.windowed(request.get_response_sender()), arrival)
         return None
 
-    def _dispatch(self) -> None:
-        """Hand accepted requests to the workers, in arrival order, each once the refusals of
-        its burst have been sent (:class:`RefusalsFirst`): one thread waits, not one per
-        request."""
-        while (item := self._accepted.get()) is not None:
-            try:
-                self.refusals_first.wait(item[2])
-                future = self.workers.submit(self._serve, *item)
-                with self._running_lock:
-                    self._running.add(future)
-                future.add_done_callback(self._ran)
-            except RuntimeError:  # the workers were shut down: the model is unloading
-                self._unserved(item, unloading_error())
-                while True:
-                    try:
-                        rest = self._accepted.get_nowait()
-                    except queue.Empty:
-                        return
-                    if rest is not None:
-                        self._unserved(rest, unloading_error())
-            except Exception as exc:  # never leave an accepted request without an answer
-                log.exception("%s: dispatching a request failed", self.name)
-                self._unserved(item, internal_error(exc))
+    # ---- EntryHandler ----------------------------------------------------------------------------
+    def parse(self, request: Any) -> tuple[dict[str, np.ndarray], dict[str, object], str]:
+        return entry_request(self.pb, request)
 
-    def _ran(self, future: Future[None]) -> None:
-        with self._running_lock:
-            self._running.discard(future)
+    def send_error(self, sender: Any, exc: RequestError) -> None:
+        send_final_error(self.pb, sender, exc)
 
-    def _unserved(self, item: tuple[Any, Any, float], exc: RequestError) -> None:
-        """An accepted request that no worker will run: its slot back, its stream ended."""
-        self.service.admission.release()
-        try:
-            send_final_error(self.pb, item[1], exc)
-        except Exception:
-            log.exception("%s: ending an unserved request failed", self.name)
-
-    def _refuse(self, request: Any, sender: Any, busy: RequestError) -> None:
-        try:
-            send_final_error(self.pb, sender, busy)
-        except Exception:  # the client is gone: still counted and logged
-            log.exception("%s: sending a refusal failed", self.name)
-        finally:
-            self.refusals_first.sent()
-            self.service.refused(request.request_id(), busy)
-
-    def _serve(self, request: Any, sender: Any, arrival_s: float) -> None:
-        """Admit a request that holds a slot and run it to its end (on a worker thread)."""
-        if self._unloading:
-            self._unserved((request, sender, arrival_s), unloading_error())
-            return
-        try:
-            inputs, params, request_id = entry_request(self.pb, request)
-            job = self.service.admit(inputs, params, request_id, arrival_s, reserved=True)
-        except RequestError as exc:  # counted, logged, slot given back
-            drop_tracebacks(exc)  # see errors.drop_tracebacks
-            send_final_error(self.pb, sender, exc)
-            return
-        except Exception as exc:
-            log.exception("%s: admission failed", self.name)
-            drop_tracebacks(exc)
-            self.service.admission.release()
-            send_final_error(self.pb, sender, internal_error(exc))
-            return
-        self.run(job, sender)
+    def request_id(self, request: Any) -> str:
+        return str(request.request_id())
 
     def run(self, job: SynthesisJob, sender: Any) -> None:
         raise NotImplementedError
 
     def finalize(self) -> None:
-        """Unload in order, so that no thread of this model wakes while the stub exits (a
-        thread woken then crashed the stub, "Fatal Python error: Segmentation fault", at every
-        stop of a server that had served requests): requests no worker has started end with
-        :func:`unloading_error`, the dispatcher and the refusal threads are joined, live
-        streams end with UNAVAILABLE (:meth:`EntryService.close`, their engine sequences
-        cancelled), then the workers are joined; all within :data:`UNLOAD_WAIT_S`."""
-        deadline = time.monotonic() + UNLOAD_WAIT_S
-
-        def left() -> float:
-            return max(0.0, deadline - time.monotonic())
-        self.close_finals()  # no execute comes any more: the streams' last finals go out at once
-        self._unloading = True  # a request that a worker has yet to start ends "model unloading"
-        self.workers.shutdown(wait=False)  # and so does what the dispatcher is still handed
-        self._accepted.put(None)
-        self._dispatcher.join(left())
-        self.refusals.shutdown(wait=True)  # each refusal is one send: never long
-        self.service.close(deadline)
-        with self._running_lock:
-            running = set(self._running)
-        _, still = futures_wait(running, left())
-        if still:
-            log.warning("%s: %d requests still running at unload", self.name, len(still))
-        else:
-            self.workers.shutdown(wait=True)  # the idle threads exit now, not while the stub does
-        release_held_iterators()
+        """Unload: the runtime ends every request and joins every thread
+        (:meth:`EntryRuntime.stop`), the final-response window closing first; then the metrics
+        are released (docs/triton-workarounds.md, "metrics at unload")."""
+        self.runtime.stop(UNLOAD_WAIT_S, first=self.close_finals)
         self.metrics.close()
         super().finalize()
 

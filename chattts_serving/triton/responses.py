@@ -158,8 +158,8 @@ class WindowSink(EngineSink):
     last one (or its error) with the final flag; every token batch that completes no window
     is a progress tick carrying only ``window_stream_id``, so that the relay step sees a
     client's cancel within ``stream.emit_tokens`` decode steps. An error travels as an empty
-    window whose ``window_error`` the vocoder answers, after the windows before it (a step
-    error while windows are in flight would leave Triton 2.51's ensemble waiting for good). A
+    window whose ``window_error`` the vocoder answers, after the windows before it (docs/triton-workarounds.md,
+    "ensemble: cancels and errors"). A
     cancelled sequence ends with the final flag alone. ``on_close`` runs once when the stream
     ends (its admission slot)."""
 
@@ -211,8 +211,9 @@ class WindowSink(EngineSink):
     def cancelled(self) -> bool:
         """Always False, without asking Triton: the engine asks every sequence's sink at every
         step, and ``response_sender.is_cancelled()`` is a round trip to the server (measured
-        with py-spy at c=16: 14 % of the engine thread's time), while Triton 2.51 never marks an
-        ensemble's running step cancelled. A client's cancel comes through the relay instead."""
+        with py-spy at c=16: 14 % of the engine thread's time), and the running step is never
+        marked cancelled (docs/triton-workarounds.md, "ensemble: cancels and errors"): a
+        client's cancel comes through the relay instead."""
         return False
 
     def error(self, exc: RequestError) -> None:

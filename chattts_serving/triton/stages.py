@@ -22,12 +22,14 @@ import numpy as np
 
 from .. import contract
 from ..contract import StopReason, VocoderPath
+from ..engine.request import SequenceRequest
 from ..errors import decode_stop
-from ..serving.pipeline import FrontendCall, FrontendOutput, GenerateCall, TokenBatch
+from ..serving.entry_runtime import SharedHelper
+from ..serving.pipeline import FrontendCall, FrontendOutput, TokenBatch
 from ..serving.request import CONTROL_CANCEL
 from ..serving.resilience import BreakerCall, CircuitBreaker, enter, settle
 from .cancels import cancel_address, send_cancel
-from .deliveries import RECEIPT_FIRST_WAIT_S, ReceiptBoard, receipt_board
+from .deliveries import RECEIPT_FIRST_WAIT_S, ReceiptBoard
 from .tensors import error_from_triton, first_string, string_tensor
 
 log = logging.getLogger(__name__)
@@ -44,22 +46,34 @@ class IteratorGrave:
     """Keeps finished decoupled-BLS response iterators referenced for ``grace_s`` seconds, then
     lets them go from its own Python thread.
 
-    Why: in Triton 2.51's Python stub (python_backend r24.10) a response iterator is also owned
-    by the stub's iterator map until the stub's stub-to-parent thread has sent the cleanup
-    message its last response queued. If Python lets go of the iterator first, that thread
-    frees it, its responses and their numpy arrays without holding the GIL (fixed upstream in
-    December 2024, "Hold GIL when deleting numpy array", after r24.10), which corrupts the
-    interpreter's memory: the entry stub died of a segmentation fault or "corrupted size vs.
-    prev_size" during bursts of cancelled streams, when that thread is busiest. Kept here past
-    the cleanup, the iterator is freed by the last Python reference, with the GIL. Costs the
-    iterator's responses' memory for ``grace_s`` seconds."""
+    Why: Triton 2.51's stub frees a BLS iterator that Python let go of too early without the
+    GIL, which corrupts the interpreter's memory (docs/triton-workarounds.md, "iterator
+    grave"). Kept past the stub's cleanup, the iterator is freed by the last Python reference,
+    with the GIL. Costs the iterator's responses' memory for ``grace_s`` seconds."""
 
     def __init__(self, grace_s: float = ITERATOR_GRACE_S) -> None:
         self.grace_s = grace_s
         self._held: deque[tuple[float, Any]] = deque()
         self._lock = threading.Lock()
         self._wake = threading.Event()
-        threading.Thread(target=self._loop, name="bls-iterator-grave", daemon=True).start()
+        self._stopped = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> IteratorGrave:
+        """Start the thread that lets iterators go (``bls-iterator-grave``)."""
+        self._thread = threading.Thread(target=self._loop, name="bls-iterator-grave", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self, deadline_s: float) -> int:
+        """Let go of every held iterator now (the model unloads: held past the stub's exit, they
+        would be freed after its shared memory is gone), stop the thread and join it until
+        ``deadline_s`` (``time.monotonic()``). Returns how many were let go."""
+        self._stopped.set()
+        self._wake.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(max(0.0, deadline_s - time.monotonic()))
+        return self.release_due(now_s=float("inf"))
 
     def keep(self, iterator: Any) -> None:
         """Hold ``iterator`` (whose last response has been read) for ``grace_s`` seconds."""
@@ -85,38 +99,35 @@ class IteratorGrave:
         return n
 
     def _loop(self) -> None:
-        while True:
+        while not self._stopped.is_set():
             self._wake.wait()
             self._wake.clear()  # before looking: a keep() from now on sets it again
-            while True:
+            while not self._stopped.is_set():
                 with self._lock:
                     next_due = self._held[0][0] if self._held else None
                 if next_due is None:
                     break
-                time.sleep(max(0.0, next_due - time.monotonic()))
+                self._stopped.wait(max(0.0, next_due - time.monotonic()))
                 self.release_due()
 
 
-_GRAVE: IteratorGrave | None = None
-_GRAVE_LOCK = threading.Lock()
+ITERATOR_GRAVE: SharedHelper[IteratorGrave] = SharedHelper(
+    "BLS iterator grave", lambda: IteratorGrave().start(), lambda grave, deadline_s: _stop_grave(grave, deadline_s))
+"""The process's :class:`IteratorGrave`: started by the first model that uses it (an entry
+runtime, the engine model), stopped by the last
+(:class:`~chattts_serving.serving.entry_runtime.SharedHelper`)."""
 
 
-def iterator_grave() -> IteratorGrave:
-    """The process's :class:`IteratorGrave` (started on first use)."""
-    global _GRAVE
-    with _GRAVE_LOCK:
-        if _GRAVE is None:
-            _GRAVE = IteratorGrave()
-        return _GRAVE
+def _stop_grave(grave: IteratorGrave, deadline_s: float) -> None:
+    grave.stop(deadline_s)
 
 
-def release_held_iterators() -> int:
-    """Let go of every iterator the process's grave holds, grace or not (a model's
-    ``finalize``: held past the stub's exit, they would be freed after its shared memory is
-    gone). Returns how many."""
-    with _GRAVE_LOCK:
-        grave = _GRAVE
-    return grave.release_due(now_s=float("inf")) if grave is not None else 0
+def keep_iterator(iterator: Any) -> None:
+    """Hold a finished decoupled BLS response iterator in the process's grave; when no model
+    holds the grave (the process unloads), let it go here, on this Python thread."""
+    grave = ITERATOR_GRAVE.get()
+    if grave is not None:
+        grave.keep(iterator)
 
 
 class BlsStages:
@@ -127,11 +138,12 @@ class BlsStages:
     whose address is this server's, and read once the engine's receipt says a response is
     queued (:mod:`~chattts_serving.triton.deliveries`)."""
 
-    def __init__(self, pb: Any, failure_threshold: int = 5, cooldown_s: float = 10.0) -> None:
+    def __init__(self, pb: Any, failure_threshold: int = 5, cooldown_s: float = 10.0,
+                 receipts: ReceiptBoard | None = None) -> None:
         self.pb = pb
         self.breakers = {stage: CircuitBreaker(stage, failure_threshold, cooldown_s) for stage in STAGES}
         self.cancel_address = cancel_address(contract.MODEL_ENGINE)
-        self.receipts = receipt_board()
+        self.receipts = receipts
 
     def _unary(self, stage: str, request: Any) -> Any:
         """Run one BLS call through ``stage``'s breaker: the response, or RequestError (the
@@ -183,7 +195,7 @@ class BlsStages:
                               dropped=tuple(json.loads(first_string(out(contract.FE_DROPPED)) or "[]")),
                               refine_ids=refine if refine.size else None, prompt_codes=codes if codes.size else None)
 
-    def generate(self, call: GenerateCall) -> EngineStream:
+    def generate(self, call: SequenceRequest) -> EngineStream:
         return EngineStream(self.pb, call, enter(self.breakers["engine"]), self.cancel_address,
                             receipts=self.receipts)
 
@@ -197,7 +209,7 @@ class BlsStages:
         return pb.get_output_tensor_by_name(resp, contract.VO_AUDIO.name).as_numpy()[0]
 
 
-def engine_inputs(pb: Any, call: GenerateCall, stream_id: str, delivery_address: str = "") -> list[Any]:
+def engine_inputs(pb: Any, call: SequenceRequest, stream_id: str, delivery_address: str = "") -> list[Any]:
     """The GPT engine's input tensors for ``call`` (``contract.ENGINE_INPUTS``); with a
     ``delivery_address``, the engine writes a receipt there after each response it sent."""
     inputs = [pb.Tensor(contract.FE_INPUT_IDS.name, np.asarray(call.input_ids).astype(np.int32)),
@@ -230,26 +242,23 @@ class _Done:
 class EngineStream:
     """One sequence on the GPT engine over a decoupled BLS call: iterate for
     :class:`~chattts_serving.serving.pipeline.TokenBatch` es; :meth:`cancel` ends it early
-    (Triton 2.51's BLS cannot cancel a request it sent: a datagram to the engine's cancel
+    (docs/triton-workarounds.md, "cancel datagram": a datagram to the engine's cancel
     socket at ``cancel_address`` names the sequence by its ``stream_id``, or, when nothing
     listens there, a control request to the engine model does). ``call`` (the engine breaker's) is settled exactly once:
     success at the last batch, failure on an INTERNAL error, release otherwise.
 
     With ``receipts`` (this stub's :class:`~chattts_serving.triton.deliveries.ReceiptBoard`)
     each response is read only after the engine's receipt for it arrived, so that the BLS
-    iterator never waits inside ``Next`` (the deadlock that module describes). The first
+    iterator never waits inside ``Next`` (docs/triton-workarounds.md, "receipts"). The first
     response is there when ``exec`` returns (the engine's acknowledgement, or Triton's error
     for an engine that is down: read at once). Its receipt may take
     :data:`RECEIPT_FIRST_WAIT_S`; without it the stream reads without receipts. A later one is
     awaited for as long as the engine keeps its receipt connection (a sequence may wait in
     the engine's queue for minutes); once a connection of the board closes (the engine died or
-    reconnected), the stream reads without receipts (``late_receipts`` counts the streams
+    reconnected), the stream reads without receipts (the board's ``late`` counts the streams
     that fell back either way)."""
 
-    late_receipts = 0
-    """Reads, over all streams of this process, that went ahead without their receipt."""
-
-    def __init__(self, pb: Any, call: GenerateCall, breaker_call: BreakerCall, cancel_address: str = "",
+    def __init__(self, pb: Any, call: SequenceRequest, breaker_call: BreakerCall, cancel_address: str = "",
                  receipts: ReceiptBoard | None = None) -> None:
         self.pb = pb
         self.breaker_call = breaker_call
@@ -289,8 +298,7 @@ class EngineStream:
             got = sem.acquire(timeout=RECEIPT_FIRST_WAIT_S) if first else sem.acquire()
             if got and board.epoch == self._epoch:
                 continue
-            EngineStream.late_receipts += 1
-            late = EngineStream.late_receipts
+            late = board.count_late()
             if late == 1 or late % 100 == 0:
                 why = (f"no receipt within {RECEIPT_FIRST_WAIT_S:.1f} s" if not got
                        else "the engine's receipt connection closed")
@@ -332,7 +340,7 @@ class EngineStream:
         self.finished = True
         self._unregister()
         if not isinstance(self._responses, _Done):
-            iterator_grave().keep(self._responses)
+            keep_iterator(self._responses)
             self._responses = _Done()
 
     def __iter__(self) -> Iterator[TokenBatch]:
@@ -379,7 +387,7 @@ class EngineStream:
         responses = req.exec(decoupled=True)
         for _ in responses:
             pass
-        iterator_grave().keep(responses)
+        keep_iterator(responses)
 
     def cancel(self) -> None:
         """End the sequence in the engine and drain its responses. A no-op once the engine's

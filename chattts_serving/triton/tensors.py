@@ -44,10 +44,8 @@ def triton_error(pb: Any, exc: RequestError) -> Any:
 
 
 TRITON_SHUTTING_DOWN = "Server not ready"
-"""What Triton 2.51 answers a BLS call with once the server is stopping (after SIGINT or
-SIGTERM it unloads every model at once, so the streams still running get it from their next
-stage). Observed as "Model chattts_vocoder - Error when running inference: Server not ready"
-while stopping a server with streams in flight (``tests/test_faults.py``)."""
+"""What Triton 2.51 answers a BLS call with once the server is stopping (docs/triton-workarounds.md,
+"server not ready")."""
 
 
 def error_from_triton(error: Any) -> RequestError:

@@ -1,6 +1,6 @@
 // A Triton backend for tests only: its one model corrupts the server's heap on request, the way
 // a use-after-free in the server process would, so that glibc aborts inside malloc while it
-// holds the allocator's lock. What happens next is the question tests/test_stalls.py asks:
+// holds the allocator's lock. What happens next is the question tests/server/test_stalls.py asks:
 // Triton 2.51's own fatal-signal handler allocates and blocks forever (the server keeps
 // answering "ready" and serves nothing); the admission gate's handler ends the process.
 // Built by the test with the host's C++ compiler; never part of a deployment.

@@ -10,7 +10,7 @@ would delete carries meaning:
   and spoken symbols are verbalised in the language of their context: each match is read in
   Chinese (with ``cn2an`` for cardinals) or in English (with ``num2words``), whichever script
   surrounds it (see :func:`context_language`), so that mixed text reads each part in its own
-  language. ``split_segments`` shows the resulting Chinese and English runs.
+  language. ``split_languages`` shows the resulting Chinese and English runs.
 * Where one written form has two readings, words of the same sentence decide (the lists are
   module constants): ``a-b`` is a score (四比零) after or before score words (:data:`.context.SCORE_BEFORE`,
   :data:`.context.SCORE_AFTER`, :data:`.context.SCORE_SENTENCE`) or when ``a >= b``, else a range (三到五天); a
@@ -79,7 +79,7 @@ from .base import (
 from .context import context_language, dominant_language
 from .driver import LANGUAGES, normalize, punctuate
 from .numbers import en_digits, en_int, en_number, en_ordinal, en_year, zh_digits, zh_number
-from .plain import split_segments
+from .plain import split_languages
 from .precedence import KINDS, LIBRARY_KINDS, PRECEDENCE
 from .width import fold_width
 
@@ -110,7 +110,7 @@ __all__ = [
     "normalize",
     "punctuate",
     "speakable",
-    "split_segments",
+    "split_languages",
     "zh_digits",
     "zh_number",
 ]

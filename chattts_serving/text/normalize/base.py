@@ -57,7 +57,7 @@ class NormalizedText:
     speed: N of the first ``[speed_N]`` token in the input (0..9), or None.
     dropped: characters that could not be spoken and reserved tokens that were removed,
     each once, in order of first appearance.
-    segments: ``text`` split into Chinese and English runs (:func:`split_segments`).
+    segments: ``text`` split into Chinese and English runs (:func:`split_languages`).
     """
 
     text: str

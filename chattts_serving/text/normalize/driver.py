@@ -9,7 +9,7 @@ from typing import Final
 
 from .base import CONTROL_NUMBERED, CONTROL_WORDS, RESERVED_TOKENS, Lang, NormalizedText, TextNormError
 from .context import Context, dominant_language, near
-from .plain import Out, plain, split_segments, tidy
+from .plain import Out, plain, split_languages, tidy
 from .precedence import KINDS, SCANNER, TAG_SCANNER
 from .width import fold_width
 
@@ -75,7 +75,7 @@ def _normalize(text: str, library: bool, scanner: re.Pattern[str], language: str
         plain(ctx, pos, len(folded), out)
     result = tidy("".join(out.pieces))
     dropped = sorted(out.dropped, key=lambda d: folded.find(d) if d in folded else len(folded))
-    return NormalizedText(result, out.speed, tuple(dropped), split_segments(result))
+    return NormalizedText(result, out.speed, tuple(dropped), split_languages(result))
 
 
 def _entity(ctx: Context, name: str, m: re.Match[str], out: Out) -> None:

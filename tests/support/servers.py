@@ -1,0 +1,160 @@
+"""Real servers for the tests: one function that renders a profile with overrides and starts
+tritonserver on free ports (:func:`serve_profile`), the :class:`Server` a fixture hands out, and
+the helpers that talk to one (metrics, stub processes, a gateway in a thread, polling)."""
+
+from __future__ import annotations
+
+import re
+import socket
+import threading
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import tomllib
+
+from chattts_serving.deploy.render import render_repository
+from chattts_serving.deploy.server import TritonServer
+from chattts_serving.runtime import Artifacts
+from chattts_serving.serving.profile import PROFILES_DIR, Profile
+
+ROOT = Path(__file__).resolve().parents[2]
+"""The repository's root."""
+BUILD = ROOT / "build" / "test"
+"""Where the tests keep what they build (generated weights, exported artifacts)."""
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def serve_profile(artifacts: Artifacts, work: Path, profile: str = "cpu",
+                  prepare: Callable[[Path], None] | None = None, **changes: dict[str, Any]) -> TritonServer:
+    """A started tritonserver over ``artifacts`` with the profile ``profile`` (``profiles/<name>.toml``)
+    changed by table (``entry={"max_concurrent_streams": 1}``), its repository (``work/repo``),
+    build folder and log under ``work``, on free ports; ``prepare(work)`` runs after the
+    repository is rendered and before the server starts (a test's own model beside the others).
+    The caller stops it. Every test that starts a server starts it here."""
+    data = tomllib.loads((PROFILES_DIR / f"{profile}.toml").read_text())
+    for table, values in changes.items():
+        data[table].update(values)
+    render_repository(Profile.model_validate(data), artifacts.root, work / "repo")
+    if prepare is not None:
+        prepare(work)
+    srv = TritonServer(work / "repo", http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
+                       log_path=work / "tritonserver.log", build_dir=work / "build")
+    return srv.start()
+
+
+@dataclass(frozen=True)
+class Server:
+    """A running test server: its ports and the server object."""
+
+    http_port: int
+    grpc_port: int
+    metrics_port: int
+    server: TritonServer
+    artifacts: Artifacts
+    log_path: Path
+
+    @property
+    def grpc_url(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
+
+    @property
+    def http_url(self) -> str:
+        return f"127.0.0.1:{self.http_port}"
+
+    @property
+    def admin_token(self) -> str:
+        """The header value the server's admin APIs need (generated for it unless configured)."""
+        return self.server.admin_token
+
+    @classmethod
+    def of(cls, srv: TritonServer, artifacts: Artifacts) -> Server:
+        """The :class:`Server` of a started ``srv``."""
+        assert srv.log_path is not None
+        return cls(srv.http_port, srv.grpc_port, srv.metrics_port, server=srv, artifacts=artifacts,
+                   log_path=Path(srv.log_path))
+
+
+def metric(port: int, name: str, **labels: str) -> float:
+    """Sum of the series of ``name`` on a tritonserver's metrics ``port`` whose labels include ``labels``."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    total = 0.0
+    for line in text.splitlines():
+        m = re.fullmatch(rf"{name}(?:{{(.*)}})? (\S+)", line)
+        if m and labels.items() <= dict(re.findall(r'(\w+)="([^"]*)"', m.group(1) or "")).items():
+            total += float(m.group(2))
+    return total
+
+
+# Two syntheses of the same request may differ by float noise (the stream's chunk windows
+# follow the client's pace, and ORT's results depend on the batch a window shared), which
+# flips a PCM16 rounding now and then: CI saw one sample one LSB apart. "The same audio" is
+# within this many LSB (1.2e-4 of full scale, the float tests' 1e-4); different prompts differ
+# by thousands.
+SAME_PCM16_LSB = 4
+
+
+def pcm16_gap(a: bytes, b: bytes) -> float:
+    """The largest difference in LSB between two little-endian int16 PCM byte strings; inf
+    when their lengths differ."""
+    x, y = np.frombuffer(a, "<i2").astype(np.int32), np.frombuffer(b, "<i2").astype(np.int32)
+    return float(np.abs(x - y).max(initial=0)) if x.shape == y.shape else float("inf")
+
+
+def stub_processes(server: Server) -> dict[str, Any]:
+    """The Python backend stubs of a running test server, as ``psutil.Process`` keyed by the
+    model each serves (its command line holds ``<repo>/<model>/1/model.py``)."""
+    import psutil
+
+    proc = server.server.proc
+    assert proc is not None
+    out = {}
+    for child in psutil.Process(proc.pid).children(recursive=True):
+        args = child.cmdline()
+        if child.name() == "triton_python_backend_stub" and len(args) > 1:
+            out[Path(args[1]).parent.parent.name] = child
+    return out
+
+
+def wait_until(pred: Any, timeout_s: float = 60.0) -> bool:
+    """Poll ``pred`` until it is true (True) or ``timeout_s`` passed (its last value)."""
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        if pred():
+            return True
+        time.sleep(0.02)
+    return bool(pred())
+
+
+@contextmanager
+def running_gateway(settings: Any) -> Iterator[str]:
+    """The OpenAI gateway app for ``settings`` (a ``GatewaySettings``) served by uvicorn in a
+    thread; yields its base URL and stops it afterwards."""
+    import uvicorn
+
+    from chattts_serving.gateway import create_app
+
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(create_app(settings), host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, name="gateway", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "gateway did not start"
+        time.sleep(0.05)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(15)

@@ -1,0 +1,91 @@
+"""Triton's admin APIs need the admin token header; inference, health and metadata stay open.
+
+The server tests talk to the session's real tritonserver (started through ``TritonServer``,
+which always restricts :data:`chattts_serving.deploy.admin.RESTRICTED_APIS`) over HTTP and
+gRPC; ``chattts-tritonserver``, the image's command, is run on an empty repository.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import tritonclient.grpc as grpcclient
+
+from chattts_serving import contract
+from chattts_serving.deploy import admin
+
+# One call of each restricted API group over HTTP: (group, method, path, JSON body or None).
+ADMIN_HTTP = [
+    ("logging", "GET", "/v2/logging", None),
+    ("trace", "GET", "/v2/trace/setting", None),
+    ("shared-memory", "GET", "/v2/systemsharedmemory/status", None),
+    ("model-repository", "POST", "/v2/repository/index", {}),
+    ("statistics", "GET", f"/v2/models/{contract.MODEL_STREAM}/stats", None),
+]
+
+
+# One call of each restricted API group over gRPC: group -> call(client, headers).
+ADMIN_GRPC: dict[str, Callable[[grpcclient.InferenceServerClient, Any], Any]] = {
+    "logging": lambda c, h: c.get_log_settings(headers=h),
+    "trace": lambda c, h: c.get_trace_settings(headers=h),
+    "shared-memory": lambda c, h: c.get_system_shared_memory_status(headers=h),
+    "model-repository": lambda c, h: c.get_model_repository_index(headers=h),
+    "statistics": lambda c, h: c.get_inference_statistics(contract.MODEL_STREAM, headers=h),
+}
+
+
+def test_the_tests_cover_every_restricted_group() -> None:
+    assert {g for g, *_ in ADMIN_HTTP} == set(admin.RESTRICTED_APIS)
+    assert set(ADMIN_GRPC) == set(admin.RESTRICTED_APIS)
+
+
+def test_chattts_tritonserver_refuses_bad_tokens_and_its_own_flags(tmp_path: Path) -> None:
+    base = [sys.executable, "-m", "chattts_serving.deploy.admin", "--model-repository=/nonexistent"]
+    env = {k: v for k, v in os.environ.items() if k != admin.TOKEN_FILE_ENV}
+    for extra, token, message in (([], "short", "at least 16 characters"),
+                                  ([], "has a space in it, sixteen+", "printable ASCII without spaces"),
+                                  (["--http-restricted-api=logging:a=b"], "k" * 20, "do not pass it")):
+        proc = subprocess.run(base + extra, capture_output=True, text=True, timeout=60,
+                              env={**env, admin.TOKEN_ENV: token, admin.TRITONSERVER_ENV: "/bin/false"})
+        assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_token_sources_in_order_and_the_flags_triton_expects(tmp_path: Path) -> None:
+    secret = tmp_path / "secret"
+    secret.write_text("from-a-secret-file-0123\n")
+    nowhere = {admin.TOKEN_FILE_ENV: str(tmp_path / "missing")}
+    assert admin.token_from_env(nowhere) is None
+    assert admin.token_from_env({admin.TOKEN_FILE_ENV: str(secret)}) == "from-a-secret-file-0123"
+    both = {admin.TOKEN_ENV: "from-the-environment-0", admin.TOKEN_FILE_ENV: str(secret)}
+    assert admin.token_from_env(both) == "from-the-environment-0"
+    assert admin.token_from_env({admin.TOKEN_ENV: "", admin.TOKEN_FILE_ENV: str(secret)}) == "from-a-secret-file-0123"
+    assert admin.token_file({}) == Path("~/.config/chattts/admin-token").expanduser()
+    assert admin.new_token() != admin.new_token() and len(admin.new_token()) >= 32
+    with pytest.raises(admin.AdminTokenError, match="at least 16"):
+        admin.token_from_env({admin.TOKEN_ENV: "tiny"})
+    spec = f"logging,trace,shared-memory,model-repository,statistics:{admin.ADMIN_HEADER}=from-the-environment-0"
+    assert admin.restriction_args("from-the-environment-0") == [f"--http-restricted-api={spec}",
+                                                                f"--grpc-restricted-protocol={spec}"]
+    assert admin.grpc_headers(None) == admin.http_headers(None) == {}
+
+
+def test_a_published_token_is_private_to_its_user_and_read_back(tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    env = {admin.TOKEN_FILE_ENV: str(tmp_path / "deep" / "dir" / "token")}
+    token = admin.new_token()
+    admin.publish("prog", token, env)
+    assert stat.S_IMODE(os.stat(env[admin.TOKEN_FILE_ENV]).st_mode) == 0o600
+    assert admin.token_from_env(env) == token
+    err = capsys.readouterr().err
+    assert err.count(token) == 1 and admin.GRPC_ADMIN_HEADER in err
+    (tmp_path / "a-file").write_text("")  # a parent that is a file: unwritable, even for root
+    admin.publish("prog", token, {admin.TOKEN_FILE_ENV: str(tmp_path / "a-file" / "token")})
+    err = capsys.readouterr().err
+    assert err.count(token) == 1 and "not kept: cannot write" in err, err

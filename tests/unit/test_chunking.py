@@ -1,0 +1,243 @@
+"""The chunk schedule, without a server: exact equality with the offline decode at full
+receptive-field context, crossfaded seams at small lookahead, sizes and ends."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from chattts_serving import contract
+from chattts_serving.audio.chunking import ChunkSchedule, StreamChunker
+from chattts_serving.audio.vocoder import VocoderRunner
+from chattts_serving.bench.stats import REALTIME_TOLERANCE_S
+from chattts_serving.runtime import Artifacts
+
+
+def _stream(chunker: StreamChunker, n: int, step: int, vocode) -> list[np.ndarray]:
+    out, avail = [], 0
+    while not chunker.done:
+        avail = min(n, avail + step)
+        while (w := chunker.next_window(avail, avail == n)) is not None:
+            assert 0 <= w.start < w.end <= avail
+            out.append(chunker.emit(w, vocode(w.start, w.end)))
+    return out
+
+
+def _fir_vocoder(tokens: np.ndarray, radius: int):
+    """A toy vocoder with a known receptive field of ``radius`` tokens: each token's 512
+    samples are a moving average of the token values within +-radius (zero-padded at the
+    window edges, like the real convolution stacks)."""
+    def vocode(start: int, end: int) -> np.ndarray:
+        x = tokens[start:end]
+        padded = np.concatenate([np.zeros(radius), x, np.zeros(radius)])
+        y = np.convolve(padded, np.ones(2 * radius + 1) / (2 * radius + 1), mode="valid")
+        return np.repeat(y, contract.SAMPLES_PER_TOKEN)[:contract.samples_for_tokens(end - start)].astype(np.float32)
+    return vocode
+
+
+@pytest.mark.parametrize("n", [1, 7, 8, 9, 30, 150])
+@pytest.mark.parametrize("step", [1, 4, 50])
+def test_full_context_stream_equals_offline_decode_toy(n: int, step: int) -> None:
+    tokens = np.random.default_rng(n).normal(size=n)
+    voc = _fir_vocoder(tokens, radius=5)
+    offline = voc(0, n)
+    chunks = _stream(StreamChunker(ChunkSchedule(4, 2.0, 32, 5, 5, 512)), n, step, voc)
+    got = np.concatenate(chunks)
+    assert got.shape == offline.shape == (contract.samples_for_tokens(n),)
+    np.testing.assert_allclose(got, offline, atol=1e-6)
+
+
+def test_first_chunk_is_small_and_chunks_grow() -> None:
+    n = 200
+    voc = _fir_vocoder(np.ones(n), radius=2)
+    chunks = _stream(StreamChunker(ChunkSchedule(8, 2.0, 64, 4, 4, 256)), n, 1, voc)
+    sizes = [c.size for c in chunks]
+    assert sizes[0] == 8 * contract.SAMPLES_PER_TOKEN - 128
+    assert sizes[1] > sizes[0] and max(sizes[:-1]) <= 64 * contract.SAMPLES_PER_TOKEN
+    assert sum(sizes) == contract.samples_for_tokens(n)
+
+
+def test_first_chunk_needs_only_first_chunk_plus_lookahead_plus_crossfade_tokens() -> None:
+    ch = StreamChunker(ChunkSchedule(8, 2.0, 64, 24, 4, 512))
+    assert ch.next_window(12, False) is None
+    w = ch.next_window(13, False)
+    assert w is not None and (w.start, w.end, w.chunk_end) == (0, 13, 8)
+
+
+def test_no_tokens_no_audio() -> None:
+    ch = StreamChunker(ChunkSchedule())
+    assert ch.next_window(0, True) is None and ch.done
+
+
+@pytest.mark.parametrize("bad", [dict(lookahead_tokens=0), dict(crossfade_samples=3),
+                                 dict(lookahead_tokens=1, crossfade_samples=1024),
+                                 dict(first_chunk_tokens=0), dict(growth=0.5)])
+def test_invalid_schedules_are_refused(bad: dict) -> None:
+    with pytest.raises(ValueError):
+        ChunkSchedule(**bad).validate()
+
+
+@pytest.fixture(scope="module")
+def real(small_artifacts: Artifacts):
+    rng = np.random.default_rng(0)
+    n = 90
+    hidden = rng.standard_normal((n, small_artifacts.hidden_size)).astype(np.float32)
+    voc = VocoderRunner(small_artifacts, "hidden")
+    return small_artifacts, hidden, voc, voc.run(hidden[None])[0]
+
+
+def test_real_vocoder_full_receptive_field_equals_offline(real) -> None:
+    art, hidden, voc, offline = real
+    rf = art.receptive_field_tokens("hidden")
+    sched = ChunkSchedule(8, 2.0, 64, 24, 8, 512).with_lookahead(rf)
+    got = np.concatenate(_stream(StreamChunker(sched), len(hidden), 3, lambda s, e: voc.run(hidden[None, s:e])[0]))
+    assert got.shape == offline.shape
+    assert np.abs(got - offline).max() <= 1e-4
+
+
+def test_real_vocoder_smaller_lookahead_stays_close(real) -> None:
+    """A lookahead below the receptive field is an approximation; its SNR against the
+    offline decode is reported in docs/streaming-quality.md (measured on the full-size model)."""
+    _, hidden, voc, offline = real
+    snrs = []
+    for lookahead in (2, 4, 8):
+        sched = ChunkSchedule(8, 2.0, 64, 24, lookahead, 512).with_lookahead(lookahead)
+        got = np.concatenate(_stream(StreamChunker(sched), len(hidden), 3,
+                                     lambda s, e: voc.run(hidden[None, s:e])[0]))
+        err = got - offline
+        snrs.append(10 * np.log10((offline ** 2).sum() / (err ** 2).sum()))
+    assert snrs[0] < snrs[1] < snrs[2]
+    assert snrs[0] > 10.0
+
+
+@pytest.mark.parametrize("n", [1, 8, 13, 150])
+@pytest.mark.parametrize("step", [1, 4, 33])
+@pytest.mark.parametrize("lookahead", [1, 4, 8])
+def test_keep_cuts_exactly_what_emit_sends_without_crossfade(n: int, step: int, lookahead: int) -> None:
+    """The ensemble door's vocoder is told which samples of a window to keep; for a schedule
+    without crossfade that is exactly what emit() would send, seam for seam, and the kept
+    samples add up to the utterance."""
+    tokens = np.random.default_rng(n + step).normal(size=n)
+    voc = _fir_vocoder(tokens, radius=3)
+    sched = ChunkSchedule(4, 2.0, 32, 8, lookahead, 512, first_lookahead_tokens=2).without_crossfade()
+    emitted = _stream(StreamChunker(sched), n, step, voc)
+    kept, ch, avail = [], StreamChunker(sched), 0
+    while not ch.done:
+        avail = min(n, avail + step)
+        while (w := ch.next_window(avail, avail == n)) is not None:
+            first, count = ch.keep(w)
+            kept.append(voc(w.start, w.end)[first:first + count])
+    assert len(kept) == len(emitted)
+    for a, b in zip(kept, emitted, strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert sum(k.size for k in kept) == contract.samples_for_tokens(n)
+
+
+def test_keep_refuses_a_schedule_with_a_crossfade() -> None:
+    ch = StreamChunker(ChunkSchedule(4, 2.0, 32, 8, 8, 512))
+    w = ch.next_window(100, False)
+    assert w is not None
+    with pytest.raises(ValueError, match="crossfade"):
+        ch.keep(w)
+
+
+# ---- chunk sizes planned from the token rate (a simulated stream on a fake clock) ------------
+
+CPU_LIKE = ChunkSchedule(4, 2.0, 64, 8, 8, 512, first_lookahead_tokens=4)
+"""The cpu profile's schedule before rate planning (first chunk 4 + 4 lookahead, then 8)."""
+
+
+def _simulate(schedule: ChunkSchedule, rate_hz: float, n: int, batch: int = 4,
+              vocode_s=lambda tokens: 0.004 + 0.0003 * tokens):  # type: ignore[no-untyped-def]
+    """A stream of ``n`` tokens arriving ``batch`` at a time at ``rate_hz`` tokens/s, each window
+    vocoded in ``vocode_s(window tokens)`` seconds of a fake clock; returns (chunk send times
+    (s), chunk samples, the concatenated audio, the offline audio) with the toy vocoder."""
+    from chattts_serving.bench.stats import needed_buffer_s
+
+    clock = [0.0]
+    ch = StreamChunker(schedule, clock=lambda: clock[0])
+    tokens = np.random.default_rng(int(rate_hz)).normal(size=n)
+    voc = _fir_vocoder(tokens, radius=schedule.lookahead_tokens)
+    times, samples, chunks = [], [], []
+    avail = 0
+    while not ch.done:
+        arrived = min(n, int(clock[0] * rate_hz) // batch * batch)
+        if arrived <= avail:
+            arrived = min(n, avail + batch)
+            clock[0] = max(clock[0], arrived / rate_hz)
+        avail = arrived
+        while (w := ch.next_window(avail, avail == n)) is not None:
+            clock[0] += vocode_s(w.end - w.start)
+            out = ch.emit(w, voc(w.start, w.end))
+            if out.size:
+                times.append(clock[0])
+                samples.append(out.size)
+                chunks.append(out)
+    return needed_buffer_s(times, samples), times, np.concatenate(chunks), voc(0, n)
+
+
+@pytest.mark.parametrize("rtf", [0.7, 0.58, 0.45])
+def test_rate_planned_chunks_play_without_a_gap_where_doubling_ones_stall(rtf: float) -> None:
+    """Generated at 1 / RTF times real time: doubling chunk sizes (first 4 + 4, then 8 with 8
+    of lookahead, 16, ...) need a start buffer (a gap at c=1 in the issue's int8 run, RTF 0.58);
+    chunks sized from the measured rate need none (within 10 ms), with the same first chunk at
+    the same time (TTFA kept), and the stream still equals the offline decode at full
+    lookahead."""
+    rate = contract.SAMPLE_RATE_HZ / contract.SAMPLES_PER_TOKEN / rtf
+    n = 400
+    grown, t_grown, _, _ = _simulate(CPU_LIKE, rate, n)
+    planned_schedule = ChunkSchedule(4, 2.0, 64, 8, 8, 512, first_lookahead_tokens=4, rate_planned=True)
+    planned, t_planned, audio, offline = _simulate(planned_schedule, rate, n)
+    assert grown > REALTIME_TOLERANCE_S, grown  # measured 0.60 / 0.29 / 0.044 s
+    assert planned <= REALTIME_TOLERANCE_S, planned
+    assert t_planned[0] == t_grown[0]
+    np.testing.assert_allclose(audio[-offline.size // 2:], offline[-offline.size // 2:], atol=1e-6)
+    assert audio.size == offline.size
+
+
+def test_rate_planning_waits_for_a_rate_and_leaves_slow_streams_to_growth() -> None:
+    """Before two tokens have arrived over measurable time there is no plan; a stream slower
+    than real time gets the geometric sizes (it stalls whatever the size); a fast one reaches
+    the largest chunks."""
+    sched = ChunkSchedule(4, 2.0, 64, 8, 8, 512, first_lookahead_tokens=4, rate_planned=True)
+    clock = [0.0]
+    ch = StreamChunker(sched, clock=lambda: clock[0])
+    assert ch.rate_hz is None and ch.plan_next(0) is None
+    slow = contract.SAMPLE_RATE_HZ / contract.SAMPLES_PER_TOKEN * 0.8
+    _, t_slow, _, _ = _simulate(sched, slow, 200)
+    _, t_grow, _, _ = _simulate(CPU_LIKE, slow, 200)
+    assert t_slow == t_grow
+    fast_sizes = []
+    clock[0] = 0.0
+    ch = StreamChunker(sched, clock=lambda: clock[0])
+    avail = 0
+    while not ch.done and avail < 2000:
+        avail += 4
+        clock[0] += 4 / 1000.0  # 1000 tokens/s
+        while (w := ch.next_window(avail, avail == 2000)) is not None:
+            ch.emit(w, np.zeros(contract.samples_for_tokens(w.end - w.start), np.float32))
+            fast_sizes.append(w.chunk_end - w.chunk_start)
+    assert fast_sizes[0] == 4 and max(fast_sizes) == 64
+
+
+def test_margin_must_not_be_negative() -> None:
+    with pytest.raises(ValueError, match="margin"):
+        ChunkSchedule(rate_planned=True, margin_s=-0.1).validate()
+
+
+def test_planned_chunks_have_a_floor_that_bounds_the_vocoder_windows() -> None:
+    """Barely faster than real time (RTF 0.8), an unbounded plan would cut 300 tokens into
+    dozens of tiny windows (each vocoding ~18 tokens of context); the floor of 2 tokens keeps
+    the needed start buffer within 30 ms with far fewer windows, and a floor of 4 fewer still."""
+    rate = contract.SAMPLE_RATE_HZ / contract.SAMPLES_PER_TOKEN / 0.8
+    windows = {}
+    for floor in (1, 2, 4):
+        sched = ChunkSchedule(4, 2.0, 64, 8, 8, 512, first_lookahead_tokens=4, rate_planned=True,
+                              min_planned_tokens=floor)
+        buf, times, _, _ = _simulate(sched, rate, 300, vocode_s=lambda t: 0.010 + 0.0005 * t)
+        windows[floor] = len(times)
+        if floor == 2:
+            assert buf <= 0.03, buf
+    assert windows[1] > windows[2] > windows[4], windows
+    with pytest.raises(ValueError, match="min_planned_tokens"):
+        ChunkSchedule(rate_planned=True, min_planned_tokens=0).validate()

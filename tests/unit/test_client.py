@@ -1,0 +1,112 @@
+"""The clients against a real tritonserver: gRPC streaming, HTTP offline, SSE, and the CLI.
+
+With ``lookahead_tokens`` at least the vocoder's receptive field, the streamed chunks must
+equal the offline decode of the same tokens; with the default (smaller) lookahead the seams
+are crossfaded and only close, and the SNR is reported.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from chattts_serving import contract
+from chattts_serving.client import (
+    ClientError,
+    SynthesisRequest,
+    SynthesisResult,
+    sse,
+    synthesize_offline,
+)
+
+TEXT_ZH = "你好，欢迎使用流式语音合成服务。"
+SEED = 7
+MAX_NEW_TOKENS = 100
+TIMEOUT_S = 60.0
+
+
+def _request(**overrides: object) -> SynthesisRequest:
+    fields: dict[str, object] = {"text": TEXT_ZH, "seed": SEED, "max_new_tokens": MAX_NEW_TOKENS}
+    fields.update(overrides)
+    return SynthesisRequest(**fields)  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="module")
+def offline(triton_server: Any) -> SynthesisResult:
+    """The reference: the whole utterance from chattts_offline over HTTP."""
+    return synthesize_offline(triton_server.http_url, _request(), timeout_s=TIMEOUT_S)
+
+
+def test_sse_parser_handles_events_split_anywhere_and_megabyte_lines() -> None:
+    """Events split anywhere across reads (separators included) come out whole and in order,
+    and a 1 MB event arriving in 4 KiB reads is one event (httpx-sse's parser; its cost on
+    long lines is the library's, not measured here)."""
+    long_audio = [0.25] * 200_000  # about 1 MB on one line
+    head = b": comment\n\n" + b"data: " + json.dumps({"audio": [1.0, 2.0]}).encode() + b"\n\n"
+    body = (b"data: " + json.dumps({"audio": long_audio}).encode() + b"\r\n\r\n"
+            + b'data: {"error": "boom"}\n\n')
+    for size in (1, 3, 7):  # separators split across reads, then the long event in 4 KiB reads
+        pieces = [head[i:i + size] for i in range(len(head))[::size]]
+        pieces += [body[i:i + 4096] for i in range(len(body))[::4096]]
+        events = list(sse.iter_events(iter(pieces)))
+        assert [sorted(e) for e in events] == [["audio"], ["audio"], ["error"]]
+        assert events[0]["audio"] == [1.0, 2.0] and len(events[1]["audio"]) == len(long_audio)
+        assert events[2]["error"] == "boom"
+
+
+def test_sse_parser_joins_data_lines_and_refuses_what_is_not_a_json_object() -> None:
+    joined = list(sse.iter_events([b'data: {"a":\ndata: 1}\r\n', b"\r\nid: 7\nevent: x\n\n"]))
+    assert joined == [{"a": 1}]  # two data lines joined with a newline; events without data skipped
+    for bad in (b"data: not json\n\n", b"data: [1, 2]\n\n"):
+        with pytest.raises(ClientError, match="server-sent event"):
+            list(sse.iter_events([bad]))
+
+
+def test_request_tensors_follow_the_contract() -> None:
+    req = SynthesisRequest("hi", voice="3", seed=5, temperature=0.5, top_k=10, lookahead_tokens=4)
+    got = {name: (arr, dtype) for name, arr, dtype in req.tensors()}
+    specs = {s.name: s for s in contract.ENTRY_INPUTS}
+    assert set(got) == {"text", "voice", "seed", "temperature", "top_k", "lookahead_tokens"}
+    for name, (arr, dtype) in got.items():
+        assert arr.shape == (1,) and arr.dtype == specs[name].np_dtype and dtype == specs[name].client_dtype
+    assert got["text"][0][0] == b"hi"
+    assert req.json_inputs() == {"text": "hi", "voice": "3", "seed": 5, "temperature": 0.5, "top_k": 10,
+                                 "lookahead_tokens": 4}
+
+
+def test_mode_fields_become_their_enums_and_other_strings_go_to_the_server() -> None:
+    from chattts_serving.contract import Language, Priority, Segmentation, VocoderPath
+
+    req = SynthesisRequest("hi", vocoder="codes", priority="batch", segmentation="chattts", language="zh")
+    assert req.vocoder is VocoderPath.CODES and req.priority is Priority.BATCH
+    assert req.segmentation is Segmentation.CHATTTS and req.language is Language.ZH
+    assert req == SynthesisRequest("hi", vocoder=VocoderPath.CODES, priority=Priority.BATCH,
+                                   segmentation=Segmentation.CHATTTS, language=Language.ZH)
+    got = {name: arr[0] for name, arr, _ in req.tensors()}
+    assert (got["vocoder"], got["priority"], got["segmentation"], got["language"]) == (
+        b"codes", b"batch", b"chattts", b"zh")  # the wire
+    assert req.json_inputs()["vocoder"] == "codes"
+    odd = SynthesisRequest("hi", vocoder="magic")  # the server refuses it, naming the input
+    assert odd.vocoder == "magic" and not isinstance(odd.vocoder, VocoderPath)
+    assert {n: a[0] for n, a, _ in odd.tensors()}["vocoder"] == b"magic"
+
+
+def test_vocoder_paths_and_precisions_are_enums_that_take_their_strings(small_artifacts: Any) -> None:
+    from chattts_serving.audio.vocoder import VocoderRunner
+    from chattts_serving.contract import Precision, VocoderPath
+    from chattts_serving.runtime import OrtOptions, graph_path
+
+    runner = VocoderRunner(small_artifacts, "codes")
+    assert runner.path is VocoderPath.CODES and runner.input_name == contract.VO_CODES.name
+    assert VocoderRunner(small_artifacts, VocoderPath.HIDDEN).input_name == contract.VO_HIDDEN.name
+    with pytest.raises(ValueError, match="unknown vocoder path 'mel'"):
+        VocoderRunner(small_artifacts, "mel")
+    assert OrtOptions(precision="fp16").precision is Precision.FP16  # type: ignore[arg-type]
+    assert OrtOptions().precision is Precision.FP32
+    with pytest.raises(ValueError, match="unknown precision 'fp8'"):
+        OrtOptions(precision="fp8")  # type: ignore[arg-type]
+    assert graph_path(small_artifacts, contract.GPT_GRAPH, "fp32") == graph_path(small_artifacts, contract.GPT_GRAPH)
+    assert small_artifacts.receptive_field_tokens("codes") == small_artifacts.receptive_field_tokens(
+        VocoderPath.CODES)

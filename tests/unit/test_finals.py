@@ -1,0 +1,177 @@
+"""Final responses only inside ``execute`` (chattts_serving/triton/finals.py): the workaround for
+Triton 2.51's Python-backend race between a final response and the start of an ``execute``
+(docs/triton-workarounds.md, "final responses")."""
+
+from __future__ import annotations
+
+import json
+import threading
+from typing import Any
+
+import numpy as np
+import pytest
+
+from chattts_serving import contract
+from chattts_serving.triton.finals import FinalWindow, WindowedSender, answer_ping, is_ping, ping_inputs
+from tests.support.fake_triton import FINAL, FakePb, Request, Sender
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Recorder:
+    """A pb response sender that records, for every send, whether the window was open."""
+
+    def __init__(self, window: FinalWindow | None = None) -> None:
+        self.window = window
+        self.sent: list[tuple[Any, int, bool]] = []
+        self.asked = 0
+
+    def send(self, response: Any = None, flags: int = 0) -> None:
+        inside = bool(self.window is not None and self.window._open)
+        self.sent.append((response, flags, inside))
+
+    def is_cancelled(self) -> bool:
+        self.asked += 1
+        return False
+
+
+def _never_ping() -> None:
+    pass
+
+
+def test_a_final_sent_outside_execute_waits_for_the_next_execute() -> None:
+    window = FinalWindow(_never_ping, max_hold_s=3600)
+    rec = Recorder(window)
+    sender = WindowedSender(rec, window, FINAL)
+    sender.send("chunk")          # not final: at once
+    sender.send("last", flags=FINAL)
+    assert [(r, f) for r, f, _ in rec.sent] == [("chunk", 0)]
+    assert window.pending() == 1 and window.deferred == 1
+    with window.executing():
+        pass
+    assert [(r, f, inside) for r, f, inside in rec.sent] == [("chunk", 0, False), ("last", FINAL, True)]
+    assert window.pending() == 0
+    window.close()
+
+
+def test_a_final_sent_while_execute_runs_goes_out_at_once_and_execute_waits_for_it() -> None:
+    window = FinalWindow(_never_ping, max_hold_s=3600)
+    started, release = threading.Event(), threading.Event()
+
+    class Slow(Recorder):
+        def send(self, response: Any = None, flags: int = 0) -> None:
+            started.set()
+            release.wait(10)
+            self.sent.append((response, flags, not exited.is_set()))  # sent before execute returned
+
+    rec = Slow(window)
+    sender = WindowedSender(rec, window, FINAL)
+    exited = threading.Event()
+
+    def run_execute() -> None:
+        with window.executing():
+            t = threading.Thread(target=sender.send, args=(None, FINAL))
+            t.start()
+            assert started.wait(10)
+        exited.set()
+
+    ex = threading.Thread(target=run_execute)
+    ex.start()
+    assert started.wait(10)
+    assert not exited.wait(0.05), "execute returned while a final it let through was still being sent"
+    release.set()
+    ex.join(10)
+    assert exited.is_set()
+    assert rec.sent == [(None, FINAL, True)]
+    window.close()
+
+
+def test_queued_finals_ping_for_an_execute() -> None:
+    pings: list[int] = []
+    box: dict[str, FinalWindow] = {}
+
+    def ping() -> None:  # what the model's ping does: Triton runs execute, which opens the window
+        pings.append(1)
+        with box["w"].executing():
+            pass
+
+    window = FinalWindow(ping, max_hold_s=3600)
+    box["w"] = window
+    rec = Recorder(window)
+    WindowedSender(rec, window, FINAL).send("end", flags=FINAL)
+    for _ in range(200):
+        if rec.sent:
+            break
+        threading.Event().wait(0.01)
+    assert rec.sent == [("end", FINAL, True)] and pings
+    window.close()
+
+
+def test_a_final_held_past_max_hold_because_pings_fail_is_sent_anyway() -> None:
+    clock = Clock()
+    calls: list[int] = []
+
+    def failing_ping() -> None:
+        calls.append(1)
+        clock.now += 0.6  # each failed ping costs time
+        raise RuntimeError("Server not ready")
+
+    window = FinalWindow(failing_ping, max_hold_s=1.0, retry_s=0.001, clock=clock)
+    rec = Recorder(window)
+    WindowedSender(rec, window, FINAL).send("end", flags=FINAL)
+    for _ in range(500):
+        if rec.sent:
+            break
+        threading.Event().wait(0.01)
+    assert rec.sent == [("end", FINAL, False)], "a client must hear its stream end even when pings fail"
+    assert window.forced == 1 and len(calls) >= 2
+    window.close()
+
+
+def test_close_sends_what_is_queued_and_then_sends_at_once() -> None:
+    window = FinalWindow(_never_ping, max_hold_s=3600)
+    rec = Recorder(window)
+    WindowedSender(rec, window, FINAL).send("a", flags=FINAL)
+    window.close()
+    assert [r for r, _, _ in rec.sent] == ["a"]
+    WindowedSender(rec, window, FINAL).send("b", flags=FINAL)
+    assert [r for r, _, _ in rec.sent] == ["a", "b"]
+
+
+def test_is_cancelled_is_not_asked_after_the_final_and_a_second_final_is_refused() -> None:
+    window = FinalWindow(_never_ping, max_hold_s=3600)
+    rec = Recorder(window)
+    sender = WindowedSender(rec, window, FINAL)
+    assert sender.is_cancelled() is False and rec.asked == 1
+    with window.executing():
+        sender.send(None, flags=FINAL)
+    assert sender.is_cancelled() is False and rec.asked == 1
+    with pytest.raises(RuntimeError, match="already sent"):
+        sender.send(None, flags=FINAL)
+    window.close()
+
+
+def test_ping_requests_are_recognised_by_their_parameter_only() -> None:
+    pb = FakePb()
+    assert is_ping(Request([], parameters={contract.PING_PARAMETER: True}))
+    assert not is_ping(Request([], parameters={contract.PING_PARAMETER: "yes"}))
+    assert not is_ping(Request([]))
+    assert not is_ping(Request([], parameters={"other": 1}))
+    tensors = {t.name(): t.as_numpy() for t in ping_inputs(pb, contract.ENTRY_INPUTS)}
+    required = [s.name for s in contract.ENTRY_INPUTS if not s.optional]
+    assert sorted(tensors) == sorted(required) and tensors[contract.IN_TEXT.name].tolist() == [b""]
+    sender = Sender()
+    answer_ping(pb, sender, decoupled=True)
+    assert sender.sent == [(None, FINAL)]
+    sender = Sender()
+    answer_ping(pb, sender, decoupled=False)
+    assert len(sender.sent) == 1 and sender.sent[0][1] == FINAL and sender.sent[0][0] is not None
+    assert json.loads(Request([], parameters={contract.PING_PARAMETER: True}).parameters()) == {
+        contract.PING_PARAMETER: True}
+    assert isinstance(tensors[contract.IN_TEXT.name], np.ndarray)
