@@ -9,8 +9,6 @@ fails instead, since ``make setup`` installs both; ``CI=0`` or ``CI=false`` is n
 
 from __future__ import annotations
 
-import os
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,35 +18,8 @@ import pytest
 from chattts_serving import contract
 from chattts_serving.gateway import GatewaySettings
 from chattts_serving.gateway.ws import WS_PATH
-from tests.support.servers import ROOT, Server, running_gateway, wait_until
-
-CHROMIUM = os.environ.get("CHATTTS_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
-API_KEY = "page-key-1"
-
-
-TRUE_VALUES = frozenset({"1", "true", "yes", "on"})
-
-
-def under_ci() -> bool:
-    """Whether ``$CI`` holds a true value (case-insensitive ``1``, ``true``, ``yes``, ``on``):
-    ``CI=0``, ``CI=false`` or an empty ``CI`` is a developer's machine."""
-    return os.environ.get("CI", "").strip().lower() in TRUE_VALUES
-
-
-def _need_browser() -> None:
-    problem = None
-    if not Path(CHROMIUM).is_file():
-        problem = f"{CHROMIUM} not found (Debian package `chromium`: apt-get install -y chromium)"
-    else:
-        try:
-            import playwright.sync_api  # noqa: F401
-        except ImportError:
-            problem = "Playwright for Python is not installed (pip install playwright; the browser is Debian's)"
-    if problem is None:
-        return
-    if under_ci():
-        pytest.fail(f"{problem}: make setup installs it")
-    pytest.skip(problem)
+from tests.support.browser import API_KEY, Page, launched
+from tests.support.servers import Server, running_gateway, wait_until
 
 
 @pytest.fixture(scope="module")
@@ -60,52 +31,8 @@ def page_url(triton_server: Server) -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    _need_browser()
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=[
-            "--no-sandbox", "--autoplay-policy=no-user-gesture-required", "--use-fake-ui-for-media-stream",
-            "--use-fake-device-for-media-stream"])
-        try:
-            yield b
-        finally:
-            b.close()
-
-
-class Page:
-    """One page of the gateway in the browser: its WebSockets and script errors recorded."""
-
-    def __init__(self, browser: Any, url: str, key: str | None = API_KEY) -> None:
-        self.page = browser.new_page(viewport={"width": 900, "height": 700})
-        self.errors: list[str] = []
-        self.sockets: list[Any] = []
-        self.page.on("pageerror", lambda exc: self.errors.append(str(exc)))
-        self.page.on("websocket", lambda ws: self.sockets.append(ws))
-        self.page.goto(url)
-        assert self.page.title() == "ChatTTS streaming"
-        if key is not None:
-            self.page.fill("#key", key)
-            self.page.dispatch_event("#key", "change")  # the voices need the key
-            self.page.wait_for_function("window.ttsState.voicesLoaded", timeout=20_000)
-
-    def state(self) -> dict[str, Any]:
-        return dict(self.page.evaluate("window.ttsState"))
-
-    def wait_state(self, *states: str, timeout_ms: int = 120_000) -> dict[str, Any]:
-        self.page.wait_for_function(f"{list(states)}.includes(window.ttsState.state)", timeout=timeout_ms)
-        return self.state()
-
-    def status(self) -> str:
-        return str(self.page.inner_text("#status"))
-
-    def shot(self, tmp_path: Path, name: str) -> None:
-        self.page.screenshot(path=str(tmp_path / f"{name}.png"), full_page=True)
-        if os.environ.get("CHATTTS_UPDATE_SCREENSHOT"):
-            self.page.screenshot(path=str(ROOT / "docs" / f"{name}.png"), full_page=True)
-
-    def close(self) -> None:
-        self.page.close()
+    with launched() as b:
+        yield b
 
 
 @pytest.fixture

@@ -1,36 +1,12 @@
-"""The page at ``/`` in headless Chromium (Debian's ``chromium`` driven by Playwright): it
-loads, fills the voice picker from ``/v1/audio/voices``, plays a synthesis streamed over the
-WebSocket, and shows the time to first audio. ``CHATTTS_UPDATE_SCREENSHOT=1`` also saves the
-picture in docs/openai-gateway.md (``docs/ws-page.png``).
-
-Without Chromium (or Playwright) the test is skipped, naming what to install; under CI
-(``$CI`` true: ``1``, ``true``, ``yes`` or ``on``, as ``.ci/run`` and CI services set it) it
-fails instead, since ``make setup`` installs both; ``CI=0`` or ``CI=false`` is not CI."""
+"""Whether a missing browser skips the page tests (a developer's machine) or fails them (CI):
+only a true ``$CI`` (``1``, ``true``, ``yes``, ``on``, any case) fails (tests/support/browser.py;
+the page itself: tests/server/test_gateway_page.py)."""
 
 from __future__ import annotations
 
-import os
-import shutil
-from collections.abc import Iterator
-from pathlib import Path
-from typing import Any
-
 import pytest
 
-from chattts_serving.gateway import GatewaySettings
-from tests.support.servers import ROOT, Server, running_gateway
-
-CHROMIUM = os.environ.get("CHATTTS_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
-API_KEY = "page-key-1"
-
-
-TRUE_VALUES = frozenset({"1", "true", "yes", "on"})
-
-
-def under_ci() -> bool:
-    """Whether ``$CI`` holds a true value (case-insensitive ``1``, ``true``, ``yes``, ``on``):
-    ``CI=0``, ``CI=false`` or an empty ``CI`` is a developer's machine."""
-    return os.environ.get("CI", "").strip().lower() in TRUE_VALUES
+from tests.support import browser
 
 
 @pytest.mark.parametrize("value, ci", [(None, False), ("", False), ("0", False), ("false", False), ("no", False),
@@ -42,91 +18,7 @@ def test_only_a_true_ci_variable_turns_a_missing_browser_into_a_failure(monkeypa
         monkeypatch.delenv("CI", raising=False)
     else:
         monkeypatch.setenv("CI", value)
-    assert under_ci() is ci
-    monkeypatch.setitem(globals(), "CHROMIUM", "/nonexistent/chromium")  # a host without the browser
+    assert browser.under_ci() is ci
+    monkeypatch.setattr(browser, "CHROMIUM", "/nonexistent/chromium")  # a host without the browser
     with pytest.raises(pytest.fail.Exception if ci else pytest.skip.Exception, match="/nonexistent/chromium"):
-        _need_browser()
-
-
-def _need_browser() -> None:
-    problem = None
-    if not Path(CHROMIUM).is_file():
-        problem = f"{CHROMIUM} not found (Debian package `chromium`: apt-get install -y chromium)"
-    else:
-        try:
-            import playwright.sync_api  # noqa: F401
-        except ImportError:
-            problem = "Playwright for Python is not installed (pip install playwright; the browser is Debian's)"
-    if problem is None:
-        return
-    if under_ci():
-        pytest.fail(f"{problem}: make setup installs it")
-    pytest.skip(problem)
-
-
-@pytest.fixture(scope="module")
-def page_url(triton_server: Server) -> Iterator[str]:
-    settings = GatewaySettings(triton_url=triton_server.grpc_url, api_key=API_KEY)
-    with running_gateway(settings) as url:
-        yield url
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    _need_browser()
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=[
-            "--no-sandbox", "--autoplay-policy=no-user-gesture-required", "--use-fake-ui-for-media-stream",
-            "--use-fake-device-for-media-stream"])
-        try:
-            yield b
-        finally:
-            b.close()
-
-
-class Page:
-    """One page of the gateway in the browser: its WebSockets and script errors recorded."""
-
-    def __init__(self, browser: Any, url: str, key: str | None = API_KEY) -> None:
-        self.page = browser.new_page(viewport={"width": 900, "height": 700})
-        self.errors: list[str] = []
-        self.sockets: list[Any] = []
-        self.page.on("pageerror", lambda exc: self.errors.append(str(exc)))
-        self.page.on("websocket", lambda ws: self.sockets.append(ws))
-        self.page.goto(url)
-        assert self.page.title() == "ChatTTS streaming"
-        if key is not None:
-            self.page.fill("#key", key)
-            self.page.dispatch_event("#key", "change")  # the voices need the key
-            self.page.wait_for_function("window.ttsState.voicesLoaded", timeout=20_000)
-
-    def state(self) -> dict[str, Any]:
-        return dict(self.page.evaluate("window.ttsState"))
-
-    def wait_state(self, *states: str, timeout_ms: int = 120_000) -> dict[str, Any]:
-        self.page.wait_for_function(f"{list(states)}.includes(window.ttsState.state)", timeout=timeout_ms)
-        return self.state()
-
-    def status(self) -> str:
-        return str(self.page.inner_text("#status"))
-
-    def shot(self, tmp_path: Path, name: str) -> None:
-        self.page.screenshot(path=str(tmp_path / f"{name}.png"), full_page=True)
-        if os.environ.get("CHATTTS_UPDATE_SCREENSHOT"):
-            self.page.screenshot(path=str(ROOT / "docs" / f"{name}.png"), full_page=True)
-
-    def close(self) -> None:
-        self.page.close()
-
-
-@pytest.fixture
-def page(browser: Any, page_url: str) -> Iterator[Page]:
-    p = Page(browser, page_url + "/?max_new_tokens=40&min_new_tokens=40")
-    try:
-        yield p
-    finally:
-        p.close()
-
-
+        browser.need_browser()
