@@ -58,7 +58,7 @@ from ..audio.reference import RecordingError, load_recording
 from ..client import AioStreamClient, ClientError, StreamPart, SynthesisRequest
 from ..errors import ErrorKind
 from ..text.sentences import SentenceSplitter
-from .errors import INVALID_REQUEST, SERVER_ERROR, ApiError, from_client_error
+from .errors import INVALID_REQUEST, ApiError, from_client_error
 from .metrics import GatewayMetrics
 from .saved_voices import SavedVoices
 from .settings import GatewaySettings
@@ -298,42 +298,20 @@ class OmniStream(SpeechStream):
 
     async def run(self) -> None:
         """Serve the connection to its end (accepted already by :func:`serve_stream`)."""
-        holding = False
-        status = "cancelled"
+        await self._run_to_end(self._session)
+
+    async def _session(self) -> None:
+        """The session from its config to its end, which it raises (:class:`StreamEnd`)."""
         try:
-            try:
-                self.session = await self._config(self.first)
-                if (refusal := self.busy()) is not None:
-                    raise StreamEnd(Close.TRY_AGAIN, refusal)
-                self.live["streams"] += 1
-                self.metrics.in_flight.inc()
-                holding = True
-                await self._serve()
-            except ApiError as exc:
-                raise StreamEnd(_close_for(exc), exc) from None
+            self.session = await self._config(self.first)
+            if (refusal := self.busy()) is not None:
+                raise StreamEnd(Close.TRY_AGAIN, refusal)
+            self._hold()
+            await self._serve()
+        except ApiError as exc:
+            raise StreamEnd(_close_for(exc), exc) from None
         except _Close:
-            status = "ok"
-            await self._close(StreamEnd(Close.NORMAL))
-        except StreamEnd as end:
-            status = "ok" if end.error is None else "error"
-            if end.error is not None:
-                self.metrics.error(end.error.kind, "mid_stream" if self.audio_started else "before_audio")
-            await self._close(end)
-        except (ClientGone, WebSocketDisconnect):
-            status = "cancelled"
-        except Exception:
-            log.exception("stream %s failed", self.request_id)
-            status = "error"
-            self.metrics.error(ErrorKind.INTERNAL, "mid_stream" if self.audio_started else "before_audio")
-            await self._close(StreamEnd(Close.SERVER_ERROR, ApiError(500, "Internal error", SERVER_ERROR,
-                                                                     code="internal_error", kind=ErrorKind.INTERNAL)))
-        finally:
-            if holding:
-                self.live["streams"] -= 1
-                self.metrics.in_flight.dec()
-                self.metrics.audio.inc(self.audio_s)
-            if status != "error":
-                self.metrics.requests.labels(status=status).inc()
+            raise StreamEnd(Close.NORMAL) from None
 
     async def _close(self, end: StreamEnd) -> None:
         """This dialect's ``error`` event (``message``, plus ``code`` and ``kind``), then the close."""

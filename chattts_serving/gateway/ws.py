@@ -43,7 +43,7 @@ import logging
 import time
 import unicodedata
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from enum import IntEnum
 from importlib import resources
@@ -230,6 +230,8 @@ class SpeechStream:
         """What the connection's sentences could not speak, in order of first appearance."""
         self.degraded = 0
         """Sentences the server made in its degraded mode."""
+        self._holding = False
+        """Whether this connection counts as a live stream (:meth:`_hold`)."""
 
     # --- the connection -------------------------------------------------------------------
 
@@ -237,45 +239,60 @@ class SpeechStream:
         """Serve the connection to its end (never raises for anything the client does)."""
         offered = self.ws.scope.get("subprotocols") or []
         await self.ws.accept(subprotocol=SUBPROTOCOL if SUBPROTOCOL in offered else None)
-        holding = False
+        await self._run_to_end(self._serve_connection)
+
+    async def _serve_connection(self) -> None:
+        """The connection from its start to its end, which it raises (:class:`StreamEnd`)."""
+        try:
+            self._authorize()
+            try:
+                start = await self._receive_message(self.cfg.stream_idle_timeout_s, start=True)
+            except TimeoutError:
+                raise self._idle_timeout() from None
+            body, first = parse_start(start)
+            # the start is checked whole, as POST /v1/audio/speech checks a request: here what
+            # the gateway checks (model, voice given, instructions, reference WAV), then, on
+            # the server, what it checks (voice known, parameters within its limits, the
+            # reference and refine prompt), all before "started"
+            probe = build_request(body.model_copy(update={"input": START_PROBE_TEXT}), self.cfg.models,
+                                  self.cfg.max_input_chars)
+            speaker_voice(body)  # a missing or empty voice fails at the start, not on the first sentence
+            info = output_format(body)  # a rate or container the format does not take: 1007 now
+            if (refusal := self.busy()) is not None:
+                raise StreamEnd(Close.TRY_AGAIN, refusal)
+            self._hold()  # taken before the check awaits: the limit holds for starts at once
+            await self._validate(probe)
+            await self._send_text(event("started", request_id=self.request_id, format=info.name,
+                                        sample_rate_hz=info.sample_rate_hz))
+            try:
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(self._read, first)
+                    tg.start_soon(self._schedule, body, tg)
+                    await self._send_all(body.response_format, body.sample_rate, body.container)
+                    tg.cancel_scope.cancel()
+            except Exception as group:  # anyio's ExceptionGroup (a backport's on Python 3.10)
+                if not hasattr(group, "exceptions"):
+                    raise
+                raise _first_cause(group) from None
+            raise StreamEnd(Close.NORMAL)
+        except ApiError as exc:
+            raise StreamEnd(CLOSE_FOR_KIND[exc.kind], exc) from None
+
+    def _hold(self) -> None:
+        """Count this connection as a live stream (given back by :meth:`_run_to_end`)."""
+        self.live["streams"] += 1
+        self.metrics.in_flight.inc()
+        self._holding = True
+
+    async def _run_to_end(self, body: Callable[[], Awaitable[None]]) -> None:
+        """Run ``body`` and end the connection by how it ended, for both dialects:
+        :class:`StreamEnd` closes with its code (its error event first, counted by kind and by
+        whether audio had started); the client gone is ``cancelled``; anything else is logged
+        and closes 1011 with an internal error. The live stream ``body`` held (:meth:`_hold`) is
+        given back and every outcome counted once."""
         status = "cancelled"
         try:
-            try:
-                self._authorize()
-                try:
-                    start = await self._receive_message(self.cfg.stream_idle_timeout_s, start=True)
-                except TimeoutError:
-                    raise self._idle_timeout() from None
-                body, first = parse_start(start)
-                # the start is checked whole, as POST /v1/audio/speech checks a request: here what
-                # the gateway checks (model, voice given, instructions, reference WAV), then, on
-                # the server, what it checks (voice known, parameters within its limits, the
-                # reference and refine prompt), all before "started"
-                probe = build_request(body.model_copy(update={"input": START_PROBE_TEXT}), self.cfg.models,
-                                      self.cfg.max_input_chars)
-                speaker_voice(body)  # a missing or empty voice fails at the start, not on the first sentence
-                info = output_format(body)  # a rate or container the format does not take: 1007 now
-                if (refusal := self.busy()) is not None:
-                    raise StreamEnd(Close.TRY_AGAIN, refusal)
-                self.live["streams"] += 1  # taken before the check awaits: the limit holds for starts at once
-                self.metrics.in_flight.inc()
-                holding = True
-                await self._validate(probe)
-                await self._send_text(event("started", request_id=self.request_id, format=info.name,
-                                            sample_rate_hz=info.sample_rate_hz))
-                try:
-                    async with anyio.create_task_group() as tg:
-                        tg.start_soon(self._read, first)
-                        tg.start_soon(self._schedule, body, tg)
-                        await self._send_all(body.response_format, body.sample_rate, body.container)
-                        tg.cancel_scope.cancel()
-                except Exception as group:  # anyio's ExceptionGroup (a backport's on Python 3.10)
-                    if not hasattr(group, "exceptions"):
-                        raise
-                    raise _first_cause(group) from None
-                raise StreamEnd(Close.NORMAL)
-            except ApiError as exc:
-                raise StreamEnd(CLOSE_FOR_KIND[exc.kind], exc) from None
+            await body()
         except StreamEnd as end:
             status = "ok" if end.error is None else "error"
             if end.error is not None:
@@ -292,7 +309,8 @@ class SpeechStream:
             await self._close(StreamEnd(Close.SERVER_ERROR, ApiError(500, "internal error", SERVER_ERROR,
                                                                      code="internal_error", kind=ErrorKind.INTERNAL)))
         finally:
-            if holding:
+            if self._holding:
+                self._holding = False
                 self.live["streams"] -= 1
                 self.metrics.in_flight.dec()
                 self.metrics.audio.inc(self.audio_s)
