@@ -11,7 +11,7 @@ import tritonclient.grpc as grpcclient
 
 from chattts_serving import contract
 
-ADMIN_HTTP = [
+ADMIN_HTTP: list[tuple[str, str, str, dict[str, Any] | None]] = [
     ("logging", "GET", "/v2/logging", None),
     ("trace", "GET", "/v2/trace/setting", None),
     ("shared-memory", "GET", "/v2/systemsharedmemory/status", None),
