@@ -1,8 +1,9 @@
 """Triton's admin APIs need the admin token header; inference, health and metadata stay open.
 
-The server tests talk to the session's real tritonserver (started through ``TritonServer``,
-which always restricts :data:`chattts_serving.deploy.admin.RESTRICTED_APIS`) over HTTP and
-gRPC; ``chattts-tritonserver``, the image's command, is run on an empty repository.
+Against the session's real tritonserver (started through ``TritonServer``, which always
+restricts :data:`chattts_serving.deploy.admin.RESTRICTED_APIS`) over HTTP and gRPC, with the
+probe and the supervisor; and ``chattts-tritonserver``, the image's command, run on an empty
+repository, generating and sharing a token.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,19 +31,11 @@ from chattts_serving.deploy import admin
 from chattts_serving.deploy.probe import probe
 from chattts_serving.deploy.server import Supervisor, bundled_triton
 from chattts_serving.serving.profile import HealthProfile
+from tests.support.admin_calls import ADMIN_GRPC, ADMIN_HTTP
 from tests.support.servers import Server, free_port
 
 REFUSED_HTTP = f"This API is restricted, expecting header '{admin.ADMIN_HEADER}'"
 REFUSED_GRPC = f"This protocol is restricted, expecting header '{admin.GRPC_ADMIN_HEADER}'"
-
-# One call of each restricted API group over HTTP: (group, method, path, JSON body or None).
-ADMIN_HTTP = [
-    ("logging", "GET", "/v2/logging", None),
-    ("trace", "GET", "/v2/trace/setting", None),
-    ("shared-memory", "GET", "/v2/systemsharedmemory/status", None),
-    ("model-repository", "POST", "/v2/repository/index", {}),
-    ("statistics", "GET", f"/v2/models/{contract.MODEL_STREAM}/stats", None),
-]
 
 
 def _http(server: Server, method: str, path: str, body: object = None,
@@ -55,16 +48,6 @@ def _http(server: Server, method: str, path: str, body: object = None,
             return int(r.status), json.loads(raw) if raw else None
     except urllib.error.HTTPError as exc:
         return int(exc.code), json.loads(exc.read() or b"null")
-
-
-# One call of each restricted API group over gRPC: group -> call(client, headers).
-ADMIN_GRPC: dict[str, Callable[[grpcclient.InferenceServerClient, Any], Any]] = {
-    "logging": lambda c, h: c.get_log_settings(headers=h),
-    "trace": lambda c, h: c.get_trace_settings(headers=h),
-    "shared-memory": lambda c, h: c.get_system_shared_memory_status(headers=h),
-    "model-repository": lambda c, h: c.get_model_repository_index(headers=h),
-    "statistics": lambda c, h: c.get_inference_statistics(contract.MODEL_STREAM, headers=h),
-}
 
 
 @pytest.fixture

@@ -1,4 +1,5 @@
-"""The benchmark and load-test harnesses keep working (small config, seconds; no speed asserted).
+"""The benchmark and load-test harnesses keep working against real servers (small config,
+seconds; no speed asserted).
 
 - ``python -m chattts_serving.bench --smoke`` runs every part (front end, the three upstream
   baselines, raw step and minimal pipeline, a real default-path server at three closed-loop
@@ -9,8 +10,8 @@
   (fp32) profile and ``cpu-int8`` over the same small artifacts with their int8 GPT graph.
 - ``loadtest/run.sh`` drives Locust headless against the session's test server and every user
   type completes requests without a failure.
-- The benchmark's pure helpers (percentiles, capacity, figures, outcomes, Prometheus diffs,
-  the soak's accounting) compute what they say.
+- A real tritonserver's metrics exposition parses with its labels (the engine's batch histogram
+  included). The benchmark's pure helpers: tests/unit/test_bench_smoke.py.
 """
 
 from __future__ import annotations
@@ -30,14 +31,8 @@ from chattts_serving.bench.doors import DOOR_FIGURES, DOORS
 from chattts_serving.bench.gatewayload import FIRST_BYTE_FIGURES, GATEWAY_FIGURES
 from chattts_serving.bench.modes import MODE_KEYS
 from chattts_serving.bench.openloop import BUDGET_SCALES
-from chattts_serving.bench.report import (
-    FIGURES,
-)
-from chattts_serving.bench.stats import (
-    diff_samples,
-    engine_batches,
-    model_stats,
-)
+from chattts_serving.bench.report import FIGURES
+from chattts_serving.bench.stats import diff_samples, engine_batches, model_stats
 from chattts_serving.bench.wsload import WS_FIGURES
 from chattts_serving.serving.profile import load_profile
 from tests.support.servers import running_gateway

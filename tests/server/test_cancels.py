@@ -1,5 +1,7 @@
 """Cancels from the entry models to the engine over the engine's cancel socket
-(chattts_serving/triton/cancels.py), in process and on a real server under a cancel storm."""
+(chattts_serving/triton/cancels.py) on a real tritonserver under a cancel storm: every closed
+stream leaves the engine without a control request to the engine model, and the server serves
+on. The socket in process: tests/unit/test_cancels.py."""
 
 from __future__ import annotations
 

@@ -1,8 +1,10 @@
-"""The clients against a real tritonserver: gRPC streaming, HTTP offline, SSE, and the CLI.
+"""The clients against a real tritonserver: gRPC streaming, HTTP offline, SSE, and the CLI
+(which also exits cleanly when nothing listens).
 
 With ``lookahead_tokens`` at least the vocoder's receptive field, the streamed chunks must
 equal the offline decode of the same tokens; with the default (smaller) lookahead the seams
-are crossfaded and only close, and the SNR is reported.
+are crossfaded and only close, and the SNR is reported. The client library without a server:
+tests/unit/test_client.py.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
-"""Delivery receipts from the engine to the entry models (chattts_serving/triton/deliveries.py):
-the socket pair in process, an engine stream that reads each response only after its receipt
-(over a stand-in for ``triton_python_backend_utils``), and a real server whose entry stub
-listens for, and whose engine writes, the receipts of every stream."""
+"""Delivery receipts from the engine to the entry models (chattts_serving/triton/deliveries.py)
+on a real tritonserver: every entry stub listens for the receipts of its streams and the
+engine writes them. The socket pair and the engine stream in process:
+tests/unit/test_deliveries.py."""
 
 from __future__ import annotations
 
@@ -12,9 +12,7 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 
 from chattts_serving import contract
-from chattts_serving.triton.deliveries import (
-    delivery_address,
-)
+from chattts_serving.triton.deliveries import delivery_address
 from tests.support.servers import Server, stub_processes
 
 

@@ -5,9 +5,10 @@ triton-inference-server/server#8604): ``/v2/health/ready`` and the model's ready
 200/READY, and every later request to the model fails with "Stub process ... is not
 healthy". The tests pin that behaviour, then show what this project adds on top: the deep
 probe (``python -m chattts_serving.deploy.probe``) reports it, the entry model's circuit breaker
-fails fast, and ``chattts-serve --restart-on-failure`` restarts the server by itself.
+fails fast, and ``chattts-serve --restart-on-failure`` restarts the server by itself. A stopped
+server ends its live streams as unavailable and exits cleanly; the preStop drain waits for them.
 
-The supervisor's decision logic is unit-tested here too, without a server.
+The supervisor's decision logic without a server: tests/unit/test_faults.py.
 """
 
 from __future__ import annotations
@@ -28,31 +29,17 @@ import pytest
 
 from chattts_serving import contract
 from chattts_serving.client import ClientError, SynthesisRequest, synthesize_stream
-from chattts_serving.deploy import server as server_mod
-from chattts_serving.deploy.admin import TOKEN_ENV, TOKEN_FILE_ENV
 from chattts_serving.deploy.probe import probe
-from chattts_serving.deploy.server import (
-    Supervisor,
-    TritonServer,
-)
+from chattts_serving.deploy.server import Supervisor, TritonServer
 from chattts_serving.runtime import Artifacts
 from chattts_serving.serving.profile import PROFILES_DIR, HealthProfile, load_profile
+from tests.support.probe_cli import probe_cli
 from tests.support.servers import free_port, serve_profile
 from tests.support.streams import Stream
 
 BREAKER_FAILURES = 3
 NOT_HEALTHY = "not healthy"  # Triton 2.51's error for a request to a model whose stub died
 BREAKER_OPEN = "server unavailable: engine is failing"  # GuardedBreaker + CircuitBreaker.before()
-
-
-def _probe_cli(*args: str, timeout: float = 120, admin_token: str | None = None) -> tuple[int, dict[str, Any]]:
-    env = {k: v for k, v in os.environ.items() if k not in (TOKEN_ENV, TOKEN_FILE_ENV)}
-    if admin_token:
-        env[TOKEN_ENV] = admin_token
-    proc = subprocess.run([sys.executable, "-m", "chattts_serving.deploy.probe", *args], capture_output=True, text=True,
-                          timeout=timeout, env=env)
-    lines = proc.stdout.strip().splitlines()
-    return proc.returncode, (json.loads(lines[-1]) if lines else {"stderr": proc.stderr})
 
 
 def _urls(srv: TritonServer) -> tuple[str, str]:
@@ -121,8 +108,8 @@ def _killed(state: dict[str, Any]) -> TritonServer:
 
 def test_probe_cli_reports_a_fresh_server_healthy(crashable: dict[str, Any]) -> None:
     http, grpc = _urls(crashable["server"])
-    code, out = _probe_cli("--http-url", http, "--grpc-url", grpc, "--timeout-s", "60",
-                           admin_token=crashable["server"].admin_token)
+    code, out = probe_cli("--http-url", http, "--grpc-url", grpc, "--timeout-s", "60",
+                          admin_token=crashable["server"].admin_token)
     assert code == 0, out
     assert out["healthy"] is True and out["reason"] == "ok"
     assert set(out["checks"]) == {"live", "ready", "models", "synthesis"}
@@ -234,7 +221,7 @@ def test_engine_death_ready_stays_200_but_the_probe_and_the_supervisor_see_it(cr
     assert result.reason.startswith("synthesis:") and NOT_HEALTHY in result.reason, result.reason
     assert contract.MODEL_ENGINE in result.reason, result.reason
 
-    code, out = _probe_cli("--http-url", http, "--grpc-url", grpc, "--timeout-s", "60", admin_token=srv.admin_token)
+    code, out = probe_cli("--http-url", http, "--grpc-url", grpc, "--timeout-s", "60", admin_token=srv.admin_token)
     crashable["failed_requests"] += 1
     assert code == 1 and out["healthy"] is False and NOT_HEALTHY in out["reason"], out
 
@@ -405,15 +392,3 @@ def test_supervised_server_restarts_itself_after_the_engine_dies(small_artifacts
     assert log[restarted]["restarts"] == 1 and "server_restart_failed" not in names
     # the server log keeps both runs (a restart appends)
     assert (tmp_path / "triton.log").read_text(errors="replace").count("Started GRPCInferenceService") == 2
-
-
-# ------------------------------------------------------------------------ no server
-
-
-@pytest.fixture()
-def events(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, dict[str, Any]]]:
-    got: list[tuple[str, dict[str, Any]]] = []
-    monkeypatch.setattr(server_mod, "log_event", lambda event, level="info", **f: got.append((event, f)))
-    return got
-
-

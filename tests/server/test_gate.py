@@ -1,6 +1,8 @@
-"""The admission gate (chattts_serving/gate/gate.cc): built and cached, rendered in front of the
-Python entry model, forwarding requests, responses, errors and request parameters unchanged
-(against a real tritonserver), and the profile's ``[entry] gate = false`` serving without it."""
+"""The admission gate (chattts_serving/gate/gate.cc) on a real tritonserver: forwarding requests,
+responses, errors, request parameters and cancels unchanged to the Python entry model behind it,
+counting and logging its refusals, the admission watch reporting doors as they fill and free,
+and the profile's ``[entry] gate = false`` serving without it. Built and rendered without a
+server: tests/unit/test_gate.py."""
 
 from __future__ import annotations
 

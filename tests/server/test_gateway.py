@@ -1,7 +1,8 @@
-"""The OpenAI-compatible gateway: speed mapping, error mapping and settings (no server), then
-the real gateway (uvicorn) in front of a real tritonserver: the official ``openai`` client,
-raw HTTP for every client mistake, voices, CORS, metrics, overload (503 with Retry-After) and
-streams that end by inactivity rather than by a wall clock."""
+"""The real OpenAI-compatible gateway (uvicorn) in front of a real tritonserver: the official
+``openai`` client, raw HTTP for every client mistake, voices, CORS, metrics, overload (503 with
+Retry-After), streams that end by inactivity rather than by a wall clock, and reference
+recordings. Speed and error mapping, the app without Triton and the settings:
+tests/unit/test_gateway.py."""
 
 from __future__ import annotations
 
@@ -51,13 +52,6 @@ TEXT = "你好，欢迎使用ChatTTS, the weather is 25°C today."
 ORIGIN = "https://app.example"
 """The browser origin the test gateway allows (CORS)."""
 RETRY_AFTER_S = 3
-
-
-# --- no server ----------------------------------------------------------------------------
-
-
-INV, BUSY, UNAV, DEAD = ErrorKind.INVALID, ErrorKind.BUSY, ErrorKind.UNAVAILABLE, ErrorKind.DEADLINE
-
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 

@@ -1,8 +1,8 @@
-"""``/v1/audio/speech/stream``: the incremental sentence splitter (no server), then a real
-WebSocket client (``websockets``) over the real gateway (uvicorn) and a real tritonserver on
-the small config: deltas cut anywhere give the audio of each sentence requested alone,
-closing cancels the engine's sequence, malformed messages get an error event and a close code,
-ten connections at once complete or are told busy, a client that stops reading is cut off."""
+"""``/v1/audio/speech/stream``: a real WebSocket client (``websockets``) over the real gateway
+(uvicorn) and a real tritonserver on the small config: deltas cut anywhere give the audio of
+each sentence requested alone, closing cancels the engine's sequence, malformed messages get an
+error event and a close code, ten connections at once complete or are told busy, a client that
+stops reading is cut off. The sentence splitter alone: tests/unit/test_gateway_ws.py."""
 
 from __future__ import annotations
 
@@ -34,8 +34,6 @@ API_KEY = "ws-key-5"
 TOKENS = 12
 """max_new_tokens = min_new_tokens of the test sentences: 12 tokens, 0.26 s of audio each."""
 START = {"type": "start", "voice": "alloy", "seed": 11, "max_new_tokens": TOKENS, "min_new_tokens": TOKENS}
-
-# --- the splitter -------------------------------------------------------------------------
 
 
 # --- against a real gateway and tritonserver ---------------------------------------------

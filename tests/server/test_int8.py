@@ -1,6 +1,6 @@
-"""The int8 GPT step (``chattts-export --precision int8``, profile ``cpu-int8``), small config:
-its parity with the fp32 graph within its own stated tolerance, the engine running it
-consistently with the graph it loads, the accuracy measurement command, and the profile."""
+"""The int8 GPT step (``chattts-export --precision int8``), small config, on a real tritonserver:
+the ``cpu-int8`` profile serves a stream from the int8 graph. The graph, the engine on it and
+the accuracy measurement in process: tests/unit/test_int8.py."""
 
 from __future__ import annotations
 
@@ -10,9 +10,7 @@ import numpy as np
 import pytest
 
 from chattts_serving import contract
-from chattts_serving.export.int8 import (
-    add_int8,
-)
+from chattts_serving.export.int8 import add_int8
 from chattts_serving.runtime import Artifacts
 from tests.support.servers import serve_profile
 

@@ -1,6 +1,6 @@
-"""The request's ``language`` (issue #32): the language of numbers, units and symbols that the
-text gives no context for (a bare ``25kg`` or ``03:04pm``), from the entry models through the
-pipeline to the front end, in process and through a real tritonserver (stream, offline)."""
+"""The request's ``language`` (issue #32) through a real tritonserver: text without context of
+its own (a bare ``25kg``) is read in the requested language on the streaming and the offline
+door, and an unknown language is refused. In process: tests/unit/test_language.py."""
 
 from __future__ import annotations
 

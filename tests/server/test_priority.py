@@ -1,5 +1,6 @@
-"""The engine's niceness (profile ``[engine] nice``): every thread of its process, in process
-and in a real server's ``chattts_gpt`` stub."""
+"""The engine's niceness (profile ``[engine] nice``) on a real tritonserver: every thread of its
+``chattts_gpt`` stub runs at the profile's niceness, the entry model's stub at tritonserver's.
+In process: tests/unit/test_priority.py."""
 
 from __future__ import annotations
 

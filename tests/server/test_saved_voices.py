@@ -1,9 +1,9 @@
-"""Saved voices (``POST/GET/DELETE /v1/audio/voices``): the store on SQLite (the default, no
-setup) and on a real PostgreSQL server the tests start (tests/support/pg.py), the real gateway over a
-real tritonserver: a recording computed once into ChatTTS' audio prompt and spoken by name on
-every door, two gateways on one database seeing each other's voices, a duplicate name, bad
+"""Saved voices (``POST/GET/DELETE /v1/audio/voices``) through the real gateway over a real
+tritonserver, stored on SQLite and on a real PostgreSQL server the tests start
+(tests/support/pg.py): a recording computed once into ChatTTS' audio prompt and spoken by name
+on every door, two gateways on one database seeing each other's voices, a duplicate name, bad
 uploads, a voice deleted while a stream speaks with it, and the database going away (503, then
-everything back as it was)."""
+everything back as it was). The store alone: tests/unit/test_saved_voices.py."""
 
 from __future__ import annotations
 
@@ -46,9 +46,6 @@ def _recording(seconds: float = 2.0, rate: int = 16000, hz: float = 210.0) -> by
 
 
 RECORDING = base64.b64encode(_recording()).decode()
-
-
-# --- the store alone ---------------------------------------------------------------------------
 
 
 # --- through the gateway ------------------------------------------------------------------------

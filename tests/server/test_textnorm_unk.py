@@ -1,6 +1,6 @@
-"""Nothing unreadable reaches the GPT silently: every character the loaded tokenizer would turn
-into [UNK] is left out of the prompt and reported (info.dropped, the CLI), checked with the
-tokenizer the server loads (the small generated artifacts) and over a real tritonserver.
+"""Nothing unreadable reaches the GPT silently, through a real tritonserver: a character the
+loaded tokenizer would turn into [UNK] is left out of the prompt and reported in info.dropped
+and by the CLI. The front end's part in process: tests/unit/test_textnorm_unk.py.
 
 The generated tokenizer has bert-base-chinese's layout but its Chinese characters run from
 U+4E00 to U+9F9E, so 龟 (U+9F9F, in the real vocabulary) is [UNK] there and none of ChatTTS'
@@ -16,23 +16,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pytest
-
-from chattts_serving.runtime import Artifacts
-from chattts_serving.text.frontend import FrontEnd
-from chattts_serving.text.voices import VoiceBook
 
 ROOT = Path(__file__).resolve().parents[2]
 MISSING = "龟"
 """In the generated tokenizer's vocabulary range gap (see the module docstring)."""
 
-
-@pytest.fixture(scope="module")
-def frontend(small_artifacts: Artifacts) -> FrontEnd:
-    return FrontEnd(small_artifacts, max_text_chars=4096, default_voice_seed=2, voices=VoiceBook())
-
-
-# --- over a real tritonserver ----------------------------------------------------------------
 
 def test_server_reports_what_the_tokenizer_lacks_in_info_and_cli(triton_server: Any, tmp_path: Path) -> None:
     from chattts_serving.client import SynthesisRequest, synthesize_stream

@@ -1,9 +1,6 @@
-"""Triton's admin APIs need the admin token header; inference, health and metadata stay open.
-
-The server tests talk to the session's real tritonserver (started through ``TritonServer``,
-which always restricts :data:`chattts_serving.deploy.admin.RESTRICTED_APIS`) over HTTP and
-gRPC; ``chattts-tritonserver``, the image's command, is run on an empty repository.
-"""
+"""The admin token without a server: where it comes from, the flags it becomes, how a generated
+one is published, what ``chattts-tritonserver`` refuses before it starts Triton, and that the
+real-server tests (tests/server/test_admin.py) call every restricted API group."""
 
 from __future__ import annotations
 
@@ -11,34 +8,12 @@ import os
 import stat
 import subprocess
 import sys
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
-import tritonclient.grpc as grpcclient
 
-from chattts_serving import contract
 from chattts_serving.deploy import admin
-
-# One call of each restricted API group over HTTP: (group, method, path, JSON body or None).
-ADMIN_HTTP = [
-    ("logging", "GET", "/v2/logging", None),
-    ("trace", "GET", "/v2/trace/setting", None),
-    ("shared-memory", "GET", "/v2/systemsharedmemory/status", None),
-    ("model-repository", "POST", "/v2/repository/index", {}),
-    ("statistics", "GET", f"/v2/models/{contract.MODEL_STREAM}/stats", None),
-]
-
-
-# One call of each restricted API group over gRPC: group -> call(client, headers).
-ADMIN_GRPC: dict[str, Callable[[grpcclient.InferenceServerClient, Any], Any]] = {
-    "logging": lambda c, h: c.get_log_settings(headers=h),
-    "trace": lambda c, h: c.get_trace_settings(headers=h),
-    "shared-memory": lambda c, h: c.get_system_shared_memory_status(headers=h),
-    "model-repository": lambda c, h: c.get_model_repository_index(headers=h),
-    "statistics": lambda c, h: c.get_inference_statistics(contract.MODEL_STREAM, headers=h),
-}
+from tests.support.admin_calls import ADMIN_GRPC, ADMIN_HTTP
 
 
 def test_the_tests_cover_every_restricted_group() -> None:

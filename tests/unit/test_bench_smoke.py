@@ -1,16 +1,8 @@
-"""The benchmark and load-test harnesses keep working (small config, seconds; no speed asserted).
+"""The benchmark's pure helpers compute what they say, without a server: LLM-speed deltas, the
+sentences, percentiles and real-time summaries, figures and their targets, outcomes, the
+open-loop plan, the default-path profile, Prometheus diffs and the soak's accounting.
 
-- ``python -m chattts_serving.bench --smoke`` runs every part (front end, the three upstream
-  baselines, raw step and minimal pipeline, a real default-path server at three closed-loop
-  levels, open-loop arrivals, the OpenAI gateway against direct gRPC at 1 and 16, the overload
-  burst, the as-deployed row) and writes the JSON, the
-  Markdown report and the plots; every request's ``info`` is recorded and every headline figure
-  is either a number or null with its reason. The smoke runs both precisions: the ``cpu``
-  (fp32) profile and ``cpu-int8`` over the same small artifacts with their int8 GPT graph.
-- ``loadtest/run.sh`` drives Locust headless against the session's test server and every user
-  type completes requests without a failure.
-- The benchmark's pure helpers (percentiles, capacity, figures, outcomes, Prometheus diffs,
-  the soak's accounting) compute what they say.
+The harnesses themselves run against real servers in tests/server/test_bench_smoke.py.
 """
 
 from __future__ import annotations
@@ -51,7 +43,6 @@ from chattts_serving.serving.profile import load_profile
 ROOT = Path(__file__).resolve().parents[2]
 
 
-# --- pure helpers -------------------------------------------------------------------------
 def test_llm_tokens_cover_the_text_and_each_sentence_ends_in_the_delta_of_its_last_character() -> None:
     text = "你好，欢迎。The weather is 25.5 today.  明天见！"
     deltas = tokens_of(text)

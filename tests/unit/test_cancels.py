@@ -1,5 +1,6 @@
-"""Cancels from the entry models to the engine over the engine's cancel socket
-(chattts_serving/triton/cancels.py), in process and on a real server under a cancel storm."""
+"""The engine's cancel socket (chattts_serving/triton/cancels.py) in process: a listener hears
+each stream id the entry models send, per-server addresses, a taken address, a failing cancel.
+The cancel storm on a real server: tests/server/test_cancels.py."""
 
 from __future__ import annotations
 

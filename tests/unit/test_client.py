@@ -1,9 +1,6 @@
-"""The clients against a real tritonserver: gRPC streaming, HTTP offline, SSE, and the CLI.
-
-With ``lookahead_tokens`` at least the vocoder's receptive field, the streamed chunks must
-equal the offline decode of the same tokens; with the default (smaller) lookahead the seams
-are crossfaded and only close, and the SNR is reported.
-"""
+"""The client library without a server: the server-sent-event parser, the request's tensors
+and its mode fields, the vocoder paths and precisions as enums. The clients against a real
+tritonserver: tests/server/test_client.py."""
 
 from __future__ import annotations
 
@@ -13,30 +10,7 @@ from typing import Any
 import pytest
 
 from chattts_serving import contract
-from chattts_serving.client import (
-    ClientError,
-    SynthesisRequest,
-    SynthesisResult,
-    sse,
-    synthesize_offline,
-)
-
-TEXT_ZH = "你好，欢迎使用流式语音合成服务。"
-SEED = 7
-MAX_NEW_TOKENS = 100
-TIMEOUT_S = 60.0
-
-
-def _request(**overrides: object) -> SynthesisRequest:
-    fields: dict[str, object] = {"text": TEXT_ZH, "seed": SEED, "max_new_tokens": MAX_NEW_TOKENS}
-    fields.update(overrides)
-    return SynthesisRequest(**fields)  # type: ignore[arg-type]
-
-
-@pytest.fixture(scope="module")
-def offline(triton_server: Any) -> SynthesisResult:
-    """The reference: the whole utterance from chattts_offline over HTTP."""
-    return synthesize_offline(triton_server.http_url, _request(), timeout_s=TIMEOUT_S)
+from chattts_serving.client import ClientError, SynthesisRequest, sse
 
 
 def test_sse_parser_handles_events_split_anywhere_and_megabyte_lines() -> None:

@@ -1,7 +1,7 @@
-"""Delivery receipts from the engine to the entry models (chattts_serving/triton/deliveries.py):
-the socket pair in process, an engine stream that reads each response only after its receipt
-(over a stand-in for ``triton_python_backend_utils``), and a real server whose entry stub
-listens for, and whose engine writes, the receipts of every stream."""
+"""Delivery receipts from the engine to the entry models (chattts_serving/triton/deliveries.py)
+in process: the socket pair (board and writer), and an engine stream that reads each response
+only after its receipt (over a stand-in for ``triton_python_backend_utils``). On a real server:
+tests/server/test_deliveries.py."""
 
 from __future__ import annotations
 

@@ -1,19 +1,12 @@
-"""Faults and recovery: a model process (Python-backend stub) dies under a real tritonserver.
-
-What Triton 2.51 does when the GPT engine's stub is SIGKILLed (upstream issue
-triton-inference-server/server#8604): ``/v2/health/ready`` and the model's ready state stay
-200/READY, and every later request to the model fails with "Stub process ... is not
-healthy". The tests pin that behaviour, then show what this project adds on top: the deep
-probe (``python -m chattts_serving.deploy.probe``) reports it, the entry model's circuit breaker
-fails fast, and ``chattts-serve --restart-on-failure`` restarts the server by itself.
-
-The supervisor's decision logic is unit-tested here too, without a server.
+"""The supervisor's decisions and the deep probe without a server: the restart policy; a
+scripted stand-in for ``TritonServer`` restarted when a stub dies, when only the probe fails,
+when its process exits or its log shows a crash, and a restart that fails; the probe's command
+line against nothing listening and its usage errors; "server busy" counted healthy; the
+profile's ``[health]`` table. Faults on real servers: tests/server/test_faults.py.
 """
 
 from __future__ import annotations
 
-import json
-import os
 import subprocess
 import sys
 from collections import Counter
@@ -26,35 +19,12 @@ import pytest
 from chattts_serving import contract
 from chattts_serving.client import ClientError, SynthesisRequest
 from chattts_serving.deploy import server as server_mod
-from chattts_serving.deploy.admin import TOKEN_ENV, TOKEN_FILE_ENV
 from chattts_serving.deploy.probe import ProbeResult, probe
-from chattts_serving.deploy.server import (
-    CheckResult,
-    RestartPolicy,
-    ServerError,
-    Supervisor,
-)
+from chattts_serving.deploy.server import CheckResult, RestartPolicy, ServerError, Supervisor
 from chattts_serving.serving.profile import PROFILES_DIR, HealthProfile, ProfileError, load_profile
+from tests.support.probe_cli import probe_cli
 from tests.support.servers import free_port
 
-
-def _probe_cli(*args: str, timeout: float = 120, admin_token: str | None = None) -> tuple[int, dict[str, Any]]:
-    env = {k: v for k, v in os.environ.items() if k not in (TOKEN_ENV, TOKEN_FILE_ENV)}
-    if admin_token:
-        env[TOKEN_ENV] = admin_token
-    proc = subprocess.run([sys.executable, "-m", "chattts_serving.deploy.probe", *args], capture_output=True, text=True,
-                          timeout=timeout, env=env)
-    lines = proc.stdout.strip().splitlines()
-    return proc.returncode, (json.loads(lines[-1]) if lines else {"stderr": proc.stderr})
-
-
-# ------------------------------------------------------------------------ real server
-
-
-# ------------------------------------------------------------------------ supervised restart
-
-
-# ------------------------------------------------------------------------ no server
 
 def test_restart_policy_restarts_after_consecutive_failures_only() -> None:
     p = RestartPolicy(failures=3, probe_every=0)
@@ -210,7 +180,7 @@ def test_supervisor_restarts_at_once_a_live_server_whose_log_shows_a_crash(
 
 def test_probe_reports_an_unreachable_server_unhealthy_with_exit_code_1() -> None:
     dead = free_port()
-    code, out = _probe_cli("--http-url", f"127.0.0.1:{dead}", "--grpc-url", f"127.0.0.1:{dead}", "--timeout-s", "10")
+    code, out = probe_cli("--http-url", f"127.0.0.1:{dead}", "--grpc-url", f"127.0.0.1:{dead}", "--timeout-s", "10")
     assert code == 1 and out["healthy"] is False and out["reason"].startswith("live:"), out
     assert set(out) == {"healthy", "reason", "checks", "duration_ms"}
 

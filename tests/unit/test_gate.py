@@ -1,6 +1,7 @@
-"""The admission gate (chattts_serving/gate/gate.cc): built and cached, rendered in front of the
-Python entry model, forwarding requests, responses, errors and request parameters unchanged
-(against a real tritonserver), and the profile's ``[entry] gate = false`` serving without it."""
+"""The admission gate (chattts_serving/gate/gate.cc) without a server: built and cached, its own
+C++ helpers' tests passing (also under the sanitizers), a missing or failing compiler a clear
+error; rendered in front of the Python entry model and as the admission watch, and left out by
+the profile's ``[entry] gate = false``. On a real tritonserver: tests/server/test_gate.py."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
-"""The OpenAI-compatible gateway: speed mapping, error mapping and settings (no server), then
-the real gateway (uvicorn) in front of a real tritonserver: the official ``openai`` client,
-raw HTTP for every client mistake, voices, CORS, metrics, overload (503 with Retry-After) and
-streams that end by inactivity rather than by a wall clock."""
+"""The OpenAI-compatible gateway without a server: speed mapping, Triton's errors as OpenAI's,
+the app in process (FastAPI's ``TestClient``) with no Triton behind it (503 with Retry-After,
+the API key, models, health, metrics, CORS), and its settings from the environment, the flags
+and the docs. The real gateway over a real tritonserver: tests/server/test_gateway.py."""
 
 from __future__ import annotations
 
@@ -19,20 +19,13 @@ from chattts_serving.errors import ErrorKind
 from chattts_serving.gateway import GatewaySettings, create_app, speed_to_token
 from chattts_serving.gateway.__main__ import parse_args, settings_from_args
 from chattts_serving.gateway.errors import from_client_error
-from tests.support.servers import (
-    ROOT,
-    Server,
-    free_port,
-    running_gateway,
-)
+from tests.support.servers import ROOT, free_port
 
 API_KEY = "test-key-123"
 ORIGIN = "https://app.example"
 """The browser origin the test gateway allows (CORS)."""
 RETRY_AFTER_S = 3
 
-
-# --- no server ----------------------------------------------------------------------------
 
 SPEEDS = [(0.25, 0), (0.35, 1), (0.5, 3), (0.75, 4), (1.0, 5), (1.25, 6), (1.5, 6), (2.0, 7), (3.0, 8), (4.0, 9)]
 
@@ -184,32 +177,3 @@ def test_a_flag_wins_over_its_environment_variable(monkeypatch: pytest.MonkeyPat
     assert (s.stream_max_s, s.stream_idle_timeout_s, s.retry_after_s, s.cors_origins) == (None, 12.0, 7, ("*",))
     with pytest.raises(ValueError, match="--max-streams"):
         settings_from_args(parse_args(["--max-streams", "x"]))
-
-
-# --- against a real tritonserver ------------------------------------------------------------
-
-@pytest.fixture(scope="module")
-def gateway_url(triton_server: Server) -> Iterator[str]:
-    """The gateway in front of the test tritonserver, with an API key and one allowed origin."""
-    settings = GatewaySettings(triton_url=triton_server.grpc_url, api_key=API_KEY, cors_origins=(ORIGIN,),
-                               retry_after_s=RETRY_AFTER_S)
-    with running_gateway(settings) as url:
-        yield url
-
-
-@pytest.fixture(scope="module")
-def client(gateway_url: str):  # type: ignore[no-untyped-def]
-    import openai
-
-    return openai.OpenAI(base_url=gateway_url + "/v1", api_key=API_KEY, max_retries=0, timeout=120)
-
-
-# --- voices, CORS, metrics ----------------------------------------------------------------
-
-
-# --- overload: 503 with Retry-After at once ------------------------------------------------
-
-
-# --- streams end by inactivity, not by a wall clock ----------------------------------------
-
-

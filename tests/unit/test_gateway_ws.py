@@ -1,8 +1,8 @@
-"""``/v1/audio/speech/stream``: the incremental sentence splitter (no server), then a real
-WebSocket client (``websockets``) over the real gateway (uvicorn) and a real tritonserver on
-the small config: deltas cut anywhere give the audio of each sentence requested alone,
-closing cancels the engine's sequence, malformed messages get an error event and a close code,
-ten connections at once complete or are told busy, a client that stops reading is cut off."""
+"""The incremental sentence splitter of ``/v1/audio/speech/stream``
+(chattts_serving/text/sentences.py), no server: deltas cut anywhere give the sentences of the
+whole text; numbers, abbreviations and closing quotes; an over-long sentence cut at a pause; an
+LLM's list markers and markdown kept with their words. The WebSocket over a real gateway and
+tritonserver: tests/server/test_gateway_ws.py."""
 
 from __future__ import annotations
 
@@ -12,11 +12,6 @@ import re
 import pytest
 
 from chattts_serving.text.sentences import SentenceSplitter, markup_only, split_sentences
-
-websockets = pytest.importorskip("websockets")
-
-
-# --- the splitter -------------------------------------------------------------------------
 
 TEXTS = [
     "今天是2024年3月5日，气温25.5℃。他说：“好的。”然后走了！？明天见",
@@ -105,8 +100,3 @@ def test_decoration_alone_is_still_spoken_when_nothing_follows() -> None:
     assert s.feed("Options:\n1. ") == ["Options:"] and s.pending.strip() == "1."
     assert s.flush() == ["1."]
     assert split_sentences("- ") == ["-"]
-
-
-# --- against a real gateway and tritonserver ---------------------------------------------
-
-

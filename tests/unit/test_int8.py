@@ -1,6 +1,7 @@
-"""The int8 GPT step (``chattts-export --precision int8``, profile ``cpu-int8``), small config:
-its parity with the fp32 graph within its own stated tolerance, the engine running it
-consistently with the graph it loads, the accuracy measurement command, and the profile."""
+"""The int8 GPT step (``chattts-export --precision int8``, profile ``cpu-int8``), small config, in
+process: its parity with the fp32 graph within its own stated tolerance, what it quantizes, the
+engine running it consistently with the graph it loads, the accuracy measurement and its
+command, and the profiles. A real server on ``cpu-int8``: tests/server/test_int8.py."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
-"""The request's ``language`` (issue #32): the language of numbers, units and symbols that the
-text gives no context for (a bare ``25kg`` or ``03:04pm``), from the entry models through the
-pipeline to the front end, in process and through a real tritonserver (stream, offline)."""
+"""The request's ``language`` (issue #32) in process: the language of numbers, units and symbols
+that the text gives no context for (a bare ``25kg`` or ``03:04pm``), parsed from the entry and
+front-end models' inputs and carried through the pipeline to the front end. Through a real
+tritonserver: tests/server/test_language.py."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""The engine's niceness (profile ``[engine] nice``): every thread of its process, in process
-and in a real server's ``chattts_gpt`` stub."""
+"""The engine's niceness (profile ``[engine] nice``) in process: ``lower_priority`` reaches every
+thread of its process, those started later too, and refuses values outside 0-19. In a real
+server's ``chattts_gpt`` stub: tests/server/test_priority.py."""
 
 from __future__ import annotations
 

@@ -1,13 +1,10 @@
-"""Saved voices (``POST/GET/DELETE /v1/audio/voices``): the store on SQLite (the default, no
-setup) and on a real PostgreSQL server the tests start (tests/support/pg.py), the real gateway over a
-real tritonserver: a recording computed once into ChatTTS' audio prompt and spoken by name on
-every door, two gateways on one database seeing each other's voices, a duplicate name, bad
-uploads, a voice deleted while a stream speaks with it, and the database going away (503, then
-everything back as it was)."""
+"""The saved voices' store (chattts_serving/gateway/voice_store.py) without a server: SQLite, the
+default, needs no setup and keeps voices across restarts; where the default file lives; a
+database that cannot be reached is StoreUnavailable, its password never in the message. The
+gateway's ``/v1/audio/voices`` on real servers: tests/server/test_saved_voices.py."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,9 +18,7 @@ from chattts_serving.gateway.voice_store import (
     default_store_url,
     redact,
 )
-from tests.support.pg import PgServer
 
-# --- the store alone ---------------------------------------------------------------------------
 
 def test_the_sqlite_default_needs_no_setup_and_keeps_voices_across_restarts(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'new-dir' / 'voices.sqlite3'}"
@@ -63,17 +58,3 @@ def test_an_unreachable_database_is_store_unavailable_not_a_crash(tmp_path: Path
     with pytest.raises(StoreUnavailable) as info:
         pg.get("x")
     assert "secret" not in str(info.value)  # the password is never in a message
-
-
-# --- through the gateway ------------------------------------------------------------------------
-
-@pytest.fixture(scope="module")
-def pg() -> Iterator[PgServer]:
-    server = PgServer()
-    server.start()
-    try:
-        yield server
-    finally:
-        server.destroy()
-
-

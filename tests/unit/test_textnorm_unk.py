@@ -1,6 +1,7 @@
 """Nothing unreadable reaches the GPT silently: every character the loaded tokenizer would turn
-into [UNK] is left out of the prompt and reported (info.dropped, the CLI), checked with the
-tokenizer the server loads (the small generated artifacts) and over a real tritonserver.
+into [UNK] is left out of the prompt and reported, checked in process with the tokenizer the
+server loads (the small generated artifacts). Through a real tritonserver (info.dropped, the
+CLI): tests/server/test_textnorm_unk.py.
 
 The generated tokenizer has bert-base-chinese's layout but its Chinese characters run from
 U+4E00 to U+9F9E, so 龟 (U+9F9F, in the real vocabulary) is [UNK] there and none of ChatTTS'
@@ -86,7 +87,3 @@ def test_vocabulary_of_a_tokenizer_without_normaliser() -> None:
 
     voc = TokenizerVocabulary(Plain())
     assert voc.remove_unknown("a中c b") == ("a中 b", ("c",))
-
-
-# --- over a real tritonserver ----------------------------------------------------------------
-
