@@ -28,7 +28,10 @@ Every request has its own id and ends in exactly one outcome
   (:mod:`chattts_serving.deploy.logscan`: any ``Signal (N)`` but the stop's 2 or 15,
   ``malloc(``, ``double free``, ``corrupted``, ``Fatal Python error``, ``Segmentation fault``);
 * the RSS of the server and its model processes grew by at most ``--max-rss-growth-pct``
-  (5 %) from its level after the warm-up (:func:`rss_drift_pct`) to the last tenth of the run.
+  (5 %) from its level after the warm-up (:func:`rss_drift_pct`) to the last tenth of the run;
+  not under ``--sanitize``, where it is reported only: AddressSanitizer keeps freed memory in
+  its quarantine (``quarantine_size_mb``, 256 MB per process by default, and the preloaded
+  runtime is in every stub too), so RSS there grows by design, not by a leak.
 
 ``--sanitize`` runs the admission gate built with AddressSanitizer and UndefinedBehaviorSanitizer,
 their runtime loaded into tritonserver (``make soak SANITIZE=1``). The report goes to
@@ -356,7 +359,8 @@ def main() -> int:
     rss_start, rss_end, drift = rss_drift_pct(rss)
     checks = {"lost_is_0": lost == 0, "no_failures": not any(failures.values()), "server_agrees": not mismatches,
               "counters_agree": not counter_problems, "idle_at_end": bool(gauges) and not any(gauges.values()),
-              "no_crash_in_log": not signs, "rss_growth_ok": drift <= args.max_rss_growth_pct}
+              "no_crash_in_log": not signs,
+              "rss_growth_ok": args.sanitize or drift <= args.max_rss_growth_pct}  # see the docstring
     report = {
         "minutes": args.minutes, "artifacts": str(args.artifacts), "sanitize": args.sanitize,
         "traffic": {"users": args.users, "wave_users": args.wave_users, "arrivals_per_s": args.arrivals_per_s,
