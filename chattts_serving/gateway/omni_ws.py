@@ -47,7 +47,7 @@ import anyio
 import anyio.abc
 import anyio.to_thread
 import numpy as np
-from fastapi import WebSocket, WebSocketDisconnect
+from fastapi import WebSocket
 from fastapi.websockets import WebSocketState
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError
 
@@ -65,6 +65,7 @@ from .settings import GatewaySettings
 from .speech import NO_VOICE, OFFLOADED_FORMATS, SpeechRequest, build_request, output_format
 from .timings import SentenceTiming
 from .ws import (
+    CAUSE_ORDER,
     CLOSE_FOR_KIND,
     SUBPROTOCOL,
     ClientGone,
@@ -74,6 +75,7 @@ from .ws import (
     _Sentence,
     error_fields,
     event,
+    first_cause,
     offered_key,
 )
 
@@ -360,16 +362,21 @@ class OmniStream(SpeechStream):
         return StreamEnd(Close.POLICY, ApiError(
             408, "Idle timeout: no message received", INVALID_REQUEST, code="idle_timeout", kind=ErrorKind.DEADLINE))
 
-    async def _serve(self) -> None:
-        """Between utterances: a config replaces the session's, text starts an utterance,
-        ``input.done`` alone is an empty one, ``session.close`` ends the connection."""
+    async def _next_message(self) -> dict[str, Any]:
+        """The client's next message; its silence for the idle timeout ends the stream."""
         while True:
             try:
                 msg = await self._message(self.cfg.stream_idle_timeout_s)
             except TimeoutError:
                 raise self._idle() from None
-            if msg is None:
-                continue
+            if msg is not None:
+                return msg
+
+    async def _serve(self) -> None:
+        """Between utterances: a config replaces the session's, text starts an utterance,
+        ``input.done`` alone is an empty one, ``session.close`` ends the connection."""
+        while True:
+            msg = await self._next_message()
             kind = msg.get("type")
             if kind == CONFIG_TYPE:
                 try:
@@ -431,19 +438,14 @@ class OmniStream(SpeechStream):
         except Exception as group:  # anyio's ExceptionGroup
             if not hasattr(group, "exceptions"):
                 raise
-            raise _first(group) from None
+            raise first_cause(group, ((_Close,), *CAUSE_ORDER)) from None
         await self._send_json(type="session.done", utterance_index=self.utterance, total_sentences=self.count)
         self.utterance += 1
 
     async def _read_utterance(self, first: str) -> None:
         await self._queue(self.splitter.feed(first))
         while True:
-            try:
-                msg = await self._message(self.cfg.stream_idle_timeout_s)
-            except TimeoutError:
-                raise self._idle() from None
-            if msg is None:
-                continue
+            msg = await self._next_message()
             kind = msg.get("type")
             if kind == "input.text":
                 text = msg.get("text", "")
@@ -558,26 +560,6 @@ def _error_event(error: ApiError, **extra: Any) -> str:
 def _close_for(error: ApiError) -> Close:
     return {ErrorKind.INVALID: Close.INVALID_DATA, ErrorKind.INTERNAL: Close.SERVER_ERROR}.get(error.kind,
                                                                                                Close.TRY_AGAIN)
-
-
-def _first(group: BaseException) -> BaseException:
-    """The exception that ended an utterance's task group: a close or an end first."""
-    leaves: list[BaseException] = []
-
-    def walk(exc: BaseException) -> None:
-        inner = getattr(exc, "exceptions", None)
-        if isinstance(inner, tuple):
-            for e in inner:
-                walk(e)
-        else:
-            leaves.append(exc)
-
-    walk(group)
-    for kinds in ((_Close,), (StreamEnd, ApiError), (ClientGone, WebSocketDisconnect)):
-        for exc in leaves:
-            if isinstance(exc, kinds):
-                return exc
-    return leaves[0]
 
 
 class _Replay:

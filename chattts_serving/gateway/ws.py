@@ -273,7 +273,7 @@ class SpeechStream:
             except Exception as group:  # anyio's ExceptionGroup (a backport's on Python 3.10)
                 if not hasattr(group, "exceptions"):
                     raise
-                raise _first_cause(group) from None
+                raise first_cause(group) from None
             raise StreamEnd(Close.NORMAL)
         except ApiError as exc:
             raise StreamEnd(CLOSE_FOR_KIND[exc.kind], exc) from None
@@ -562,9 +562,15 @@ class SpeechStream:
                                     dropped=dropped, **timing.fields()))
 
 
-def _first_cause(group: BaseException) -> BaseException:
-    """The exception that ended a connection's task group: the first :class:`StreamEnd`, else
-    the first of the client going away, else the first of any kind."""
+CAUSE_ORDER: tuple[tuple[type[BaseException], ...], ...] = ((StreamEnd, ApiError), (ClientGone, WebSocketDisconnect))
+"""Which ending of a task group speaks for it: an end of the stream first, then the client
+going away (:func:`first_cause`)."""
+
+
+def first_cause(group: BaseException, order: tuple[tuple[type[BaseException], ...], ...] = CAUSE_ORDER
+                ) -> BaseException:
+    """The exception that ended a connection's task group: among its leaves, the first of the
+    first kinds in ``order`` found, else the first of any kind."""
     leaves: list[BaseException] = []
 
     def walk(exc: BaseException) -> None:
@@ -576,7 +582,7 @@ def _first_cause(group: BaseException) -> BaseException:
             leaves.append(exc)
 
     walk(group)
-    for kinds in ((StreamEnd, ApiError), (ClientGone, WebSocketDisconnect)):
+    for kinds in order:
         for exc in leaves:
             if isinstance(exc, kinds):
                 return exc
