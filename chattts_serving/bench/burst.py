@@ -16,6 +16,13 @@ on an idle server and with every stream slot held by long streams (the client th
 slot taken by full-size streams), the whole summaries, accepted streams' TTFA and each round's
 busy p99 included, under ``burst.burst`` and ``burst.saturated``.
 
+The offline door (``chattts_offline``, one unary infer call per request, each client on a gRPC
+channel of its own made and warmed first) is timed on the same footing: from the moment gRPC
+takes the request's bytes to start the call (:func:`_offline_one`), the request built before the
+start signal. gRPC's global subchannel pool carries a process's channels to one server, with
+the same options, on one HTTP/2 connection: the 200 clients are 200 channels and 200 calls or
+streams, not 200 TCP connections.
+
 ``python -m chattts_serving.bench.burst --url 127.0.0.1:8001 --clients 200`` runs it against a
 running server and prints the JSON summary (``--doors stream,offline,gateway --gateway-url ...
 --offline-hold 16`` for the other doors, as ``make bench`` runs them saturated: the offline and
@@ -116,28 +123,86 @@ def _error_kind(message: str, status: Any) -> tuple[str, str]:
     return str(kind or ClientError(message, status).kind or ErrorKind.INTERNAL), text
 
 
-async def _offline_one(client: Any, request: SynthesisRequest, start: asyncio.Event, timeout_s: float,
+MODEL_INFER_METHOD: Final = "/inference.GRPCInferenceService/ModelInfer"
+"""The gRPC method of a unary infer call (KServe v2 protocol, Triton's ``ModelInfer``)."""
+
+
+def _infer_request(model: str, request: SynthesisRequest) -> Any:
+    """``request`` as the ``ModelInferRequest`` to ``model`` that tritonclient's ``infer``
+    sends: every input as raw contents (BYTES length-prefixed), ``request_id`` as its id."""
+    from tritonclient.grpc import service_pb2
+    from tritonclient.utils import serialize_byte_tensor
+
+    msg = service_pb2.ModelInferRequest(model_name=model, id=request.request_id or "")
+    for name, arr, dtype in request.tensors():
+        msg.inputs.add(name=name, datatype=dtype, shape=list(arr.shape))
+        msg.raw_input_contents.append(serialize_byte_tensor(arr).item() if dtype == "BYTES" else arr.tobytes())
+    return msg
+
+
+def infer_channel(url: str) -> Any:
+    """A gRPC channel to Triton at ``url`` (host:port) with tritonclient's default channel
+    options (so that it shares the transport tritonclient's clients of this process use), for
+    :func:`_offline_one`."""
+    import grpc
+    from tritonclient.grpc import MAX_GRPC_MESSAGE_SIZE, KeepAliveOptions
+
+    ka = KeepAliveOptions()
+    return grpc.aio.insecure_channel(url, options=[
+        ("grpc.max_send_message_length", MAX_GRPC_MESSAGE_SIZE),
+        ("grpc.max_receive_message_length", MAX_GRPC_MESSAGE_SIZE),
+        ("grpc.keepalive_time_ms", ka.keepalive_time_ms), ("grpc.keepalive_timeout_ms", ka.keepalive_timeout_ms),
+        ("grpc.keepalive_permit_without_calls", ka.keepalive_permit_without_calls),
+        ("grpc.http2.max_pings_without_data", ka.http2_max_pings_without_data)])
+
+
+async def connect_channel(channel: Any) -> None:
+    """Connect ``channel`` and make one call on it (``ServerLive``, as tritonclient's
+    ``is_server_live``), so that a burst's first infer call pays no connection setup."""
+    from tritonclient.grpc import service_pb2
+
+    live = channel.unary_unary("/inference.GRPCInferenceService/ServerLive",
+                               request_serializer=service_pb2.ServerLiveRequest.SerializeToString,
+                               response_deserializer=service_pb2.ServerLiveResponse.FromString)
+    await live(service_pb2.ServerLiveRequest())
+
+
+async def _offline_one(channel: Any, request: SynthesisRequest, start: asyncio.Event, timeout_s: float,
                        out: BurstResult | None = None) -> BurstResult:
-    """Send ``request`` to ``chattts_offline`` (one infer call) once ``start`` is set and wait
-    for its answer: the whole utterance (first and end at once) or one error. Times count from
-    the call, made right after the start signal wakes this task."""
-    from tritonclient.utils import InferenceServerException
+    """Send ``request`` to ``chattts_offline`` (one unary infer call on ``channel``, made by
+    :func:`infer_channel`) once ``start`` is set and wait for its answer: the whole utterance
+    (first and end at once) or one error.
+
+    The request is built and serialized before ``start``, and times count from the moment gRPC
+    takes its bytes to start the call (its request serializer, which gRPC calls as the call
+    begins), as the stream door's count from the moment gRPC takes its request message from the
+    request iterator (:func:`_one`). Timed from the ``infer`` call instead, each of a burst's
+    200 calls counted the client's own work for all 200: building every request, then starting
+    every call (asyncio runs a unary call's start as a task of its own, queued behind the
+    other calls' building), 10 to 100 ms on 2 shared cores that are not the server's."""
+    import grpc
+    from tritonclient.grpc import InferResult, service_pb2
 
     out = out if out is not None else BurstResult()
-    inputs = _inputs(request)
+    data = _infer_request(contract.MODEL_OFFLINE, request).SerializeToString()
+
+    def take(_: object) -> bytes:  # gRPC's serializer: called as the call starts, i.e. the send
+        out.sent_at = time.perf_counter()
+        return data
+
+    infer = channel.unary_unary(MODEL_INFER_METHOD, request_serializer=take,
+                                response_deserializer=service_pb2.ModelInferResponse.FromString)
     await start.wait()
-    out.sent_at = time.perf_counter()
     try:
-        result = await client.infer(contract.MODEL_OFFLINE, inputs, request_id=request.request_id or "",
-                                    client_timeout=timeout_s)
-    except InferenceServerException as exc:
+        response = await infer(data, timeout=timeout_s)
+    except grpc.aio.AioRpcError as exc:
         out.first_s = out.end_s = time.perf_counter() - out.sent_at
-        out.kind, out.message = _error_kind(exc.message() or str(exc), exc.status())
+        out.kind, out.message = _error_kind(exc.details() or "", str(exc.code()))
     except Exception as exc:  # transport failure: counted, never hidden
         out.kind, out.message = "transport", f"{type(exc).__name__}: {exc}"
     else:
         out.first_s = out.end_s = time.perf_counter() - out.sent_at
-        audio = result.as_numpy(contract.OUT_AUDIO.name)
+        audio = InferResult(response).as_numpy(contract.OUT_AUDIO.name)
         out.audio_samples = 0 if audio is None else int(audio.size)
     return out
 
@@ -241,18 +306,18 @@ its slot: a refusal comes in milliseconds, and an accepted one sends nothing unt
 (the entry's queue gauge cannot tell: each instance's stub sets the same series)."""
 
 
-async def _keep_offline_slot(client: Any, text: str, index: int, timeout_s: float, go: asyncio.Event,
+async def _keep_offline_slot(channel: Any, text: str, index: int, timeout_s: float, go: asyncio.Event,
                              in_flight: dict[int, float]) -> None:
-    """Keep one chattts_offline slot taken: send a long request and send again whenever it
-    ends (refused "busy" by an instance that is full while the other has room: Triton picks
-    the instance; or done), until cancelled. ``in_flight[index]`` is the send time of the
-    unanswered request (perf_counter seconds)."""
+    """Keep one chattts_offline slot taken (on ``channel``, :func:`infer_channel`): send a long
+    request and send again whenever it ends (refused "busy" by an instance that is full while
+    the other has room: Triton picks the instance; or done), until cancelled.
+    ``in_flight[index]`` is the send time of the unanswered request (perf_counter seconds)."""
     n = 0
     while True:
         n += 1
         in_flight[index] = time.perf_counter()
         try:
-            await _offline_one(client, SynthesisRequest(text=text, max_new_tokens=OFFLINE_HOLD_TOKENS,
+            await _offline_one(channel, SynthesisRequest(text=text, max_new_tokens=OFFLINE_HOLD_TOKENS,
                                                         min_new_tokens=OFFLINE_HOLD_TOKENS,
                                                         request_id=f"hold-offline-{index}-{n}"), go, timeout_s)
         finally:
@@ -271,7 +336,7 @@ def _hold_main(url: str, hold: int, hold_tokens: int, text: str, timeout_s: floa
 
     async def main() -> None:
         conns = [aio.InferenceServerClient(url) for _ in range(hold)]
-        offline_conns = [aio.InferenceServerClient(url) for _ in range(offline_hold)]
+        offline_conns = [infer_channel(url) for _ in range(offline_hold)]
         go = asyncio.Event()
         go.set()
         outs = [BurstResult() for _ in range(hold)]
@@ -374,6 +439,7 @@ async def run_burst(url: str, clients: int, tokens: int, text: str = DEFAULT_TEX
     if "gateway" in doors and not gateway_url:
         raise ValueError("the gateway door needs gateway_url")
     conns = [aio.InferenceServerClient(url) for _ in range(clients)]
+    channels = [infer_channel(url) for _ in range(clients)] if "offline" in doors else []
     hold_ready: bool | None = None
     pooled: dict[str, list[BurstResult]] = {d: [] for d in doors}
     round_p99: dict[str, list[float | None]] = {d: [] for d in doors}
@@ -384,7 +450,8 @@ async def run_burst(url: str, clients: int, tokens: int, text: str = DEFAULT_TEX
                                                    streaming, running, stop, offline_hold, offline_held),
                           name="burst-hold", daemon=True) if hold or offline_hold else None)
     try:
-        await asyncio.gather(*(c.is_server_live() for c in conns))  # every channel connected
+        await asyncio.gather(*(c.is_server_live() for c in conns),  # every channel connected
+                             *(connect_channel(c) for c in channels))
         if holder is not None:
             holder.start()  # before the priority changes: the held streams keep the default one
             give_up = time.perf_counter() + hold_wait_s
@@ -397,7 +464,8 @@ async def run_burst(url: str, clients: int, tokens: int, text: str = DEFAULT_TEX
                 for door in doors:
                     if r or door != doors[0]:
                         await asyncio.sleep(pause_s)
-                    targets: list[Any] = [gateway_url] * clients if door == "gateway" else conns
+                    targets: list[Any] = ([gateway_url] * clients if door == "gateway" else
+                                          channels if door == "offline" else conns)
                     outcomes = await _round(_SENDERS[door], targets, tokens, text, timeout_s, tag=f"{door}-{r}")
                     pooled[door].extend(outcomes)
                     one = summarize(outcomes)
@@ -410,7 +478,7 @@ async def run_burst(url: str, clients: int, tokens: int, text: str = DEFAULT_TEX
             await asyncio.to_thread(holder.join, 30.0)
             if holder.is_alive():
                 holder.terminate()
-        await asyncio.gather(*(c.close() for c in conns), return_exceptions=True)
+        await asyncio.gather(*(c.close() for c in conns + channels), return_exceptions=True)
     summary = summarize(pooled[doors[0]])
     known = [v for v in round_order if v is not None]  # each round's refusals against its own accepted ends
     summary.update({"door": doors[0], "rounds": rounds, "round_busy_p99_s": round_p99[doors[0]],
@@ -432,7 +500,8 @@ async def run_burst(url: str, clients: int, tokens: int, text: str = DEFAULT_TEX
 
 async def _round(send: Any, targets: list[Any], tokens: int, text: str, timeout_s: float,
                  tag: str) -> list[BurstResult]:
-    """One burst: each of ``targets`` (a gRPC client, or the gateway's URL) gets ready to send
+    """One burst: each of ``targets`` (a tritonclient gRPC client for the stream door, a gRPC
+    channel of :func:`infer_channel` for the offline door, or the gateway's URL) gets ready to send
     (``send``: :func:`_one`, :func:`_offline_one` or :func:`_gateway_one`), then one request
     is sent on each at once."""
     start = asyncio.Event()

@@ -85,8 +85,9 @@ FIGURES: dict[str, Figure] = {
         "(default-path server)", ("<=", 0.1)),
     "busy_p99_s_offline_saturated": Figure(
         "p99 seconds from send to the 'busy' answer of a burst of chattts_offline infer calls (one 16-token request "
-        "per client, all at once; rounds pooled) while held requests take every offline slot and long streams every "
-        "stream slot (default-path server)", ("<=", 0.1)),
+        "per client, built before the start signal, all at once; send: gRPC takes it to start the call, as a "
+        "stream request's send is gRPC taking it from its stream; rounds pooled) while held requests take every "
+        "offline slot and long streams every stream slot (default-path server)", ("<=", 0.1)),
     "busy_p99_s_gateway_saturated": Figure(
         "p99 seconds from send to the 503 answer (with Retry-After) of a burst of POST /v1/audio/speech through the "
         "gateway (one 16-token request per connection, all at once; rounds pooled), every slot held as above",
