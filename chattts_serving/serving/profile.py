@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -73,7 +73,8 @@ class EngineProfile(_Strict):
 class VocoderProfile(_Strict):
     """The vocoder models' knobs; ``max_queue_size``: windows waiting in Triton's dynamic
     batcher before it refuses more (sized for every live stream's next window). ``precision``:
-    ``fp32`` or ``fp16`` (the vocoders have no int8 graph: ``contract.INT8_GRAPH_FILES``)."""
+    ``fp32``, ``fp16``, ``int8`` (``chattts-export --precision int8``: ``contract.INT8_GRAPH_FILES``)
+    or ``auto`` (int8 where measured accurate enough, as the engine's)."""
 
     instance_count: int = Field(ge=1)
     max_batch_size: int = Field(ge=1, le=256)
@@ -82,14 +83,6 @@ class VocoderProfile(_Strict):
     intra_op_threads: int = Field(ge=0)
     allow_spinning: bool
     precision: Precision = Precision.FP32
-
-    @field_validator("precision")
-    @classmethod
-    def _no_int8(cls, value: Precision) -> Precision:
-        """Refuse ``int8`` and ``auto``: there is no int8 vocoder graph (raises ValueError)."""
-        if value in (Precision.INT8, Precision.AUTO):
-            raise ValueError("the vocoders have no int8 graph: fp32 or fp16")
-        return value
 
 
 class FrontendProfile(_Strict):
