@@ -110,7 +110,9 @@ class StreamProfile(_Strict):
     rate so that each is ready before the audio sent has played out (``growth`` until a rate
     is known, and for streams slower than real time); ``chunk_margin_s``: the audio a planned
     chunk keeps in hand; ``min_planned_chunk_tokens``: the smallest planned chunk (vocoder cost
-    against gaps at rates barely above real time)."""
+    against gaps at rates barely above real time). ``growth_basis``: what ``growth`` multiplies,
+    each chunk ("chunk") or the audio sent so far ("audio": gapless up to RTF 1 / growth with
+    seams set by the request alone)."""
 
     first_chunk_tokens: int = Field(ge=1)
     growth: float = Field(ge=1.0)
@@ -124,12 +126,13 @@ class StreamProfile(_Strict):
     rate_planned_chunks: bool = False
     chunk_margin_s: float = Field(default=0.05, ge=0, le=5)
     min_planned_chunk_tokens: int = Field(default=2, ge=1)
+    growth_basis: Literal["chunk", "audio"] = "chunk"
 
     def schedule(self) -> ChunkSchedule:
         return ChunkSchedule(self.first_chunk_tokens, self.growth, self.max_chunk_tokens,
                              self.left_context_tokens, self.lookahead_tokens, self.crossfade_samples,
                              self.first_lookahead_tokens, self.rate_planned_chunks, self.chunk_margin_s,
-                             self.min_planned_chunk_tokens).validate()
+                             self.min_planned_chunk_tokens, self.growth_basis).validate()
 
 
 class EntryProfile(_Strict):
