@@ -100,12 +100,12 @@ class Precision(WireEnum):
     FP32 = "fp32"
     FP16 = "fp16"
     INT8 = "int8"
-    """8-bit weight GPT step (``chattts-export --precision int8``; the vocoders have no int8
-    variant, see :data:`INT8_GRAPH_FILES`)."""
+    """8-bit weight graphs (``chattts-export --precision int8``): the GPT step and both
+    vocoders, see :data:`INT8_GRAPH_FILES`."""
     AUTO = "auto"
-    """The GPT step only: int8 where the artifacts hold an int8 graph whose measured accuracy
-    (manifest.json ``precisions.int8.accuracy.meets_threshold``) meets the project's threshold,
-    else fp32 (``runtime.resolve_precision``)."""
+    """int8 where the artifacts hold that graph's int8 variant and the int8 accuracy measured
+    for them (manifest.json ``precisions.int8.accuracy.meets_threshold``) meets the project's
+    threshold, else fp32 (``runtime.resolve_precision``)."""
 
 # --- audio -----------------------------------------------------------------------------
 SAMPLE_RATE_HZ: Final = 24000
@@ -550,10 +550,12 @@ FP16_GRAPH_FILES: Final = {GPT_GRAPH: "gpt_step.fp16.onnx",
                            VOCODER_CODES_GRAPH: "vocoder_codes.fp16.onnx"}
 """fp16 file of each graph (fp16 weights and compute, fp32 inputs and outputs), as the exporter
 writes them and lists them in manifest.json under ``precisions.fp16``."""
-INT8_GRAPH_FILES: Final = {GPT_GRAPH: "gpt_step.int8.onnx"}
-"""int8 file of each graph that has one (only the GPT step: the vocoders stay fp32, see
-``chattts_serving/export/int8.py``), as ``chattts-export --precision int8`` writes it and lists
-it in manifest.json under ``precisions.int8``."""
+INT8_GRAPH_FILES: Final = {GPT_GRAPH: "gpt_step.int8.onnx",
+                           VOCODER_HIDDEN_GRAPH: "vocoder_hidden.int8.onnx",
+                           VOCODER_CODES_GRAPH: "vocoder_codes.int8.onnx"}
+"""int8 file of each graph that has one (8-bit weight-only MatMulNBits, fp32 IO; see
+``chattts_serving/export/int8.py``), as ``chattts-export --precision int8`` writes them and lists
+them in manifest.json under ``precisions.int8``."""
 MANIFEST: Final = "manifest.json"
 EMBED_FILE: Final = "embed.npz"
 SPEAKER_FILE: Final = "speaker_stats.npz"

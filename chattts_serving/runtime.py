@@ -45,7 +45,7 @@ class OrtOptions:
 PRECISIONS = tuple(p.value for p in contract.Precision)
 """Graph precisions an artifact directory may hold (:class:`~chattts_serving.contract.Precision`):
 ``fp32`` (always), ``fp16`` (exported with ``chattts-export --precision fp16``) and ``int8``
-(``--precision int8``: the GPT step only); the variants are listed under ``precisions`` in
+(``--precision int8``: the GPT step and the vocoders); the variants are listed under ``precisions`` in
 manifest.json."""
 
 
@@ -60,17 +60,18 @@ def _precision(value: Precision | str) -> Precision:
         raise ValueError(f"unknown precision {value!r}; expected one of {PRECISIONS}") from None
 
 
-def resolve_precision(artifacts: Artifacts, precision: Precision | str) -> Precision:
-    """``precision``, with ``auto`` decided for ``artifacts``: int8 when they list an int8
-    graph whose accuracy was measured and meets the threshold (manifest.json
-    ``precisions.int8.accuracy.meets_threshold``, written by ``make int8-accuracy``), else
-    fp32. Raises ValueError for an unknown precision."""
+def resolve_precision(artifacts: Artifacts, precision: Precision | str,
+                      graph: str = contract.GPT_GRAPH) -> Precision:
+    """``precision``, with ``auto`` decided for ``graph`` (a ``contract.*_GRAPH`` name) of
+    ``artifacts``: int8 when they list that graph's int8 variant and the int8 accuracy was
+    measured and meets the threshold (manifest.json ``precisions.int8.accuracy.meets_threshold``,
+    written by ``make int8-accuracy``), else fp32. Raises ValueError for an unknown precision."""
     precision = _precision(precision)
     if precision is not Precision.AUTO:
         return precision
     int8 = artifacts.manifest.get("precisions", {}).get(Precision.INT8, {})
     accurate = bool(int8.get("accuracy", {}).get("meets_threshold"))
-    return Precision.INT8 if accurate and int8.get(contract.GPT_GRAPH) else Precision.FP32
+    return Precision.INT8 if accurate and int8.get(graph) else Precision.FP32
 
 
 def graph_path(artifacts: Artifacts, graph: str, precision: Precision | str = Precision.FP32) -> Path:
@@ -80,9 +81,9 @@ def graph_path(artifacts: Artifacts, graph: str, precision: Precision | str = Pr
     ``precisions.<precision>.<graph>``; ``auto`` is :func:`resolve_precision`'s choice.
     Raises ValueError for an unknown precision and
     FileNotFoundError when the artifacts have no such variant (re-export with
-    ``chattts-export --precision <precision>``; int8 exists for the GPT step only).
+    ``chattts-export --precision <precision>``).
     """
-    precision = resolve_precision(artifacts, precision)
+    precision = resolve_precision(artifacts, precision, graph)
     if precision is Precision.FP32:
         return artifacts.root / graph
     variant = artifacts.manifest.get("precisions", {}).get(precision, {}).get(graph)

@@ -10,7 +10,7 @@ ARTIFACTS: an exported (fp32) artifact directory, full size for figures that mea
 - ``fp32``: the graph itself;
 - ``int8-b<N>``: 8-bit weight-only ``MatMulNBits`` (``chattts_serving.export.int8.quantize_graph``,
   symmetric, blocks of N input rows from ``--blocks``, accuracy level 4: int8 activations inside
-  the kernel; block 128 is what ``chattts-export --precision int8`` writes);
+  the kernel; block 32 with fp32 code heads is what ``chattts-export --precision int8`` writes);
 - ``int4-b128``: the same in 4 bits (for reference: measured too inaccurate to ship).
 
 Measurements, as the ``cpu`` profile runs ONNX Runtime (``--threads`` intra-op threads,
@@ -24,7 +24,7 @@ spinning off):
    (``chattts_serving.export.int8.int8_parity``: top-1 agreement, logit and hidden errors);
    with ``--parts accuracy`` also as ``make int8-accuracy`` measures it (the 20 benchmark
    sentences, >= 1000 teacher-forced decode steps, vocoded SNR);
-3. vocoders (hidden and codes paths), fp32 against 8-bit MatMulNBits of their MatMuls, on 1 s and
+3. vocoders (hidden and codes paths), fp32 against the exported int8 vocoders, on 1 s and
    5 s windows (47 and 235 tokens) of a real token stream (the fp32 GPT decoding a benchmark
    sentence), batch 1: median ms over the rounds, and the SNR of the int8 audio against fp32;
    then the whole stream vocoded as the server streams it (the ``cpu`` profile's chunk
@@ -243,13 +243,13 @@ def summary(ms: list[float]) -> dict[str, float]:
 
 
 def bench_vocoders(src: Artifacts, work: Path, opts: OrtOptions, rounds: int) -> dict[str, Any]:
-    """fp32 vs dynamic-int8 vocoders on 1 s and 5 s windows of a real token stream."""
-    files = {contract.VOCODER_HIDDEN_GRAPH: "vocoder_hidden.int8.onnx",
-             contract.VOCODER_CODES_GRAPH: "vocoder_codes.int8.onnx"}
+    """fp32 vs the int8 vocoders (as ``chattts-export --precision int8`` makes them) on 1 s and
+    5 s windows of a real token stream."""
+    files = {g: contract.INT8_GRAPH_FILES[g] for g in (contract.VOCODER_HIDDEN_GRAPH, contract.VOCODER_CODES_GRAPH)}
     d = work / "voc-int8"
     d.mkdir()
     for s, dst in files.items():
-        int8.quantize_graph(src.root / s, d / dst)
+        int8.quantize_graph(src.root / s, d / dst, block_size=int8.INT8_VOCODER_BLOCK_SIZE, keep_fp32=())
     art8 = candidate_dir(src, work, "voc-int8", files)
     ref = GptStepRunner(src, opts)
     embeds = int8._prompts(src, load_sentences()[:1], int8.ACCURACY_VOICE)[0]

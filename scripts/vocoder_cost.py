@@ -1,16 +1,17 @@
 """Where the vocoder's CPU goes per generated token, and what a chunk schedule costs.
 
 Usage: python scripts/vocoder_cost.py ARTIFACTS [--rounds 5] [--threads 2] [--tokens 300]
-          [--out results/vocoder_cost.json]
+          [--precisions fp32,int8] [--out results/vocoder_cost.json]
 
 1. Cost of one window by length and batch: each vocoder path (hidden: Decoder + Vocos;
-   codes: DVAE + Vocos) on windows of 8 to 256 tokens at batch 1, 4 and 16 (ms per call,
-   median of ``--rounds``, paths and lengths interleaved per round), fitted as
+   codes: DVAE + Vocos) in each precision (int8: ``chattts-export --precision int8``) on
+   windows of 8 to 256 tokens at batch 1, 4 and 16 (ms per call, median of ``--rounds``;
+   precisions, paths and lengths interleaved per round), fitted as
    ``fixed_ms + per_token_ms x tokens`` per batch size.
 2. What a stream of ``--tokens`` tokens costs under a schedule: the windows the server's
-   chunker asks for (context, lookahead and crossfade edges included) under the cpu
-   profile's schedule with doubling chunks and with rate-planned chunks at a few token rates
-   (a simulated stream on a fake clock), priced with the fitted model at batch 1:
+   chunker asks for (context, lookahead and crossfade edges included) under doubling chunks,
+   the cpu profile's own schedule and rate-planned chunks at a few token rates (a simulated
+   stream on a fake clock), priced with the fitted model at batch 1:
    tokens vocoded per generated token (the context overhead) and ms per generated token.
 
 Prints Markdown and writes JSON. Timings on a shared host are noisy: compare within a run.
@@ -22,6 +23,7 @@ import argparse
 import json
 import statistics
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -37,21 +39,24 @@ LENGTHS = (8, 16, 32, 64, 128, 256)
 BATCHES = (1, 4, 16)
 
 
-def window_costs(art: Artifacts, opts: OrtOptions, rounds: int) -> dict[str, Any]:
-    """ms per call by path, batch and window length, and the linear fit per path and batch."""
+def window_costs(art: Artifacts, opts: OrtOptions, rounds: int,
+                 precisions: tuple[str, ...] = ("fp32",)) -> dict[str, Any]:
+    """ms per call by path, batch and window length, and the linear fit per path and batch;
+    keyed "hidden"/"codes" for fp32 and "hidden/int8"-style for the other precisions."""
     rng = np.random.default_rng(0)
-    runners = {p: VocoderRunner(art, p, opts) for p in ("hidden", "codes")}
+    runners = {(p if prec == "fp32" else f"{p}/{prec}"): VocoderRunner(art, p, replace(opts, precision=prec))
+               for prec in precisions for p in ("hidden", "codes")}
     inputs = {"hidden": lambda b, t: rng.standard_normal((b, t, art.hidden_size), dtype=np.float32),
               "codes": lambda b, t: rng.integers(0, 625, (b, t, contract.NUM_VQ)).astype(np.int32)}
     times: dict[str, dict[int, dict[int, list[float]]]] = {
         p: {b: {t: [] for t in LENGTHS} for b in BATCHES} for p in runners}
-    for p, r in runners.items():
-        r.run(inputs[p](1, 16))
+    for r in runners.values():
+        r.run(inputs[r.path.value](1, 16))
     for _ in range(rounds):
         for b in BATCHES:
             for t in LENGTHS:
                 for p, r in runners.items():
-                    x = inputs[p](b, t)
+                    x = inputs[r.path.value](b, t)
                     t0 = time.perf_counter()
                     r.run(x)
                     times[p][b][t].append((time.perf_counter() - t0) * 1e3)
@@ -89,10 +94,11 @@ def windows_for(schedule: ChunkSchedule, tokens: int, rate_hz: float, vocode_ms:
 
 def schedule_costs(fit: dict[str, Any], tokens: int) -> dict[str, Any]:
     base = load_profile("cpu").stream.schedule()
-    doubling = ChunkSchedule(base.first_chunk_tokens, base.growth, base.max_chunk_tokens, base.left_context_tokens,
-                             base.lookahead_tokens, base.crossfade_samples, base.first_lookahead_tokens)
+    doubling = replace(base, growth=2.0, growth_basis="chunk", rate_planned=False)
+    schedules = {"doubling": doubling, f"{base.growth_basis}_growth_{base.growth}": base,
+                 "rate_planned": replace(doubling, rate_planned=True)}
     out: dict[str, Any] = {}
-    for path in ("hidden", "codes"):
+    for path in fit:
         f = fit[path]["1"]
 
         def cost(n: int, f: dict[str, Any] = f) -> float:
@@ -100,7 +106,7 @@ def schedule_costs(fit: dict[str, Any], tokens: int) -> dict[str, Any]:
 
         for rtf in (0.3, 0.5, 0.8):
             rate = contract.SAMPLE_RATE_HZ / contract.SAMPLES_PER_TOKEN / rtf
-            for name, sched in (("doubling", doubling), ("rate_planned", base)):
+            for name, sched in schedules.items():
                 ws = windows_for(sched, tokens, rate, cost)
                 vocoded = sum(e - s for s, e in ws)
                 out[f"{path}_rtf{rtf}_{name}"] = {
@@ -116,11 +122,14 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--tokens", type=int, default=300)
+    ap.add_argument("--precisions", default="fp32", help="comma-separated: fp32, int8 (interleaved per round)")
     ap.add_argument("--out", type=Path, default=Path("results/vocoder_cost.json"))
     args = ap.parse_args()
     art = Artifacts.load(args.artifacts)
-    fit = window_costs(art, OrtOptions(args.threads, False), args.rounds)
+    precisions = tuple(args.precisions.split(","))
+    fit = window_costs(art, OrtOptions(args.threads, False), args.rounds, precisions)
     result = {"artifacts": str(args.artifacts), "rounds": args.rounds, "threads": args.threads,
+              "precisions": list(precisions),
               "windows": fit, "schedules": schedule_costs(fit, args.tokens)}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2))

@@ -16,7 +16,14 @@ chunk's (which has right context there).
 Chunk sizes after the first: with ``rate_planned`` each next chunk is sized from the stream's
 measured token rate so that it is ready before the audio already sent has played out (see
 :meth:`StreamChunker.plan_next`); otherwise (or until a rate is known) they grow
-geometrically by ``growth``. The first chunk is always ``first_chunk_tokens`` (TTFA).
+geometrically by ``growth``: each chunk ``growth`` times the one before (``growth_basis``
+"chunk"), or each chunk ending where the audio sent so far, times ``growth``, ends
+(``growth_basis`` "audio": ``b_{k+1} = floor(growth * b_k)``). The second keeps a stream
+gapless at any real-time factor up to ``1 / growth``, with seams that depend on the request
+alone: chunk k+1 must be generated (``b_{k+1} + lookahead`` tokens at ``r`` token durations
+each) while the audio sent so far (``b_k`` tokens, from the moment the first chunk went out)
+plays, so ``b_{k+1} <= b_k / r`` whenever the first chunk's lookahead plus its length is at
+least the later lookahead. The first chunk is always ``first_chunk_tokens`` (TTFA).
 
 Sample indexing: a window starting at token ``s`` yields ``512*(e-s) - 256`` samples; its
 sample ``j`` is global sample ``512*s + j``. An utterance of ``n`` tokens has
@@ -33,6 +40,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import contract
+
+GROWTH_BASES = ("chunk", "audio")
+"""Values of :attr:`ChunkSchedule.growth_basis`."""
 
 
 @dataclass(frozen=True)
@@ -57,17 +67,23 @@ class ChunkSchedule:
     """Seconds of audio a rate-planned chunk keeps in hand: it aims to be ready this long
     before the audio already sent has played out (jitter of the token rate and delivery)."""
     min_planned_tokens: int = 2
-    """Smallest rate-planned chunk. Each window vocodes its chunk plus about 18 tokens of
-    context, lookahead and crossfade, so a stream barely faster than real time would be cut
-    into many tiny, costly windows; below this size it takes the small gap instead (simulated
+    """Smallest rate-planned chunk, and smallest chunk of ``growth_basis`` "audio". Each window
+    vocodes its chunk plus about 18 tokens of context, lookahead and crossfade, so a stream
+    barely faster than real time would be cut into many tiny, costly windows; below this size
+    it takes the small gap instead (simulated
     in tests/unit/test_chunking.py: 2 keeps RTF 0.7 gapless and costs 26 windows instead of 41 per
     300 tokens at RTF 0.8)."""
+    growth_basis: str = "chunk"
+    """What ``growth`` multiplies: "chunk" (each chunk's size) or "audio" (the audio sent so far:
+    gapless up to RTF ``1 / growth``, see the module docstring)."""
 
     def validate(self) -> ChunkSchedule:
         if self.first_chunk_tokens < 1 or self.max_chunk_tokens < self.first_chunk_tokens:
             raise ValueError("need 1 <= first_chunk_tokens <= max_chunk_tokens")
         if self.growth < 1.0:
             raise ValueError("growth must be >= 1")
+        if self.growth_basis not in GROWTH_BASES:
+            raise ValueError(f"growth_basis must be one of {GROWTH_BASES}")
         if self.margin_s < 0:
             raise ValueError("margin_s must be >= 0")
         if not 1 <= self.min_planned_tokens <= self.max_chunk_tokens:
@@ -103,7 +119,8 @@ class ChunkSchedule:
         return ChunkSchedule(self.first_chunk_tokens, self.growth, self.max_chunk_tokens,
                              max(self.left_context_tokens, lookahead_tokens), lookahead_tokens, fade,
                              first_lookahead_tokens=0, rate_planned=self.rate_planned,
-                             margin_s=self.margin_s, min_planned_tokens=self.min_planned_tokens).validate()
+                             margin_s=self.margin_s, min_planned_tokens=self.min_planned_tokens,
+                             growth_basis=self.growth_basis).validate()
 
     def without_crossfade(self) -> ChunkSchedule:
         """The same chunks, context and lookahead, seams cut at the chunk boundary instead of
@@ -112,7 +129,8 @@ class ChunkSchedule:
         :meth:`StreamChunker.keep`. With a lookahead of the receptive field nothing changes
         (both sides of a seam equal the offline decode)."""
         return ChunkSchedule(self.first_chunk_tokens, self.growth, self.max_chunk_tokens, self.left_context_tokens,
-                             self.lookahead_tokens, 0, self.first_lookahead_tokens).validate()
+                             self.lookahead_tokens, 0, self.first_lookahead_tokens,
+                             min_planned_tokens=self.min_planned_tokens, growth_basis=self.growth_basis).validate()
 
 
 @dataclass(frozen=True)
@@ -241,8 +259,8 @@ class StreamChunker:
 
     def _advance(self, w: Window, stop: int, sent: int) -> None:
         """Window ``w`` was handed out, ``sent`` samples of it up to sample ``stop``: record the
-        vocoder's time and the first emit, then size the next chunk (doubling, or planned from
-        the token rate: :meth:`plan_next`)."""
+        vocoder's time and the first emit, then size the next chunk (:meth:`_grown`, or planned
+        from the token rate: :meth:`plan_next`)."""
         now = self.clock()
         if self._window_at is not None:
             self.vocode_s = max(0.0, now - self._window_at)
@@ -252,10 +270,21 @@ class StreamChunker:
             self.done = True
         else:
             self.boundary = w.chunk_end
-            grown = min(self.s.max_chunk_tokens, max(self.size + 1, int(self.size * self.s.growth)))
+            grown = self._grown()
             planned = self.plan_next(self._last_seen[1] if self._last_seen else w.end)
             self.size = grown if planned is None else planned
         self.emitted = stop
+
+    def _grown(self) -> int:
+        """The next chunk's size without a rate plan (``self.boundary`` is its first token):
+        ``growth`` times the last chunk, or up to ``floor(growth * boundary)`` ("audio"
+        basis, at least ``min_planned_tokens``); at most ``max_chunk_tokens``."""
+        s = self.s
+        if s.growth_basis == "audio":
+            size = max(s.min_planned_tokens, math.floor(s.growth * self.boundary) - self.boundary)
+        else:
+            size = max(self.size + 1, int(self.size * s.growth))
+        return min(s.max_chunk_tokens, size)
 
     def emit(self, w: Window, audio: np.ndarray) -> np.ndarray:
         """Samples to send for window ``w`` given its decoded ``audio`` (1-D float32)."""

@@ -11,7 +11,7 @@ from ..runtime import Artifacts, OrtOptions, graph_path, make_session
 
 class VocoderRunner:
     """Runs one vocoder graph: windows (B, T, H) float32 or (B, T, 4) int32 -> audio
-    (B, 512T-256) float32 (fp32 IO also for the fp16 variant, ``opts.precision``).
+    (B, 512T-256) float32 (fp32 IO also for the fp16 and int8 variants, ``opts.precision``).
     ``path``: a :class:`~chattts_serving.contract.VocoderPath` or its value (a profile's or a
     model parameter's string). Raises ValueError for another path, FileNotFoundError when that
     variant was not exported (:func:`graph_path`)."""
@@ -25,7 +25,9 @@ class VocoderRunner:
         hidden = self.path is VocoderPath.HIDDEN
         graph = contract.VOCODER_HIDDEN_GRAPH if hidden else contract.VOCODER_CODES_GRAPH
         self.input_name = contract.VO_HIDDEN.name if hidden else contract.VO_CODES.name
-        self.session = make_session(graph_path(artifacts, graph, opts.precision), opts)
+        self.graph = graph_path(artifacts, graph, opts.precision)
+        """The graph file this runner runs (its precision's variant; ``auto`` resolved)."""
+        self.session = make_session(self.graph, opts)
 
     def warm_up(self, hidden_size: int, lengths: tuple[int, ...] = (17, 48, 96)) -> None:
         """Decode one window of each length before serving (first-run allocations)."""

@@ -36,10 +36,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--precision", choices=[str(x) for x in Precision if x is not Precision.AUTO],
                    default=str(Precision.FP32),
                    help="fp16: also write fp16 variants of the graphs (KV cache fp16, fp32 embeddings/logits/"
-                        "audio), checked against ChatTTS' fp32 modules; int8: also write a dynamic-int8 GPT "
-                        "step (fp32 IO and KV cache; vocoders stay fp32), checked against the fp32 graph; "
-                        "either listed in manifest.json, for profiles with [engine] precision = \"fp16\" or "
-                        "\"int8\" (default fp32: only the fp32 graphs)")
+                        "audio), checked against ChatTTS' fp32 modules; int8: also write 8-bit weight (MatMulNBits) "
+                        "variants of the GPT step and the vocoders (fp32 IO and KV cache), checked against the fp32 "
+                        "graphs; either listed in manifest.json, for profiles whose [engine] / [vocoder] precision "
+                        "is \"fp16\" or \"int8\" (default fp32: only the fp32 graphs)")
     p.add_argument("--quiet", action="store_true", help="no progress display")
     return p
 

@@ -1,5 +1,6 @@
-"""int8 variant of the fused GPT step graph (``chattts-export --precision int8``), for the ``cpu-int8``
-profile and, when it meets :data:`ACCURACY_THRESHOLD`, the ``cpu`` profile's default.
+"""int8 variants of the fused GPT step graph and of both vocoders (``chattts-export --precision
+int8``), for the ``cpu-int8`` profile and, when they meet :data:`ACCURACY_THRESHOLD`, the ``cpu``
+profile's default.
 
 The fp32 ``gpt_step.onnx`` (the fused graph, :mod:`.fused`) is quantized by ONNX Runtime's
 own weight-only quantizer, ``onnxruntime.quantization.matmul_nbits_quantizer``
@@ -29,6 +30,18 @@ Accuracy for users (:func:`accuracy_report`, ``python -m chattts_serving.bench.i
 --measure``) is measured the same way over the benchmark's real sentences and at least
 :data:`MIN_ACCURACY_DECODE_STEPS` decode steps, and judged by :data:`ACCURACY_THRESHOLD`.
 Block sizes are compared by ``scripts/bench_int8.py ARTIFACTS --blocks 32,64,128``.
+
+The vocoders (DVAE decoder + Vocos, hidden and codes paths) are quantized the same way
+(:data:`INT8_VOCODER_QUANTIZATION`): their pointwise convolutions are MatMuls and take about
+80 % of a window's CPU, which is compute-bound per vocoded token (docs/decode-speed.md,
+"Vocoder cost per token"). The MatMuls stay per row (a window's audio does not depend on the
+other windows of a batch); the depthwise convolutions, norms and the ISTFT stay fp32. What that
+changes: the audio of the same tokens differs from the fp32 vocoder's by int8 rounding (export
+checks :data:`INT8_VOCODER_SNR_DB_MIN`; :func:`accuracy_report` measures it end to end), and a
+stream at full lookahead no longer equals its offline decode bit for bit: the fp32 depthwise
+convolutions round the last bit differently for windows of different lengths, and an
+activation one bit apart can round to a neighbouring int8 step (measured in
+:func:`vocoder_parity`).
 """
 
 from __future__ import annotations
@@ -70,6 +83,24 @@ INT8_QUANTIZATION: dict[str, Any] = {
 }
 """How the int8 graph is made; recorded in manifest.json (``precisions.int8.quantization``) and
 part of the up-to-date check (a graph made another way is re-made)."""
+
+INT8_VOCODER_BLOCK_SIZE = 256
+"""Input rows per weight scale in the vocoders. Measured (full size, generated weights, one
+core): ms per vocoded token 1.85 fp32, 1.42 at block 32, 1.16 at 128, 1.08 at 256; audio SNR
+against fp32 39.5, 38.1 and 37.6 dB (docs/decode-speed.md)."""
+
+INT8_VOCODER_QUANTIZATION: dict[str, Any] = {
+    "tool": "onnxruntime.quantization.matmul_nbits_quantizer.MatMulNBitsQuantizer", "op": "MatMulNBits",
+    "bits": 8, "block_size": INT8_VOCODER_BLOCK_SIZE, "is_symmetric": True, "accuracy_level": 4,
+    "keep_fp32": [],
+}
+"""How the int8 vocoder graphs are made; recorded in manifest.json
+(``precisions.int8.vocoder_quantization``) and part of the up-to-date check."""
+
+INT8_VOCODER_SNR_DB_MIN = 25.0
+"""The lowest audio SNR (dB) of an int8 vocoder against its fp32 graph on the same input that
+export accepts (:func:`check_int8_parity`). Weight and activation rounding at 8 bits put it
+near 37 dB on generated weights; a lost scale or a saturating kernel falls far below."""
 
 INT8_HIDDEN_RELATIVE_TOLERANCE_PER_LAYER = 0.015
 """Per transformer layer: the largest relative error of the last hidden state allowed at export
@@ -299,16 +330,48 @@ def int8_parity(art: Artifacts, opts: OrtOptions | None = None) -> dict[str, Any
     ref, cand = _runners(art, opts)
     runs = [teacher_forced(ref, cand, e, PARITY_STEPS, seed=i)
             for i, e in enumerate(_prompts(art, PARITY_TEXTS, ACCURACY_VOICE))]
-    return compare_runs(runs)
+    return {**compare_runs(runs), **vocoder_parity(art, runs, opts)}
+
+
+def _vocoders(art: Artifacts, path: str, opts: OrtOptions | None) -> tuple[VocoderRunner, VocoderRunner]:
+    """(fp32, int8) vocoder runners of ``path`` ("hidden" or "codes")."""
+    from dataclasses import replace
+
+    base = opts or OrtOptions()
+    return (VocoderRunner(art, path, replace(base, precision=Precision.FP32)),
+            VocoderRunner(art, path, replace(base, precision=Precision.INT8)))
+
+
+def vocoder_parity(art: Artifacts, runs: Sequence[TeacherForced], opts: OrtOptions | None = None) -> dict[str, Any]:
+    """The int8 vocoders against the fp32 ones on the same input: each run's reference hidden
+    states (hidden path) and its tokens (codes path), each utterance in one window. Returns
+    ``vocoder_hidden_snr_db`` and ``vocoder_codes_snr_db`` (dB, energies summed over the runs)."""
+    out: dict[str, Any] = {}
+    for path in ("hidden", "codes"):
+        fp32, int8 = _vocoders(art, path, opts)
+        sig = noise = 0.0
+        for run in runs:
+            x = run.ref_hidden[None] if path == "hidden" else run.codes[None].astype(np.int32)
+            a, b = fp32.run(x)[0].astype(np.float64), int8.run(x)[0]
+            sig += float(np.sum(a ** 2))
+            noise += float(np.sum((b - a) ** 2))
+        out[f"vocoder_{path}_snr_db"] = float("inf") if noise == 0 else 10.0 * float(np.log10(max(sig, 1e-30) / noise))
+    return out
 
 
 def check_int8_parity(parity: dict[str, Any], num_layers: int) -> None:
     """Raise :class:`WeightsError` when ``parity`` (:func:`int8_parity`) of a GPT of
-    ``num_layers`` layers exceeds :func:`int8_tolerances` (or is NaN)."""
+    ``num_layers`` layers exceeds :func:`int8_tolerances` (or is NaN), or an int8 vocoder's
+    audio SNR is below :data:`INT8_VOCODER_SNR_DB_MIN`."""
     tol = int8_tolerances(num_layers)
     bad = {k: parity[k] for k, bound in tol.items() if not parity[k] <= bound}
     if bad:
         raise WeightsError(f"the int8 GPT graph differs from the fp32 one by more than its tolerance {tol}: {bad}")
+    low = {k: parity[k] for k in ("vocoder_hidden_snr_db", "vocoder_codes_snr_db")
+           if not parity[k] >= INT8_VOCODER_SNR_DB_MIN}
+    if low:
+        raise WeightsError(f"an int8 vocoder's audio differs from the fp32 one's by more than "
+                           f"{INT8_VOCODER_SNR_DB_MIN} dB SNR allows: {low}")
 
 
 def accuracy_report(root: Path, texts: Sequence[str], steps: int, *, voice: str = ACCURACY_VOICE,
@@ -316,10 +379,12 @@ def accuracy_report(root: Path, texts: Sequence[str], steps: int, *, voice: str 
     """int8 against fp32 on the same checkpoint, teacher-forced over ``steps`` tokens of each
     text (see :func:`teacher_forced`; sampling seed = the text's index), then each graph's
     hidden states of the same token stream rendered by the fp32 hidden vocoder (whole
-    utterance, one window) and compared.
+    utterance, one window) and compared; and the int8 GPT's hidden states rendered by the int8
+    hidden vocoder, against fp32 throughout (what the ``cpu`` profile plays when both are int8).
 
     Returns :func:`compare_runs`' figures plus ``audio_snr_db`` (int8 audio vs fp32 audio,
-    energies summed over all texts), ``audio_snr_db_min`` and ``audio_snr_db_per_prompt``,
+    energies summed over all texts), ``audio_snr_db_min`` and ``audio_snr_db_per_prompt``;
+    ``audio_snr_db_int8_vocoder`` and ``audio_snr_db_int8_vocoder_min`` (int8 GPT and vocoder);
     ``threshold`` (:data:`ACCURACY_THRESHOLD`), ``meets_threshold``, the setup (``voice``,
     ``steps_per_prompt``, ``sampling``, ``intra_op_threads``) and ``measured_s``.
     """
@@ -328,38 +393,48 @@ def accuracy_report(root: Path, texts: Sequence[str], steps: int, *, voice: str 
     art = Artifacts.load(root)
     opts = opts or OrtOptions()
     ref, cand = _runners(art, opts)
-    vocoder = VocoderRunner(art, "hidden", opts)
-    runs, snrs, sig, noise = [], [], 0.0, 0.0
+    vocoder, vocoder_int8 = _vocoders(art, "hidden", opts)
+    runs, snrs, snrs_v, sig, noise, noise_v = [], [], [], 0.0, 0.0, 0.0
     for i, e in enumerate(_prompts(art, texts, voice)):
         run = teacher_forced(ref, cand, e, steps, seed=i)
         a_ref = vocoder.run(run.ref_hidden[None])[0]
         a_int8 = vocoder.run(run.cand_hidden[None])[0]
+        a_all8 = vocoder_int8.run(run.cand_hidden[None])[0]
         sig += float(np.sum(a_ref.astype(np.float64) ** 2))
         noise += float(np.sum((a_int8.astype(np.float64) - a_ref) ** 2))
+        noise_v += float(np.sum((a_all8.astype(np.float64) - a_ref) ** 2))
         snrs.append(snr_db(a_ref, a_int8))
+        snrs_v.append(snr_db(a_ref, a_all8))
         runs.append(run)
-        say(f"prompt {i + 1}/{len(texts)}: {run.decode_steps} decode steps, audio SNR {snrs[-1]:.1f} dB")
+        say(f"prompt {i + 1}/{len(texts)}: {run.decode_steps} decode steps, audio SNR {snrs[-1]:.1f} dB "
+            f"({snrs_v[-1]:.1f} dB with the int8 vocoder)")
     out = compare_runs(runs)
     out["audio_snr_db"] = float("inf") if noise == 0 else 10.0 * float(np.log10(max(sig, 1e-30) / noise))
     out["audio_snr_db_min"] = min(snrs)
     out["audio_snr_db_per_prompt"] = [round(s, 2) for s in snrs]
+    out["audio_snr_db_int8_vocoder"] = (float("inf") if noise_v == 0
+                                        else 10.0 * float(np.log10(max(sig, 1e-30) / noise_v)))
+    out["audio_snr_db_int8_vocoder_min"] = min(snrs_v)
     out["threshold"] = dict(ACCURACY_THRESHOLD)
     out["meets_threshold"] = meets_threshold(out)
     out.update(voice=voice, steps_per_prompt=steps, intra_op_threads=opts.intra_op_threads,
                sampling="ChatTTS defaults (temperature 0.3, top-p 0.7, top-k 20, repetition penalty 1.05), "
                         "seed = prompt index, tokens sampled from the fp32 logits",
-               vocoder="hidden path, fp32 graph, whole utterance in one window",
+               vocoder="hidden path, whole utterance in one window: fp32 graph (audio_snr_db), "
+                       "int8 graph (audio_snr_db_int8_vocoder)",
                measured_s=round(time.perf_counter() - t0, 1))
     return out
 
 
 def meets_threshold(accuracy: dict[str, Any]) -> bool:
     """True when ``accuracy`` (:func:`accuracy_report`) meets :data:`ACCURACY_THRESHOLD`:
-    every head's top-1 agreement and the overall and worst prompt's audio SNR."""
+    every head's top-1 agreement and the overall and worst prompt's audio SNR, with the fp32
+    and (where measured) the int8 vocoder."""
     t = ACCURACY_THRESHOLD
+    snrs = [accuracy[k] for k in ("audio_snr_db", "audio_snr_db_min", "audio_snr_db_int8_vocoder",
+                                  "audio_snr_db_int8_vocoder_min") if k in accuracy]
     return bool(accuracy["top1_agreement_min"] >= t["top1_agreement_min"]
-                and accuracy["audio_snr_db_min"] >= t["audio_snr_db_min"]
-                and accuracy["audio_snr_db"] >= t["audio_snr_db_min"])
+                and all(v >= t["audio_snr_db_min"] for v in snrs))
 
 
 # --- the artifact directory ------------------------------------------------------------------
@@ -374,17 +449,19 @@ def int8_up_to_date(root: Path) -> bool:
     sources = {src: manifest["files"][src] for src in INT8_GRAPH_FILES}
     have = manifest.get("precisions", {}).get("int8", {})
     return bool(have.get("sources") == sources and have.get("quantization") == INT8_QUANTIZATION
+                and have.get("vocoder_quantization") == INT8_VOCODER_QUANTIZATION
                 and all(f in manifest["files"] for f in INT8_GRAPH_FILES.values()))
 
 
 def add_int8(root: Path, *, force: bool = False, progress: Any = None) -> bool:
-    """Add the int8 GPT graph to the (fp32, complete) artifact directory ``root``: quantize,
-    check parity against the fp32 graph (:func:`check_int8_parity`), then list it in
-    manifest.json (``precisions.int8``: the file, the fp32 graph's sha256 it came from and
-    :data:`INT8_QUANTIZATION`; ``parity_int8`` and its tolerances; ``graphs_int8``; its sha256
-    under ``files``). Needs no weights: only the fp32 graph. Skipped (returns False) when
-    :func:`int8_up_to_date`, unless ``force``. A new int8 graph drops an earlier accuracy
-    measurement (``precisions.int8.accuracy``): re-run :func:`accuracy_report`.
+    """Add the int8 GPT and vocoder graphs to the (fp32, complete) artifact directory ``root``:
+    quantize, check parity against the fp32 graphs (:func:`check_int8_parity`), then list them in
+    manifest.json (``precisions.int8``: the files, the fp32 graphs' sha256 they came from,
+    :data:`INT8_QUANTIZATION` and :data:`INT8_VOCODER_QUANTIZATION`; ``parity_int8`` and its
+    tolerances; ``graphs_int8``; their sha256 under ``files``). Needs no weights: only the fp32
+    graphs. Skipped (returns False) when :func:`int8_up_to_date`, unless ``force``. New int8
+    graphs drop an earlier accuracy measurement (``precisions.int8.accuracy``): re-run
+    :func:`accuracy_report`.
 
     Raises:
         WeightsError: parity failed (the int8 file is removed, the manifest is unchanged), or
@@ -398,10 +475,13 @@ def add_int8(root: Path, *, force: bool = False, progress: Any = None) -> bool:
         return False
     manifest = json.loads((root / contract.MANIFEST).read_text())
     sources = {src: manifest["files"][src] for src in INT8_GRAPH_FILES}
-    say("quantizing the GPT step to 8-bit MatMulNBits (onnxruntime matmul_nbits_quantizer)")
+    say("quantizing the GPT step and the vocoders to 8-bit MatMulNBits (onnxruntime matmul_nbits_quantizer)")
     t0 = time.perf_counter()
     for src, dst in INT8_GRAPH_FILES.items():
-        quantize_graph(root / src, root / dst)
+        if src == contract.GPT_GRAPH:
+            quantize_graph(root / src, root / dst)
+        else:
+            quantize_graph(root / src, root / dst, block_size=INT8_VOCODER_BLOCK_SIZE, keep_fp32=())
     took = time.perf_counter() - t0
     say("checking int8 parity against the fp32 graph")
     listed = {**manifest, "precisions": {**manifest.get("precisions", {}), "int8": dict(INT8_GRAPH_FILES)}}
@@ -414,7 +494,8 @@ def add_int8(root: Path, *, force: bool = False, progress: Any = None) -> bool:
             (root / f).unlink(missing_ok=True)
         raise
     manifest.setdefault("precisions", {})["int8"] = {**INT8_GRAPH_FILES, "sources": sources,
-                                      "quantization": INT8_QUANTIZATION, "quantize_s": round(took, 1)}
+                                      "quantization": INT8_QUANTIZATION,
+                                      "vocoder_quantization": INT8_VOCODER_QUANTIZATION, "quantize_s": round(took, 1)}
     manifest["parity_int8"] = parity
     manifest["parity_int8_tolerance"] = int8_tolerances(art.num_layers)
     manifest["graphs_int8"] = {src: _graph_io(root / f) for src, f in INT8_GRAPH_FILES.items()}
@@ -454,6 +535,10 @@ def accuracy_table(acc: dict[str, Any]) -> str:
         ("audio SNR, hidden path (all / worst prompt)",
          f"{acc['audio_snr_db']:.1f} / {acc['audio_snr_db_min']:.1f} dB", f">= {t['audio_snr_db_min']} dB"),
     ]
+    if "audio_snr_db_int8_vocoder" in acc:
+        rows.append(("audio SNR, int8 GPT and int8 vocoder (all / worst prompt)",
+                     f"{acc['audio_snr_db_int8_vocoder']:.1f} / {acc['audio_snr_db_int8_vocoder_min']:.1f} dB",
+                     f">= {t['audio_snr_db_min']} dB"))
     lines = ["| int8 vs fp32, teacher-forced | value | threshold |", "|---|---|---|"]
     lines += [f"| {a} | {b} | {c} |" for a, b, c in rows]
     lines.append(f"| prompts / decode steps | {acc['prompts']} / {acc['decode_steps']} | "

@@ -101,6 +101,10 @@ class RefusalsFirst:
         return time.monotonic() - start
 
 
+DEGRADED_GROWTH: Final = 2.0
+"""Chunk growth in degraded mode, each chunk over the one before: fewer, larger windows (less
+vocoder context per token) when the server is overloaded, gapless or not."""
+
 OFFLINE_BUSY_DETAIL: Final = "requests already running"
 """What ``chattts_offline``'s busy error says its ``limit`` counts."""
 
@@ -169,7 +173,8 @@ class Admission:
             scale = self.profile.degrade.chunk_scale
             req = replace(req, vocoder=VocoderPath.CODES, refine=None)
             schedule = replace(schedule, first_chunk_tokens=schedule.first_chunk_tokens * scale,
-                               max_chunk_tokens=schedule.max_chunk_tokens * scale, rate_planned=False)
+                               max_chunk_tokens=schedule.max_chunk_tokens * scale, rate_planned=False,
+                               growth=max(schedule.growth, DEGRADED_GROWTH), growth_basis="chunk")
         return SynthesisJob(req=req, schedule=schedule, emit_tokens=emit_tokens, arrival_s=arrival_s,
                             segments=self.segments, degraded=degraded, slot=slot)
 

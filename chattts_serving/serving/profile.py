@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -73,7 +73,8 @@ class EngineProfile(_Strict):
 class VocoderProfile(_Strict):
     """The vocoder models' knobs; ``max_queue_size``: windows waiting in Triton's dynamic
     batcher before it refuses more (sized for every live stream's next window). ``precision``:
-    ``fp32`` or ``fp16`` (the vocoders have no int8 graph: ``contract.INT8_GRAPH_FILES``)."""
+    ``fp32``, ``fp16``, ``int8`` (``chattts-export --precision int8``: ``contract.INT8_GRAPH_FILES``)
+    or ``auto`` (int8 where measured accurate enough, as the engine's)."""
 
     instance_count: int = Field(ge=1)
     max_batch_size: int = Field(ge=1, le=256)
@@ -82,14 +83,6 @@ class VocoderProfile(_Strict):
     intra_op_threads: int = Field(ge=0)
     allow_spinning: bool
     precision: Precision = Precision.FP32
-
-    @field_validator("precision")
-    @classmethod
-    def _no_int8(cls, value: Precision) -> Precision:
-        """Refuse ``int8`` and ``auto``: there is no int8 vocoder graph (raises ValueError)."""
-        if value in (Precision.INT8, Precision.AUTO):
-            raise ValueError("the vocoders have no int8 graph: fp32 or fp16")
-        return value
 
 
 class FrontendProfile(_Strict):
@@ -117,7 +110,9 @@ class StreamProfile(_Strict):
     rate so that each is ready before the audio sent has played out (``growth`` until a rate
     is known, and for streams slower than real time); ``chunk_margin_s``: the audio a planned
     chunk keeps in hand; ``min_planned_chunk_tokens``: the smallest planned chunk (vocoder cost
-    against gaps at rates barely above real time)."""
+    against gaps at rates barely above real time). ``growth_basis``: what ``growth`` multiplies,
+    each chunk ("chunk") or the audio sent so far ("audio": gapless up to RTF 1 / growth with
+    seams set by the request alone)."""
 
     first_chunk_tokens: int = Field(ge=1)
     growth: float = Field(ge=1.0)
@@ -131,12 +126,13 @@ class StreamProfile(_Strict):
     rate_planned_chunks: bool = False
     chunk_margin_s: float = Field(default=0.05, ge=0, le=5)
     min_planned_chunk_tokens: int = Field(default=2, ge=1)
+    growth_basis: Literal["chunk", "audio"] = "chunk"
 
     def schedule(self) -> ChunkSchedule:
         return ChunkSchedule(self.first_chunk_tokens, self.growth, self.max_chunk_tokens,
                              self.left_context_tokens, self.lookahead_tokens, self.crossfade_samples,
                              self.first_lookahead_tokens, self.rate_planned_chunks, self.chunk_margin_s,
-                             self.min_planned_chunk_tokens).validate()
+                             self.min_planned_chunk_tokens, self.growth_basis).validate()
 
 
 class EntryProfile(_Strict):

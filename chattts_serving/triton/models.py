@@ -486,6 +486,8 @@ class VocoderModel(TritonModel):
     def start(self, setup: ModelSetup) -> None:
         self.memory = MemoryGauges(self.pb, setup.name, setup.gpu_index)
         self.runner = VocoderRunner(setup.artifacts, setup.parameters["vocoder_path"], setup.ort("vocoder"))
+        log.info("%s: vocoder graph %s (precision %s)", setup.name, self.runner.graph.name,
+                 setup.ort("vocoder").precision)
         self.runner.warm_up(setup.artifacts.hidden_size)
 
     def finalize(self) -> None:

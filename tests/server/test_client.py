@@ -75,15 +75,24 @@ def offline(triton_server: Any) -> SynthesisResult:
 
 def test_grpc_stream_arrives_in_growing_chunks(triton_server: Any) -> None:
     """Chunk sizes follow the cpu profile's schedule (first chunk first_chunk_tokens tokens
-    less half the crossfade, then growing); what the client collected is what the server's
-    final info says it sent."""
+    less half the crossfade, then as the chunker sizes them from the request alone: the same
+    sizes as the schedule run over the same tokens, the last window aside); what the client
+    collected is what the server's final info says it sent."""
+    from chattts_serving.audio.chunking import StreamChunker
+
     result = synthesize_stream(triton_server.grpc_url, _request(), timeout_s=TIMEOUT_S)
     info, stream = result.info, load_profile("cpu").stream
     assert info["final"] is True and info["chunks"] >= 2
     assert result.chunks == len(result.chunk_samples) == info["chunks"]
     assert result.chunk_samples[0] == stream.first_chunk_tokens * contract.SAMPLES_PER_TOKEN \
         - stream.crossfade_samples // 2
-    assert result.chunk_samples[0] < result.chunk_samples[1]
+    n, ch, want, avail = info["tokens"], StreamChunker(stream.schedule()), [], 0
+    while not ch.done:
+        avail = min(n, avail + stream.emit_tokens)
+        while (w := ch.next_window(avail, avail == n)) is not None:
+            want.append(ch.emit(w, np.zeros(contract.samples_for_tokens(w.end - w.start), np.float32)).size)
+    assert result.chunk_samples[:-2] == want[:len(result.chunk_samples) - 2]
+    assert max(result.chunk_samples[1:-1], default=0) <= stream.max_chunk_tokens * contract.SAMPLES_PER_TOKEN
     assert result.audio.dtype == np.float32 and result.audio.ndim == 1
     assert result.audio.size == contract.samples_for_tokens(info["tokens"])  # one sentence
     assert info["audio_s"] == round(result.audio.size / contract.SAMPLE_RATE_HZ, 6)

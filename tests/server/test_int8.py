@@ -1,5 +1,5 @@
-"""The int8 GPT step (``chattts-export --precision int8``), small config, on a real tritonserver:
-the ``cpu-int8`` profile serves a stream from the int8 graph. The graph, the engine on it and
+"""The int8 GPT step and vocoders (``chattts-export --precision int8``), small config, on a real
+tritonserver: the ``cpu-int8`` profile serves a stream from the int8 graphs. The graph, the engine on it and
 the accuracy measurement in process: tests/unit/test_int8.py."""
 
 from __future__ import annotations
@@ -17,12 +17,12 @@ from tests.support.servers import serve_profile
 
 @pytest.fixture(scope="module")
 def int8_artifacts(small_int8_artifacts: Artifacts) -> Artifacts:
-    """The small artifacts with their int8 GPT graph; exporting again reuses it (up to date)."""
+    """The small artifacts with their int8 graphs; exporting again reuses it (up to date)."""
     assert not add_int8(small_int8_artifacts.root)
     return small_int8_artifacts
 
 
-def test_cpu_int8_profile_serves_a_stream_from_the_int8_graph(int8_artifacts: Artifacts, tmp_path: Path) -> None:
+def test_cpu_int8_profile_serves_a_stream_from_the_int8_graphs(int8_artifacts: Artifacts, tmp_path: Path) -> None:
     from chattts_serving.client import SynthesisRequest, synthesize_stream
 
     srv = serve_profile(int8_artifacts, tmp_path, profile="cpu-int8")
@@ -34,5 +34,7 @@ def test_cpu_int8_profile_serves_a_stream_from_the_int8_graph(int8_artifacts: Ar
         srv.stop()
     assert res.chunks >= 2
     assert res.audio.size == contract.samples_for_tokens(24) and np.isfinite(res.audio).all()
-    assert f"GPT step graph {contract.INT8_GRAPH_FILES[contract.GPT_GRAPH]} (precision int8)" in log.read_text(
-        errors="replace")
+    text = log.read_text(errors="replace")
+    assert f"GPT step graph {contract.INT8_GRAPH_FILES[contract.GPT_GRAPH]} (precision int8)" in text
+    for graph in (contract.VOCODER_HIDDEN_GRAPH, contract.VOCODER_CODES_GRAPH):
+        assert f"vocoder graph {contract.INT8_GRAPH_FILES[graph]} (precision int8)" in text

@@ -19,6 +19,7 @@ import pytest
 from chattts_serving import contract
 from chattts_serving.deploy.server import TritonServer
 from chattts_serving.runtime import Artifacts
+from chattts_serving.serving.admission import DEGRADED_GROWTH
 from tests.support.servers import serve_profile
 from tests.support.streams import Stream
 
@@ -358,8 +359,8 @@ def test_degradation_switches_on_under_load_makes_requests_cheaper_and_switches_
     stream = load_profile("cpu").stream
     spt, half = contract.SAMPLES_PER_TOKEN, stream.crossfade_samples // 2
     assert first_chunks == {stream.first_chunk_tokens * spt - half}
-    assert cheap.chunk_samples[:2] == [2 * stream.first_chunk_tokens * spt - half,
-                                       2 * int(stream.first_chunk_tokens * stream.growth) * spt]
+    assert cheap.chunk_samples[:2] == [2 * stream.first_chunk_tokens * spt - half,  # chunk_scale 2, doubling
+                                       int(2 * stream.first_chunk_tokens * DEGRADED_GROWTH) * spt]
     assert shed.value.kind == "busy" and "shed" in shed.value.message, shed.value.message
     reference = synthesize_offline(http, SynthesisRequest(text="降级之后的请求。", seed=4, voice="4",
                                                           max_new_tokens=DEGRADED_ASKED_TOKENS,

@@ -3,6 +3,9 @@ receptive-field context, crossfaded seams at small lookahead, sizes and ends."""
 
 from __future__ import annotations
 
+import itertools
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -241,3 +244,64 @@ def test_planned_chunks_have_a_floor_that_bounds_the_vocoder_windows() -> None:
     assert windows[1] > windows[2] > windows[4], windows
     with pytest.raises(ValueError, match="min_planned_tokens"):
         ChunkSchedule(rate_planned=True, min_planned_tokens=0).validate()
+
+
+# ---- chunks that grow with the audio sent (growth_basis "audio": gapless, request-determined) ----
+
+CPU_AUDIO = ChunkSchedule(4, 1.4, 64, 8, 8, 512, first_lookahead_tokens=4, growth_basis="audio")
+"""The cpu profiles' schedule: first chunk 4 + 4 lookahead, then the audio sent grows 1.4x per chunk."""
+
+
+def test_audio_growth_boundaries_grow_by_the_factor_with_a_floor_and_a_cap() -> None:
+    """Each chunk ends at floor(growth x the audio sent so far), at least min_planned_tokens
+    long and at most max_chunk_tokens; the last window takes what is left."""
+    n = 600
+    chunks = _stream(StreamChunker(CPU_AUDIO), n, 1, _fir_vocoder(np.ones(n), radius=2))
+    ends = np.cumsum([0] + [c.size for c in chunks])[1:-1]  # samples sent after each chunk but the last
+    boundaries = [(e + 256) // contract.SAMPLES_PER_TOKEN for e in ends]  # a seam sits 256 samples before its token
+    assert boundaries[0] == 4
+    for b, nxt in itertools.pairwise(boundaries):
+        assert nxt - b == min(64, max(2, int(1.4 * b) - b)), (b, nxt)
+    assert n - boundaries[-1] <= 64 + 8 + 1  # the last window: one chunk, with the lookahead it no longer waits for
+
+
+@pytest.mark.parametrize("rtf", [0.7, 0.6, 0.45])
+def test_audio_growth_plays_without_a_gap_up_to_rtf_one_over_growth(rtf: float) -> None:
+    """Generated at RTF up to 1 / growth (0.71 for 1.4), the stream needs no start buffer
+    (within 10 ms) where doubling chunks stall, with the same first chunk at the same time,
+    and it still equals the offline decode at full lookahead."""
+    rate = contract.SAMPLE_RATE_HZ / contract.SAMPLES_PER_TOKEN / rtf
+    grown, t_grown, _, _ = _simulate(CPU_LIKE, rate, 400)
+    audio_grown, t_audio, audio, offline = _simulate(CPU_AUDIO, rate, 400)
+    assert grown > REALTIME_TOLERANCE_S, grown
+    assert audio_grown <= REALTIME_TOLERANCE_S, audio_grown
+    assert t_audio[0] == t_grown[0]
+    assert audio.size == offline.size
+    np.testing.assert_allclose(audio[-offline.size // 2:], offline[-offline.size // 2:], atol=1e-6)
+
+
+def test_audio_growth_seams_depend_on_the_request_alone() -> None:
+    """Unlike rate-planned chunks, the windows are the same at any token rate and vocoder
+    speed: the same request gives the same audio run to run."""
+    def windows(rtf: float, per_token_s: float) -> list[tuple[int, int]]:
+        clock, out, avail = [0.0], [], 0
+        ch = StreamChunker(CPU_AUDIO, clock=lambda: clock[0])
+        while not ch.done:
+            avail = min(300, avail + 4)
+            clock[0] += 4 * rtf * contract.SAMPLES_PER_TOKEN / contract.SAMPLE_RATE_HZ
+            while (w := ch.next_window(avail, avail == 300)) is not None:
+                clock[0] += per_token_s * (w.end - w.start)
+                ch.emit(w, np.zeros(contract.samples_for_tokens(w.end - w.start), np.float32))
+                out.append((w.start, w.end))
+        return out
+
+    assert windows(0.3, 0.0005) == windows(0.9, 0.002) == windows(0.6, 0.0)
+    planned = replace(CPU_AUDIO, rate_planned=True, growth_basis="chunk", growth=2.0)
+    assert _simulate(planned, 1000.0, 300)[1] != _simulate(planned, 60.0, 300)[1]
+
+
+def test_growth_basis_is_checked_and_kept_by_the_derived_schedules() -> None:
+    with pytest.raises(ValueError, match="growth_basis"):
+        ChunkSchedule(growth_basis="tokens").validate()
+    assert CPU_AUDIO.with_lookahead(52).growth_basis == "audio"
+    assert CPU_AUDIO.without_crossfade().growth_basis == "audio"

@@ -428,6 +428,7 @@ def test_degraded_mode_takes_the_cheaper_path_and_sheds_batch_requests(stages: I
     assert job.req.refine is None
     assert job.schedule.first_chunk_tokens == 2 * profile.stream.first_chunk_tokens
     assert profile.stream.rate_planned_chunks and not job.schedule.rate_planned
+    assert profile.stream.growth_basis == "audio" and (job.schedule.growth_basis, job.schedule.growth) == ("chunk", 2.0)
     with pytest.raises(RequestError) as err:
         service.admit(_tensors(priority="batch"), {}, "third")
     assert err.value.kind == ErrorKind.BUSY and "shed" in str(err.value)
