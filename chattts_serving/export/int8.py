@@ -40,8 +40,8 @@ changes: the audio of the same tokens differs from the fp32 vocoder's by int8 ro
 checks :data:`INT8_VOCODER_SNR_DB_MIN`; :func:`accuracy_report` measures it end to end), and a
 stream at full lookahead no longer equals its offline decode bit for bit: the fp32 depthwise
 convolutions round the last bit differently for windows of different lengths, and an
-activation one bit apart can round to a neighbouring int8 step (measured in
-:func:`vocoder_parity`).
+activation one bit apart can round to a neighbouring int8 step (tests/unit/test_int8.py bounds
+it; docs/decode-speed.md has the figures).
 """
 
 from __future__ import annotations
@@ -291,7 +291,12 @@ def compare_runs(runs: Sequence[TeacherForced]) -> dict[str, Any]:
 def snr_db(reference: np.ndarray, test: np.ndarray) -> float:
     """10 log10(sum ref^2 / sum (test - ref)^2) in dB (inf when identical)."""
     noise = float(np.sum((np.asarray(test, np.float64) - reference) ** 2))
-    signal = float(np.sum(np.asarray(reference, np.float64) ** 2))
+    return energy_snr_db(float(np.sum(np.asarray(reference, np.float64) ** 2)), noise)
+
+
+def energy_snr_db(signal: float, noise: float) -> float:
+    """10 log10(signal / noise) in dB from energies summed over several signals (inf when the
+    noise is 0)."""
     return float("inf") if noise == 0 else 10.0 * float(np.log10(max(signal, 1e-30) / noise))
 
 
@@ -355,7 +360,7 @@ def vocoder_parity(art: Artifacts, runs: Sequence[TeacherForced], opts: OrtOptio
             a, b = fp32.run(x)[0].astype(np.float64), int8.run(x)[0]
             sig += float(np.sum(a ** 2))
             noise += float(np.sum((b - a) ** 2))
-        out[f"vocoder_{path}_snr_db"] = float("inf") if noise == 0 else 10.0 * float(np.log10(max(sig, 1e-30) / noise))
+        out[f"vocoder_{path}_snr_db"] = energy_snr_db(sig, noise)
     return out
 
 
@@ -409,11 +414,10 @@ def accuracy_report(root: Path, texts: Sequence[str], steps: int, *, voice: str 
         say(f"prompt {i + 1}/{len(texts)}: {run.decode_steps} decode steps, audio SNR {snrs[-1]:.1f} dB "
             f"({snrs_v[-1]:.1f} dB with the int8 vocoder)")
     out = compare_runs(runs)
-    out["audio_snr_db"] = float("inf") if noise == 0 else 10.0 * float(np.log10(max(sig, 1e-30) / noise))
+    out["audio_snr_db"] = energy_snr_db(sig, noise)
     out["audio_snr_db_min"] = min(snrs)
     out["audio_snr_db_per_prompt"] = [round(s, 2) for s in snrs]
-    out["audio_snr_db_int8_vocoder"] = (float("inf") if noise_v == 0
-                                        else 10.0 * float(np.log10(max(sig, 1e-30) / noise_v)))
+    out["audio_snr_db_int8_vocoder"] = energy_snr_db(sig, noise_v)
     out["audio_snr_db_int8_vocoder_min"] = min(snrs_v)
     out["threshold"] = dict(ACCURACY_THRESHOLD)
     out["meets_threshold"] = meets_threshold(out)
