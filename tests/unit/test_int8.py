@@ -218,7 +218,10 @@ def test_int8_without_the_int8_graph_is_a_clear_error(small_artifacts: Artifacts
 
 
 def test_cpu_int8_and_cpu_fp32_profiles_are_the_cpu_profile_with_one_precision() -> None:
+    """cpu-int8 and cpu-fp32 differ from cpu in their precisions only, and cpu-fp32 also in its
+    chunk growth (doubling: slower than real time, fewer vocoder windows)."""
     cpu, int8, fp32 = load_profile("cpu"), load_profile("cpu-int8"), load_profile("cpu-fp32")
+    assert (cpu.stream.growth_basis, fp32.stream.growth_basis, fp32.stream.growth) == ("audio", "chunk", 2.0)
     assert int8.engine.precision == "int8" and int8.ort("engine").precision == "int8"
     assert fp32.engine.precision == "fp32" and cpu.engine.precision == "auto"
     assert (cpu.vocoder.precision, int8.vocoder.precision, fp32.vocoder.precision) == ("auto", "int8", "fp32")
@@ -227,6 +230,8 @@ def test_cpu_int8_and_cpu_fp32_profiles_are_the_cpu_profile_with_one_precision()
     for d in dumps:
         d["engine"].pop("precision")
         d["vocoder"].pop("precision")
+        d["stream"].pop("growth")
+        d["stream"].pop("growth_basis")
     assert [d.pop("name") for d in dumps] == ["cpu", "cpu-int8", "cpu-fp32"]
     assert dumps[0] == dumps[1] == dumps[2]
 
