@@ -116,11 +116,23 @@ async def _one(client: Any, request: SynthesisRequest, start: asyncio.Event, tim
     return out
 
 
+TRITON_QUEUE_REFUSALS: Final = ("Exceeds maximum queue size", "Request timeout expired")
+"""What Triton itself says when its queue refuses a request (UNAVAILABLE): a "busy" answer
+that carries no tag of ours."""
+
+
 def _error_kind(message: str, status: Any) -> tuple[str, str]:
     """(kind, message without its tag) of a Triton error: the server's tag, else the kind its
-    transport status implies (:class:`ClientError`)."""
+    transport status implies (:class:`ClientError`), except that an untagged UNAVAILABLE counts
+    as "busy" only when Triton's queue said so (:data:`TRITON_QUEUE_REFUSALS`): a connection
+    that failed or reset is a "transport" failure here, never a refusal the server made."""
     kind, text = decode(message)
-    return str(kind or ClientError(message, status).kind or ErrorKind.INTERNAL), text
+    if kind is not None:
+        return str(kind), text
+    implied = ClientError(message, status).kind
+    if implied == ErrorKind.BUSY and not any(m in message for m in TRITON_QUEUE_REFUSALS):
+        return "transport", text
+    return str(implied or ErrorKind.INTERNAL), text
 
 
 MODEL_INFER_METHOD: Final = "/inference.GRPCInferenceService/ModelInfer"

@@ -29,7 +29,8 @@ AUDIO = np.arange(5, dtype=np.float32)
 
 class FakeInfer:
     """``ModelInfer``: refuses "busy" (UNAVAILABLE, the gate's tagged message) every request
-    whose id starts with ``busy``, answers those starting with ``slow`` after 5 s and the others
+    whose id starts with ``busy`` (Triton's untagged queue refusal for ``queue``, a bare
+    UNAVAILABLE for ``drop``), answers those starting with ``slow`` after 5 s and the others
     at once with :data:`AUDIO`; keeps each request and when it arrived (``time.perf_counter``)."""
 
     def __init__(self) -> None:
@@ -42,6 +43,10 @@ class FakeInfer:
         self.requests.append(request)
         if request.id.startswith("busy"):
             await context.abort(grpc.StatusCode.UNAVAILABLE, BUSY)
+        if request.id.startswith("queue"):  # Triton's own queue refusal: untagged
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "Exceeds maximum queue size")
+        if request.id.startswith("drop"):  # what a connection that went away looks like
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "Socket closed")
         if request.id.startswith("slow"):
             await asyncio.sleep(5.0)
         out = service_pb2.ModelInferResponse(model_name=request.model_name, id=request.id)
@@ -166,3 +171,26 @@ def test_run_burst_sends_the_offline_door_on_channels_of_its_own() -> None:
     assert summary["outcomes"] == {"ok": 6} and summary["door"] == "offline" and len(summary["round_busy_p99_s"]) == 2
     assert sorted(r.id for r in servicer.requests) == sorted(f"offline-{r}-{i}" for r in range(2) for i in range(3))
     assert servicer.lives == 6  # the tritonclient clients and the offline door's channels, each connected first
+
+
+def test_only_the_server_saying_busy_counts_as_busy() -> None:
+    """A refusal is "busy" when the server says so (our tag, or Triton's queue); an untagged
+    UNAVAILABLE (a connection that went away) or no server at all is a transport failure,
+    never counted as a refusal the server made in time."""
+    async def main() -> list[str | None]:
+        async with fake_triton() as (url, _):
+            channel = burst.infer_channel(url)
+            kinds = []
+            for rid in ("busy-1", "queue-1", "drop-1"):
+                start = asyncio.Event()
+                start.set()
+                kinds.append((await burst._offline_one(channel, _with_id(rid), start, 10.0)).kind)
+            await channel.close()
+        closed = burst.infer_channel(url)  # the server has stopped: nothing listens there now
+        start = asyncio.Event()
+        start.set()
+        kinds.append((await burst._offline_one(closed, _with_id("busy-2"), start, 10.0)).kind)
+        await closed.close()
+        return kinds
+
+    assert asyncio.run(main()) == ["busy", "busy", "transport", "transport"]
