@@ -70,9 +70,8 @@ class ChunkSchedule:
     """Smallest rate-planned chunk, and smallest chunk of ``growth_basis`` "audio". Each window
     vocodes its chunk plus about 18 tokens of context, lookahead and crossfade, so a stream
     barely faster than real time would be cut into many tiny, costly windows; below this size
-    it takes the small gap instead (simulated
-    in tests/unit/test_chunking.py: 2 keeps RTF 0.7 gapless and costs 26 windows instead of 41 per
-    300 tokens at RTF 0.8)."""
+    it takes the small gap instead (simulated in tests/unit/test_chunking.py: 2 keeps RTF 0.7
+    gapless and costs 26 windows instead of 41 per 300 tokens at RTF 0.8)."""
     growth_basis: str = "chunk"
     """What ``growth`` multiplies: "chunk" (each chunk's size) or "audio" (the audio sent so far:
     gapless up to RTF ``1 / growth``, see the module docstring)."""
