@@ -82,8 +82,10 @@ FULL: dict[str, Any] = {"levels": (1, 2, 3, 4, 6, 8, 16), "tokens": 100, "baseli
 """The full run's sizes: about 15 minutes on 2 cores for two profiles (docs/performance.md)."""
 DEFAULT_PROFILES = ("cpu", "cpu-fp32", "cpu-int8")
 """Profiles benchmarked by default, those of them that exist (the first is the default profile).
-``cpu`` runs int8 or fp32 (precision ``auto``): the one of the other two that runs the same is
-skipped (:func:`same_as`), so both precisions are measured once each."""
+``cpu`` runs int8 or fp32 (precision ``auto``): one of the other two that runs the same is
+skipped (:func:`same_as`): ``cpu-int8`` where int8 was measured accurate enough, as ``make
+bench`` makes sure, so both precisions are measured once each (``cpu-fp32`` also doubles its
+chunks, so it never runs the same as ``cpu``)."""
 PIPELINE_BATCH = 16
 """Sequences of the minimal pipeline: the concurrency its tokens/s is compared with."""
 BURST_TOKENS = 16

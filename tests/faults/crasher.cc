@@ -23,9 +23,13 @@ TRITONSERVER_Error* TRITONBACKEND_ModelInstanceExecute(TRITONBACKEND_ModelInstan
   std::memset(guard, 0, 0x40);
   std::free(victim);
   victim[1] = reinterpret_cast<uintptr_t>(guard) - 2 * sizeof(uintptr_t);
-  void* again = std::malloc(0x500);
-  std::free(again);  // not reached
-  return nullptr;
+  // malloc takes the unsorted bin from its oldest chunk, and an older free chunk of the same
+  // size is returned before the victim is looked at (the heap's state decides: a single call
+  // missed the victim once in CI). Keep asking, leaking what comes back, until it is reached.
+  for (int i = 0; i < 100000; ++i) {
+    if (std::malloc(0x500) == nullptr) break;
+  }
+  return nullptr;  // not reached
 }
 
 }  // extern "C"

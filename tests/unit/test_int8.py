@@ -240,8 +240,8 @@ def test_the_cpu_profile_runs_int8_only_where_it_was_measured_accurate_enough(
         int8_artifacts: Artifacts, small_artifacts: Artifacts, tmp_path: Path) -> None:
     """precision "auto": int8 when the artifacts' int8 graph has a measured accuracy that meets
     the threshold (manifest precisions.int8.accuracy.meets_threshold), else fp32: not
-    measured, measured below, or no int8 graph at all; the benchmark then skips the pinned
-    profile that runs the same as cpu."""
+    measured, measured below, or no int8 graph at all; the benchmark then skips a pinned
+    profile that runs the same as cpu (cpu-int8 where int8 is measured accurate enough)."""
     from chattts_serving.bench.run import same_as
     from chattts_serving.runtime import resolve_precision
 
@@ -251,7 +251,8 @@ def test_the_cpu_profile_runs_int8_only_where_it_was_measured_accurate_enough(
     fp32_file, int8_file = contract.GPT_GRAPH, contract.INT8_GRAPH_FILES[contract.GPT_GRAPH]
     assert resolve_precision(Artifacts.load(root), "auto") == "fp32"  # not measured
     assert GptStepRunner(Artifacts.load(root), opts).graph.name == fp32_file
-    assert same_as(root, "cpu-fp32", {"cpu": _key(root, "cpu")}) == "cpu"
+    # cpu on fp32 still differs from cpu-fp32 in its chunks (audio growth against doubling)
+    assert same_as(root, "cpu-fp32", {"cpu": _key(root, "cpu")}) is None
     assert same_as(root, "cpu-int8", {"cpu": _key(root, "cpu")}) is None
     vopts = load_profile("cpu").ort("vocoder")
     for meets, want in ((True, int8_file), (False, fp32_file)):
