@@ -23,9 +23,10 @@ class VocoderRunner:
             raise ValueError(f"unknown vocoder path {path!r}; expected one of "
                              f"{sorted(p.value for p in contract.VOCODER_PATHS)}") from None
         hidden = self.path is VocoderPath.HIDDEN
-        graph = contract.VOCODER_HIDDEN_GRAPH if hidden else contract.VOCODER_CODES_GRAPH
+        self.source = contract.VOCODER_HIDDEN_GRAPH if hidden else contract.VOCODER_CODES_GRAPH
+        """The graph's ``contract.*_GRAPH`` name (its fp32 file)."""
         self.input_name = contract.VO_HIDDEN.name if hidden else contract.VO_CODES.name
-        self.graph = graph_path(artifacts, graph, opts.precision)
+        self.graph = graph_path(artifacts, self.source, opts.precision)
         """The graph file this runner runs (its precision's variant; ``auto`` resolved)."""
         self.session = make_session(self.graph, opts)
 

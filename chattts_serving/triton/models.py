@@ -45,6 +45,7 @@ import numpy as np
 from .. import contract
 from ..audio.encoder import DvaeEncoderRunner
 from ..audio.vocoder import VocoderRunner
+from ..contract import Precision
 from ..engine.gpt import Embeddings, GptStepRunner
 from ..engine.request import SequenceRequest
 from ..engine.scheduler import Engine, Sequence
@@ -90,6 +91,12 @@ freed, because their last response may still arrive (see :meth:`TritonModel._pin
 WARM_UP_TEXT = "你好，世界。Hello 123, 2024-03-05."
 """The front end's first text: number readers, the normaliser, the tokenizer, the voice cache and
 (with ``frontend.wetext``) WeTextProcessing warmed before serving."""
+
+
+def _precision_label(setup: ModelSetup, precision: Precision, graph: str) -> str:
+    """``precision`` as a log line shows it: "int8", or "auto: int8" when ``auto`` chose."""
+    chosen = resolve_precision(setup.artifacts, precision, graph)
+    return str(chosen) if chosen is precision else f"{precision}: {chosen}"
 
 
 class TritonModel:
@@ -346,9 +353,8 @@ class EngineModel(DecoupledModel):
         ep = setup.profile.engine
         self.hidden_size = setup.artifacts.hidden_size
         runner = GptStepRunner(setup.artifacts, setup.ort("engine"))
-        chosen = resolve_precision(setup.artifacts, runner.opts.precision)
-        precision = str(chosen) if chosen is runner.opts.precision else f"{runner.opts.precision}: {chosen}"
-        log.info("%s: GPT step graph %s (precision %s)", setup.name, runner.graph.name, precision)
+        log.info("%s: GPT step graph %s (precision %s)", setup.name, runner.graph.name,
+                 _precision_label(setup, runner.opts.precision, contract.GPT_GRAPH))
         self.metrics = EngineMetrics(self.pb, setup.name, ep.max_batch_size * ep.max_context_tokens,
                                      MemoryGauges(self.pb, setup.name, setup.gpu_index))
         self.engine = Engine(runner, Embeddings(setup.artifacts), ep.engine_config(), self.metrics)
@@ -487,7 +493,7 @@ class VocoderModel(TritonModel):
         self.memory = MemoryGauges(self.pb, setup.name, setup.gpu_index)
         self.runner = VocoderRunner(setup.artifacts, setup.parameters["vocoder_path"], setup.ort("vocoder"))
         log.info("%s: vocoder graph %s (precision %s)", setup.name, self.runner.graph.name,
-                 setup.ort("vocoder").precision)
+                 _precision_label(setup, setup.ort("vocoder").precision, self.runner.source))
         self.runner.warm_up(setup.artifacts.hidden_size)
 
     def finalize(self) -> None:
