@@ -174,14 +174,14 @@ MODEL_ENSEMBLE: Final = "chattts_ensemble"
 """The ensemble door: a Triton ``platform: "ensemble"`` model whose steps are
 :data:`MODEL_FRONTEND` (the whole request: validated, one sentence segment -> prompt),
 :data:`MODEL_ENGINE` (in window mode: one response per vocoder window of the chunk schedule),
-:data:`MODEL_RELAY` and :data:`MODEL_VOCODER`; it streams the same audio chunks as
+:data:`MODEL_ENSEMBLE_VOCODER`; it streams the same audio chunks as
 :data:`MODEL_STREAM` for one sentence, without a Python entry model in the per-chunk path, and
 refuses what only :data:`MODEL_STREAM` does (refine-text, several segments, reference
 recordings: docs/ensemble.md)."""
-MODEL_RELAY: Final = "chattts_ensemble_relay"
-"""The ensemble's step between the engine and the vocoder (decoupled, no batching): passes each
-vocoder window on, drops the engine's progress ticks, and tells the engine when the client has
-cancelled (docs/triton-workarounds.md, "ensemble: cancels and errors")."""
+MODEL_ENSEMBLE_VOCODER: Final = "chattts_ensemble_vocoder"
+"""The ensemble's last step (decoupled, no Triton batching): vocodes each window the engine
+sends, drops the engine's progress ticks, and tells the engine when the client has cancelled
+(docs/triton-workarounds.md, "ensemble: cancels and errors")."""
 MODEL_FRONTEND: Final = "chattts_frontend"
 MODEL_ENGINE: Final = "chattts_gpt"
 MODEL_VOCODER: Final = "chattts_vocoder"
@@ -189,7 +189,7 @@ MODEL_VOCODER: Final = "chattts_vocoder"
 MODEL_VOCODER_CODES: Final = "chattts_dvae_vocoder"
 """codes (T, 4) -> DVAE -> Vocos -> waveform (about half the cost)."""
 ALL_MODELS: Final = (MODEL_FRONTEND, MODEL_ENGINE, MODEL_VOCODER, MODEL_VOCODER_CODES, MODEL_STREAM,
-                     MODEL_OFFLINE, MODEL_STREAM_ENTRY, MODEL_OFFLINE_ENTRY, MODEL_ADMISSION, MODEL_RELAY,
+                     MODEL_OFFLINE, MODEL_STREAM_ENTRY, MODEL_OFFLINE_ENTRY, MODEL_ADMISSION, MODEL_ENSEMBLE_VOCODER,
                      MODEL_ENSEMBLE)
 """Every model of the repository with the gate on (the default); without it, all but the
 Python models behind the gates (:data:`GATED_MODELS`) and the admission watch (:func:`models`)."""
@@ -475,7 +475,7 @@ EN_HIDDEN: Final = TensorSpec("hidden", "TYPE_FP32", (-1, -1), doc="GPT last hid
 EN_STOP: Final = TensorSpec("stop_reason", "TYPE_STRING", (1,),
                             doc="'' while running, then 'eos', 'max_new_tokens' or 'cancelled'")
 # window mode (the ensemble door): a response is a vocoder window, or a progress tick that
-# carries only window_stream_id (the relay's chance to see a client's cancel)
+# carries only window_stream_id (the ensemble vocoder's chance to see a client's cancel)
 WIN_HIDDEN: Final = TensorSpec("window_hidden", "TYPE_FP32", (-1, -1), optional=True,
                                doc="the window's tokens' hidden states (T, H): new tokens with left context and "
                                    "lookahead; (0, H) for an error or an empty last window")
@@ -485,9 +485,11 @@ WIN_INFO: Final = TensorSpec("window_info", "TYPE_STRING", (1,), optional=True,
                              doc="info JSON of the first chunk (INFO_HEADER_KEYS) and of the last (INFO_FINAL_KEYS); "
                                  "'' for the others")
 WIN_ERROR: Final = TensorSpec("window_error", "TYPE_STRING", (1,), optional=True,
-                              doc="'' or the stream's error ([kind] message): the vocoder answers it with that error")
+                              doc="'' or the stream's error ([kind] message): the ensemble vocoder answers it "
+                                  "with that error")
 WIN_STREAM_ID: Final = TensorSpec("window_stream_id", "TYPE_STRING", (1,), optional=True,
-                                  doc="the engine sequence's stream_id (the relay cancels it when the client has gone)")
+                                  doc="the engine sequence's stream_id (the ensemble vocoder cancels it when the "
+                                      "client has gone)")
 WINDOW_OUTPUTS: Final = (WIN_HIDDEN, WIN_PLAN, WIN_INFO, WIN_ERROR, WIN_STREAM_ID)
 ENGINE_OUTPUTS: Final = (EN_CODES, EN_HIDDEN, EN_STOP, *WINDOW_OUTPUTS)
 
@@ -495,26 +497,6 @@ ENGINE_OUTPUTS: Final = (EN_CODES, EN_HIDDEN, EN_STOP, *WINDOW_OUTPUTS)
 VO_HIDDEN: Final = TensorSpec("hidden", "TYPE_FP32", (-1, -1), doc="token window of GPT hidden states (T, H)")
 VO_CODES: Final = TensorSpec("codes", "TYPE_INT32", (-1, NUM_VQ), doc="token window of codes (T, 4)")
 VO_AUDIO: Final = TensorSpec("audio", "TYPE_FP32", (-1,), doc="waveform of the window, 512*T-256 samples")
-VO_PLAN: Final = TensorSpec("plan", "TYPE_INT32", (3,), optional=True,
-                            doc="ensemble window: [chunk index, first sample to keep, samples to keep]; the audio "
-                                "output is then only those samples")
-VO_CHUNK_INFO: Final = TensorSpec("chunk_info", "TYPE_STRING", (1,), optional=True,
-                                  doc="ensemble window: info JSON passed on as the info output ('' : none)")
-VO_ERROR: Final = TensorSpec("error", "TYPE_STRING", (1,), optional=True,
-                             doc="ensemble window: '' or the stream's error, answered as this request's error")
-VO_CHUNK_INDEX: Final = TensorSpec("chunk_index", "TYPE_INT32", (1,),
-                                   doc="ensemble window: the chunk's index in its stream, from 0")
-VO_INFO: Final = TensorSpec("info", "TYPE_STRING", (1,), doc="ensemble window: its chunk_info, when not ''")
-VOCODER_WINDOW_INPUTS: Final = (VO_PLAN, VO_CHUNK_INFO, VO_ERROR)
-VOCODER_WINDOW_OUTPUTS: Final = (VO_CHUNK_INDEX, VO_INFO)
-
-# the relay (decoupled): the engine's window outputs in, the vocoder's window inputs out
-RELAY_INPUTS: Final = WINDOW_OUTPUTS
-RELAY_OUTPUTS: Final = (TensorSpec(VO_HIDDEN.name, "TYPE_FP32", (-1, -1), doc="the window (T, H)"),
-                        VO_PLAN, VO_CHUNK_INFO, VO_ERROR)
-RELAY_RENAMES: Final = {WIN_HIDDEN.name: VO_HIDDEN.name, WIN_PLAN.name: VO_PLAN.name, WIN_INFO.name: VO_CHUNK_INFO.name,
-                        WIN_ERROR.name: VO_ERROR.name}
-"""Which relay output carries which engine window output."""
 
 # the ensemble door: chattts' inputs; audio chunks, each with its index, info on the first and last
 OUT_CHUNK_INDEX: Final = TensorSpec("chunk_index", "TYPE_INT32", (1,),
@@ -526,6 +508,9 @@ ENSEMBLE_INPUTS: Final = tuple(FE_TEXT if t == IN_TEXT else t for t in ENTRY_INP
 'text'", as chattts does). ``validate_only`` is not
 one of them: the ensemble always synthesises (Triton refuses the input by name)."""
 ENSEMBLE_OUTPUTS: Final = (OUT_AUDIO, OUT_CHUNK_INDEX, OUT_INFO)
+ENSEMBLE_VOCODER_INPUTS: Final = WINDOW_OUTPUTS
+ENSEMBLE_VOCODER_OUTPUTS: Final = ENSEMBLE_OUTPUTS
+"""The ensemble's last step answers with the ensemble's own outputs."""
 
 TEXT_EOS_ID: Final = SPECIAL_TOKEN_IDS["[Ebreak]"]
 """End token of the text mode: ``[Ebreak]`` (21136), ChatTTS' ``tokenizer.eos_token``; like

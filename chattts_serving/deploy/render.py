@@ -138,7 +138,7 @@ def ensemble_spec() -> ModelSpec:
     """``chattts_ensemble`` (:data:`contract.MODEL_ENSEMBLE`, ``platform: "ensemble"``): the
     entry inputs of ``chattts`` -> ``chattts_frontend`` (the whole request, its text as
     ``request_text``) -> ``chattts_gpt`` in window mode (the sampling inputs straight from the
-    request) -> ``chattts_ensemble_relay`` -> ``chattts_vocoder`` -> audio, chunk_index, info.
+    request) -> ``chattts_ensemble_vocoder`` -> audio, chunk_index, info.
     Ensemble tensors between steps are named ``_<name>``."""
     fe_in = {contract.FE_REQUEST_TEXT.name: contract.IN_TEXT.name,
              **{t.name: t.name for t in contract.ENSEMBLE_INPUTS if t.name != contract.IN_TEXT.name}}
@@ -157,10 +157,8 @@ def ensemble_spec() -> ModelSpec:
                      {**{k: f"_{v}" for k, v in engine_from_frontend.items()},
                       **{p.name: p.name for p in contract.SAMPLING_PARAMS}},
                      {t.name: f"_{t.name}" for t in contract.WINDOW_OUTPUTS}),
-        EnsembleStep(contract.MODEL_RELAY, {t.name: f"_{t.name}" for t in contract.RELAY_INPUTS},
-                     {t.name: f"_{t.name}" for t in contract.RELAY_OUTPUTS}),
-        EnsembleStep(contract.MODEL_VOCODER, {t.name: f"_{t.name}" for t in contract.RELAY_OUTPUTS},
-                     {t.name: t.name for t in (contract.VO_AUDIO, *contract.VOCODER_WINDOW_OUTPUTS)}),
+        EnsembleStep(contract.MODEL_ENSEMBLE_VOCODER, {t.name: f"_{t.name}" for t in contract.ENSEMBLE_VOCODER_INPUTS},
+                     {t.name: t.name for t in contract.ENSEMBLE_VOCODER_OUTPUTS}),
     )
     return ModelSpec(contract.MODEL_ENSEMBLE, contract.ENSEMBLE_INPUTS, contract.ENSEMBLE_OUTPUTS,
                      platform="ensemble", steps=steps)
@@ -216,16 +214,18 @@ def model_specs(profile: Profile, artifacts_dir: Path, repo_dir: Path) -> list[M
         specs += entries
     for path, name in contract.VOCODER_PATHS.items():
         tensor = contract.VO_HIDDEN if path is VocoderPath.HIDDEN else contract.VO_CODES
-        specs.append(ModelSpec(name, (tensor, *contract.VOCODER_WINDOW_INPUTS),
-                               (contract.VO_AUDIO, *contract.VOCODER_WINDOW_OUTPUTS),
+        specs.append(ModelSpec(name, (tensor,), (contract.VO_AUDIO,),
                                max_batch_size=profile.vocoder.max_batch_size, ragged=True,
                                instance_count=profile.vocoder.instance_count, batching=vocoder_batching,
                                parameters={**params, "vocoder_path": path}, adapter=contract.MODEL_VOCODER,
                                **accel))  # type: ignore[arg-type]
-    # The ensemble door: the relay between the engine and the vocoder (no batching, so that it
-    # sees requests Triton has marked cancelled), and the ensemble itself.
-    specs.append(ModelSpec(contract.MODEL_RELAY, contract.RELAY_INPUTS, contract.RELAY_OUTPUTS, decoupled=True,
-                           parameters=dict(params)))
+    # The ensemble door: its vocoder step (no batching, so that it sees the requests Triton has
+    # marked cancelled: docs/triton-workarounds.md, "ensemble: cancels and errors"), and the
+    # ensemble itself.
+    specs.append(ModelSpec(contract.MODEL_ENSEMBLE_VOCODER, contract.ENSEMBLE_VOCODER_INPUTS,
+                           contract.ENSEMBLE_VOCODER_OUTPUTS, decoupled=True,
+                           instance_count=profile.vocoder.instance_count,
+                           parameters=dict(params), **accel))  # type: ignore[arg-type]
     specs.append(ensemble_spec())
     return specs
 

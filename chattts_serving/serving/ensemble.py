@@ -3,7 +3,7 @@ validates it, refused where the ensemble cannot do what ``chattts`` does, and pr
 GPT engine's window mode.
 
 ``chattts_ensemble`` (``platform: "ensemble"``) wires ``chattts_frontend`` -> ``chattts_gpt``
--> ``chattts_ensemble_relay`` -> ``chattts_vocoder``: a fixed graph without a Python entry
+-> ``chattts_ensemble_vocoder``: a fixed graph without a Python entry
 model, so it can only do what needs no per-request logic between the steps: one GPT sequence,
 the hidden vocoder, the front end's prompt. :func:`prepare_request` parses the request with the
 entry models' own parser (:func:`~chattts_serving.serving.request.parse_entry`: the same

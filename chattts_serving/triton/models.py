@@ -16,11 +16,11 @@ service (:mod:`chattts_serving.serving.entry`).
 | chattts_vocoder, chattts_dvae_vocoder | :class:`VocoderModel` | no (dynamic batching) |
 | chattts | :class:`StreamingEntryModel` | yes |
 | chattts_offline | :class:`OfflineEntryModel` | no |
-| chattts_ensemble_relay | :class:`RelayModel` | yes |
+| chattts_ensemble_vocoder | :class:`EnsembleVocoderModel` | yes |
 
 ``chattts_ensemble`` is a Triton ensemble (no model.py): its steps are the front end (a whole
 request: :meth:`FrontendModel.respond`), the engine in window mode (:meth:`EngineModel.accept`),
-the relay and the vocoder (:meth:`VocoderModel.execute` with a ``plan``).
+and the ensemble's vocoder (:meth:`EnsembleVocoderModel.accept`).
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ import numpy as np
 from .. import contract
 from ..audio.encoder import DvaeEncoderRunner
 from ..audio.vocoder import VocoderRunner
-from ..contract import Precision
+from ..contract import Precision, VocoderPath
 from ..engine.gpt import Embeddings, GptStepRunner
 from ..engine.request import SequenceRequest
 from ..engine.scheduler import Engine, Sequence
@@ -481,20 +481,11 @@ class VocoderModel(TritonModel):
     """chattts_vocoder / chattts_dvae_vocoder (dynamic batching): a token window, hidden (FP32
     [T, H]) or codes (INT32 [T, 4]), -> audio (FP32 [512*T-256]) at 24 kHz. Windows of equal
     length in one batch run as one ONNX Runtime call; one ``vocoder_batch`` log line per
-    batch (request ids, window tokens, ONNX Runtime calls, duration in ms).
-
-    An ensemble window also has ``plan`` (INT32 [3]: chunk index, first sample to keep,
-    samples to keep), ``chunk_info`` and ``error`` (BYTES [1]): its audio output is only the
-    samples to keep, with ``chunk_index`` (INT32 [1]) and, when ``chunk_info`` is not '',
-    ``info``; a non-empty ``error`` is answered as this request's error (the stream's, sent
-    by the engine behind its earlier windows)."""
+    batch (request ids, window tokens, ONNX Runtime calls, duration in ms)."""
 
     def start(self, setup: ModelSetup) -> None:
         self.memory = MemoryGauges(self.pb, setup.name, setup.gpu_index)
-        self.runner = VocoderRunner(setup.artifacts, setup.parameters["vocoder_path"], setup.ort("vocoder"))
-        log.info("%s: vocoder graph %s (precision %s)", setup.name, self.runner.graph.name,
-                 _precision_label(setup, setup.ort("vocoder").precision, self.runner.source))
-        self.runner.warm_up(setup.artifacts.hidden_size)
+        self.runner = _vocoder_runner(setup, setup.parameters["vocoder_path"])
 
     def finalize(self) -> None:
         self.memory.close()
@@ -515,61 +506,79 @@ class VocoderModel(TritonModel):
                   batch_size=len(requests), window_tokens=[int(w.shape[1]) for w in windows], runs=len(lengths),
                   duration_ms=round((time.monotonic() - t0) * 1000, 1))
         self.memory.maybe_update()
-        return [self._response(r, a) for r, a in zip(requests, audio, strict=True)]
-
-    def _response(self, request: Any, audio: np.ndarray | None) -> Any:
-        pb = self.pb
-        plan = pb.get_input_tensor_by_name(request, contract.VO_PLAN.name)
-        if plan is None:
-            return pb.InferenceResponse(output_tensors=[pb.Tensor(contract.VO_AUDIO.name, audio)])
-        error, info = (pb.get_input_tensor_by_name(request, spec.name) for spec in (contract.VO_ERROR,
-                                                                                    contract.VO_CHUNK_INFO))
-        if error is not None and (message := first_string(error.as_numpy())):
-            return pb.InferenceResponse(error=triton_error(pb, from_message(message)))
-        index, first, count = (int(v) for v in plan.as_numpy().reshape(-1)[:3])
-        kept = np.zeros((1, 0), np.float32) if audio is None else audio[:, first:first + count]
-        outs = [pb.Tensor(contract.VO_AUDIO.name, np.ascontiguousarray(kept)),
-                pb.Tensor(contract.VO_CHUNK_INDEX.name, np.array([[index]], np.int32))]
-        if info is not None and (text := first_string(info.as_numpy())):
-            outs.append(pb.Tensor(contract.VO_INFO.name, np.array([[text.encode("utf-8")]], dtype=np.object_)))
-        return pb.InferenceResponse(output_tensors=outs)
+        return [pb.InferenceResponse(output_tensors=[pb.Tensor(contract.VO_AUDIO.name, a)]) for a in audio]
 
 
-class RelayModel(DecoupledModel):
-    """chattts_ensemble_relay (decoupled, no batching): the ensemble's step between the engine
-    and the vocoder. Each request is one engine response: a window (``window_hidden``,
-    ``window_plan``, ``window_info``, ``window_error``, ``window_stream_id``) is passed on to
-    the vocoder as ``hidden``, ``plan``, ``chunk_info``, ``error``; a progress tick (only
-    ``window_stream_id``) ends without a response. A request that Triton has marked cancelled
-    (the ensemble marks every step it schedules after the client cancelled; this model has no
-    dynamic batcher, which would answer it CANCELLED before ``execute`` sees it) is not passed
-    on, and its stream is cancelled in the engine over the engine's cancel socket
-    (:mod:`~chattts_serving.triton.cancels`): the engine drops the sequence at its next step
-    and ends it with the final flag, so the ensemble ends cleanly."""
+def _vocoder_runner(setup: ModelSetup, path: str) -> VocoderRunner:
+    """The vocoder graph of ``path`` at the profile's vocoder precision, logged and warmed up."""
+    runner = VocoderRunner(setup.artifacts, path, setup.ort("vocoder"))
+    log.info("%s: vocoder graph %s (precision %s)", setup.name, runner.graph.name,
+             _precision_label(setup, setup.ort("vocoder").precision, runner.source))
+    runner.warm_up(setup.artifacts.hidden_size)
+    return runner
+
+
+class EnsembleVocoderModel(DecoupledModel):
+    """chattts_ensemble_vocoder (decoupled, no Triton batching): the ensemble door's last step.
+    Each request is one engine response (:data:`contract.WINDOW_OUTPUTS`): a window is vocoded
+    (hidden path) and answered with the samples its ``window_plan`` keeps (``audio`` FP32
+    [n]), its ``chunk_index`` (INT32 [1]) and, when ``window_info`` is not '', ``info``; a
+    window with a ``window_error`` is answered with that error (the stream's, sent by the
+    engine behind its earlier windows); a progress tick (only ``window_stream_id``) ends
+    without a response.
+
+    A request that Triton has marked cancelled (the ensemble marks every step it schedules
+    after the client cancelled, and every step after the engine is this one) is not vocoded:
+    its stream is cancelled in the engine over the engine's cancel socket
+    (:mod:`~chattts_serving.triton.cancels`), and the engine drops the sequence at its next
+    step and ends it with the final flag alone. Why no dynamic batcher: it answers a marked
+    request CANCELLED itself, which ends the ensemble before the engine hears of the cancel
+    (docs/triton-workarounds.md, "ensemble: cancels and errors"). So a window is vocoded on
+    its own, in ``execute``, which also keeps one stream's chunks in the engine's order."""
 
     def start(self, setup: ModelSetup) -> None:
         self.cancel_address = cancel_address(contract.MODEL_ENGINE)
+        self.memory = MemoryGauges(self.pb, setup.name, setup.gpu_index)
+        self.runner = _vocoder_runner(setup, VocoderPath.HIDDEN)
+
+    def finalize(self) -> None:
+        self.memory.close()
+        super().finalize()
 
     def accept(self, request: Any, sender: Any) -> None:
         pb = self.pb
         final = pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        tensors = {spec.name: t.as_numpy() for spec in contract.WINDOW_OUTPUTS
+                   if (t := pb.get_input_tensor_by_name(request, spec.name)) is not None}
         if request.is_cancelled():
-            stream = pb.get_input_tensor_by_name(request, contract.WIN_STREAM_ID.name)
-            if stream is not None:
-                stream_id = first_string(stream.as_numpy())
+            if (stream := tensors.get(contract.WIN_STREAM_ID.name)) is not None:
+                stream_id = first_string(stream)
                 if not send_cancel(self.cancel_address, stream_id):
                     log.warning("%s: could not reach the engine's cancel socket for %s", self.name, stream_id)
                 log_event("ensemble_cancelled", model=self.name, request_id=request.request_id(), stream_id=stream_id)
             sender.send(flags=final)
             return
-        outs = []
-        for name, out_name in contract.RELAY_RENAMES.items():
-            t = pb.get_input_tensor_by_name(request, name)
-            if t is not None:
-                outs.append(pb.Tensor(out_name, t.as_numpy()))
-        if not outs:  # a progress tick
+        hidden, plan = tensors.get(contract.WIN_HIDDEN.name), tensors.get(contract.WIN_PLAN.name)
+        if hidden is None or plan is None:  # a progress tick
             sender.send(flags=final)
             return
+        error = tensors.get(contract.WIN_ERROR.name)
+        if error is not None and (message := first_string(error)):
+            sender.send(pb.InferenceResponse(error=triton_error(pb, from_message(message))), flags=final)
+            return
+        index, first, count = (int(v) for v in plan.reshape(-1)[:3])
+        window = hidden.reshape(1, -1, hidden.shape[-1])
+        t0 = time.monotonic()
+        audio = self.runner.run(window)[0] if window.shape[1] else np.zeros(0, np.float32)
+        log_event("vocoder_batch", model=self.name, stage="vocoder", request_ids=[request.request_id()],
+                  batch_size=1, window_tokens=[int(window.shape[1])], runs=int(window.shape[1] > 0),
+                  duration_ms=round((time.monotonic() - t0) * 1000, 1))
+        outs = [pb.Tensor(contract.OUT_AUDIO.name, np.ascontiguousarray(audio[first:first + count])),
+                pb.Tensor(contract.OUT_CHUNK_INDEX.name, np.array([index], np.int32))]
+        info = tensors.get(contract.WIN_INFO.name)
+        if info is not None and (text := first_string(info)):
+            outs.append(string_tensor(pb, contract.OUT_INFO.name, text))
+        self.memory.maybe_update()
         sender.send(pb.InferenceResponse(output_tensors=outs), flags=final)
 
 

@@ -156,9 +156,9 @@ class WindowSink(EngineSink):
     """The engine's sink for one sequence of the ensemble door (window mode): its responses are
     vocoder windows (:class:`~chattts_serving.serving.windows.WindowPlanner`), the stream's
     last one (or its error) with the final flag; every token batch that completes no window
-    is a progress tick carrying only ``window_stream_id``, so that the relay step sees a
+    is a progress tick carrying only ``window_stream_id``, so that the vocoder step sees a
     client's cancel within ``stream.emit_tokens`` decode steps. An error travels as an empty
-    window whose ``window_error`` the vocoder answers, after the windows before it (docs/triton-workarounds.md,
+    window whose ``window_error`` the vocoder step answers, after the windows before it (docs/triton-workarounds.md,
     "ensemble: cancels and errors"). A
     cancelled sequence ends with the final flag alone. ``on_close`` runs once when the stream
     ends (its admission slot)."""
@@ -213,7 +213,7 @@ class WindowSink(EngineSink):
         step, and ``response_sender.is_cancelled()`` is a round trip to the server (measured
         with py-spy at c=16: 14 % of the engine thread's time), and the running step is never
         marked cancelled (docs/triton-workarounds.md, "ensemble: cancels and errors"): a
-        client's cancel comes through the relay instead."""
+        client's cancel comes through the ensemble's vocoder step instead."""
         return False
 
     def error(self, exc: RequestError) -> None:

@@ -33,7 +33,8 @@ def test_profiles_render_every_model_into_valid_configs(name: str, tmp_path: Pat
         assert cfg.backend == "python" and (p.parent / "1" / "model.py").is_file()
         assert cfg.parameters["artifacts_dir"].string_value == str(small_artifacts.root.resolve())
         kind = cfg.instance_group[0].kind
-        if cfg.name in (contract.MODEL_ENGINE, contract.MODEL_VOCODER, contract.MODEL_VOCODER_CODES):
+        if cfg.name in (contract.MODEL_ENGINE, contract.MODEL_VOCODER, contract.MODEL_VOCODER_CODES,
+                        contract.MODEL_ENSEMBLE_VOCODER):
             want = "KIND_GPU" if name == "gpu" else "KIND_CPU"
             assert model_config_pb2.ModelInstanceGroup.Kind.Name(kind) == want
             if name == "gpu":
@@ -61,11 +62,13 @@ def test_profiles_render_every_model_into_valid_configs(name: str, tmp_path: Pat
                                                for t in contract.ENSEMBLE_INPUTS]
     assert [o.name for o in ens.output] == [t.name for t in contract.ENSEMBLE_OUTPUTS]
     assert [s.model_name for s in ens.ensemble_scheduling.step] == [
-        contract.MODEL_FRONTEND, contract.MODEL_ENGINE, contract.MODEL_RELAY, contract.MODEL_VOCODER]
-    relay = text_format.Parse((tmp_path / "repo" / contract.MODEL_RELAY / "config.pbtxt").read_text(),
-                              model_config_pb2.ModelConfig())
-    # the relay must see requests Triton marked cancelled: a dynamic batcher answers those itself
-    assert relay.model_transaction_policy.decoupled and not relay.HasField("dynamic_batching")
+        contract.MODEL_FRONTEND, contract.MODEL_ENGINE, contract.MODEL_ENSEMBLE_VOCODER]
+    last = text_format.Parse((tmp_path / "repo" / contract.MODEL_ENSEMBLE_VOCODER / "config.pbtxt").read_text(),
+                             model_config_pb2.ModelConfig())
+    # every step after the engine must see the requests Triton marked cancelled: a dynamic
+    # batcher answers those itself, ending the ensemble before the engine hears of the cancel
+    assert last.model_transaction_policy.decoupled and not last.HasField("dynamic_batching")
+    assert [o.name for o in last.output] == [t.name for t in contract.ENSEMBLE_OUTPUTS]
 
 
 def _ensemble_with(change) -> list[render.ModelSpec]:  # type: ignore[no-untyped-def]
@@ -79,9 +82,9 @@ def _ensemble_with(change) -> list[render.ModelSpec]:  # type: ignore[no-untyped
     (lambda steps: steps[:1] + steps[2:], "no earlier step makes"),  # the engine step left out
     (lambda steps: [steps[0], render.EnsembleStep(contract.MODEL_ENGINE, {**steps[1].input_map, "seed": "top_p"},
                                                   steps[1].output_map), *steps[2:]], "TYPE_FP32"),
-    (lambda steps: [*steps[:3], render.EnsembleStep(contract.MODEL_VOCODER, {"plan": "_plan"},
-                                                    steps[3].output_map)], "required inputs"),
-    (lambda steps: [*steps[:3], render.EnsembleStep("chattts_nowhere", {}, {})], "not in the repository"),
+    (lambda steps: [*steps[:2], render.EnsembleStep(contract.MODEL_VOCODER, {},
+                                                    {"audio": "audio"})], "required inputs"),
+    (lambda steps: [*steps[:2], render.EnsembleStep("chattts_nowhere", {}, {})], "not in the repository"),
 ])
 def test_an_ensemble_that_triton_would_refuse_fails_at_render_time(change, cause: str,  # type: ignore[no-untyped-def]
                                                                     tmp_path: Path) -> None:
