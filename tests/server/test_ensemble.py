@@ -269,8 +269,12 @@ def one_slot(small_artifacts: Artifacts, tmp_path_factory: pytest.TempPathFactor
 
 
 def _gauge(port: int, name: str) -> float:
+    """The sum of ``name``'s series on the server's metrics port; a scrape without the series
+    fails (the engine publishes it from its start), rather than reading as 0."""
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + "{"))
+    values = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + "{")]
+    assert values, f"no {name} series in the scrape"
+    return sum(values)
 
 
 def test_a_full_ensemble_door_answers_busy_at_once_and_serves_again_after(one_slot) -> None:
@@ -323,6 +327,28 @@ def test_a_cancel_frees_the_engine_sequence_and_the_slot(one_slot) -> None:
     ended = [e for e in events if e["event"] == "sequence_finished" and e["status"] == "cancelled"]
     assert len(ended) == CANCELS and all(e["tokens"] < 2000 for e in ended)  # the engine ended each early
     after = ensemble(url, _request("取消之后。", 8, 20))  # the slot is free again
+    assert after.error is None and after.audio.size == contract.samples_for_tokens(20)
+
+
+def test_closing_an_http_stream_frees_the_engine_sequence(one_slot) -> None:
+    """The same for HTTP ``generate_stream``: a client that closes its connection after the
+    first event is a cancel (Triton marks the request when a write to the connection fails),
+    and the engine's sequence leaves long before its 2000 tokens."""
+    port = one_slot.metrics_port
+    body = json.dumps({"text": "网页流式取消。", "seed": 5, "voice": "5", "max_new_tokens": 2000,
+                       "min_new_tokens": 2000}).encode()
+    req = urllib.request.Request(f"http://127.0.0.1:{one_slot.http_port}/v2/models/{contract.MODEL_ENSEMBLE}"
+                                 "/generate_stream", data=body, headers={"Content-Type": "application/json"})
+    resp = urllib.request.urlopen(req, timeout=120)
+    first = resp.readline()
+    steps_at_close = _gauge(port, "tts_engine_decode_steps_total")
+    resp.close()
+    assert first.startswith(b"data: ") and contract.OUT_AUDIO.name.encode() in first
+    assert wait_until(lambda: _gauge(port, "tts_engine_active_sequences") == 0, 30)
+    steps = _gauge(port, "tts_engine_decode_steps_total") - steps_at_close
+    print(f"\ndecode steps between the connection's close and the sequence leaving: {steps:.0f}")
+    assert steps < 400, f"{steps} decode steps after the close (the sequence had 2000 tokens to go)"
+    after = ensemble(f"127.0.0.1:{one_slot.grpc_port}", _request("关闭之后。", 8, 20))
     assert after.error is None and after.audio.size == contract.samples_for_tokens(20)
 
 

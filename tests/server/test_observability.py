@@ -342,7 +342,7 @@ def test_prometheus_scrapes_series_and_evaluates_rules_and_dashboard(triton_serv
     assert degraded == expected, (degraded, switches)
     rss = {s["metric"]["model"]: float(s["value"][1]) for s in prom.query("tts_process_resident_memory_bytes")}
     assert set(rss) == {contract.MODEL_STREAM, contract.MODEL_OFFLINE, contract.MODEL_ENGINE,
-                        *contract.VOCODER_PATHS.values()}, rss
+                        *contract.VOCODER_PATHS.values(), contract.MODEL_ENSEMBLE_VOCODER}, rss
     assert all(10e6 < v < 64e9 for v in rss.values()), rss
     assert not prom.query("tts_gpu_memory_used_bytes")  # CPU host: no GPU series at all
     # Histograms are consistent: the +Inf bucket is the count.
