@@ -103,6 +103,16 @@ def test_out_of_range_parameters_are_refused(bad: dict) -> None:
         SamplingParams(**bad).validate()
 
 
+
+@pytest.mark.parametrize("max_new_tokens", [-1, 0, 2049, 3000, 5000])
+def test_a_max_new_tokens_out_of_the_deployment_range_names_that_range(max_new_tokens: int) -> None:
+    """Below 1 or above the cap, one message gives the range this deployment serves, not the
+    contract's wider one (a user told [1, 4096] for -1 then learns of 2048 at 3000)."""
+    with pytest.raises(ParamError, match=r"out of range \[1, 2048\] \(this deployment's cap\)"):
+        SamplingParams(max_new_tokens=max_new_tokens).validate(max_new_tokens_cap=2048)
+    SamplingParams(max_new_tokens=2048).validate(max_new_tokens_cap=2048)
+
+
 Sink = CollectingSink
 
 
