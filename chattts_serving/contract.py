@@ -490,7 +490,10 @@ WIN_ERROR: Final = TensorSpec("window_error", "TYPE_STRING", (1,), optional=True
 WIN_STREAM_ID: Final = TensorSpec("window_stream_id", "TYPE_STRING", (1,), optional=True,
                                   doc="the engine sequence's stream_id (the ensemble vocoder cancels it when the "
                                       "client has gone)")
-WINDOW_OUTPUTS: Final = (WIN_HIDDEN, WIN_PLAN, WIN_INFO, WIN_ERROR, WIN_STREAM_ID)
+WIN_REQUEST_ID: Final = TensorSpec("window_request_id", "TYPE_STRING", (1,), optional=True,
+                                   doc="the stream's request id (the client's, or the one the front end generated), "
+                                       "on every window: for the vocoder step's log lines")
+WINDOW_OUTPUTS: Final = (WIN_HIDDEN, WIN_PLAN, WIN_INFO, WIN_ERROR, WIN_STREAM_ID, WIN_REQUEST_ID)
 ENGINE_OUTPUTS: Final = (EN_CODES, EN_HIDDEN, EN_STOP, *WINDOW_OUTPUTS)
 
 # vocoders (max_batch_size > 0: dims exclude the batch dimension)

@@ -434,8 +434,9 @@ class EngineModel(DecoupledModel):
         schedule = profile.stream.schedule()
         if lookahead > 0:
             schedule = schedule.with_lookahead(lookahead)
-        header = inputs.get(contract.EN_INFO_HEADER.name)
-        planner = WindowPlanner(schedule, first_string(header) if header is not None else "", self.hidden_size)
+        header = first_string(inputs[contract.EN_INFO_HEADER.name]) if contract.EN_INFO_HEADER.name in inputs else ""
+        planner = WindowPlanner(schedule, header, self.hidden_size)
+        request_id = request.request_id() or header_request_id(header)
         with self._windows_lock:
             busy = self._windows_live >= self.window_limit
             if not busy:
@@ -443,17 +444,17 @@ class EngineModel(DecoupledModel):
         if busy:
             exc = busy_error(self.window_limit)
             log_event("request_rejected", level="warning", model=contract.MODEL_ENSEMBLE,
-                      request_id=request.request_id(), reason=rejection_reason(exc), status=exc.kind, message=str(exc))
+                      request_id=request_id, reason=rejection_reason(exc), status=exc.kind, message=str(exc))
             raise exc
         try:
-            self._submit_windows(request, sender, req, planner)
+            self._submit_windows(request_id, sender, req, planner)
         except BaseException:
             self._window_closed()
             raise
 
-    def _submit_windows(self, request: Any, sender: Any, req: SequenceRequest, planner: WindowPlanner) -> None:
+    def _submit_windows(self, request_id: str, sender: Any, req: SequenceRequest, planner: WindowPlanner) -> None:
         deadline = time.monotonic() + req.timeout_s if req.timeout_s else None
-        sink = WindowSink(self.pb, sender, self.name, request.request_id(), req.prompt_length, planner, req.stream_id,
+        sink = WindowSink(self.pb, sender, self.name, request_id, req.prompt_length, planner, req.stream_id,
                           self._window_closed)
         req = replace(req, emit_tokens=self.setup.profile.stream.emit_tokens,
                       first_emit_tokens=planner.first_emit_tokens(), request_id=req.stream_id)
@@ -509,6 +510,16 @@ class VocoderModel(TritonModel):
         return [pb.InferenceResponse(output_tensors=[pb.Tensor(contract.VO_AUDIO.name, a)]) for a in audio]
 
 
+def header_request_id(header: str) -> str:
+    """The ``request_id`` of an ``info`` header JSON (the ensemble's front end puts the client's
+    or a generated one there); '' when the header has none or is not JSON."""
+    try:
+        value = json.loads(header).get("request_id", "") if header else ""
+    except (ValueError, AttributeError):
+        return ""
+    return value if isinstance(value, str) else ""
+
+
 def _vocoder_runner(setup: ModelSetup, path: str) -> VocoderRunner:
     """The vocoder graph of ``path`` at the profile's vocoder precision, logged and warmed up."""
     runner = VocoderRunner(setup.artifacts, path, setup.ort("vocoder"))
@@ -550,12 +561,14 @@ class EnsembleVocoderModel(DecoupledModel):
         final = pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
         tensors = {spec.name: t.as_numpy() for spec in contract.WINDOW_OUTPUTS
                    if (t := pb.get_input_tensor_by_name(request, spec.name)) is not None}
+        rid = tensors.get(contract.WIN_REQUEST_ID.name)  # windows carry it, ticks do not
+        request_id = first_string(rid) if rid is not None else request.request_id()
         if request.is_cancelled():
             if (stream := tensors.get(contract.WIN_STREAM_ID.name)) is not None:
                 stream_id = first_string(stream)
                 if not send_cancel(self.cancel_address, stream_id):
                     log.warning("%s: could not reach the engine's cancel socket for %s", self.name, stream_id)
-                log_event("ensemble_cancelled", model=self.name, request_id=request.request_id(), stream_id=stream_id)
+                log_event("ensemble_cancelled", model=self.name, request_id=request_id, stream_id=stream_id)
             sender.send(flags=final)
             return
         hidden, plan = tensors.get(contract.WIN_HIDDEN.name), tensors.get(contract.WIN_PLAN.name)
@@ -570,7 +583,7 @@ class EnsembleVocoderModel(DecoupledModel):
         window = hidden.reshape(1, -1, hidden.shape[-1])
         t0 = time.monotonic()
         audio = self.runner.run(window)[0] if window.shape[1] else np.zeros(0, np.float32)
-        log_event("vocoder_batch", model=self.name, stage="vocoder", request_ids=[request.request_id()],
+        log_event("vocoder_batch", model=self.name, stage="vocoder", request_ids=[request_id],
                   batch_size=1, window_tokens=[int(window.shape[1])], runs=int(window.shape[1] > 0),
                   duration_ms=round((time.monotonic() - t0) * 1000, 1))
         outs = [pb.Tensor(contract.OUT_AUDIO.name, np.ascontiguousarray(audio[first:first + count])),

@@ -181,7 +181,7 @@ class WindowSink(EngineSink):
         outs = [pb.Tensor(contract.WIN_HIDDEN.name, w.hidden),
                 pb.Tensor(contract.WIN_PLAN.name, np.array([w.index, w.keep_first, w.keep_samples], np.int32)),
                 string_tensor(pb, contract.WIN_INFO.name, w.info), string_tensor(pb, contract.WIN_ERROR.name, error),
-                self._stream_id()]
+                self._stream_id(), string_tensor(pb, contract.WIN_REQUEST_ID.name, self.request_id)]
         final = w.final or bool(error)
         self.sender.send(pb.InferenceResponse(output_tensors=outs),
                          flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0)

@@ -241,6 +241,29 @@ def test_bad_input_gets_the_errors_of_the_bls_door(triton_server, case: str, inp
         assert a.message == b.message
 
 
+def _events(log_path: str) -> list[dict[str, Any]]:
+    """The structured events of a server log."""
+    return [json.loads(line[line.index("{"):]) for line in Path(log_path).read_text(errors="replace").splitlines()
+            if line.startswith("{") and '"event":' in line]
+
+
+def test_a_stream_without_a_request_id_is_logged_under_the_generated_one(triton_server) -> None:
+    """The front end generates the id (it is in ``info``); the engine's and the vocoder step's
+    lines of that stream carry it too, not the empty id Triton gives the steps."""
+    run = ensemble(triton_server.grpc_url, _request("日志里的编号。", 6, 30))
+    assert run.error is None
+    rid = run.infos[0]["request_id"]
+    assert rid
+
+    def lines() -> set[tuple[str, str]]:
+        return {(e["event"], e["model"]) for e in _events(triton_server.log_path) if e.get("request_id") == rid
+                or rid in e.get("request_ids", [])}
+
+    want = {("request_accepted", contract.MODEL_ENSEMBLE), ("sequence_finished", contract.MODEL_ENGINE),
+            ("vocoder_batch", contract.MODEL_ENSEMBLE_VOCODER)}
+    assert wait_until(lambda: want <= lines(), 10), lines()
+
+
 def test_http_generate_stream_serves_the_ensemble(triton_server) -> None:
     body = json.dumps({"text": "网页流式输出。", "seed": 2, "max_new_tokens": 60, "min_new_tokens": 60}).encode()
     req = urllib.request.Request(f"http://{triton_server.http_url}/v2/models/{contract.MODEL_ENSEMBLE}/generate_stream",
@@ -321,8 +344,7 @@ def test_a_cancel_frees_the_engine_sequence_and_the_slot(one_slot) -> None:
     # room for a loaded machine and still proves each sequence left long before its 2000 tokens.
     print(f"\ndecode steps between each client's cancel and its sequence leaving: {late}")
     assert max(late) < 200, f"{late}: decode steps after each cancel (each sequence had 2000 tokens to go)"
-    events = [json.loads(line[line.index("{"):]) for line in Path(one_slot.log_path).read_text(errors="replace")
-              .splitlines() if line.startswith("{") and '"event":' in line]
+    events = _events(one_slot.log_path)
     assert sum(e["event"] == "ensemble_cancelled" for e in events) >= CANCELS  # the vocoder step saw each
     ended = [e for e in events if e["event"] == "sequence_finished" and e["status"] == "cancelled"]
     assert len(ended) == CANCELS and all(e["tokens"] < 2000 for e in ended)  # the engine ended each early

@@ -224,3 +224,12 @@ def test_finalized_models_are_freed_by_reference_counting_alone(small_artifacts:
     finally:
         gc.enable()
     assert not alive, f"finalized models kept alive by reference cycles: {alive}"
+
+
+@pytest.mark.parametrize(("header", "want"), [('{"request_id": "abc", "final": false}', "abc"), ("", ""),
+                                              ("not json", ""), ("[1]", ""), ('{"request_id": 5}', ""), ("{}", "")])
+def test_the_request_id_of_an_info_header(header: str, want: str) -> None:
+    """The ensemble engine logs a stream under the id its front end put in the header."""
+    from chattts_serving.triton.models import header_request_id
+
+    assert header_request_id(header) == want
