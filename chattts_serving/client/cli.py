@@ -53,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help=f"grpc: stream from '{contract.MODEL_STREAM}'; http: one '/infer' call to "
                          f"'{contract.MODEL_OFFLINE}'; sse: stream over HTTP generate_stream (default grpc)")
     ap.add_argument("--model", choices=(contract.MODEL_STREAM, contract.MODEL_ENSEMBLE), default=contract.MODEL_STREAM,
-                    help=f"grpc only: the streaming door, '{contract.MODEL_STREAM}' (BLS, default) or "
+                    help=f"grpc and sse: the streaming door, '{contract.MODEL_STREAM}' (BLS, default) or "
                          f"'{contract.MODEL_ENSEMBLE}' (Triton ensemble: one sentence, chunks put in order)")
     src = ap.add_mutually_exclusive_group(required=True)
     src.add_argument("--text", help="text to speak (Chinese and/or English)")
@@ -118,7 +118,7 @@ def _synthesizer(protocol: str, model: str = contract.MODEL_STREAM
         from .http_infer import synthesize_offline
         return synthesize_offline
     from .sse import synthesize_sse
-    return synthesize_sse
+    return lambda url, request, timeout_s: synthesize_sse(url, request, timeout_s, model=model)
 
 
 def human_summary(result: SynthesisResult, out: Path) -> str:
@@ -160,8 +160,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         priority=args.priority, timeout_s=args.server_timeout_s, segmentation=args.segmentation,
         reference_audio=audio, reference_sample_rate_hz=rate, reference_text=args.reference_text,
         spk_smp=args.spk_smp, language=args.language)
-    if args.model != contract.MODEL_STREAM and args.protocol != "grpc":
-        return _fail(f"--model {args.model} needs --protocol grpc", 2)
+    if args.model != contract.MODEL_STREAM and args.protocol == "http":
+        return _fail(f"--model {args.model} streams: use --protocol grpc or sse", 2)
     url = args.url or DEFAULT_URLS[args.protocol]
     try:
         result = _synthesizer(args.protocol, args.model)(url, request, args.timeout_s)

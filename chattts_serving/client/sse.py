@@ -1,4 +1,5 @@
-"""Streaming client over HTTP server-sent events: ``POST /v2/models/<MODEL_STREAM>/generate_stream``.
+"""Streaming client over HTTP server-sent events: ``POST /v2/models/<model>/generate_stream`` (``chattts``,
+or the ensemble door ``chattts_ensemble``).
 
 The request body is a JSON object keyed by input name; the server answers with
 ``data: {json}`` events, each holding one audio chunk as a JSON number array, or an
@@ -22,6 +23,7 @@ from httpx_sse import EventSource
 from .. import contract
 from .common import (
     TIMEOUT,
+    ChunkOrder,
     ClientError,
     StreamPart,
     SynthesisRequest,
@@ -94,26 +96,29 @@ def _error_message(resp: httpx.Response) -> str:
     return raw.decode("utf-8", "replace").strip() or resp.reason_phrase or f"HTTP {resp.status_code}"
 
 
-def iter_sse_chunks(url: str, request: SynthesisRequest,
-                    timeout_s: float = DEFAULT_TIMEOUT_S) -> Generator[np.ndarray, None, None]:
-    """Stream ``request`` to ``contract.MODEL_STREAM`` at ``url`` (``host:port`` of Triton's
-    HTTP endpoint) and yield each audio chunk: (n,) float32 mono at
+def iter_sse_chunks(url: str, request: SynthesisRequest, timeout_s: float = DEFAULT_TIMEOUT_S,
+                    model: str = contract.MODEL_STREAM) -> Generator[np.ndarray, None, None]:
+    """Stream ``request`` to ``model`` (``chattts`` or ``chattts_ensemble``) at ``url``
+    (``host:port`` of Triton's HTTP endpoint) and yield each audio chunk: (n,) float32 mono at
     ``contract.SAMPLE_RATE_HZ``. Closing the generator closes the connection, which cancels
     the request on the server. Raises :class:`ClientError` as :func:`iter_sse_parts` does."""
-    yield from audio_only(iter_sse_parts(url, request, timeout_s))
+    yield from audio_only(iter_sse_parts(url, request, timeout_s, model))
 
 
-def iter_sse_parts(url: str, request: SynthesisRequest,
-                   timeout_s: float = DEFAULT_TIMEOUT_S) -> Generator[StreamPart, None, None]:
+def iter_sse_parts(url: str, request: SynthesisRequest, timeout_s: float = DEFAULT_TIMEOUT_S,
+                   model: str = contract.MODEL_STREAM) -> Generator[StreamPart, None, None]:
     """Like :func:`iter_sse_chunks`, but yield every event as a :class:`StreamPart` (audio,
-    possibly empty, and the ``info`` JSON object on the first audio event and the last).
+    possibly empty, and the ``info`` JSON object on the first audio event and the last), in
+    stream order (the ensemble's events by their ``chunk_index``: :class:`ChunkOrder`).
 
     Raises :class:`ClientError`: with the HTTP status and the server's message when the
     request is refused, or the event's message (status None) when the stream ends with an
     ``"error"`` event; with ``connection=True`` when the server cannot be reached; status
-    ``"timeout"`` when the stream does not finish within ``timeout_s`` seconds.
+    ``"timeout"`` when the stream does not finish within ``timeout_s`` seconds, or an
+    ensemble chunk is missing.
     """
-    endpoint = f"http://{url}/v2/models/{contract.MODEL_STREAM}/generate_stream"
+    endpoint = f"http://{url}/v2/models/{model}/generate_stream"
+    order = ChunkOrder()
     deadline = time.monotonic() + timeout_s
     body: dict[str, Any] = dict(request.json_inputs())
     if request.request_id:
@@ -128,13 +133,17 @@ def iter_sse_parts(url: str, request: SynthesisRequest,
                     raise ClientError(str(event["error"]))
                 audio = event.get(contract.OUT_AUDIO.name)
                 info = event.get(contract.OUT_INFO.name)
+                index = event.get(contract.OUT_CHUNK_INDEX.name)
                 part = StreamPart(np.asarray(audio if audio is not None else [], dtype=np.float32).reshape(-1),
                                   parse_info(info[0] if isinstance(info, list) else info)
-                                  if info is not None else None)
-                if part.audio.size or part.info:
-                    yield part
+                                  if info is not None else None,
+                                  int(np.reshape(index, -1)[0]) if index is not None else None)
+                for p in order.add(part):
+                    if p.audio.size or p.info:
+                        yield p
                 if time.monotonic() > deadline:
                     raise ClientError(f"stream from {url} did not finish within {timeout_s:g} s", TIMEOUT)
+            order.check_complete()
     except httpx.ConnectError as exc:
         raise ClientError(f"cannot connect to {url}: {_root_cause(exc)}", connection=True) from None
     except httpx.TimeoutException:
@@ -143,8 +152,8 @@ def iter_sse_parts(url: str, request: SynthesisRequest,
         raise ClientError(f"stream from {url} failed: {_root_cause(exc)}") from None
 
 
-def synthesize_sse(url: str, request: SynthesisRequest,
-                   timeout_s: float = DEFAULT_TIMEOUT_S) -> SynthesisResult:
+def synthesize_sse(url: str, request: SynthesisRequest, timeout_s: float = DEFAULT_TIMEOUT_S,
+                   model: str = contract.MODEL_STREAM) -> SynthesisResult:
     """Run one streamed synthesis over SSE and collect it.
 
     ``ttfa_s`` is the time from sending to the first non-empty chunk, ``total_s`` to the end
@@ -152,4 +161,4 @@ def synthesize_sse(url: str, request: SynthesisRequest,
     :func:`iter_sse_chunks` does.
     """
     t0 = time.perf_counter()
-    return collect_stream(iter_sse_parts(url, request, timeout_s=timeout_s), t0)
+    return collect_stream(iter_sse_parts(url, request, timeout_s=timeout_s, model=model), t0)

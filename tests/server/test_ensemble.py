@@ -181,12 +181,17 @@ def test_the_cli_streams_from_the_ensemble(triton_server, tmp_path: Path) -> Non
     from chattts_serving.client.cli import main
     from chattts_serving.client.common import read_wav
 
-    out = tmp_path / "ensemble.wav"
-    assert main(["--url", triton_server.grpc_url, "--model", contract.MODEL_ENSEMBLE, "--text", "命令行。",
-                 "--max-new-tokens", "30", "--min-new-tokens", "30", "--out", str(out)]) == 0
+    out, sse = tmp_path / "ensemble.wav", tmp_path / "ensemble-sse.wav"
+    args = ["--model", contract.MODEL_ENSEMBLE, "--text", "命令行。", "--max-new-tokens", "30",
+            "--min-new-tokens", "30"]
+    assert main(["--url", triton_server.grpc_url, *args, "--out", str(out)]) == 0
     audio, rate = read_wav(out)
     assert rate == contract.SAMPLE_RATE_HZ and audio.size == contract.samples_for_tokens(30)
-    assert main(["--protocol", "sse", "--model", contract.MODEL_ENSEMBLE, "--text", "x", "--out", str(out)]) == 2
+    # the same request over HTTP generate_stream: the same audio, its chunks put in order by index
+    assert main(["--url", triton_server.http_url, "--protocol", "sse", *args, "--out", str(sse)]) == 0
+    assert np.array_equal(read_wav(sse)[0], audio)
+    # the one-call HTTP door is chattts_offline's: the ensemble only streams
+    assert main(["--protocol", "http", "--model", contract.MODEL_ENSEMBLE, "--text", "x", "--out", str(out)]) == 2
 
 
 REFUSED = [
