@@ -98,6 +98,12 @@ CASES = [
      "Tom and Jerry, three less than five, a plus b, number one fan, email me at example dot com"),
     ("symbol", "mixed", "请联系support@chattts.ai或访问www.example.com",
      "请联系support 艾特 chattts 点 ai或访问www 点 example 点 com"),
+    # file names: the dot is spoken, not a sentence end (and not a pause)
+    ("file", "en", "Open config.yaml, then report_v2.pdf and archive.tar.gz.",
+     "Open config dot yaml, then report underscore v two dot pdf and archive dot tar dot gz."),
+    ("file", "zh", "请打开config.yaml文件，再看README.MD", "请打开config 点 yaml文件，再看README 点 MD"),
+    ("file", "en", "It ends.Then Node.js starts, e.g. at 8.15.",
+     "It ends. Then Node dot js starts, for example at eight fifteen."),
     # full-width / half-width punctuation and letters
     ("width", "zh", "ＡＢＣ１２３，全角！？（括号）", "ABC一百二十三，全角。括号"),
     ("width", "en", "Hello,world!How are you?Fine;thanks: ok.", "Hello, world. How are you. Fine, thanks, ok."),

@@ -1,4 +1,4 @@
-"""E-mail addresses and URLs, read symbol by symbol (点, 艾特, 斜杠 / dot, at, slash)."""
+"""E-mail addresses, URLs and file names, read symbol by symbol (点, 艾特, 斜杠 / dot, at, slash)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,9 @@ from .numbers import en_digits, zh_digits
 
 _TLD: Final = "com|net|org|cn|io|ai|edu|gov|info|co|uk|de|jp|me|tv|cc|app|dev"
 _URL_TAIL: Final = r"[A-Za-z0-9\-._~/?#=&%+:]*[A-Za-z0-9/]"
+_FILE_EXT: Final = ("pdf|docx?|xlsx?|pptx?|txt|csv|json|ya?ml|xml|html?|md|py|js|java|cpp|log|ini|toml|cfg|zip|tar|"
+                    "gz|rar|exe|dmg|apk|png|jpe?g|gif|svg|webp|mp3|wav|mp4|mov|avi|mkv|flac|ogg|onnx|sql|ipynb|css|php")
+"""Extensions that make ``name.ext`` a file name: common ones, none a short English word."""
 
 
 def _email(lang: Lang, raw: str) -> str:
@@ -64,3 +67,16 @@ URL: Final = Kind(
     rf"|(?<![A-Za-z0-9.@/_-])(?:[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?\.)+(?:{_TLD})(?![A-Za-z0-9-])"
     rf"(?:/{_URL_TAIL})?)",
     _h_url, first=r"[A-Za-z0-9]")
+
+
+def _h_file(lang: Lang, g: Groups, before: str, after: str) -> str:
+    return _url(lang, g("file"))
+
+
+FILE: Final = Kind(
+    "file",
+    rf"(?<![A-Za-z0-9.@/_-])(?P<file>[A-Za-z0-9][A-Za-z0-9_-]*(?:\.[A-Za-z0-9_-]+)*\.(?i:{_FILE_EXT}))"
+    r"(?![A-Za-z0-9_-])",
+    _h_file, first=r"[A-Za-z0-9]")
+"""A file name (``config.yaml``, ``report_v2.pdf``, ``archive.tar.gz``): its dots are read as 点 /
+dot, not taken for the end of a sentence."""
