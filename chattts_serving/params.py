@@ -65,8 +65,10 @@ def check_params(params: object, specs: tuple[contract.ParamSpec, ...], max_new_
             raise ParamError(f"{name} must be a finite number, got {v}", name)
         if spec.triton_dtype != "TYPE_FP32" and not is_int and not float(v).is_integer():
             raise ParamError(f"{name} must be an integer, got {v!r}", name)
-        capped = spec.name == "max_new_tokens" and max_new_tokens_cap is not None and max_new_tokens_cap < spec.high
-        top = min(spec.high, max_new_tokens_cap) if capped and max_new_tokens_cap is not None else spec.high
+        top = spec.high  # the top of the range this deployment serves
+        if spec.name == "max_new_tokens" and max_new_tokens_cap is not None:
+            top = min(top, max_new_tokens_cap)
+        capped = top < spec.high
         low_ok = v >= spec.low if spec.low_inclusive else v > spec.low
         if not low_ok or v > top:
             lo = "[" if spec.low_inclusive else "("
@@ -77,9 +79,6 @@ def check_params(params: object, specs: tuple[contract.ParamSpec, ...], max_new_
             cap = " (this deployment's cap)" if capped else ""
             raise ParamError(f"{name}={shown} is out of range {lo}{low}, {high}]{cap}: {spec.doc}", name)
     max_new, min_new = getattr(params, "max_new_tokens"), getattr(params, "min_new_tokens")  # noqa: B009
-    if max_new_tokens_cap is not None and max_new > max_new_tokens_cap:
-        raise ParamError(f"{prefix}max_new_tokens={max_new} exceeds this deployment's cap of {max_new_tokens_cap}",
-                         f"{prefix}max_new_tokens")
     if min_new > max_new:
         raise ParamError(f"{prefix}min_new_tokens={min_new} exceeds {prefix}max_new_tokens={max_new}",
                          f"{prefix}min_new_tokens")
