@@ -30,7 +30,7 @@ from chattts_serving.errors import ErrorKind, decode_tagged
 from chattts_serving.runtime import Artifacts
 from tests.support.requests import BAD_INPUTS, GREEDY, entry_input
 from tests.support.requests import stream as bls_stream
-from tests.support.servers import serve_profile, wait_until
+from tests.support.servers import log_events, metric, serve_profile, wait_until
 
 
 @dataclass
@@ -246,12 +246,6 @@ def test_bad_input_gets_the_errors_of_the_bls_door(triton_server, case: str, inp
         assert a.message == b.message
 
 
-def _events(log_path: str) -> list[dict[str, Any]]:
-    """The structured events of a server log."""
-    return [json.loads(line[line.index("{"):]) for line in Path(log_path).read_text(errors="replace").splitlines()
-            if line.startswith("{") and '"event":' in line]
-
-
 def test_a_stream_without_a_request_id_is_logged_under_the_generated_one(triton_server) -> None:
     """The front end generates the id (it is in ``info``); the engine's and the vocoder step's
     lines of that stream carry it too, not the empty id Triton gives the steps."""
@@ -261,7 +255,7 @@ def test_a_stream_without_a_request_id_is_logged_under_the_generated_one(triton_
     assert rid
 
     def lines() -> set[tuple[str, str]]:
-        return {(e["event"], e["model"]) for e in _events(triton_server.log_path) if e.get("request_id") == rid
+        return {(e["event"], e["model"]) for e in log_events(triton_server.log_path) if e.get("request_id") == rid
                 or rid in e.get("request_ids", [])}
 
     want = {("request_accepted", contract.MODEL_ENSEMBLE), ("sequence_finished", contract.MODEL_ENGINE),
@@ -297,12 +291,9 @@ def one_slot(small_artifacts: Artifacts, tmp_path_factory: pytest.TempPathFactor
 
 
 def _gauge(port: int, name: str) -> float:
-    """The sum of ``name``'s series on the server's metrics port; a scrape without the series
-    fails (the engine publishes it from its start), rather than reading as 0."""
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
-    values = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + "{")]
-    assert values, f"no {name} series in the scrape"
-    return sum(values)
+    """The sum of ``name``'s series; a scrape without the series fails (the engine publishes it
+    from its start), rather than reading as 0."""
+    return metric(port, name, require=True)
 
 
 def test_a_full_ensemble_door_answers_busy_at_once_and_serves_again_after(one_slot) -> None:
@@ -349,7 +340,7 @@ def test_a_cancel_frees_the_engine_sequence_and_the_slot(one_slot) -> None:
     # room for a loaded machine and still proves each sequence left long before its 2000 tokens.
     print(f"\ndecode steps between each client's cancel and its sequence leaving: {late}")
     assert max(late) < 200, f"{late}: decode steps after each cancel (each sequence had 2000 tokens to go)"
-    events = _events(one_slot.log_path)
+    events = log_events(one_slot.log_path)
     assert sum(e["event"] == "ensemble_cancelled" for e in events) >= CANCELS  # the vocoder step saw each
     ended = [e for e in events if e["event"] == "sequence_finished" and e["status"] == "cancelled"]
     assert len(ended) == CANCELS and all(e["tokens"] < 2000 for e in ended)  # the engine ended each early

@@ -38,7 +38,7 @@ import yaml
 from chattts_serving import contract
 from chattts_serving.client import ClientError, SynthesisRequest, synthesize_offline, synthesize_stream
 from chattts_serving.serving.logs import JsonLineFormatter, event_line
-from tests.support.servers import ROOT, Server, free_port, running_gateway
+from tests.support.servers import ROOT, Server, free_port, log_events, running_gateway
 
 PROMETHEUS_BIN = Path("/usr/bin/prometheus")
 RULES_DIR = ROOT / "docker" / "prometheus" / "rules"
@@ -335,7 +335,7 @@ def test_prometheus_scrapes_series_and_evaluates_rules_and_dashboard(triton_serv
     # model and their idle value; that a switch sets the gauge (and back) is checked where the
     # load switches it, tests/server/test_overload.py (it fails when set_degraded does nothing).
     degraded = {s["metric"]["model"]: float(s["value"][1]) for s in prom.query("tts_degraded_mode")}
-    switches = [e for e in _event_lines(triton_server.log_path) if e["event"] == "degraded_mode"]
+    switches = [e for e in log_events(triton_server.log_path) if e["event"] == "degraded_mode"]
     expected = {m: float(next((e["degraded"] for e in reversed(switches) if e["model"] == m), False))
                 for m in (contract.MODEL_STREAM, contract.MODEL_OFFLINE)}
     print(f"tts_degraded_mode after the load: {degraded}; switches logged: {len(switches)}")
@@ -415,18 +415,6 @@ def test_plain_log_records_format_as_json_lines_with_the_event_keys() -> None:
     datetime.fromisoformat(data["ts"])
 
 
-def _event_lines(log_path: Path) -> list[dict[str, Any]]:
-    """Every structured event of the server log (lines that are JSON objects with an event)."""
-    events = []
-    for line in log_path.read_text(encoding="utf-8", errors="replace").splitlines():
-        if '"event":' not in line:
-            continue
-        record = json.loads(line)  # a line that mentions an event must be exactly one JSON object
-        assert isinstance(record, dict), line
-        events.append(record)
-    return events
-
-
 def _stream_with_id(url: str, request_id: str, text: str) -> list[str]:
     """One stream on ``chattts`` sent with a Triton request id; returns the ids of its responses."""
     client = grpcclient.InferenceServerClient(url)
@@ -461,11 +449,11 @@ def test_structured_logs_carry_the_client_request_id(triton_server: Server) -> N
     synthesize_stream(triton_server.grpc_url, SynthesisRequest(text="没有指定编号。", max_new_tokens=16))
 
     def finished_line() -> list[dict[str, Any]]:
-        return [e for e in _event_lines(triton_server.log_path)
+        return [e for e in log_events(triton_server.log_path)
                 if e.get("request_id") == request_id and e["event"] == "request_finished"]
 
     wait_for("the request_finished line of the request", finished_line, timeout_s=10)
-    events = _event_lines(triton_server.log_path)
+    events = log_events(triton_server.log_path)
     request_events = [e for e in events if e["event"].startswith("request_")]
     assert request_events, "no request events in the server log"
     for e in request_events:
@@ -501,7 +489,7 @@ def test_the_models_plain_log_lines_are_json_too(triton_server: Server) -> None:
     synthesize_stream(triton_server.grpc_url, SynthesisRequest(text=text, max_new_tokens=4, min_new_tokens=4))
 
     def dropped_lines() -> list[dict[str, Any]]:
-        return [e for e in _event_lines(triton_server.log_path)
+        return [e for e in log_events(triton_server.log_path)
                 if e["event"] == "log" and "characters not spoken" in e.get("message", "")]
 
     line = wait_for("the front end's log line", dropped_lines, timeout_s=10)[0]

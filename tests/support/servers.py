@@ -4,6 +4,7 @@ the helpers that talk to one (metrics, stub processes, a gateway in a thread, po
 
 from __future__ import annotations
 
+import json
 import re
 import socket
 import threading
@@ -86,15 +87,30 @@ class Server:
                    log_path=Path(srv.log_path))
 
 
-def metric(port: int, name: str, **labels: str) -> float:
-    """Sum of the series of ``name`` on a tritonserver's metrics ``port`` whose labels include ``labels``."""
+def metric(port: int, name: str, require: bool = False, **labels: str) -> float:
+    """Sum of the series of ``name`` on a tritonserver's metrics ``port`` whose labels include
+    ``labels``; with ``require``, a scrape without such a series fails instead of reading 0."""
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
-    total = 0.0
+    total, found = 0.0, False
     for line in text.splitlines():
         m = re.fullmatch(rf"{name}(?:{{(.*)}})? (\S+)", line)
         if m and labels.items() <= dict(re.findall(r'(\w+)="([^"]*)"', m.group(1) or "")).items():
             total += float(m.group(2))
+            found = True
+    assert found or not require, f"no {name} series {labels or ''} in the scrape"
     return total
+
+
+def log_events(log_path: Path | str) -> list[dict[str, Any]]:
+    """Every structured event of a server log (lines that are JSON objects with an event)."""
+    events = []
+    for line in Path(log_path).read_text(encoding="utf-8", errors="replace").splitlines():
+        if '"event":' not in line:
+            continue
+        record = json.loads(line)  # a line that mentions an event must be exactly one JSON object
+        assert isinstance(record, dict), line
+        events.append(record)
+    return events
 
 
 # Two syntheses of the same request may differ by float noise (the stream's chunk windows
