@@ -10,7 +10,7 @@ import torch
 from chattts_serving import contract
 from chattts_serving.engine.gpt import Embeddings, GptStepRunner
 from chattts_serving.engine.sampling import RequestSampler, sample_batch
-from chattts_serving.engine.scheduler import Engine, EngineBusy, EngineConfig, make_sequence
+from chattts_serving.engine.scheduler import CANCEL_POLL_STEPS, Engine, EngineBusy, EngineConfig, make_sequence
 from chattts_serving.engine.sinks import CollectingSink
 from chattts_serving.params import ParamError, SamplingParams
 from chattts_serving.runtime import Artifacts
@@ -163,25 +163,61 @@ def test_each_sequence_in_a_batch_gets_what_it_gets_alone(parts, small_artifacts
     assert max(sizes) >= 6, sizes
 
 
-def test_cancelled_sequence_leaves_at_the_next_step(parts, small_artifacts: Artifacts) -> None:
+class _CountingSink(Sink):
+    """A sink that counts how often the engine asks whether it was cancelled."""
+
+    def __init__(self, cancel_after: int | None = None) -> None:
+        super().__init__(cancel_after=cancel_after)
+        self.asked = 0
+
+    def cancelled(self) -> bool:
+        self.asked += 1
+        return super().cancelled()
+
+
+def test_a_sink_cancel_is_seen_within_the_poll_interval_and_the_sink_is_not_asked_every_step(
+        parts, small_artifacts: Artifacts) -> None:
+    """A sink that says cancelled after 4 tokens: its sequence leaves within
+    CANCEL_POLL_STEPS iterations while the other runs on; each sink is asked at admission and
+    then once per CANCEL_POLL_STEPS iterations (on Triton each question is a server round trip)."""
     eng = Engine(*parts, EngineConfig())
-    stay, leave = Sink(), Sink(cancel_after=4)
+    stay, leave = _CountingSink(), _CountingSink(cancel_after=4)
     eng.submit(make_sequence(_prompt(20, 1), None, SamplingParams(max_new_tokens=40, min_new_tokens=40), stay))
     eng.submit(make_sequence(_prompt(25, 2), None, SamplingParams(max_new_tokens=40, min_new_tokens=40), leave))
-    steps = 0
+    while len(leave.all_codes) < 4:
+        eng.run_once()
+    for _ in range(CANCEL_POLL_STEPS):
+        eng.run_once()
+    assert eng.stats()["running"] == 1 and leave.reason == contract.StopReason.CANCELLED
+    assert len(leave.all_codes) <= 4 + CANCEL_POLL_STEPS
+    iterations = 1 + CANCEL_POLL_STEPS  # the prefill's, then one per decode step
     while eng.live_count():
         eng.run_once()
-        steps += 1
-        if len(leave.all_codes) >= 4:
-            eng.run_once()
-            assert eng.stats()["running"] == 1
-            break
-    assert len(leave.all_codes) <= 5
-    while eng.live_count():
-        eng.run_once()
+        iterations += 1
     assert len(stay.all_codes) == 40
     assert eng.stats()["cancelled"] == 1
     assert eng.running() == [] and eng.stats()["running"] == 0
+    assert 1 <= stay.asked <= 1 + iterations // CANCEL_POLL_STEPS, (stay.asked, iterations)
+
+
+def test_an_engine_cancel_ends_the_sequence_at_the_next_iteration(parts, small_artifacts: Artifacts) -> None:
+    """Engine.cancel (the BLS's cancel datagram) does not wait for the sink poll."""
+    eng = Engine(*parts, EngineConfig())
+    stay, leave = Sink(), Sink()
+    eng.submit(make_sequence(_prompt(20, 1), None, SamplingParams(max_new_tokens=40, min_new_tokens=40), stay))
+    leaving = make_sequence(_prompt(25, 2), None, SamplingParams(max_new_tokens=40, min_new_tokens=40), leave,
+                            request_id="leaving")
+    eng.submit(leaving)
+    for _ in range(3):
+        eng.run_once()
+    had = len(leave.all_codes)
+    assert eng.cancel(leaving.request_id)
+    eng.run_once()
+    assert leave.reason == contract.StopReason.CANCELLED and len(leave.all_codes) == had
+    assert eng.stats()["running"] == 1
+    while eng.live_count():
+        eng.run_once()
+    assert len(stay.all_codes) == 40
 
 
 def test_admission_limit_raises_busy_and_accepted_requests_complete(parts) -> None:
