@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -110,15 +111,22 @@ def measure_pipeline(artifacts_dir: Path, profile: Any, prompts: Sequence[tuple[
                      tokens: int, repeats: int) -> dict[str, Any]:
     """The minimal pipeline with ``profile``'s engine, vocoder and stream settings, over all
     ``prompts`` at once (one batch: use as many as the server level it is compared with),
-    ``repeats`` times after one untimed run. Returns batch, tokens (budget per sequence),
-    vocoder (path), repeats, runs (each :func:`run_batch`'s keys plus ``cpu``, the
+    ``repeats`` times after one untimed run. Its stages run one after the other, so the
+    vocoder gets as many threads as the engine when the profile gives it fewer (in the server
+    it shares the cores with the running step; here it would leave one idle).
+
+    Returns batch, tokens (budget per sequence), vocoder (path), vocoder_threads, repeats, runs
+    (each :func:`run_batch`'s keys plus ``cpu``, the
     :class:`~chattts_serving.bench.cpuload.CpuWindow` of that run) and the medians over the
-    runs: tokens_per_s, decode_s, vocode_s, decode_cpu_s, vocode_cpu_s, wall_s; other_cpu_percent (mean over the runs:
-    load from outside the benchmark)."""
+    runs: tokens_per_s, decode_s, vocode_s, decode_cpu_s, vocode_cpu_s, wall_s;
+    other_cpu_percent (mean over the runs: load from outside the benchmark)."""
     art = Artifacts.load(artifacts_dir)
     engine = Engine(GptStepRunner(art, profile.ort("engine")), Embeddings(art), profile.engine.engine_config())
     engine.warm_up()
-    vocoder = VocoderRunner(art, profile.stream.default_vocoder, profile.ort("vocoder"))
+    vocoder_opts, engine_threads = profile.ort("vocoder"), profile.ort("engine").intra_op_threads
+    if 0 < vocoder_opts.intra_op_threads < engine_threads or (vocoder_opts.intra_op_threads and not engine_threads):
+        vocoder_opts = replace(vocoder_opts, intra_op_threads=engine_threads)  # 0: ORT's default, every core
+    vocoder = VocoderRunner(art, profile.stream.default_vocoder, vocoder_opts)
     vocoder.warm_up(art.hidden_size)
     schedule = profile.stream.schedule()
     emit = profile.stream.emit_tokens
@@ -135,7 +143,8 @@ def measure_pipeline(artifacts_dir: Path, profile: Any, prompts: Sequence[tuple[
         return float(np.median([r[key] for r in runs])) if runs else None
 
     return {"batch": len(prompts), "tokens": tokens, "vocoder": str(profile.stream.default_vocoder),
-            "repeats": repeats, "runs": runs, "tokens_per_s": med("tokens_per_s"), "decode_s": med("decode_s"),
+            "vocoder_threads": vocoder_opts.intra_op_threads, "repeats": repeats, "runs": runs,
+            "tokens_per_s": med("tokens_per_s"), "decode_s": med("decode_s"),
             "vocode_s": med("vocode_s"), "decode_cpu_s": med("decode_cpu_s"), "vocode_cpu_s": med("vocode_cpu_s"),
             "wall_s": med("wall_s"),
             "other_cpu_percent": mean([r["cpu"]["other_cpu_percent"] or 0.0 for r in runs])}

@@ -99,6 +99,8 @@ def test_bench_smoke_writes_report(small_weights: Path, small_int8_artifacts, tm
     assert result["floor"]["bandwidth_gbps"] > 0 and result["floor"]["matrix_bytes"] >= 64 << 20
     pipe = result["pipeline"]
     assert pipe["batch"] == 16 and len(pipe["runs"]) == 3 and all(r["tokens"] == 16 * 16 for r in pipe["runs"])
+    cpu = load_profile("cpu")  # its stages run one after the other: the vocoder on the engine's threads
+    assert cpu.vocoder.intra_op_threads < cpu.engine.intra_op_threads == pipe["vocoder_threads"]
 
     for key in ("burst", "saturated"):
         b = result["burst"][key]
