@@ -57,14 +57,14 @@ from .waiting import QueueFull, WaitingQueue
 log = logging.getLogger(__name__)
 
 DEADLINE_EXCEEDED = "deadline exceeded"
+"""The error message of a sequence whose deadline passed (kind DEADLINE)."""
 
 CANCEL_POLL_STEPS = 4
 """A running sequence's sink is asked :meth:`TokenSink.cancelled` once per this many engine
 iterations (staggered by when it joined), not at every step: on Triton the question is a round
-trip to the server per sequence (py-spy at c=16: 5 % of the engine thread asking 16 sinks per
-step). A cancel through :meth:`Engine.cancel` (the BLS's cancel datagram) is seen at the next
-iteration."""
-"""The error message of a sequence whose deadline passed (kind DEADLINE)."""
+trip to the server per sequence (its share of the engine thread: docs/decode-speed.md, "Threads
+on two cores"). A cancel through :meth:`Engine.cancel` (the BLS's cancel datagram) is seen at
+the next iteration."""
 
 
 class EngineBusy(RequestError):
