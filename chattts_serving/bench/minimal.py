@@ -124,8 +124,9 @@ def measure_pipeline(artifacts_dir: Path, profile: Any, prompts: Sequence[tuple[
     engine = Engine(GptStepRunner(art, profile.ort("engine")), Embeddings(art), profile.engine.engine_config())
     engine.warm_up()
     vocoder_opts, engine_threads = profile.ort("vocoder"), profile.ort("engine").intra_op_threads
-    if 0 < vocoder_opts.intra_op_threads < engine_threads or (vocoder_opts.intra_op_threads and not engine_threads):
-        vocoder_opts = replace(vocoder_opts, intra_op_threads=engine_threads)  # 0: ORT's default, every core
+    fewer = vocoder_opts.intra_op_threads and (not engine_threads or vocoder_opts.intra_op_threads < engine_threads)
+    if fewer:  # 0 threads: ORT's default, every core
+        vocoder_opts = replace(vocoder_opts, intra_op_threads=engine_threads)
     vocoder = VocoderRunner(art, profile.stream.default_vocoder, vocoder_opts)
     vocoder.warm_up(art.hidden_size)
     schedule = profile.stream.schedule()
