@@ -36,7 +36,7 @@ int8-accuracy: setup  ## int8 GPT vs fp32, teacher-forced, into ARTIFACTS' manif
 	$(PY) -m chattts_serving.bench.int8 --artifacts $(ARTIFACTS) --measure
 
 serve:  ## render the repository for PROFILE over ARTIFACTS and serve until Ctrl-C
-	$(PY) -m chattts_serving.deploy.server --profile $(PROFILE) --artifacts $(ARTIFACTS) \
+	$(PY) -m chattts_serving.deploy.serve --profile $(PROFILE) --artifacts $(ARTIFACTS) \
 	  --http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT)
 
 demo: setup  ## fresh clone -> export -> tritonserver -> Chinese sentence streamed to out/demo.wav

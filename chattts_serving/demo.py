@@ -23,6 +23,7 @@ from . import contract
 from .client import ClientError, SynthesisRequest, synthesize_stream, write_wav
 from .deploy.render import RenderError, render_repository
 from .deploy.server import ServerError, TritonServer
+from .deploy.supervisor import supervised
 from .export.build import export_artifacts
 from .export.variants import ensure_precision
 from .export.weights import WeightsError, generate_checkpoint, read_sizes
@@ -80,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         Path("build").mkdir(exist_ok=True)
         log = Path("build/tritonserver-demo.log")
         with TritonServer(repo, http_port=args.http_port, grpc_port=args.grpc_port, metrics_port=args.metrics_port,
-                          log_path=log) as server, server.supervised(profile.health):
+                          log_path=log) as server, supervised(server, profile.health):
             url = f"127.0.0.1:{args.grpc_port}"
             print(f"  ready: gRPC {url}, HTTP 127.0.0.1:{args.http_port} (log: {log})", flush=True)
             # Generated weights end an utterance at random; a floor on its length keeps the

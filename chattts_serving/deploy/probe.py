@@ -17,7 +17,7 @@ is not healthy". :func:`probe` therefore checks, within one deadline:
 
 It prints one JSON line ``{"healthy", "reason", "checks", "duration_ms"}`` and exits 0 when
 healthy, 1 when not, 2 on a usage error. The launcher's supervisor
-(:class:`chattts_serving.deploy.server.Supervisor`), the Kubernetes liveness probe and the Docker
+(:class:`chattts_serving.deploy.supervisor.Supervisor`), the Kubernetes liveness probe and the Docker
 HEALTHCHECK run it. Each probe is one real (counted, logged) request of about 43 ms of audio.
 """
 

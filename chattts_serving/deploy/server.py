@@ -1,4 +1,4 @@
-"""``chattts-serve``: run the ``tritonserver`` bundled in the ``nvidia-pytriton`` wheel.
+"""The ``tritonserver`` bundled in the ``nvidia-pytriton`` wheel, run as a process.
 
 The wheel ships Triton 2.51 with the Python backend and a backend stub per Python version.
 :class:`TritonServer` builds a backend directory of symlinks (the stub for this interpreter
@@ -7,17 +7,12 @@ server's PATH (the stub runs ``python3`` from there, so it sees this venv's site
 starts the server, waits for ``/v2/health/ready`` and stops it with SIGINT (then SIGKILL).
 The stub runs Python isolated (PYTHONPATH is ignored), hence the PATH. Its admin APIs
 (logging, trace, shared memory, model repository, statistics) need the header of
-:mod:`chattts_serving.deploy.admin`.
-
-:class:`Supervisor` (``chattts-serve --restart-on-failure``) restarts the server when one of
-its model processes dies or the deep probe (:mod:`chattts_serving.deploy.probe`) keeps failing:
-Triton 2.51 neither restarts a dead Python-backend stub nor reports it in its health
-(docs/triton-workarounds.md, "stuck model, nobody says so").
+:mod:`chattts_serving.deploy.admin`. ``chattts-serve`` (:mod:`.serve`) runs one under a
+:class:`~chattts_serving.deploy.supervisor.Supervisor`.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import glob
 import importlib.util
@@ -27,37 +22,23 @@ import socket
 import subprocess
 import sys
 import sysconfig
-import threading
 import time
 import urllib.request
 from collections import Counter
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
 import psutil
 
 from .. import contract
-from ..serving.logs import log_event
-from ..serving.profile import HealthProfile, ProfileError, load_profile
-from .admin import (
-    ADMIN_HEADER,
-    RESTRICTED_APIS,
-    TOKEN_ENV,
-    AdminTokenError,
-    new_token,
-    publish,
-    restriction_args,
-    token_from_env,
-)
+from .admin import new_token, restriction_args, token_from_env
 from .gate import GateBuildError, build_gate, sanitizer_runtime
-from .logscan import LogScanner
-from .probe import ProbeResult, probe
-from .render import RenderError, render_repository
 
 SHM_GLOB = "/dev/shm/triton_python_backend_shm_region_*"
 STUB_NAME = "triton_python_backend_stub"
+FLUSH_S = 0.5
+"""How long a stop that kills the server once its models have unloaded waits after the last
+stub exited, so that the errors the models sent their streams reach the clients."""
 
 
 class ServerError(RuntimeError):
@@ -236,17 +217,27 @@ class TritonServer:
         text = Path(self.log_path).read_text(errors="replace").splitlines()[-lines:]
         return "\n--- tritonserver log (tail) ---\n" + "\n".join(text)
 
-    def stop(self, timeout_s: float = 30.0) -> None:
+    def stop(self, timeout_s: float = 30.0, *, kill_once_unloaded: bool = False) -> None:
         """SIGINT, wait up to ``timeout_s``, then SIGKILL the process group; remove shared
-        memory regions a killed server leaves behind."""
+        memory regions a killed server leaves behind. ``kill_once_unloaded``: SIGKILL as soon
+        as no stub process is left (plus :data:`FLUSH_S` for the last error responses to leave):
+        a server whose model process died waits its whole exit timeout for a model that never
+        unloads (docs/triton-workarounds.md, "stuck model, nobody says so"), while every live
+        model has already ended its streams."""
         if self.proc is None:
             return
         if self.proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.proc.pid, signal.SIGINT)
-            try:
-                self.proc.wait(timeout_s)
-            except subprocess.TimeoutExpired:
+            deadline = time.monotonic() + timeout_s
+            unloaded_at: float | None = None
+            while self.proc.poll() is None and time.monotonic() < deadline:
+                if kill_once_unloaded and unloaded_at is None and not self.stub_pids():
+                    unloaded_at = time.monotonic()
+                if unloaded_at is not None and time.monotonic() - unloaded_at >= FLUSH_S:
+                    break
+                time.sleep(0.05)
+            if self.proc.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
@@ -262,23 +253,24 @@ class TritonServer:
             self._log.close()  # type: ignore[attr-defined]
         self.proc = None
 
-    def restart(self, stop_timeout_s: float = 30.0, ready_timeout_s: float = 180.0) -> TritonServer:
+    def restart(self, stop_timeout_s: float = 30.0, ready_timeout_s: float = 180.0, *,
+                kill_once_unloaded: bool = False) -> TritonServer:
         """:meth:`stop` then :meth:`start` on the same ports and repository. Raises ServerError
         as :meth:`start` does."""
-        self.stop(stop_timeout_s)
+        self.stop(stop_timeout_s, kill_once_unloaded=kill_once_unloaded)
         return self.start(ready_timeout_s)
 
-    def stub_counts(self) -> Counter[str]:
-        """Live Python-backend stub processes of this server, counted per model (the model
-        directory's name, e.g. ``chattts_gpt``; one per model instance). Empty when the server
-        is not running. Zombies (killed, not yet reaped) do not count."""
+    def stub_pids(self) -> dict[int, str]:
+        """Live Python-backend stub processes of this server: process id -> model (the model
+        directory's name, e.g. ``chattts_gpt``; one process per model instance). Empty when the
+        server is not running. Zombies (killed, not yet reaped) do not count."""
         if self.proc is None or self.proc.poll() is not None:
-            return Counter()
+            return {}
         try:
             children = psutil.Process(self.proc.pid).children()
         except psutil.Error:
-            return Counter()
-        counts: Counter[str] = Counter()
+            return {}
+        pids: dict[int, str] = {}
         for child in children:
             try:
                 if child.status() == psutil.STATUS_ZOMBIE:
@@ -289,260 +281,15 @@ class TritonServer:
             if not cmd or Path(cmd[0]).name != STUB_NAME:
                 continue
             model_py = next((a for a in cmd[1:] if a.endswith("model.py")), None)
-            counts[Path(model_py).parent.parent.name if model_py else "?"] += 1
-        return counts
+            pids[child.pid] = Path(model_py).parent.parent.name if model_py else "?"
+        return pids
 
-    def supervise(self, health: HealthProfile, stop: threading.Event | None = None) -> None:
-        """Run a :class:`Supervisor` over this (started) server until ``stop`` is set. Raises
-        ServerError when a restart fails."""
-        Supervisor(self, health).run(stop)
-
-    @contextlib.contextmanager
-    def supervised(self, health: HealthProfile) -> Iterator[Supervisor]:
-        """A :class:`Supervisor` over this (started) server on a thread of its own for the
-        duration of the ``with`` block (``chattts-demo``); a failed restart is logged by it."""
-        stop = threading.Event()
-        sup = Supervisor(self, health)
-
-        def run() -> None:
-            with contextlib.suppress(ServerError):  # logged as server_restart_failed
-                sup.run(stop)
-        thread = threading.Thread(target=run, name="supervisor", daemon=True)
-        thread.start()
-        try:
-            yield sup
-        finally:
-            stop.set()
-            thread.join(health.interval_s + health.probe_timeout_s + 5)
+    def stub_counts(self) -> Counter[str]:
+        """Live stub processes per model (:meth:`stub_pids`)."""
+        return Counter(self.stub_pids().values())
 
     def __enter__(self) -> TritonServer:
         return self.start() if self.proc is None else self
 
     def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
         self.stop()
-
-
-@dataclass(frozen=True)
-class CheckResult:
-    """One supervisor check: ``ok``, the ``reason`` when not ok ("ok" otherwise), whether the
-    deep probe ran as part of it (``probed``), and whether the failure calls for a restart at
-    once (``fatal``: the process exited, or its log shows a crash or a corrupted heap)."""
-
-    ok: bool
-    reason: str = "ok"
-    probed: bool = False
-    fatal: bool = False
-
-
-class RestartPolicy:
-    """When to probe and when to restart, from the results of successive checks (no I/O).
-
-    Check ``n`` (0-based since the last start) includes the deep probe when ``n`` is a multiple
-    of ``probe_every`` (never when it is 0) and, once a probe has failed, on every check until
-    one passes: otherwise the cheap checks in between would reset the count of a server
-    that is up but cannot synthesise. ``failures`` consecutive failed checks call for a
-    restart; any passing check resets the count.
-    """
-
-    def __init__(self, failures: int, probe_every: int) -> None:
-        if failures < 1 or probe_every < 0:
-            raise ValueError(f"need failures >= 1 and probe_every >= 0, got {failures}, {probe_every}")
-        self.failures = failures
-        self.probe_every = probe_every
-        self.reset()
-
-    def reset(self) -> None:
-        """Forget the history (the server was just (re)started)."""
-        self.checks = 0
-        self.consecutive_failures = 0
-        self.probe_failing = False
-
-    def probe_due(self) -> bool:
-        """Whether the next check should include the deep probe."""
-        if self.probe_every == 0:
-            return False
-        return self.probe_failing or self.checks % self.probe_every == 0
-
-    def record(self, result: CheckResult) -> bool:
-        """Count ``result``; True when the server should be restarted now (the history is
-        then reset)."""
-        self.checks += 1
-        if result.probed:
-            self.probe_failing = not result.ok
-        if result.ok:
-            self.consecutive_failures = 0
-            return False
-        self.consecutive_failures += 1
-        if self.consecutive_failures >= self.failures:
-            self.reset()
-            return True
-        return False
-
-
-FATAL_STOP_TIMEOUT_S = 5.0
-"""How long a supervisor waits for a crashed server to stop before killing it: a process
-whose heap is corrupted may never finish a clean stop."""
-
-
-class Supervisor:
-    """Restarts a :class:`TritonServer` whose model processes died or that stopped serving.
-
-    Every ``health.interval_s`` seconds :meth:`check` compares the server's live stub
-    processes per model with those present right after its start (Triton 2.51 neither
-    restarts a killed stub nor reports it: ``/v2/health/ready`` stays 200) and, when
-    :class:`RestartPolicy` says so, runs the deep probe (:func:`chattts_serving.deploy.probe.probe`,
-    deadline ``health.probe_timeout_s``). After ``health.failures`` failed checks in a row it
-    restarts the server (clean stop, same ports). A server process that exited, or whose log
-    shows a crash or a corrupted heap (:mod:`~chattts_serving.deploy.logscan`: a process in that
-    state may live on and answer "ready" while serving nothing), is restarted at the first check
-    that sees it, its stop cut short (:data:`FATAL_STOP_TIMEOUT_S`). Every event is one JSON log line on stderr
-    (:func:`chattts_serving.serving.logs.log_event`): ``supervisor_started``, ``health_check_failed``,
-    ``server_restarting``, ``server_restarted``, ``server_restart_failed``.
-
-    ``probe_fn(http_url, grpc_url, timeout_s)`` and ``wait(seconds) -> bool`` (True: stop)
-    can be replaced in tests.
-    """
-
-    def __init__(self, server: TritonServer, health: HealthProfile,
-                 probe_fn: Callable[[str, str, float], ProbeResult] | None = None) -> None:
-        self.server = server
-        self.health = health
-        self.policy = RestartPolicy(health.failures, health.probe_every)
-        self.probe_fn = probe_fn or (lambda http, grpc, timeout: probe(http, grpc, timeout,
-                                                                       admin_token=server.admin_token))
-        self.expected: Counter[str] = Counter()
-        self.restarts = 0
-        self.log = LogScanner(server.log_path)
-
-    def baseline(self) -> None:
-        """Record the stub processes of the freshly started server as the expected set; the log
-        is read from its current end on (a restart appends to it)."""
-        self.expected = self.server.stub_counts()
-        self.policy.reset()
-        self.log = LogScanner(self.server.log_path, start_at_end=True)
-
-    def check(self, with_probe: bool) -> CheckResult:
-        """The server process runs, every expected stub is alive and, ``with_probe``, the
-        deep probe passes."""
-        proc = self.server.proc
-        signs = self.log.new_fatal_lines()
-        if proc is None or proc.poll() is not None:
-            code = None if proc is None else proc.returncode
-            why = f"; its log: {signs[0][:200]}" if signs else ""
-            return CheckResult(False, f"tritonserver is not running (exit code {code}){why}", fatal=True)
-        if signs:
-            return CheckResult(False, f"the server log shows a crash: {signs[0][:200]}", fatal=True)
-        missing = self.expected - self.server.stub_counts()
-        if missing:
-            gone = ", ".join(f"{model} ({n} of {self.expected[model]})" for model, n in sorted(missing.items()))
-            return CheckResult(False, f"model process(es) died: {gone}")
-        if not with_probe:
-            return CheckResult(True)
-        res = self.probe_fn(f"127.0.0.1:{self.server.http_port}", f"127.0.0.1:{self.server.grpc_port}",
-                            self.health.probe_timeout_s)
-        return CheckResult(res.healthy, "ok" if res.healthy else f"probe: {res.reason}", probed=True)
-
-    def step(self) -> bool:
-        """One check, and a restart when the policy calls for one; True when it restarted.
-        Raises ServerError when the restart fails."""
-        result = self.check(self.policy.probe_due())
-        if result.ok:
-            self.policy.record(result)
-            return False
-        log_event("health_check_failed", level="warning", component="supervisor", reason=result.reason,
-                  probed=result.probed, consecutive_failures=self.policy.consecutive_failures + 1,
-                  failures_to_restart=1 if result.fatal else self.health.failures)
-        if not self.policy.record(result) and not result.fatal:
-            return False
-        log_event("server_restarting", level="error", component="supervisor", reason=result.reason,
-                  restarts=self.restarts)
-        t0 = time.monotonic()
-        try:
-            self.server.restart(stop_timeout_s=FATAL_STOP_TIMEOUT_S if result.fatal else 30.0)
-        except ServerError as exc:
-            log_event("server_restart_failed", level="error", component="supervisor", error=str(exc).splitlines()[0])
-            raise
-        self.restarts += 1
-        self.baseline()
-        log_event("server_restarted", component="supervisor", reason=result.reason, restarts=self.restarts,
-                  duration_ms=round((time.monotonic() - t0) * 1000, 1), stubs=dict(self.expected))
-        return True
-
-    def run(self, stop: threading.Event | None = None) -> None:
-        """Check every ``interval_s`` seconds until ``stop`` is set (forever without one).
-        Raises ServerError when a restart fails."""
-        stop = stop or threading.Event()
-        self.baseline()
-        log_event("supervisor_started", component="supervisor", interval_s=self.health.interval_s,
-                  failures=self.health.failures, probe_every=self.health.probe_every,
-                  probe_timeout_s=self.health.probe_timeout_s, stubs=dict(self.expected))
-        while not stop.wait(self.health.interval_s):
-            self.step()
-
-
-def main(argv: list[str] | None = None) -> int:
-    apis = ", ".join(RESTRICTED_APIS)
-    ap = argparse.ArgumentParser(prog="chattts-serve", description="Render the model repository and serve it "
-                                 f"with the bundled tritonserver until Ctrl-C. The admin APIs ({apis}) need the "
-                                 f"header '{ADMIN_HEADER}: ${TOKEN_ENV}'; when {TOKEN_ENV} is unset a token is "
-                                 "generated and printed once on stderr.")
-    ap.add_argument("--profile", default="cpu")
-    ap.add_argument("--artifacts", type=Path, default=Path("artifacts/small"))
-    ap.add_argument("--repo", type=Path, default=Path("build/model_repository"))
-    ap.add_argument("--http-port", type=int, default=8000)
-    ap.add_argument("--grpc-port", type=int, default=8001)
-    ap.add_argument("--metrics-port", type=int, default=8002)
-    ap.add_argument("--log", type=Path, default=None, help="server log file (default: this terminal)")
-    ap.add_argument("--restart-on-failure", action=argparse.BooleanOptionalAction, default=True,
-                    help="supervise the server (default): restart it at once when it exits or its log shows a crash, "
-                         "and when a model process dies or the deep probe keeps failing (knobs: the profile's [health] "
-                         "table); events are JSON lines on stderr")
-    args = ap.parse_args(argv)
-    if not (args.artifacts / "manifest.json").is_file():
-        print(f"chattts-serve: error: no exported artifacts in {args.artifacts} (no manifest.json): run "
-              "`make export` or pass --artifacts DIR", file=sys.stderr)
-        return 2
-    try:
-        profile = load_profile(args.profile)
-        render_repository(profile, args.artifacts, args.repo)
-    except (ProfileError, RenderError, FileNotFoundError) as exc:
-        print(f"chattts-serve: error: {exc}", file=sys.stderr)
-        return 2
-    try:
-        server = TritonServer(args.repo, http_port=args.http_port, grpc_port=args.grpc_port,
-                              metrics_port=args.metrics_port, log_path=args.log)
-    except (AdminTokenError, OSError) as exc:
-        print(f"chattts-serve: error: {exc}", file=sys.stderr)
-        return 2
-    if server.admin_token_generated:
-        publish("chattts-serve", server.admin_token)
-
-    def _interrupt(signum: int, _frame: object) -> None:
-        raise KeyboardInterrupt
-
-    # SIGTERM (systemd, docker stop, kill) and SIGINT stop the server like Ctrl-C; a shell
-    # starts background jobs with SIGINT ignored, so restore its handler explicitly.
-    signal.signal(signal.SIGTERM, _interrupt)
-    signal.signal(signal.SIGINT, _interrupt)
-    try:
-        server.start()
-        print(f"chattts-serve: ready (HTTP {args.http_port}, gRPC {args.grpc_port}, metrics {args.metrics_port});"
-              " Ctrl-C stops", flush=True)
-        if args.restart_on_failure:
-            server.supervise(profile.health)
-            return 0
-        assert server.proc is not None
-        server.proc.wait()
-        return server.proc.returncode if server.proc else 0
-    except KeyboardInterrupt:
-        print("chattts-serve: stopping", flush=True)
-        return 0
-    except ServerError as exc:
-        print(f"chattts-serve: error: {exc}", file=sys.stderr)
-        return 1
-    finally:
-        server.stop()
-
-
-if __name__ == "__main__":
-    sys.exit(main())

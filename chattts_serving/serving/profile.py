@@ -202,7 +202,7 @@ class DegradeProfile(_Strict):
 
 
 class HealthProfile(_Strict):
-    """Self-healing of ``chattts-serve --restart-on-failure`` (:class:`~chattts_serving.deploy.server.Supervisor`)
+    """Self-healing of ``chattts-serve --restart-on-failure`` (:class:`~chattts_serving.deploy.supervisor.Supervisor`)
     and the deep probe's deadline (:func:`~chattts_serving.deploy.probe.probe`).
 
     Every ``interval_s`` seconds the supervisor checks that every Python-backend stub process

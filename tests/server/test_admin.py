@@ -29,7 +29,8 @@ from chattts_serving import contract
 from chattts_serving.client import SynthesisRequest, synthesize_offline, synthesize_sse, synthesize_stream
 from chattts_serving.deploy import admin
 from chattts_serving.deploy.probe import probe
-from chattts_serving.deploy.server import Supervisor, bundled_triton
+from chattts_serving.deploy.server import bundled_triton
+from chattts_serving.deploy.supervisor import Supervisor
 from chattts_serving.serving.profile import HealthProfile
 from tests.support.admin_calls import ADMIN_GRPC, ADMIN_HTTP
 from tests.support.servers import Server, free_port

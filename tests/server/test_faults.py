@@ -30,7 +30,8 @@ import pytest
 from chattts_serving import contract
 from chattts_serving.client import ClientError, SynthesisRequest, synthesize_stream
 from chattts_serving.deploy.probe import probe
-from chattts_serving.deploy.server import Supervisor, TritonServer
+from chattts_serving.deploy.server import TritonServer
+from chattts_serving.deploy.supervisor import Supervisor
 from chattts_serving.runtime import Artifacts
 from chattts_serving.serving.profile import PROFILES_DIR, HealthProfile, load_profile
 from tests.support.probe_cli import probe_cli
@@ -352,7 +353,7 @@ def test_supervised_server_restarts_itself_after_the_engine_dies(small_artifacts
     events = tmp_path / "serve.stderr"
     with events.open("w") as err:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "chattts_serving.deploy.server", "--profile", str(profile), "--artifacts",
+            [sys.executable, "-m", "chattts_serving.deploy.serve", "--profile", str(profile), "--artifacts",
              str(small_artifacts.root), "--repo", str(tmp_path / "repo"), "--http-port", str(ports[0]),
              "--grpc-port", str(ports[1]), "--metrics-port", str(ports[2]), "--log", str(tmp_path / "triton.log"),
              "--restart-on-failure"],

@@ -29,7 +29,7 @@ def test_serve_runs_until_sigterm_and_stops_cleanly(small_artifacts: Artifacts, 
     stderr = tmp_path / "serve.stderr"
     with stderr.open("w") as err:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "chattts_serving.deploy.server", "--artifacts", str(small_artifacts.root),
+            [sys.executable, "-m", "chattts_serving.deploy.serve", "--artifacts", str(small_artifacts.root),
              "--repo", str(tmp_path / "repo"), "--http-port", str(ports[0]), "--grpc-port", str(ports[1]),
              "--metrics-port", str(ports[2]), "--log", str(tmp_path / "server.log")],
             stdout=subprocess.PIPE, stderr=err, text=True, env=env)
@@ -67,6 +67,6 @@ def test_serve_runs_until_sigterm_and_stops_cleanly(small_artifacts: Artifacts, 
 
 
 def test_unknown_profile_is_one_clear_error(small_artifacts: Artifacts) -> None:
-    proc = subprocess.run([sys.executable, "-m", "chattts_serving.deploy.server", "--profile", "nope",
+    proc = subprocess.run([sys.executable, "-m", "chattts_serving.deploy.serve", "--profile", "nope",
                            "--artifacts", str(small_artifacts.root)], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "no profile 'nope'" in proc.stderr and "Traceback" not in proc.stderr

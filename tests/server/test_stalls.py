@@ -32,7 +32,8 @@ import pytest
 from chattts_serving import contract
 from chattts_serving.client import SynthesisRequest, synthesize_stream
 from chattts_serving.deploy.gate import GATE_DIR
-from chattts_serving.deploy.server import Supervisor, TritonServer
+from chattts_serving.deploy.server import TritonServer
+from chattts_serving.deploy.supervisor import Supervisor
 from chattts_serving.runtime import Artifacts
 from chattts_serving.serving.profile import HealthProfile
 from tests.support.servers import serve_profile, wait_until

@@ -18,9 +18,10 @@ import pytest
 
 from chattts_serving import contract
 from chattts_serving.client import ClientError, SynthesisRequest
-from chattts_serving.deploy import server as server_mod
+from chattts_serving.deploy import supervisor as server_mod
 from chattts_serving.deploy.probe import ProbeResult, probe
-from chattts_serving.deploy.server import CheckResult, RestartPolicy, ServerError, Supervisor
+from chattts_serving.deploy.server import ServerError
+from chattts_serving.deploy.supervisor import CheckResult, RestartPolicy, Supervisor
 from chattts_serving.serving.profile import PROFILES_DIR, HealthProfile, ProfileError, load_profile
 from tests.support.probe_cli import probe_cli
 from tests.support.servers import free_port
@@ -72,14 +73,19 @@ class _FakeServer:
         self.stubs = Counter({contract.MODEL_ENGINE: 1, contract.MODEL_OFFLINE: 2})
         self.restarts = 0
         self.stop_timeouts: list[float] = []
+        self.killed_once_unloaded: list[bool] = []
         self.fail_restart = fail_restart
         self.log_path = log_path
 
     def stub_counts(self) -> Counter[str]:
         return Counter(self.stubs)
 
-    def restart(self, stop_timeout_s: float = 30.0) -> None:
+    def stub_pids(self) -> dict[int, str]:
+        return {}  # nothing to watch: the checks count stubs
+
+    def restart(self, stop_timeout_s: float = 30.0, kill_once_unloaded: bool = False) -> None:
         self.stop_timeouts.append(stop_timeout_s)
+        self.killed_once_unloaded.append(kill_once_unloaded)
         if self.fail_restart:
             raise ServerError("port 1 is already in use")
         self.restarts += 1
@@ -108,17 +114,21 @@ def _supervisor(fake: _FakeServer, probes: list[bool], failures: int = 2, probe_
     return sup
 
 
-def test_supervisor_restarts_when_a_stub_dies_and_logs_each_event(events: list[tuple[str, dict[str, Any]]]) -> None:
+def test_supervisor_restarts_at_once_when_a_stub_dies_and_logs_each_event(
+        events: list[tuple[str, dict[str, Any]]]) -> None:
+    """A dead model process never comes back by itself (Triton 2.51 restarts no decoupled
+    stub): the first check that misses it restarts the server, with the short stop that kills
+    it once the live models have unloaded."""
     fake = _FakeServer()
-    sup = _supervisor(fake, [], failures=2)
+    sup = _supervisor(fake, [], failures=3)
     assert sup.step() is False and not events
     fake.stubs[contract.MODEL_OFFLINE] -= 1  # one of two instances died
-    assert sup.step() is False
-    assert events[-1][0] == "health_check_failed" and "chattts_offline (1 of 2)" in events[-1][1]["reason"]
     assert sup.step() is True and fake.restarts == 1
-    assert [e for e, _ in events] == ["health_check_failed", "health_check_failed", "server_restarting",
-                                      "server_restarted"]
+    assert events[0][0] == "health_check_failed" and "chattts_offline (1 of 2)" in events[0][1]["reason"]
+    assert events[0][1]["failures_to_restart"] == 1
+    assert [e for e, _ in events] == ["health_check_failed", "server_restarting", "server_restarted"]
     assert events[-1][1]["restarts"] == 1
+    assert fake.stop_timeouts == [server_mod.FATAL_STOP_TIMEOUT_S] and fake.killed_once_unloaded == [True]
     assert sup.step() is False  # the new server's stubs are the new baseline
 
 

@@ -1,0 +1,84 @@
+"""``chattts-serve``: render the model repository for a profile and serve it with the bundled
+tritonserver (:class:`~chattts_serving.deploy.server.TritonServer`) under a
+:class:`~chattts_serving.deploy.supervisor.Supervisor`, until Ctrl-C or SIGTERM."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+from pathlib import Path
+
+from ..serving.profile import ProfileError, load_profile
+from .admin import ADMIN_HEADER, RESTRICTED_APIS, TOKEN_ENV, AdminTokenError, publish
+from .render import RenderError, render_repository
+from .server import ServerError, TritonServer
+from .supervisor import supervise
+
+
+def main(argv: list[str] | None = None) -> int:
+    apis = ", ".join(RESTRICTED_APIS)
+    ap = argparse.ArgumentParser(prog="chattts-serve", description="Render the model repository and serve it "
+                                 f"with the bundled tritonserver until Ctrl-C. The admin APIs ({apis}) need the "
+                                 f"header '{ADMIN_HEADER}: ${TOKEN_ENV}'; when {TOKEN_ENV} is unset a token is "
+                                 "generated and printed once on stderr.")
+    ap.add_argument("--profile", default="cpu")
+    ap.add_argument("--artifacts", type=Path, default=Path("artifacts/small"))
+    ap.add_argument("--repo", type=Path, default=Path("build/model_repository"))
+    ap.add_argument("--http-port", type=int, default=8000)
+    ap.add_argument("--grpc-port", type=int, default=8001)
+    ap.add_argument("--metrics-port", type=int, default=8002)
+    ap.add_argument("--log", type=Path, default=None, help="server log file (default: this terminal)")
+    ap.add_argument("--restart-on-failure", action=argparse.BooleanOptionalAction, default=True,
+                    help="supervise the server (default): restart it at once when it exits, a model process dies or "
+                         "its log shows a crash, and when the deep probe keeps failing (knobs: the profile's [health] "
+                         "table); events are JSON lines on stderr")
+    args = ap.parse_args(argv)
+    if not (args.artifacts / "manifest.json").is_file():
+        print(f"chattts-serve: error: no exported artifacts in {args.artifacts} (no manifest.json): run "
+              "`make export` or pass --artifacts DIR", file=sys.stderr)
+        return 2
+    try:
+        profile = load_profile(args.profile)
+        render_repository(profile, args.artifacts, args.repo)
+    except (ProfileError, RenderError, FileNotFoundError) as exc:
+        print(f"chattts-serve: error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        server = TritonServer(args.repo, http_port=args.http_port, grpc_port=args.grpc_port,
+                              metrics_port=args.metrics_port, log_path=args.log)
+    except (AdminTokenError, OSError) as exc:
+        print(f"chattts-serve: error: {exc}", file=sys.stderr)
+        return 2
+    if server.admin_token_generated:
+        publish("chattts-serve", server.admin_token)
+
+    def _interrupt(signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt
+
+    # SIGTERM (systemd, docker stop, kill) and SIGINT stop the server like Ctrl-C; a shell
+    # starts background jobs with SIGINT ignored, so restore its handler explicitly.
+    signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGINT, _interrupt)
+    try:
+        server.start()
+        print(f"chattts-serve: ready (HTTP {args.http_port}, gRPC {args.grpc_port}, metrics {args.metrics_port});"
+              " Ctrl-C stops", flush=True)
+        if args.restart_on_failure:
+            supervise(server, profile.health)
+            return 0
+        assert server.proc is not None
+        server.proc.wait()
+        return server.proc.returncode if server.proc else 0
+    except KeyboardInterrupt:
+        print("chattts-serve: stopping", flush=True)
+        return 0
+    except ServerError as exc:
+        print(f"chattts-serve: error: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        server.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,271 @@
+"""The supervisor of ``chattts-serve``: restarts a :class:`~chattts_serving.deploy.server.TritonServer`
+whose model process died, whose process exited or crashed, or that stopped serving.
+
+Triton 2.51 neither restarts a dead Python-backend stub of a decoupled model nor reports it in
+its health (docs/triton-workarounds.md, "stuck model, nobody says so"): the streams that stub
+served would wait until a stall timeout. The supervisor therefore watches every stub process
+and the server process through Linux process file descriptors (``pidfd_open``), so a death is
+seen the moment it happens, not at the next check; it then stops the server gracefully (every
+live model ends its streams with a retryable "the server is shutting down") and kills it once
+the live models have unloaded, instead of waiting out Triton's exit timeout for the dead one,
+and starts a fresh server on the same ports.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from ..serving.logs import log_event
+from ..serving.profile import HealthProfile
+from .logscan import LogScanner
+from .probe import ProbeResult, probe
+from .server import ServerError, TritonServer
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """One supervisor check: ``ok``, the ``reason`` when not ok ("ok" otherwise), whether the
+    deep probe ran as part of it (``probed``), and whether the failure calls for a restart at
+    once (``fatal``: the process exited, a model process died, or the log shows a crash or a
+    corrupted heap)."""
+
+    ok: bool
+    reason: str = "ok"
+    probed: bool = False
+    fatal: bool = False
+
+
+class RestartPolicy:
+    """When to probe and when to restart, from the results of successive checks (no I/O).
+
+    Check ``n`` (0-based since the last start) includes the deep probe when ``n`` is a multiple
+    of ``probe_every`` (never when it is 0) and, once a probe has failed, on every check until
+    one passes: otherwise the cheap checks in between would reset the count of a server
+    that is up but cannot synthesise. ``failures`` consecutive failed checks call for a
+    restart; any passing check resets the count.
+    """
+
+    def __init__(self, failures: int, probe_every: int) -> None:
+        if failures < 1 or probe_every < 0:
+            raise ValueError(f"need failures >= 1 and probe_every >= 0, got {failures}, {probe_every}")
+        self.failures = failures
+        self.probe_every = probe_every
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget the history (the server was just (re)started)."""
+        self.checks = 0
+        self.consecutive_failures = 0
+        self.probe_failing = False
+
+    def probe_due(self) -> bool:
+        """Whether the next check should include the deep probe."""
+        if self.probe_every == 0:
+            return False
+        return self.probe_failing or self.checks % self.probe_every == 0
+
+    def record(self, result: CheckResult) -> bool:
+        """Count ``result``; True when the server should be restarted now (the history is
+        then reset)."""
+        self.checks += 1
+        if result.probed:
+            self.probe_failing = not result.ok
+        if result.ok:
+            self.consecutive_failures = 0
+            return False
+        self.consecutive_failures += 1
+        if self.consecutive_failures >= self.failures:
+            self.reset()
+            return True
+        return False
+
+
+FATAL_STOP_TIMEOUT_S = 5.0
+"""How long a supervisor waits for a crashed server to stop before killing it: a process
+whose heap is corrupted may never finish a clean stop, and one whose model process died waits
+for that model until its exit timeout (the stop kills it once the live models have unloaded)."""
+
+WAKE_S = 0.25
+"""Longest a supervisor sleeps between looks at its stop flag."""
+
+
+class ProcessWatch:
+    """Process file descriptors (``os.pidfd_open``) of a set of processes: :meth:`wait` returns
+    as soon as one of them exits (Linux 5.3 and later; elsewhere, or for a process that is
+    already gone, it only sleeps and the next check finds the death)."""
+
+    def __init__(self, pids: list[int]) -> None:
+        self._poll = select.poll()
+        self._fds: list[int] = []
+        for pid in pids:
+            try:
+                fd = os.pidfd_open(pid)
+            except (OSError, AttributeError):
+                continue
+            self._fds.append(fd)
+            self._poll.register(fd, select.POLLIN)
+
+    def wait(self, timeout_s: float) -> bool:
+        """Sleep up to ``timeout_s``; True when a watched process exited meanwhile (it is then
+        watched no more)."""
+        if not self._fds:
+            time.sleep(timeout_s)
+            return False
+        fired = self._poll.poll(max(0, int(timeout_s * 1000)))
+        for fd, _ in fired:
+            self._poll.unregister(fd)
+        return bool(fired)
+
+    def close(self) -> None:
+        for fd in self._fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._fds = []
+
+
+class Supervisor:
+    """Restarts a :class:`~chattts_serving.deploy.server.TritonServer` whose model processes
+    died or that stopped serving.
+
+    The server process and every stub process present right after its start are watched
+    (:class:`ProcessWatch`): a death wakes the supervisor at once, and a missing stub, an exited
+    server or a crash in its log (:mod:`~chattts_serving.deploy.logscan`: a process in that state
+    may live on and answer "ready" while serving nothing) restarts the server at that check,
+    its stop cut short (:data:`FATAL_STOP_TIMEOUT_S`, killed once its live models unloaded).
+    Besides, every ``health.interval_s`` seconds it checks the same and, when
+    :class:`RestartPolicy` says so, runs the deep probe (:func:`chattts_serving.deploy.probe.probe`,
+    deadline ``health.probe_timeout_s``); ``health.failures`` failed probes in a row restart
+    the server (clean stop, same ports). Every event is one JSON log line on stderr
+    (:func:`chattts_serving.serving.logs.log_event`): ``supervisor_started``,
+    ``health_check_failed``, ``server_restarting``, ``server_restarted``, ``server_restart_failed``.
+
+    ``probe_fn(http_url, grpc_url, timeout_s)`` can be replaced in tests.
+    """
+
+    def __init__(self, server: TritonServer, health: HealthProfile,
+                 probe_fn: Callable[[str, str, float], ProbeResult] | None = None) -> None:
+        self.server = server
+        self.health = health
+        self.policy = RestartPolicy(health.failures, health.probe_every)
+        self.probe_fn = probe_fn or (lambda http, grpc, timeout: probe(http, grpc, timeout,
+                                                                       admin_token=server.admin_token))
+        self.expected: Counter[str] = Counter()
+        self.restarts = 0
+        self.log = LogScanner(server.log_path)
+        self._watch = ProcessWatch([])
+
+    def baseline(self) -> None:
+        """Record the stub processes of the freshly started server as the expected set and
+        watch them and the server; the log is read from its current end on (a restart appends)."""
+        self.expected = self.server.stub_counts()
+        pids = self.server.stub_pids()
+        self.policy.reset()
+        self.log = LogScanner(self.server.log_path, start_at_end=True)
+        self._watch.close()
+        proc = self.server.proc
+        self._watch = ProcessWatch([*pids, *([proc.pid] if proc is not None and proc.pid else [])])
+
+    def check(self, with_probe: bool) -> CheckResult:
+        """The server process runs, every expected stub is alive and, ``with_probe``, the
+        deep probe passes."""
+        proc = self.server.proc
+        signs = self.log.new_fatal_lines()
+        if proc is None or proc.poll() is not None:
+            code = None if proc is None else proc.returncode
+            why = f"; its log: {signs[0][:200]}" if signs else ""
+            return CheckResult(False, f"tritonserver is not running (exit code {code}){why}", fatal=True)
+        if signs:
+            return CheckResult(False, f"the server log shows a crash: {signs[0][:200]}", fatal=True)
+        missing = self.expected - self.server.stub_counts()
+        if missing:
+            gone = ", ".join(f"{model} ({n} of {self.expected[model]})" for model, n in sorted(missing.items()))
+            return CheckResult(False, f"model process(es) died: {gone}", fatal=True)
+        if not with_probe:
+            return CheckResult(True)
+        res = self.probe_fn(f"127.0.0.1:{self.server.http_port}", f"127.0.0.1:{self.server.grpc_port}",
+                            self.health.probe_timeout_s)
+        return CheckResult(res.healthy, "ok" if res.healthy else f"probe: {res.reason}", probed=True)
+
+    def step(self, with_probe: bool | None = None) -> bool:
+        """One check (with the deep probe when the policy says so, or as ``with_probe`` says),
+        and a restart when the policy calls for one; True when it restarted. Raises ServerError
+        when the restart fails."""
+        result = self.check(self.policy.probe_due() if with_probe is None else with_probe)
+        if result.ok:
+            self.policy.record(result)
+            return False
+        log_event("health_check_failed", level="warning", component="supervisor", reason=result.reason,
+                  probed=result.probed, consecutive_failures=self.policy.consecutive_failures + 1,
+                  failures_to_restart=1 if result.fatal else self.health.failures)
+        if not self.policy.record(result) and not result.fatal:
+            return False
+        log_event("server_restarting", level="error", component="supervisor", reason=result.reason,
+                  restarts=self.restarts)
+        t0 = time.monotonic()
+        try:
+            if result.fatal:
+                self.server.restart(stop_timeout_s=FATAL_STOP_TIMEOUT_S, kill_once_unloaded=True)
+            else:
+                self.server.restart(stop_timeout_s=30.0)
+        except ServerError as exc:
+            log_event("server_restart_failed", level="error", component="supervisor", error=str(exc).splitlines()[0])
+            raise
+        self.restarts += 1
+        self.baseline()
+        log_event("server_restarted", component="supervisor", reason=result.reason, restarts=self.restarts,
+                  duration_ms=round((time.monotonic() - t0) * 1000, 1), stubs=dict(self.expected))
+        return True
+
+    def run(self, stop: threading.Event | None = None) -> None:
+        """Check every ``interval_s`` seconds, and at once when a watched process exits, until
+        ``stop`` is set (forever without one). Raises ServerError when a restart fails."""
+        stop = stop or threading.Event()
+        self.baseline()
+        log_event("supervisor_started", component="supervisor", interval_s=self.health.interval_s,
+                  failures=self.health.failures, probe_every=self.health.probe_every,
+                  probe_timeout_s=self.health.probe_timeout_s, stubs=dict(self.expected))
+        try:
+            next_check = time.monotonic() + self.health.interval_s
+            while not stop.is_set():
+                died = self._watch.wait(min(WAKE_S, max(0.0, next_check - time.monotonic())))
+                if died:
+                    self.step(with_probe=False)
+                elif time.monotonic() >= next_check:
+                    self.step()
+                else:
+                    continue
+                next_check = time.monotonic() + self.health.interval_s
+        finally:
+            self._watch.close()
+
+
+def supervise(server: TritonServer, health: HealthProfile, stop: threading.Event | None = None) -> None:
+    """Run a :class:`Supervisor` over the (started) ``server`` until ``stop`` is set. Raises
+    ServerError when a restart fails."""
+    Supervisor(server, health).run(stop)
+
+
+@contextlib.contextmanager
+def supervised(server: TritonServer, health: HealthProfile) -> Iterator[Supervisor]:
+    """A :class:`Supervisor` over the (started) ``server`` on a thread of its own for the
+    duration of the ``with`` block (``chattts-demo``); a failed restart is logged by it."""
+    stop = threading.Event()
+    sup = Supervisor(server, health)
+
+    def run() -> None:
+        with contextlib.suppress(ServerError):  # logged as server_restart_failed
+            sup.run(stop)
+    thread = threading.Thread(target=run, name="supervisor", daemon=True)
+    thread.start()
+    try:
+        yield sup
+    finally:
+        stop.set()
+        thread.join(health.interval_s + health.probe_timeout_s + 5)
