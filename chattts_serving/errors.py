@@ -108,6 +108,15 @@ class DeadlineExceeded(RequestError):
         super().__init__(f"deadline exceeded: the request did not finish{limit}{detail}", ErrorKind.DEADLINE)
 
 
+class StageDown(RequestError):
+    """A stage's model is not there to answer (kind UNAVAILABLE): its process died, or it is
+    being (re)loaded. Retryable for the client; a failure of that stage for its circuit
+    breaker (:func:`chattts_serving.serving.resilience.settle`)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, ErrorKind.UNAVAILABLE)
+
+
 class Cancelled(RequestError):
     """The client cancelled (kind CANCELLED)."""
 
@@ -208,6 +217,24 @@ _BY_HTTP: Final = {400: ErrorKind.INVALID, 429: ErrorKind.BUSY, 499: ErrorKind.C
 _BY_GRPC: Final = {"INVALID_ARGUMENT": ErrorKind.INVALID, "UNAVAILABLE": ErrorKind.BUSY,
                    "RESOURCE_EXHAUSTED": ErrorKind.BUSY, "DEADLINE_EXCEEDED": ErrorKind.DEADLINE,
                    "CANCELLED": ErrorKind.CANCELLED, "INTERNAL": ErrorKind.INTERNAL}
+
+
+TRITON_UNAVAILABLE: Final = ("Server not ready", "has no available versions", "is not healthy")
+"""Parts of the untagged messages with which Triton 2.51 itself answers while a server stops
+("Server not ready"), while a model is (re)loaded or unloaded ("Request for unknown model:
+'chattts' has no available versions") and when a model's process died ("Stub process
+'chattts_gpt_0_0' is not healthy."): each passes once the server (or its supervisor's
+restart) is done, so each is UNAVAILABLE, retryable, whatever transport status it came with
+(INTERNAL or NOT_FOUND in 2.51)."""
+
+
+def untagged_kind(message: str, status: int | str | None) -> ErrorKind | None:
+    """The kind of an error message without our tag: UNAVAILABLE for Triton's own
+    unavailability (:data:`TRITON_UNAVAILABLE`), else the one its transport status implies
+    (:func:`kind_from_status`)."""
+    if any(sign in message for sign in TRITON_UNAVAILABLE):
+        return ErrorKind.UNAVAILABLE
+    return kind_from_status(status)
 
 
 def kind_from_status(status: int | str | None) -> ErrorKind | None:

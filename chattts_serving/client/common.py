@@ -18,7 +18,7 @@ import numpy as np
 
 from .. import contract
 from ..contract import Language, Priority, Segmentation, VocoderPath, WireEnum
-from ..errors import ErrorKind, decode_tagged, kind_from_status
+from ..errors import ErrorKind, decode_tagged, untagged_kind
 
 _SPECS: dict[str, contract.TensorSpec] = {spec.name: spec for spec in contract.ENTRY_INPUTS}
 
@@ -28,7 +28,7 @@ class ClientError(Exception):
 
     ``message`` is the server's message without its kind tag (or the transport's); ``kind``
     is the :class:`~chattts_serving.errors.ErrorKind` the server tagged it with, else the one
-    its transport status implies (:func:`~chattts_serving.errors.kind_from_status`), else
+    Triton's own message or its transport status implies (:func:`~chattts_serving.errors.untagged_kind`), else
     None; ``param`` is the entry input the server named in the tag (``[invalid:voice]``: the
     error is about ``voice``), else None; ``status`` is the HTTP status code (int), the gRPC
     status name (str, e.g. ``"StatusCode.INVALID_ARGUMENT"``), ``"timeout"`` for a client-side
@@ -40,7 +40,7 @@ class ClientError(Exception):
         tagged = decode_tagged(message)
         kind = tagged.kind
         if kind is None:
-            kind = ErrorKind.DEADLINE if status == TIMEOUT else kind_from_status(status)
+            kind = ErrorKind.DEADLINE if status == TIMEOUT else untagged_kind(tagged.message, status)
         super().__init__(tagged.message)
         self.message = tagged.message
         self.kind = kind

@@ -18,10 +18,11 @@ INVALID_REQUEST: Final = "invalid_request_error"
 AUTHENTICATION: Final = "authentication_error"
 SERVER_ERROR: Final = "server_error"
 
-_CODE: Final = {ErrorKind.BUSY: "server_busy", ErrorKind.UNAVAILABLE: "server_busy",
+_CODE: Final = {ErrorKind.BUSY: "server_busy", ErrorKind.UNAVAILABLE: "backend_unavailable",
                  ErrorKind.DEADLINE: "server_busy", ErrorKind.CANCELLED: "cancelled",
                  ErrorKind.INTERNAL: "internal_error"}
-"""OpenAI error ``code`` per kind (every 503 is "server_busy": retry later or elsewhere)."""
+"""OpenAI error ``code`` per kind (every 503 says: retry later or elsewhere; "backend_unavailable"
+when the speech server is stopping, restarting or failing rather than full)."""
 
 
 class ApiError(Exception):

@@ -13,7 +13,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..errors import ErrorKind, RequestError
+from ..errors import ErrorKind, RequestError, StageDown
 
 log = logging.getLogger(__name__)
 
@@ -240,11 +240,12 @@ def enter(breaker: CircuitBreaker) -> BreakerCall:
 
 def settle(call: BreakerCall, error: RequestError | None) -> None:
     """End ``call`` by how the stage answered: no error is a success, and so is a refusal of
-    the request's input (INVALID: the stage works); INTERNAL is a failure; anything else (busy,
-    deadline, cancel) says nothing about the stage's health: released."""
+    the request's input (INVALID: the stage works); INTERNAL and a stage that is down
+    (:class:`~chattts_serving.errors.StageDown`) are failures; anything else (busy, deadline,
+    cancel, another stage's unavailability) says nothing about the stage's health: released."""
     if error is None or error.kind == ErrorKind.INVALID:
         call.success()
-    elif error.kind == ErrorKind.INTERNAL:
+    elif error.kind == ErrorKind.INTERNAL or isinstance(error, StageDown):
         call.failure()
     else:
         call.release()

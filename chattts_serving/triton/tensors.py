@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from .. import contract
-from ..errors import ErrorKind, RequestError, decode_tagged, from_message
+from ..errors import ErrorKind, RequestError, StageDown, decode_tagged, from_message, untagged_kind
 
 
 def request_inputs(pb: Any, request: Any, specs: Sequence[contract.TensorSpec]) -> dict[str, np.ndarray]:
@@ -50,10 +50,13 @@ TRITON_SHUTTING_DOWN = "Server not ready"
 
 def error_from_triton(error: Any) -> RequestError:
     """The :class:`RequestError` behind a ``TritonError`` received from a BLS call: the kind
-    its message carries; UNAVAILABLE when the server is stopping (:data:`TRITON_SHUTTING_DOWN`:
-    the client should retry on another server); else INTERNAL (Triton's own errors, e.g. a dead
-    stub)."""
+    its message carries; UNAVAILABLE for Triton's own unavailability (the server is stopping,
+    a model is being loaded, a model's process died: :data:`chattts_serving.errors.TRITON_UNAVAILABLE`;
+    the client should retry, here after the restart or on another server; a stage that is down is a
+    :class:`~chattts_serving.errors.StageDown`); else INTERNAL."""
     message = str(error.message())
-    if decode_tagged(message).kind is None and TRITON_SHUTTING_DOWN in message:
-        return RequestError(f"server unavailable: the server is shutting down ({message})", ErrorKind.UNAVAILABLE)
+    if decode_tagged(message).kind is None and untagged_kind(message, None) == ErrorKind.UNAVAILABLE:
+        if TRITON_SHUTTING_DOWN in message:
+            return RequestError(f"server unavailable: the server is shutting down ({message})", ErrorKind.UNAVAILABLE)
+        return StageDown(f"server unavailable: a model process is unavailable ({message})")
     return from_message(message)

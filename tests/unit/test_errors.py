@@ -73,21 +73,27 @@ class _TritonError:
         return self.text
 
 
-@pytest.mark.parametrize(("text", "kind"), [
-    ("Model chattts_vocoder - Error when running inference: Server not ready", ErrorKind.UNAVAILABLE),
-    ("Server not ready", ErrorKind.UNAVAILABLE),
-    ("Stub process 'chattts_gpt_0_0' is not healthy.", ErrorKind.INTERNAL),
-    (RequestError("text is empty: Server not ready", ErrorKind.INVALID).wire(), ErrorKind.INVALID),
+@pytest.mark.parametrize(("text", "kind", "why"), [
+    ("Model chattts_vocoder - Error when running inference: Server not ready", ErrorKind.UNAVAILABLE,
+     "the server is shutting down"),
+    ("Server not ready", ErrorKind.UNAVAILABLE, "the server is shutting down"),
+    ("Stub process 'chattts_gpt_0_0' is not healthy.", ErrorKind.UNAVAILABLE, "a model process is unavailable"),
+    ("Request for unknown model: 'chattts_vocoder' has no available versions", ErrorKind.UNAVAILABLE,
+     "a model process is unavailable"),
+    ("Request for unknown model: 'chattts_nope' is not found", ErrorKind.INTERNAL, ""),
+    ("onnxruntime: bad shape", ErrorKind.INTERNAL, ""),
+    (RequestError("text is empty: Server not ready", ErrorKind.INVALID).wire(), ErrorKind.INVALID, ""),
 ])
-def test_a_stopping_servers_bls_errors_read_as_unavailable(text: str, kind: ErrorKind) -> None:
-    """Triton's "Server not ready" (the server is stopping) is UNAVAILABLE, retry elsewhere;
-    other untagged errors stay INTERNAL, and a tagged message keeps its own kind."""
+def test_tritons_own_unavailability_in_bls_errors_reads_as_unavailable(text: str, kind: ErrorKind, why: str) -> None:
+    """Triton's own words for a stopping server, a model being (re)loaded and a dead model
+    process are UNAVAILABLE (retry after the restart, or elsewhere); other untagged errors stay
+    INTERNAL, and a tagged message keeps its own kind."""
     from chattts_serving.triton.tensors import error_from_triton
 
     exc = error_from_triton(_TritonError(text))
     assert exc.kind == kind
     if kind == ErrorKind.UNAVAILABLE:
-        assert str(exc).startswith("server unavailable: the server is shutting down") and text in str(exc)
+        assert str(exc).startswith(f"server unavailable: {why}") and text in str(exc)
 
 
 def test_a_param_must_be_an_input_name() -> None:

@@ -7,7 +7,7 @@ import threading
 import numpy as np
 import pytest
 
-from chattts_serving.errors import Cancelled, DeadlineExceeded, ErrorKind, RequestError
+from chattts_serving.errors import Cancelled, DeadlineExceeded, ErrorKind, RequestError, StageDown
 from chattts_serving.serving.request import EntryLimits, parse_entry, refuse_request_params
 from chattts_serving.serving.resilience import (
     CircuitBreaker,
@@ -228,6 +228,18 @@ def test_a_trial_refused_for_its_input_closes_the_breaker() -> None:
     assert b.state == "closed" and not b.trial_in_flight
     b.before()
     b.before()  # closed: every call passes, no trial
+
+
+def test_a_stage_that_is_down_counts_as_its_failure_though_the_client_may_retry() -> None:
+    """A dead model process ("Stub process ... is not healthy.") is UNAVAILABLE for the client
+    (503: retry after the restart) and a failure for the stage's breaker, which opens."""
+    b = CircuitBreaker("engine", failure_threshold=2, cooldown_s=10.0, clock=Clock())
+    down = StageDown("server unavailable: a model process is unavailable (Stub process 'x' is not healthy.)")
+    assert down.kind == ErrorKind.UNAVAILABLE
+    settle(b.before(), down)
+    assert b.state == "closed" and b.failures == 1
+    settle(b.before(), down)
+    assert b.state == "open"
 
 
 def test_a_failed_trial_reopens_and_the_next_cooldown_gives_a_new_trial() -> None:
