@@ -5,8 +5,10 @@ reference recording (sent at 16 kHz: the server resamples it) and its transcript
 streaming door in that mode streams and ends with its final response; the CLI sends a WAV
 file; refused references are INVALID (400) with clear messages, at admission.
 
-``Chat.infer`` deletes every sample with ``|x| <= 1e-5``; the server does not, so the deletion
-is applied to the server's audio before comparing (tests/support/chattts_ref.py).
+``Chat.infer`` deletes every sample with ``|x| <= 1e-5``; the server does not, so the server's
+audio is compared with ChatTTS' waveform before that deletion, every sample
+(tests/support/chattts_ref.py): a sample within float noise of 1e-5 falls on either side of it
+depending on the CPU.
 """
 
 from __future__ import annotations
