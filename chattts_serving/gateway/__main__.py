@@ -2,7 +2,8 @@
 
 Every knob is a flag and an environment variable (:data:`.settings.OPTIONS`; the flag wins).
 Exit status 2 on usage errors. The API key is read from ``$CHATTTS_API_KEY`` only (never from
-the command line, where other users of the host could read it).
+the command line, where other users of the host could read it). SIGTERM or SIGINT drains the
+gateway (:mod:`.drain`) and exits 0.
 """
 
 from __future__ import annotations
@@ -57,8 +58,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     import uvicorn
 
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
-    return 0
+    from .drain import EXIT_GRACE_S, DrainingServer
+
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
+                            timeout_graceful_shutdown=EXIT_GRACE_S)
+    server = DrainingServer(config, app.state.drain, app.state.settings.drain_timeout_s)
+    server.run()  # SIGTERM/SIGINT: the drain (drain.py), then uvicorn's shutdown
+    return 0 if server.started else 3  # 3: uvicorn's STARTUP_FAILURE
 
 
 if __name__ == "__main__":

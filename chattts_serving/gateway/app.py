@@ -8,6 +8,7 @@ loop, and only the lossy encoders (mp3, aac, opus) run in worker threads.
 ``max_streams``, or the server's admission watch reporting every stream slot taken:
 :class:`~chattts_serving.client.admission_watch.AdmissionWatch`): :class:`_BusyDoor` answers such a
 speech request with 503 and ``Retry-After`` before its body is read, parsed or forwarded.
+So is every speech request while the gateway drains (:mod:`.drain`: after SIGTERM).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from ..client import AioStreamClient, ClientError
 from ..client.admission_watch import AdmissionWatch
 from ..errors import ErrorKind
 from ..text.voices import OPENAI_VOICES, VoiceBook
+from .drain import Drain, shutting_down
 from .errors import AUTHENTICATION, INVALID_REQUEST, SERVER_ERROR, ApiError, busy_refusal, from_client_error
 from .metrics import CONTENT_TYPE, GatewayMetrics
 from .omni_ws import serve_stream
@@ -52,9 +54,10 @@ from .speech import (
     error_event,
     output_format,
     sentence_event,
+    sse_event,
 )
 from .voice_store import NAME_PATTERN, StoreUnavailable, VoiceStore
-from .ws import WS_PATH, page_html
+from .ws import WS_PATH, Close, error_fields, event, page_html
 
 log = logging.getLogger("chattts_serving.gateway")
 
@@ -108,6 +111,7 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
     saved = SavedVoices(VoiceStore(cfg.voice_store), book)
     metrics = GatewayMetrics()
     live = {"streams": 0}
+    drain = Drain(live)
     clients: dict[str, AioStreamClient] = {}
     watches: dict[str, AdmissionWatch] = {}
 
@@ -126,18 +130,23 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
             saved.store.close()
 
     def busy() -> ApiError | None:
-        """The 503 this gateway answers itself now, if any (:func:`.errors.busy_refusal`)."""
+        """The 503 this gateway answers itself now, if any: it drains (:mod:`.drain`), or is
+        busy (:func:`.errors.busy_refusal`)."""
+        if drain.draining:
+            return shutting_down()
         return busy_refusal(live["streams"], cfg.max_streams, watches.get("triton"))
 
     app = FastAPI(title="ChatTTS speech gateway", version="1", lifespan=lifespan,
                   summary="OpenAI-compatible text-to-speech over Triton")
     app.state.settings = cfg
+    app.state.drain = drain
 
     def refuse_early(scope: Scope) -> Response | None:
         """For :class:`_BusyDoor`: the 503 of an authorized speech request the gateway knows is
-        refused busy; None otherwise (an unauthorized one gets its 401 the usual way)."""
+        refused busy (or any while the gateway drains); None otherwise (an unauthorized one
+        gets its 401 the usual way)."""
         exc = busy()
-        if exc is None or not authorized(Headers(scope=scope)):
+        if exc is None or (not drain.draining and not authorized(Headers(scope=scope))):
             return None
         return error_response(SPEECH_PATH, exc)
 
@@ -191,7 +200,11 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
 
     @app.get("/health")
     async def health() -> JSONResponse:
-        """Readiness: 200 when Triton answers ready within ``health_timeout_s``, else 503."""
+        """Readiness: 200 when Triton answers ready within ``health_timeout_s``, else 503; 503
+        ``draining`` at once while the gateway drains (a load balancer stops routing to it)."""
+        if drain.draining:
+            return JSONResponse({"status": "draining", "streams_in_flight": live["streams"]}, status_code=503,
+                                headers={"Retry-After": str(cfg.retry_after_s)})
         ready = await clients["triton"].ready(cfg.health_timeout_s)
         body: dict[str, Any] = {"status": "ok" if ready else "unavailable",
                                 "triton": "ready" if ready else "not ready", "triton_url": cfg.triton_url,
@@ -270,8 +283,25 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
     @app.websocket(WS_PATH)
     async def speech_stream(websocket: WebSocket) -> None:
         """Text deltas in, sentence by sentence audio out: this gateway's dialect (:mod:`.ws`) or
-        vLLM-Omni's (:mod:`.omni_ws`), told apart by the first message."""
-        await serve_stream(websocket, cfg, clients["triton"], metrics, live, busy, saved)
+        vLLM-Omni's (:mod:`.omni_ws`), told apart by the first message. While the gateway
+        drains, the handshake is refused with 503 and ``Retry-After``."""
+        if drain.draining:
+            await refuse_handshake(websocket, shutting_down())
+            return
+        with drain.connection():
+            await serve_stream(websocket, cfg, clients["triton"], metrics, live, busy, saved, drain)
+
+    async def refuse_handshake(websocket: WebSocket, exc: ApiError) -> None:
+        """Answer a WebSocket handshake with the HTTP error ``exc`` (OpenAI's body, ``Retry-After``
+        on a 503); a server without the denial extension gets the ``error`` event and close 1012."""
+        metrics.error(exc.kind, "before_audio")
+        response = error_response(WS_PATH, exc)
+        try:
+            await websocket.send_denial_response(response)
+        except RuntimeError:  # no "websocket.http.response" extension
+            await websocket.accept()
+            await websocket.send_text(event("error", **error_fields(exc, True)))
+            await websocket.close(int(Close.SERVICE_RESTART), reason="service_restart")
 
     @app.get("/", include_in_schema=False)
     async def page() -> HTMLResponse:
@@ -299,7 +329,10 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
                                                         max_duration_s=cfg.stream_max_s),
                                body.response_format, body.sample_rate, body.container)
         try:  # wait for the first audio, so that refusals get their HTTP status
-            first = await stream.next_bytes()
+            with drain.active() as waiting:
+                first = await stream.next_bytes()
+            if waiting.cancelled_caught:
+                raise shutting_down()
         except BaseException as exc:
             with anyio.CancelScope(shield=True):
                 await stream.aclose()
@@ -320,7 +353,7 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
             headers[DEGRADED_HEADER] = "true"
             metrics.degraded.labels(door="speech").inc()
         relay = _Relay(stream, first, body.stream_format == "sse", len(body.input), request_id, t0, cfg.triton_url,
-                       metrics, live, timings=bool(body.sentence_timings))
+                       metrics, live, timings=bool(body.sentence_timings), drain=drain)
         if body.sentence_timings and not relay.sse:
             return await _timed_response(relay, info, headers)
         return _RelayResponse(relay, media_type="text/event-stream" if relay.sse else info.media_type,
@@ -380,8 +413,11 @@ class _Relay:
     stream, the in-flight count, the request's metrics) exactly once, however it ends."""
 
     def __init__(self, stream: EncodedStream, first: bytes | None, sse: bool, input_chars: int, request_id: str,
-                 t0: float, url: str, metrics: GatewayMetrics, live: dict[str, int], timings: bool = False) -> None:
+                 t0: float, url: str, metrics: GatewayMetrics, live: dict[str, int], timings: bool = False,
+                 drain: Drain | None = None) -> None:
         self.stream, self.first, self.sse, self.input_chars = stream, first, sse, input_chars
+        self.drain = drain if drain is not None else Drain()
+        """Ends the stream when the gateway's drain expires (:mod:`.drain`)."""
         self.timings = timings
         """Send a ``speech.sentence`` event as each sentence's audio is complete (SSE)."""
         self.request_id, self.t0, self.url, self.metrics, self.live = request_id, t0, url, metrics, live
@@ -393,7 +429,8 @@ class _Relay:
 
     async def body(self) -> AsyncIterator[bytes]:
         """Encoded audio (or SSE events) until the stream ends; a failure after the first
-        audio ends SSE with an ``error`` event and cuts an audio body (:class:`StreamCut`)."""
+        audio ends SSE with an ``error`` event and cuts an audio body (:class:`StreamCut`), and
+        so does the drain's expiry (its SSE event with ``retryable: true``)."""
         try:
             data = self.first
             while data is not None:
@@ -402,19 +439,25 @@ class _Relay:
                         yield sentence_event(timing)
                 if data:
                     yield delta_event(data) if self.sse else data
+                drained = False
                 try:
-                    data = await self.stream.next_bytes()
+                    with self.drain.active() as waiting:
+                        data = await self.stream.next_bytes()
+                    if not waiting.cancelled_caught:
+                        continue
+                    error, drained = shutting_down(), True
                 except ClientError as exc:
                     error = from_client_error(exc, self.url)
-                    self.status = "error"
-                    self.metrics.error(error.kind, "mid_stream")
-                    log.warning("request %s: stream failed after audio started: [%s] %s", self.request_id,
-                                error.kind.value, error.message)
-                    if self.sse:
-                        yield error_event(error)
-                        return
-                    self.cut_error = error
-                    raise StreamCut(error.message) from None
+                self.status = "error"
+                self.metrics.error(error.kind, "mid_stream")
+                log.warning("request %s: stream %s after audio started: [%s] %s", self.request_id,
+                            "ended by the drain" if drained else "failed", error.kind.value, error.message)
+                if self.sse:
+                    yield sse_event({"type": "error", **error.body(), "retryable": True}) if drained \
+                        else error_event(error)
+                    return
+                self.cut_error = error
+                raise StreamCut(error.message)
             if self.sse:
                 if self.timings:
                     for timing in self.stream.take_sentences():

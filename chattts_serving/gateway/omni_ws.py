@@ -58,6 +58,7 @@ from ..audio.reference import RecordingError, load_recording
 from ..client import AioStreamClient, ClientError, StreamPart, SynthesisRequest
 from ..errors import ErrorKind
 from ..text.sentences import SentenceSplitter
+from .drain import Drain, shutting_down
 from .errors import INVALID_REQUEST, ApiError, from_client_error
 from .metrics import GatewayMetrics
 from .saved_voices import SavedVoices
@@ -67,6 +68,7 @@ from .timings import SentenceTiming
 from .ws import (
     CAUSE_ORDER,
     CLOSE_FOR_KIND,
+    RETRYABLE_CLOSES,
     SUBPROTOCOL,
     ClientGone,
     Close,
@@ -288,8 +290,8 @@ class OmniStream(SpeechStream):
 
     def __init__(self, websocket: WebSocket, cfg: GatewaySettings, client: AioStreamClient,
                  metrics: GatewayMetrics, live: dict[str, int], busy: Callable[[], ApiError | None],
-                 first: dict[str, Any], saved: SavedVoices | None = None) -> None:
-        super().__init__(websocket, cfg, client, metrics, live, busy)
+                 first: dict[str, Any], saved: SavedVoices | None = None, drain: Drain | None = None) -> None:
+        super().__init__(websocket, cfg, client, metrics, live, busy, drain)
         self.first = first
         self.saved = saved
         self.session: Session | None = None
@@ -305,7 +307,11 @@ class OmniStream(SpeechStream):
     async def _session(self) -> None:
         """The session from its config to its end, which it raises (:class:`StreamEnd`)."""
         try:
+            if self.drain.draining:
+                raise self._drained()
             self.session = await self._config(self.first)
+            if self.drain.draining:
+                raise self._drained()
             if (refusal := self.busy()) is not None:
                 raise StreamEnd(Close.TRY_AGAIN, refusal)
             self._hold()
@@ -316,12 +322,14 @@ class OmniStream(SpeechStream):
             raise StreamEnd(Close.NORMAL) from None
 
     async def _close(self, end: StreamEnd) -> None:
-        """This dialect's ``error`` event (``message``, plus ``code`` and ``kind``), then the close."""
+        """This dialect's ``error`` event (``message``, plus ``code`` and ``kind``, and
+        ``retryable: true`` before 1012 or 1013), then the close."""
         if self.ws.client_state != WebSocketState.CONNECTED:
             return
         with contextlib.suppress(Exception), anyio.move_on_after(self.cfg.ws_send_timeout_s):
             if end.error is not None:
-                await self.ws.send_text(_error_event(end.error))
+                await self.ws.send_text(_error_event(end.error, **({"retryable": True} if end.code in RETRYABLE_CLOSES
+                                                                   else {})))
             await self.ws.close(int(end.code), reason=end.code.name.lower())
 
     async def _error(self, error: ApiError, **extra: Any) -> None:
@@ -374,9 +382,16 @@ class OmniStream(SpeechStream):
 
     async def _serve(self) -> None:
         """Between utterances: a config replaces the session's, text starts an utterance,
-        ``input.done`` alone is an empty one, ``session.close`` ends the connection."""
+        ``input.done`` alone is an empty one, ``session.close`` ends the connection. Once the
+        gateway drains, the session ends (``error``, close 1012) instead of waiting for the next
+        utterance."""
         while True:
-            msg = await self._next_message()
+            if self.drain.draining:
+                raise self._drained()
+            with self.drain.idle() as waiting:
+                msg = await self._next_message()
+            if waiting.cancelled_caught:
+                raise self._drained()
             kind = msg.get("type")
             if kind == CONFIG_TYPE:
                 try:
@@ -417,6 +432,8 @@ class OmniStream(SpeechStream):
         then ``session.done``."""
         session = self.session
         assert session is not None
+        if self.drain.draining:  # a new utterance is a new request: refused
+            raise self._drained()
         max_chars = min(self.cfg.ws_max_sentence_chars, self.cfg.max_input_chars)
         if session.split == "sentence":
             self.splitter = SentenceSplitter(max_chars)
@@ -429,16 +446,19 @@ class OmniStream(SpeechStream):
         self.slots = asyncio.Semaphore(1 + self.cfg.ws_lookahead)
         self.delivered = 0
         self.count = 0
-        try:
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(self._read_utterance, first)
-                tg.start_soon(self._schedule, session.body, tg)
-                await self._send_utterance(session)
-                tg.cancel_scope.cancel()
-        except Exception as group:  # anyio's ExceptionGroup
-            if not hasattr(group, "exceptions"):
-                raise
-            raise first_cause(group, ((_Close,), *CAUSE_ORDER)) from None
+        with self.drain.active() as running:
+            try:
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(self._read_utterance, first)
+                    tg.start_soon(self._schedule, session.body, tg)
+                    await self._send_utterance(session)
+                    tg.cancel_scope.cancel()
+            except Exception as group:  # anyio's ExceptionGroup
+                if not hasattr(group, "exceptions"):
+                    raise
+                raise first_cause(group, ((_Close,), *CAUSE_ORDER)) from None
+        if running.cancelled_caught:
+            raise self._drained()
         await self._send_json(type="session.done", utterance_index=self.utterance, total_sentences=self.count)
         self.utterance += 1
 
@@ -609,13 +629,15 @@ def _dialect(message: dict[str, Any]) -> str:
 
 async def serve_stream(websocket: WebSocket, cfg: GatewaySettings, client: AioStreamClient, metrics: GatewayMetrics,
                        live: dict[str, int], busy: Callable[[], ApiError | None],
-                       saved: SavedVoices | None = None) -> None:
+                       saved: SavedVoices | None = None, drain: Drain | None = None) -> None:
     """Serve one ``/v1/audio/speech/stream`` connection in the dialect its first message
     speaks: ``session.config`` is vLLM-Omni's (:class:`OmniStream`), anything else this
     gateway's own (:class:`.ws.SpeechStream`, which answers a malformed first message). A
     client without the API key (when one is set) goes to the latter unread, which refuses it.
     A saved voice (``saved``) named in the start message or a config is resolved here, once
-    for the stream (:func:`.saved_voices.resolve`)."""
+    for the stream (:func:`.saved_voices.resolve`). ``drain``: the gateway's (:mod:`.drain`); a
+    connection still waiting for its first message when the drain begins is ended (``error``,
+    close 1012)."""
     offered = websocket.scope.get("subprotocols") or []
     await websocket.accept(subprotocol=SUBPROTOCOL if SUBPROTOCOL in offered else None)
     key = cfg.api_key
@@ -624,12 +646,18 @@ async def serve_stream(websocket: WebSocket, cfg: GatewaySettings, client: AioSt
     first: dict[str, Any] | None = None
     if authorized:
         first = {"type": "timeout"}
-        with anyio.move_on_after(cfg.stream_idle_timeout_s):
+        with anyio.move_on_after(cfg.stream_idle_timeout_s), (drain or Drain()).idle() as waiting:
             first = cast(dict[str, Any], await websocket.receive())
+        if waiting.cancelled_caught:  # the drain began: end it, in our dialect's words (a superset of Omni's)
+            with contextlib.suppress(Exception):
+                await websocket.send_text(event("error", **error_fields(shutting_down(), True)))
+                await websocket.close(int(Close.SERVICE_RESTART), reason="service_restart")
+            return
         if first.get("type") == "websocket.disconnect":
             return
         if _dialect(first) == "omni":
-            await OmniStream(websocket, cfg, client, metrics, live, busy, json.loads(first["text"]), saved).run()
+            await OmniStream(websocket, cfg, client, metrics, live, busy, json.loads(first["text"]), saved,
+                             drain).run()
             return
         if saved is not None and (start := _start_message(first)) is not None:
             try:
@@ -642,4 +670,4 @@ async def serve_stream(websocket: WebSocket, cfg: GatewaySettings, client: AioSt
                 return
             if resolved is not start:
                 first = {**first, "text": json.dumps(resolved, ensure_ascii=False)}
-    await SpeechStream(cast(WebSocket, _Replay(websocket, first)), cfg, client, metrics, live, busy).run()
+    await SpeechStream(cast(WebSocket, _Replay(websocket, first)), cfg, client, metrics, live, busy, drain).run()

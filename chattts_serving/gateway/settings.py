@@ -94,6 +94,9 @@ OPTIONS: Final = (
            "WebSocket stream: a client that takes no audio for this long is cut off (1008), s (30)"),
     Option("ws_max_sentence_chars", "--ws-max-sentence-chars", "CHATTTS_GATEWAY_WS_MAX_SENTENCE_CHARS", int,
            "WebSocket stream: a sentence longer than this is cut at its last pause, characters (400)"),
+    Option("drain_timeout_s", "--drain-timeout-s", "CHATTTS_GATEWAY_DRAIN_TIMEOUT_S", float,
+           "at SIGTERM/SIGINT, streams in flight may run this long before they are ended, s; 0: end them at "
+           "once (30)"),
 )
 """Every knob with its flag and environment variable (``CHATTTS_API_KEY`` is read from the
 environment only)."""
@@ -126,6 +129,10 @@ class GatewaySettings:
     ws_send_timeout_s: a client that takes no audio for this many seconds is cut off (its
     syntheses cancelled, close 1008). ws_max_sentence_chars: longest sentence, characters.
 
+    drain_timeout_s: at SIGTERM or SIGINT new requests are refused at once and the streams in
+    flight run on for up to this many seconds; then the rest are ended with a retryable error
+    (:mod:`.drain`). 0: end them at once.
+
     Raises ValueError for a value out of range.
     """
 
@@ -147,6 +154,7 @@ class GatewaySettings:
     ws_queue_chunks: int = 8
     ws_send_timeout_s: float = 30.0
     ws_max_sentence_chars: int = 400
+    drain_timeout_s: float = 30.0
 
     def __post_init__(self) -> None:
         if self.max_input_chars < 1:
@@ -160,6 +168,8 @@ class GatewaySettings:
             raise ValueError(f"max_streams must be >= 1, got {self.max_streams}")
         if self.ws_lookahead < 0 or self.ws_queue_chunks < 1 or self.ws_max_sentence_chars < 8:
             raise ValueError("ws_lookahead must be >= 0, ws_queue_chunks >= 1 and ws_max_sentence_chars >= 8")
+        if not (math.isfinite(self.drain_timeout_s) and self.drain_timeout_s >= 0):
+            raise ValueError(f"drain_timeout_s must be >= 0 seconds, got {self.drain_timeout_s}")
         if self.retry_after_s < 0:
             raise ValueError(f"retry_after_s must be >= 0, got {self.retry_after_s}")
         if not self.models:

@@ -28,7 +28,8 @@ full the gateway stops reading its Triton stream, and at most ``1 + ws_lookahead
 are in synthesis, so a connection's memory is bounded whatever the client does. A client that
 takes no frame for ``ws_send_timeout_s`` is cut off: its syntheses are cancelled and the
 socket closed with 1008. Closing the socket cancels every synthesis of the connection in the
-engine.
+engine. While the gateway drains (:mod:`.drain`) a ``start`` is refused and a stream still
+running at the drain timeout is ended, both with a retryable ``error`` and close 1012.
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ from ..audio import formats as audio_format
 from ..client import AioStreamClient, ClientError, StreamPart, SynthesisRequest
 from ..errors import NOTHING_SPEAKABLE, ErrorKind
 from ..text.sentences import SentenceSplitter
+from .drain import Drain, shutting_down
 from .errors import AUTHENTICATION, INVALID_REQUEST, SERVER_ERROR, ApiError, from_client_error
 from .metrics import GatewayMetrics
 from .settings import GatewaySettings
@@ -99,10 +101,16 @@ class Close(IntEnum):
     message for ``stream_idle_timeout_s`` before ``end``."""
     SERVER_ERROR = 1011
     """A failure inside the gateway or the pipeline."""
+    SERVICE_RESTART = 1012
+    """The gateway is stopping (its drain after SIGTERM, :mod:`.drain`): a ``start`` that came
+    too late, or a stream still running when the drain timeout passed; retry (another instance)."""
     TRY_AGAIN = 1013
     """Busy (the gateway's ``--max-streams`` or Triton's admission), a stage unavailable, or a
     deadline: retry later."""
 
+
+RETRYABLE_CLOSES: Final = (Close.TRY_AGAIN, Close.SERVICE_RESTART)
+"""The close codes whose ``error`` event says ``retryable: true``."""
 
 CLOSE_FOR_KIND: Final = {ErrorKind.INVALID: Close.INVALID_DATA, ErrorKind.BUSY: Close.TRY_AGAIN,
                          ErrorKind.UNAVAILABLE: Close.TRY_AGAIN, ErrorKind.DEADLINE: Close.TRY_AGAIN,
@@ -131,7 +139,7 @@ def event(type_: str, **fields: Any) -> str:
 def error_fields(error: ApiError, retryable: bool) -> dict[str, Any]:
     """The fields of an ``error`` event: ``kind`` (:class:`~chattts_serving.errors.ErrorKind`),
     OpenAI's ``code`` and ``param``, the ``message``, and ``retryable`` (true exactly when the
-    close code is 1013: busy, unavailable, deadline from the backend)."""
+    close code is 1013: busy, unavailable, deadline from the backend; or 1012: the gateway drains)."""
     return {"kind": error.kind.value, "code": error.code, "param": error.param, "message": error.message,
             "retryable": retryable}
 
@@ -207,10 +215,13 @@ class SpeechStream:
     audio frames, and releases everything however the connection ends."""
 
     def __init__(self, websocket: WebSocket, cfg: GatewaySettings, client: AioStreamClient,
-                 metrics: GatewayMetrics, live: dict[str, int], busy: Callable[[], ApiError | None]) -> None:
+                 metrics: GatewayMetrics, live: dict[str, int], busy: Callable[[], ApiError | None],
+                 drain: Drain | None = None) -> None:
         self.ws, self.cfg, self.client, self.metrics, self.live = websocket, cfg, client, metrics, live
         self.busy = busy
         """The gateway's own "server busy" now, if any (its stream limit, the admission watch)."""
+        self.drain = drain if drain is not None else Drain()
+        """The gateway's drain (:mod:`.drain`): no start once it began, an end with 1012 once it expired."""
         self.request_id = uuid.uuid4().hex
         self.splitter = SentenceSplitter(min(cfg.ws_max_sentence_chars, cfg.max_input_chars))
         self.sentences: asyncio.Queue[tuple[str, float] | None] = asyncio.Queue(MAX_QUEUED_SENTENCES)
@@ -245,10 +256,13 @@ class SpeechStream:
         """The connection from its start to its end, which it raises (:class:`StreamEnd`)."""
         try:
             self._authorize()
-            try:
-                start = await self._receive_message(self.cfg.stream_idle_timeout_s, start=True)
-            except TimeoutError:
-                raise self._idle_timeout() from None
+            with self.drain.idle() as waiting:
+                try:
+                    start = await self._receive_message(self.cfg.stream_idle_timeout_s, start=True)
+                except TimeoutError:
+                    raise self._idle_timeout() from None
+            if waiting.cancelled_caught or self.drain.draining:
+                raise self._drained()
             body, first = parse_start(start)
             # the start is checked whole, as POST /v1/audio/speech checks a request: here what
             # the gateway checks (model, voice given, instructions, reference WAV), then, on
@@ -258,25 +272,35 @@ class SpeechStream:
                                   self.cfg.max_input_chars)
             speaker_voice(body)  # a missing or empty voice fails at the start, not on the first sentence
             info = output_format(body)  # a rate or container the format does not take: 1007 now
+            if self.drain.draining:
+                raise self._drained()
             if (refusal := self.busy()) is not None:
                 raise StreamEnd(Close.TRY_AGAIN, refusal)
             self._hold()  # taken before the check awaits: the limit holds for starts at once
             await self._validate(probe)
             await self._send_text(event("started", request_id=self.request_id, format=info.name,
                                         sample_rate_hz=info.sample_rate_hz))
-            try:
-                async with anyio.create_task_group() as tg:
-                    tg.start_soon(self._read, first)
-                    tg.start_soon(self._schedule, body, tg)
-                    await self._send_all(body.response_format, body.sample_rate, body.container)
-                    tg.cancel_scope.cancel()
-            except Exception as group:  # anyio's ExceptionGroup (a backport's on Python 3.10)
-                if not hasattr(group, "exceptions"):
-                    raise
-                raise first_cause(group) from None
+            with self.drain.active() as running:
+                try:
+                    async with anyio.create_task_group() as tg:
+                        tg.start_soon(self._read, first)
+                        tg.start_soon(self._schedule, body, tg)
+                        await self._send_all(body.response_format, body.sample_rate, body.container)
+                        tg.cancel_scope.cancel()
+                except Exception as group:  # anyio's ExceptionGroup (a backport's on Python 3.10)
+                    if not hasattr(group, "exceptions"):
+                        raise
+                    raise first_cause(group) from None
+            if running.cancelled_caught:
+                raise self._drained()
             raise StreamEnd(Close.NORMAL)
         except ApiError as exc:
             raise StreamEnd(CLOSE_FOR_KIND[exc.kind], exc) from None
+
+    def _drained(self) -> StreamEnd:
+        """The end of a connection the drain refuses or stops: ``server_shutting_down``, 1012."""
+        log.info("stream %s: ended by the drain", self.request_id)
+        return StreamEnd(Close.SERVICE_RESTART, shutting_down())
 
     def _hold(self) -> None:
         """Count this connection as a live stream (given back by :meth:`_run_to_end`)."""
@@ -347,7 +371,7 @@ class SpeechStream:
             return
         with contextlib.suppress(Exception), anyio.move_on_after(self.cfg.ws_send_timeout_s):
             if end.error is not None:
-                await self.ws.send_text(event("error", **error_fields(end.error, end.code == Close.TRY_AGAIN)))
+                await self.ws.send_text(event("error", **error_fields(end.error, end.code in RETRYABLE_CLOSES)))
             await self.ws.close(int(end.code), reason=end.code.name.lower())
 
     async def _send_text(self, text: str) -> None:
@@ -591,10 +615,10 @@ def first_cause(group: BaseException, order: tuple[tuple[type[BaseException], ..
 
 async def serve_speech_stream(websocket: WebSocket, cfg: GatewaySettings, client: AioStreamClient,
                               metrics: GatewayMetrics, live: dict[str, int],
-                              busy: Callable[[], ApiError | None]) -> None:
+                              busy: Callable[[], ApiError | None], drain: Drain | None = None) -> None:
     """Serve one ``/v1/audio/speech/stream`` connection (:class:`SpeechStream`); ``busy`` gives
     the gateway's own 503 at the start, if any (:func:`.errors.busy_refusal`)."""
-    await SpeechStream(websocket, cfg, client, metrics, live, busy).run()
+    await SpeechStream(websocket, cfg, client, metrics, live, busy, drain).run()
 
 
 def page_html() -> str:
