@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from .. import contract
-from .common import ClientError, SynthesisRequest, SynthesisResult, read_wav, write_wav
+from .common import LOST_CONNECTION, ClientError, SynthesisRequest, SynthesisResult, read_wav, write_wav
 
 PROG = "chattts-client"
 DEFAULT_URLS = {"grpc": "127.0.0.1:8001", "http": "127.0.0.1:8000", "sse": "127.0.0.1:8000"}
@@ -166,6 +166,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         result = _synthesizer(args.protocol, args.model)(url, request, args.timeout_s)
     except ClientError as exc:
+        if exc.connection and exc.message.startswith(LOST_CONNECTION):
+            return _fail(f"{exc.message} (the server stopped or restarts: retry)", 2)
         if exc.connection:
             return _fail(f"{exc.message} (protocol {args.protocol}; is the server running?)", 2)
         return _fail(exc.message, 1)

@@ -52,6 +52,10 @@ class ClientError(Exception):
         return self.message
 
 
+LOST_CONNECTION = "lost the connection to"
+"""How the message of a stream cut by its server's going away begins (``connection=True``):
+the server stopped, crashed or restarts; a retry may find it (or another) serving."""
+
 TIMEOUT = "timeout"
 """``ClientError.status`` of a request this client stopped waiting for."""
 

@@ -20,6 +20,7 @@ from tritonclient.utils import InferenceServerException
 
 from .. import contract
 from .common import (
+    LOST_CONNECTION,
     TIMEOUT,
     ChunkOrder,
     ClientError,
@@ -38,16 +39,19 @@ _CONNECTION_STATUSES = ("StatusCode.UNAVAILABLE",)
 _EARLY_ERROR_WAIT_S = 5.0
 
 
-def _client_error(exc: InferenceServerException, url: str) -> ClientError:
+def _client_error(exc: InferenceServerException, url: str, streaming: bool = False) -> ClientError:
     """Map a tritonclient exception to :class:`ClientError`.
 
     Errors sent by the model inside the stream carry no status; transport failures carry the
     gRPC status name (``StatusCode.UNAVAILABLE`` when the server cannot be reached).
+    ``streaming``: the error ended a stream that had begun (its message then says the connection
+    was lost, not that it could not be made).
     """
     status = exc.status()
     message = exc.message() or str(exc)
     if status in _CONNECTION_STATUSES:
-        return ClientError(f"cannot connect to {url}: {message}", status, connection=True)
+        what = LOST_CONNECTION if streaming else "cannot connect to"  # mid-stream: the server went away
+        return ClientError(f"{what} {url}: {message}", status, connection=True)
     return ClientError(message, status)
 
 
@@ -127,6 +131,7 @@ def iter_parts(url: str, request: SynthesisRequest, timeout_s: float = DEFAULT_T
                 early = None
             raise _client_error(early if early is not None else exc, url) from None
         deadline = time.monotonic() + timeout_s
+        received = False
         while True:
             try:
                 result, error = responses.get(timeout=max(0.0, deadline - time.monotonic()))
@@ -134,7 +139,8 @@ def iter_parts(url: str, request: SynthesisRequest, timeout_s: float = DEFAULT_T
                 raise ClientError(f"no response from {url} within {timeout_s:g} s", TIMEOUT) from None
             if error is not None:
                 finished = True  # the server has ended this request
-                raise _client_error(error, url)
+                raise _client_error(error, url, streaming=received)
+            received = True
             part, final = response_part(result)
             for p in order.add(part):
                 if p.audio.size or p.info:

@@ -22,6 +22,7 @@ from httpx_sse import EventSource
 
 from .. import contract
 from .common import (
+    LOST_CONNECTION,
     TIMEOUT,
     ChunkOrder,
     ClientError,
@@ -113,7 +114,8 @@ def iter_sse_parts(url: str, request: SynthesisRequest, timeout_s: float = DEFAU
 
     Raises :class:`ClientError`: with the HTTP status and the server's message when the
     request is refused, or the event's message (status None) when the stream ends with an
-    ``"error"`` event; with ``connection=True`` when the server cannot be reached; status
+    ``"error"`` event; with ``connection=True`` when the server cannot be reached or the
+    connection drops mid-stream (a server that died or restarts: retry); status
     ``"timeout"`` when the stream does not finish within ``timeout_s`` seconds, or an
     ensemble chunk is missing.
     """
@@ -148,7 +150,10 @@ def iter_sse_parts(url: str, request: SynthesisRequest, timeout_s: float = DEFAU
         raise ClientError(f"cannot connect to {url}: {_root_cause(exc)}", connection=True) from None
     except httpx.TimeoutException:
         raise ClientError(f"no data from {url} for {timeout_s:g} s", TIMEOUT) from None
-    except httpx.HTTPError as exc:  # transport failures, and an answer that is not an event stream
+    except (httpx.ReadError, httpx.RemoteProtocolError) as exc:  # the server went away mid-stream
+        raise ClientError(f"{LOST_CONNECTION} {url} during the stream: {_root_cause(exc)}",
+                          connection=True) from None
+    except httpx.HTTPError as exc:  # other transport failures, and an answer that is not an event stream
         raise ClientError(f"stream from {url} failed: {_root_cause(exc)}") from None
 
 

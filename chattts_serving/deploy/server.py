@@ -36,9 +36,6 @@ from .gate import GateBuildError, build_gate, sanitizer_runtime
 
 SHM_GLOB = "/dev/shm/triton_python_backend_shm_region_*"
 STUB_NAME = "triton_python_backend_stub"
-FLUSH_S = 0.5
-"""How long a stop that kills the server once its models have unloaded waits after the last
-stub exited, so that the errors the models sent their streams reach the clients."""
 
 
 class ServerError(RuntimeError):
@@ -217,26 +214,16 @@ class TritonServer:
         text = Path(self.log_path).read_text(errors="replace").splitlines()[-lines:]
         return "\n--- tritonserver log (tail) ---\n" + "\n".join(text)
 
-    def stop(self, timeout_s: float = 30.0, *, kill_once_unloaded: bool = False) -> None:
+    def stop(self, timeout_s: float = 30.0) -> None:
         """SIGINT, wait up to ``timeout_s``, then SIGKILL the process group; remove shared
-        memory regions a killed server leaves behind. ``kill_once_unloaded``: SIGKILL as soon
-        as no stub process is left (plus :data:`FLUSH_S` for the last error responses to leave):
-        a server whose model process died waits its whole exit timeout for a model that never
-        unloads (docs/triton-workarounds.md, "stuck model, nobody says so"), while every live
-        model has already ended its streams."""
+        memory regions a killed server leaves behind."""
         if self.proc is None:
             return
         if self.proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.proc.pid, signal.SIGINT)
-            deadline = time.monotonic() + timeout_s
-            unloaded_at: float | None = None
-            while self.proc.poll() is None and time.monotonic() < deadline:
-                if kill_once_unloaded and unloaded_at is None and not self.stub_pids():
-                    unloaded_at = time.monotonic()
-                if unloaded_at is not None and time.monotonic() - unloaded_at >= FLUSH_S:
-                    break
-                time.sleep(0.05)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout_s)
             if self.proc.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(self.proc.pid, signal.SIGKILL)
@@ -253,11 +240,10 @@ class TritonServer:
             self._log.close()  # type: ignore[attr-defined]
         self.proc = None
 
-    def restart(self, stop_timeout_s: float = 30.0, ready_timeout_s: float = 180.0, *,
-                kill_once_unloaded: bool = False) -> TritonServer:
+    def restart(self, stop_timeout_s: float = 30.0, ready_timeout_s: float = 180.0) -> TritonServer:
         """:meth:`stop` then :meth:`start` on the same ports and repository. Raises ServerError
         as :meth:`start` does."""
-        self.stop(stop_timeout_s, kill_once_unloaded=kill_once_unloaded)
+        self.stop(stop_timeout_s)
         return self.start(ready_timeout_s)
 
     def stub_pids(self) -> dict[int, str]:

@@ -5,10 +5,10 @@ Triton 2.51 neither restarts a dead Python-backend stub of a decoupled model nor
 its health (docs/triton-workarounds.md, "stuck model, nobody says so"): the streams that stub
 served would wait until a stall timeout. The supervisor therefore watches every stub process
 and the server process through Linux process file descriptors (``pidfd_open``), so a death is
-seen the moment it happens, not at the next check; it then stops the server gracefully (every
-live model ends its streams with a retryable "the server is shutting down") and kills it once
-the live models have unloaded, instead of waiting out Triton's exit timeout for the dead one,
-and starts a fresh server on the same ports.
+seen the moment it happens, not at the next check; it then gives the server
+:data:`FATAL_STOP_TIMEOUT_S` to stop, kills it (every client still connected learns at once
+that its connection dropped, a retryable error, instead of waiting out Triton's exit timeout
+for the dead model) and starts a fresh server on the same ports.
 """
 
 from __future__ import annotations
@@ -87,10 +87,13 @@ class RestartPolicy:
         return False
 
 
-FATAL_STOP_TIMEOUT_S = 5.0
-"""How long a supervisor waits for a crashed server to stop before killing it: a process
-whose heap is corrupted may never finish a clean stop, and one whose model process died waits
-for that model until its exit timeout (the stop kills it once the live models have unloaded)."""
+FATAL_STOP_TIMEOUT_S = 1.0
+"""How long a supervisor lets a broken server (a model process dead, the process crashed or its
+heap corrupted) stop by itself before killing it. Short on purpose: such a server never
+finishes a clean stop (a dead model never unloads; Triton waits for open HTTP connections
+before it unloads anything), the models that still work tell their streams within this time
+where they can (docs/operations.md, "Faults and recovery"), and the kill tells every other
+client at once (its connection drops: a retryable error) instead of after the exit timeout."""
 
 WAKE_S = 0.25
 """Longest a supervisor sleeps between looks at its stop flag."""
@@ -138,7 +141,7 @@ class Supervisor:
     (:class:`ProcessWatch`): a death wakes the supervisor at once, and a missing stub, an exited
     server or a crash in its log (:mod:`~chattts_serving.deploy.logscan`: a process in that state
     may live on and answer "ready" while serving nothing) restarts the server at that check,
-    its stop cut short (:data:`FATAL_STOP_TIMEOUT_S`, killed once its live models unloaded).
+    its stop cut short (:data:`FATAL_STOP_TIMEOUT_S`).
     Besides, every ``health.interval_s`` seconds it checks the same and, when
     :class:`RestartPolicy` says so, runs the deep probe (:func:`chattts_serving.deploy.probe.probe`,
     deadline ``health.probe_timeout_s``); ``health.failures`` failed probes in a row restart
@@ -210,10 +213,7 @@ class Supervisor:
                   restarts=self.restarts)
         t0 = time.monotonic()
         try:
-            if result.fatal:
-                self.server.restart(stop_timeout_s=FATAL_STOP_TIMEOUT_S, kill_once_unloaded=True)
-            else:
-                self.server.restart(stop_timeout_s=30.0)
+            self.server.restart(stop_timeout_s=FATAL_STOP_TIMEOUT_S if result.fatal else 30.0)
         except ServerError as exc:
             log_event("server_restart_failed", level="error", component="supervisor", error=str(exc).splitlines()[0])
             raise

@@ -12,6 +12,7 @@ from typing import Any, Final
 from .. import contract
 from ..client import ClientError
 from ..client.admission_watch import AdmissionWatch
+from ..client.common import LOST_CONNECTION
 from ..errors import STATUS, ErrorKind, kind_from_status
 
 INVALID_REQUEST: Final = "invalid_request_error"
@@ -54,8 +55,9 @@ def from_client_error(exc: ClientError, url: str) -> ApiError:
     named (:func:`request_field`), None when it named none."""
     message = exc.message.strip() or "synthesis failed"
     if exc.connection:
-        return ApiError(503, f"the speech backend is unreachable ({url})", SERVER_ERROR, code="backend_unavailable",
-                        kind=ErrorKind.UNAVAILABLE)
+        what = ("the speech backend went away during the stream (it stops or restarts)"
+                if exc.message.startswith(LOST_CONNECTION) else "the speech backend is unreachable")
+        return ApiError(503, f"{what} ({url})", SERVER_ERROR, code="backend_unavailable", kind=ErrorKind.UNAVAILABLE)
     kind = exc.kind or ErrorKind.INTERNAL
     status = STATUS[kind].http
     if kind == ErrorKind.INVALID:

@@ -46,6 +46,8 @@ def test_speed_mapping_is_monotonic_and_bounded() -> None:
 INV, BUSY, UNAV, DEAD = ErrorKind.INVALID, ErrorKind.BUSY, ErrorKind.UNAVAILABLE, ErrorKind.DEADLINE
 ERRORS = [
     (ClientError("cannot connect", "StatusCode.UNAVAILABLE", connection=True), 503, "backend_unavailable", UNAV),
+    (ClientError("lost the connection to 127.0.0.1:1: Socket closed", "StatusCode.UNAVAILABLE", connection=True), 503,
+     "backend_unavailable", UNAV),
     (ClientError("[invalid] text is empty"), 400, "invalid_value", INV),
     (ClientError("[invalid] unknown voice 'x': not a seed"), 400, "invalid_value", INV),
     (ClientError("[busy] server busy: 8 streams already live"), 503, "server_busy", BUSY),
