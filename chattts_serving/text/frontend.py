@@ -303,9 +303,19 @@ request's frames in reference cycles until the next full garbage collection)."""
 
 
 def _chattts_normalizer() -> Any:
-    """ChatTTS' own ``Normalizer`` with its homophones map, logging quietly."""
+    """ChatTTS' own ``Normalizer`` with its homophones map, logging quietly. Its numba-compiled
+    helpers keep their machine code in numba's on-disk cache (keyed by the source and the CPU),
+    so that only a host's first start compiles them: the front end's start, and with it a
+    supervised restart, does not pay for the compilation again (docs/operations.md, "Faults and
+    recovery")."""
     import ChatTTS
+    import ChatTTS.norm
     from ChatTTS.norm import Normalizer
+    from numba.core.dispatcher import Dispatcher
+
+    for helper in vars(ChatTTS.norm).values():
+        if isinstance(helper, Dispatcher):
+            helper.enable_caching()
 
     quiet = logging.getLogger("chattts_serving.chattts_norm")
     quiet.setLevel(logging.ERROR)
