@@ -83,6 +83,52 @@ def recording(chat: Any, seed: int = 12, tokens: int = 90) -> np.ndarray:
         return chat.vocos.decode(chat.dvae(codes)).numpy()[0].astype(np.float32)
 
 
+FLOOR_NOISE = 1e-4
+"""How near a level boundary a feature that ChatTTS' DVAE floors into a code may lie and still be
+floored the other way by another implementation of the same arithmetic (ONNX Runtime, another
+CPU's kernels). The features of the test recordings computed by torch's AVX-512 and its AVX2
+kernels (``ATEN_CPU_CAPABILITY=avx2``) differ by up to 1.7e-5; some lie 1.1e-5 from a boundary."""
+
+
+def sample_audio_with_knife_edges(chat: Any, wav: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """ChatTTS' ``DVAE.sample_audio(wav)``: its codes (4, T) int32 and a (4, T) bool mask of the
+    codes decided by a ``floor`` of a feature within :data:`FLOOR_NOISE` of a level boundary, in
+    that code's residual stage or an earlier one of its group (a later stage quantizes what the
+    earlier left). Only those codes may come out otherwise from arithmetic that is equal to
+    float noise."""
+    import vector_quantize_pytorch.finite_scalar_quantization as fsq
+
+    features: list[np.ndarray] = []
+    floor = fsq.floor_ste
+
+    def caught(z: Any) -> Any:
+        features.append(z.detach().double().numpy().copy())
+        return floor(z)
+
+    fsq.floor_ste = caught
+    try:
+        codes = chat.dvae.sample_audio(np.array(wav, np.float32)).numpy().astype(np.int32)
+    finally:
+        fsq.floor_ste = floor
+    stages = len(chat.dvae.vq_layer.quantizer.rvqs[0].layers)
+    assert len(features) == codes.shape[0] == contract.NUM_VQ, (len(features), codes.shape)
+    near = np.zeros(codes.shape, bool)
+    for q, z in enumerate(features):  # one floor per (group, stage), in the codes' row order
+        frac = z.reshape(codes.shape[1], -1) % 1.0
+        close = (np.minimum(frac, 1.0 - frac) <= FLOOR_NOISE).any(axis=-1)
+        near[q:(q // stages + 1) * stages] |= close
+    return codes, near
+
+
+def assert_same_codes(ours: np.ndarray, ref: np.ndarray, near: np.ndarray) -> int:
+    """Ours (T, 4) equals ChatTTS' ``ref`` (4, T) code for code, except the ``near`` ones of
+    :func:`sample_audio_with_knife_edges`, which may differ. Returns how many were excused."""
+    assert ours.shape == ref.T.shape, (ours.shape, ref.shape)
+    keep = ~near.T
+    np.testing.assert_array_equal(ours[keep], ref.T[keep])
+    return int(near.sum())
+
+
 def assert_same_audio(ours: np.ndarray, ref: np.ndarray) -> float:
     """Ours (the server's, undeleted) equals ``ref`` (:func:`chat_infer`'s, undeleted) sample for
     sample: the same length and within 1e-5 (measured: within 3e-7). Returns the largest

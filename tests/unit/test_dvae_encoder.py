@@ -1,6 +1,7 @@
 """The exported DVAE encoder against ChatTTS' ``DVAE.sample_audio``: the mel bit for bit,
-the codes exactly, on many recordings and at the length boundaries; the artifact manifest;
-the runner's errors."""
+the codes exactly, on many recordings and at the length boundaries, except a code whose
+``floor`` input lies within float noise of a level boundary (which side it falls on depends on
+the CPU's kernels: tests/support/chattts_ref.py); the artifact manifest; the runner's errors."""
 
 from __future__ import annotations
 
@@ -13,8 +14,10 @@ import torch
 from chattts_serving import contract
 from chattts_serving.audio.encoder import DvaeEncoderRunner
 from chattts_serving.export.build import ENCODER_MISMATCH_TOLERANCE, EXPORTER_VERSION, check_encoder_parity
+from chattts_serving.export.parity import encoder_parity_audio
 from chattts_serving.export.weights import WeightsError
 from chattts_serving.runtime import Artifacts
+from tests.support.chattts_ref import assert_same_codes, sample_audio_with_knife_edges
 
 SR = contract.SAMPLE_RATE_HZ
 BOUNDARY_LENGTHS = (513, 514, 767, 768, 1023, 1024, 1279, 1280, 24000, 24001)
@@ -49,20 +52,24 @@ def test_log_mel_is_bit_identical_to_chattts(small_chat, small_artifacts: Artifa
         np.testing.assert_array_equal(got, ref)
 
 
-def test_codes_equal_chattts_sample_audio_exactly(small_chat, small_artifacts: Artifacts) -> None:
+def test_codes_equal_chattts_sample_audio_exactly_but_at_knife_edge_floors(small_chat,
+                                                                         small_artifacts: Artifacts) -> None:
+    """Every code equals ChatTTS', except the few decided within float noise of a level boundary
+    (none differ here; but some features lie 1.1e-5 from one, and torch's AVX2 and AVX-512
+    kernels alone compute them up to 1.7e-5 apart)."""
     runner = DvaeEncoderRunner(small_artifacts)
-    compared = 0
+    compared = excused = 0
     for wav in _recordings(small_chat):
-        ref = small_chat.dvae.sample_audio(wav.copy()).numpy()  # (4, T) int32
+        ref, near = sample_audio_with_knife_edges(small_chat, wav)  # (4, T) int32, (4, T) bool
         got = runner.run(wav)
         assert got.dtype == np.int32 and got.shape == (contract.encoder_tokens(wav.size), contract.NUM_VQ)
-        np.testing.assert_array_equal(got, ref.T, err_msg=f"recording of {wav.size} samples")
+        excused += assert_same_codes(got, ref, near)
         assert got.min() >= 0 and got.max() < contract.EOS_CODE
         compared += got.size
-    assert compared > 3000
+    assert compared > 3000 and excused <= compared // 200, (compared, excused)
 
 
-def test_manifest_lists_the_encoder_and_its_parity(small_artifacts: Artifacts) -> None:
+def test_manifest_lists_the_encoder_and_its_parity(small_chat, small_artifacts: Artifacts) -> None:  # type: ignore[no-untyped-def]
     man = small_artifacts.manifest
     assert man["exporter_version"] == EXPORTER_VERSION >= 4
     io = man["graphs"]["dvae_encoder"]
@@ -72,7 +79,10 @@ def test_manifest_lists_the_encoder_and_its_parity(small_artifacts: Artifacts) -
     assert [o["name"] for o in io["outputs"]] == [contract.E_CODES] and io["outputs"][0]["dtype"] == "int32"
     assert {contract.DVAE_ENCODER_GRAPH, contract.MEL_FILE} <= set(man["files"])
     parity = man["encoder_parity"]
-    assert parity["mismatched_codes"] == 0 and parity["length_mismatches"] == 0 and parity["codes"] > 1000
+    # 0 differing codes, but for those decided within float noise of a level boundary (usually none)
+    knife_edges = sum(int(sample_audio_with_knife_edges(small_chat, w)[1].sum())
+                      for w in encoder_parity_audio(small_chat))
+    assert parity["mismatched_codes"] <= knife_edges and parity["length_mismatches"] == 0 and parity["codes"] > 1000
     check_encoder_parity(parity)  # the export's own gate passes what it recorded
 
 

@@ -36,6 +36,7 @@ from chattts_serving.runtime import Artifacts
 from chattts_serving.text.refine import load_tokenizer, speech_prompt_ids
 from chattts_serving.text.segments import chattts_groups, split_like_chattts
 from chattts_serving.text.speaker import normalize_speaker
+from tests.support.chattts_ref import assert_same_codes, sample_audio_with_knife_edges
 
 SR = contract.SAMPLE_RATE_HZ
 
@@ -109,12 +110,19 @@ def _recordings(n: int, seed: int = 0) -> list[np.ndarray]:
 
 
 def test_spk_smp_is_byte_identical_to_chattts_and_round_trips(small_chat, small_artifacts: Artifacts) -> None:
+    """Our string of ChatTTS' codes is ChatTTS' string byte for byte; our codes are ChatTTS' but
+    for any decided within float noise of a level boundary (tests/support/chattts_ref.py; none
+    for these recordings, so the strings are identical too)."""
     encoder = DvaeEncoderRunner(small_artifacts)
     for wav in _recordings(4, seed=3):
         ref = small_chat.sample_audio_speaker(wav.copy())
+        ref_codes, near = sample_audio_with_knife_edges(small_chat, wav)
+        assert encode_spk_smp(ref_codes.T) == ref
         codes = encoder.run(wav)
-        assert encode_spk_smp(codes) == ref
-        np.testing.assert_array_equal(decode_spk_smp(ref), codes)
+        assert_same_codes(codes, ref_codes, near)
+        if not near.any():
+            assert encode_spk_smp(codes) == ref
+        np.testing.assert_array_equal(decode_spk_smp(ref), ref_codes.T)
         np.testing.assert_array_equal(decode_spk_smp(ref), small_chat.speaker.decode_prompt(ref).numpy().T)
     codes = np.random.default_rng(1).integers(0, 625, (300, 4)).astype(np.int64)
     np.testing.assert_array_equal(decode_spk_smp(encode_spk_smp(codes)), codes)
