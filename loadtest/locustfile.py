@@ -50,6 +50,7 @@ from chattts_serving import contract  # noqa: E402
 from chattts_serving.bench import load_sentences  # noqa: E402
 from chattts_serving.client.common import ClientError, SynthesisRequest  # noqa: E402
 from chattts_serving.client.grpc_stream import iter_chunks  # noqa: E402
+from chattts_serving.client.keys import http_headers, inference_key_from_env  # noqa: E402
 from chattts_serving.client.sse import iter_events  # noqa: E402
 
 HOST = os.environ.get("CHATTTS_HOST", "127.0.0.1")
@@ -57,6 +58,9 @@ GRPC_PORT = int(os.environ.get("CHATTTS_GRPC_PORT", "8001"))
 HTTP_PORT = int(os.environ.get("CHATTTS_HTTP_PORT", "8000"))
 GATEWAY_PORT = int(os.environ.get("CHATTTS_GATEWAY_PORT") or "8080")
 API_KEY = os.environ.get("CHATTTS_API_KEY", "").strip()
+TRITON_HEADERS = http_headers(inference_key_from_env())
+"""Triton's inference key header ($CHATTTS_INFERENCE_KEY or its file), when one is set; the gRPC
+user's client library sends it by itself."""
 MAX_NEW_TOKENS = int(os.environ.get("CHATTTS_MAX_NEW_TOKENS", "100"))
 MIN_NEW_TOKENS = int(os.environ.get("CHATTTS_MIN_NEW_TOKENS", str(MAX_NEW_TOKENS)))
 VOICE = os.environ.get("CHATTTS_VOICE", "2")
@@ -199,7 +203,7 @@ class SseStreamUser(_TritonHttpUser):
     def stream(self) -> None:
         self._stream(f"/v2/models/{contract.MODEL_STREAM}/generate_stream", "sse", contract.MODEL_STREAM,
                      _sse_audio_bytes, BYTES_PER_SAMPLE, json=next_request().json_inputs(),
-                     headers={"Accept": "text/event-stream"})
+                     headers={"Accept": "text/event-stream", **TRITON_HEADERS})
 
 
 class HttpOfflineUser(_TritonHttpUser):
@@ -213,7 +217,7 @@ class HttpOfflineUser(_TritonHttpUser):
                            for name, arr, dtype in req.tensors()],
                 "outputs": [{"name": contract.OUT_AUDIO.name, "parameters": {"binary_data": True}}]}
         with self.client.request("POST", f"/v2/models/{contract.MODEL_OFFLINE}/infer", json=body,
-                                 catch_response=True) as resp:
+                                 headers=TRITON_HEADERS, catch_response=True) as resp:
             resp.request_meta["request_type"] = "http:infer"
             resp.request_meta["name"] = contract.MODEL_OFFLINE
             if resp.status_code != 200:

@@ -44,6 +44,7 @@ from typing import Any, Final
 
 from .. import contract
 from ..client.common import ClientError, SynthesisRequest
+from ..client.keys import grpc_metadata, resolve_key
 from ..errors import ErrorKind, decode
 from .stats import percentile
 
@@ -95,7 +96,8 @@ async def _one(client: Any, request: SynthesisRequest, start: asyncio.Event, tim
                "enable_empty_final_response": True}
 
     try:
-        async for result, error in client.stream_infer(requests(), stream_timeout=timeout_s):
+        async for result, error in client.stream_infer(requests(), stream_timeout=timeout_s,
+                                                       headers=grpc_metadata(resolve_key(None))):
             now = time.perf_counter() - out.sent_at  # a response follows its request: sent_at is set
             if error is not None:
                 out.kind, out.message = _error_kind(error.message(), error.status())

@@ -40,6 +40,7 @@ from tritonclient.utils import InferenceServerException
 
 from .. import contract
 from .aio import CHANNEL_ARGS
+from .keys import grpc_metadata, key_refused, resolve_key
 
 log = logging.getLogger("chattts_serving.client.admission")
 
@@ -93,14 +94,19 @@ class AdmissionWatch:
     ``shared`` (the requests' own client, e.g. :attr:`AioStreamClient.grpc_client`), a target
     that resolves to one address is watched over the requests' connection, so that behind an
     address that balances connections over several servers (a Kubernetes ClusterIP) the watch
-    reports on the server the requests reach. Call :meth:`start` inside the running event loop
-    and :meth:`close` at shutdown.
+    reports on the server the requests reach. ``inference_key``: the subscription is an
+    inference request and carries the key (default: the configured one,
+    :func:`~chattts_serving.client.keys.resolve_key`); a refused key is logged and the server's
+    state stays unknown (not full) and it is asked again after ``missing_retry_s``. Call
+    :meth:`start` inside the running event loop and :meth:`close` at shutdown.
     """
 
     def __init__(self, url: str, *, shared: grpcaio.InferenceServerClient | None = None, retry_s: float = RETRY_S,
                  missing_retry_s: float = MISSING_RETRY_S, resolve_every_s: float = RESOLVE_EVERY_S,
-                 stale_after_s: float = STALE_AFTER_S) -> None:
+                 stale_after_s: float = STALE_AFTER_S, inference_key: str | None = None) -> None:
         self.url = url
+        self._metadata = grpc_metadata(resolve_key(inference_key))
+        self._said_key = False
         self._shared = shared
         self.retry_s, self.missing_retry_s, self.resolve_every_s = retry_s, missing_retry_s, resolve_every_s
         self.stale_after_s = stale_after_s
@@ -180,6 +186,16 @@ class AdmissionWatch:
         finally:
             self._addresses = frozenset()
 
+    def _key_refused(self, address: str, message: str) -> bool:
+        """Whether ``message`` refuses the inference key; says so once in the log."""
+        if not key_refused(message):
+            return False
+        if not self._said_key:
+            log.warning("admission watch: %s: inference key required (%s); the watch stays off, every request "
+                        "goes to Triton", address, "the key sent was refused" if self._metadata else "none is set")
+            self._said_key = True
+        return True
+
     async def _follow(self, address: str, shared: grpcaio.InferenceServerClient | None = None) -> None:
         """Keep one subscription to ``address`` open, recording each report; made again after
         :attr:`retry_s` when it ends, fails or brings nothing for :attr:`stale_after_s`
@@ -199,7 +215,7 @@ class AdmissionWatch:
                 pause = self.retry_s
                 responses = None
                 try:
-                    responses = client.stream_infer(subscribe())
+                    responses = client.stream_infer(subscribe(), headers=self._metadata)
                     while True:
                         try:
                             result, error = await asyncio.wait_for(responses.__anext__(), self.stale_after_s)
@@ -215,14 +231,19 @@ class AdmissionWatch:
                     log.warning("admission watch: no report from %s for %g s; subscribing again", address,
                                 self.stale_after_s)
                 except grpc.aio.AioRpcError as exc:
-                    if exc.code() == grpc.StatusCode.UNAVAILABLE:
+                    if self._key_refused(address, exc.details() or ""):
+                        self._unreachable.discard(address)  # it answered
+                        pause = self.missing_retry_s
+                    elif exc.code() == grpc.StatusCode.UNAVAILABLE:
                         self._unreachable.add(address)
                     else:
                         self._unreachable.discard(address)
                     log.debug("admission watch: %s: %s", address, exc.details())
                 except InferenceServerException as exc:
                     self._unreachable.discard(address)  # it answered
-                    if _UNKNOWN_MODEL in (exc.message() or "") and not answered:  # not a server stopping
+                    if self._key_refused(address, exc.message() or ""):
+                        pause = self.missing_retry_s
+                    elif _UNKNOWN_MODEL in (exc.message() or "") and not answered:  # not a server stopping
                         pause = self.missing_retry_s
                         if not said_missing:
                             log.info("admission watch: %s has no %s model; every request goes to Triton (asking "

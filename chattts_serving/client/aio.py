@@ -32,6 +32,7 @@ from tritonclient.utils import InferenceServerException
 from .. import contract
 from .common import TIMEOUT, ClientError, StreamPart, SynthesisRequest
 from .grpc_stream import grpc_inputs, response_part
+from .keys import grpc_metadata, key_error, resolve_key
 
 DEFAULT_IDLE_TIMEOUT_S: Final = 90.0
 """Default longest wait for the next response of a stream, in seconds: longer than the entry
@@ -67,10 +68,14 @@ class AioStreamClient:
     Create it inside the running event loop; it serves any number of concurrent streams of
     that loop (it is not thread-safe). Nothing connects until the first call; an unreachable
     server shows as a :class:`ClientError` with ``connection=True`` on the stream (or False
-    from :meth:`ready`)."""
+    from :meth:`ready`). ``inference_key``: sent with every request as the inference key
+    (default: the configured one, :func:`.keys.resolve_key`; a server without a key ignores it)."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, inference_key: str | None = None) -> None:
         self.url = url
+        self.inference_key = resolve_key(inference_key)
+        self.metadata = grpc_metadata(self.inference_key)
+        """gRPC metadata for inference requests (the inference key), None without a key."""
         self._client = grpcaio.InferenceServerClient(url, channel_args=CHANNEL_ARGS)
 
     @property
@@ -121,6 +126,7 @@ class AioStreamClient:
                        tensor(contract.IN_REFERENCE_RATE.name, np.array([reference_rate_hz], np.int32), "INT32")]
         try:
             result = await self._client.infer(contract.MODEL_FRONTEND, inputs, client_timeout=timeout_s,
+                                              headers=self.metadata,
                                               outputs=[grpcaio.InferRequestedOutput(contract.FE_PROMPT_CODES.name)])
         except (InferenceServerException, grpc.RpcError, OSError) as exc:
             raise self._error(exc) from None
@@ -134,6 +140,9 @@ class AioStreamClient:
             status, message = exc.status(), exc.message() or str(exc)
         else:
             status, message = None, str(exc)
+        refused = key_error(message, self.url, bool(self.inference_key), grpc=True)
+        if refused is not None:
+            return refused
         if status == str(grpc.StatusCode.UNAVAILABLE):
             return ClientError(f"cannot reach {self.url}: {message}", status, connection=True)
         return ClientError(message, status)
@@ -162,7 +171,7 @@ class AioStreamClient:
             # request's last response is sent.
             yield {"model_name": contract.MODEL_STREAM, "inputs": inputs, "request_id": request.request_id or ""}
 
-        call = self._client.stream_infer(one_request())
+        call = self._client.stream_infer(one_request(), headers=self.metadata)
         deadline = None if max_duration_s is None else time.monotonic() + max_duration_s
         finished = False
         try:

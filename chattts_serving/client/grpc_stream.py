@@ -31,6 +31,7 @@ from .common import (
     collect_stream,
     parse_info,
 )
+from .keys import grpc_metadata, key_error, resolve_key
 
 DEFAULT_TIMEOUT_S = 300.0
 """Default deadline of a whole stream, in seconds."""
@@ -39,16 +40,21 @@ _CONNECTION_STATUSES = ("StatusCode.UNAVAILABLE",)
 _EARLY_ERROR_WAIT_S = 5.0
 
 
-def _client_error(exc: InferenceServerException, url: str, streaming: bool = False) -> ClientError:
+def _client_error(exc: InferenceServerException, url: str, key_sent: bool = False,
+                  streaming: bool = False) -> ClientError:
     """Map a tritonclient exception to :class:`ClientError`.
 
     Errors sent by the model inside the stream carry no status; transport failures carry the
-    gRPC status name (``StatusCode.UNAVAILABLE`` when the server cannot be reached).
+    gRPC status name (``StatusCode.UNAVAILABLE`` when the server cannot be reached). Triton's
+    refusal for the inference key becomes "inference key required" (:func:`.keys.key_error`).
     ``streaming``: the error ended a stream that had begun (its message then says the connection
     was lost, not that it could not be made).
     """
     status = exc.status()
     message = exc.message() or str(exc)
+    refused = key_error(message, url, key_sent, grpc=True)
+    if refused is not None:
+        return refused
     if status in _CONNECTION_STATUSES:
         what = LOST_CONNECTION if streaming else "cannot connect to"  # mid-stream: the server went away
         return ClientError(f"{what} {url}: {message}", status, connection=True)
@@ -80,31 +86,35 @@ def response_part(result: Any) -> tuple[StreamPart, bool]:
 
 
 def iter_chunks(url: str, request: SynthesisRequest, timeout_s: float = DEFAULT_TIMEOUT_S,
-                model: str = contract.MODEL_STREAM) -> Generator[np.ndarray, None, None]:
+                model: str = contract.MODEL_STREAM, inference_key: str | None = None
+                ) -> Generator[np.ndarray, None, None]:
     """Stream ``request`` to ``model`` (``chattts`` or ``chattts_ensemble``) at ``url``
     (``host:port`` of Triton's gRPC endpoint) and yield each audio chunk in stream order:
     (n,) float32 mono samples at ``contract.SAMPLE_RATE_HZ``, empty responses skipped. Closing
     the generator early cancels the request on the server. Raises :class:`ClientError` as
     :func:`iter_parts` does."""
-    yield from audio_only(iter_parts(url, request, timeout_s, model))
+    yield from audio_only(iter_parts(url, request, timeout_s, model, inference_key=inference_key))
 
 
 def iter_parts(url: str, request: SynthesisRequest, timeout_s: float = DEFAULT_TIMEOUT_S,
-               model: str = contract.MODEL_STREAM, order: ChunkOrder | None = None
-               ) -> Generator[StreamPart, None, None]:
+               model: str = contract.MODEL_STREAM, order: ChunkOrder | None = None,
+               inference_key: str | None = None) -> Generator[StreamPart, None, None]:
     """Stream ``request`` to ``model`` (``chattts``, or the ensemble door ``chattts_ensemble``)
     at ``url`` (``host:port`` of Triton's gRPC endpoint) and yield each response as a
     :class:`StreamPart`, in stream order (an ensemble's parts by their ``chunk_index``, through
     ``order``, a fresh :class:`ChunkOrder` by default): its audio ((n,) float32 mono at
     ``contract.SAMPLE_RATE_HZ``, possibly empty) and its ``info`` JSON object (on the first
     audio response and the final one). Closing the generator early cancels the request on
-    the server (``stop_stream(cancel_requests=True)``).
+    the server (``stop_stream(cancel_requests=True)``). ``inference_key``: sent as the
+    inference key (default: the configured one, :func:`.keys.resolve_key`).
 
     Raises :class:`ClientError` when the server returns an error for the request (the
-    server's message, status None), cannot be reached (``connection=True``), the stream
-    does not finish within ``timeout_s`` seconds, or an ensemble chunk is missing.
+    server's message, status None), cannot be reached (``connection=True``), refuses the
+    inference key ("inference key required"), the stream does not finish within
+    ``timeout_s`` seconds, or an ensemble chunk is missing.
     """
     order = order if order is not None else ChunkOrder()
+    key = resolve_key(inference_key)
     client = grpcclient.InferenceServerClient(url)
     responses: queue.Queue[tuple[Any, InferenceServerException | None]] = queue.Queue()
 
@@ -114,10 +124,10 @@ def iter_parts(url: str, request: SynthesisRequest, timeout_s: float = DEFAULT_T
     finished = False
     try:
         try:
-            client.start_stream(callback=callback, stream_timeout=timeout_s)
+            client.start_stream(callback=callback, stream_timeout=timeout_s, headers=grpc_metadata(key))
         except InferenceServerException as exc:
             finished = True
-            raise _client_error(exc, url) from None
+            raise _client_error(exc, url, bool(key)) from None
         try:
             client.async_stream_infer(model, grpc_inputs(request), request_id=request.request_id or "",
                                       enable_empty_final_response=True)
@@ -129,7 +139,7 @@ def iter_parts(url: str, request: SynthesisRequest, timeout_s: float = DEFAULT_T
                 _, early = responses.get(timeout=_EARLY_ERROR_WAIT_S)
             except queue.Empty:
                 early = None
-            raise _client_error(early if early is not None else exc, url) from None
+            raise _client_error(early if early is not None else exc, url, bool(key)) from None
         deadline = time.monotonic() + timeout_s
         received = False
         while True:
@@ -139,7 +149,7 @@ def iter_parts(url: str, request: SynthesisRequest, timeout_s: float = DEFAULT_T
                 raise ClientError(f"no response from {url} within {timeout_s:g} s", TIMEOUT) from None
             if error is not None:
                 finished = True  # the server has ended this request
-                raise _client_error(error, url, streaming=received)
+                raise _client_error(error, url, bool(key), streaming=received)
             received = True
             part, final = response_part(result)
             for p in order.add(part):
@@ -157,7 +167,7 @@ def iter_parts(url: str, request: SynthesisRequest, timeout_s: float = DEFAULT_T
 
 
 def synthesize_stream(url: str, request: SynthesisRequest, timeout_s: float = DEFAULT_TIMEOUT_S,
-                      model: str = contract.MODEL_STREAM) -> SynthesisResult:
+                      model: str = contract.MODEL_STREAM, inference_key: str | None = None) -> SynthesisResult:
     """Run one streamed synthesis over gRPC on ``model`` (``chattts`` or ``chattts_ensemble``)
     and collect it.
 
@@ -166,4 +176,4 @@ def synthesize_stream(url: str, request: SynthesisRequest, timeout_s: float = DE
     Raises :class:`ClientError` as :func:`iter_chunks` does.
     """
     t0 = time.perf_counter()
-    return collect_stream(iter_parts(url, request, timeout_s=timeout_s, model=model), t0)
+    return collect_stream(iter_parts(url, request, timeout_s=timeout_s, model=model, inference_key=inference_key), t0)

@@ -10,6 +10,7 @@ from tritonclient.utils import InferenceServerException
 
 from .. import contract
 from .common import TIMEOUT, ClientError, SynthesisRequest, SynthesisResult, parse_info
+from .keys import http_headers, key_error, resolve_key
 
 DEFAULT_TIMEOUT_S = 300.0
 """Default network timeout of the call, in seconds."""
@@ -26,7 +27,7 @@ def _status(exc: InferenceServerException) -> int | str | None:
 
 
 def synthesize_offline(url: str, request: SynthesisRequest,
-                       timeout_s: float = DEFAULT_TIMEOUT_S) -> SynthesisResult:
+                       timeout_s: float = DEFAULT_TIMEOUT_S, inference_key: str | None = None) -> SynthesisResult:
     """Synthesise ``request`` with ``contract.MODEL_OFFLINE`` at ``url`` (``host:port`` of
     Triton's HTTP endpoint) and return the whole waveform.
 
@@ -36,8 +37,11 @@ def synthesize_offline(url: str, request: SynthesisRequest,
 
     Raises :class:`ClientError`: with the HTTP status (int) and the server's message when the
     server refuses or fails the request; with ``connection=True`` when it cannot be reached;
-    status ``"timeout"`` when no answer comes within ``timeout_s`` seconds.
+    status ``"timeout"`` when no answer comes within ``timeout_s`` seconds; "inference key
+    required" (403) when the server refuses the inference key (``inference_key``, default
+    the configured one: :func:`.keys.resolve_key`).
     """
+    key = resolve_key(inference_key)
     inputs = []
     for name, arr, dtype in request.tensors():
         inp = httpclient.InferInput(name, list(arr.shape), dtype)
@@ -52,9 +56,11 @@ def synthesize_offline(url: str, request: SynthesisRequest,
     except Exception as exc:  # malformed URL and the like
         raise ClientError(f"cannot create an HTTP client for {url!r}: {exc}") from None
     try:
-        result = client.infer(contract.MODEL_OFFLINE, inputs, outputs=outputs, request_id=request.request_id or "")
+        result = client.infer(contract.MODEL_OFFLINE, inputs, outputs=outputs, request_id=request.request_id or "",
+                              headers=http_headers(key) or None)
     except InferenceServerException as exc:
-        raise ClientError(exc.message() or str(exc), _status(exc)) from None
+        message = exc.message() or str(exc)
+        raise key_error(message, url, bool(key), grpc=False) or ClientError(message, _status(exc)) from None
     except (ConnectionError, OSError) as exc:
         if isinstance(exc, TimeoutError):
             raise ClientError(f"no response from {url} within {timeout_s:g} s", TIMEOUT) from None

@@ -33,6 +33,7 @@ from .common import (
     collect_stream,
     parse_info,
 )
+from .keys import http_headers, key_error, resolve_key
 
 DEFAULT_TIMEOUT_S = 300.0
 """Default deadline of a whole stream, in seconds."""
@@ -98,16 +99,18 @@ def _error_message(resp: httpx.Response) -> str:
 
 
 def iter_sse_chunks(url: str, request: SynthesisRequest, timeout_s: float = DEFAULT_TIMEOUT_S,
-                    model: str = contract.MODEL_STREAM) -> Generator[np.ndarray, None, None]:
+                    model: str = contract.MODEL_STREAM, inference_key: str | None = None
+                    ) -> Generator[np.ndarray, None, None]:
     """Stream ``request`` to ``model`` (``chattts`` or ``chattts_ensemble``) at ``url``
     (``host:port`` of Triton's HTTP endpoint) and yield each audio chunk: (n,) float32 mono at
     ``contract.SAMPLE_RATE_HZ``. Closing the generator closes the connection, which cancels
     the request on the server. Raises :class:`ClientError` as :func:`iter_sse_parts` does."""
-    yield from audio_only(iter_sse_parts(url, request, timeout_s, model))
+    yield from audio_only(iter_sse_parts(url, request, timeout_s, model, inference_key))
 
 
 def iter_sse_parts(url: str, request: SynthesisRequest, timeout_s: float = DEFAULT_TIMEOUT_S,
-                   model: str = contract.MODEL_STREAM) -> Generator[StreamPart, None, None]:
+                   model: str = contract.MODEL_STREAM, inference_key: str | None = None
+                   ) -> Generator[StreamPart, None, None]:
     """Like :func:`iter_sse_chunks`, but yield every event as a :class:`StreamPart` (audio,
     possibly empty, and the ``info`` JSON object on the first audio event and the last), in
     stream order (the ensemble's events by their ``chunk_index``: :class:`ChunkOrder`).
@@ -117,8 +120,10 @@ def iter_sse_parts(url: str, request: SynthesisRequest, timeout_s: float = DEFAU
     ``"error"`` event; with ``connection=True`` when the server cannot be reached or the
     connection drops mid-stream (a server that died or restarts: retry); status
     ``"timeout"`` when the stream does not finish within ``timeout_s`` seconds, or an
-    ensemble chunk is missing.
+    ensemble chunk is missing; "inference key required" (status 403) when the server refuses
+    the inference key (``inference_key``, default the configured one: :func:`.keys.resolve_key`).
     """
+    key = resolve_key(inference_key)
     endpoint = f"http://{url}/v2/models/{model}/generate_stream"
     order = ChunkOrder()
     deadline = time.monotonic() + timeout_s
@@ -126,10 +131,11 @@ def iter_sse_parts(url: str, request: SynthesisRequest, timeout_s: float = DEFAU
     if request.request_id:
         body["id"] = request.request_id
     try:
-        with httpx.stream("POST", endpoint, json=body, headers={"Accept": _EVENT_STREAM},
+        with httpx.stream("POST", endpoint, json=body, headers={"Accept": _EVENT_STREAM, **http_headers(key)},
                           timeout=httpx.Timeout(timeout_s)) as resp:
             if resp.status_code != 200:
-                raise ClientError(_error_message(resp), resp.status_code)
+                message = _error_message(resp)
+                raise key_error(message, url, bool(key), grpc=False) or ClientError(message, resp.status_code)
             for event in _json_events(resp):
                 if "error" in event:  # the stream began (HTTP 200) and then failed: no status
                     raise ClientError(str(event["error"]))
@@ -158,7 +164,7 @@ def iter_sse_parts(url: str, request: SynthesisRequest, timeout_s: float = DEFAU
 
 
 def synthesize_sse(url: str, request: SynthesisRequest, timeout_s: float = DEFAULT_TIMEOUT_S,
-                   model: str = contract.MODEL_STREAM) -> SynthesisResult:
+                   model: str = contract.MODEL_STREAM, inference_key: str | None = None) -> SynthesisResult:
     """Run one streamed synthesis over SSE and collect it.
 
     ``ttfa_s`` is the time from sending to the first non-empty chunk, ``total_s`` to the end
@@ -166,4 +172,5 @@ def synthesize_sse(url: str, request: SynthesisRequest, timeout_s: float = DEFAU
     :func:`iter_sse_chunks` does.
     """
     t0 = time.perf_counter()
-    return collect_stream(iter_sse_parts(url, request, timeout_s=timeout_s, model=model), t0)
+    return collect_stream(iter_sse_parts(url, request, timeout_s=timeout_s, model=model,
+                                         inference_key=inference_key), t0)

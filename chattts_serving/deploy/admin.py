@@ -5,7 +5,8 @@ trace settings, register shared memory and load or unload models. Triton 2.51 re
 API group to requests that carry a given header (``--http-restricted-api`` and
 ``--grpc-restricted-protocol``, format ``<apis>:<header>=<value>``). Every server this
 project starts restricts :data:`RESTRICTED_APIS` to the header :data:`ADMIN_HEADER`;
-inference, health, metadata and model configuration stay open.
+health, metadata and model configuration stay open, inference too unless an inference key is
+configured (below).
 
 What Triton 2.51 answers without the header (measured): HTTP 403 with ``{"error": "This API
 is restricted, expecting header 'chattts-admin-token'"}``; gRPC ``UNAVAILABLE`` "This
@@ -22,6 +23,15 @@ in the container's health check, an operator's probe) find it. Triton takes the 
 command line, so local users who can read the server's ``/proc/<pid>/cmdline`` can read the
 token: it guards the network ports, not the host.
 
+Inference can be restricted the same way (Triton 2.51's ``inference`` group: ``/infer``,
+``/generate``, ``/generate_stream``, gRPC ``ModelInfer`` and ``ModelStreamInfer``; health,
+metadata and model configuration stay open): with an inference key configured
+(``$CHATTTS_INFERENCE_KEY``, else the file named by ``$CHATTTS_INFERENCE_KEY_FILE``, e.g. a
+Kubernetes secret), requests need the header ``chattts-inference-key`` (gRPC metadata
+``triton-grpc-protocol-chattts-inference-key``). Off when neither is set: nothing is generated, since every client
+(gateway, probe, load tools) must be given the same key. Triton refuses an API group named in two
+restrictions, so the key has a group of its own; two groups may use the same header name.
+
 ``chattts-tritonserver [tritonserver arguments]`` runs ``tritonserver`` (``$CHATTTS_TRITONSERVER``,
 default the one on PATH) with the restriction flags added: the Docker image's command.
 """
@@ -35,6 +45,8 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
+from ..client.keys import INFERENCE_HEADER, inference_key_from_env
+
 ADMIN_HEADER = "chattts-admin-token"
 """HTTP header that carries the admin token (lowercase: also the base of the gRPC key)."""
 GRPC_HEADER_PREFIX = "triton-grpc-protocol-"
@@ -42,7 +54,8 @@ GRPC_HEADER_PREFIX = "triton-grpc-protocol-"
 GRPC_ADMIN_HEADER = GRPC_HEADER_PREFIX + ADMIN_HEADER
 """gRPC metadata key that carries the admin token."""
 RESTRICTED_APIS = ("logging", "trace", "shared-memory", "model-repository", "statistics")
-"""Triton API groups that need the header. Open: health, metadata, inference, model-config.
+"""Triton API groups that need the header. Open: health, metadata, model-config, and inference
+unless an inference key is configured (:func:`inference_restriction_args`).
 Nothing here reads ``statistics`` openly: the benchmark and Prometheus read the metrics port."""
 TOKEN_ENV = "CHATTTS_ADMIN_TOKEN"
 """Environment variable holding the admin token (empty counts as unset)."""
@@ -91,6 +104,14 @@ def token_from_env(environ: Mapping[str, str] | None = None) -> str | None:
     return None
 
 
+def inference_restriction_args(key: str | None) -> list[str]:
+    """The tritonserver flags that put inference behind :data:`INFERENCE_HEADER` (none without a key)."""
+    if not key:
+        return []
+    spec = f"inference:{INFERENCE_HEADER}={key}"
+    return [f"--http-restricted-api={spec}", f"--grpc-restricted-protocol={spec}"]
+
+
 def new_token() -> str:
     """A fresh random admin token (256 bits, URL-safe base64)."""
     return secrets.token_urlsafe(32)
@@ -132,7 +153,8 @@ def grpc_headers(token: str | None) -> dict[str, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``chattts-tritonserver``: exec tritonserver with ``argv`` and the restriction flags."""
+    """``chattts-tritonserver``: exec tritonserver with ``argv`` and the restriction flags (the
+    inference key's too, when one is configured)."""
     args = sys.argv[1:] if argv is None else argv
     prog = "chattts-tritonserver"
     if any(a.startswith(("--http-restricted-api", "--grpc-restricted-protocol")) for a in args):
@@ -140,7 +162,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         token = token_from_env()
-    except (AdminTokenError, OSError) as exc:
+        key = inference_key_from_env()
+    except (ValueError, OSError) as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2
     if token is None:
@@ -148,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
         publish(prog, token)
     binary = os.environ.get(TRITONSERVER_ENV) or "tritonserver"
     try:
-        os.execvp(binary, [binary, *args, *restriction_args(token)])
+        os.execvp(binary, [binary, *args, *restriction_args(token), *inference_restriction_args(key)])
     except OSError as exc:
         print(f"{prog}: error: cannot run {binary}: {exc}", file=sys.stderr)
         return 127

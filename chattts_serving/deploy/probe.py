@@ -13,7 +13,8 @@ is not healthy". :func:`probe` therefore checks, within one deadline:
    token file, :mod:`chattts_serving.deploy.admin`);
 4. ``synthesis``: one real 2-token synthesis through the decoupled streaming entry model
    (``contract.MODEL_STREAM``) over gRPC ends with audio. A "server busy" answer counts as
-   healthy: admission itself answered, the server is overloaded, not broken.
+   healthy: admission itself answered, the server is overloaded, not broken. With an inference
+   key configured (``$CHATTTS_INFERENCE_KEY`` or its file) the synthesis carries it.
 
 It prints one JSON line ``{"healthy", "reason", "checks", "duration_ms"}`` and exits 0 when
 healthy, 1 when not, 2 on a usage error. The launcher's supervisor
@@ -34,7 +35,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import contract
-from .admin import TOKEN_ENV, AdminTokenError, http_headers, token_from_env
+from ..client.keys import inference_key_from_env
+from .admin import TOKEN_ENV, http_headers, token_from_env
 
 DEFAULT_HTTP_URL = "127.0.0.1:8000"
 DEFAULT_GRPC_URL = "127.0.0.1:8001"
@@ -118,7 +120,7 @@ def _check_models(base: str, timeout_s: float, admin_token: str | None) -> dict[
     return out
 
 
-def _check_synthesis(grpc_url: str, timeout_s: float, text: str) -> dict[str, Any]:
+def _check_synthesis(grpc_url: str, timeout_s: float, text: str, inference_key: str | None = None) -> dict[str, Any]:
     from ..client import ClientError, SynthesisRequest, iter_chunks
     from ..errors import ErrorKind
 
@@ -129,7 +131,9 @@ def _check_synthesis(grpc_url: str, timeout_s: float, text: str) -> dict[str, An
                                request_id=f"{PROBE_REQUEST_PREFIX}{uuid.uuid4().hex[:12]}")
     chunks = samples = 0
     try:
-        for chunk in iter_chunks(grpc_url, request, timeout_s=timeout_s):
+        # without a key the client finds none configured either (probe() looked already)
+        for chunk in iter_chunks(grpc_url, request, timeout_s=timeout_s,
+                                 **({"inference_key": inference_key} if inference_key else {})):
             chunks += 1
             samples += int(chunk.size)
     except ClientError as exc:
@@ -142,11 +146,14 @@ def _check_synthesis(grpc_url: str, timeout_s: float, text: str) -> dict[str, An
 
 
 def probe(http_url: str = DEFAULT_HTTP_URL, grpc_url: str = DEFAULT_GRPC_URL, timeout_s: float = DEFAULT_TIMEOUT_S,
-          synthesis: bool = True, text: str = PROBE_TEXT, admin_token: str | None = None) -> ProbeResult:
+          synthesis: bool = True, text: str = PROBE_TEXT, admin_token: str | None = None,
+          inference_key: str | None = None) -> ProbeResult:
     """Run the deep health check against the server at ``http_url`` (``host:port`` of Triton's
     HTTP endpoint, or a full ``http://`` URL) and ``grpc_url`` (``host:port`` of its gRPC
     endpoint), all checks within ``timeout_s`` seconds in total. ``admin_token`` is sent with
-    the repository index (default: :func:`chattts_serving.deploy.admin.token_from_env`).
+    the repository index (default: :func:`chattts_serving.deploy.admin.token_from_env`),
+    ``inference_key`` with the synthesis (default: the configured one,
+    :func:`chattts_serving.deploy.admin.inference_key_from_env`).
 
     ``synthesis=False`` skips the synthesis (live, ready and model states only). Never raises
     for a server fault: unreachable ports, error statuses and failed or timed-out syntheses
@@ -157,6 +164,7 @@ def probe(http_url: str = DEFAULT_HTTP_URL, grpc_url: str = DEFAULT_GRPC_URL, ti
     if not timeout_s > 0:
         raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
     token = admin_token or token_from_env()
+    key = inference_key or inference_key_from_env()
     t0 = time.monotonic()
     deadline = t0 + timeout_s
     base = _base(http_url).rstrip("/")
@@ -167,7 +175,7 @@ def probe(http_url: str = DEFAULT_HTTP_URL, grpc_url: str = DEFAULT_GRPC_URL, ti
         ("models", lambda left: _check_models(base, left, token)),
     ]
     if synthesis:
-        steps.append(("synthesis", lambda left: _check_synthesis(grpc_url, left, text)))
+        steps.append(("synthesis", lambda left: _check_synthesis(grpc_url, left, text, key)))
     for name, run in steps:
         left = deadline - time.monotonic()
         if left <= 0:
@@ -189,7 +197,8 @@ def main(argv: list[str] | None = None) -> int:
                     "and one 2-token streamed synthesis, within a deadline. Prints one JSON line; exit code 0 "
                     "healthy, 1 unhealthy, 2 usage error. 'server busy' counts as healthy. The repository index "
                     "is an admin API: the token comes from $CHATTTS_ADMIN_TOKEN, else the file "
-                    "$CHATTTS_ADMIN_TOKEN_FILE (default ~/.config/chattts/admin-token).")
+                    "$CHATTTS_ADMIN_TOKEN_FILE (default ~/.config/chattts/admin-token). The synthesis sends the "
+                    "inference key of $CHATTTS_INFERENCE_KEY or the file $CHATTTS_INFERENCE_KEY_FILE, when set.")
     ap.add_argument("--http-url", default=DEFAULT_HTTP_URL,
                     help="Triton HTTP endpoint, host:port (default %(default)s)")
     ap.add_argument("--grpc-url", default=DEFAULT_GRPC_URL,
@@ -206,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--text must not be empty")
     try:
         result = probe(args.http_url, args.grpc_url, args.timeout_s, synthesis=not args.no_synthesis, text=args.text)
-    except (AdminTokenError, OSError) as exc:
+    except (ValueError, OSError) as exc:  # AdminTokenError, InferenceKeyError
         ap.error(str(exc))
     print(result.to_json(), flush=True)
     return 0 if result.healthy else 1

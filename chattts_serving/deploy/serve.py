@@ -9,10 +9,11 @@ import signal
 import sys
 from pathlib import Path
 
+from ..client.keys import INFERENCE_HEADER, INFERENCE_KEY_ENV
 from ..serving.profile import ProfileError, load_profile
-from .admin import ADMIN_HEADER, RESTRICTED_APIS, TOKEN_ENV, AdminTokenError, publish
+from .admin import ADMIN_HEADER, RESTRICTED_APIS, TOKEN_ENV, publish
 from .render import RenderError, render_repository
-from .server import ServerError, TritonServer
+from .server import LOOPBACK, ServerError, TritonServer
 from .supervisor import supervise
 
 
@@ -21,10 +22,14 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="chattts-serve", description="Render the model repository and serve it "
                                  f"with the bundled tritonserver until Ctrl-C. The admin APIs ({apis}) need the "
                                  f"header '{ADMIN_HEADER}: ${TOKEN_ENV}'; when {TOKEN_ENV} is unset a token is "
-                                 "generated and printed once on stderr.")
+                                 f"generated and printed once on stderr. With ${INFERENCE_KEY_ENV} set, inference "
+                                 f"needs the header '{INFERENCE_HEADER}: ${INFERENCE_KEY_ENV}' too.")
     ap.add_argument("--profile", default="cpu")
     ap.add_argument("--artifacts", type=Path, default=Path("artifacts/small"))
     ap.add_argument("--repo", type=Path, default=Path("build/model_repository"))
+    ap.add_argument("--address", default=LOOPBACK,
+                    help="address the HTTP, gRPC and metrics ports bind (default %(default)s: this host only; "
+                         f"0.0.0.0: every interface, then set {INFERENCE_KEY_ENV})")
     ap.add_argument("--http-port", type=int, default=8000)
     ap.add_argument("--grpc-port", type=int, default=8001)
     ap.add_argument("--metrics-port", type=int, default=8002)
@@ -46,8 +51,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         server = TritonServer(args.repo, http_port=args.http_port, grpc_port=args.grpc_port,
-                              metrics_port=args.metrics_port, log_path=args.log)
-    except (AdminTokenError, OSError) as exc:
+                              metrics_port=args.metrics_port, log_path=args.log, address=args.address)
+    except (ValueError, OSError) as exc:  # AdminTokenError, InferenceKeyError
         print(f"chattts-serve: error: {exc}", file=sys.stderr)
         return 2
     if server.admin_token_generated:
@@ -62,8 +67,9 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, _interrupt)
     try:
         server.start()
-        print(f"chattts-serve: ready (HTTP {args.http_port}, gRPC {args.grpc_port}, metrics {args.metrics_port});"
-              " Ctrl-C stops", flush=True)
+        key = "inference key required" if server.inference_key else "inference open"
+        print(f"chattts-serve: ready on {args.address} (HTTP {args.http_port}, gRPC {args.grpc_port}, metrics "
+              f"{args.metrics_port}; {key}); Ctrl-C stops", flush=True)
         if args.restart_on_failure:
             supervise(server, profile.health)
             return 0

@@ -14,6 +14,7 @@ The stub runs Python isolated (PYTHONPATH is ignored), hence the PATH. Its admin
 from __future__ import annotations
 
 import contextlib
+import errno
 import glob
 import importlib.util
 import os
@@ -31,11 +32,16 @@ from types import TracebackType
 import psutil
 
 from .. import contract
-from .admin import new_token, restriction_args, token_from_env
+from ..client.keys import inference_key_from_env
+from .admin import inference_restriction_args, new_token, restriction_args, token_from_env
 from .gate import GateBuildError, build_gate, sanitizer_runtime
 
 SHM_GLOB = "/dev/shm/triton_python_backend_shm_region_*"
 STUB_NAME = "triton_python_backend_stub"
+LOOPBACK = "127.0.0.1"
+"""The address a server binds by default: reachable from this host only."""
+WILDCARDS = ("0.0.0.0", "::", "")
+"""Bind addresses that mean every interface (reached here through loopback)."""
 
 
 class ServerError(RuntimeError):
@@ -101,15 +107,22 @@ def _region_in_use(path: str) -> bool:
     return False
 
 
-def _ready(http_port: int, metrics_port: int) -> bool:
+def connect_host(address: str) -> str:
+    """The host to reach a server bound to ``address`` from this machine (loopback for a
+    wildcard, bracketed when IPv6)."""
+    host = LOOPBACK if address in WILDCARDS else address
+    return f"[{host}]" if ":" in host else host
+
+
+def _ready(http_port: int, metrics_port: int, host: str = LOOPBACK) -> bool:
     """Triton answers ready on ``http_port`` and its metrics port accepts connections: the
     metrics service starts a few tens of milliseconds after the HTTP service (measured: 42 ms),
-    and a scrape in between is refused."""
+    and a scrape in between is refused. ``host``: :func:`connect_host`'s."""
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/v2/health/ready", timeout=1) as r:
+        with urllib.request.urlopen(f"http://{host}:{http_port}/v2/health/ready", timeout=1) as r:
             if r.status != 200:
                 return False
-        with socket.create_connection(("127.0.0.1", metrics_port), timeout=1):
+        with socket.create_connection((host.strip("[]"), metrics_port), timeout=1):
             return True
     except OSError:
         return False
@@ -118,8 +131,13 @@ def _ready(http_port: int, metrics_port: int) -> bool:
 class TritonServer:
     """A tritonserver process on a model repository; a context manager.
 
-    Ports are TCP ports on 127.0.0.1 (HTTP, gRPC, metrics); ``log_path`` receives the
-    server's stdout and stderr. The admin APIs are always restricted: ``admin_token`` is the
+    Ports are TCP ports (HTTP, gRPC, metrics) bound on ``address`` (default loopback,
+    :data:`LOOPBACK`; ``0.0.0.0`` for every interface); ``log_path`` receives the server's
+    stdout and stderr. ``inference_key``: inference needs the header of
+    :data:`~chattts_serving.client.keys.INFERENCE_HEADER` with this value (default: the
+    configured one, ``$CHATTTS_INFERENCE_KEY`` or its file; None: inference is open). Models
+    are loaded explicitly (all at start), so that the admin token's ``model-repository`` API
+    can load and unload them. The admin APIs are always restricted: ``admin_token`` is the
     header's value, by default the configured one (``$CHATTTS_ADMIN_TOKEN`` or the token file,
     :mod:`chattts_serving.deploy.admin`) or one generated for this object and kept nowhere
     (``admin_token_generated``); restarts keep it. ``sanitize``: the admission gate built with
@@ -130,7 +148,8 @@ class TritonServer:
 
     def __init__(self, repo: Path, *, http_port: int = 8000, grpc_port: int = 8001, metrics_port: int = 8002,
                  log_path: Path | None = None, build_dir: Path = Path("build"), exit_timeout_s: int = 10,
-                 extra_args: tuple[str, ...] = (), admin_token: str | None = None, sanitize: bool = False) -> None:
+                 extra_args: tuple[str, ...] = (), admin_token: str | None = None, sanitize: bool = False,
+                 address: str = LOOPBACK, inference_key: str | None = None) -> None:
         self.repo = Path(repo).resolve()
         self.http_port, self.grpc_port, self.metrics_port = http_port, grpc_port, metrics_port
         self.log_path = log_path
@@ -141,7 +160,9 @@ class TritonServer:
         configured = admin_token or token_from_env()
         self.admin_token = configured or new_token()
         self.admin_token_generated = configured is None
-        self._restriction = restriction_args(self.admin_token)
+        self.address = address
+        self.inference_key = inference_key or inference_key_from_env()
+        self._restriction = restriction_args(self.admin_token) + inference_restriction_args(self.inference_key)
         self.proc: subprocess.Popen[bytes] | None = None
         self._log: object | None = None
         self._shm_before: set[str] = set()
@@ -156,7 +177,10 @@ class TritonServer:
         return [str(root / "bin" / "tritonserver"), f"--model-repository={self.repo}",
                 f"--backend-directory={backend_dir(self.build_dir, uses_gate(self.repo), self.sanitize)}",
                 f"--http-port={self.http_port}", f"--grpc-port={self.grpc_port}",
-                f"--metrics-port={self.metrics_port}", "--allow-metrics=true", "--allow-gpu-metrics=false",
+                f"--metrics-port={self.metrics_port}", f"--http-address={self.address}",
+                f"--grpc-address={self.address}", f"--metrics-address={self.address}",
+                "--model-control-mode=explicit", "--load-model=*",
+                "--allow-metrics=true", "--allow-gpu-metrics=false",
                 "--metrics-config=summary_latencies=true",
                 "--disable-auto-complete-config", f"--exit-timeout-secs={self.exit_timeout_s}",
                 "--log-verbose=0", *self._restriction, *self.extra_args]
@@ -165,12 +189,14 @@ class TritonServer:
         """Start and wait until ready. Raises ServerError with the log's tail on failure, and at
         once when a port is already taken."""
         for port in (self.http_port, self.grpc_port, self.metrics_port):
-            with socket.socket() as s:
+            family = socket.AF_INET6 if ":" in self.address else socket.AF_INET
+            with socket.socket(family) as s:
                 s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
                 try:
-                    s.bind(("0.0.0.0", port))
-                except OSError:
-                    raise ServerError(f"port {port} is already in use (another server?)") from None
+                    s.bind((self.address or "0.0.0.0", port))
+                except OSError as exc:
+                    why = "already in use (another server?)" if exc.errno == errno.EADDRINUSE else exc.strerror or exc
+                    raise ServerError(f"port {port} on {self.address or '0.0.0.0'}: {why}") from None
         env = dict(os.environ)
         env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
         env.setdefault("OMP_NUM_THREADS", "1")
@@ -202,7 +228,7 @@ class TritonServer:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise ServerError(f"tritonserver exited with {self.proc.returncode}{self._tail()}")
-            if _ready(self.http_port, self.metrics_port):
+            if _ready(self.http_port, self.metrics_port, connect_host(self.address)):
                 return self
             time.sleep(0.2)
         self.stop()

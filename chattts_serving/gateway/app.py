@@ -117,9 +117,10 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        clients["triton"] = AioStreamClient(cfg.triton_url)
+        clients["triton"] = AioStreamClient(cfg.triton_url, inference_key=cfg.triton_inference_key or "")
         if cfg.admission_watch:
-            watches["triton"] = AdmissionWatch(cfg.triton_url, shared=clients["triton"].grpc_client)
+            watches["triton"] = AdmissionWatch(cfg.triton_url, shared=clients["triton"].grpc_client,
+                                               inference_key=cfg.triton_inference_key or "")
             watches["triton"].start()
         try:
             yield

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
+from ..client.keys import INFERENCE_KEY_ENV, inference_key_from_env
 from ..text.voices import ENV_VOICES, default_voices_path
 from .voice_store import ENV_VOICE_STORE, default_store_url
 
@@ -98,8 +99,9 @@ OPTIONS: Final = (
            "at SIGTERM/SIGINT, streams in flight may run this long before they are ended, s; 0: end them at "
            "once (30)"),
 )
-"""Every knob with its flag and environment variable (``CHATTTS_API_KEY`` is read from the
-environment only)."""
+"""Every knob with its flag and environment variable (``CHATTTS_API_KEY`` and Triton's inference
+key, ``CHATTTS_INFERENCE_KEY`` or the file ``CHATTTS_INFERENCE_KEY_FILE``, are read from the
+environment only: a secret on a command line is visible to every local user)."""
 
 
 @dataclass(frozen=True)
@@ -107,7 +109,9 @@ class GatewaySettings:
     """How the gateway reaches Triton and what it accepts.
 
     triton_url: Triton's gRPC endpoint, ``host:port``. api_key: required bearer token, or None
-    for no authentication. max_input_chars: longest ``input`` accepted, in characters (OpenAI:
+    for no authentication. triton_inference_key: the key Triton's inference needs (sent as
+    ``triton-grpc-protocol-chattts-inference-key`` metadata), or None when Triton needs none.
+    max_input_chars: longest ``input`` accepted, in characters (OpenAI:
     4096). stream_idle_timeout_s: a stream fails when Triton has sent nothing for this many
     seconds. stream_max_s: optional cap on a whole stream in seconds (None: none; the idle
     timeout alone ends a stalled stream, so the longest legal input is never cut). max_streams:
@@ -138,6 +142,7 @@ class GatewaySettings:
 
     triton_url: str = "127.0.0.1:8001"
     api_key: str | None = None
+    triton_inference_key: str | None = None
     max_input_chars: int = 4096
     stream_idle_timeout_s: float = 90.0
     stream_max_s: float | None = None
@@ -187,6 +192,12 @@ class GatewaySettings:
         key = env.get(ENV_API_KEY, "").strip()
         if key:
             values["api_key"] = key
+        try:
+            inference_key = inference_key_from_env(env)
+        except (ValueError, OSError) as exc:
+            raise ValueError(f"${INFERENCE_KEY_ENV}: {exc}") from None
+        if inference_key:
+            values["triton_inference_key"] = inference_key
         for opt in OPTIONS:
             text = env.get(opt.env, "")
             if not text.strip():

@@ -64,3 +64,46 @@ def test_a_published_token_is_private_to_its_user_and_read_back(tmp_path: Path,
     admin.publish("prog", token, {admin.TOKEN_FILE_ENV: str(tmp_path / "a-file" / "token")})
     err = capsys.readouterr().err
     assert err.count(token) == 1 and "not kept: cannot write" in err, err
+
+
+def test_the_inference_key_sources_flags_and_refusal_in_plain_words(tmp_path: Path) -> None:
+    from chattts_serving.client import keys
+
+    assert keys.inference_key_from_env({}) is None, "no key unless one is configured"
+    secret = tmp_path / "key"
+    secret.write_text("inference-key-from-a-file\n")
+    assert keys.inference_key_from_env({keys.INFERENCE_KEY_FILE_ENV: str(secret)}) == "inference-key-from-a-file"
+    assert keys.inference_key_from_env({keys.INFERENCE_KEY_ENV: "inference-key-from-env",
+                                        keys.INFERENCE_KEY_FILE_ENV: str(secret)}) == "inference-key-from-env"
+    secret.write_text("\n")
+    with pytest.raises(keys.InferenceKeyError, match="empty"):
+        keys.inference_key_from_env({keys.INFERENCE_KEY_FILE_ENV: str(secret)})
+    with pytest.raises(keys.InferenceKeyError, match="at least 16"):
+        keys.inference_key_from_env({keys.INFERENCE_KEY_ENV: "short"})
+    spec = "inference:chattts-inference-key=inference-key-from-env"
+    assert admin.inference_restriction_args("inference-key-from-env") == [f"--http-restricted-api={spec}",
+                                                                        f"--grpc-restricted-protocol={spec}"]
+    assert admin.inference_restriction_args(None) == []
+    assert keys.grpc_metadata("k") == {"triton-grpc-protocol-chattts-inference-key": "k"}
+    refusal = "This protocol is restricted, expecting header 'triton-grpc-protocol-chattts-inference-key'"
+    err = keys.key_error(refusal, "h:1", sent=False, grpc=True)
+    assert err is not None and err.message.startswith("inference key required") and not err.connection
+    assert keys.key_error("Request for unknown model", "h:1", sent=False, grpc=True) is None
+
+
+def test_the_server_command_binds_its_address_loads_explicitly_and_adds_the_key(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from chattts_serving.deploy.server import TritonServer
+
+    (tmp_path / "repo").mkdir()
+    monkeypatch.delenv("CHATTTS_INFERENCE_KEY", raising=False)
+    monkeypatch.delenv("CHATTTS_INFERENCE_KEY_FILE", raising=False)
+    plain = TritonServer(tmp_path / "repo", build_dir=tmp_path / "build", admin_token="a" * 20).command()
+    keyed = TritonServer(tmp_path / "repo", build_dir=tmp_path / "build", admin_token="a" * 20,
+                         address="0.0.0.0", inference_key="k" * 20).command()
+    for flag in ("--http-address=127.0.0.1", "--grpc-address=127.0.0.1", "--metrics-address=127.0.0.1",
+                 "--model-control-mode=explicit", "--load-model=*"):
+        assert flag in plain, flag
+    assert not any("inference:" in a for a in plain), "inference is open without a key"
+    assert "--grpc-address=0.0.0.0" in keyed
+    assert f"--grpc-restricted-protocol=inference:chattts-inference-key={'k' * 20}" in keyed

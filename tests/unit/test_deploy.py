@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import re
 import shlex
 import shutil
@@ -43,13 +44,20 @@ K8S_VERSION = "1.31.0"
 TRITON_IMAGE = "nvcr.io/nvidia/tritonserver:24.10-py3"
 
 # The server command line: the image's CMD and the Kubernetes container's args
-# (chattts-tritonserver: tritonserver with the admin APIs behind the token header).
+# (chattts-tritonserver: tritonserver with the admin APIs behind the token header, inference
+# behind the inference key when one is set). In a container the ports bind every interface;
+# models load explicitly so that the admin token can unload and load them.
 SERVER_COMMAND = [
     "chattts-tritonserver",
     "--model-repository=/opt/model_repository",
     "--http-port=8000",
     "--grpc-port=8001",
     "--metrics-port=8002",
+    "--http-address=0.0.0.0",
+    "--grpc-address=0.0.0.0",
+    "--metrics-address=0.0.0.0",
+    "--model-control-mode=explicit",
+    "--load-model=*",
     "--disable-auto-complete-config",
     "--metrics-config=summary_latencies=true",
 ]
@@ -124,8 +132,8 @@ def promtool() -> str:
     return path
 
 
-def _run(cmd: list[str], cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=60, check=False)
+def _run(cmd: list[str], cwd: Path = REPO, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=60, check=False, env=env)
 
 
 def _assert_ok(proc: subprocess.CompletedProcess[str]) -> None:
@@ -369,7 +377,12 @@ def test_compose_config_with_the_docker_cli() -> None:
     docker = _tool("docker")
     if docker is None or _run([docker, "compose", "version"]).returncode != 0:
         pytest.skip("the Docker Compose v2 plugin is not installed (`docker compose version` fails)")
-    _assert_ok(_run([docker, "compose", "-f", str(COMPOSE), "--profile", "export", "config", "--quiet"]))
+    # the stack refuses to start without Triton's inference key
+    refused = _run([docker, "compose", "-f", str(COMPOSE), "--profile", "export", "config", "--quiet"],
+                   env={k: v for k, v in os.environ.items() if k != "CHATTTS_INFERENCE_KEY"})
+    assert refused.returncode != 0 and "CHATTTS_INFERENCE_KEY" in refused.stderr, refused.stderr
+    _assert_ok(_run([docker, "compose", "-f", str(COMPOSE), "--profile", "export", "config", "--quiet"],
+                    env={**os.environ, "CHATTTS_INFERENCE_KEY": "k" * 32}))
 
 
 def test_compose_stack_serves_triton_on_one_gpu_with_monitoring() -> None:
@@ -382,10 +395,15 @@ def test_compose_stack_serves_triton_on_one_gpu_with_monitoring() -> None:
     assert (COMPOSE.parent / build["context"] / build["dockerfile"]).resolve() == DOCKERFILE
     assert build["target"] == "serve"
     assert {p.split(":")[-1] for p in triton["ports"]} == {"8000", "8001", "8002"}
+    # Triton's ports are published on the host's loopback only: the gateway is the way in
+    assert all(p.startswith("127.0.0.1:") for p in triton["ports"]), triton["ports"]
     devices = triton["deploy"]["resources"]["reservations"]["devices"]
     assert devices == [{"driver": "nvidia", "count": 1, "capabilities": ["gpu"]}]
     assert triton["healthcheck"]["test"] == ["CMD", *PROBE_COMMAND]
-    assert triton["environment"] == {"CHATTTS_ADMIN_TOKEN": "${CHATTTS_ADMIN_TOKEN:-}"}
+    # the inference key is required (`:?`): the stack does not start with inference open
+    key = "${CHATTTS_INFERENCE_KEY:?set CHATTTS_INFERENCE_KEY, Triton's inference key}"
+    assert triton["environment"] == {"CHATTTS_ADMIN_TOKEN": "${CHATTTS_ADMIN_TOKEN:-}", "CHATTTS_INFERENCE_KEY": key}
+    assert services["gateway"]["environment"]["CHATTTS_INFERENCE_KEY"] == key
     assert _duration_s(triton["healthcheck"]["timeout"]) > PROBE_TIMEOUT_S
     assert "artifacts:/models:ro" in triton["volumes"], "the server mounts the artifacts read-only"
 
@@ -521,9 +539,15 @@ def test_deployment_requests_one_gpu_and_probes_triton_health() -> None:
     (triton,) = spec["containers"]
     assert triton["args"] == SERVER_COMMAND
     # the admin token from an optional Secret (without it, the container generates one)
-    (token,) = triton["env"]
+    token, key = triton["env"]
     assert token["name"] == "CHATTTS_ADMIN_TOKEN"
     assert token["valueFrom"]["secretKeyRef"] == {"name": "chattts-admin", "key": "token", "optional": True}
+    # the inference key from a required Secret, which the gateways read too
+    assert key["name"] == "CHATTTS_INFERENCE_KEY"
+    assert key["valueFrom"]["secretKeyRef"] == {"name": "chattts-inference", "key": "key"}
+    (gateway,) = _pod_spec(_k8s_object("Deployment", "chattts-gateway"))["containers"]
+    gateway_env = {e["name"]: e for e in gateway["env"]}
+    assert gateway_env["CHATTTS_INFERENCE_KEY"]["valueFrom"] == key["valueFrom"]
     assert triton["resources"]["limits"]["nvidia.com/gpu"] == 1
     ports = {p["name"]: p["containerPort"] for p in triton["ports"]}
     assert ports == {"http": 8000, "grpc": 8001, "metrics": 8002}
