@@ -10,7 +10,7 @@ METRICS_PORT ?= 8002
 PA_MODEL ?= chattts
 PYTEST_ARGS ?=
 
-.PHONY: help setup export export-small export-full int8-accuracy serve demo test lint typecheck unit bench bench-smoke loadtest soak gateway textnorm-report clean
+.PHONY: help setup export export-small export-full int8-accuracy serve demo test lint typecheck unit bench bench-smoke loadtest soak recovery gateway textnorm-report clean
 
 help:  ## list targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -83,6 +83,10 @@ GATEWAY_ARGS ?=
 
 gateway: setup  ## OpenAI /v1/audio/speech, the WebSocket stream and its page (/) on GATEWAY_PORT over a running server's gRPC (GRPC_PORT); GATEWAY_ARGS for more flags
 	$(PY) -m chattts_serving.gateway --triton-url 127.0.0.1:$(GRPC_PORT) --port $(GATEWAY_PORT) $(GATEWAY_ARGS)
+
+recovery: setup  ## each kind of model process SIGKILLed under streams on every door, full size -> results/recovery.json (kill to error, kill to serving)
+	$(PY) -m chattts_serving.export --synthetic --size full --quiet
+	CHATTTS_RECOVERY_ARTIFACTS=artifacts/full $(PY) -m pytest -q tests/server/test_part_dies.py
 
 SOAK_ARTIFACTS ?= artifacts/full
 SOAK_ARGS ?=

@@ -23,15 +23,18 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx2 as httpx
 import pytest
 
 from chattts_serving import contract
+from chattts_serving.bench.run import machine_info
 from chattts_serving.client import ClientError, SynthesisRequest, synthesize_offline, synthesize_stream
 from chattts_serving.client.grpc_stream import iter_parts
 from chattts_serving.client.sse import iter_sse_parts
+from chattts_serving.deploy.admin import ADMIN_HEADER
 from chattts_serving.deploy.server import TritonServer
 from chattts_serving.deploy.supervisor import Supervisor, supervised
 from chattts_serving.errors import ErrorKind
@@ -208,12 +211,23 @@ class Rig:
     def http(self) -> str:
         return f"127.0.0.1:{self.server.http_port}"
 
+    def probes(self) -> Probes:
+        return Probes(self.grpc, self.http, self.gateway)
+
+
+ARTIFACTS_ENV = "CHATTTS_RECOVERY_ARTIFACTS"
+"""Artifacts to run these tests on instead of the small ones (``make recovery``: the full-size
+ones, whose times then go to ``results/recovery.json``)."""
+
 
 @pytest.fixture(scope="module")
 def rig(small_artifacts: Artifacts, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
     """One server for the module, restarted by its supervisor after each kill; many small
-    chunks (each a vocoder call) keep a stream of 2000 tokens in flight for seconds."""
-    srv = serve_profile(small_artifacts, tmp_path_factory.mktemp("part-dies"),
+    chunks (each a vocoder call) keep a stream of thousands of tokens in flight for seconds."""
+    chosen = os.environ.get(ARTIFACTS_ENV)
+    artifacts = Artifacts.load(Path(chosen)) if chosen else small_artifacts
+    out = Path("results/recovery.json") if chosen else BUILD / "recovery.json"
+    srv = serve_profile(artifacts, tmp_path_factory.mktemp("part-dies"),
                         entry={"stall_timeout_s": STALL_TIMEOUT_S},
                         engine={"max_new_tokens_cap": TOKENS, "max_context_tokens": 4096},
                         stream={"growth": 1.0, "first_chunk_tokens": 2, "max_chunk_tokens": 2, "emit_tokens": 2})
@@ -225,9 +239,9 @@ def rig(small_artifacts: Artifacts, tmp_path_factory: pytest.TempPathFactory) ->
             yield Rig(srv, sup, gw)
     finally:
         srv.stop(timeout_s=5.0)
-        out = BUILD / "recovery.json"
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(RESULTS, indent=2) + "\n")
+        report = {"artifacts": str(artifacts.root), "machine": machine_info(), "kinds": RESULTS}
+        out.write_text(json.dumps(report, indent=2) + "\n")
 
 
 SHORT = SynthesisRequest(text="恢复了。", max_new_tokens=4, min_new_tokens=4)
@@ -236,34 +250,38 @@ RETRYABLE_CODES = ("backend_unavailable", "server_busy", "server_shutting_down")
 
 @dataclass
 class Probes:
-    """What short requests on three doors answered between a kill and the server serving
-    again: each failure as (door, what it said)."""
+    """Short requests on three doors of a server (its gRPC and HTTP ``host:port``, the
+    gateway's base URL over it) and what they answered while it was not serving: each failure
+    as (door, what it said)."""
 
+    grpc_url: str
+    http_url: str
+    gateway_url: str
     failures: list[tuple[str, str]] = field(default_factory=list)
     wrong: list[tuple[str, str]] = field(default_factory=list)
     """Failures that were not a retryable "unavailable" (a 500, an INTERNAL, a 503 without
     Retry-After)."""
 
-    def grpc(self, rig: Rig) -> bool:
+    def grpc(self) -> bool:
         try:
-            return synthesize_stream(rig.grpc, SHORT, timeout_s=30).audio.size > 0
+            return synthesize_stream(self.grpc_url, SHORT, timeout_s=30).audio.size > 0
         except ClientError as exc:
             self._record("grpc", f"{exc.kind} {exc.message}", exc.connection or exc.kind == ErrorKind.UNAVAILABLE)
             return False
 
-    def offline(self, rig: Rig) -> bool:
+    def offline(self) -> bool:
         try:
-            return synthesize_offline(rig.http, SHORT, timeout_s=30).audio.size > 0
+            return synthesize_offline(self.http_url, SHORT, timeout_s=30).audio.size > 0
         except ClientError as exc:
             self._record("offline", f"{exc.status} {exc.kind} {exc.message}",
                          exc.connection or exc.kind == ErrorKind.UNAVAILABLE)
             return False
 
-    def gateway(self, rig: Rig) -> bool:
+    def gateway(self) -> bool:
         body = {"model": "tts-1", "input": SHORT.text, "voice": "alloy", "response_format": "pcm",
                 "max_new_tokens": 4, "min_new_tokens": 4}
         try:
-            r = httpx.post(rig.gateway + "/v1/audio/speech", json=body, timeout=30)
+            r = httpx.post(self.gateway_url + "/v1/audio/speech", json=body, timeout=30)
         except httpx.HTTPError as exc:  # the gateway itself runs on: a transport error is wrong
             self._record("gateway", repr(exc), False)
             return False
@@ -279,13 +297,17 @@ class Probes:
         if not retryable:
             self.wrong.append((door, said))
 
-    def until_serving(self, rig: Rig, timeout_s: float) -> bool:
-        """Probe all three doors until each serves (True), or ``timeout_s`` passes."""
+    def all_serve(self) -> bool:
+        """One probe of each door; True when all three served."""
+        return all([self.grpc(), self.offline(), self.gateway()])
+
+    def until_serving(self, timeout_s: float) -> bool:
+        """Probe all three doors until each has served once (True), or ``timeout_s`` passes."""
         serving: set[str] = set()
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             for door, probe in (("grpc", self.grpc), ("offline", self.offline), ("gateway", self.gateway)):
-                if door not in serving and probe(rig):
+                if door not in serving and probe():
                     serving.add(door)
             if len(serving) == 3:
                 return True
@@ -296,7 +318,7 @@ class Probes:
 @pytest.mark.parametrize("model", STUB_KINDS)
 def test_a_killed_model_process_ends_every_stream_on_every_door_with_a_retryable_error_and_the_server_serves_again(
         rig: Rig, model: str) -> None:
-    assert Probes().until_serving(rig, 120), "the server does not serve before the kill"
+    assert rig.probes().until_serving(120), "the server does not serve before the kill"
     restarts = rig.supervisor.restarts
     doors = {"grpc": _grpc(rig.grpc, contract.MODEL_STREAM), "ensemble": _grpc(rig.grpc, contract.MODEL_ENSEMBLE),
              "sse": _sse(rig.http), "gateway_pcm": _gateway_pcm(rig.gateway), "gateway_sse": _gateway_sse(rig.gateway),
@@ -311,8 +333,8 @@ def test_a_killed_model_process_ends_every_stream_on_every_door_with_a_retryable
     os.kill(pid, signal.SIGKILL)
     for o in outcomes:
         assert o.done.wait(HANG_BOUND_S), f"{o.door}: still waiting {HANG_BOUND_S:.0f} s after {model} died"
-    probes = Probes()  # while the server restarts, every door says "unavailable, retry": never a 500
-    assert probes.until_serving(rig, 180), f"the server does not serve again after the restart: {probes.failures}"
+    probes = rig.probes()  # while the server restarts, every door says "unavailable, retry": never a 500
+    assert probes.until_serving(180), f"the server does not serve again after the restart: {probes.failures}"
     serving_s = time.monotonic() - killed_at
     assert rig.supervisor.restarts > restarts, "the server serves again without a restart"
     assert not probes.wrong, probes.wrong
@@ -321,7 +343,46 @@ def test_a_killed_model_process_ends_every_stream_on_every_door_with_a_retryable
         assert o.error is not None, f"{o.door}: completed although {model} died mid-stream"
         assert o.retryable, f"{o.door}: the error does not say retry: {o.error}"
     assert all("internal_error" not in (e or "") for e in errors.values()), errors
+    # a stream that was playing lost its server: no client says it could not connect
+    assert all("cannot connect" not in (e or "") for e in errors.values()), errors
     RESULTS[model] = {"kill_to_error_s": {o.door: round((o.end_t or 0) - killed_at, 3) for o in outcomes},
                       "kill_to_serving_s": round(serving_s, 3), "errors": errors,
                       "refusals_while_restarting": sorted(set(probes.failures))}
     print(json.dumps(RESULTS[model], indent=1, ensure_ascii=False))
+
+
+def test_while_a_server_stops_and_starts_or_reloads_its_door_every_door_says_unavailable(
+        small_artifacts: Artifacts, tmp_path: Path) -> None:
+    """A clean restart (the supervisor's after failed probes, a rolling update's) and the admin
+    unloading and loading the ``chattts`` door: requests on every door meanwhile are refused
+    as unavailable (gRPC UNAVAILABLE, HTTP 503, the gateway's 503 with ``Retry-After``), never
+    a 500."""
+    srv = serve_profile(small_artifacts, tmp_path)
+    try:
+        with running_gateway(GatewaySettings(triton_url=f"127.0.0.1:{srv.grpc_port}")) as gw:
+            probes = Probes(f"127.0.0.1:{srv.grpc_port}", f"127.0.0.1:{srv.http_port}", gw)
+            assert probes.until_serving(120)
+            stop = threading.Event()
+
+            def keep_probing() -> None:
+                while not stop.is_set():
+                    probes.all_serve()
+            prober = threading.Thread(target=keep_probing, name="prober", daemon=True)
+            prober.start()
+            try:
+                srv.restart()
+                assert probes.until_serving(120), probes.failures
+                restarted = len(probes.failures)
+                door = f"http://127.0.0.1:{srv.http_port}/v2/repository/models/{contract.MODEL_STREAM}"
+                headers = {ADMIN_HEADER: srv.admin_token}
+                assert httpx.post(f"{door}/unload", headers=headers, timeout=60).status_code == 200
+                time.sleep(1.0)  # the probes meet the unloaded door
+                assert httpx.post(f"{door}/load", headers=headers, timeout=60).status_code == 200
+                assert probes.until_serving(120), probes.failures
+            finally:
+                stop.set()
+                prober.join(120)
+    finally:
+        srv.stop()
+    assert restarted > 0 and len(probes.failures) > restarted, "the probes never met the restart or the reload"
+    assert not probes.wrong, probes.wrong
