@@ -95,18 +95,37 @@ def _check_status(base: str, path: str, timeout_s: float) -> dict[str, Any]:
             **({} if status == 200 else {"error": f"GET {path} answered {status}"})}
 
 
-def _check_models(base: str, timeout_s: float, admin_token: str | None) -> dict[str, Any]:
+class IndexUnreadable(OSError):
+    """The repository index could not be read: ``status`` is the HTTP status when it answered."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def model_states(http_url: str, timeout_s: float, admin_token: str | None) -> dict[str, str]:
+    """Each model of the repository index (``POST /v2/repository/index``, an admin API) and its
+    state (``READY``, ``LOADING``, ``UNLOADING``, ``UNAVAILABLE``). Raises :class:`IndexUnreadable`
+    when the index cannot be read (unreachable, refused, not a list)."""
     try:
-        status, body = _http(f"{base}/v2/repository/index", timeout_s, "POST", b"{}", http_headers(admin_token))
+        status, body = _http(f"{_base(http_url)}/v2/repository/index", timeout_s, "POST", b"{}",
+                             http_headers(admin_token))
         index = json.loads(body) if status == 200 else None
     except (OSError, ValueError) as exc:
-        return {"ok": False, "error": f"repository index: {exc}"}
+        raise IndexUnreadable(f"repository index: {exc}") from None
     if status == 403:
         hint = "the admin token is wrong" if admin_token else f"no admin token: set {TOKEN_ENV}"
-        return {"ok": False, "status": status, "error": f"repository index answered 403 ({hint})"}
+        raise IndexUnreadable(f"repository index answered 403 ({hint})", status)
     if not isinstance(index, list):
-        return {"ok": False, "error": f"repository index answered {status}"}
-    states = {str(m.get("name")): str(m.get("state", "")) for m in index if isinstance(m, dict)}
+        raise IndexUnreadable(f"repository index answered {status}", status)
+    return {str(m.get("name")): str(m.get("state", "")) for m in index if isinstance(m, dict)}
+
+
+def _check_models(base: str, timeout_s: float, admin_token: str | None) -> dict[str, Any]:
+    try:
+        states = model_states(base, timeout_s, admin_token)
+    except IndexUnreadable as exc:
+        return {"ok": False, "error": str(exc), **({"status": exc.status} if exc.status is not None else {})}
     not_ready = {name: st or "UNKNOWN" for name, st in states.items() if st != "READY"}
     # A repository with the gate lists chattts_entry (loaded or not); one without it does not.
     missing = [m for m in contract.models(gate=contract.MODEL_STREAM_ENTRY in states) if m not in states]

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from ..serving.logs import log_event
 from ..serving.profile import HealthProfile
 from .logscan import LogScanner
-from .probe import ProbeResult, probe
+from .probe import IndexUnreadable, ProbeResult, model_states, probe
 from .server import ServerError, TritonServer
 
 
@@ -95,6 +95,10 @@ before it unloads anything), the models that still work tell their streams withi
 where they can (docs/operations.md, "Faults and recovery"), and the kill tells every other
 client at once (its connection drops: a retryable error) instead of after the exit timeout."""
 
+INDEX_TIMEOUT_S = 2.0
+"""How long a supervisor waits for the repository index when a model process has gone (to tell
+a death from an unload): a server that cannot answer this in time counts it as a death."""
+
 WAKE_S = 0.25
 """Longest a supervisor sleeps between looks at its stop flag."""
 
@@ -149,16 +153,24 @@ class Supervisor:
     (:func:`chattts_serving.serving.logs.log_event`): ``supervisor_started``,
     ``health_check_failed``, ``server_restarting``, ``server_restarted``, ``server_restart_failed``.
 
-    ``probe_fn(http_url, grpc_url, timeout_s)`` can be replaced in tests.
+    A model process that exits while the admin unloads or reloads its model (explicit model
+    control) is no death: Triton's repository index then says UNLOADING or UNAVAILABLE, not
+    READY, and the processes as they are become the expected set.
+
+    ``probe_fn(http_url, grpc_url, timeout_s)`` and ``states_fn()`` (each model's state, or
+    IndexUnreadable) can be replaced in tests.
     """
 
     def __init__(self, server: TritonServer, health: HealthProfile,
-                 probe_fn: Callable[[str, str, float], ProbeResult] | None = None) -> None:
+                 probe_fn: Callable[[str, str, float], ProbeResult] | None = None,
+                 states_fn: Callable[[], dict[str, str]] | None = None) -> None:
         self.server = server
         self.health = health
         self.policy = RestartPolicy(health.failures, health.probe_every)
         self.probe_fn = probe_fn or (lambda http, grpc, timeout: probe(http, grpc, timeout,
                                                                        admin_token=server.admin_token))
+        self.states_fn = states_fn or (lambda: model_states(f"127.0.0.1:{server.http_port}", INDEX_TIMEOUT_S,
+                                                            server.admin_token))
         self.expected: Counter[str] = Counter()
         self.restarts = 0
         self.log = LogScanner(server.log_path)
@@ -167,13 +179,27 @@ class Supervisor:
     def baseline(self) -> None:
         """Record the stub processes of the freshly started server as the expected set and
         watch them and the server; the log is read from its current end on (a restart appends)."""
-        self.expected = self.server.stub_counts()
-        pids = self.server.stub_pids()
         self.policy.reset()
         self.log = LogScanner(self.server.log_path, start_at_end=True)
+        self._watch_stubs()
+
+    def _watch_stubs(self) -> None:
+        """Expect and watch the server's stub processes as they are now."""
+        self.expected = self.server.stub_counts()
+        pids = self.server.stub_pids()
         self._watch.close()
         proc = self.server.proc
         self._watch = ProcessWatch([*pids, *([proc.pid] if proc is not None and proc.pid else [])])
+
+    def _died(self, missing: Counter[str]) -> Counter[str]:
+        """Of the models whose processes are ``missing``, those that died: Triton still calls
+        them READY (a process of a model the admin unloads, or reloads, exits too, and its model
+        is then UNLOADING or UNAVAILABLE). All of them when the index cannot be read."""
+        try:
+            states = self.states_fn()
+        except IndexUnreadable:
+            return missing
+        return Counter({model: n for model, n in missing.items() if states.get(model, "READY") == "READY"})
 
     def check(self, with_probe: bool) -> CheckResult:
         """The server process runs, every expected stub is alive and, ``with_probe``, the
@@ -186,10 +212,15 @@ class Supervisor:
             return CheckResult(False, f"tritonserver is not running (exit code {code}){why}", fatal=True)
         if signs:
             return CheckResult(False, f"the server log shows a crash: {signs[0][:200]}", fatal=True)
-        missing = self.expected - self.server.stub_counts()
+        current = self.server.stub_counts()
+        missing = self.expected - current
         if missing:
-            gone = ", ".join(f"{model} ({n} of {self.expected[model]})" for model, n in sorted(missing.items()))
-            return CheckResult(False, f"model process(es) died: {gone}", fatal=True)
+            died = self._died(missing)
+            if died:
+                gone = ", ".join(f"{model} ({n} of {self.expected[model]})" for model, n in sorted(died.items()))
+                return CheckResult(False, f"model process(es) died: {gone}", fatal=True)
+        if current != self.expected:  # the admin unloaded or (re)loaded models: their processes are the new normal
+            self._watch_stubs()
         if not with_probe:
             return CheckResult(True)
         res = self.probe_fn(f"127.0.0.1:{self.server.http_port}", f"127.0.0.1:{self.server.grpc_port}",

@@ -36,13 +36,13 @@ from chattts_serving.client.grpc_stream import iter_parts
 from chattts_serving.client.sse import iter_sse_parts
 from chattts_serving.deploy.admin import ADMIN_HEADER
 from chattts_serving.deploy.server import TritonServer
-from chattts_serving.deploy.supervisor import Supervisor, supervised
+from chattts_serving.deploy.supervisor import WAKE_S, Supervisor, supervised
 from chattts_serving.errors import ErrorKind
 from chattts_serving.gateway import GatewaySettings
 from chattts_serving.gateway.ws import WS_PATH
 from chattts_serving.runtime import Artifacts
 from chattts_serving.serving.profile import HealthProfile
-from tests.support.servers import BUILD, running_gateway, serve_profile
+from tests.support.servers import BUILD, running_gateway, serve_profile, wait_until
 
 websockets = pytest.importorskip("websockets")
 
@@ -349,6 +349,25 @@ def test_a_killed_model_process_ends_every_stream_on_every_door_with_a_retryable
                       "kill_to_serving_s": round(serving_s, 3), "errors": errors,
                       "refusals_while_restarting": sorted(set(probes.failures))}
     print(json.dumps(RESULTS[model], indent=1, ensure_ascii=False))
+
+
+def test_a_model_the_admin_unloads_and_loads_is_no_death_to_the_supervisor(rig: Rig) -> None:
+    """Explicit model control: the offline entry's process exits when the admin unloads it and
+    a new one starts when it loads again; the supervisor restarts nothing (Triton's repository
+    index says the model is not READY while its process is gone), and streams are served
+    throughout."""
+    restarts = rig.supervisor.restarts
+    model = f"http://{rig.http}/v2/repository/models/{contract.MODEL_OFFLINE_ENTRY}"
+    headers = {ADMIN_HEADER: rig.server.admin_token}
+    assert httpx.post(f"{model}/unload", headers=headers, timeout=60).status_code == 200
+    assert wait_until(lambda: rig.server.stub_counts()[contract.MODEL_OFFLINE_ENTRY] == 0, 60)
+    assert rig.probes().grpc()
+    time.sleep(2 * WAKE_S)  # the supervisor has woken for the exit and checked
+    assert rig.supervisor.restarts == restarts
+    assert rig.supervisor.expected[contract.MODEL_OFFLINE_ENTRY] == 0
+    assert httpx.post(f"{model}/load", headers=headers, timeout=120).status_code == 200
+    assert rig.probes().until_serving(60)
+    assert rig.supervisor.restarts == restarts
 
 
 def test_while_a_server_stops_and_starts_or_reloads_its_door_every_door_says_unavailable(

@@ -19,7 +19,7 @@ import pytest
 from chattts_serving import contract
 from chattts_serving.client import ClientError, SynthesisRequest
 from chattts_serving.deploy import supervisor as server_mod
-from chattts_serving.deploy.probe import ProbeResult, probe
+from chattts_serving.deploy.probe import IndexUnreadable, ProbeResult, probe
 from chattts_serving.deploy.server import ServerError
 from chattts_serving.deploy.supervisor import CheckResult, RestartPolicy, Supervisor
 from chattts_serving.serving.profile import PROFILES_DIR, HealthProfile, ProfileError, load_profile
@@ -99,15 +99,23 @@ def events(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, dict[str, Any]]]:
     return got
 
 
-def _supervisor(fake: _FakeServer, probes: list[bool], failures: int = 2, probe_every: int = 0) -> Supervisor:
+def _supervisor(fake: _FakeServer, probes: list[bool], failures: int = 2, probe_every: int = 0,
+                states: dict[str, str] | None = None) -> Supervisor:
+    """A supervisor of ``fake`` whose probes answer ``probes`` in turn and whose repository index
+    answers ``states`` (None: it cannot be read)."""
     answers = iter(probes)
 
     def fake_probe(http: str, grpc: str, timeout_s: float) -> ProbeResult:
         ok = next(answers)
         return ProbeResult(ok, "ok" if ok else "synthesis: Stub process 'chattts_gpt_0_0' is not healthy.")
 
+    def fake_states() -> dict[str, str]:
+        if states is None:
+            raise IndexUnreadable("repository index: connection refused")
+        return states
+
     health = HealthProfile(interval_s=0.01, failures=failures, probe_every=probe_every, probe_timeout_s=1.0)
-    sup = Supervisor(fake, health, probe_fn=fake_probe)  # type: ignore[arg-type]
+    sup = Supervisor(fake, health, probe_fn=fake_probe, states_fn=fake_states)  # type: ignore[arg-type]
     sup.baseline()
     return sup
 
@@ -127,6 +135,32 @@ def test_supervisor_restarts_at_once_when_a_stub_dies_and_logs_each_event(
     assert events[-1][1]["restarts"] == 1
     assert fake.stop_timeouts == [server_mod.FATAL_STOP_TIMEOUT_S]
     assert sup.step() is False  # the new server's stubs are the new baseline
+
+
+@pytest.mark.parametrize("state", ["READY", None], ids=["index-says-ready", "index-unreadable"])
+def test_a_missing_stub_whose_model_triton_calls_ready_or_cannot_tell_is_a_death(
+        state: str | None, events: list[tuple[str, dict[str, Any]]]) -> None:
+    fake = _FakeServer()
+    sup = _supervisor(fake, [], failures=3, states=None if state is None else {contract.MODEL_ENGINE: state})
+    fake.stubs[contract.MODEL_ENGINE] = 0
+    assert sup.step() is True and fake.restarts == 1
+
+
+@pytest.mark.parametrize("state", ["UNLOADING", "UNAVAILABLE"])
+def test_a_model_the_admin_unloads_or_reloads_is_no_death(state: str, events: list[tuple[str, dict[str, Any]]]) -> None:
+    """Explicit model control: a process that exits while its model unloads (or reloads) leaves
+    the server serving; the processes as they are become the expected set, both ways."""
+    fake = _FakeServer()
+    states = {contract.MODEL_ENGINE: state, contract.MODEL_OFFLINE: "READY"}
+    sup = _supervisor(fake, [], failures=1, states=states)
+    fake.stubs[contract.MODEL_ENGINE] = 0
+    assert sup.step() is False and fake.restarts == 0 and not events
+    assert sup.expected[contract.MODEL_ENGINE] == 0
+    fake.stubs[contract.MODEL_ENGINE] = 1  # loaded again: its new process is expected from now on
+    states[contract.MODEL_ENGINE] = "READY"
+    assert sup.step() is False and sup.expected[contract.MODEL_ENGINE] == 1
+    fake.stubs[contract.MODEL_ENGINE] = 0  # and its death is a death again
+    assert sup.step() is True and fake.restarts == 1
 
 
 def test_supervisor_restarts_when_only_the_probe_fails(events: list[tuple[str, dict[str, Any]]]) -> None:
