@@ -61,6 +61,7 @@ from .. import contract
 from ..audio import formats as audio_format
 from ..client import AioStreamClient, ClientError, StreamPart, SynthesisRequest
 from ..errors import NOTHING_SPEAKABLE, ErrorKind
+from ..text.segments import join_normalized
 from ..text.sentences import SentenceSplitter
 from .drain import Drain, shutting_down
 from .errors import AUTHENTICATION, INVALID_REQUEST, SERVER_ERROR, ApiError, from_client_error
@@ -560,7 +561,7 @@ class SpeechStream:
                 at = SentenceTiming.between(job.index, self.samples_in, self.samples_in, self.rate_hz)
                 await self._send_text(event(
                     "sentence_start", index=job.index, text=job.text,
-                    normalized_text="".join(normalized) if isinstance(normalized, list) else str(normalized),
+                    normalized_text=join_normalized(normalized) if isinstance(normalized, list) else str(normalized),
                     unspoken=unspoken, dropped=False, degraded=degraded, start_samples=at.start_samples,
                     start_s=at.fields()["start_s"]))
             if item is None:

@@ -17,6 +17,8 @@ import re
 from dataclasses import dataclass
 from typing import Final
 
+from .normalize.letters import NO_SENTENCE_END, TITLES
+
 SENTENCE_END_MARKS: Final = "。！？!?；;\n"
 """Characters after which a sentence ends (a ``.`` ends one only before white space)."""
 _SENTENCE_END: Final = re.compile(rf"(?<=[{re.escape(SENTENCE_END_MARKS)}])|(?<=[.](?=\s))")
@@ -29,6 +31,28 @@ MARKUP_CHARS: Final = "#>*-+•·▪‣◦●○■□–—_~`|"
 _ORDINAL: Final = re.compile(r"[(（]?(?:\d{1,3}|[A-Za-z]|[ivxlcdmIVXLCDM]{1,6}|[一二三四五六七八九十百]{1,4})"
                              r"[.)、．）。:：]?[)）]?")
 """A list item's number or letter with its punctuation: ``1.``, ``2)``, ``(3)``, ``a.``, ``iv.``, ``一、``."""
+NO_BREAK_ABBREVIATIONS: Final = frozenset(w.lower() for w in (*TITLES, "St", *NO_SENTENCE_END))
+"""Words whose full stop ends no sentence before white space (``Mr. Smith``, ``e.g. today``), lower
+case: the normaliser's titles (read Mister, Doctor, ...) and abbreviations it never ends a sentence
+with. Cutting there made ``Mr.`` a segment of its own, spoken apart and joined to the name."""
+_WORD_BEFORE_DOT: Final = re.compile(r"(?<![A-Za-z.])([A-Za-z]+(?:\.[A-Za-z]+)*)[.]\s*$")
+_INLINE_MARKER: Final = re.compile(r"(?<=[：:；;，,])\s*\d{1,2}[.．]\s*$")
+"""An inline list's number written at the end of the clause that introduces the list
+(``我们一起看看：1.``): the ``. `` after it is no sentence end, the number is the next item's."""
+
+
+def abbreviation_end(text: str) -> bool:
+    """Whether ``text`` ends with the full stop of an abbreviation of
+    :data:`NO_BREAK_ABBREVIATIONS` (``Ask Mr.``, ``e.g.``), white space after it allowed."""
+    m = _WORD_BEFORE_DOT.search(text)
+    return m is not None and m.group(1).lower() in NO_BREAK_ABBREVIATIONS
+
+
+def inline_marker_start(text: str) -> int | None:
+    """Where the number of an inline list item starts when ``text`` ends with one after a colon,
+    semicolon or comma (``看看：1.`` -> the index of ``1``), else None."""
+    m = _INLINE_MARKER.search(text)
+    return None if m is None else m.start() + len(m.group(0)) - len(m.group(0).lstrip())
 
 
 def markup_only(text: str) -> bool:
@@ -53,19 +77,23 @@ def split_segments(text: str, rules: SegmentRules = SegmentRules()) -> list[str]
     characters, in order, nothing dropped (whitespace-only pieces are merged into the segment
     before them). A sentence longer than ``max_chars`` is cut after a full-width pause
     (``，、；``) or after ", " when it has one (never inside "1,234" or "3 km"), else hard. A
-    list marker or other decoration alone (:func:`markup_only`: ``1.`` before its item) starts
-    the segment after it instead of ending the one before, so its language is its item's.
+    list marker or other decoration alone (:func:`markup_only`: ``1.`` before its item), also
+    one written inline at the end of the clause before it (``看看：1. 打开设置。``,
+    :func:`inline_marker_start`), starts the segment after it instead of ending the one before,
+    so its language is its item's; an abbreviation's full stop (``Mr. Smith``) ends nothing.
     Returns ``[text]`` when no segment has anything but white space."""
     pieces: list[str] = []
-    held = ""  # list or markdown decoration alone ("1.", "-"): it goes with the words after it
+    held = ""  # list or markdown decoration alone ("1.", "-"), "Mr.": it goes with the words after it
     for p in _SENTENCE_END.split(text):
         if not p:
             continue
-        if markup_only(held + p) and (held + p).strip():
-            held += p
+        piece = held + p
+        if piece.strip() and (markup_only(piece) or abbreviation_end(piece)):
+            held = piece
             continue
-        pieces.append(held + p)
-        held = ""
+        cut = inline_marker_start(piece)
+        pieces.append(piece if cut is None else piece[:cut])
+        held = "" if cut is None else piece[cut:]
     if held:
         pieces.append(held)
     out: list[str] = []
@@ -81,6 +109,17 @@ def split_segments(text: str, rules: SegmentRules = SegmentRules()) -> list[str]
         else:
             out.append(piece)
     return [seg for seg in out if seg.strip()] or [text]
+
+
+def join_normalized(parts: list[str]) -> str:
+    """The normalised texts of a request's segments as one text: a space between two English
+    ones (``Here it is.`` + ``Next``), none in Chinese; ``"".join`` glued ``...,`` to ``Smith``."""
+    out = ""
+    for part in parts:
+        if out and part and re.match(r"[A-Za-z]", part) and re.search(r"[A-Za-z,.]$", out):
+            out += " "
+        out += part
+    return out
 
 
 _CHATTTS_SPLIT: Final = re.compile(r"(?<=。)|(?<=\.\s)")

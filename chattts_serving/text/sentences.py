@@ -9,18 +9,17 @@ list markers, headings, emphasis, code spans, quotes; they stay with the words t
 
 from __future__ import annotations
 
-import re
 import unicodedata
 from typing import Final
 
-from .segments import SENTENCE_END_MARKS, markup_only
+from .segments import NO_BREAK_ABBREVIATIONS, SENTENCE_END_MARKS, abbreviation_end, inline_marker_start, markup_only
 
 CLOSING_MARKS: Final = "\"'”’」』）)】]》〉*_~"
 """Closing quotes, brackets and markdown emphasis that stay with the sentence end they follow
 (``他说：“好。”``, ``**Done.**``)."""
-ABBREVIATIONS: Final = frozenset({"mr", "mrs", "ms", "dr", "prof", "st", "vs", "e.g", "i.e", "fig", "approx"})
-"""Words whose full stop does not end a sentence before white space (``Mr. Smith``), lower case."""
-_WORD_BEFORE_DOT: Final = re.compile(r"([A-Za-z.]+)[.]$")
+ABBREVIATIONS: Final = NO_BREAK_ABBREVIATIONS
+"""Words whose full stop does not end a sentence before white space (``Mr. Smith``), lower case:
+the same as the HTTP segments' (:data:`~chattts_serving.text.segments.NO_BREAK_ABBREVIATIONS`)."""
 TRAILING_CATEGORIES: Final = frozenset({"So", "Sk", "Mn", "Me", "Cf"})
 """Unicode categories that stay with the sentence end they follow: emoji and other symbols,
 their modifiers, variation selectors and joiners (``好的！😀``: the emoji is reported unspoken
@@ -45,6 +44,8 @@ class SentenceSplitter:
       after a space they start the next one, and alone they are a fragment with nothing to
       speak, which the WebSocket stream reports as dropped);
     * the full stop of an abbreviation (:data:`ABBREVIATIONS`) does not end one;
+    * an inline list's number written after the clause that introduces it (``看看：1. 打开``)
+      starts the next sentence, with its item, instead of ending this one;
     * a fragment of list or markdown decoration alone (:func:`markup_only`: ``1.``, ``2)``,
       ``-``, ``•``, ``##``) is never a sentence: it is held and spoken with the words after it,
       so that ``1. Open Settings.`` is one sentence whose language is the item's (its line
@@ -125,8 +126,16 @@ class SentenceSplitter:
                 self._state = "end"
                 return
             if ch.isspace():
-                word = _WORD_BEFORE_DOT.search("".join(self._cur[-12:]))
-                if word is None or word.group(1).lower() not in ABBREVIATIONS:
+                held = "".join(self._cur)
+                cut = inline_marker_start(held)
+                if cut is not None:  # 看看：1. -> "看看：" now, "1. " with its item
+                    head = held[:cut].strip()
+                    if head:
+                        out.append(head)
+                    self._cur = [*held[cut:], " "]
+                    self._state = "text"
+                    return
+                if not abbreviation_end(held[-16:]):
                     self._release(out, spaced=True)
                     return
             self._state = "text"

@@ -30,7 +30,8 @@ ABBREVIATIONS: Final = {"etc": "et cetera", "vs": "versus", "Jr": "Junior", "Sr"
                         "Fig": "Figure", "fig": "figure", "Vol": "Volume", "vol": "volume", "St": "Street",
                         "e.g": "for example", "i.e": "that is", "a.k.a": "also known as"}
 """Other abbreviations written with a dot; at the end of a sentence the dot also ends it."""
-_NO_SENTENCE_END: Final = frozenset({"vs", "e.g", "i.e", "a.k.a", "approx", "Fig", "fig", "Vol", "vol"})
+NO_SENTENCE_END: Final = frozenset({"vs", "e.g", "i.e", "a.k.a", "approx", "Fig", "fig", "Vol", "vol"})
+"""Abbreviations whose dot never ends a sentence (nor do the titles' dots)."""
 
 ROMAN_AFTER_WORDS: Final = ("Chapter", "Part", "Volume", "Book", "Act", "Scene", "Phase", "Stage", "Type", "Class",
                             "Level", "Grade", "Episode", "War", "Article", "Section", "Appendix", "Round", "Season",
@@ -97,7 +98,7 @@ def _h_abbrev(lang: Lang, g: Groups, before: str, after: str) -> str:
     is_title = word == "Saint" or (abbr in TITLES and word != "Drive")
     nxt = re.match(r"\s+([A-Z][a-z]*)\b", after)
     ends = not after.strip() or (nxt is not None and nxt.group(1) not in (*TITLES, *ABBREVIATIONS, "No"))
-    if not is_title and abbr not in _NO_SENTENCE_END and g("ab_dot") and ends:
+    if not is_title and abbr not in NO_SENTENCE_END and g("ab_dot") and ends:
         return word + "."
     return word
 

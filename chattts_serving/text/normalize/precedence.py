@@ -12,12 +12,25 @@ from __future__ import annotations
 import re
 from typing import Final
 
-from . import arithmetic, cardinals, dates, fractions, identifiers, letters, money, quantities, ranges, times, web
+from . import (
+    arithmetic,
+    cardinals,
+    dates,
+    fractions,
+    identifiers,
+    letters,
+    lists,
+    money,
+    quantities,
+    ranges,
+    times,
+    web,
+)
 from .base import TAG_PATTERN
 from .kind import Kind
 
 PRECEDENCE: Final[tuple[Kind, ...]] = (
-    web.EMAIL, web.URL, web.FILE, identifiers.KEY, arithmetic.ARITH,
+    web.EMAIL, web.URL, web.FILE, identifiers.KEY, lists.LIST, arithmetic.ARITH,
     dates.DRANGE, fractions.MDRANGE, dates.YMD, dates.MDY, dates.ENRANGE, dates.DAYRANGE, dates.MD, dates.DM,
     dates.MDOT,
     times.TRANGE, times.TIME, times.DOTTIME, times.RATIO, times.HAP,

@@ -34,8 +34,9 @@ def _ideograph_form(c: str) -> str | None:
 
 def fold_width(text: str) -> str:
     """Full-width ASCII (U+FF01..U+FF5E) to half-width, the ideographic space to a space, ``￥``
-    to ``¥``, accented Latin letters to their base letter (``é`` -> ``e``), circled, subscript
-    and fraction digits to ASCII (``①`` -> 1, ``½`` -> 1/2), a few ligatures, dashes and unit
+    to ``¥``, accented Latin letters to their base letter (``é`` -> ``e``), subscript and
+    fraction digits to ASCII (``₂`` -> 2, ``½`` -> 1/2; a circled ``①`` stays: a list number), a
+    few ligatures, dashes and unit
     symbols to ASCII (``㎡`` -> m², ``〇`` -> 零), Kangxi radicals and compatibility or enclosed
     ideographs to the ideograph they stand for (``⼈`` -> 人, ``㊣`` -> 正), a middle dot between
     two digits to ``·`` (2019·2·10) and elsewhere to a space. Chinese punctuation
@@ -62,9 +63,9 @@ def fold_width(text: str) -> str:
             base = unicodedata.normalize("NFKD", c)[0]
             if is_latin(base):
                 c = base
-        elif unicodedata.category(c) == "No" and c not in "¹²³":
-            # circled, subscript and fraction digits (①, ₂, ½) -> plain digits; superscripts
-            # stay for units (m², km³)
+        elif unicodedata.category(c) == "No" and c not in "¹²³" and not "\u2460" <= c <= "\u249b":
+            # subscript and fraction digits (₂, ½) -> plain digits; superscripts stay for units
+            # (m², km³), circled numbers (①) for the list kind
             plain = unicodedata.normalize("NFKC", c).replace("⁄", "/")
             if plain and all(ch.isdigit() or ch == "/" for ch in plain) and plain.isascii():
                 c = (" " if out and out[-1][-1:].isdigit() else "") + plain

@@ -1,0 +1,36 @@
+"""List markers: the number of a list item (``1.``, ``1、``, ``2)``, ``(3)``, ``①``) written at
+the start of the text or of a clause (after ``：；，`` or a sentence end), as LLMs write lists
+inline (``我们一起看看：1. 打开设置。2. 点击保存。``): read as the number and a short pause,
+一，打开设置 / one, Open Settings, never 一。 (a sentence of its own) nor a decimal."""
+
+from __future__ import annotations
+
+import unicodedata
+from typing import Final
+
+from .base import Lang
+from .kind import Groups, Kind
+from .numbers import en_number, zh_number
+
+_BOUNDARY: Final = r"(?:(?<![\s\S])|(?<=[。!?;:,\n、])|(?<=[。!?;:,\n] )|(?<=\. ))"
+"""The start of the text or of a clause (full-width marks are folded to ASCII before this)."""
+CIRCLED: Final = "\u2460-\u249b"
+"""Circled, parenthesised and dotted numbers ①..⑳, ⑴..⒇, ⒈..⒛: always a list item's number."""
+
+
+def _h_list(lang: Lang, g: Groups, before: str, after: str) -> str:
+    """The item's number with a pause after it (a circled one inside a clause, 见注①, without)."""
+    circled = g("li_circ")
+    num = unicodedata.normalize("NFKC", circled).strip("().") if circled else g("li_num") or g("li_par")
+    words = zh_number(num) if lang == "zh" else en_number(num)
+    at_start = not before.strip() or before.rstrip()[-1] in ";:,、"
+    if circled and not (at_start and after.strip()):
+        return words
+    return words + ("，" if lang == "zh" else ",")
+
+
+LIST: Final = Kind(
+    "list",
+    rf"{_BOUNDARY}(?:(?P<li_num>[1-9]\d?)(?:\.(?=[ ]?[^\d\s.])|、(?!\d)|\)(?=[ ]?\S))|\((?P<li_par>[1-9]\d?)\))"
+    rf"|(?P<li_circ>[{CIRCLED}])",
+    _h_list, counts=True, first=rf"[\d({CIRCLED}]")

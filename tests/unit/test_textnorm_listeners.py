@@ -1,0 +1,83 @@
+"""Readings a listener notices at once (issue #43): codes inside running text, maths in a
+Chinese sentence, medical readings, midnight, a sign before 百分之, titles before names through
+the segments, inline numbered lists. The corpus holds the sentences (categories ``code-inline``,
+``math``, ``vitals``, ``midnight``, ``title``, ``list``); here the neighbours of each kind and the
+segmentation the server and both WebSocket dialects share. Over a real server:
+tests/server/test_readings.py."""
+
+from __future__ import annotations
+
+import pytest
+
+from chattts_serving.text.normalize import normalize
+from chattts_serving.text.segments import SegmentRules, join_normalized, split_segments
+from chattts_serving.text.sentences import SentenceSplitter, split_sentences
+
+TITLES = ["Mr. Smith agreed on March 5, 2024.", "Ask Mr. Smith and Dr. Brown, e.g. today.",
+          "Mrs. Lee arrived on May 1, 2023.", "Ms. Green and Prof. White met on 2024-03-05.",
+          "We met Gen. Lee, Capt. Cook and St. Paul's choir vs. Lt. Dan."]
+
+
+@pytest.mark.parametrize("text", TITLES)
+def test_a_title_never_ends_a_segment_or_a_sentence(text: str) -> None:
+    """``Mr.`` alone was a segment: spoken apart and joined to the name (MisterSmith)."""
+    assert split_segments(text, SegmentRules(merge_chars=0)) == [text]
+    assert split_sentences(text) == [text]
+
+
+def test_a_sentence_end_after_a_title_like_word_still_ends_one() -> None:
+    assert split_sentences("I bought pens, paper, etc. Then I left.") == ["I bought pens, paper, etc.",
+                                                                       "Then I left."]
+    assert split_segments("It rained. Mr. Smith left.", SegmentRules(merge_chars=0)) == ["It rained.",
+                                                                                      " Mr. Smith left."]
+
+
+def test_english_segments_are_joined_with_a_space_chinese_without() -> None:
+    assert join_normalized(["Mister Smith agreed,", "Doctor Brown too."]) == "Mister Smith agreed, Doctor Brown too."
+    assert join_normalized(["你好。", "再见。"]) == "你好。再见。"
+    assert join_normalized(["Hello.", "你好。"]) == "Hello.你好。"
+
+
+LISTS = [
+    ("好的！我们一起看看：1. 打开设置。2. 点击保存。", ["好的！", "我们一起看看：", "1. 打开设置。", "2. 点击保存。"]),
+    ("Here are the steps: 1. Open Settings. 2. Click Save.",
+     ["Here are the steps:", "1. Open Settings.", "2. Click Save."]),
+    ("我有两个建议，1. 多喝水。2. 早睡。", ["我有两个建议，", "1. 多喝水。", "2. 早睡。"]),
+    ("步骤：1、打开设置；2、点击保存。", ["步骤：1、打开设置；", "2、点击保存。"]),
+    ("步骤：(1)打开设置。(2)点击保存。", ["步骤：(1)打开设置。", "(2)点击保存。"]),
+    ("步骤：①打开设置。②点击保存。", ["步骤：①打开设置。", "②点击保存。"]),
+    ("步骤如下：\n1. 打开设置。\n2. 点击网络。", ["步骤如下：", "1. 打开设置。", "2. 点击网络。"]),
+]
+
+
+@pytest.mark.parametrize("text, sentences", LISTS)
+def test_an_inline_list_number_goes_with_its_item(text: str, sentences: list[str]) -> None:
+    """The WebSocket splitter (both dialects) and the HTTP segments: ``看看：1.`` is cut before
+    the number; fed character by character or whole, the same sentences."""
+    assert split_sentences(text) == sentences
+    s = SentenceSplitter()
+    assert [x for ch in text for x in s.feed(ch)] + s.end() == sentences
+    assert [seg.strip() for seg in split_segments(text, SegmentRules(merge_chars=0))] == sentences
+
+
+@pytest.mark.parametrize("marker", ["1.", "1. ", "1、", "(1)", "（1）", "1)", "①"])
+@pytest.mark.parametrize("intro, zh", [("我们一起看看：", True), ("原因如下；", True), ("", True),
+                                       ("Here is how: ", False)])
+def test_a_list_number_reads_as_the_number_and_a_pause(marker: str, intro: str, zh: bool) -> None:
+    item = "打开设置。" if zh else "Open the app."
+    out = normalize(f"{intro}{marker}{item}").text
+    if zh:
+        assert out.endswith("一，打开设置。") and "一。" not in out
+    else:
+        assert out.endswith("one, Open the app.")
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("第1、2、3名都有奖。", "第一、二、三名都有奖。"),
+    ("这个问题见注①。", "这个问题见注一。"),
+    ("他考了1.5分。", "他考了一点五分。"),
+    ("分数是90、85、77。", "分数是九十、八十五、七十七。"),
+    ("Our office: (02) 9876 5432.", "Our office, zero two, nine eight seven six, five four three two."),
+])
+def test_numbers_that_are_no_list_numbers_keep_their_reading(text: str, expected: str) -> None:
+    assert normalize(text).text == expected
