@@ -81,3 +81,39 @@ def test_a_list_number_reads_as_the_number_and_a_pause(marker: str, intro: str, 
 ])
 def test_numbers_that_are_no_list_numbers_keep_their_reading(text: str, expected: str) -> None:
     assert normalize(text).text == expected
+
+
+def _no_quantity(words: str) -> bool:
+    return not any(c in words for c in "十百千万亿")
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_codes_in_running_text_are_read_digit_by_digit(seed: int) -> None:
+    """Plates after any province, flats after a building, codes in brackets after a name: never
+    an amount, whatever the digits and the words around them."""
+    import random
+
+    rng = random.Random(seed)
+    for _ in range(40):
+        digits = "".join(rng.choice("0123456789") for _ in range(5))
+        province = rng.choice("京沪粤苏浙川鄂湘")
+        plate = f"{province}{rng.choice('ABCDE')}{rng.choice(['·', ' ', ''])}{digits}"
+        out = normalize(f"{rng.choice(['车牌', '那辆', ''])}{plate}{rng.choice(['的车', '。', '，请挪车'])}").text
+        assert _no_quantity(out) and not any(c.isdigit() for c in out), (plate, out)
+        flat = str(rng.randint(101, 3299))
+        building = rng.choice(["5号楼", "12栋", "3单元", "B座", "2幢"])
+        out = normalize(f"我住{building}{flat}，{rng.choice(['欢迎来玩', '很近'])}。").text
+        assert _no_quantity(out.split("，")[0][4:]), (building, flat, out)
+        code = "".join(rng.choice("0123456789") for _ in range(6))
+        out = normalize(f"{rng.choice(['宁德时代', '贵州茅台', '腾讯控股'])}（{code}）今天涨停。").text
+        assert _no_quantity(out) and not any(c.isdigit() for c in out), (code, out)
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("门票（300元）已售罄。", "门票，三百元，已售罄。"),
+    ("这栋楼2000平方米。", "这栋楼两千平方米。"),
+    ("5号楼1200万卖了。", "五号楼一千二百万卖了。"),
+    ("这套房子是3室2厅。", "这套房子是三室两厅。"),
+])
+def test_amounts_near_codes_stay_amounts(text: str, expected: str) -> None:
+    assert normalize(text).text == expected

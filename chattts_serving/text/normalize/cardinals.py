@@ -91,6 +91,9 @@ def _zh_count(num: str, before: str, after: str) -> str:
         return "，".join(zh_digits(grp, one="幺") for grp in (num[:6], num[6:14], num[14:]))  # ID ending in X
     if digits and len(num) >= 3 and after.startswith(IDENTIFIER_AFTER):
         return zh_digits(num, one="幺")  # 1203室
+    if (digits and 3 <= len(num) <= 4 and _BUILDING.search(before) and not takes_liang(after)
+            and not after.startswith(RANGE_UNITS)):
+        return zh_digits(num, one="幺")  # 5号楼2306, A座1203: a flat's number
     if digits and (len(num) >= LONG_IDENTIFIER_DIGITS or (len(num) >= 4 and before[-1:].isupper())
                    or (len(num) >= 3 and not takes_liang(after) and not after.startswith(RANGE_UNITS)
                        and ends_with(before.rstrip("ABCDEFGHIJKLMNOPQRSTUVWXYZ"), IDENTIFIER_BEFORE, " :是为"))):
@@ -108,6 +111,11 @@ def _zh_count(num: str, before: str, after: str) -> str:
     if before.rstrip().endswith(("第", "分之")):
         return zh_number(num)  # 第2名 (an ordinal), 3分之2个 (a numerator): never 两
     return liang(zh_number(num), after)
+
+
+_BUILDING: Final = re.compile(r"[\dA-Z一二三四五六七八九十](?:号楼|栋|幢|单元|座|号院)\s?$")
+"""A building, block or entrance with its number (5号楼, 3栋, 2单元, A座) right before a number
+of three or four digits: that number is a flat's, read digit by digit (5号楼2306 -> 五号楼二三零六)."""
 
 
 _YEAR_LABELS: Final = ("赛季", "款", "版", "财年", "年度", "届")

@@ -109,6 +109,43 @@ GROUPS: Final = Kind(
     _h_groups, first=r"\d")
 
 
+PROVINCES: Final = "京津沪渝冀豫云辽黑湘皖鲁新苏浙赣鄂桂甘晋蒙陕吉闽贵粤青藏川宁琼"
+"""The one-character province names a Chinese licence plate starts with (粤B·67890)."""
+
+
+def _h_plate(lang: Lang, g: Groups, before: str, after: str) -> str:
+    """A licence plate after its province: the letters as they are, the digits one by one
+    (粤B·67890 -> 粤B六七八九零), never a quantity; the dot is silent."""
+    return code_words(lang, [g("pl_letter") + g("pl_rest")])
+
+
+PLATE: Final = Kind(
+    "plate",
+    rf"(?<=[{PROVINCES}])(?P<pl_letter>[A-Z])[ ]?(?P<pl_rest>(?=[A-Z]?\d)[A-Z\d]{{5,6}})(?![A-Za-z\d])",
+    _h_plate, first=r"[A-Z]")
+"""After fold_width the plate's middle dot (粤B·67890) is a space."""
+
+
+EXCHANGES: Final = ("SH", "SZ", "SS", "HK", "BJ")
+"""Exchange suffixes of a stock code (600519.SH), read as letters."""
+
+
+def _h_ticker(lang: Lang, g: Groups, before: str, after: str) -> str:
+    """A stock code alone in brackets after the company's name (宁德时代（300750）, 腾讯控股
+    （00700.HK）): digit by digit with 幺, never an amount; the exchange suffix as letters."""
+    ex = g("tk_ex")
+    words = zh_digits(g("tk_num"), one="幺") if lang == "zh" else en_digits(g("tk_num"))
+    return words + (f" {ex}" if ex else "")
+
+
+TICKER: Final = Kind(
+    "ticker",
+    r"(?:(?<=[\u4e00-\u9fa5A-Za-z]\()|(?<=[\u4e00-\u9fa5A-Za-z] \())(?P<tk_num>\d{5,6})"
+    rf"(?:\.(?P<tk_ex>{'|'.join(EXCHANGES)}))?(?=\))",
+    _h_ticker, first=r"\d")
+"""Five or six digits and nothing else in the brackets: (300元) and (2024) are no codes."""
+
+
 NUMERO: Final = Kind(
     "numero",
     r"(?<![A-Za-z])(?:No|NO|no)\.\s?(?P<no_num>\d+)(?![\d.])",
