@@ -248,14 +248,22 @@ def prepare_recording(audio: np.ndarray, rate_hz: int, limits: ReferenceLimits |
     return resample_to_model_rate(np.asarray(audio, np.float32), int(rate_hz))
 
 
-def load_recording(path: str | Path | bytes) -> tuple[np.ndarray, int]:
-    """A recording file (WAV, FLAC, MP3, ... whatever FFmpeg decodes, through PyAV), or its
-    bytes, as ((N,) float32 mono samples, sample rate in Hz); several channels are averaged to
-    one. Used for the recordings of a voices file (:mod:`chattts_serving.text.voices`) and for
-    uploaded ones (the gateway's saved voices).
+MAX_DECODED_S: Final = 90.0
+"""Longest recording :func:`load_recording` decodes: 4096 audio-prompt tokens (the GPT's
+whole context) are 87 s, so a longer one can never be a reference, and a small compressed
+file must not decode into gigabytes."""
+
+
+def load_recording(path: str | Path | bytes, max_s: float = MAX_DECODED_S) -> tuple[np.ndarray, int]:
+    """A recording file (WAV, FLAC, MP3, Ogg, AAC, ... whatever FFmpeg decodes, through PyAV),
+    or its bytes, as ((N,) float32 mono samples, sample rate in Hz); several channels are
+    averaged to one. The one decoding path of every recording: a voices file's
+    (:mod:`chattts_serving.text.voices`), an uploaded saved voice's and a request's
+    ``reference_audio`` (the gateway's).
 
     Raises:
-        RecordingError: the file cannot be read or decoded, or holds no audio stream.
+        RecordingError: the file cannot be read or decoded (the message has FFmpeg's reason,
+            without its error number), holds no audio stream, or is longer than ``max_s``.
     """
     import av
 
@@ -268,7 +276,12 @@ def load_recording(path: str | Path | bytes) -> tuple[np.ndarray, int]:
             stream = container.streams.audio[0]
             rate = int(stream.codec_context.sample_rate)
             parts = []
+            decoded = 0
             for frame in container.decode(stream):
+                decoded += frame.samples
+                if rate and decoded > max_s * rate:
+                    raise RecordingError(f"{name} is longer than {max_s:g} s; a reference recording is at "
+                                         "most 30 s by default")
                 data = frame.to_ndarray().astype(np.float32)
                 if frame.format.name.rstrip("p") in ("s16", "s32"):  # integer PCM -> [-1, 1]
                     data = data / float(np.iinfo(np.int16 if frame.format.name.startswith("s16") else np.int32).max + 1)
@@ -278,8 +291,11 @@ def load_recording(path: str | Path | bytes) -> tuple[np.ndarray, int]:
     except RecordingError:
         raise
     except Exception as exc:  # FileNotFoundError, av.error.*: several types
-        raise RecordingError(f"cannot read {'the recording' if isinstance(path, bytes) else f'the recording {path}'}: "
-                             f"{exc}") from None
+        reason = getattr(exc, "strerror", None) or str(exc)  # FFmpeg's words without "[Errno 1094995529]"
+        what = "the recording" if isinstance(path, bytes) else f"the recording {path}"
+        hint = " (not audio in a format FFmpeg decodes: WAV, MP3, FLAC, Ogg, AAC/M4A, WebM, ...)" \
+            if isinstance(exc, av.error.FFmpegError) and isinstance(path, bytes) else ""
+        raise RecordingError(f"cannot read {what}: {reason}{hint}") from None
     audio = np.concatenate(parts).astype(np.float32) if parts else np.zeros(0, np.float32)
     return audio, rate
 

@@ -43,7 +43,7 @@ from .drain import Drain, shutting_down
 from .errors import AUTHENTICATION, INVALID_REQUEST, SERVER_ERROR, ApiError, busy_refusal, from_client_error
 from .metrics import CONTENT_TYPE, GatewayMetrics
 from .omni_ws import serve_stream
-from .saved_voices import SavedVoices, VoiceUpload, lookup, prepare_voice, save, unavailable
+from .saved_voices import SavedVoices, created, lookup, prepare_voice, read_upload, save, unavailable
 from .settings import GatewaySettings
 from .speech import (
     EncodedStream,
@@ -53,6 +53,7 @@ from .speech import (
     done_event,
     error_event,
     output_format,
+    reference_recording,
     sentence_event,
     sse_event,
 )
@@ -251,11 +252,15 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
                 "saved_voices": [v.describe() for v in stored]}
 
     @app.post("/v1/audio/voices", dependencies=[Depends(authorize)], status_code=201)
-    async def save_voice(upload: VoiceUpload) -> dict[str, Any]:
-        """Save a voice under a name (:mod:`.saved_voices`): 201 with its description; 400 for
-        a bad upload, 409 for a name taken, 503 when Triton or the store is unavailable."""
-        voice = await prepare_voice(upload, book, clients["triton"], cfg.triton_url)
-        return {"voice": (await save(saved.store, voice)).describe()}
+    async def save_voice(request: Request) -> dict[str, Any]:
+        """Save a voice under a name (:mod:`.saved_voices`), from a multipart form (the
+        recording as a file: OpenAI's ``audio.voices.create``, vLLM-Omni's form, ``curl -F``)
+        or a JSON object (base64): 201 with OpenAI's ``Voice`` fields and ``voice``, its
+        description; 400 for a bad upload, 409 for a name taken, 503 when Triton or the store
+        is unavailable."""
+        upload, recording, field = await read_upload(request)
+        voice = await prepare_voice(upload, book, clients["triton"], cfg.triton_url, recording, field)
+        return created(await save(saved.store, voice))
 
     @app.get("/v1/audio/voices/{name}", dependencies=[Depends(authorize)])
     async def get_voice(name: str) -> dict[str, Any]:
@@ -279,7 +284,7 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
         if not gone:
             raise ApiError(404, f"no saved voice named '{name}'", INVALID_REQUEST, param="name",
                            code="voice_not_found")
-        return {"deleted": True, "name": name.lower()}
+        return {"id": name.lower(), "object": "audio.voice.deleted", "deleted": True, "name": name.lower()}
 
     @app.websocket(WS_PATH)
     async def speech_stream(websocket: WebSocket) -> None:
@@ -320,6 +325,8 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
         fields = body.model_dump(exclude_none=True)
         if (resolved := await saved.resolve(fields)) is not fields:  # a saved voice's name
             body = SpeechRequest.model_validate(resolved)
+        if body.reference_audio is not None:  # decoded off the event loop (and kept for build_request)
+            await anyio.to_thread.run_sync(reference_recording, body.reference_audio)
         request = dataclasses.replace(build_request(body, cfg.models, cfg.max_input_chars), request_id=request_id)
         info = output_format(body)
         if (refusal := busy()) is not None:  # again: other requests may have filled it since _BusyDoor
@@ -340,7 +347,7 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
             live["streams"] -= 1
             metrics.in_flight.dec()
             if isinstance(exc, ClientError):
-                raise from_client_error(exc, cfg.triton_url) from None
+                raise await saved.explain(from_client_error(exc, cfg.triton_url)) from None
             if not isinstance(exc, Exception):
                 metrics.requests.labels(status="cancelled").inc()
             raise

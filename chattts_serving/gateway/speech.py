@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import json
 import math
+import re
 from collections.abc import AsyncGenerator
 from typing import Annotated, Any, Final, Literal
 
@@ -20,7 +22,8 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, S
 
 from .. import contract
 from ..audio import formats as audio_format
-from ..client import StreamPart, SynthesisRequest, read_wav
+from ..audio.reference import RecordingError, load_recording
+from ..client import StreamPart, SynthesisRequest
 from ..text.normalize import CONTROL_NUMBERED, DEFAULT_SPEED
 from ..text.request_text import length_error
 from .errors import INVALID_REQUEST, ApiError
@@ -35,6 +38,63 @@ NO_VOICE: Final = "none"
 """``voice`` (case-insensitive) for no speaker vector at all, with ``reference_audio`` or
 ``spk_smp`` only: the prompt has ``[empty_spk]`` (ChatTTS' zero-shot use, ``spk_emb=None``).
 Reserved at the gateway: a voices-file voice named ``none`` is not reachable through it."""
+
+
+MAX_RECORDING_BYTES: Final = 16 * 1024 * 1024
+"""Largest reference recording accepted (file bytes), uploaded or per request: 30 s of 48 kHz
+32-bit stereo WAV is 11.5 MB."""
+
+
+def _invalid_recording(message: str, param: str) -> ApiError:
+    return ApiError(400, f"{param}: {message}", INVALID_REQUEST, param=param, code="invalid_value")
+
+
+def recording_bytes(value: str, param: str = "reference_audio") -> bytes:
+    """The file bytes of a recording sent as text: base64, or a ``data:`` URL of base64.
+
+    Raises:
+        ApiError: 400 (``param``) for a URL (the gateway fetches nothing), a ``data:`` URL
+            that is not base64, text that is not base64, or more than
+            :data:`MAX_RECORDING_BYTES`.
+    """
+    text = value.strip()
+    if re.match(r"^[a-z][a-z0-9+.-]*://", text, re.I):
+        raise _invalid_recording("URLs are not fetched by this server; send base64 or a data: URL", param)
+    if text.startswith("data:"):
+        head, _, text = text.partition(",")
+        if ";base64" not in head:
+            raise _invalid_recording("a data: URL must be base64", param)
+    try:
+        raw = base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        raise _invalid_recording("must be base64 of a recording (WAV, MP3, FLAC, Ogg, ...: any format FFmpeg "
+                                 "decodes) or a data: URL of one", param) from None
+    if len(raw) > MAX_RECORDING_BYTES:
+        raise _invalid_recording(f"the recording is {len(raw)} bytes; at most {MAX_RECORDING_BYTES}", param)
+    return raw
+
+
+def decode_recording(raw: bytes, param: str = "reference_audio") -> tuple[np.ndarray, int]:
+    """A recording's file bytes decoded (:func:`~chattts_serving.audio.reference.load_recording`:
+    any format FFmpeg decodes, channels averaged): the one path of uploaded voices and
+    per-request references. Raises ApiError 400 (``param``) naming why it cannot be read."""
+    if not raw:
+        raise _invalid_recording("the recording is empty", param)
+    try:
+        return load_recording(raw)
+    except RecordingError as exc:
+        raise _invalid_recording(str(exc), param) from None
+
+
+@functools.lru_cache(maxsize=4)
+def reference_recording(value: str, param: str = "reference_audio") -> tuple[np.ndarray, int]:
+    """``reference_audio`` (or vLLM-Omni's ``ref_audio``) as (samples, rate):
+    :func:`recording_bytes` then :func:`decode_recording`. The last few are kept (read-only),
+    so that a WebSocket stream, which sends the reference with every sentence, decodes it once.
+    Raises ApiError 400 (``param``)."""
+    audio, rate = decode_recording(recording_bytes(value, param), param)
+    audio.setflags(write=False)
+    return audio, rate
 
 
 def speed_to_token(speed: float) -> int:
@@ -100,10 +160,11 @@ class SpeechRequest(BaseModel):
     ``max_new_tokens``, ``min_new_tokens``, ``vocoder`` ('hidden' or 'codes'),
     ``lookahead_tokens``, ``refine_text`` (ChatTTS' refine-text stage first), ``refine_prompt``,
     ``segmentation`` ('streaming' or 'chattts'), ``language`` ('auto', 'zh' or 'en': the
-    language of numbers, units and symbols the text gives no context for), ``reference_audio`` (a reference recording:
-    base64 of a PCM WAV file; a voice of the server's voices file may bring its own, by name in
-    ``voice``), ``reference_text`` (its transcript), ``spk_smp`` (a ChatTTS audio-prompt string
-    instead of a recording), ``sample_rate`` (Hz, for pcm, wav, float32: one of
+    language of numbers, units and symbols the text gives no context for), ``reference_audio``
+    (a reference recording: base64 or a ``data:`` URL of a file in any format FFmpeg decodes; a
+    voice of the server's voices file may bring its own, by name in ``voice``),
+    ``reference_text`` (its transcript), ``spk_smp`` (a ChatTTS audio-prompt string instead of
+    a recording), ``sample_rate`` (Hz, for pcm, wav, float32: one of
     :data:`~chattts_serving.audio.formats.OUTPUT_RATES_HZ`), ``container`` ('raw' or 'wav', for
     pcm, mulaw, alaw), ``sentence_timings`` (where each sentence starts in the audio:
     ``speech.sentence`` events with ``stream_format`` 'sse', else a JSON body with the audio).
@@ -182,15 +243,16 @@ def build_request(req: SpeechRequest, models: tuple[str, ...], max_input_chars: 
     ``speed`` becomes a ``[speed_N]`` token in front of the text (the front end moves the first
     such token into the prompt, so it wins over one written in the input).
 
-    ``reference_audio`` (base64 of a PCM WAV file) becomes the recording's samples and sample
-    rate; the server checks them (duration, rate) and its transcript. ``voice``: see
+    ``reference_audio`` (base64 or a ``data:`` URL of a recording in any format FFmpeg decodes:
+    :func:`reference_recording`) becomes the recording's samples and sample rate; the server
+    checks them (duration, rate) and its transcript. ``voice``: see
     :func:`speaker_voice` (omitted or ``none`` with a reference: no speaker vector).
 
     Raises:
         ApiError: unknown model (404), input empty or longer than ``max_input_chars`` (400),
             empty voice, or none without ``reference_audio`` / ``spk_smp`` (400), non-empty
             ``instructions`` (400; ChatTTS takes no instructions),
-            ``reference_audio`` that is not base64 of a PCM WAV file (400).
+            ``reference_audio`` that is not base64 of a recording FFmpeg decodes (400).
     """
     if req.model not in models:
         raise ApiError(404, f"The model '{req.model}' does not exist; available: {', '.join(models)}",
@@ -210,11 +272,7 @@ def build_request(req: SpeechRequest, models: tuple[str, ...], max_input_chars: 
         text = f"[speed_{speed_to_token(req.speed)}]" + text
     audio, rate = None, None
     if req.reference_audio is not None:
-        try:
-            audio, rate = read_wav(base64.b64decode(req.reference_audio, validate=True))
-        except (ValueError, binascii.Error) as exc:
-            raise ApiError(400, f"reference_audio must be base64 of a PCM WAV file: {exc}", INVALID_REQUEST,
-                           param="reference_audio", code="invalid_value") from None
+        audio, rate = reference_recording(req.reference_audio)
     return SynthesisRequest(text=text, voice=voice, seed=req.seed, temperature=req.temperature, top_p=req.top_p,
                             top_k=req.top_k, repetition_penalty=req.repetition_penalty,
                             max_new_tokens=req.max_new_tokens, min_new_tokens=req.min_new_tokens,

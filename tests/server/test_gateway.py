@@ -599,7 +599,7 @@ def test_a_reference_wav_in_base64_speaks_in_chattts_segmentation_and_a_bad_one_
     assert "needs its transcript" in info.value.message
     with pytest.raises(openai.BadRequestError) as info:
         _speech(client, "pcm", extra_body={**EXTRA, "reference_audio": "bm90IGEgd2F2", "reference_text": "参考。"})
-    assert info.value.param == "reference_audio" and "PCM WAV" in info.value.message
+    assert info.value.param == "reference_audio" and "FFmpeg" in info.value.message
 
 
 def _pcm_over_http(url: str, body: dict[str, Any]) -> bytes:

@@ -185,7 +185,7 @@ BAD_UPLOADS = [
     ({"name": "x6", "spk_emb": "not a speaker"}, 400, "spk_emb"),
     ({"name": "x7", "seed": -1}, 400, "seed"),
     ({"name": "x8", "seed": 3, "spk_emb": "abc"}, 400, "seed"),  # the second source named
-    ({"name": "x9"}, 400, "name"),
+    ({"name": "x9"}, 400, "reference_audio"),  # no source: the recording is what is missing
     ({"name": "9lives", "seed": 3}, 400, "name"),
     ({"name": "none", "seed": 3}, 400, "name"),
     ({"name": "alloy", "seed": 3}, 409, "name"),
