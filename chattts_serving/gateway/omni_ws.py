@@ -30,15 +30,12 @@ is accepted in ``session.config``.
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import contextlib
 import dataclasses
 import functools
 import hmac
 import json
 import logging
-import re
 import time
 from collections.abc import Callable
 from typing import Any, Final, Literal, cast
@@ -54,7 +51,6 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError
 from .. import contract
 from ..audio import formats as audio_format
 from ..audio.formats import resampled_length
-from ..audio.reference import RecordingError, load_recording
 from ..client import AioStreamClient, ClientError, StreamPart, SynthesisRequest
 from ..errors import ErrorKind
 from ..text.sentences import SentenceSplitter
@@ -63,12 +59,13 @@ from .errors import INVALID_REQUEST, ApiError, from_client_error
 from .metrics import GatewayMetrics
 from .saved_voices import SavedVoices
 from .settings import GatewaySettings
-from .speech import NO_VOICE, OFFLOADED_FORMATS, SpeechRequest, build_request, output_format
+from .speech import NO_VOICE, OFFLOADED_FORMATS, SpeechRequest, build_request, output_format, reference_recording
 from .timings import SentenceTiming
 from .ws import (
     CAUSE_ORDER,
     CLOSE_FOR_KIND,
     RETRYABLE_CLOSES,
+    START_PROBE_TEXT,
     SUBPROTOCOL,
     ClientGone,
     Close,
@@ -141,34 +138,6 @@ class Session:
     info: audio_format.FormatInfo
 
 
-def _recording(value: str) -> str:
-    """``ref_audio`` (base64, or a ``data:`` URL of base64) as base64 of a WAV file for
-    :class:`SpeechRequest`'s ``reference_audio``. Raises ValueError."""
-    text = value.strip()
-    if re.match(r"^[a-z][a-z0-9+.-]*://", text, re.I):
-        raise ValueError("ref_audio: URLs are not fetched by this server; send base64 or a data: URL")
-    if text.startswith("data:"):
-        head, _, text = text.partition(",")
-        if ";base64" not in head:
-            raise ValueError("ref_audio: a data: URL must be base64")
-    try:
-        raw = base64.b64decode(text, validate=True)
-    except (binascii.Error, ValueError):
-        raise ValueError("ref_audio: not base64") from None
-    try:
-        audio, rate = load_recording(raw)
-    except RecordingError as exc:
-        raise ValueError(f"ref_audio: {exc}") from None
-    return base64.b64encode(audio_format.encode("wav", audio) if rate == contract.SAMPLE_RATE_HZ
-                            else _wav_at(audio, rate)).decode("ascii")
-
-
-def _wav_at(audio: np.ndarray, rate_hz: int) -> bytes:
-    """A 16-bit WAV file of ``audio`` at its own rate (the server resamples references)."""
-    pcm = audio_format.to_pcm16(audio)
-    return audio_format.wav_header(len(pcm), sample_rate_hz=int(rate_hz)) + pcm
-
-
 def parse_config(msg: dict[str, Any], cfg: GatewaySettings) -> Session:
     """A ``session.config`` message as a :class:`Session`.
 
@@ -196,10 +165,8 @@ def parse_config(msg: dict[str, Any], cfg: GatewaySettings) -> Session:
                        INVALID_REQUEST, param="response_format", code="invalid_value")
     reference = None
     if conf.ref_audio is not None:
-        try:
-            reference = _recording(conf.ref_audio)
-        except ValueError as exc:
-            raise ApiError(400, str(exc), INVALID_REQUEST, param="ref_audio", code="invalid_value") from None
+        reference_recording(conf.ref_audio, "ref_audio")  # decoded (and kept) now: a bad one is refused here
+        reference = conf.ref_audio
     voice = conf.voice if conf.voice is not None else conf.speaker
     known = set(OmniConfig.model_fields)
     extra = {k: v for k, v in fields.items() if k not in known}
@@ -309,12 +276,14 @@ class OmniStream(SpeechStream):
         try:
             if self.drain.draining:
                 raise self._drained()
-            self.session = await self._config(self.first)
+            session = await self._parse(self.first)
             if self.drain.draining:
                 raise self._drained()
             if (refusal := self.busy()) is not None:
                 raise StreamEnd(Close.TRY_AGAIN, refusal)
-            self._hold()
+            self._hold()  # taken before the server's check awaits, as our dialect's start does
+            await self._check(session, self.first)
+            self.session = session
             await self._serve()
         except ApiError as exc:
             raise StreamEnd(_close_for(exc), exc) from None
@@ -413,14 +382,44 @@ class OmniStream(SpeechStream):
                 await self._error(_invalid(f"Unknown message type: {kind}", "type"))
 
     async def _config(self, msg: dict[str, Any]) -> Session:
-        """:func:`parse_config` after a saved voice's name was resolved (once per config).
-        Raises ApiError."""
+        """A config checked whole (:meth:`_parse`, then :meth:`_check`), as our dialect's
+        ``start`` is. Raises ApiError."""
+        session = await self._parse(msg)
+        await self._check(session, msg)
+        return session
+
+    async def _parse(self, msg: dict[str, Any]) -> Session:
+        """:func:`parse_config` after a saved voice's name was resolved (once per config), a
+        reference recording decoded off the event loop. Raises ApiError."""
         if self.saved is not None:
             key = "voice" if msg.get("voice") is not None else "speaker"
             msg = await self.saved.resolve(msg, key, "ref_text")
             if msg.get(key) == NO_VOICE and key == "speaker":
                 msg = {**msg, "voice": NO_VOICE}
-        return parse_config(msg, self.cfg)
+        if isinstance(msg.get("ref_audio"), str):  # decoded (and kept) in a worker thread; refused in parse_config
+            with contextlib.suppress(ApiError):
+                await anyio.to_thread.run_sync(reference_recording, msg["ref_audio"], "ref_audio")
+        try:
+            return parse_config(msg, self.cfg)
+        except ApiError as exc:
+            raise _blame_speaker(exc, msg) from None
+
+    async def _check(self, session: Session, msg: dict[str, Any]) -> None:
+        """The server's check of a config (``validate_only``, nothing generated: a voice it does
+        not know, a parameter beyond its limits such as ``max_new_tokens`` above the
+        profile's cap, a reference it refuses), the check our dialect's ``start`` gets
+        (:meth:`.ws.SpeechStream._validate`). An unknown voice's error names the saved ones.
+        Raises ApiError."""
+        probe = self._probe(session)
+        try:
+            await self._validate(probe)
+        except ApiError as exc:
+            raise _blame_speaker(await self.saved.explain(exc) if self.saved is not None else exc, msg) from None
+
+    def _probe(self, session: Session) -> SynthesisRequest:
+        body = session.body.model_copy(update={"input": START_PROBE_TEXT})
+        request = build_request(body, self.cfg.models, self.cfg.max_input_chars)
+        return dataclasses.replace(request, voice="" if session.default_voice else request.voice)
 
     async def _send_json(self, **fields: Any) -> None:
         await self._send_text(json.dumps(fields, ensure_ascii=False, separators=(",", ":")))
@@ -567,6 +566,14 @@ async def _run(offload: bool, work: Callable[[], bytes]) -> bytes:
     return await anyio.to_thread.run_sync(work) if offload else work()
 
 
+def _blame_speaker(error: ApiError, msg: dict[str, Any]) -> ApiError:
+    """``error`` with ``param`` ``speaker`` where the config named its voice so (``voice``
+    is the field the request was checked by)."""
+    if error.param != "voice" or msg.get("voice") is not None or msg.get("speaker") is None:
+        return error
+    return ApiError(error.status, error.message, error.type, param="speaker", code=error.code, kind=error.kind)
+
+
 def _invalid(message: str, param: str | None = None, code: str = "invalid_message") -> ApiError:
     return ApiError(400, message, INVALID_REQUEST, param=param, code=code)
 
@@ -670,4 +677,22 @@ async def serve_stream(websocket: WebSocket, cfg: GatewaySettings, client: AioSt
                 return
             if resolved is not start:
                 first = {**first, "text": json.dumps(resolved, ensure_ascii=False)}
-    await SpeechStream(cast(WebSocket, _Replay(websocket, first)), cfg, client, metrics, live, busy, drain).run()
+    await _OurStream(cast(WebSocket, _Replay(websocket, first)), cfg, client, metrics, live, busy, drain,
+                     saved).run()
+
+
+class _OurStream(SpeechStream):
+    """Our dialect (:class:`.ws.SpeechStream`) whose ``start`` check, when it refuses an
+    unknown voice, names the saved voices too (:meth:`.saved_voices.SavedVoices.explain`)."""
+
+    def __init__(self, websocket: WebSocket, cfg: GatewaySettings, client: AioStreamClient,
+                 metrics: GatewayMetrics, live: dict[str, int], busy: Callable[[], ApiError | None],
+                 drain: Drain | None, saved: SavedVoices | None) -> None:
+        super().__init__(websocket, cfg, client, metrics, live, busy, drain)
+        self.saved = saved
+
+    async def _validate(self, probe: SynthesisRequest) -> None:
+        try:
+            await super()._validate(probe)
+        except ApiError as exc:
+            raise (await self.saved.explain(exc) if self.saved is not None else exc) from None

@@ -256,3 +256,69 @@ def test_our_own_dialect_still_answers_on_the_same_path(gateway_url: str) -> Non
     assert out[0] == "started" and out[-1] == "done" and any(isinstance(m, bytes) for m in out)
 
 
+
+
+async def _until_close(ws: Any) -> list[Any]:
+    """Every message until the server closes (JSON events decoded, binary frames as bytes)."""
+    out: list[Any] = []
+    with contextlib.suppress(websockets.ConnectionClosed):
+        while True:
+            msg = await asyncio.wait_for(ws.recv(), 60)
+            out.append(msg if isinstance(msg, bytes) else json.loads(msg))
+    return out
+
+
+INVALID_CONFIGS = [({"voice": "zzz-nope"}, "voice", "unknown voice"),
+                   ({"voice": None, "speaker": "zzz-nope"}, "speaker", "unknown voice"),
+                   ({"max_new_tokens": 3000}, "max_new_tokens", "max_new_tokens"),  # the profile's cap: the server's
+                   ({"max_new_tokens": 5000}, "max_new_tokens", "max_new_tokens"),  # the contract's range
+                   ({"temperature": 0}, "temperature", "temperature"), ({"top_p": 1.5}, "top_p", "top_p"),
+                   ({"top_k": 0}, "top_k", "top_k"), ({"speed": 9}, "speed", "speed"),
+                   ({"vocoder": "nope"}, "vocoder", "vocoder")]
+
+
+@pytest.mark.parametrize("change, param, words", INVALID_CONFIGS, ids=[f"{r[1]}={next(iter(r[0].values()))}"
+                                                                       for r in INVALID_CONFIGS])
+def test_an_invalid_first_config_is_one_error_and_close_1007(gateway_url: str, change: dict[str, Any], param: str,
+                                                             words: str) -> None:
+    """Checked whole before any text, as our dialect's ``start``: one ``error`` naming the
+    field, close 1007, and no ``audio.start`` for audio that will not come."""
+    async def script(c: DocClient, ws: Any) -> tuple[list[Any], int | None]:
+        await c.send(**{k: v for k, v in {**CONFIG, **change}.items() if v is not None})
+        await c.send(type="input.text", text="你好。")
+        await c.send(type="input.done")
+        return await _until_close(ws), ws.close_code
+
+    messages, code = run(gateway_url, script)
+    assert len(messages) == 1 and messages[0]["type"] == "error", messages
+    assert messages[0]["param"] == param and words in messages[0]["message"], messages[0]
+    assert code == 1007
+    if "unknown voice" in words:
+        assert "GET /v1/audio/voices" in messages[0]["message"]  # where the saved voices are listed
+
+
+@pytest.mark.parametrize("change", [{"voice": "zzz-nope"}, {"max_new_tokens": 3000}, {"speaker": "zzz-nope",
+                                                                                      "voice": None}],
+                         ids=["voice", "max_new_tokens", "speaker"])
+def test_an_invalid_reconfig_is_refused_and_the_session_keeps_its_config(gateway_url: str,
+                                                                         change: dict[str, Any]) -> None:
+    """A refused re-config is one ``error``; the session stays open and speaks with its
+    previous config; a valid config after it applies."""
+    config = {**CONFIG, "response_format": "pcm"}
+
+    async def script(c: DocClient, ws: Any) -> tuple[dict[str, Any], Utterance, Utterance]:
+        await c.send(**config)
+        await c.send(**{k: v for k, v in {**config, **change}.items() if v is not None})
+        refused = json.loads(await asyncio.wait_for(ws.recv(), 60))
+        kept = await c.utterance(["你好。"])
+        await c.send(**{**config, "voice": "echo"})
+        changed = await c.utterance(["你好。"])
+        await c.send(type="session.close")
+        return refused, kept, changed
+
+    refused, kept, changed = run(gateway_url, script)
+    assert refused["type"] == "error" and refused["param"] == next(iter(change)), refused
+    assert not kept.errors and not changed.errors
+    assert b"".join(kept.sentences[0].frames) == _speech(gateway_url, "你好。", response_format="pcm")
+    assert b"".join(changed.sentences[0].frames) == _speech(gateway_url, "你好。", response_format="pcm",
+                                                            voice="echo")
