@@ -126,9 +126,32 @@ def plain(ctx: Context, start: int, end: int, out: Out) -> None:
                 out.pieces.append("，" if _mark_lang(ctx, i, out) == "zh" else ",")
         elif unicodedata.category(c) in ("Mn", "Me", "Cf"):
             continue  # variation selectors, joiners, combining marks: part of the character before
+        elif c in "*_" and _decoration(text, i):
+            out.pieces.append(" ")  # markdown emphasis or a bullet: left out on purpose, not unspoken
         else:
             out.drop(c)
             out.pieces.append(" ")
+
+
+def _decoration(text: str, i: int) -> bool:
+    """Whether the ``*`` or ``_`` at ``i`` is markdown decoration an LLM writes (``**bold**``,
+    ``*斜体*``, ``__bold__``, a ``* item`` bullet): in a run of two or more, alone at a line's
+    start before a space, or opening (text after it) or closing (text before it) a span with
+    another one on its line. One between two spaces (``a * b``) or without a partner
+    (``5* hotel``) is not, and stays reported."""
+    c, j, k = text[i], i, i
+    while j > 0 and text[j - 1] == c:
+        j -= 1
+    while k + 1 < len(text) and text[k + 1] == c:
+        k += 1
+    before, after = text[j - 1:j], text[k + 1:k + 2]
+    if k > j or (before in ("", "\n") and after == " "):
+        return True
+    line_start = text.rfind("\n", 0, j) + 1
+    line_end = text.find("\n", k) if "\n" in text[k:] else len(text)
+    opens = after.strip() != "" and c in text[k + 1:line_end]
+    closes = before.strip() != "" and c in text[line_start:j]
+    return opens or closes
 
 
 def _mark_lang(ctx: Context, i: int, out: Out) -> Lang:
