@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from ..client.keys import INFERENCE_HEADER, INFERENCE_KEY_ENV
-from ..serving.profile import ProfileError, load_profile
+from ..serving.profile import PROFILES_DIR, ProfileError, load_profile
 from .admin import ADMIN_HEADER, RESTRICTED_APIS, TOKEN_ENV, publish
 from .render import RenderError, render_repository
 from .server import LOOPBACK, ServerError, TritonServer
@@ -24,15 +24,25 @@ def main(argv: list[str] | None = None) -> int:
                                  f"header '{ADMIN_HEADER}: ${TOKEN_ENV}'; when {TOKEN_ENV} is unset a token is "
                                  f"generated and printed once on stderr. With ${INFERENCE_KEY_ENV} set, inference "
                                  f"needs the header '{INFERENCE_HEADER}: ${INFERENCE_KEY_ENV}' too.")
-    ap.add_argument("--profile", default="cpu")
-    ap.add_argument("--artifacts", type=Path, default=Path("artifacts/small"))
-    ap.add_argument("--repo", type=Path, default=Path("build/model_repository"))
+    known = ", ".join(sorted(x.stem for x in PROFILES_DIR.glob("*.toml")))
+    ap.add_argument("--profile", default="cpu",
+                    help=f"deployment profile: a name under profiles/ ({known}) or a TOML file path "
+                         "(default %(default)s)")
+    ap.add_argument("--artifacts", type=Path, default=Path("artifacts/small"),
+                    help="exported model artifacts, a directory with manifest.json (`make export`; "
+                         "default %(default)s)")
+    ap.add_argument("--repo", type=Path, default=Path("build/model_repository"),
+                    help="where the Triton model repository is rendered on each start "
+                         "(default %(default)s)")
     ap.add_argument("--address", default=LOOPBACK,
                     help="address the HTTP, gRPC and metrics ports bind (default %(default)s: this host only; "
                          f"0.0.0.0: every interface, then set {INFERENCE_KEY_ENV})")
-    ap.add_argument("--http-port", type=int, default=8000)
-    ap.add_argument("--grpc-port", type=int, default=8001)
-    ap.add_argument("--metrics-port", type=int, default=8002)
+    ap.add_argument("--http-port", type=int, default=8000,
+                    help="Triton's HTTP/REST port: inference, health, admin APIs (default %(default)s)")
+    ap.add_argument("--grpc-port", type=int, default=8001,
+                    help="Triton's gRPC port: streaming inference, the gateway's --triton-url (default %(default)s)")
+    ap.add_argument("--metrics-port", type=int, default=8002,
+                    help="Prometheus metrics port, /metrics (default %(default)s)")
     ap.add_argument("--log", type=Path, default=None, help="server log file (default: this terminal)")
     ap.add_argument("--restart-on-failure", action=argparse.BooleanOptionalAction, default=True,
                     help="supervise the server (default): restart it at once when it exits, a model process dies or "

@@ -76,6 +76,8 @@ vocoder, larger chunks, no refine-text; never less of the text); absent otherwis
 EXPOSED_HEADERS: Final = (REQUEST_ID_HEADER, SAMPLE_RATE_HEADER, DROPPED_HEADER, DEGRADED_HEADER, "X-Audio-Format",
                           "Retry-After")
 """Response headers a browser script may read on a cross-origin response (CORS)."""
+CORS_METHODS: Final = ("GET", "POST", "DELETE")
+"""Methods a page on an allowed origin may use: every route's (DELETE removes a saved voice)."""
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 
 
@@ -154,7 +156,7 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
 
     app.add_middleware(_BusyDoor, refuse=refuse_early)  # added first: CORS (below) wraps its answers too
     if cfg.cors_origins:
-        app.add_middleware(_OpenAICors, allow_origins=list(cfg.cors_origins), allow_methods=["GET", "POST"],
+        app.add_middleware(_OpenAICors, allow_origins=list(cfg.cors_origins), allow_methods=list(CORS_METHODS),
                            allow_headers=["Authorization", "Content-Type", REQUEST_ID_HEADER],
                            expose_headers=list(EXPOSED_HEADERS), max_age=600)
 

@@ -123,7 +123,7 @@ def test_models_health_and_metrics_without_triton(offline_client: TestClient) ->
 
 @pytest.mark.parametrize("headers, problem", [
     ({"Origin": "https://elsewhere.example"}, "origin 'https://elsewhere.example' is not allowed"),
-    ({"Access-Control-Request-Method": "DELETE"}, "method 'DELETE' is not allowed"),
+    ({"Access-Control-Request-Method": "PUT"}, "method 'PUT' is not allowed"),
     ({"Access-Control-Request-Headers": "authorization, x-secret"}, "header(s) x-secret not allowed"),
 ])
 def test_a_refused_cors_preflight_carries_the_openai_error_object(headers: dict[str, str], problem: str) -> None:
@@ -140,6 +140,17 @@ def test_a_refused_cors_preflight_carries_the_openai_error_object(headers: dict[
     assert error["type"] == "invalid_request_error" and error["code"] == "cors_not_allowed"
     assert problem in error["message"], error["message"]
     assert ok.status_code == 200 and ok.headers["access-control-allow-origin"] == ORIGIN
+
+
+def test_a_page_on_an_allowed_origin_may_delete_a_saved_voice() -> None:
+    """The preflight of ``DELETE /v1/audio/voices/{name}`` from an allowed origin passes."""
+    app = create_app(GatewaySettings(triton_url=f"127.0.0.1:{free_port()}", cors_origins=(ORIGIN,)))
+    with TestClient(app) as client:
+        r = client.options("/v1/audio/voices/reader", headers={
+            "Origin": ORIGIN, "Access-Control-Request-Method": "DELETE",
+            "Access-Control-Request-Headers": "authorization"})
+    assert r.status_code == 200, r.text
+    assert r.headers["access-control-allow-origin"] == ORIGIN and "DELETE" in r.headers["access-control-allow-methods"]
 
 
 def test_cors_is_off_by_default(offline_client: TestClient) -> None:
