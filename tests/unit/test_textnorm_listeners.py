@@ -117,3 +117,26 @@ def test_codes_in_running_text_are_read_digit_by_digit(seed: int) -> None:
 ])
 def test_amounts_near_codes_stay_amounts(text: str, expected: str) -> None:
     assert normalize(text).text == expected
+
+
+@pytest.mark.parametrize("text, zh", [
+    ("已知a²-b²=0，求a。", "已知a的平方减b的平方等于零，求a。"),
+    ("√3约等于1.732。", "根号三约等于一点七三二。"),
+    ("∛27=3。", "三次根号二十七等于三。"),
+    ("已知y³-8=0。", "已知y的立方减八等于零。"),
+    ("已知x≠y，且x≤5。", "已知x不等于y，且x小于等于五。"),
+])
+def test_a_formula_in_a_chinese_sentence_is_read_in_chinese(text: str, zh: str) -> None:
+    """Its letters are variables, no reason to leave Chinese; under ``zh`` and ``auto`` alike."""
+    for language in ("auto", "zh"):
+        out = normalize(text, language=language)
+        assert out.text == zh and not out.dropped
+    assert all(seg.lang == "zh" or len(seg.text.strip(" ，。")) == 1 for seg in normalize(text).segments)
+
+
+@pytest.mark.parametrize("sup, zh, en", [("²", "的平方", "squared"), ("³", "的立方", "cubed"),
+                                         ("ⁿ", "的n次方", "to the n"), ("⁴", "的四次方", "to the power of four")])
+@pytest.mark.parametrize("var", ["a", "x", "2", "(a+b)"])
+def test_powers_are_read_in_both_languages(sup: str, zh: str, en: str, var: str) -> None:
+    assert zh in normalize(f"已知{var}{sup}=1。").text
+    assert en in normalize(f"We know {var}{sup} = 1 here.", language="en").text

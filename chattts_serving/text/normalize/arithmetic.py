@@ -42,3 +42,100 @@ ARITH: Final = Kind(
     "arith",
     rf"(?P<arith>(?<![\d.A-Za-z])[-−]?{NUM}(?:\s*[-−+×*/÷]\s*[-−]?{NUM})+\s*=\s*(?:[-−]?{NUM}(?![\d.]))?)",
     _h_arith, first=r"[-−\d]")
+
+
+# --- formulas: letters, powers and roots inside a sentence --------------------------
+
+_SUPERSCRIPTS: Final = {"⁰": "0", "¹": "1", "²": "2", "³": "3", "⁴": "4", "⁵": "5", "⁶": "6", "⁷": "7", "⁸": "8",
+                        "⁹": "9", "ⁿ": "n", "⁻": "-"}
+"""Superscript exponents (fold_width keeps them): x², 10⁻³, aⁿ."""
+_ROOTS: Final = {"√": ("根号", "the square root of"), "∛": ("三次根号", "the cube root of"),
+                 "∜": ("四次根号", "the fourth root of")}
+_RELATIONS: Final = {"=": ("等于", "equals"), "≠": ("不等于", "is not equal to"),
+                     "≤": ("小于等于", "is less than or equal to"),
+                     "≥": ("大于等于", "is greater than or equal to"), "<": ("小于", "is less than"),
+                     ">": ("大于", "is greater than"), "≈": ("约等于", "is approximately")}
+_FORMULA_OPS: Final = {**{k: v for k, v in _OPERATORS.items() if k != "="}, "±": ("正负", "plus or minus")}
+
+_SUP: Final = r"(?:⁻?[⁰¹²³⁴⁵⁶⁷⁸⁹]+|ⁿ)"
+_VAR: Final = r"(?<![A-Za-z\d.])[A-Za-z](?![A-Za-z\d])"
+"""A variable: one Latin letter that is no part of a word (a, x), not glued to a number's end."""
+_NUMV: Final = rf"{NUM}(?:(?!(?:[cdkm]?m)[²³])[A-Za-z]{{1,2}}(?![A-Za-z]))?"
+"""A number, perhaps times one or two variables (2a, 3x, 2ab; 5m² and 3cm³ are units)."""
+_OP: Final = r"\s?[-+×*/÷±]\s?"
+_REL: Final = r"\s?[=≠≤≥<>≈]\s?"
+_ROOT: Final = r"[√∛∜]"
+_INNER: Final = rf"{_ROOT}?(?:{_NUMV}|{_VAR}){_SUP}?"
+_PLAIN: Final = rf"(?:{_NUMV}|{_VAR}|\([-±]?{_INNER}(?:{_OP}{_INNER})*\))"
+_ATOM: Final = rf"{_ROOT}?{_PLAIN}{_SUP}?"
+_SPECIAL: Final = rf"(?:{_ROOT}{_PLAIN}{_SUP}?|{_PLAIN}{_SUP})"
+"""An operand with a root or an exponent: what makes a run of letters and numbers a formula."""
+_OPREL: Final = rf"(?:{_OP}|{_REL})"
+_REST: Final = rf"(?:{_OPREL}[-±]?{_ATOM})*"
+_FORMULA: Final = (rf"[-±]?(?:{_ATOM}{_OPREL})*?{_SPECIAL}{_REST}"
+                   rf"|[-±]?(?:{_ATOM}{_OP})*?{_VAR}{_SUP}?{_REL}[-±]?{_ATOM}{_REST}"
+                   rf"|[-±]?(?:{_ATOM}{_OP})*?{_ATOM}{_REL}[-±]?{_VAR}{_REST}")
+"""A formula: operands and operators with a root or an exponent somewhere (a²-b²=0, √3, 2³),
+or a variable on one side of a relation (x=5, a≤b, 3<x)."""
+_FTOKEN: Final = re.compile(rf"(?P<num>{NUM})|(?P<var>[A-Za-z])|(?P<sup>{_SUP})|(?P<root>{_ROOT})|(?P<open>\()"
+                            r"|(?P<close>\))|(?P<rel>[=≠≤≥<>≈])|(?P<op>[-+×*/÷±])")
+
+
+_SUP_AT: Final = re.compile(_SUP)
+_RESULT_OF: Final = {"+": "的和", "-": "的差", "×": "的积", "*": "的积", "/": "的商", "÷": "的商"}
+"""What a bracket of one operator is called before its power: (a+b)² reads a加b的和的平方."""
+
+
+def _power(lang: Lang, sup: str) -> str:
+    """²: 的平方 / squared; ³: 的立方 / cubed; ⁿ: 的n次方 / to the n; ⁻³: 的负三次方 / to the power of minus three."""
+    exp = "".join(_SUPERSCRIPTS[c] for c in sup)
+    if lang == "zh":
+        return {"2": "的平方", "3": "的立方"}.get(exp) or "的" + (exp if exp == "n" else zh_number(exp)) + "次方"
+    return {"2": "squared", "3": "cubed", "n": "to the n"}.get(exp) or "to the power of " + en_number(exp)
+
+
+def _h_formula(lang: Lang, g: Groups, before: str, after: str) -> str:
+    """A formula read in the language of its sentence, never in English for its letters alone
+    (已知a²-b²=0: a的平方减b的平方等于零; √3: 根号三); a sign where an operand is expected is
+    负 / minus, numbers are cardinals (never 两)."""
+    zh = lang == "zh"
+    words: list[str] = []
+    expect = True  # an operand comes next: a - here is a sign
+    group_ops: list[str] = []  # the operators inside the open bracket
+    formula = g("formula")
+    for m in _FTOKEN.finditer(formula):
+        kind, tok = m.lastgroup, m.group(0)
+        if kind == "num":
+            words.append(zh_number(tok) if zh else en_number(tok))
+            expect = False
+        elif kind == "var":
+            words.append(tok)
+            expect = False
+        elif kind == "sup":
+            words.append(_power(lang, tok))
+        elif kind == "root":
+            words.append(_ROOTS[tok][not zh] + ("下" if zh and m.end() < len(g("formula"))
+                                                 and g("formula")[m.end()] == "(" else ""))
+        elif kind == "open":
+            words.append("" if zh else "the quantity")
+            expect, group_ops = True, []
+        elif kind == "close":
+            expect = False
+            if zh and _SUP_AT.match(formula, m.end()) and len(set(group_ops)) == 1:
+                words.append(_RESULT_OF.get(group_ops[0], ""))  # (a+b)²: a加b的和的平方
+        elif kind == "rel":
+            words.append(_RELATIONS[tok][not zh])
+            expect = True
+        elif expect and tok in "-±":
+            words.append({"-": ("负", "minus"), "±": ("正负", "plus or minus")}[tok][not zh])
+        else:
+            words.append(_FORMULA_OPS[tok][not zh])
+            group_ops.append(tok)
+            expect = True
+    return ("" if zh else " ").join(w for w in words if w)
+
+
+FORMULA: Final = Kind(
+    "formula",
+    rf"(?P<formula>(?<![\dA-Za-z.])(?:{_FORMULA})(?![\dA-Za-z]))",
+    _h_formula, first=r"[-±\dA-Za-z(√∛∜]", letters_neutral=True)

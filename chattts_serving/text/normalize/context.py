@@ -60,18 +60,28 @@ class Context:
     view: str = ""
     library: bool = False
 
+    words_view: str = ""
+
     def __post_init__(self) -> None:
         self.view = re.sub(r"\[[A-Za-z_0-9]+\]", lambda m: " " * len(m.group(0)), self.text)
+        self.words_view = LONE_LETTER.sub(" ", self.view)
 
-    def lang(self, start: int, end: int, counts: bool = False) -> Lang:
-        return context_language(self.view, start, end, self.default, counts)
+    def lang(self, start: int, end: int, counts: bool = False, letters_neutral: bool = False) -> Lang:
+        """The language of ``text[start:end]``; ``letters_neutral``: lone Latin letters (a
+        formula's variables: 已知a²-b²=0，求a) are no English words."""
+        return context_language(self.words_view if letters_neutral else self.view, start, end, self.default, counts)
+
+
+LONE_LETTER: Final = re.compile(r"(?<![A-Za-z])[A-Za-z](?![A-Za-z])")
+"""A Latin letter that is no part of a word: a variable, a grade, a plate's letter."""
 
 
 def dominant_language(text: str) -> Lang:
     """'zh' when the text has at least as many Chinese characters as English words (also when
-    it has neither), else 'en'."""
+    it has neither), else 'en'; a lone letter other than the words I and A (a variable: x=5)
+    is no English word."""
     cjk = sum(1 for c in text if is_cjk(c))
-    words = len(re.findall(r"[A-Za-z]+", text))
+    words = len(re.findall(r"[A-Za-z]{2,}|(?<![A-Za-z])[AI](?![A-Za-z\d²³⁰-⁹=<>≤≥≠])", text))
     return "zh" if cjk >= words else "en"
 
 

@@ -84,7 +84,7 @@ def _entity(ctx: Context, name: str, m: re.Match[str], out: Out) -> None:
         _tag(ctx, m, out)
         return
     kind = KINDS[name]
-    lang = kind.lang or ctx.lang(m.start(), m.end(), counts=kind.counts)
+    lang = kind.lang or ctx.lang(m.start(), m.end(), counts=kind.counts, letters_neutral=kind.letters_neutral)
     before, after = near(ctx.view, m.start(), m.end())
     words = None
     if (ctx.library and lang == "zh" and kind.library

@@ -35,7 +35,9 @@ class Kind:
     read it in Chinese context (:data:`.precedence.LIBRARY_KINDS`), where ``library_may_read``
     (groups, before, after) allows it and ``library_fits`` (groups, words, before, after)
     accepts the library's words; first: a regex class of the characters a match can start
-    with, a guard the scanner checks before the pattern (most positions fail it at once).
+    with, a guard the scanner checks before the pattern (most positions fail it at once);
+    letters_neutral: the kind's own lone letters (a formula's variables) and those of its
+    sentence do not make it English: its language is that of the words around it.
     """
 
     name: str
@@ -47,6 +49,7 @@ class Kind:
     library_may_read: Callable[[Groups, str, str], bool] | None = None
     library_fits: Callable[[Groups, str, str, str], bool] | None = None
     first: str = ""
+    letters_neutral: bool = False
 
 
 NUM: Final = r"(?:\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?)"

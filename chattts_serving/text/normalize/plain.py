@@ -71,6 +71,12 @@ def _per_unit(text: str, i: int) -> bool:
             and any(ch.isdigit() for ch in text[max(0, i - 8):i]))
 
 
+def _lone_in_chinese(text: str, i: int) -> bool:
+    """A Latin letter alone (no word: a variable, a grade) right after a Chinese character."""
+    return (not is_latin(text[i + 1:i + 2]) and not is_latin(text[i - 1:i])
+            and is_cjk(_neighbour(text, i - 1, -1)[:1] or " "))
+
+
 def plain(ctx: Context, start: int, end: int, out: Out) -> None:
     """Text between matches: letters and Chinese characters kept, punctuation mapped to pauses
     in the local language, spoken symbols and Greek letters read, the rest reported as dropped."""
@@ -85,6 +91,8 @@ def plain(ctx: Context, start: int, end: int, out: Out) -> None:
                 out.letter(c)
         elif is_latin(c):
             out.letter(c)
+            if _lone_in_chinese(text, i):
+                out.last_lang = "zh"  # 求a。: a variable in a Chinese clause, which ends in 。
         elif c == "\n":
             out.pieces.append("。" if _mark_lang(ctx, i, out) == "zh" else ".")
         elif c.isspace():

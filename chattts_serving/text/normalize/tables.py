@@ -48,6 +48,7 @@ UNITS: Final[dict[str, Unit]] = {
     "m²": Unit("平方米", "square meter", "square meters"),
     "cm²": Unit("平方厘米", "square centimeter", "square centimeters"),
     "m³": Unit("立方米", "cubic meter", "cubic meters"),
+    "cm³": Unit("立方厘米", "cubic centimeter", "cubic centimeters"),
     "km": Unit("公里", "kilometer", "kilometers"), "cm": Unit("厘米", "centimeter", "centimeters"),
     "mm": Unit("毫米", "millimeter", "millimeters"), "nm": Unit("纳米", "nanometer", "nanometers"),
     "mi": Unit("英里", "mile", "miles"), "ft": Unit("英尺", "foot", "feet"),

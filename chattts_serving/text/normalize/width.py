@@ -63,9 +63,10 @@ def fold_width(text: str) -> str:
             base = unicodedata.normalize("NFKD", c)[0]
             if is_latin(base):
                 c = base
-        elif unicodedata.category(c) == "No" and c not in "¹²³" and not "\u2460" <= c <= "\u249b":
+        elif (unicodedata.category(c) == "No" and c not in "¹²³" and not "\u2460" <= c <= "\u249b"
+              and not "\u2070" <= c <= "\u2079"):
             # subscript and fraction digits (₂, ½) -> plain digits; superscripts stay for units
-            # (m², km³), circled numbers (①) for the list kind
+            # (m², km³) and exponents (x⁴), circled numbers (①) for the list kind
             plain = unicodedata.normalize("NFKC", c).replace("⁄", "/")
             if plain and all(ch.isdigit() or ch == "/" for ch in plain) and plain.isascii():
                 c = (" " if out and out[-1][-1:].isdigit() else "") + plain
