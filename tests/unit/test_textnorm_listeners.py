@@ -140,3 +140,28 @@ def test_a_formula_in_a_chinese_sentence_is_read_in_chinese(text: str, zh: str) 
 def test_powers_are_read_in_both_languages(sup: str, zh: str, en: str, var: str) -> None:
     assert zh in normalize(f"已知{var}{sup}=1。").text
     assert en in normalize(f"We know {var}{sup} = 1 here.", language="en").text
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("血压135/85mmHg。", "血压一百三十五，八十五毫米汞柱。"),
+    ("血压为128/82。", "血压为一百二十八，八十二。"),
+    ("血压135/85mmHg，血氧98%，体温37.2℃。",
+     "血压一百三十五，八十五毫米汞柱，血氧百分之九十八，体温三十七点二摄氏度。"),
+    ("Blood pressure is 135/85.", "Blood pressure is one hundred and thirty five over eighty five."),
+    ("完成了3/4的工作。", "完成了四分之三的工作。"),
+])
+def test_a_blood_pressure_is_no_fraction(text: str, expected: str) -> None:
+    out = normalize(text)
+    assert out.text == expected and not out.dropped
+
+
+@pytest.mark.parametrize("time", ["24:00", "24:00:00", "00:00"])
+def test_midnight_in_english(time: str) -> None:
+    assert normalize(f"The store is open until {time}.").text == "The store is open until midnight."
+    assert "twenty four" not in normalize(f"Open from 8:00 to {time} daily.").text
+
+
+@pytest.mark.parametrize("sign, word", [("-", "负"), ("−", "负"), ("+", "正")])
+@pytest.mark.parametrize("head", ["百分之", "千分之"])
+def test_a_sign_before_a_written_percentage_is_read(sign: str, word: str, head: str) -> None:
+    assert normalize(f"同比{sign}{head}5。").text == f"同比{word}{head}五。"

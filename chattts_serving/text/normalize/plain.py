@@ -114,6 +114,8 @@ def plain(ctx: Context, start: int, end: int, out: Out) -> None:
             out.words("zh", "每")
         elif c == "+" and _after_myriad(text, i):
             out.words("zh", "多")  # 1万+人: 一万多人, as 6000+ reads 六千多
+        elif c in "-+" and text.startswith(("百分之", "千分之"), i + 1) and not _neighbour(text, i - 1, -1).isdigit():
+            out.words("zh", "负" if c == "-" else "正")  # -百分之5: 负百分之五, as -5% reads
         elif c in ("-", "_") and 0 < i < len(text) - 1 and text[i - 1].isalnum() and text[i + 1].isalnum():
             out.pieces.append(" ")  # e-mail, snake_case: a word break
         elif c == "#":

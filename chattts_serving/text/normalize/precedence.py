@@ -31,7 +31,7 @@ from .kind import Kind
 
 PRECEDENCE: Final[tuple[Kind, ...]] = (
     web.EMAIL, web.URL, web.FILE, identifiers.KEY, identifiers.PLATE, identifiers.TICKER, lists.LIST,
-    arithmetic.ARITH, arithmetic.FORMULA,
+    arithmetic.ARITH, arithmetic.FORMULA, quantities.PRESSURE,
     dates.DRANGE, fractions.MDRANGE, dates.YMD, dates.MDY, dates.ENRANGE, dates.DAYRANGE, dates.MD, dates.DM,
     dates.MDOT,
     times.TRANGE, times.TIME, times.DOTTIME, times.RATIO, times.HAP,

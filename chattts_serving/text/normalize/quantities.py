@@ -172,3 +172,27 @@ UNIT: Final = Kind(
     rf"(?P<u_sign>{SIGN})?(?P<u_num>{NUM})(?:\s?(?P<u_unit>{alt(UNITS)})"
     rf"|(?P<u_glued>{alt(GLUED_UNITS)}))(?![A-Za-z0-9])",
     _h_unit, first=r"[-+−\d]")
+
+
+PRESSURE_BEFORE: Final = ("血压", "高压", "BP", "blood pressure", "Blood pressure")
+"""Written before ``a/b`` (为/是/:/of/is and spaces between allowed), they make it a blood
+pressure (血压135/85), as ``mmHg`` after it does."""
+_PRESSURE_LEAD: Final = "|".join(f"(?<={re.escape(w + sep)})" for w in PRESSURE_BEFORE
+                                 for sep in ("", " ", "为", "是", ":", ": ", " of ", " is ", " was "))
+
+
+def _h_pressure(lang: Lang, g: Groups, before: str, after: str) -> str:
+    """Blood pressure, systolic and diastolic: 一百三十五，八十五毫米汞柱 / one hundred thirty five
+    over eighty five millimeters of mercury; never a fraction (八十五分之一百三十五)."""
+    a, b = g("bp_a") or g("bp_a2"), g("bp_b") or g("bp_b2")
+    unit = UNITS["mmHg"] if g("bp_unit") or g("bp_unit2") else None
+    if lang == "zh":
+        return zh_number(a) + "，" + zh_number(b) + (unit.zh if unit else "")
+    return f"{en_number(a)} over {en_number(b)}" + (f" {unit.en_many}" if unit else "")
+
+
+PRESSURE: Final = Kind(
+    "pressure",
+    rf"(?:{_PRESSURE_LEAD})(?P<bp_a>\d{{2,3}})/(?P<bp_b>\d{{2,3}})(?:\s?(?P<bp_unit>mmHg)(?![A-Za-z]))?(?![\d/])"
+    r"|(?<![\d/.])(?P<bp_a2>\d{2,3})/(?P<bp_b2>\d{2,3})\s?(?P<bp_unit2>mmHg)(?![A-Za-z])",
+    _h_pressure, first=r"\d")

@@ -77,6 +77,8 @@ UNITS: Final[dict[str, Unit]] = {
     "mg/L": Unit("毫克每升", "milligram per liter", "milligrams per liter"),
     "μg": Unit("微克", "microgram", "micrograms"), "μm": Unit("微米", "micrometer", "micrometers"),
     "mAh": Unit("毫安时", "milliamp hour", "milliamp hours"),
+    "mmHg": Unit("毫米汞柱", "millimeter of mercury", "millimeters of mercury", liang=False),
+    "kPa": Unit("千帕", "kilopascal", "kilopascals"),
     "Gbps": Unit("吉比特每秒", "gigabit per second", "gigabits per second"),
     "Mbps": Unit("兆比特每秒", "megabit per second", "megabits per second"),
     "kbps": Unit("千比特每秒", "kilobit per second", "kilobits per second"),

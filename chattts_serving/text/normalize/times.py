@@ -32,8 +32,9 @@ def _time_re(p: str) -> str:
 
 
 def clock(lang: Lang, h: int, m: int, s: int | None, ap: str | None, whole: bool = True) -> str:
-    """A clock time: 十点三十分 / ten thirty. ``whole``: a Chinese time on the hour reads 整
-    (九点整); inside a range it does not (九点到十七点)."""
+    """A clock time: 十点三十分 / ten thirty; in English 24:00 and 00:00 are midnight and a
+    24-hour time on the hour is said in hundreds (22:00: twenty two hundred). ``whole``: a
+    Chinese time on the hour reads 整 (九点整); inside a range it does not (九点到十七点)."""
     ap = ap.lower() if ap else None
     s = s or None  # 9:00:00 reads as 9:00
     if lang == "zh":
@@ -45,6 +46,10 @@ def clock(lang: Lang, h: int, m: int, s: int | None, ap: str | None, whole: bool
         if s is not None:
             out += ("零" if s < 10 else "") + zh_int(s) + "秒"
         return out
+    if not ap and m == 0 and s is None and h in (0, 24):
+        return "midnight"  # 24:00, 00:00: never twenty four o clock
+    if not ap and m == 0 and s is None and h > 12:
+        return en_int(h) + " hundred"  # 22:00: twenty two hundred
     out = en_int(h)
     if m == 0 and s is None:
         out += "" if ap else " o clock"
