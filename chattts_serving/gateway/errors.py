@@ -84,7 +84,8 @@ def busy_refusal(streams: int, max_streams: int, watch: AdmissionWatch | None) -
     (``streams`` now), or the admission watch reports ``chattts`` full on every server behind
     the target. None when the request may go on."""
     if streams >= max_streams:
-        return ApiError(503, f"server busy: the gateway relays {max_streams} streams already", SERVER_ERROR,
+        streams_text = "1 stream" if max_streams == 1 else f"{max_streams} streams"
+        return ApiError(503, f"server busy: the gateway relays {streams_text} already", SERVER_ERROR,
                         code="server_busy", kind=ErrorKind.BUSY)
     if watch is not None and watch.full(contract.MODEL_STREAM):
         return ApiError(503, "server busy: every stream slot of the speech server is taken", SERVER_ERROR,

@@ -91,7 +91,9 @@ def test_the_gateway_refuses_busy_itself_at_its_limit_or_when_the_server_is_full
     assert busy_refusal(0, 1, None) is None
     own = busy_refusal(1, 1, None)
     assert own is not None and (own.status, own.code, own.kind) == (503, "server_busy", ErrorKind.BUSY)
-    assert "relays 1 streams" in own.message
+    assert "relays 1 stream already" in own.message
+    several = busy_refusal(4, 4, None)
+    assert several is not None and "relays 4 streams already" in several.message
     assert busy_refusal(0, 1, _watch({"a"}, {"a": FREE})) is None
     full = busy_refusal(0, 1, _watch({"a"}, {"a": FULL}))
     assert full is not None and (full.status, full.code, full.kind) == (503, "server_busy", ErrorKind.BUSY)
