@@ -28,6 +28,7 @@ import urllib.request
 from collections import Counter
 from pathlib import Path
 from types import TracebackType
+from typing import IO
 
 import psutil
 
@@ -35,6 +36,7 @@ from .. import contract
 from ..client.keys import inference_key_from_env
 from .admin import inference_restriction_args, new_token, restriction_args, token_from_env
 from .gate import GateBuildError, build_gate, sanitizer_runtime
+from .loglevels import cuda_driver_present, filter_command
 
 SHM_GLOB = "/dev/shm/triton_python_backend_shm_region_*"
 STUB_NAME = "triton_python_backend_stub"
@@ -42,6 +44,12 @@ LOOPBACK = "127.0.0.1"
 """The address a server binds by default: reachable from this host only."""
 WILDCARDS = ("0.0.0.0", "::", "")
 """Bind addresses that mean every interface (reached here through loopback)."""
+
+
+def cpu_host_args() -> tuple[str, ...]:
+    """Flags for a host without a CUDA driver: no pinned-memory pool (it needs CUDA; asking
+    for one logs a warning at every start, and the server does without)."""
+    return () if cuda_driver_present() else ("--pinned-memory-pool-byte-size=0",)
 
 
 class ServerError(RuntimeError):
@@ -165,6 +173,8 @@ class TritonServer:
         self._restriction = restriction_args(self.admin_token) + inference_restriction_args(self.inference_key)
         self.proc: subprocess.Popen[bytes] | None = None
         self._log: object | None = None
+        self._filter: subprocess.Popen[bytes] | None = None
+        """The process between the server and its log on a host without a CUDA driver (:meth:`_spawn`)."""
         self._shm_before: set[str] = set()
         self.starts = 0
         """Successful and failed start attempts so far (a restart appends to the log file)."""
@@ -183,7 +193,7 @@ class TritonServer:
                 "--allow-metrics=true", "--allow-gpu-metrics=false",
                 "--metrics-config=summary_latencies=true",
                 "--disable-auto-complete-config", f"--exit-timeout-secs={self.exit_timeout_s}",
-                "--log-verbose=0", *self._restriction, *self.extra_args]
+                "--log-verbose=0", *self._restriction, *cpu_host_args(), *self.extra_args]
 
     def start(self, ready_timeout_s: float = 180.0) -> TritonServer:
         """Start and wait until ready. Raises ServerError with the log's tail on failure, and at
@@ -222,17 +232,52 @@ class TritonServer:
         self.starts += 1
         self._log = out
         self._shm_before = set(glob.glob(SHM_GLOB))
-        self.proc = subprocess.Popen(self.command(), stdout=out, stderr=subprocess.STDOUT, env=env,
-                                     start_new_session=True)
+        self.proc = self._spawn(env, out)
         deadline = time.monotonic() + ready_timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
+                self._end_filter()  # the log is whole before its tail is read
                 raise ServerError(f"tritonserver exited with {self.proc.returncode}{self._tail()}")
             if _ready(self.http_port, self.metrics_port, connect_host(self.address)):
                 return self
             time.sleep(0.2)
         self.stop()
         raise ServerError(f"tritonserver not ready after {ready_timeout_s:.0f} s{self._tail()}")
+
+    def _spawn(self, env: dict[str, str], out: IO[bytes] | None) -> subprocess.Popen[bytes]:
+        """Start tritonserver, its output to ``out`` (None: this process's stdout). On a host
+        without a CUDA driver the output passes through :mod:`.loglevels`, which re-levels the
+        two errors every start there logs (docs/triton-workarounds.md, "CUDA errors on a CPU
+        host"); the filter has a session of its own and ends at the server's last line."""
+        cmd = self.command()
+        if cuda_driver_present():
+            self._filter = None
+            return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        read, write = os.pipe()
+        try:
+            self._filter = subprocess.Popen(filter_command(), stdin=read, stdout=out, start_new_session=True)
+            return subprocess.Popen(cmd, stdout=write, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        except BaseException:
+            os.close(write)
+            write = -1
+            self._end_filter()
+            raise
+        finally:  # the server and its stubs hold the only write ends: the filter's input ends with them
+            os.close(read)
+            if write >= 0:
+                os.close(write)
+
+    def _end_filter(self, timeout_s: float = 5.0) -> None:
+        """Wait until the log filter has written the server's last line (its input ended with
+        the server's process group), then reap it; killed after ``timeout_s``."""
+        if self._filter is None:
+            return
+        try:
+            self._filter.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self._filter.kill()
+            self._filter.wait()
+        self._filter = None
 
     def _tail(self, lines: int = 30) -> str:
         if not self.log_path or not Path(self.log_path).is_file():
@@ -262,6 +307,7 @@ class TritonServer:
             if not _region_in_use(f):
                 with contextlib.suppress(OSError):
                     os.unlink(f)
+        self._end_filter()
         if self._log is not None:
             self._log.close()  # type: ignore[attr-defined]
         self.proc = None
