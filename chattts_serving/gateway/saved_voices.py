@@ -78,7 +78,8 @@ def _invalid(message: str, param: str) -> ApiError:
 
 
 def unavailable(exc: StoreUnavailable) -> ApiError:
-    """The 503 of a store that cannot be reached."""
+    """The 503 of a store that cannot be reached: that it is unavailable, and to try again
+    (where it is and what its driver said went to the log: ``voice_store_unavailable``)."""
     return ApiError(503, str(exc), SERVER_ERROR, code="voice_store_unavailable", kind=ErrorKind.UNAVAILABLE)
 
 

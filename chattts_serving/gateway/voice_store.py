@@ -13,22 +13,26 @@ The store is one table (:data:`VOICES`) through SQLAlchemy: SQLite by default (o
 nothing to install), PostgreSQL (``postgresql+psycopg://...``) for replicas behind an
 autoscaler. Every operation is one transaction; a duplicate name is refused by the primary
 key (so two replicas racing for a name cannot both win); a database that cannot be reached is
-:class:`StoreUnavailable` (503), never a partial write. Calls block: run them in a worker
-thread (:func:`anyio.to_thread.run_sync`).
+:class:`StoreUnavailable` (503), never a partial write: the client reads only that the store is
+unavailable, the log (a ``voice_store_unavailable`` JSON line) where it is and what the driver
+said. Calls block: run them in a worker thread (:func:`anyio.to_thread.run_sync`).
 """
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 import re
 import threading
 import time
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Final
 
 from sqlalchemy import Column, Float, MetaData, String, Table, Text, create_engine, delete, insert, select
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError, SQLAlchemyError
 
 ENV_VOICE_STORE: Final = "CHATTTS_VOICE_STORE"
@@ -41,6 +45,11 @@ KINDS: Final = ("recording", "spk_smp", "spk_emb", "seed")
 spk_emb string, or a seed."""
 CONNECT_TIMEOUT_S: Final = 5
 """How long a connection attempt to PostgreSQL may take before the store counts as unavailable."""
+UNAVAILABLE_MESSAGE: Final = "the voice store is unavailable; try again in a few seconds"
+"""What a client is told when the database cannot be reached: not where it is (user, host, port,
+database name are the operator's business, in the log)."""
+
+log = logging.getLogger("chattts_serving.gateway.voice_store")
 
 metadata = MetaData()
 VOICES: Final = Table(
@@ -65,7 +74,13 @@ class StoreError(Exception):
 
 
 class StoreUnavailable(StoreError):
-    """The database cannot be reached or refused the operation: nothing was written."""
+    """The database cannot be reached or refused the operation: nothing was written. The
+    message is the client's (:data:`UNAVAILABLE_MESSAGE`); ``location`` (the URL, password
+    masked) and ``detail`` (the driver's error) are the log's."""
+
+    def __init__(self, location: str = "", detail: str = "") -> None:
+        super().__init__(UNAVAILABLE_MESSAGE)
+        self.location, self.detail = location, detail
 
 
 class DuplicateVoice(StoreError):
@@ -120,6 +135,14 @@ def redact(url: str) -> str:
     return re.sub(r"(://[^:/@]+):[^@]*@", r"\1:***@", url)
 
 
+def event_line(event: str, level: str, **fields: Any) -> str:
+    """One structured log line in the form every part of the project writes
+    (``chattts_serving.serving.logs``, which the gateway's layer does not import)."""
+    ts = datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+    return json.dumps({"ts": ts, "level": level, "event": event, **fields}, ensure_ascii=True,
+                      separators=(",", ":"), default=str)
+
+
 class VoiceStore:
     """The saved voices in the database at ``url`` (a SQLAlchemy URL: ``sqlite:///path``,
     ``postgresql+psycopg://user:password@host:5432/db``).
@@ -143,7 +166,7 @@ class VoiceStore:
         self._ready = False
         self._lock = threading.Lock()
 
-    def _prepare(self) -> None:
+    def _prepare(self, operation: str) -> None:
         if self._ready:
             return
         with self._lock:
@@ -154,49 +177,59 @@ class VoiceStore:
             except IntegrityError:  # another replica created it at the same moment
                 pass
             except OperationalError as exc:
-                raise StoreUnavailable(self._why(exc)) from None
+                raise self._unavailable(exc, operation) from None
             except DBAPIError as exc:
                 if "already exists" not in str(exc):
-                    raise StoreUnavailable(self._why(exc)) from None
+                    raise self._unavailable(exc, operation) from None
             self._ready = True
 
-    def _why(self, exc: BaseException) -> str:
-        detail = str(getattr(exc, "orig", None) or exc).strip().splitlines()
-        return f"the voice store ({redact(self.url)}) is unavailable: {detail[0] if detail else type(exc).__name__}"
+    def _unavailable(self, exc: BaseException, operation: str) -> StoreUnavailable:
+        """The error for a client, after the log line for the operator: ``voice_store_unavailable``
+        with the store's location (password masked), the operation and the driver's first line."""
+        lines = str(getattr(exc, "orig", None) or exc).strip().splitlines()
+        detail = lines[0] if lines else type(exc).__name__
+        password = make_url(self.url).password
+        if password:
+            detail = detail.replace(str(password), "***")
+        error = StoreUnavailable(redact(self.url), detail)
+        log.error(event_line("voice_store_unavailable", "error", store=error.location, operation=operation,
+                             error=detail))
+        return error
 
-    def _run(self, work: Any) -> Any:
-        self._prepare()
+    def _run(self, operation: str, work: Any) -> Any:
+        self._prepare(operation)
         try:
             with self.engine.begin() as conn:
                 return work(conn)
         except IntegrityError:
             raise
         except SQLAlchemyError as exc:
-            raise StoreUnavailable(self._why(exc)) from None
+            raise self._unavailable(exc, operation) from None
 
     def add(self, voice: SavedVoice) -> SavedVoice:
         """Insert ``voice`` (its name lower-cased). Raises DuplicateVoice, StoreUnavailable."""
         row = {**voice.__dict__, "name": voice.name.lower(), "created_at": voice.created_at or time.time()}
         try:
-            self._run(lambda conn: conn.execute(insert(VOICES).values(**row)))
+            self._run("add", lambda conn: conn.execute(insert(VOICES).values(**row)))
         except IntegrityError:
             raise DuplicateVoice(f"a voice named {voice.name!r} exists already") from None
         return SavedVoice(**row)
 
     def get(self, name: str) -> SavedVoice | None:
         """The voice named ``name`` (case-insensitive), or None. Raises StoreUnavailable."""
-        row = self._run(lambda conn: conn.execute(select(VOICES).where(VOICES.c.name == name.strip().lower()))
+        row = self._run("get", lambda conn: conn.execute(select(VOICES).where(VOICES.c.name == name.strip().lower()))
                         .mappings().first())
         return SavedVoice(**row) if row is not None else None
 
     def list(self) -> list[SavedVoice]:
         """Every saved voice, by name. Raises StoreUnavailable."""
-        rows = self._run(lambda conn: conn.execute(select(VOICES).order_by(VOICES.c.name)).mappings().all())
+        rows = self._run("list", lambda conn: conn.execute(select(VOICES).order_by(VOICES.c.name)).mappings().all())
         return [SavedVoice(**r) for r in rows]
 
     def delete(self, name: str) -> bool:
         """Remove the voice named ``name``; whether it existed. Raises StoreUnavailable."""
-        result = self._run(lambda conn: conn.execute(delete(VOICES).where(VOICES.c.name == name.strip().lower())))
+        result = self._run("delete",
+                           lambda conn: conn.execute(delete(VOICES).where(VOICES.c.name == name.strip().lower())))
         return bool(result.rowcount)
 
     def close(self) -> None:
