@@ -32,8 +32,9 @@ Kubernetes secret), requests need the header ``chattts-inference-key`` (gRPC met
 (gateway, probe, load tools) must be given the same key. Triton refuses an API group named in two
 restrictions, so the key has a group of its own; two groups may use the same header name.
 
-``chattts-tritonserver [tritonserver arguments]`` runs ``tritonserver`` (``$CHATTTS_TRITONSERVER``,
-default the one on PATH) with the restriction flags added: the Docker image's command.
+``chattts-tritonserver [tritonserver arguments]`` (:mod:`.container`, the Docker image's
+command) runs ``tritonserver`` (``$CHATTTS_TRITONSERVER``, default the one on PATH) with the
+restriction flags added.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-from ..client.keys import INFERENCE_HEADER, inference_key_from_env
+from ..client.keys import INFERENCE_HEADER
 
 ADMIN_HEADER = "chattts-admin-token"
 """HTTP header that carries the admin token (lowercase: also the base of the gRPC key)."""
@@ -150,33 +151,3 @@ def http_headers(token: str | None) -> dict[str, str]:
 def grpc_headers(token: str | None) -> dict[str, str]:
     """Metadata for an admin call over gRPC (``tritonclient.grpc``'s ``headers=``; none without a token)."""
     return {GRPC_ADMIN_HEADER: token} if token else {}
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``chattts-tritonserver``: exec tritonserver with ``argv`` and the restriction flags (the
-    inference key's too, when one is configured)."""
-    args = sys.argv[1:] if argv is None else argv
-    prog = "chattts-tritonserver"
-    if any(a.startswith(("--http-restricted-api", "--grpc-restricted-protocol")) for a in args):
-        print(f"{prog}: error: the admin API restriction is added here; do not pass it", file=sys.stderr)
-        return 2
-    try:
-        token = token_from_env()
-        key = inference_key_from_env()
-    except (ValueError, OSError) as exc:
-        print(f"{prog}: error: {exc}", file=sys.stderr)
-        return 2
-    if token is None:
-        token = new_token()
-        publish(prog, token)
-    binary = os.environ.get(TRITONSERVER_ENV) or "tritonserver"
-    try:
-        os.execvp(binary, [binary, *args, *restriction_args(token), *inference_restriction_args(key)])
-    except OSError as exc:
-        print(f"{prog}: error: cannot run {binary}: {exc}", file=sys.stderr)
-        return 127
-    return 0  # not reached: exec replaced the process
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -136,6 +136,29 @@ def _ready(http_port: int, metrics_port: int, host: str = LOOPBACK) -> bool:
         return False
 
 
+def stub_processes(server_pid: int) -> dict[int, str]:
+    """The live Python-backend stub processes of the tritonserver ``server_pid``: process id ->
+    model (the model directory's name, e.g. ``chattts_gpt``; one process per model instance).
+    Zombies (killed, not yet reaped) do not count; empty when the server is gone."""
+    try:
+        children = psutil.Process(server_pid).children()
+    except psutil.Error:
+        return {}
+    pids: dict[int, str] = {}
+    for child in children:
+        try:
+            if child.status() == psutil.STATUS_ZOMBIE:
+                continue
+            cmd = child.cmdline()
+        except psutil.Error:
+            continue
+        if not cmd or Path(cmd[0]).name != STUB_NAME:
+            continue
+        model_py = next((a for a in cmd[1:] if a.endswith("model.py")), None)
+        pids[child.pid] = Path(model_py).parent.parent.name if model_py else "?"
+    return pids
+
+
 class TritonServer:
     """A tritonserver process on a model repository; a context manager.
 
@@ -195,18 +218,10 @@ class TritonServer:
                 "--disable-auto-complete-config", f"--exit-timeout-secs={self.exit_timeout_s}",
                 "--log-verbose=0", *self._restriction, *cpu_host_args(), *self.extra_args]
 
-    def start(self, ready_timeout_s: float = 180.0) -> TritonServer:
-        """Start and wait until ready. Raises ServerError with the log's tail on failure, and at
-        once when a port is already taken."""
-        for port in (self.http_port, self.grpc_port, self.metrics_port):
-            family = socket.AF_INET6 if ":" in self.address else socket.AF_INET
-            with socket.socket(family) as s:
-                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                try:
-                    s.bind((self.address or "0.0.0.0", port))
-                except OSError as exc:
-                    why = "already in use (another server?)" if exc.errno == errno.EADDRINUSE else exc.strerror or exc
-                    raise ServerError(f"port {port} on {self.address or '0.0.0.0'}: {why}") from None
+    def environment(self) -> dict[str, str]:
+        """The server's environment: this one with this venv's ``bin/`` first on PATH (the
+        stubs run its ``python3``), the interpreter's libpython found, and, with ``sanitize``,
+        the sanitizer runtime preloaded. Raises ServerError when that runtime is missing."""
         env = dict(os.environ)
         env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
         env.setdefault("OMP_NUM_THREADS", "1")
@@ -227,6 +242,21 @@ class TritonServer:
                 raise ServerError(str(exc)) from None
             env["ASAN_OPTIONS"] = "detect_leaks=0:abort_on_error=1:halt_on_error=1"
             env["UBSAN_OPTIONS"] = "print_stacktrace=1"
+        return env
+
+    def start(self, ready_timeout_s: float = 180.0) -> TritonServer:
+        """Start and wait until ready. Raises ServerError with the log's tail on failure, and at
+        once when a port is already taken."""
+        for port in (self.http_port, self.grpc_port, self.metrics_port):
+            family = socket.AF_INET6 if ":" in self.address else socket.AF_INET
+            with socket.socket(family) as s:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                try:
+                    s.bind((self.address or "0.0.0.0", port))
+                except OSError as exc:
+                    why = "already in use (another server?)" if exc.errno == errno.EADDRINUSE else exc.strerror or exc
+                    raise ServerError(f"port {port} on {self.address or '0.0.0.0'}: {why}") from None
+        env = self.environment()
         # The first start truncates the log; a restart appends, so the crash stays on record.
         out = open(self.log_path, "ab" if self.starts else "wb") if self.log_path else None  # noqa: SIM115
         self.starts += 1
@@ -319,28 +349,11 @@ class TritonServer:
         return self.start(ready_timeout_s)
 
     def stub_pids(self) -> dict[int, str]:
-        """Live Python-backend stub processes of this server: process id -> model (the model
-        directory's name, e.g. ``chattts_gpt``; one process per model instance). Empty when the
-        server is not running. Zombies (killed, not yet reaped) do not count."""
+        """Live Python-backend stub processes of this server (:func:`stub_processes`); empty
+        when the server is not running."""
         if self.proc is None or self.proc.poll() is not None:
             return {}
-        try:
-            children = psutil.Process(self.proc.pid).children()
-        except psutil.Error:
-            return {}
-        pids: dict[int, str] = {}
-        for child in children:
-            try:
-                if child.status() == psutil.STATUS_ZOMBIE:
-                    continue
-                cmd = child.cmdline()
-            except psutil.Error:
-                continue
-            if not cmd or Path(cmd[0]).name != STUB_NAME:
-                continue
-            model_py = next((a for a in cmd[1:] if a.endswith("model.py")), None)
-            pids[child.pid] = Path(model_py).parent.parent.name if model_py else "?"
-        return pids
+        return stub_processes(self.proc.pid)
 
     def stub_counts(self) -> Counter[str]:
         """Live stub processes per model (:meth:`stub_pids`)."""

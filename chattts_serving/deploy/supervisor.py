@@ -29,6 +29,11 @@ from .probe import IndexUnreadable, ProbeResult, model_states, probe
 from .server import ServerError, TritonServer
 
 
+class ServerStopped(ServerError):
+    """Raised by the restart of a server that is stopped for good instead (a container's, which
+    its orchestrator restarts: :mod:`chattts_serving.deploy.container`)."""
+
+
 @dataclass(frozen=True)
 class CheckResult:
     """One supervisor check: ``ok``, the ``reason`` when not ok ("ok" otherwise), whether the
@@ -151,7 +156,8 @@ class Supervisor:
     deadline ``health.probe_timeout_s``); ``health.failures`` failed probes in a row restart
     the server (clean stop, same ports). Every event is one JSON log line on stderr
     (:func:`chattts_serving.serving.logs.log_event`): ``supervisor_started``,
-    ``health_check_failed``, ``server_restarting``, ``server_restarted``, ``server_restart_failed``.
+    ``health_check_failed``, ``server_restarting``, ``server_restarted``, ``server_restart_failed``
+    (``server_stopped`` for a container's server, :class:`ServerStopped`).
 
     A model process that exits while the admin unloads or reloads its model (explicit model
     control) is no death: Triton's repository index then says UNLOADING or UNAVAILABLE, not
@@ -245,6 +251,9 @@ class Supervisor:
         t0 = time.monotonic()
         try:
             self.server.restart(stop_timeout_s=FATAL_STOP_TIMEOUT_S if result.fatal else 30.0)
+        except ServerStopped as exc:
+            log_event("server_stopped", level="error", component="supervisor", reason=result.reason, detail=str(exc))
+            raise
         except ServerError as exc:
             log_event("server_restart_failed", level="error", component="supervisor", error=str(exc).splitlines()[0])
             raise
@@ -266,6 +275,8 @@ class Supervisor:
             next_check = time.monotonic() + self.health.interval_s
             while not stop.is_set():
                 died = self._watch.wait(min(WAKE_S, max(0.0, next_check - time.monotonic())))
+                if stop.is_set():  # the server is being stopped on purpose: its processes exit
+                    break
                 if died:
                     self.step(with_probe=False)
                 elif time.monotonic() >= next_check:

@@ -169,7 +169,7 @@ def test_chattts_tritonserver_generates_prints_and_shares_a_token(tmp_path: Path
     stderr = tmp_path / "stderr"
     with stderr.open("w") as err:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "chattts_serving.deploy.admin", f"--model-repository={empty}",
+            [sys.executable, "-m", "chattts_serving.deploy.container", f"--model-repository={empty}",
              f"--http-port={http_port}", f"--grpc-port={grpc_port}", "--allow-metrics=false"],
             stdout=subprocess.DEVNULL, stderr=err, env=env, text=True)
     try:
@@ -185,8 +185,11 @@ def test_chattts_tritonserver_generates_prints_and_shares_a_token(tmp_path: Path
         assert refused.value.code == 403
         with urllib.request.urlopen(urllib.request.Request(url, headers=admin.http_headers(token)), timeout=10) as r:
             assert r.status == 200
+        proc.terminate()  # passed on to tritonserver's own graceful stop; its exit code is the command's
+        assert proc.wait(60) == 0
     finally:
-        proc.terminate()
-        proc.wait(30)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)
 
 

@@ -16,9 +16,13 @@ each error and to serving again are recorded in ``build/test/recovery.json``
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import glob
 import json
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -27,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx2 as httpx
+import psutil
 import pytest
 
 from chattts_serving import contract
@@ -34,15 +39,16 @@ from chattts_serving.bench.run import machine_info
 from chattts_serving.client import ClientError, SynthesisRequest, synthesize_offline, synthesize_stream
 from chattts_serving.client.grpc_stream import iter_parts
 from chattts_serving.client.sse import iter_sse_parts
-from chattts_serving.deploy.admin import ADMIN_HEADER
-from chattts_serving.deploy.server import TritonServer
+from chattts_serving.deploy.admin import ADMIN_HEADER, TOKEN_ENV, TRITONSERVER_ENV
+from chattts_serving.deploy.container import EXIT_MODEL_DIED
+from chattts_serving.deploy.server import SHM_GLOB, TritonServer, stub_processes
 from chattts_serving.deploy.supervisor import WAKE_S, Supervisor, supervised
 from chattts_serving.errors import ErrorKind
 from chattts_serving.gateway import GatewaySettings
 from chattts_serving.gateway.ws import WS_PATH
 from chattts_serving.runtime import Artifacts
 from chattts_serving.serving.profile import HealthProfile
-from tests.support.servers import BUILD, running_gateway, serve_profile, wait_until
+from tests.support.servers import BUILD, profile_server, running_gateway, serve_profile, wait_until
 
 websockets = pytest.importorskip("websockets")
 
@@ -220,6 +226,14 @@ ARTIFACTS_ENV = "CHATTTS_RECOVERY_ARTIFACTS"
 ones, whose times then go to ``results/recovery.json``)."""
 
 
+LONG_STREAMS: dict[str, dict[str, Any]] = {
+    "entry": {"stall_timeout_s": STALL_TIMEOUT_S},
+    "engine": {"max_new_tokens_cap": TOKENS, "max_context_tokens": 4096},
+    "stream": {"growth": 1.0, "first_chunk_tokens": 2, "max_chunk_tokens": 2, "emit_tokens": 2}}
+"""Profile changes under which a stream of thousands of tokens stays in flight for seconds
+(many small chunks, each a vocoder call) and only the fast path can end it in time."""
+
+
 @pytest.fixture(scope="module")
 def rig(small_artifacts: Artifacts, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
     """One server for the module, restarted by its supervisor after each kill; many small
@@ -227,10 +241,7 @@ def rig(small_artifacts: Artifacts, tmp_path_factory: pytest.TempPathFactory) ->
     chosen = os.environ.get(ARTIFACTS_ENV)
     artifacts = Artifacts.load(Path(chosen)) if chosen else small_artifacts
     out = Path("results/recovery.json") if chosen else BUILD / "recovery.json"
-    srv = serve_profile(artifacts, tmp_path_factory.mktemp("part-dies"),
-                        entry={"stall_timeout_s": STALL_TIMEOUT_S},
-                        engine={"max_new_tokens_cap": TOKENS, "max_context_tokens": 4096},
-                        stream={"growth": 1.0, "first_chunk_tokens": 2, "max_chunk_tokens": 2, "emit_tokens": 2})
+    srv = serve_profile(artifacts, tmp_path_factory.mktemp("part-dies"), **LONG_STREAMS)
     srv.expect_fatal = True  # its stubs are killed on purpose: Triton may abort with one
     health = HealthProfile(interval_s=5.0, failures=3, probe_every=0, probe_timeout_s=30.0)
     try:
@@ -405,3 +416,46 @@ def test_while_a_server_stops_and_starts_or_reloads_its_door_every_door_says_una
         srv.stop()
     assert restarted > 0 and len(probes.failures) > restarted, "the probes never met the restart or the reload"
     assert not probes.wrong, probes.wrong
+
+
+def test_in_a_container_a_dead_model_process_stops_the_server_and_its_command_exits_70(
+        small_artifacts: Artifacts, tmp_path: Path) -> None:
+    """The image's command (``chattts-tritonserver``) watches its model processes itself: the
+    GPT engine's killed, the stream in flight ends with a retryable error, tritonserver is
+    stopped and the command exits :data:`~chattts_serving.deploy.container.EXIT_MODEL_DIED`
+    for the orchestrator to restart the container."""
+    srv = profile_server(small_artifacts, tmp_path, **LONG_STREAMS)
+    binary, *args = srv.command()
+    args = [a for a in args if not a.startswith(("--http-restricted-api", "--grpc-restricted-protocol"))]
+    env = {**srv.environment(), TRITONSERVER_ENV: binary, TOKEN_ENV: srv.admin_token}
+    regions = set(glob.glob(SHM_GLOB))
+    log = tmp_path / "container.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "chattts_serving.deploy.container", *args], env=env,
+                                stdout=out, stderr=subprocess.STDOUT)
+    try:
+        grpc = f"127.0.0.1:{srv.grpc_port}"
+
+        def watched() -> bool:
+            return proc.poll() is None and '"event":"supervisor_started"' in log.read_text(errors="replace")
+        assert wait_until(watched, 180), log.read_text()[-3000:]
+        assert Probes(grpc, "", "").grpc()
+        stream = Outcome("grpc").run(_grpc(grpc, contract.MODEL_STREAM))
+        assert stream.first_audio.wait(120) and not stream.done.is_set(), stream.error
+        server = psutil.Process(proc.pid).children()[0]
+        (engine,) = [p for p, m in stub_processes(server.pid).items() if m == contract.MODEL_ENGINE]
+        os.kill(engine, signal.SIGKILL)
+        assert stream.done.wait(HANG_BOUND_S), "the stream still waits after the engine died"
+        assert stream.error is not None and stream.retryable, stream.error
+        assert proc.wait(60) == EXIT_MODEL_DIED
+        assert not server.is_running() or server.status() == psutil.STATUS_ZOMBIE
+        events = [json.loads(line) for line in log.read_text().splitlines() if line.startswith('{"')]
+        stopped = [e for e in events if e.get("event") == "server_stopped"]
+        assert stopped and contract.MODEL_ENGINE in stopped[0]["reason"], events
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)
+        for region in set(glob.glob(SHM_GLOB)) - regions:  # a killed server's shared memory
+            with contextlib.suppress(OSError):
+                os.unlink(region)

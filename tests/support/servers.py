@@ -37,22 +37,28 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def serve_profile(artifacts: Artifacts, work: Path, profile: str = "cpu",
-                  prepare: Callable[[Path], None] | None = None, **changes: dict[str, Any]) -> TritonServer:
-    """A started tritonserver over ``artifacts`` with the profile ``profile`` (``profiles/<name>.toml``)
-    changed by table (``entry={"max_concurrent_streams": 1}``), its repository (``work/repo``),
-    build folder and log under ``work``, on free ports; ``prepare(work)`` runs after the
-    repository is rendered and before the server starts (a test's own model beside the others).
-    The caller stops it. Every test that starts a server starts it here."""
+def profile_server(artifacts: Artifacts, work: Path, profile: str = "cpu",
+                   prepare: Callable[[Path], None] | None = None, **changes: dict[str, Any]) -> TritonServer:
+    """A tritonserver, not started, over ``artifacts`` with the profile ``profile``
+    (``profiles/<name>.toml``) changed by table (``entry={"max_concurrent_streams": 1}``), its
+    repository (``work/repo``), build folder and log under ``work``, on free ports;
+    ``prepare(work)`` runs after the repository is rendered (a test's own model beside the
+    others)."""
     data = tomllib.loads((PROFILES_DIR / f"{profile}.toml").read_text())
     for table, values in changes.items():
         data[table].update(values)
     render_repository(Profile.model_validate(data), artifacts.root, work / "repo")
     if prepare is not None:
         prepare(work)
-    srv = TritonServer(work / "repo", http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
-                       log_path=work / "tritonserver.log", build_dir=work / "build")
-    return srv.start()
+    return TritonServer(work / "repo", http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
+                        log_path=work / "tritonserver.log", build_dir=work / "build")
+
+
+def serve_profile(artifacts: Artifacts, work: Path, profile: str = "cpu",
+                  prepare: Callable[[Path], None] | None = None, **changes: dict[str, Any]) -> TritonServer:
+    """:func:`profile_server`, started. The caller stops it. Every test that starts a server
+    through Python starts it here."""
+    return profile_server(artifacts, work, profile, prepare, **changes).start()
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ def test_the_tests_cover_every_restricted_group() -> None:
 
 
 def test_chattts_tritonserver_refuses_bad_tokens_and_its_own_flags(tmp_path: Path) -> None:
-    base = [sys.executable, "-m", "chattts_serving.deploy.admin", "--model-repository=/nonexistent"]
+    base = [sys.executable, "-m", "chattts_serving.deploy.container", "--model-repository=/nonexistent"]
     env = {k: v for k, v in os.environ.items() if k != admin.TOKEN_FILE_ENV}
     for extra, token, message in (([], "short", "at least 16 characters"),
                                   ([], "has a space in it, sixteen+", "printable ASCII without spaces"),

@@ -306,7 +306,7 @@ def test_dockerfile_builds_the_server_on_pinned_triton_as_a_non_root_user() -> N
     # the command is this package's admin-restricting launcher, installed by the editable install
     tomllib = pytest.importorskip("tomllib", reason="Python 3.11+ reads pyproject.toml")
     scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
-    assert scripts[SERVER_COMMAND[0]] == "chattts_serving.deploy.admin:main"
+    assert scripts[SERVER_COMMAND[0]] == "chattts_serving.deploy.container:main"
     assert set(serve["EXPOSE"].split()) == {"8000", "8001", "8002", "8080"}
     # The deep probe (Triton 2.51 stays ready when a model's process dies), exec form.
     healthcheck = serve["HEALTHCHECK"]
