@@ -172,7 +172,7 @@ def probe(http_url: str = DEFAULT_HTTP_URL, grpc_url: str = DEFAULT_GRPC_URL, ti
     endpoint), all checks within ``timeout_s`` seconds in total. ``admin_token`` is sent with
     the repository index (default: :func:`chattts_serving.deploy.admin.token_from_env`),
     ``inference_key`` with the synthesis (default: the configured one,
-    :func:`chattts_serving.deploy.admin.inference_key_from_env`).
+    :func:`chattts_serving.client.keys.inference_key_from_env`).
 
     ``synthesis=False`` skips the synthesis (live, ready and model states only). Never raises
     for a server fault: unreachable ports, error statuses and failed or timed-out syntheses

@@ -1,8 +1,9 @@
-"""The supervisor of ``chattts-serve``: restarts a :class:`~chattts_serving.deploy.server.TritonServer`
-whose model process died, whose process exited or crashed, or that stopped serving.
+"""The supervisor of ``chattts-serve`` and of the image's command: restarts a
+:class:`~chattts_serving.deploy.server.TritonServer` whose model process died, whose process
+exited or crashed, or that stopped serving.
 
-Triton 2.51 neither restarts a dead Python-backend stub of a decoupled model nor reports it in
-its health (docs/triton-workarounds.md, "stuck model, nobody says so"): the streams that stub
+Triton 2.51 neither restarts a dead Python-backend stub (of any model) nor reports it in its
+health (docs/triton-workarounds.md, "stuck model, nobody says so"): the streams that stub
 served would wait until a stall timeout. The supervisor therefore watches every stub process
 and the server process through Linux process file descriptors (``pidfd_open``), so a death is
 seen the moment it happens, not at the next check; it then gives the server

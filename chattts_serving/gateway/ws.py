@@ -39,6 +39,7 @@ import contextlib
 import dataclasses
 import functools
 import hmac
+import itertools
 import json
 import logging
 import time
@@ -224,6 +225,8 @@ class SpeechStream:
         self.drain = drain if drain is not None else Drain()
         """The gateway's drain (:mod:`.drain`): no start once it began, an end with 1012 once it expired."""
         self.request_id = uuid.uuid4().hex
+        self._checks = itertools.count()
+        """Configurations checked so far (a vLLM-Omni session may be configured again)."""
         self.splitter = SentenceSplitter(min(cfg.ws_max_sentence_chars, cfg.max_input_chars))
         self.sentences: asyncio.Queue[tuple[str, float] | None] = asyncio.Queue(MAX_QUEUED_SENTENCES)
         self.jobs: asyncio.Queue[_Sentence | None] = asyncio.Queue()
@@ -345,7 +348,9 @@ class SpeechStream:
     async def _validate(self, probe: SynthesisRequest) -> None:
         """Have the server check the start's fields (a ``validate_only`` request: nothing is
         generated). Raises ApiError with the server's verdict (invalid: 1007; busy: 1013)."""
-        request = dataclasses.replace(probe, request_id=f"{self.request_id}-start", validate_only=True)
+        check = next(self._checks)
+        suffix = "start" if check == 0 else f"config-{check}"  # every request id of the server's log unique
+        request = dataclasses.replace(probe, request_id=f"{self.request_id}-{suffix}", validate_only=True)
         try:
             async with contextlib.aclosing(self.client.stream(
                     request, idle_timeout_s=self.cfg.stream_idle_timeout_s,

@@ -105,6 +105,11 @@ def _get(url: str, headers: dict[str, str] | None = None) -> int:
         return int(exc.code)
 
 
+CORE_QUIRK = "Internal error from Core"
+"""What Triton 2.51 sometimes answers a gRPC stream it refuses for its key instead of the
+refusal (docs/operations.md, "Who can reach what"); a later request gets the refusal."""
+
+
 def _refused(exc: ClientError, sent: bool) -> None:
     assert exc.message.startswith("inference key required"), exc.message
     assert ("refused the key this client sent" in exc.message) == sent, exc.message
@@ -183,10 +188,13 @@ def test_the_aio_client_and_the_admission_watch_send_the_key(keyed: Server) -> N
         watches = [AdmissionWatch(keyed.grpc_url, inference_key=k, retry_s=0.2) for k in ("", KEY)]
         try:
             assert await bare.ready(10), "health needs no key"
-            with pytest.raises(ClientError) as refused:
-                async for _ in bare.stream(REQUEST, idle_timeout_s=60):
-                    pass
-            _refused(refused.value, sent=False)
+            answers: list[ClientError] = []
+            while len(answers) < 5 and (not answers or answers[-1].message == CORE_QUIRK):
+                with pytest.raises(ClientError) as refused:
+                    async for _ in bare.stream(REQUEST, idle_timeout_s=60):
+                        pass
+                answers.append(refused.value)
+            _refused(answers[-1], sent=False)  # never served; the quirk at most before the refusal
             parts = [p async for p in keyed_client.stream(REQUEST, idle_timeout_s=60)]
             assert sum(p.audio.size for p in parts) > 0
             for w in watches:
@@ -220,7 +228,9 @@ def test_the_gateway_sends_its_inference_key_setting(keyed: Server) -> None:
     # it refuses at the same time (here the admission watch's subscription and the first request)
     # with "Internal error from Core" but one: the next request alone gets the plain refusal.
     with running_gateway(GatewaySettings(triton_url=keyed.grpc_url, voices_file=None)) as url:
-        answers = [httpx.post(f"{url}/v1/audio/speech", json=body, timeout=60) for _ in range(2)]
+        answers = [httpx.post(f"{url}/v1/audio/speech", json=body, timeout=60)]
+        while len(answers) < 5 and CORE_QUIRK in answers[-1].text:
+            answers.append(httpx.post(f"{url}/v1/audio/speech", json=body, timeout=60))
         assert all(r.status_code == 500 for r in answers), [r.text for r in answers]
         assert "inference key required" in answers[-1].json()["error"]["message"], answers[-1].text
 
