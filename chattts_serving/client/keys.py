@@ -40,14 +40,20 @@ class InferenceKeyError(ValueError):
     """The configured inference key is unusable (too short, or characters a header cannot carry)."""
 
 
+def check_secret(value: str, what: str, source: str, error: type[ValueError] = ValueError) -> str:
+    """``value`` when it can be a shared secret in a header (at least :data:`MIN_KEY_CHARS`
+    printable ASCII characters without spaces: valid in HTTP headers and gRPC metadata);
+    raises ``error`` naming ``source`` and ``what`` (e.g. "the inference key") otherwise."""
+    if len(value) < MIN_KEY_CHARS:
+        raise error(f"{source}: {what} must have at least {MIN_KEY_CHARS} characters, got {len(value)}")
+    if not _KEY.fullmatch(value):
+        raise error(f"{source}: {what} may hold only printable ASCII without spaces")
+    return value
+
+
 def check_key(key: str, source: str = INFERENCE_KEY_ENV) -> str:
     """``key`` when it is usable as a header value; raises InferenceKeyError naming ``source``."""
-    if len(key) < MIN_KEY_CHARS:
-        raise InferenceKeyError(f"{source}: the inference key must have at least {MIN_KEY_CHARS} characters, "
-                                f"got {len(key)}")
-    if not _KEY.fullmatch(key):
-        raise InferenceKeyError(f"{source}: the inference key may hold only printable ASCII without spaces")
-    return key
+    return check_secret(key, "the inference key", source, InferenceKeyError)
 
 
 def inference_key_from_env(environ: Mapping[str, str] | None = None) -> str | None:

@@ -40,13 +40,12 @@ restriction flags added.
 from __future__ import annotations
 
 import os
-import re
 import secrets
 import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-from ..client.keys import INFERENCE_HEADER
+from ..client.keys import INFERENCE_HEADER, check_secret
 
 ADMIN_HEADER = "chattts-admin-token"
 """HTTP header that carries the admin token (lowercase: also the base of the gRPC key)."""
@@ -66,8 +65,6 @@ DEFAULT_TOKEN_FILE = Path("~/.config/chattts/admin-token")
 """Where the token is read from when ``TOKEN_ENV`` is unset, and where a generated one is kept."""
 TRITONSERVER_ENV = "CHATTTS_TRITONSERVER"
 """Environment variable naming the ``tritonserver`` binary ``chattts-tritonserver`` runs."""
-MIN_TOKEN_CHARS = 16
-_TOKEN = re.compile(r"[\x21-\x7e]+")  # printable ASCII without space: valid in HTTP headers and gRPC metadata
 
 
 class AdminTokenError(ValueError):
@@ -76,12 +73,7 @@ class AdminTokenError(ValueError):
 
 def check_token(token: str, source: str = TOKEN_ENV) -> str:
     """``token`` when it is usable as a header value; raises AdminTokenError naming ``source``."""
-    if len(token) < MIN_TOKEN_CHARS:
-        raise AdminTokenError(f"{source}: the admin token must have at least {MIN_TOKEN_CHARS} characters, "
-                              f"got {len(token)}")
-    if not _TOKEN.fullmatch(token):
-        raise AdminTokenError(f"{source}: the admin token may hold only printable ASCII without spaces")
-    return token
+    return check_secret(token, "the admin token", source, AdminTokenError)
 
 
 def token_file(environ: Mapping[str, str] | None = None) -> Path:

@@ -65,6 +65,8 @@ its number of sentences."""
 STUB_KINDS = (contract.MODEL_ENGINE, contract.MODEL_STREAM_ENTRY, contract.MODEL_FRONTEND, contract.MODEL_VOCODER,
               contract.MODEL_VOCODER_CODES, contract.MODEL_ENSEMBLE_VOCODER, contract.MODEL_OFFLINE_ENTRY)
 RESULTS: dict[str, Any] = {}
+RETRYABLE_CODES = ("backend_unavailable", "server_busy", "server_shutting_down")
+"""The gateway's error codes that tell a client to retry (503s)."""
 
 
 @dataclass
@@ -149,7 +151,7 @@ def _gateway_sse(url: str) -> Callable[[Outcome], None]:
                     o.first_audio.set()
                 elif event["type"] == "error":
                     o.error = json.dumps(event)
-                    o.retryable = event["error"]["code"] in ("backend_unavailable", "server_busy")
+                    o.retryable = event["error"]["code"] in RETRYABLE_CODES
                     return
     return body
 
@@ -158,33 +160,14 @@ def _ws_url(url: str) -> str:
     return url.replace("http", "ws", 1) + WS_PATH
 
 
-def _gateway_ws(url: str) -> Callable[[Outcome], None]:
+def _websocket(url: str, messages: list[dict[str, Any]]) -> Callable[[Outcome], None]:
+    """A WebSocket utterance of either dialect: ``messages`` sent, binary frames as audio, the
+    first ``error`` event recorded (retryable as the event says, or by its code), until the
+    session ends or the socket closes."""
     async def main(o: Outcome) -> None:
         async with websockets.connect(_ws_url(url), max_size=None) as ws:
-            await ws.send(json.dumps({"type": "start", "voice": "alloy", "seed": 3, "max_new_tokens": TOKENS,
-                                      "min_new_tokens": TOKENS}))
-            await ws.send(json.dumps({"type": "text", "text": TEXT}))
-            await ws.send(json.dumps({"type": "end"}))
-            try:
-                async for msg in ws:
-                    if isinstance(msg, bytes):
-                        o.first_audio.set()
-                        continue
-                    event = json.loads(msg)
-                    if event["type"] == "error":
-                        o.error, o.retryable = json.dumps(event), bool(event.get("retryable"))
-            except websockets.ConnectionClosed as closed:
-                o.error = o.error or f"closed {closed.rcvd.code if closed.rcvd else None}"
-    return lambda o: asyncio.run(main(o))
-
-
-def _gateway_omni(url: str) -> Callable[[Outcome], None]:
-    async def main(o: Outcome) -> None:
-        async with websockets.connect(_ws_url(url), max_size=None) as ws:
-            await ws.send(json.dumps({"type": "session.config", "voice": "alloy", "response_format": "pcm",
-                                      "stream_audio": True}))
-            await ws.send(json.dumps({"type": "input.text", "text": LONG_TEXT}))
-            await ws.send(json.dumps({"type": "input.done"}))
+            for message in messages:
+                await ws.send(json.dumps(message))
             try:
                 async for msg in ws:
                     if isinstance(msg, bytes):
@@ -193,12 +176,23 @@ def _gateway_omni(url: str) -> Callable[[Outcome], None]:
                     event = json.loads(msg)
                     if event["type"] == "error" and o.error is None:
                         o.error = json.dumps(event)
-                        o.retryable = event.get("code") in ("backend_unavailable", "server_busy")
+                        o.retryable = bool(event.get("retryable")) or event.get("code") in RETRYABLE_CODES
                     elif event["type"] == "session.done":
                         return
             except websockets.ConnectionClosed as closed:
                 o.error = o.error or f"closed {closed.rcvd.code if closed.rcvd else None}"
     return lambda o: asyncio.run(main(o))
+
+
+def _gateway_ws(url: str) -> Callable[[Outcome], None]:
+    return _websocket(url, [{"type": "start", "voice": "alloy", "seed": 3, "max_new_tokens": TOKENS,
+                             "min_new_tokens": TOKENS}, {"type": "text", "text": TEXT}, {"type": "end"}])
+
+
+def _gateway_omni(url: str) -> Callable[[Outcome], None]:
+    return _websocket(url, [{"type": "session.config", "voice": "alloy", "response_format": "pcm",
+                             "stream_audio": True}, {"type": "input.text", "text": LONG_TEXT},
+                            {"type": "input.done"}])
 
 
 @dataclass
@@ -256,7 +250,6 @@ def rig(small_artifacts: Artifacts, tmp_path_factory: pytest.TempPathFactory) ->
 
 
 SHORT = SynthesisRequest(text="恢复了。", max_new_tokens=4, min_new_tokens=4)
-RETRYABLE_CODES = ("backend_unavailable", "server_busy", "server_shutting_down")
 
 
 @dataclass
