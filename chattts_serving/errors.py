@@ -219,13 +219,16 @@ _BY_GRPC: Final = {"INVALID_ARGUMENT": ErrorKind.INVALID, "UNAVAILABLE": ErrorKi
                    "CANCELLED": ErrorKind.CANCELLED, "INTERNAL": ErrorKind.INTERNAL}
 
 
-TRITON_UNAVAILABLE: Final = ("Server not ready", "has no available versions", "is not healthy")
+TRITON_UNAVAILABLE: Final = ("Server not ready", "Server is stopping", "has no available versions", "is not ready",
+                             "is not healthy")
 """Parts of the untagged messages with which Triton 2.51 itself answers while a server stops
-("Server not ready"), while a model is (re)loaded or unloaded ("Request for unknown model:
-'chattts' has no available versions") and when a model's process died ("Stub process
-'chattts_gpt_0_0' is not healthy."): each passes once the server (or its supervisor's
-restart) is done, so each is UNAVAILABLE, retryable, whatever transport status it came with
-(INTERNAL or NOT_FOUND in 2.51)."""
+("Server not ready"; "Server is stopping, scheduler for model has stopped accepting new
+inference requests"), while a model is (re)loaded or unloaded ("Request for unknown model:
+'chattts' has no available versions"; a BLS call to it: "Model 'chattts_vocoder' is not
+ready.") and when a model's process died ("Stub process 'chattts_gpt_0_0' is not healthy."):
+each passes once the server (or its supervisor's restart, or the admin's load) is done, so
+each is UNAVAILABLE, retryable, whatever transport status it came with (INTERNAL or NOT_FOUND
+in 2.51)."""
 
 
 def untagged_kind(message: str, status: int | str | None) -> ErrorKind | None:

@@ -30,7 +30,7 @@ import tritonclient.grpc.aio as grpcaio
 from tritonclient.utils import InferenceServerException
 
 from .. import contract
-from .common import TIMEOUT, ClientError, StreamPart, SynthesisRequest
+from .common import LOST_CONNECTION, TIMEOUT, ClientError, StreamPart, SynthesisRequest
 from .grpc_stream import grpc_inputs, response_part
 from .keys import grpc_metadata, key_error, resolve_key
 
@@ -88,10 +88,13 @@ class AioStreamClient:
         """Close the channel; streams still open fail."""
         await self._client.close()
 
-    async def ready(self, timeout_s: float) -> bool:
-        """Whether Triton answers ready within ``timeout_s`` seconds (never raises)."""
+    async def ready(self, timeout_s: float, model: str | None = None) -> bool:
+        """Whether Triton answers ready within ``timeout_s`` seconds, and so does ``model``
+        when one is named (a model unloaded by the admin leaves the server ready); never raises."""
         try:
-            return bool(await self._client.is_server_ready(client_timeout=timeout_s))
+            if not await self._client.is_server_ready(client_timeout=timeout_s):
+                return False
+            return model is None or bool(await self._client.is_model_ready(model, client_timeout=timeout_s))
         except (InferenceServerException, grpc.RpcError, OSError):
             return False
 
@@ -133,7 +136,9 @@ class AioStreamClient:
         codes = result.as_numpy(contract.FE_PROMPT_CODES.name)
         return np.zeros((0, contract.NUM_VQ), np.int32) if codes is None else np.asarray(codes, np.int32)
 
-    def _error(self, exc: BaseException) -> ClientError:
+    def _error(self, exc: BaseException, streaming: bool = False) -> ClientError:
+        """The :class:`ClientError` of a failed call; ``streaming``: it ended a stream that had
+        begun (a lost connection then says so, not that none could be made)."""
         if isinstance(exc, grpc.aio.AioRpcError):
             status, message = str(exc.code()), exc.details() or str(exc.code())
         elif isinstance(exc, InferenceServerException):
@@ -144,7 +149,8 @@ class AioStreamClient:
         if refused is not None:
             return refused
         if status == str(grpc.StatusCode.UNAVAILABLE):
-            return ClientError(f"cannot reach {self.url}: {message}", status, connection=True)
+            what = LOST_CONNECTION if streaming else "cannot reach"
+            return ClientError(f"{what} {self.url}: {message}", status, connection=True)
         return ClientError(message, status)
 
     async def stream(self, request: SynthesisRequest, *, idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S,
@@ -173,7 +179,7 @@ class AioStreamClient:
 
         call = self._client.stream_infer(one_request(), headers=self.metadata)
         deadline = None if max_duration_s is None else time.monotonic() + max_duration_s
-        finished = False
+        finished = received = False
         try:
             while True:
                 wait_s = idle_timeout_s
@@ -190,10 +196,11 @@ class AioStreamClient:
                                           TIMEOUT) from None
                     raise ClientError(f"no response from {self.url} for {idle_timeout_s:g} s", TIMEOUT) from None
                 except (grpc.aio.AioRpcError, InferenceServerException) as exc:
-                    raise self._error(exc) from None
+                    raise self._error(exc, streaming=received) from None
                 if error is not None:
                     finished = True  # an error ends the request on the server
-                    raise self._error(error)
+                    raise self._error(error, streaming=received)
+                received = True
                 part, final = response_part(result)
                 if part.audio.size or part.info:
                     yield part

@@ -33,13 +33,15 @@ class ClientError(Exception):
     error is about ``voice``), else None; ``status`` is the HTTP status code (int), the gRPC
     status name (str, e.g. ``"StatusCode.INVALID_ARGUMENT"``), ``"timeout"`` for a client-side
     timeout, or None when unknown. ``connection`` is True when the server could not be
-    reached at all.
+    reached at all, or went away mid-stream (kind UNAVAILABLE then).
     """
 
     def __init__(self, message: str, status: int | str | None = None, connection: bool = False) -> None:
         tagged = decode_tagged(message)
         kind = tagged.kind
-        if kind is None:
+        if kind is None and connection:
+            kind = ErrorKind.UNAVAILABLE  # no server to say busy: it is down, stopping or restarting
+        elif kind is None:
             kind = ErrorKind.DEADLINE if status == TIMEOUT else untagged_kind(tagged.message, status)
         super().__init__(tagged.message)
         self.message = tagged.message

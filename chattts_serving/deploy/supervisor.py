@@ -236,8 +236,11 @@ class Supervisor:
 
     def step(self, with_probe: bool | None = None) -> bool:
         """One check (with the deep probe when the policy says so, or as ``with_probe`` says),
-        and a restart when the policy calls for one; True when it restarted. Raises ServerError
-        when the restart fails."""
+        and a restart when the policy calls for one; True when it restarted or tried to. A
+        restart that fails (a model that dies again while it loads, a port taken) is logged and
+        tried again at the next check, every ``health.interval_s``: the supervisor never gives
+        up on its server. Raises :class:`ServerStopped` when the server's restart stops it for
+        good (a container's)."""
         result = self.check(self.policy.probe_due() if with_probe is None else with_probe)
         if result.ok:
             self.policy.record(result)
@@ -255,9 +258,10 @@ class Supervisor:
         except ServerStopped as exc:
             log_event("server_stopped", level="error", component="supervisor", reason=result.reason, detail=str(exc))
             raise
-        except ServerError as exc:
-            log_event("server_restart_failed", level="error", component="supervisor", error=str(exc).splitlines()[0])
-            raise
+        except ServerError as exc:  # tried again at the next check: its server is not running
+            log_event("server_restart_failed", level="error", component="supervisor", error=str(exc).splitlines()[0],
+                      retry_in_s=self.health.interval_s)
+            return True
         self.restarts += 1
         self.baseline()
         log_event("server_restarted", component="supervisor", reason=result.reason, restarts=self.restarts,
@@ -266,7 +270,7 @@ class Supervisor:
 
     def run(self, stop: threading.Event | None = None) -> None:
         """Check every ``interval_s`` seconds, and at once when a watched process exits, until
-        ``stop`` is set (forever without one). Raises ServerError when a restart fails."""
+        ``stop`` is set (forever without one). Raises :class:`ServerStopped` as :meth:`step`."""
         stop = stop or threading.Event()
         self.baseline()
         log_event("supervisor_started", component="supervisor", interval_s=self.health.interval_s,
@@ -290,22 +294,17 @@ class Supervisor:
 
 
 def supervise(server: TritonServer, health: HealthProfile, stop: threading.Event | None = None) -> None:
-    """Run a :class:`Supervisor` over the (started) ``server`` until ``stop`` is set. Raises
-    ServerError when a restart fails."""
+    """Run a :class:`Supervisor` over the (started) ``server`` until ``stop`` is set."""
     Supervisor(server, health).run(stop)
 
 
 @contextlib.contextmanager
 def supervised(server: TritonServer, health: HealthProfile) -> Iterator[Supervisor]:
     """A :class:`Supervisor` over the (started) ``server`` on a thread of its own for the
-    duration of the ``with`` block (``chattts-demo``); a failed restart is logged by it."""
+    duration of the ``with`` block (``chattts-demo``)."""
     stop = threading.Event()
     sup = Supervisor(server, health)
-
-    def run() -> None:
-        with contextlib.suppress(ServerError):  # logged as server_restart_failed
-            sup.run(stop)
-    thread = threading.Thread(target=run, name="supervisor", daemon=True)
+    thread = threading.Thread(target=sup.run, args=(stop,), name="supervisor", daemon=True)
     thread.start()
     try:
         yield sup

@@ -287,9 +287,12 @@ struct Board {
   std::map<std::string, const Gate*> gates;  // guarded by mu
 };
 
+// Never destroyed: when Triton's exit timeout expires, tritonserver calls exit() while a model
+// may still be unloading on another thread, and a static Board would be torn down under that
+// thread's ModelFinalize (a segmentation fault in the map's erase, seen at such stops).
 Board& TheBoard() {
-  static Board board;
-  return board;
+  static Board* board = new Board();
+  return *board;
 }
 
 void Announce() {

@@ -34,6 +34,7 @@ from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from .. import contract
 from ..audio import formats as audio_format
 from ..client import AioStreamClient, ClientError
 from ..client.admission_watch import AdmissionWatch
@@ -55,7 +56,6 @@ from .speech import (
     output_format,
     reference_recording,
     sentence_event,
-    sse_event,
 )
 from .voice_store import NAME_PATTERN, StoreUnavailable, VoiceStore
 from .ws import WS_PATH, Close, error_fields, event, page_html
@@ -204,12 +204,13 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
 
     @app.get("/health")
     async def health() -> JSONResponse:
-        """Readiness: 200 when Triton answers ready within ``health_timeout_s``, else 503; 503
+        """Readiness: 200 when Triton and its streaming door (``chattts``, which may be unloaded
+        while the server stays ready) answer ready within ``health_timeout_s``, else 503; 503
         ``draining`` at once while the gateway drains (a load balancer stops routing to it)."""
         if drain.draining:
             return JSONResponse({"status": "draining", "streams_in_flight": live["streams"]}, status_code=503,
                                 headers={"Retry-After": str(cfg.retry_after_s)})
-        ready = await clients["triton"].ready(cfg.health_timeout_s)
+        ready = await clients["triton"].ready(cfg.health_timeout_s, model=contract.MODEL_STREAM)
         body: dict[str, Any] = {"status": "ok" if ready else "unavailable",
                                 "triton": "ready" if ready else "not ready", "triton_url": cfg.triton_url,
                                 "streams_in_flight": live["streams"]}
@@ -463,8 +464,7 @@ class _Relay:
                 log.warning("request %s: stream %s after audio started: [%s] %s", self.request_id,
                             "ended by the drain" if drained else "failed", error.kind.value, error.message)
                 if self.sse:
-                    yield sse_event({"type": "error", **error.body(), "retryable": True}) if drained \
-                        else error_event(error)
+                    yield error_event(error)  # the drain's shutting_down() is a 503: retryable
                     return
                 self.cut_error = error
                 raise StreamCut(error.message)

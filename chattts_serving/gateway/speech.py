@@ -410,5 +410,7 @@ def sentence_event(timing: SentenceTiming) -> bytes:
 
 
 def error_event(error: ApiError) -> bytes:
-    """An ``error`` event ending an SSE stream that failed after it started."""
-    return sse_event({"type": "error", **error.body()})
+    """An ``error`` event ending an SSE stream that failed after it started: OpenAI's error
+    object and ``retryable`` (true for a 503: the server was busy, stopping, restarting or
+    failing, and the same request may succeed later or elsewhere)."""
+    return sse_event({"type": "error", **error.body(), "retryable": error.status == 503})

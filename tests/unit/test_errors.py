@@ -80,6 +80,8 @@ class _TritonError:
     ("Stub process 'chattts_gpt_0_0' is not healthy.", ErrorKind.UNAVAILABLE, "a model process is unavailable"),
     ("Request for unknown model: 'chattts_vocoder' has no available versions", ErrorKind.UNAVAILABLE,
      "a model process is unavailable"),
+    ("Model chattts_vocoder - Error when running inference: Failed for execute the inference request. Model "
+     "'chattts_vocoder' is not ready.", ErrorKind.UNAVAILABLE, "a model process is unavailable"),
     ("Request for unknown model: 'chattts_nope' is not found", ErrorKind.INTERNAL, ""),
     ("onnxruntime: bad shape", ErrorKind.INTERNAL, ""),
     (RequestError("text is empty: Server not ready", ErrorKind.INVALID).wire(), ErrorKind.INVALID, ""),

@@ -172,16 +172,21 @@ def test_supervisor_restarts_when_only_the_probe_fails(events: list[tuple[str, d
     assert "probe: synthesis" in events[0][1]["reason"] and events[0][1]["probed"] is True
 
 
-def test_supervisor_counts_a_dead_server_and_raises_when_the_restart_fails(
+def test_a_failed_restart_is_logged_and_tried_again_at_the_next_check(
         events: list[tuple[str, dict[str, Any]]]) -> None:
+    """A restart that fails (a model that dies again while it loads, a port taken) does not end
+    the supervisor: the next check finds the server still down and tries again."""
     fake = _FakeServer(fail_restart=True)
     sup = _supervisor(fake, [], failures=1)
     assert fake.proc is not None
     fake.proc.returncode = -9
-    with pytest.raises(ServerError):
-        sup.step()
+    assert sup.step() is True and fake.restarts == 0
     assert "exit code -9" in events[0][1]["reason"]
     assert [e for e, _ in events] == ["health_check_failed", "server_restarting", "server_restart_failed"]
+    assert events[-1][1]["retry_in_s"] == sup.health.interval_s
+    fake.fail_restart = False
+    assert sup.step() is True and fake.restarts == 1 and sup.restarts == 1
+    assert [e for e, _ in events][-2:] == ["server_restarting", "server_restarted"]
 
 
 def test_supervisor_restarts_a_dead_server_at_the_first_check_with_a_short_stop(

@@ -67,6 +67,8 @@ ERRORS = [
     (ClientError("Request for unknown model: 'chattts' has no available versions", 400), 503,
      "backend_unavailable", UNAV),
     (ClientError("in ensemble 'chattts_ensemble', Server not ready", 500), 503, "backend_unavailable", UNAV),
+    (ClientError("Server is stopping, scheduler for model has stopped accepting new inference requests"), 503,
+     "backend_unavailable", UNAV),
     (ClientError("Request for unknown model: 'nope' is not found", "StatusCode.NOT_FOUND"), 500, "internal_error",
      ErrorKind.INTERNAL),
     (ClientError("[internal] vocoder failed"), 500, "internal_error", ErrorKind.INTERNAL),
