@@ -8,11 +8,13 @@ in this repository has the table)::
     client: {"type": "session.config", ...}        first (again between utterances to change it)
             {"type": "input.text", "text": "..."}  text chunks
             {"type": "input.done"}                 end of utterance: flush, keep the connection
+            {"type": "input.cancel"}               barge-in: stop the utterance now
             {"type": "session.close"}              end of the connection
     server: {"type": "audio.start", "utterance_index", "sentence_index", "sentence_text", "format"}
             <binary frames: the sentence's audio>
             {"type": "audio.done", "utterance_index", "sentence_index", "total_bytes", "error"}
             {"type": "session.done", "utterance_index", "total_sentences"}
+            {"type": "audio.cancelled", "utterance_index", "sentence_index", "reason"}
             {"type": "error", "message"}
 
 ``split_granularity`` (``none``, the default: the utterance is one sentence, synthesised at
@@ -25,6 +27,12 @@ carry the sentence's place in the utterance's delivered audio (``start_samples``
 ``duration_samples``, ``start_s``, ``duration_s``, ``sample_rate_hz``); ``error`` carries
 ``code`` and ``kind``; every ``/v1/audio/speech`` field (``sample_rate``, ``temperature``, ...)
 is accepted in ``session.config``.
+
+Barge-in (``input.cancel``, ``audio.cancelled``: the names of vLLM-Omni's barge-in RFC,
+vllm-project/vllm-omni#1480): the utterance's syntheses are cancelled, its queued sentences
+dropped, no frame or event of it follows ``audio.cancelled``, which replaces its
+``session.done`` and says what was sent (:func:`.timings.interruption_fields`); the session
+keeps its config and the next ``input.text`` starts the next utterance.
 """
 
 from __future__ import annotations
@@ -37,6 +45,7 @@ import hmac
 import json
 import logging
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any, Final, Literal, cast
 
@@ -60,7 +69,7 @@ from .metrics import GatewayMetrics
 from .saved_voices import SavedVoices
 from .settings import GatewaySettings
 from .speech import NO_VOICE, OFFLOADED_FORMATS, SpeechRequest, build_request, output_format, reference_recording
-from .timings import SentenceTiming
+from .timings import DeliveryClock, SentenceTiming, interruption_fields
 from .ws import (
     CAUSE_ORDER,
     CLOSE_FOR_KIND,
@@ -88,6 +97,11 @@ MAX_TEXT_BYTES: Final = 128 * 1024
 """Largest other message, as vLLM-Omni's."""
 STREAM_FORMATS: Final = ("pcm", "float32", "mulaw", "alaw")
 """Formats ``stream_audio`` sends in chunks (raw samples; vLLM-Omni allows ``pcm`` only)."""
+MAX_HELD_MESSAGES: Final = 256
+"""Messages read after ``input.done`` while the utterance is still spoken (they wait for its
+end, as vLLM-Omni's sequential handler has them wait); beyond it the socket is not read."""
+CANCEL_REASON: Final = "client_cancel"
+"""``audio.cancelled``'s ``reason`` for an ``input.cancel``."""
 CLAUSE_MARKS: Final = "，、；：,;:"
 """Where ``split_granularity`` 'clause' also cuts (ASCII ones only before white space, so
 never inside ``1,234`` or ``10:30``)."""
@@ -266,6 +280,16 @@ class OmniStream(SpeechStream):
         self.delivered = 0
         """Samples (at the delivered rate) of the utterance's sentences sent so far."""
         self.splitter: Any = SentenceSplitter(min(cfg.ws_max_sentence_chars, cfg.max_input_chars))
+        self.held: deque[dict[str, Any]] = deque()
+        """Messages read after ``input.done`` during the utterance, for after it."""
+        self.received: list[str] = []
+        """The utterance's text as sent."""
+        self.cancelled = False
+        """The utterance was cancelled (``input.cancel``)."""
+        self.sent_all = False
+        """The utterance's last sentence was sent (a cancel then changes nothing)."""
+        self.cut_clock: DeliveryClock | None = None
+        """What was sent of the sentence being sent (``stream_audio``)."""
 
     async def run(self) -> None:
         """Serve the connection to its end (accepted already by :func:`serve_stream`)."""
@@ -340,7 +364,10 @@ class OmniStream(SpeechStream):
             408, "Idle timeout: no message received", INVALID_REQUEST, code="idle_timeout", kind=ErrorKind.DEADLINE))
 
     async def _next_message(self) -> dict[str, Any]:
-        """The client's next message; its silence for the idle timeout ends the stream."""
+        """The client's next message (those held during the last utterance first); its silence
+        for the idle timeout ends the stream."""
+        if self.held:
+            return self.held.popleft()
         while True:
             try:
                 msg = await self._message(self.cfg.stream_idle_timeout_s)
@@ -376,10 +403,25 @@ class OmniStream(SpeechStream):
             elif kind == "input.done":
                 await self._send_json(type="session.done", utterance_index=self.utterance, total_sentences=0)
                 self.utterance += 1
+            elif kind == "input.cancel":
+                if await self._cancel_ok(msg):  # nothing is playing: nothing was sent
+                    await self._send_json(type="audio.cancelled", utterance_index=self.utterance, reason=CANCEL_REASON,
+                                          **interruption_fields(self._rate(), 0, "", [], None, None, 0))
             elif kind == "session.close":
                 raise _Close()
             else:
                 await self._error(_invalid(f"Unknown message type: {kind}", "type"))
+
+    def _rate(self) -> int:
+        return self.session.info.sample_rate_hz if self.session is not None else contract.SAMPLE_RATE_HZ
+
+    async def _cancel_ok(self, msg: dict[str, Any]) -> bool:
+        """Whether an ``input.cancel`` is well formed (it takes no fields); if not, an ``error``
+        says so and the session goes on as if it had not come."""
+        extra = sorted(k for k in msg if k != "type")
+        if extra:
+            await self._error(_invalid(f"input.cancel takes no fields, got {extra[0]!r}", extra[0]))
+        return not extra
 
     async def _config(self, msg: dict[str, Any]) -> Session:
         """A config checked whole (:meth:`_parse`, then :meth:`_check`), as our dialect's
@@ -445,12 +487,16 @@ class OmniStream(SpeechStream):
         self.slots = asyncio.Semaphore(1 + self.cfg.ws_lookahead)
         self.delivered = 0
         self.count = 0
+        self.spoken, self.received = [], []
+        self.cancelled = self.sent_all = False
+        self.cutting, self.cut_clock = None, None
         with self.drain.active() as running:
             try:
                 async with anyio.create_task_group() as tg:
-                    tg.start_soon(self._read_utterance, first)
+                    tg.start_soon(self._read_utterance, first, tg.cancel_scope)
                     tg.start_soon(self._schedule, session.body, tg)
                     await self._send_utterance(session)
+                    self.sent_all = True
                     tg.cancel_scope.cancel()
             except Exception as group:  # anyio's ExceptionGroup
                 if not hasattr(group, "exceptions"):
@@ -458,24 +504,56 @@ class OmniStream(SpeechStream):
                 raise first_cause(group, ((_Close,), *CAUSE_ORDER)) from None
         if running.cancelled_caught:
             raise self._drained()
-        await self._send_json(type="session.done", utterance_index=self.utterance, total_sentences=self.count)
+        if self.cancelled:
+            await self._send_json(type="audio.cancelled", utterance_index=self.utterance, reason=CANCEL_REASON,
+                                  **self._cancellation(session))
+            log.info("stream %s: utterance %d cancelled", self.request_id, self.utterance)
+        else:
+            await self._send_json(type="session.done", utterance_index=self.utterance, total_sentences=self.count)
         self.utterance += 1
 
-    async def _read_utterance(self, first: str) -> None:
+    def _cancellation(self, session: Session) -> dict[str, Any]:
+        """``audio.cancelled``'s fields: the sentences sent whole, and of the one cut what was
+        sent (with ``stream_audio``; a whole-file sentence is sent only once complete)."""
+        cut = self.cutting
+        cut_samples = self.cut_clock.samples if cut is not None and self.cut_clock is not None else 0
+        return interruption_fields(session.info.sample_rate_hz, self.delivered + cut_samples, "".join(self.received),
+                                   self.spoken, cut.index if cut is not None else None,
+                                   cut.text if cut is not None else None, cut_samples)
+
+    async def _read_utterance(self, first: str, scope: anyio.CancelScope) -> None:
+        """The utterance's messages: text to its end (``input.done``), then, while it is
+        spoken, an ``input.cancel`` (other messages are held for after it). An
+        ``input.cancel`` cancels ``scope``, the utterance's."""
+        self.received.append(first)
         await self._queue(self.splitter.feed(first))
+        done = False
         while True:
-            msg = await self._next_message()
+            if done and len(self.held) >= MAX_HELD_MESSAGES:
+                await anyio.sleep_forever()  # the utterance's end cancels this
+            msg = await self._message(None) if done else await self._next_message()
+            if msg is None:
+                continue
             kind = msg.get("type")
-            if kind == "input.text":
+            if kind == "input.cancel" and not (done and self.held):  # else it comes after held ones
+                if await self._cancel_ok(msg) and not self.sent_all:
+                    self.cancelled = True
+                    scope.cancel()
+                    return
+                continue
+            if done:
+                self.held.append(msg)  # the next utterance's, or for between utterances
+            elif kind == "input.text":
                 text = msg.get("text", "")
                 if not isinstance(text, str):
                     await self._error(_invalid("input.text requires a string value", "text"))
                     continue
+                self.received.append(text)
                 await self._queue(self.splitter.feed(text))
             elif kind == "input.done":
                 await self._queue(self.splitter.end())
                 await self.sentences.put(None)
-                return
+                done = True
             elif kind == CONFIG_TYPE:
                 await self._error(_invalid("session.config cannot be applied while an utterance is in progress; "
                                            "send input.done first", "type"))
@@ -492,10 +570,14 @@ class OmniStream(SpeechStream):
 
     async def _send_utterance(self, session: Session) -> None:
         while (job := await self.jobs.get()) is not None:
+            self.cutting = job
+            self.cut_clock = DeliveryClock(session.info.sample_rate_hz, session.body.response_format,
+                                           session.body.container)
             try:
                 await self._send_omni_sentence(job, session)
             finally:
                 self.slots.release()
+            self.cutting = None
             self.count += 1
 
     async def _send_omni_sentence(self, job: _Sentence, session: Session) -> None:
@@ -520,12 +602,15 @@ class OmniStream(SpeechStream):
         failure: ApiError | None = None
         first_audio: float | None = None
 
-        async def send(data: bytes) -> None:
+        async def send(data: bytes, fed_24k: int = 0) -> None:
             nonlocal total_bytes
+            if self.cut_clock is not None and encoder is not None:
+                self.cut_clock.sent(data, fed_24k)
             if data:
                 self.audio_started = True
                 total_bytes += len(data)
-                await self._send(functools.partial(self.ws.send_bytes, data))
+                with anyio.CancelScope(shield=True):  # a frame is sent whole or not at all (a cancel waits)
+                    await self._send(functools.partial(self.ws.send_bytes, data))
 
         while True:
             item: StreamPart | ClientError | ApiError | None = await job.queue.get()
@@ -541,7 +626,7 @@ class OmniStream(SpeechStream):
                 self.metrics.ws_sentence_first_audio.observe(first_audio)
             samples += int(item.audio.size)
             if encoder is not None:
-                await send(await _run(offload, functools.partial(encoder.encode, item.audio)))
+                await send(await _run(offload, functools.partial(encoder.encode, item.audio)), int(item.audio.size))
             else:
                 whole.append(item.audio)
         if failure is None:
@@ -556,6 +641,8 @@ class OmniStream(SpeechStream):
                               **({"partial_audio": True, "action": "discard"} if total_bytes else {}))
         # each sentence is its own file or stream (own resampler): its length at the delivered rate
         timing = SentenceTiming(job.index, self.delivered, resampled_length(samples, rate), rate)
+        self.spoken.append(job.text)  # sent whole (or passed over): nothing of it is cut any more
+        self.cutting, self.cut_clock = None, None
         self.delivered += timing.duration_samples
         self.audio_s += samples / contract.SAMPLE_RATE_HZ
         await self._send_json(type="audio.done", utterance_index=self.utterance, sentence_index=job.index,

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import contract
-from ..audio.formats import resampled_length
+from ..audio.formats import WAV_HEADER_BYTES, g711_wav_header, resampled_length
 
 
 def delivered_samples(samples_24k: int, rate_hz: int) -> int:
@@ -90,3 +90,78 @@ class SegmentClock:
             out.append(SentenceTiming.between(i, starts[i], bounds[i], self.rate_hz, text))
             self._reported += 1
         return out
+
+
+# --- barge-in: what a client was sent of an utterance cut short --------------------------------
+
+RAW_LAYOUTS: dict[str, int] = {"pcm": 2, "wav": 2, "float32": 4, "mulaw": 1, "alaw": 1}
+"""Bytes per sample of the formats whose bytes are bare samples (after a header)."""
+G711_WAV_HEADER_BYTES = len(g711_wav_header("mulaw"))
+"""The header of a streamed G.711 WAV (58 bytes; a PCM WAV's is ``WAV_HEADER_BYTES``, 44)."""
+
+
+def raw_layout(fmt: str, container: str | None = None) -> tuple[int, int] | None:
+    """``(bytes per sample, header bytes)`` of a stream of format ``fmt`` in ``container``,
+    or None for a codec (mp3, aac, opus, flac), whose bytes do not count samples."""
+    width = RAW_LAYOUTS.get(fmt)
+    if width is None:
+        return None
+    if fmt == "wav" or (container == "wav" and fmt == "pcm"):
+        return width, WAV_HEADER_BYTES
+    if container == "wav":
+        return width, G711_WAV_HEADER_BYTES
+    return width, 0
+
+
+class DeliveryClock:
+    """Counts the samples (at the delivered ``rate_hz``) of one encoded stream that a client has
+    been sent: from the bytes of a raw format (its header left out), so the count is what the
+    client can play; for a codec, the 24 kHz samples given to the encoder at that rate (a codec
+    frame may still be in the encoder)."""
+
+    def __init__(self, rate_hz: int, fmt: str, container: str | None = None) -> None:
+        self.rate_hz = rate_hz
+        self.layout = raw_layout(fmt, container)
+        self._bytes = 0
+        self._fed_24k = 0
+
+    def sent(self, data: bytes, fed_24k: int) -> None:
+        """``data`` was sent; the encoder had been given ``fed_24k`` more samples at 24 kHz for it."""
+        self._bytes += len(data)
+        self._fed_24k += fed_24k
+
+    @property
+    def samples(self) -> int:
+        if self.layout is None:
+            return delivered_samples(self._fed_24k, self.rate_hz)
+        width, header = self.layout
+        return max(self._bytes - header, 0) // width
+
+
+def split_spoken(received: str, spoken: list[str]) -> tuple[str, str]:
+    """``received`` (the utterance's text as the client sent it) cut after the sentences
+    ``spoken`` (cut from it in order, so its first characters, white space aside): the spoken
+    part and the rest, each stripped. White space is kept as sent, so the two parts are the
+    text again (modulo white space at the cut)."""
+    need = sum(1 for s in spoken for ch in s if not ch.isspace())
+    pos = 0
+    while need and pos < len(received):
+        if not received[pos].isspace():
+            need -= 1
+        pos += 1
+    return received[:pos].strip(), received[pos:].strip()
+
+
+def interruption_fields(rate_hz: int, delivered: int, received: str, spoken: list[str],
+                        cut_index: int | None, cut_text: str | None, cut_samples: int) -> dict[str, Any]:
+    """What an interrupt answers (``interrupted``, ``audio.cancelled``): ``sentence_index`` /
+    ``sentence_text`` of the sentence cut (None when the cut fell between sentences or nothing
+    was playing), ``sentence_samples`` / ``sentence_s`` of it sent, ``delivered_samples`` /
+    ``delivered_s`` of the whole utterance sent, ``sample_rate_hz``, and the text spoken (the
+    sentences wholly sent) and not spoken (the cut sentence, those after it, text not yet
+    a sentence). ChatTTS has no word timing, so the cut sentence is unspoken as a whole."""
+    spoken_text, unspoken_text = split_spoken(received, spoken)
+    return {"sentence_index": cut_index, "sentence_text": cut_text, "sentence_samples": cut_samples,
+            "sentence_s": round(cut_samples / rate_hz, 4), "delivered_samples": delivered,
+            "delivered_s": round(delivered / rate_hz, 4), "sample_rate_hz": rate_hz,
+            "spoken_text": spoken_text, "unspoken_text": unspoken_text}

@@ -5,6 +5,7 @@ One WebSocket per utterance (or conversation turn). The client sends JSON text m
     {"type": "start", "voice": "alloy", "response_format": "pcm", "seed": 3, ...}   # first, once
     {"type": "text", "text": "Hello, wor"}                                           # any number
     {"type": "flush"}                                                                # optional
+    {"type": "interrupt"}                                                            # barge-in
     {"type": "end"}                                                                  # last
 
 The start message is checked whole before ``started``, as ``POST /v1/audio/speech`` checks a
@@ -30,6 +31,12 @@ takes no frame for ``ws_send_timeout_s`` is cut off: its syntheses are cancelled
 socket closed with 1008. Closing the socket cancels every synthesis of the connection in the
 engine. While the gateway drains (:mod:`.drain`) a ``start`` is refused and a stream still
 running at the drain timeout is ended, both with a retryable ``error`` and close 1012.
+
+Barge-in: ``interrupt`` cancels the utterance being spoken (its Triton streams in flight are
+cancelled, the sentences queued dropped, no frame of it follows) and is answered by
+``interrupted``: what the client was sent (:func:`.timings.interruption_fields`). The
+connection stays open with its start's fields; the next ``text`` begins a new utterance (a new
+audio stream of the format: sentence indices and timings from 0, a WAV header again).
 """
 
 from __future__ import annotations
@@ -45,8 +52,9 @@ import logging
 import time
 import unicodedata
 import uuid
+from collections import deque
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import IntEnum
 from importlib import resources
 from typing import Any, Final
@@ -69,7 +77,7 @@ from .errors import AUTHENTICATION, INVALID_REQUEST, SERVER_ERROR, ApiError, fro
 from .metrics import GatewayMetrics
 from .settings import GatewaySettings
 from .speech import OFFLOADED_FORMATS, SpeechRequest, build_request, output_format, speaker_voice
-from .timings import SentenceTiming
+from .timings import DeliveryClock, SentenceTiming, interruption_fields
 
 log = logging.getLogger("chattts_serving.gateway.ws")
 
@@ -85,8 +93,11 @@ START_PROBE_TEXT: Final = "-"
 """The text of the start's check on the server (``validate_only``): any text serves, since the
 check takes it as a piece that may have nothing to speak; the sentences are checked as they come."""
 MAX_QUEUED_SENTENCES: Final = 64
-"""Complete sentences waiting for synthesis; beyond it the gateway stops reading the socket
-(TCP back-pressure on a client that writes faster than the voice speaks)."""
+"""Complete sentences waiting for synthesis; beyond it the text read waits in the inbox."""
+MAX_INBOX_CHARS: Final = 1 << 20
+"""Text read from the socket and not yet cut into sentences (characters); beyond it the gateway stops
+reading the socket (TCP back-pressure on a client that writes faster than the voice speaks).
+The socket is read ahead of the synthesis so that an ``interrupt`` is seen at once."""
 
 
 class Close(IntEnum):
@@ -200,6 +211,44 @@ def parse_start(msg: dict[str, Any]) -> tuple[SpeechRequest, str]:
 
 
 @dataclass
+class _Turn:
+    """One utterance of our dialect: from ``start`` (or an ``interrupt``) to ``done`` or the next
+    ``interrupt``. The reader (:meth:`SpeechStream._receive`) files the client's messages in its
+    inbox; the speaker (:meth:`SpeechStream._speak_turn`) cuts, synthesises and sends them
+    inside ``scope``, which an interrupt cancels."""
+
+    index: int
+    splitter: SentenceSplitter
+    inbox: deque[dict[str, Any]] = field(default_factory=deque)
+    inbox_chars: int = 0
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set when the inbox gains or loses a message."""
+    received: list[str] = field(default_factory=list)
+    """The text the client sent in this utterance."""
+    ended: bool = False
+    """``end`` was read."""
+    flush_due: bool = False
+    """Text was filed since the last flush: after ``ws_idle_flush_s`` without a message, flush."""
+    scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
+    finished: bool = False
+    """Every sentence was sent (an interrupt after it changes nothing: ``done`` follows)."""
+
+    def put(self, msg: dict[str, Any], size: int) -> None:
+        self.inbox.append(msg)
+        self.inbox_chars += size
+        self.changed.set()
+
+    async def get(self) -> dict[str, Any]:
+        while not self.inbox:
+            self.changed.clear()
+            await self.changed.wait()
+        msg = self.inbox.popleft()
+        self.inbox_chars -= len(msg.get("text") or "")
+        self.changed.set()
+        return msg
+
+
+@dataclass
 class _Sentence:
     """One sentence in synthesis: its index, text, and the queue of what its stream produced
     (:class:`StreamPart`, then None at the end, or the error that ended it)."""
@@ -245,6 +294,21 @@ class SpeechStream:
         """What the connection's sentences could not speak, in order of first appearance."""
         self.degraded = 0
         """Sentences the server made in its degraded mode."""
+        self.total_audio_s = 0.0
+        """Audio sent on the connection, every utterance (``audio_s`` is the utterance's)."""
+        self.turn = _Turn(0, self.splitter)
+        """Our dialect: the utterance the client's messages go to."""
+        self.turns: asyncio.Queue[_Turn] = asyncio.Queue(4)
+        """Our dialect: the utterances to speak, in order (a new one after each interrupt; a
+        client that interrupts again and again without reading the answers stops being read)."""
+        self.spoken: list[str] = []
+        """The utterance's sentences wholly sent (passed over: dropped or refused), in order."""
+        self.clock: DeliveryClock | None = None
+        """What the client has been sent of the utterance's audio stream."""
+        self.cutting: _Sentence | None = None
+        """The sentence being sent now (None between sentences)."""
+        self.cut_from = 0
+        """``clock.samples`` when that sentence began."""
         self._holding = False
         """Whether this connection counts as a live stream (:meth:`_hold`)."""
 
@@ -287,9 +351,8 @@ class SpeechStream:
             with self.drain.active() as running:
                 try:
                     async with anyio.create_task_group() as tg:
-                        tg.start_soon(self._read, first)
-                        tg.start_soon(self._schedule, body, tg)
-                        await self._send_all(body.response_format, body.sample_rate, body.container)
+                        tg.start_soon(self._receive, first)
+                        await self._speak(body)
                         tg.cancel_scope.cancel()
                 except Exception as group:  # anyio's ExceptionGroup (a backport's on Python 3.10)
                     if not hasattr(group, "exceptions"):
@@ -341,7 +404,7 @@ class SpeechStream:
                 self._holding = False
                 self.live["streams"] -= 1
                 self.metrics.in_flight.dec()
-                self.metrics.audio.inc(self.audio_s)
+                self.metrics.audio.inc(self.total_audio_s + self.audio_s)
             if status != "error":
                 self.metrics.requests.labels(status=status).inc()
 
@@ -417,28 +480,44 @@ class SpeechStream:
         if not isinstance(data, dict) or not isinstance(data.get("type"), str):
             raise invalid('every message is a JSON object with a "type"', "type")
         kind = data["type"]
+        if start and kind == "interrupt":
+            raise invalid('nothing to interrupt before "start": the first message must be {"type": "start", ...}',
+                          "type")
         if start and kind != "start":
             raise invalid(f'the first message must be {{"type": "start", ...}}, not "{kind}"', "type")
-        if not start and kind not in ("text", "flush", "end"):
-            raise invalid(f'unknown message type "{kind}": expected text, flush or end', "type")
+        if not start and kind not in ("text", "flush", "end", "interrupt"):
+            raise invalid(f'unknown message type "{kind}": expected text, flush, end or interrupt', "type")
+        if kind == "interrupt" and (extra := sorted(k for k in data if k != "type")):
+            raise invalid(f'interrupt takes no fields, got "{extra[0]}"', extra[0])
         return data
 
-    async def _read(self, first: str) -> None:
-        """Feed the client's text to the splitter and queue complete sentences until ``end``,
-        then wait for the client to go (so that a close cancels the syntheses)."""
-        await self._queue(self.splitter.feed(first))
-        ended = False
+    async def _receive(self, first: str) -> None:
+        """Read the client's messages into the current utterance's inbox (the speaker cuts
+        them into sentences), ahead of the synthesis so that an ``interrupt`` acts at once:
+        it cancels the utterance and opens the next. Text not followed by more for
+        ``ws_idle_flush_s`` is flushed; after ``end`` the reader waits for an interrupt or
+        the client to go."""
+        if first:
+            self._file(self.turn, {"type": "text", "text": first})
+        await self.turns.put(self.turn)
         while True:
-            pending = bool(self.splitter.pending.strip())
-            timeout = None if ended else (self.cfg.ws_idle_flush_s if pending else self.cfg.stream_idle_timeout_s)
+            turn = self.turn
+            while turn.inbox_chars >= MAX_INBOX_CHARS:  # back-pressure: stop reading the socket
+                turn.changed.clear()
+                await turn.changed.wait()
+            pending = turn.flush_due
+            timeout = None if turn.ended else (self.cfg.ws_idle_flush_s if pending else self.cfg.stream_idle_timeout_s)
             try:
                 msg = await self._receive_message(timeout)
             except TimeoutError:
-                if pending:
-                    await self._queue(self.splitter.flush())
+                if pending:  # the text held so far is a sentence now (a no-op when none is held)
+                    self._file(turn, {"type": "flush"})
                     continue
                 raise self._idle_timeout() from None
-            if ended:
+            if msg["type"] == "interrupt":
+                await self._interrupt()
+                continue
+            if turn.ended:
                 raise invalid(f'"{msg["type"]}" after "end"', "type")
             if msg["type"] == "text":
                 text = msg.get("text")
@@ -448,13 +527,39 @@ class SpeechStream:
                     text.encode("utf-8")
                 except UnicodeEncodeError:
                     raise invalid("text: not valid Unicode (a lone surrogate)", "text") from None
-                await self._queue(self.splitter.feed(text))
+            self._file(turn, msg)
+
+    @staticmethod
+    def _file(turn: _Turn, msg: dict[str, Any]) -> None:
+        text = msg.get("text") if msg["type"] == "text" else None
+        if text is not None:
+            turn.received.append(text)
+        if msg["type"] == "end":
+            turn.ended = True
+        turn.flush_due = text is not None
+        turn.put({"type": msg["type"], "text": text}, len(text or ""))
+
+    async def _interrupt(self) -> None:
+        """Cancel the current utterance (its syntheses, its queued sentences, its unsent audio)
+        and open the next, to which the following messages go. The speaker answers."""
+        old = self.turn
+        self.splitter = SentenceSplitter(min(self.cfg.ws_max_sentence_chars, self.cfg.max_input_chars))
+        self.turn = _Turn(old.index + (1 if old.received else 0), self.splitter)
+        old.scope.cancel()
+        await self.turns.put(self.turn)
+
+    async def _cut(self, turn: _Turn) -> None:
+        """Cut the utterance's text into sentences, in the order it came, until ``end``."""
+        while True:
+            msg = await turn.get()
+            if msg["type"] == "text":
+                await self._queue(turn.splitter.feed(msg["text"]))
             elif msg["type"] == "flush":
-                await self._queue(self.splitter.flush())
+                await self._queue(turn.splitter.flush())
             else:
-                await self._queue(self.splitter.end())
+                await self._queue(turn.splitter.end())
                 await self.sentences.put(None)
-                ended = True
+                return
 
     def _idle_timeout(self) -> StreamEnd:
         return StreamEnd(Close.POLICY, ApiError(
@@ -502,27 +607,72 @@ class SpeechStream:
             return
         await job.queue.put(None)
 
-    async def _send_all(self, fmt: str, sample_rate_hz: int | None = None, container: str | None = None) -> None:
-        """Send every sentence's events and audio, in order, then ``done``."""
-        encoder = audio_format.new_output_encoder(fmt, sample_rate_hz, container)
+    async def _speak(self, body: SpeechRequest) -> None:
+        """Speak the utterances in order: the one that plays to its end is followed by ``done``
+        (and the close); an interrupted one by ``interrupted``. While the gateway drains, an
+        interrupted connection ends (1012): its next utterance would be refused."""
+        while True:
+            turn = await self.turns.get()
+            if await self._speak_turn(turn, body):
+                return
+            report = self._interruption(turn)
+            log.info("stream %s: utterance %d interrupted at sentence %s", self.request_id, turn.index,
+                     report["sentence_index"])
+            await self._send_text(event("interrupted", utterance_index=turn.index, **report))
+            if self.drain.draining:
+                raise self._drained()
+
+    def _interruption(self, turn: _Turn) -> dict[str, Any]:
+        """The ``interrupted`` fields of ``turn`` (:func:`.timings.interruption_fields`)."""
+        clock = self.clock
+        delivered = clock.samples if clock is not None else 0
+        cut = self.cutting
+        return interruption_fields(self.rate_hz, delivered, "".join(turn.received), self.spoken,
+                                   cut.index if cut is not None else None, cut.text if cut is not None else None,
+                                   delivered - self.cut_from if cut is not None else 0)
+
+    async def _speak_turn(self, turn: _Turn, body: SpeechRequest) -> bool:
+        """One utterance: its sentences synthesised and sent in order (a new audio stream of the
+        format), then ``done``: True. False when it was interrupted (its scope cancelled)."""
+        fmt = body.response_format
+        encoder = audio_format.new_output_encoder(fmt, body.sample_rate, body.container)
         self.rate_hz = encoder.info.sample_rate_hz
+        self.clock = DeliveryClock(self.rate_hz, fmt, body.container)
         offload = fmt in OFFLOADED_FORMATS
 
         async def encode(work: Callable[[], bytes]) -> bytes:
             return await anyio.to_thread.run_sync(work) if offload else work()
 
-        while (job := await self.jobs.get()) is not None:
-            try:
-                await self._send_sentence(job, encoder, encode)
-            finally:
-                self.slots.release()
-            self.count += 1
+        self.sentences = asyncio.Queue(MAX_QUEUED_SENTENCES)
+        self.jobs = asyncio.Queue()
+        self.slots = asyncio.Semaphore(1 + self.cfg.ws_lookahead)
+        self.total_audio_s += self.audio_s
+        self.audio_s, self.count, self.samples_in, self.degraded = 0.0, 0, 0, 0
+        self.dropped, self.unspoken, self.spoken = [], [], []
+        self.cutting, self.cut_from = None, 0
+        with turn.scope:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._cut, turn)
+                tg.start_soon(self._schedule, body, tg)
+                while (job := await self.jobs.get()) is not None:
+                    self.cutting, self.cut_from = job, self.clock.samples
+                    try:
+                        await self._send_sentence(job, encoder, encode)
+                    finally:
+                        self.slots.release()
+                    self.cutting = None
+                    self.count += 1
+                turn.finished = True
+                tg.cancel_scope.cancel()
+        if not turn.finished:
+            return False
         tail = await encode(encoder.finish)
         if tail:
             await self._send(functools.partial(self.ws.send_bytes, tail))
         await self._send_text(event("done", sentences=self.count, audio_s=round(self.audio_s, 4),
                                     dropped_sentences=self.dropped, unspoken=self.unspoken,
                                     degraded_sentences=self.degraded))
+        return True
 
     def _unspoken(self, chars: list[str]) -> None:
         for c in chars:
@@ -578,9 +728,14 @@ class SpeechStream:
                 self.metrics.ws_sentence_first_audio.observe(first_audio_ms / 1000)
             samples += int(item.audio.size)
             data = await encode(functools.partial(encoder.encode, item.audio))
+            if self.clock is not None:
+                self.clock.sent(data, int(item.audio.size))
             if data:
                 self.audio_started = True
-                await self._send(functools.partial(self.ws.send_bytes, data))
+                with anyio.CancelScope(shield=True):  # a frame is sent whole or not at all (an interrupt waits)
+                    await self._send(functools.partial(self.ws.send_bytes, data))
+        self.spoken.append(job.text)  # sent whole (or passed over): nothing of it is cut any more
+        self.cutting = None
         audio_s = samples / contract.SAMPLE_RATE_HZ
         self.audio_s += audio_s
         if dropped:
