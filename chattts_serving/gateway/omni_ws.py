@@ -315,14 +315,13 @@ class OmniStream(SpeechStream):
             raise StreamEnd(Close.NORMAL) from None
 
     async def _close(self, end: StreamEnd) -> None:
-        """This dialect's ``error`` event (``message``, plus ``code`` and ``kind``, and
-        ``retryable: true`` before 1012 or 1013), then the close."""
+        """This dialect's ``error`` event (``retryable: true`` before 1012 or 1013), then the close."""
         if self.ws.client_state != WebSocketState.CONNECTED:
             return
         with contextlib.suppress(Exception), anyio.move_on_after(self.cfg.ws_send_timeout_s):
             if end.error is not None:
-                await self.ws.send_text(_error_event(end.error, **({"retryable": True} if end.code in RETRYABLE_CLOSES
-                                                                   else {})))
+                retryable = end.code in RETRYABLE_CLOSES or end.error.status == 503
+                await self.ws.send_text(_error_event(end.error, retryable=retryable))
             await self.ws.close(int(end.code), reason=end.code.name.lower())
 
     async def _error(self, error: ApiError, **extra: Any) -> None:
@@ -666,9 +665,12 @@ def _invalid(message: str, param: str | None = None, code: str = "invalid_messag
 
 
 def _error_event(error: ApiError, **extra: Any) -> str:
-    """vLLM-Omni's ``error`` event: ``message``, plus ``code``, ``kind`` and ``param``."""
+    """vLLM-Omni's ``error`` event: ``message``, plus ``code``, ``kind``, ``param`` and
+    ``retryable`` (true for a 503: busy, stopping, restarting or failing; the same utterance
+    may succeed later or elsewhere)."""
     return json.dumps({"type": "error", "message": error.message, "code": error.code, "kind": error.kind.value,
-                       "param": error.param, **extra}, ensure_ascii=False, separators=(",", ":"))
+                       "param": error.param, "retryable": error.status == 503, **extra}, ensure_ascii=False,
+                      separators=(",", ":"))
 
 
 def _close_for(error: ApiError) -> Close:

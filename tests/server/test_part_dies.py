@@ -162,8 +162,8 @@ def _ws_url(url: str) -> str:
 
 def _websocket(url: str, messages: list[dict[str, Any]]) -> Callable[[Outcome], None]:
     """A WebSocket utterance of either dialect: ``messages`` sent, binary frames as audio, the
-    first ``error`` event recorded (retryable as the event says, or by its code), until the
-    session ends or the socket closes."""
+    first ``error`` event recorded (retryable as its ``retryable`` says), until the session
+    ends or the socket closes."""
     async def main(o: Outcome) -> None:
         async with websockets.connect(_ws_url(url), max_size=None) as ws:
             for message in messages:
@@ -176,7 +176,7 @@ def _websocket(url: str, messages: list[dict[str, Any]]) -> Callable[[Outcome], 
                     event = json.loads(msg)
                     if event["type"] == "error" and o.error is None:
                         o.error = json.dumps(event)
-                        o.retryable = bool(event.get("retryable")) or event.get("code") in RETRYABLE_CODES
+                        o.retryable = event.get("retryable") is True
                     elif event["type"] == "session.done":
                         return
             except websockets.ConnectionClosed as closed:
