@@ -298,6 +298,9 @@ class SpeechStream:
         """Audio sent on the connection, every utterance (``audio_s`` is the utterance's)."""
         self.turn = _Turn(0, self.splitter)
         """Our dialect: the utterance the client's messages go to."""
+        self.speaking = 0
+        """Our dialect: the index of the utterance being spoken (in its sentences' request ids,
+        so that every request id in the server's log is unique)."""
         self.turns: asyncio.Queue[_Turn] = asyncio.Queue(4)
         """Our dialect: the utterances to speak, in order (a new one after each interrupt; a
         client that interrupts again and again without reading the answers stops being read)."""
@@ -591,7 +594,8 @@ class SpeechStream:
         """The ``chattts`` request of sentence ``job``: the start message's fields with the
         sentence as ``input``. Raises ApiError (:func:`.speech.build_request`)."""
         request = build_request(body.model_copy(update={"input": job.text}), self.cfg.models, self.cfg.max_input_chars)
-        return dataclasses.replace(request, request_id=f"{self.request_id}-{job.index}")
+        utterance = f"{self.speaking}-" if self.speaking else ""  # the first utterance's ids as before
+        return dataclasses.replace(request, request_id=f"{self.request_id}-{utterance}{job.index}")
 
     async def _produce(self, body: SpeechRequest, job: _Sentence) -> None:
         """Pull one sentence's Triton stream into its bounded queue (a full queue pauses the pull)."""
@@ -635,6 +639,7 @@ class SpeechStream:
         """One utterance: its sentences synthesised and sent in order (a new audio stream of the
         format), then ``done``: True. False when it was interrupted (its scope cancelled)."""
         fmt = body.response_format
+        self.speaking = turn.index
         encoder = audio_format.new_output_encoder(fmt, body.sample_rate, body.container)
         self.rate_hz = encoder.info.sample_rate_hz
         self.clock = DeliveryClock(self.rate_hz, fmt, body.container)
