@@ -125,13 +125,14 @@ async def sse(url: str, tokens: int, started: asyncio.Event) -> dict[str, Any]:
     return {"bytes": audio, "last": events[-1]}
 
 
-async def our_ws(url: str, tokens: int, started: asyncio.Event) -> dict[str, Any]:
+async def _ws_utterance(url: str, messages: list[dict[str, Any]], started: asyncio.Event) -> dict[str, Any]:
+    """Send ``messages`` on a new WebSocket and read until the server closes it: the audio
+    bytes, the JSON events and the close code."""
     events: list[dict[str, Any]] = []
     audio = 0
     async with websockets.connect(_ws(url), additional_headers=AUTH, max_size=None) as ws:
-        await ws.send(json.dumps({"type": "start", "voice": "alloy", "seed": 5, "max_new_tokens": tokens,
-                                  "min_new_tokens": tokens, "input": "这是一个很长的句子"}))
-        await ws.send(json.dumps({"type": "end"}))
+        for message in messages:
+            await ws.send(json.dumps(message))
         while True:
             try:
                 msg = await ws.recv()
@@ -143,27 +144,20 @@ async def our_ws(url: str, tokens: int, started: asyncio.Event) -> dict[str, Any
             else:
                 events.append(json.loads(msg))
         return {"bytes": audio, "events": events, "close": ws.close_code}
+
+
+async def our_ws(url: str, tokens: int, started: asyncio.Event) -> dict[str, Any]:
+    return await _ws_utterance(url, [{"type": "start", "voice": "alloy", "seed": 5, "max_new_tokens": tokens,
+                                      "min_new_tokens": tokens, "input": "这是一个很长的句子"}, {"type": "end"}],
+                               started)
 
 
 async def omni_ws(url: str, tokens: int, started: asyncio.Event) -> dict[str, Any]:
-    events: list[dict[str, Any]] = []
-    audio = 0
-    async with websockets.connect(_ws(url), additional_headers=AUTH, max_size=None) as ws:
-        await ws.send(json.dumps({"type": "session.config", "voice": "alloy", "seed": 5, "max_new_tokens": tokens,
-                                  "min_new_tokens": tokens, "response_format": "pcm", "stream_audio": True}))
-        await ws.send(json.dumps({"type": "input.text", "text": "这是一个很长的句子"}))
-        await ws.send(json.dumps({"type": "input.done"}))
-        while True:
-            try:
-                msg = await ws.recv()
-            except websockets.ConnectionClosed:
-                break
-            if isinstance(msg, bytes):
-                audio += len(msg)
-                started.set()
-            else:
-                events.append(json.loads(msg))
-        return {"bytes": audio, "events": events, "close": ws.close_code}
+    return await _ws_utterance(url, [{"type": "session.config", "voice": "alloy", "seed": 5,
+                                      "max_new_tokens": tokens, "min_new_tokens": tokens, "response_format": "pcm",
+                                      "stream_audio": True},
+                                     {"type": "input.text", "text": "这是一个很长的句子"}, {"type": "input.done"}],
+                               started)
 
 
 async def idle_omni_session(url: str, ready: asyncio.Event) -> dict[str, Any]:
