@@ -29,7 +29,7 @@ from ..client.keys import inference_key_from_env
 from ..serving.logs import log_event
 from ..serving.profile import HealthProfile
 from .admin import TRITONSERVER_ENV, inference_restriction_args, new_token, publish, restriction_args, token_from_env
-from .server import stub_processes
+from .server import connect_host, stub_processes
 from .supervisor import FATAL_STOP_TIMEOUT_S, ServerStopped, Supervisor
 
 EXIT_MODEL_DIED = 70
@@ -61,6 +61,7 @@ class ContainerServer:
     def __init__(self, command: list[str], admin_token: str) -> None:
         self.command = command
         self.admin_token = admin_token
+        self.address = _flag(command, "http-address", "0.0.0.0")
         self.http_port = int(_flag(command, "http-port", "8000"))
         self.grpc_port = int(_flag(command, "grpc-port", "8001"))
         self.proc: subprocess.Popen[bytes] | None = None
@@ -70,7 +71,8 @@ class ContainerServer:
 
     def ready(self) -> bool:
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.http_port}/v2/health/ready", timeout=1) as r:
+            with urllib.request.urlopen(f"http://{connect_host(self.address)}:{self.http_port}/v2/health/ready",
+                                        timeout=1) as r:
                 return int(r.status) == 200
         except OSError:
             return False

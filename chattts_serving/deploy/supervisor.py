@@ -27,7 +27,7 @@ from ..serving.logs import log_event
 from ..serving.profile import HealthProfile
 from .logscan import LogScanner
 from .probe import IndexUnreadable, ProbeResult, model_states, probe
-from .server import ServerError, TritonServer
+from .server import ServerError, TritonServer, connect_host
 
 
 class ServerStopped(ServerError):
@@ -173,10 +173,12 @@ class Supervisor:
                  states_fn: Callable[[], dict[str, str]] | None = None) -> None:
         self.server = server
         self.health = health
+        self.host = connect_host(server.address)
+        """Where this machine reaches the server's ports (loopback for a wildcard bind)."""
         self.policy = RestartPolicy(health.failures, health.probe_every)
         self.probe_fn = probe_fn or (lambda http, grpc, timeout: probe(http, grpc, timeout,
                                                                        admin_token=server.admin_token))
-        self.states_fn = states_fn or (lambda: model_states(f"127.0.0.1:{server.http_port}", INDEX_TIMEOUT_S,
+        self.states_fn = states_fn or (lambda: model_states(f"{self.host}:{server.http_port}", INDEX_TIMEOUT_S,
                                                             server.admin_token))
         self.expected: Counter[str] = Counter()
         self.restarts = 0
@@ -230,7 +232,7 @@ class Supervisor:
             self._watch_stubs()
         if not with_probe:
             return CheckResult(True)
-        res = self.probe_fn(f"127.0.0.1:{self.server.http_port}", f"127.0.0.1:{self.server.grpc_port}",
+        res = self.probe_fn(f"{self.host}:{self.server.http_port}", f"{self.host}:{self.server.grpc_port}",
                             self.health.probe_timeout_s)
         return CheckResult(res.healthy, "ok" if res.healthy else f"probe: {res.reason}", probed=True)
 

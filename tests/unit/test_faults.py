@@ -66,7 +66,7 @@ class _Proc:
 class _FakeServer:
     """Duck-typed TritonServer: stub counts, a process and restart() are scripted."""
 
-    http_port, grpc_port = 1, 2
+    http_port, grpc_port, address = 1, 2, "127.0.0.1"
 
     def __init__(self, fail_restart: bool = False, log_path: Path | None = None) -> None:
         self.proc: _Proc | None = _Proc()
