@@ -448,7 +448,10 @@ def test_in_a_container_a_dead_model_process_stops_the_server_and_its_command_ex
         stopped = [e for e in events if e.get("event") == "server_stopped"]
         assert stopped and contract.MODEL_ENGINE in stopped[0]["reason"], events
     finally:
-        if proc.poll() is None:
+        if proc.poll() is None:  # the command, its tritonserver and their model processes
+            with contextlib.suppress(psutil.Error):
+                for child in psutil.Process(proc.pid).children(recursive=True):
+                    child.kill()
             proc.kill()
             proc.wait(30)
         for region in set(glob.glob(SHM_GLOB)) - regions:  # a killed server's shared memory
