@@ -48,6 +48,18 @@ async def _recv(ws: Any) -> Any:
     return await asyncio.wait_for(ws.recv(), HANG_S)
 
 
+async def _events_to_close(ws: Any) -> list[dict[str, Any]]:
+    """The JSON events the server sends until it closes the socket (audio frames skipped)."""
+    events: list[dict[str, Any]] = []
+    while True:
+        try:
+            m = await _recv(ws)
+        except websockets.ConnectionClosed:
+            return events
+        if isinstance(m, str):
+            events.append(json.loads(m))
+
+
 def _engine_idle(server: Server) -> bool:
     return metric(server.metrics_port, "tts_engine_active_sequences") == 0
 
@@ -123,14 +135,7 @@ def test_an_interrupt_with_nothing_playing_is_answered_and_the_stream_goes_on(ga
             ev = json.loads(await _recv(ws))
             await ws.send(json.dumps({"type": "text", "text": "你好。"}))
             await ws.send(json.dumps({"type": "end"}))
-            types = []
-            while True:
-                try:
-                    m = await _recv(ws)
-                except websockets.ConnectionClosed:
-                    break
-                if isinstance(m, str):
-                    types.append(json.loads(m)["type"])
+            types = [e["type"] for e in await _events_to_close(ws)]
             return ev, types, ws.close_code
 
     ev, types, code = asyncio.run(main())
@@ -280,17 +285,8 @@ def test_an_interrupt_during_the_drain_is_answered_then_the_connection_ends_1012
             playing.set()
             await go.wait()
             await ws.send(json.dumps({"type": interrupt}))
-            seen: list[str] = []
-            last: dict[str, Any] = {}
-            while True:
-                try:
-                    m = await _recv(ws)
-                except websockets.ConnectionClosed:
-                    break
-                if isinstance(m, str):
-                    last = json.loads(m)
-                    seen.append(last["type"])
-            return seen, last, ws.close_code
+            events = await _events_to_close(ws)
+            return [e["type"] for e in events], (events[-1] if events else {}), ws.close_code
 
     async def main() -> list[tuple[list[str], dict[str, Any], int | None]]:
         playing = [asyncio.Event(), asyncio.Event()]
