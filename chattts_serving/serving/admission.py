@@ -105,14 +105,20 @@ DEGRADED_GROWTH: Final = 2.0
 """Chunk growth in degraded mode, each chunk over the one before: fewer, larger windows (less
 vocoder context per token) when the server is overloaded, gapless or not."""
 
-OFFLINE_BUSY_DETAIL: Final = "requests already running"
-"""What ``chattts_offline``'s busy error says its ``limit`` counts."""
+STREAMS_BUSY_DETAIL: Final = ("stream", "already live")
+"""What a streaming door's busy error says its ``limit`` counts: (noun, state)."""
+
+OFFLINE_BUSY_DETAIL: Final = ("request", "already running")
+"""What ``chattts_offline``'s busy error says its ``limit`` counts: (noun, state)."""
 
 
-def busy_error(limit: int, detail: str = "streams already live") -> RequestError:
-    """The "server busy" refusal of an entry model that already runs ``limit`` requests (the
-    admission gate sends the same text, rendered into its config)."""
-    return RequestError(f"server busy: {limit} {detail}", ErrorKind.BUSY)
+def busy_error(limit: int, detail: tuple[str, str] = STREAMS_BUSY_DETAIL) -> RequestError:
+    """The "server busy" refusal of an entry model that already runs ``limit`` requests, e.g.
+    "server busy: 1 stream already live" (the admission gate sends the same text, rendered into
+    its config)."""
+    noun, state = detail
+    return RequestError(f"server busy: {limit} {noun}{'' if limit == 1 else 's'} {state}",
+                        ErrorKind.BUSY)
 
 
 def rejection_reason(exc: RequestError) -> str:
@@ -125,10 +131,11 @@ def rejection_reason(exc: RequestError) -> str:
 
 class Admission:
     """The admission decisions of one entry-model instance (see the module docstring):
-    ``limit`` requests at once; ``busy_detail`` completes the refusal "server busy: <limit>
-    <busy_detail>"."""
+    ``limit`` requests at once; ``busy_detail`` (noun, state) completes the refusal "server
+    busy: <limit> <noun(s)> <state>"."""
 
-    def __init__(self, profile: Profile, limit: int, busy_detail: str = "streams already live",
+    def __init__(self, profile: Profile, limit: int,
+                 busy_detail: tuple[str, str] = STREAMS_BUSY_DETAIL,
                  on_degrade_switch: Callable[[bool], None] | None = None,
                  queued: Callable[[], int] = lambda: 0) -> None:
         self.profile = profile

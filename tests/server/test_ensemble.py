@@ -312,7 +312,7 @@ def test_a_full_ensemble_door_answers_busy_at_once_and_serves_again_after(one_sl
     assert still_live  # refused while the held stream was generating, not after it
     assert refused.error is not None and not refused.chunks
     tag = decode_tagged(refused.error)
-    assert tag.kind == ErrorKind.BUSY and tag.message == "server busy: 1 streams already live", refused.error
+    assert tag.kind == ErrorKind.BUSY and tag.message == "server busy: 1 stream already live", refused.error
     assert held["run"].error is None and held["run"].audio.size == contract.samples_for_tokens(1500)
     after = ensemble(url, _request("之后又能服务。", 4, 20))
     assert after.error is None and after.audio.size == contract.samples_for_tokens(20)

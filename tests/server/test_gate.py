@@ -245,7 +245,7 @@ def test_the_gates_refusals_are_counted_and_logged_with_their_request_ids(one_sl
         ids = ['q"uote\\back', "中文请求", "emoji-\U0001f600", "tab\there"]
         for rid in ids:
             _, err = _stream(url, contract.MODEL_STREAM, _inputs("被拒绝。", 1, 8), request_id=rid)
-            assert err is not None and "[busy] server busy: 1 streams already live" in err, err
+            assert err is not None and "[busy] server busy: 1 stream already live" in err, err
         deadline = time.monotonic() + 10
         logged: list[str] = []
         while time.monotonic() < deadline:

@@ -20,7 +20,7 @@ from tritonclient.grpc import model_config_pb2
 from chattts_serving import contract
 from chattts_serving.deploy.gate import FLAGS, GATE_DIR, LIBRARY, SANITIZER_FLAGS, GateBuildError, build_gate, compiler
 from chattts_serving.deploy.render import render_repository
-from chattts_serving.serving.admission import busy_error
+from chattts_serving.serving.admission import OFFLINE_BUSY_DETAIL, busy_error
 from chattts_serving.serving.profile import PROFILES_DIR, Profile, load_profile
 
 
@@ -107,12 +107,13 @@ def test_the_gate_is_rendered_in_front_of_the_python_entry_model(tmp_path: Path,
     assert [(t.name, t.data_type) for t in gate.output] == [(t.name, t.data_type) for t in entry.output]
     params = {k: v.string_value for k, v in gate.parameters.items()}
     e = profile.entry
-    limit, detail = ((e.max_concurrent_streams, "streams already live") if decoupled else
-                     (e.offline_threads, "requests already running"))
+    limit, detail = ((e.max_concurrent_streams, "stream already live") if decoupled else
+                     (e.offline_threads, "request already running"))
+    detail = detail.replace(" ", "s ", 1) if limit != 1 else detail
     assert params["target_model"] == behind
     assert params["max_live"] == str(limit)
     assert params["busy_message"] == f"[busy] server busy: {limit} {detail}"
-    assert params["busy_message"] == (busy_error(limit) if decoupled else busy_error(limit, detail)).wire()
+    assert params["busy_message"] == (busy_error(limit) if decoupled else busy_error(limit, OFFLINE_BUSY_DETAIL)).wire()
     assert params["label_model"] == model and params["rejected_help"] == contract.REJECTED_HELP
     assert params["rejected_metric"] == contract.REJECTED_METRIC
     assert float(params["cancel_poll_ms"]) == profile.entry.cancel_poll_interval_s * 1000

@@ -92,7 +92,7 @@ def test_every_slot_taken_means_busy_at_once_and_no_work(stages: InProcessStages
     before = dict(stages.calls)
     with pytest.raises(RequestError) as err:
         service.admit(_tensors(max_new_tokens=4), {}, "b")
-    assert err.value.kind == ErrorKind.BUSY and str(err.value) == "server busy: 1 streams already live"
+    assert err.value.kind == ErrorKind.BUSY and str(err.value) == "server busy: 1 stream already live"
     assert observer.rejections == ["busy"] and stages.calls == before
     service.stream(held, RecordingChannel())
     service.admit(_tensors(max_new_tokens=4), {}, "c")  # the slot came back
@@ -574,3 +574,12 @@ def test_a_stream_whose_cancel_watch_fails_still_ends_its_engine_sequence(stages
     finally:
         for t in list(stages.token_streams):
             t.cancel()  # leave the shared engine clean whatever happened
+
+
+def test_busy_refusal_counts_in_words() -> None:
+    """One stream is singular, any other count plural, for both doors' wording."""
+    from chattts_serving.serving.admission import OFFLINE_BUSY_DETAIL, busy_error
+    assert str(busy_error(1)) == "server busy: 1 stream already live"
+    assert str(busy_error(4)) == "server busy: 4 streams already live"
+    assert str(busy_error(1, OFFLINE_BUSY_DETAIL)) == "server busy: 1 request already running"
+    assert str(busy_error(0, OFFLINE_BUSY_DETAIL)) == "server busy: 0 requests already running"
