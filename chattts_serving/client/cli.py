@@ -15,6 +15,7 @@ from pathlib import Path
 
 from .. import contract
 from .common import LOST_CONNECTION, ClientError, SynthesisRequest, SynthesisResult, read_wav, write_wav
+from .keys import InferenceKeyError
 
 PROG = "chattts-client"
 DEFAULT_URLS = {"grpc": "127.0.0.1:8001", "http": "127.0.0.1:8000", "sse": "127.0.0.1:8000"}
@@ -171,6 +172,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if exc.connection:
             return _fail(f"{exc.message} (protocol {args.protocol}; is the server running?)", 2)
         return _fail(exc.message, 1)
+    except InferenceKeyError as exc:  # the configured key is unusable: a usage error, no request sent
+        return _fail(str(exc), 2)
     except KeyboardInterrupt:
         return _fail("interrupted", 130)
     except Exception as exc:  # a client-side bug must still not print a traceback

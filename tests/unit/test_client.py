@@ -5,6 +5,7 @@ tritonserver: tests/server/test_client.py."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -84,3 +85,17 @@ def test_vocoder_paths_and_precisions_are_enums_that_take_their_strings(small_ar
     assert graph_path(small_artifacts, contract.GPT_GRAPH, "fp32") == graph_path(small_artifacts, contract.GPT_GRAPH)
     assert small_artifacts.receptive_field_tokens("codes") == small_artifacts.receptive_field_tokens(
         VocoderPath.CODES)
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http", "sse"])
+def test_the_cli_names_an_unusable_inference_key_as_a_usage_error(
+        protocol: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """A key too short for a header is the user's setting to fix (exit 2, the variable named),
+    not an "unexpected" client error; no server is needed to say so."""
+    from chattts_serving.client import cli
+    monkeypatch.setenv("CHATTTS_INFERENCE_KEY", "short")
+    url = "127.0.0.1:9" if protocol == "grpc" else "http://127.0.0.1:9"
+    code = cli.main(["--protocol", protocol, "--url", url, "--text", "你好", "--out", str(tmp_path / "a.wav")])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "CHATTTS_INFERENCE_KEY" in err and "at least" in err and "unexpected" not in err, err
