@@ -518,6 +518,94 @@ def test_k8s_manifest_validates_strictly_against_the_pinned_kubernetes_schema(in
         pytest.fail(f"{doc['kind']}/{doc['metadata']['name']} at {path}: {exc.message}")
 
 
+def _kubernetes_validate_cli() -> str:
+    """The `kubernetes-validate` command, as CI runs it; the test is skipped without it."""
+    path = _tool("kubernetes-validate")
+    if path is None:
+        pytest.skip("kubernetes-validate not found: pip install -r docker/requirements-validate.txt")
+    return path
+
+
+def _validate_cli(paths: list[Path]) -> subprocess.CompletedProcess[str]:
+    """`kubernetes-validate --strict` against the pinned release. It exits 0 with only a
+    warning for a kind it has no schema for, so callers also check the output for `WARN`."""
+    return _run([_kubernetes_validate_cli(), "--kubernetes-version", K8S_VERSION, "--strict", *map(str, paths)])
+
+
+def test_kubernetes_validate_is_pinned_and_has_the_schemas_of_the_pinned_release() -> None:
+    """The schemas ship inside kubernetes-validate: its version decides what `--strict`
+    checks, so it is pinned exactly, and K8S_VERSION must be among the releases it ships."""
+    pins = dict(re.findall(r"^([A-Za-z0-9_.-]+)==(\S+)", (DOCKER / "requirements-validate.txt")
+                           .read_text(encoding="utf-8"), flags=re.MULTILINE))
+    assert "kubernetes-validate" in pins, "docker/requirements-validate.txt must pin kubernetes-validate with =="
+    kubernetes_validate = pytest.importorskip(
+        "kubernetes_validate", reason="pip install -r docker/requirements-validate.txt")
+    from importlib import metadata
+
+    assert metadata.version("kubernetes-validate") == pins["kubernetes-validate"], (
+        "the installed kubernetes-validate is not the pinned one: pip install -r docker/requirements-validate.txt")
+    assert K8S_VERSION in kubernetes_validate.utils.all_versions()
+
+
+def test_every_manifest_file_passes_kubernetes_validate_strict() -> None:
+    """The command CI runs over docker/k8s: every file, every object, no kind left unchecked."""
+    files = sorted(p for p in K8S.glob("*.yaml") if p.name != "kustomization.yaml")
+    proc = _validate_cli(files)
+    _assert_ok(proc)
+    output = proc.stdout + proc.stderr
+    assert "WARN" not in output, f"an object kubernetes-validate has no schema for:\n{output}"
+    assert output.count(" passed for resource ") == len(_k8s_docs()), output
+
+
+def _kustomize_build(tmp_path: Path) -> Path:
+    """`kubectl kustomize docker/k8s` (what `kubectl apply -k` applies), written to a file."""
+    kubectl = _tool("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl (with its built-in kustomize) not found: install kubectl")
+    proc = _run([kubectl, "kustomize", str(K8S)])
+    _assert_ok(proc)
+    built = tmp_path / "kustomize-build.yaml"
+    built.write_text(proc.stdout, encoding="utf-8")
+    return built
+
+
+def test_the_kustomize_build_passes_kubernetes_validate_strict(tmp_path: Path) -> None:
+    """What a cluster receives is kustomize's output (images rewritten), not the files."""
+    built = _kustomize_build(tmp_path)
+    objects = [doc for doc in yaml.safe_load_all(built.read_text(encoding="utf-8")) if doc]
+    assert sorted((d["kind"], d["metadata"]["name"]) for d in objects) == sorted(
+        (d["kind"], d["metadata"]["name"]) for _, d in _k8s_docs())
+    assert all(d["metadata"].get("namespace") for d in objects if d["kind"] != "Namespace"), \
+        "every namespaced object names its namespace"
+    proc = _validate_cli([built])
+    _assert_ok(proc)
+    output = proc.stdout + proc.stderr
+    assert "WARN" not in output, output
+    assert output.count(" passed for resource ") == len(objects), output
+
+
+@pytest.mark.parametrize(("where", "typo"), [
+    ("spec.template.spec.terminationGracePeriodSeconds", "terminationGracePeriodSecond"),
+    ("spec.template.spec.containers[0].readinessProbe", "readynessProbe"),
+    ("spec.template.spec.volumes[1].emptyDir.sizeLimit", "sizelimit"),
+])
+def test_a_mistyped_field_in_a_copy_of_the_deployment_fails_validation(
+        tmp_path: Path, where: str, typo: str) -> None:
+    """The check is strict for real: one misspelt field name in the shipped Deployment fails it,
+    and the message names the field."""
+    field = where.rsplit(".", 1)[-1]
+    text = (K8S / "deployment.yaml").read_text(encoding="utf-8")
+    assert len(re.findall(rf"^\s*{field}:", text, flags=re.MULTILINE)) == 1, field
+    copy = tmp_path / "deployment.yaml"
+    copy.write_text(re.sub(rf"^(\s*){field}:", rf"\g<1>{typo}:", text, flags=re.MULTILINE), encoding="utf-8")
+    proc = _validate_cli([copy])
+    assert proc.returncode != 0, proc.stdout + proc.stderr
+    assert f"'{typo}' was unexpected" in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+    # the same copy passes without --strict: strictness is what catches it
+    lax = _run([_kubernetes_validate_cli(), "--kubernetes-version", K8S_VERSION, str(copy)])
+    _assert_ok(lax)
+
+
 def test_kustomization_lists_every_manifest_and_pins_the_images() -> None:
     kustomization = _load_yaml(K8S / "kustomization.yaml")
     assert kustomization["kind"] == "Kustomization"
@@ -580,6 +668,33 @@ def test_deployment_requests_one_gpu_and_probes_triton_health() -> None:
     assert {v["persistentVolumeClaim"]["claimName"] for v in job["volumes"] if "persistentVolumeClaim" in v} \
         == {claim}
     assert "/dev/shm" in mounts, "Triton's Python backend needs a larger /dev/shm than the default"
+
+
+def _bytes(quantity: str) -> int:
+    """A Kubernetes quantity (``2Gi``) or a compose size (``2gb``) in bytes."""
+    found = re.fullmatch(r"(\d+)\s*(Ki|Mi|Gi|k|m|g|kb|mb|gb|b)?", quantity.strip(), flags=re.IGNORECASE)
+    assert found, f"not a size: {quantity!r}"
+    units = {"": 1, "b": 1, "ki": 2**10, "mi": 2**20, "gi": 2**30, "k": 2**10, "kb": 2**10,
+             "m": 2**20, "mb": 2**20, "g": 2**30, "gb": 2**30}
+    return int(found.group(1)) * units[(found.group(2) or "").lower()]
+
+
+def test_the_python_backends_dev_shm_is_sized_the_same_in_kubernetes_and_compose() -> None:
+    """Triton's Python-backend stubs exchange tensors with the server through /dev/shm; the
+    runtimes' 64 MiB default is too small (the stub fails with "Failed to increase the shared
+    memory pool", tests/deploy/test_k8s.py reproduces it). Kubernetes gets a memory-backed
+    emptyDir with a size limit at /dev/shm, compose `shm_size`: the same size."""
+    spec = _pod_spec(_k8s_object("Deployment", "chattts-triton"))
+    (triton,) = spec["containers"]
+    (mount,) = [m for m in triton["volumeMounts"] if m["mountPath"] == "/dev/shm"]
+    assert not mount.get("readOnly")
+    (volume,) = [v for v in spec["volumes"] if v["name"] == mount["name"]]
+    assert volume["emptyDir"]["medium"] == "Memory"
+    size = _bytes(volume["emptyDir"]["sizeLimit"])
+    assert size >= 1 << 30, "at least 1 GiB for the Python backend's pools"
+    assert _bytes(_compose()["services"]["triton"]["shm_size"]) == size
+    # The memory-backed volume counts against the container's memory limit.
+    assert _bytes(triton["resources"]["limits"]["memory"]) > size
 
 
 def test_service_selects_the_server_pods_and_is_scraped() -> None:
