@@ -27,7 +27,8 @@ bash scripts/debian_packages.sh
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
 PIP=("$VENV/bin/python" -m pip install -q --disable-pip-version-check)
 "${PIP[@]}" torch==2.13.0
-"${PIP[@]}" torch==2.13.0 -e ".[$ONNX_FLAVOUR,dev,bench,gateway]" -r docker/requirements-validate.txt
+AGENTS=,agents; [ "$ONNX_FLAVOUR" = cpu ] || AGENTS=  # pipecat-ai needs the CPU onnxruntime (pyproject.toml)
+"${PIP[@]}" torch==2.13.0 -e ".[$ONNX_FLAVOUR,dev,bench,gateway$AGENTS]" -r docker/requirements-validate.txt
 
 # torchaudio: drop the CUDA-only extensions where the CUDA runtime is absent.
 "$VENV/bin/python" - <<'PYEOF'
