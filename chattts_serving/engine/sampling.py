@@ -63,14 +63,14 @@ def sample_batch(logits: np.ndarray, samplers: list[RequestSampler]) -> np.ndarr
     temp = np.repeat(np.array([s.params.temperature for s in samplers], np.float32), contract.NUM_VQ)
     x /= temp[:, None]
 
-    # repetition penalty over each head's last 16 codes
-    for i, s in enumerate(samplers):
-        if s.params.repetition_penalty == 1.0 or not s.history:
-            continue
-        hist = np.stack(s.history)  # (steps, 4)
-        rows = x[i * contract.NUM_VQ:(i + 1) * contract.NUM_VQ]
-        for q in range(contract.NUM_VQ):
-            rows[q] = _penalised(rows[q], hist[:, q], s.params.repetition_penalty, n)
+    # repetition penalty over each head's last 16 codes, all rows at once
+    pen = [i for i, s in enumerate(samplers) if s.params.repetition_penalty != 1.0 and s.history]
+    if pen:
+        hists = [np.stack(samplers[i].history).T for i in pen]  # (4, steps) each
+        rows = np.concatenate([np.arange(i * contract.NUM_VQ, (i + 1) * contract.NUM_VQ) for i in pen])
+        penalty = np.repeat(np.array([samplers[i].params.repetition_penalty for i in pen], np.float32),
+                            contract.NUM_VQ)
+        x[rows] = _penalised_rows(x[rows], hists, penalty)
 
     top_p = np.repeat(np.array([s.params.top_p for s in samplers], np.float32), contract.NUM_VQ)
     top_k = np.repeat(np.array([s.params.top_k for s in samplers]), contract.NUM_VQ)
@@ -114,8 +114,9 @@ def sample_text_batch(logits: np.ndarray, samplers: list[RequestSampler], eos_id
     for i, s in enumerate(samplers):
         if s.params.repetition_penalty != 1.0 and s.history:
             x[i] = _penalised(x[i], np.stack(s.history)[:, 0], s.params.repetition_penalty, n)
+    _top_p_top_k(x, np.array([s.params.top_p for s in samplers], np.float32),
+                 np.array([s.params.top_k for s in samplers], np.int64))
     for i, s in enumerate(samplers):
-        _top_p_top_k_row(x[i], s.params.top_p, s.params.top_k)
         if s.steps < s.params.min_new_tokens:
             x[i, eos_id] = -np.inf
     return _draw(x, np.concatenate([s.rng.random(1) for s in samplers])).astype(np.int64)
@@ -130,10 +131,101 @@ def _penalised(row: np.ndarray, history: np.ndarray, penalty: float, n: int) -> 
     return np.where(row < 0, row * alpha, row / alpha)
 
 
+def _penalised_rows(x: np.ndarray, histories: list[np.ndarray], penalty: np.ndarray) -> np.ndarray:
+    """:func:`_penalised` on rows (R, n) at once: ``histories`` holds (rows, steps) int arrays
+    whose rows stack to R (one per row: the ids seen), ``penalty`` (R,) float32. Only the ids
+    seen change (``alpha = penalty ** 0 = 1`` leaves the others as they are)."""
+    n = x.shape[1]
+    offsets = np.cumsum([0] + [h.shape[0] for h in histories])[:-1]
+    flat = np.concatenate([((o + np.arange(h.shape[0]))[:, None] * n + h).ravel()
+                           for o, h in zip(offsets, histories)])
+    seen, count = np.unique(flat, return_counts=True)
+    row, col = np.divmod(seen, n)
+    alpha = np.power(penalty[row], count.astype(np.float32))
+    v = x[row, col]
+    out = x.copy()
+    out[row, col] = np.where(v < 0, v * alpha, v / alpha)
+    return out
+
+
 def _top_p_top_k(x: np.ndarray, top_p: np.ndarray, top_k: np.ndarray) -> None:
     """transformers' ``TopPLogitsWarper`` then ``TopKLogitsWarper`` (both with
-    ``min_tokens_to_keep=3``, as ChatTTS' ``gen_logits`` builds them), in place on rows
-    (R, n) with one top_p (R,) float32 and top_k (R,) int per row."""
+    ``min_tokens_to_keep=3``, as ChatTTS' ``gen_logits`` builds them), in place on finite rows
+    (R, n) float32 with one top_p (R,) float and top_k (R,) int per row; what is filtered out
+    becomes -inf.
+
+    Without sorting whole rows (a stable argsort of every row was most of a code step's
+    sampling at batch 16). Exact because top-k follows top-p: top-p removes a prefix of the
+    ascending order, so whatever survives both lies among the ``K = max(top_k, 3)`` largest of
+    the row (ties at the K-th value included: the candidates). Only the candidates are
+    gathered (one ``np.argpartition`` for the batch at its rows' largest K, a second only where
+    ties at a row's K-th value make more candidates) and sorted stably (value, then index), which is
+    the tail of the row's stable ascending sort. A candidate's ascending cumulative mass is the
+    mass of the non-candidates plus the cumulative mass of the candidates up to it: float32
+    softmax probabilities with the normaliser over the whole row, accumulated in float64 and
+    rounded to float32, as torch's CPU cumsum does (its accumulator for float is double). Top-p
+    removes candidates whose cumulative mass is ``<= 1 - top_p`` except the 3 largest; top-k
+    then keeps the survivors ``>=`` the K-th largest survivor.
+    """
+    r, n = x.shape
+    keep = contract.MIN_TOKENS_TO_KEEP
+    k = np.minimum(np.maximum(np.asarray(top_k, np.int64), keep), n)
+    k_max = int(k.max())
+    rows, ar = np.arange(r)[:, None], np.arange(r)
+    idx = _largest(x, k_max)
+    kth = np.sort(x[rows, idx], axis=1)[ar, k_max - k]  # each row's K-th largest value
+    is_cand = x >= kth[:, None]
+    c_max = int(is_cand.sum(axis=1).max())
+    if c_max > k_max:
+        # ties at some row's K-th value: gather the c_max largest instead, which hold every
+        # row's candidates (a row's candidates are its c <= c_max largest values)
+        idx = _largest(x, c_max)
+    else:
+        c_max = k_max  # each row's candidates are among its k_max largest
+    vals = x[rows, idx]
+    cand = vals >= kth[:, None]
+    vals = np.where(cand, vals, -np.inf)
+    order = np.lexsort((idx, vals), axis=1)  # ascending value, ties by index; non-candidates first
+    idx, vals, cand = idx[rows, order], vals[rows, order], cand[rows, order]
+    e = np.exp(x - vals[:, -1:])
+    z = e.sum(axis=1, dtype=np.float32, keepdims=True)
+    probs = e / z
+    below = np.where(is_cand, np.float32(0), probs).sum(axis=1, dtype=np.float64)
+    cum = (below[:, None] + np.cumsum(np.where(cand, probs[rows, idx], np.float32(0)), axis=1, dtype=np.float64)
+           ).astype(np.float32)
+    threshold = (np.float32(1.0) - np.asarray(top_p, np.float32))[:, None]
+    survive = cand & ~(cum <= threshold)
+    survive[:, -keep:] = cand[:, -keep:]
+    # top-k among the survivors (a suffix of the candidates): the K-th largest survivor sits in
+    # column c_max - K when at least K survived, else every survivor stays
+    kth2 = np.where(survive[ar, c_max - k], vals[ar, c_max - k], -np.inf)
+    kept = survive & (vals >= kth2[:, None])
+    out = np.full_like(x, -np.inf)
+    out[rows, idx] = np.where(kept, vals, -np.inf)
+    x[:] = out
+
+
+def _largest(x: np.ndarray, m: int) -> np.ndarray:
+    """Column indices (R, m) of the m largest values of each row of x (R, n), in no order (ties
+    at the m-th value: any of them)."""
+    n = x.shape[1]
+    if m >= n:
+        return np.broadcast_to(np.arange(n), x.shape)
+    return np.argpartition(x, n - m, axis=1)[:, n - m:]
+
+
+def _top_p_top_k_row(row: np.ndarray, top_p: float, top_k: int) -> None:
+    """:func:`_top_p_top_k` on one finite row (n,) in place."""
+    x = row[None]
+    _top_p_top_k(x, np.array([top_p], np.float32), np.array([top_k], np.int64))
+
+
+def top_p_top_k_full_sort(x: np.ndarray, top_p: np.ndarray, top_k: np.ndarray) -> None:
+    """The full-sort form of :func:`_top_p_top_k` that the code mode ran before it: a stable
+    ascending argsort of every row, float32 softmax and cumulative sum in that order. Kept as
+    the reference the partition form is tested and benchmarked against (tests/unit/test_sampling.py,
+    scripts/bench_sampling.py); it keeps the same set except where a cumulative mass lies
+    within float32 rounding of ``1 - top_p`` (its float32 cumsum against float64 there)."""
     n = x.shape[1]
     keep = contract.MIN_TOKENS_TO_KEEP
     order = np.argsort(x, axis=1, kind="stable")
@@ -145,48 +237,9 @@ def _top_p_top_k(x: np.ndarray, top_p: np.ndarray, top_k: np.ndarray) -> None:
     remove = np.zeros_like(remove_sorted)
     np.put_along_axis(remove, order, remove_sorted, axis=1)
     x[remove] = -np.inf
-    # the k-th largest value left after top-p, read from the ascending sort above (top-p removed
-    # a prefix of it). np.partition with one kth per row partitions every row at all of them:
-    # with top_k = 626 and most codes removed by top-p, up to 100 ms per step at batch 16.
     k = np.minimum(np.maximum(top_k, keep), n)
     kth = np.where(remove_sorted, -np.inf, sorted_x)[np.arange(x.shape[0]), n - k]
     x[x < kth[:, None]] = -np.inf
-
-
-def _top_p_top_k_row(row: np.ndarray, top_p: float, top_k: int) -> None:
-    """:func:`_top_p_top_k` on one finite row (n,) in place, without sorting the whole row (a
-    stable argsort of the 21178 text logits cost more than the rest of a text step).
-
-    Exact because top-k follows top-p: top-p removes a prefix of the ascending order, so
-    whatever survives both lies among the ``K = max(top_k, 3)`` largest (ties at the K-th
-    value included). Only those candidates are sorted (stably, as the full sort orders them);
-    a candidate's ascending cumulative mass is ``1 - (mass of the candidates after it)``, with
-    the softmax normaliser taken over the whole row (float64).
-    """
-    n = row.shape[0]
-    keep = contract.MIN_TOKENS_TO_KEEP
-    k = min(max(int(top_k), keep), n)
-    kth = np.partition(row, n - k)[n - k]
-    is_cand = row >= kth
-    cand = np.flatnonzero(is_cand)
-    vals = row[cand]
-    order = np.lexsort((cand, vals))  # ascending value, ties by index: a stable ascending sort
-    cand, vals = cand[order], vals[order]
-    # float32 softmax probabilities; cumulative sums accumulated in float64 and rounded to
-    # float32, as torch's CPU cumsum does (its accumulator type for float is double)
-    e = np.exp(row - vals[-1])
-    probs = e / e.sum(dtype=np.float32)
-    below = probs[~is_cand].sum(dtype=np.float64)
-    cum = (below + np.cumsum(probs[cand], dtype=np.float64)).astype(np.float32)
-    remove = cum <= np.float32(1.0 - np.float32(top_p))
-    remove[-keep:] = False
-    survivors, s_vals = cand[~remove], vals[~remove]
-    if len(survivors) >= k:
-        kth2 = np.sort(s_vals)[len(s_vals) - k]
-        survivors = survivors[s_vals >= kth2]
-    kept = row[survivors].copy()
-    row[:] = -np.inf
-    row[survivors] = kept
 
 
 def _draw(x: np.ndarray, uniforms: np.ndarray) -> np.ndarray:
