@@ -10,7 +10,7 @@ METRICS_PORT ?= 8002
 PA_MODEL ?= chattts
 PYTEST_ARGS ?=
 
-.PHONY: help setup export export-small export-full int8-accuracy serve demo test lint typecheck unit bench bench-smoke loadtest soak recovery gateway textnorm-report clean
+.PHONY: help setup export export-small export-full int8-accuracy serve demo test lint typecheck unit bench bench-smoke loadtest soak recovery gateway voices-db textnorm-report clean
 
 help:  ## list targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -81,8 +81,17 @@ loadtest:  ## Locust headless against a running server (USERS, SPAWN_RATE, DURAT
 GATEWAY_PORT ?= 8080
 GATEWAY_ARGS ?=
 
-gateway: setup  ## OpenAI /v1/audio/speech, the WebSocket stream and its page (/) on GATEWAY_PORT over a running server's gRPC (GRPC_PORT); GATEWAY_ARGS for more flags
+# The venv as setup last made it: `make gateway` reruns setup only when one of these changed.
+VENV_STAMP := .venv/.setup-stamp
+$(VENV_STAMP): pyproject.toml scripts/setup.sh scripts/debian_packages.sh docker/requirements-validate.txt
+	bash scripts/setup.sh
+	touch $@
+
+gateway: $(VENV_STAMP)  ## OpenAI /v1/audio/speech, the WebSocket stream and its page (/) on GATEWAY_PORT over a running server's gRPC (GRPC_PORT); GATEWAY_ARGS for more flags; setup only when the venv is older than pyproject.toml or setup.sh
 	$(PY) -m chattts_serving.gateway --triton-url 127.0.0.1:$(GRPC_PORT) --port $(GATEWAY_PORT) $(GATEWAY_ARGS)
+
+voices-db:  ## a local PostgreSQL for saved voices (VOICES_DB_PORT 5433, VOICES_DB_DIR), started if not running; prints the CHATTTS_VOICE_STORE URL (stop: scripts/voices_db.sh stop)
+	bash scripts/voices_db.sh
 
 recovery: setup  ## each kind of model process SIGKILLed under streams on every door, full size -> results/recovery.json (kill to error, kill to serving)
 	$(PY) -m chattts_serving.export --synthetic --size full --quiet
