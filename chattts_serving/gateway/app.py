@@ -315,7 +315,7 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
     @app.get("/", include_in_schema=False)
     async def page() -> HTMLResponse:
         """The demo page: type text, pick a voice, hear it stream (``gateway/static/index.html``)."""
-        return HTMLResponse(page_html(), headers={"Cache-Control": "no-store"})
+        return HTMLResponse(page_html(cfg.api_key is not None), headers={"Cache-Control": "no-store"})
 
     @app.post(SPEECH_PATH, dependencies=[Depends(authorize)], response_model=None)
     async def speech(body: SpeechRequest, http_request: Request) -> Response:

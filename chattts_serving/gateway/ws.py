@@ -787,6 +787,9 @@ async def serve_speech_stream(websocket: WebSocket, cfg: GatewaySettings, client
     await SpeechStream(websocket, cfg, client, metrics, live, busy, drain).run()
 
 
-def page_html() -> str:
-    """The demo page served at ``/`` (``static/index.html``, no build step, no external assets)."""
-    return resources.files(__package__).joinpath("static/index.html").read_text(encoding="utf-8")
+def page_html(needs_key: bool = False) -> str:
+    """The demo page served at ``/`` (``static/index.html``, no build step, no external assets);
+    ``needs_key``: whether the gateway has an API key (``<body data-needs-key>``: the page then
+    asks for the key before it lists the voices)."""
+    html = resources.files(__package__).joinpath("static/index.html").read_text(encoding="utf-8")
+    return html.replace("<body>", f'<body data-needs-key="{str(needs_key).lower()}">', 1)

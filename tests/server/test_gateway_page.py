@@ -1,6 +1,8 @@
 """The page at ``/`` in headless Chromium (Debian's ``chromium`` driven by Playwright): it
-loads, fills the voice picker from ``/v1/audio/voices``, plays a synthesis streamed over the
-WebSocket, and shows the time to first audio. ``CHATTTS_UPDATE_SCREENSHOT=1`` also saves the
+loads without a console error (its favicon inline), fills the voice picker from
+``/v1/audio/voices`` (at once on a gateway without a key; once the key is typed on one with a
+key, saying so until then), plays a synthesis streamed over the WebSocket, and shows the time
+to first audio. ``CHATTTS_UPDATE_SCREENSHOT=1`` also saves the
 picture in docs/openai-gateway.md (``docs/ws-page.png``).
 
 Without Chromium (or Playwright) the test is skipped, naming what to install; under CI
@@ -67,7 +69,7 @@ def test_the_page_plays_a_stream_and_shows_the_time_to_first_audio(page: Page, t
     assert state["samples"] == 2 * contract.samples_for_tokens(40)  # two sentences of 40 tokens
     assert isinstance(state["ttfaMs"], int) and state["ttfaMs"] > 0
     assert p.inner_text("#ttfa") == f"{state['ttfaMs']} ms"
-    assert len(state["sentences"]) == 2 and not page.errors
+    assert len(state["sentences"]) == 2 and not page.errors and not page.console_errors, page.console_errors
     assert page.status().startswith("Done: 2 sentences") and p.is_enabled("#play") and p.is_disabled("#stop")
     assert p.input_value("#voice") == "nova"
     page.shot(tmp_path, "ws-page")
@@ -156,3 +158,49 @@ def test_an_emoji_is_reported_not_spoken_and_the_stream_ends_done(page: Page, tm
     assert state["unspoken"] == ["😀", "👍"] and state["samples"] == contract.samples_for_tokens(40)
     assert "not spoken: 😀 👍" in page.status() and not page.page.query_selector_all("#log .error")
     page.shot(tmp_path, "ws-page-emoji")
+
+
+def test_empty_text_clears_the_last_streams_figures(page: Page) -> None:
+    """An "empty text" press after a stream clears its time to first audio, frame count and
+    sentences: they would read as this press's."""
+    p = page.page
+    p.fill("#text", "你好。")
+    p.click("#play")
+    assert page.wait_state("done", "error")["state"] == "done"
+    assert p.inner_text("#ttfa").endswith(" ms") and p.inner_text("#frames") != "0 frames"
+    assert p.inner_text("#log")
+    p.fill("#text", "  ")
+    p.click("#play")
+    assert page.status() == "Type some text to speak first."
+    assert (p.inner_text("#ttfa"), p.inner_text("#frames"), p.inner_text("#log")) == ("–", "0 frames", "")
+    state = page.state()
+    assert (state["samples"], state["ttfaMs"], state["sentences"], state["framesReceived"]) == (0, None, [], 0)
+    assert not page.errors and not page.console_errors, page.console_errors
+
+
+def test_without_a_gateway_key_the_voices_load_at_once_and_with_one_the_page_asks_for_it(
+        browser: Any, triton_server: Server, page_url: str) -> None:
+    """A gateway without a key: the voice picker fills on load, no key typed, no console error.
+    A gateway with one: the page asks for the key before asking for the voices (no request bound
+    to fail, so no console error), and fills the picker once the key is typed."""
+    with running_gateway(GatewaySettings(triton_url=triton_server.grpc_url)) as url:
+        p = Page(browser, url, key=None)
+        try:
+            p.page.wait_for_function("window.ttsState.voicesLoaded", timeout=20_000)
+            voices = p.page.eval_on_selector_all("#voice option", "os => os.map(o => o.value)")
+            assert "alloy" in voices and p.status() == "Ready."
+            assert not p.errors and not p.console_errors, p.console_errors
+        finally:
+            p.close()
+    p = Page(browser, page_url, key=None)
+    try:
+        p.page.wait_for_function("document.getElementById('status').textContent.includes('API key')")
+        assert "needs an API key" in p.status() and not p.page.query_selector_all("#voice option")
+        assert not p.console_errors, p.console_errors
+        p.page.fill("#key", API_KEY)
+        p.page.dispatch_event("#key", "change")
+        p.page.wait_for_function("window.ttsState.voicesLoaded", timeout=20_000)
+        assert "nova" in p.page.eval_on_selector_all("#voice option", "os => os.map(o => o.value)")
+        assert p.status() == "Ready." and not p.errors and not p.console_errors, p.console_errors
+    finally:
+        p.close()

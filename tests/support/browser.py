@@ -62,13 +62,18 @@ def launched() -> Iterator[Any]:
 
 
 class Page:
-    """One page of the gateway in the browser: its WebSockets and script errors recorded."""
+    """One page of the gateway in the browser: its WebSockets, script errors and console errors
+    (a failed resource load, such as a missing favicon or a refused request, is one) recorded
+    from the first load on."""
 
     def __init__(self, browser: Any, url: str, key: str | None = API_KEY) -> None:
         self.page = browser.new_page(viewport={"width": 900, "height": 700})
         self.errors: list[str] = []
+        self.console_errors: list[str] = []
         self.sockets: list[Any] = []
         self.page.on("pageerror", lambda exc: self.errors.append(str(exc)))
+        self.page.on("console", lambda msg: self.console_errors.append(f"{msg.text} ({msg.location.get('url')})")
+                     if msg.type == "error" else None)
         self.page.on("websocket", lambda ws: self.sockets.append(ws))
         self.page.goto(url)
         assert self.page.title() == "ChatTTS streaming"
