@@ -30,7 +30,7 @@ import tritonclient.grpc.aio as grpcaio
 from tritonclient.utils import InferenceServerException
 
 from .. import contract
-from .common import LOST_CONNECTION, TIMEOUT, ClientError, StreamPart, SynthesisRequest
+from .common import LOST_CONNECTION, TIMEOUT, ClientError, StreamPart, SynthesisRequest, connection_lost
 from .grpc_stream import grpc_inputs, response_part
 from .keys import grpc_metadata, key_error, resolve_key
 
@@ -148,7 +148,7 @@ class AioStreamClient:
         refused = key_error(message, self.url, bool(self.inference_key), grpc=True)
         if refused is not None:
             return refused
-        if status == str(grpc.StatusCode.UNAVAILABLE):
+        if connection_lost(status, message):
             what = LOST_CONNECTION if streaming else "cannot reach"
             return ClientError(f"{what} {self.url}: {message}", status, connection=True)
         return ClientError(message, status)

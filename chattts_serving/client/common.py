@@ -58,6 +58,19 @@ LOST_CONNECTION = "lost the connection to"
 """How the message of a stream cut by its server's going away begins (``connection=True``):
 the server stopped, crashed or restarts; a retry may find it (or another) serving."""
 
+STREAM_REMOVED = "Stream removed"
+"""How gRPC's message begins (status INTERNAL) for a stream that its HTTP/2 connection ended
+without a gRPC status: a proxy in between (haproxy) closing the stream because the connection to
+its replica broke. The server went away, as with UNAVAILABLE (:func:`connection_lost`)."""
+
+
+def connection_lost(status: int | str | None, message: str) -> bool:
+    """Whether a gRPC call's failure (``status``: ``"StatusCode.<NAME>"``) means that its server
+    could not be reached or went away: UNAVAILABLE, or INTERNAL :data:`STREAM_REMOVED`."""
+    return status == "StatusCode.UNAVAILABLE" or (status == "StatusCode.INTERNAL"
+                                                  and message.startswith(STREAM_REMOVED))
+
+
 TIMEOUT = "timeout"
 """``ClientError.status`` of a request this client stopped waiting for."""
 

@@ -29,6 +29,7 @@ from .common import (
     SynthesisResult,
     audio_only,
     collect_stream,
+    connection_lost,
     parse_info,
 )
 from .keys import grpc_metadata, key_error, resolve_key
@@ -36,7 +37,6 @@ from .keys import grpc_metadata, key_error, resolve_key
 DEFAULT_TIMEOUT_S = 300.0
 """Default deadline of a whole stream, in seconds."""
 
-_CONNECTION_STATUSES = ("StatusCode.UNAVAILABLE",)
 _EARLY_ERROR_WAIT_S = 5.0
 
 
@@ -55,7 +55,7 @@ def _client_error(exc: InferenceServerException, url: str, key_sent: bool = Fals
     refused = key_error(message, url, key_sent, grpc=True)
     if refused is not None:
         return refused
-    if status in _CONNECTION_STATUSES:
+    if connection_lost(status, message):
         what = LOST_CONNECTION if streaming else "cannot connect to"  # mid-stream: the server went away
         return ClientError(f"{what} {url}: {message}", status, connection=True)
     return ClientError(message, status)

@@ -99,3 +99,20 @@ def test_the_cli_names_an_unusable_inference_key_as_a_usage_error(
     err = capsys.readouterr().err
     assert code == 2, err
     assert "CHATTTS_INFERENCE_KEY" in err and "at least" in err and "unexpected" not in err, err
+
+
+def test_a_stream_ended_without_a_grpc_status_is_a_lost_connection() -> None:
+    """haproxy ends a client's stream without a gRPC status when its replica's connection breaks
+    (gRPC: INTERNAL "Stream removed"): the client reads the server gone (unavailable,
+    retryable), as UNAVAILABLE; any other INTERNAL stays internal."""
+    from tritonclient.utils import InferenceServerException
+
+    from chattts_serving.client.grpc_stream import _client_error
+    from chattts_serving.errors import ErrorKind
+
+    cut = _client_error(InferenceServerException("Stream removed (Data frame with END_STREAM flag received)",
+                                                 "StatusCode.INTERNAL"), "lb:8001", streaming=True)
+    assert cut.connection and cut.kind == ErrorKind.UNAVAILABLE
+    assert cut.message.startswith("lost the connection to lb:8001")
+    other = _client_error(InferenceServerException("internal error: X", "StatusCode.INTERNAL"), "lb:8001")
+    assert not other.connection and other.kind == ErrorKind.INTERNAL
