@@ -107,6 +107,24 @@ class Precision(WireEnum):
     for them (manifest.json ``precisions.int8.accuracy.meets_threshold``) meets the project's
     threshold, else fp32 (``runtime.resolve_precision``)."""
 
+
+class KvPrecision(WireEnum):
+    """Element type of the GPT step's KV cache (profile ``engine.kv_cache``): what the fused
+    graph's ``past_*``/``present_*`` hold and the engine's preallocated cache buffers are made
+    of. Attention itself computes in the graph's compute type; see
+    ``chattts_serving/engine/kvprecision.py``."""
+
+    FP32 = "fp32"
+    """The exported graph as it is (the reference: served fp32 == ChatTTS)."""
+    FP16 = "fp16"
+    """Half the cache bytes: the attention of the graph runs in fp16 on the cache (the query
+    is cast to fp16 and the attention output back to fp32; ONNX Runtime's CPU
+    GroupQueryAttention takes an fp16 cache only with an fp16 query)."""
+    INT8 = "int8"
+    """A quarter of the cache bytes: symmetric int8 with one static scale per head and
+    channel for K and for V of each layer, calibrated on the fp32 graph
+    (:data:`KV_SCALES_FILE`); GroupQueryAttention dequantizes on read and computes in fp32."""
+
 # --- audio -----------------------------------------------------------------------------
 SAMPLE_RATE_HZ: Final = 24000
 """Output sample rate of every audio tensor, in Hz (mono, float32 in [-1, 1])."""
@@ -544,6 +562,10 @@ INT8_GRAPH_FILES: Final = {GPT_GRAPH: "gpt_step.int8.onnx",
 """int8 file of each graph that has one (8-bit weight-only MatMulNBits, fp32 IO; see
 ``chattts_serving/export/int8.py``), as ``chattts-export --precision int8`` writes them and lists
 them in manifest.json under ``precisions.int8``."""
+KV_SCALES_FILE: Final = "kv_scales.npz"
+"""The int8 KV cache's scales (``k_<layer>``, ``v_<layer>``: (heads, 1, head_dim) float32 each),
+written by ``python -m chattts_serving.bench.kv --calibrate`` and listed in manifest.json under
+``kv_cache.int8``."""
 MANIFEST: Final = "manifest.json"
 EMBED_FILE: Final = "embed.npz"
 SPEAKER_FILE: Final = "speaker_stats.npz"

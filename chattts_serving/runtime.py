@@ -29,6 +29,10 @@ class OrtOptions:
     (its string value is taken too and becomes the member; another raises ValueError; see
     :func:`graph_path`).
     ``device_id``: the GPU ordinal for the CUDA/TensorRT execution providers and cupy.
+    ``kv_cache``: the GPT step's KV cache precision, a :class:`~chattts_serving.contract.KvPrecision`
+    (its string value is taken too; another raises ValueError): ``fp32`` runs the graph as
+    exported, ``fp16``/``int8`` rewrite its cache when the session loads
+    (:mod:`chattts_serving.engine.kvprecision`). The vocoders ignore it.
     """
 
     intra_op_threads: int = 0
@@ -37,9 +41,11 @@ class OrtOptions:
     io_binding: bool = False
     precision: Precision = Precision.FP32
     device_id: int = 0
+    kv_cache: contract.KvPrecision = contract.KvPrecision.FP32
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "precision", _precision(self.precision))
+        object.__setattr__(self, "kv_cache", kv_precision(self.kv_cache))
 
 
 PRECISIONS = tuple(p.value for p in contract.Precision)
@@ -58,6 +64,19 @@ def _precision(value: Precision | str) -> Precision:
         return Precision(value)
     except ValueError:
         raise ValueError(f"unknown precision {value!r}; expected one of {PRECISIONS}") from None
+
+
+KV_PRECISIONS = tuple(p.value for p in contract.KvPrecision)
+"""KV cache precisions the GPT step runs with (:class:`~chattts_serving.contract.KvPrecision`)."""
+
+
+def kv_precision(value: contract.KvPrecision | str) -> contract.KvPrecision:
+    """``value`` as a :class:`~chattts_serving.contract.KvPrecision`. Raises ValueError naming
+    the values there are."""
+    try:
+        return contract.KvPrecision(value)
+    except ValueError:
+        raise ValueError(f"unknown KV cache precision {value!r}; expected one of {KV_PRECISIONS}") from None
 
 
 def resolve_precision(artifacts: Artifacts, precision: Precision | str,
@@ -93,9 +112,9 @@ def graph_path(artifacts: Artifacts, graph: str, precision: Precision | str = Pr
     return artifacts.root / variant
 
 
-def make_session(path: Path | str, opts: OrtOptions = OrtOptions()) -> Any:
-    """An ``onnxruntime.InferenceSession`` for ``path`` with ``opts``; providers that this
-    onnxruntime build lacks are dropped (CPU is always kept as the fallback)."""
+def make_session(path: Path | str | bytes, opts: OrtOptions = OrtOptions()) -> Any:
+    """An ``onnxruntime.InferenceSession`` for ``path`` (or a serialized model) with ``opts``;
+    providers that this onnxruntime build lacks are dropped (CPU is always kept as the fallback)."""
     import onnxruntime as ort
 
     so = ort.SessionOptions()
@@ -105,7 +124,8 @@ def make_session(path: Path | str, opts: OrtOptions = OrtOptions()) -> Any:
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     so.add_session_config_entry("session.intra_op.allow_spinning", "1" if opts.allow_spinning else "0")
     with_opts = session_providers(opts, ort.get_available_providers())
-    return ort.InferenceSession(str(path), sess_options=so, providers=with_opts)
+    model = path if isinstance(path, bytes) else str(path)
+    return ort.InferenceSession(model, sess_options=so, providers=with_opts)
 
 
 GPU_PROVIDERS = ("CUDAExecutionProvider", "TensorrtExecutionProvider")

@@ -9,7 +9,7 @@ import signal
 import sys
 from pathlib import Path
 
-from ..client.keys import INFERENCE_HEADER, INFERENCE_KEY_ENV
+from ..client.keys import INFERENCE_HEADER, INFERENCE_KEY_ENV, MIN_KEY_CHARS
 from ..serving.profile import PROFILES_DIR, ProfileError, load_profile
 from .admin import ADMIN_HEADER, RESTRICTED_APIS, TOKEN_ENV, publish
 from .render import RenderError, render_repository
@@ -23,7 +23,8 @@ def main(argv: list[str] | None = None) -> int:
                                  f"with the bundled tritonserver until Ctrl-C. The admin APIs ({apis}) need the "
                                  f"header '{ADMIN_HEADER}: ${TOKEN_ENV}'; when {TOKEN_ENV} is unset a token is "
                                  f"generated and printed once on stderr. With ${INFERENCE_KEY_ENV} set, inference "
-                                 f"needs the header '{INFERENCE_HEADER}: ${INFERENCE_KEY_ENV}' too.")
+                                 f"needs the header '{INFERENCE_HEADER}: ${INFERENCE_KEY_ENV}' too. Both are at "
+                                 f"least {MIN_KEY_CHARS} characters of printable ASCII without spaces.")
     known = ", ".join(sorted(x.stem for x in PROFILES_DIR.glob("*.toml")))
     ap.add_argument("--profile", default="cpu",
                     help=f"deployment profile: a name under profiles/ ({known}) or a TOML file path "

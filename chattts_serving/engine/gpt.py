@@ -7,11 +7,13 @@ Used by the engine, the parity checks of the exporter and the raw-step benchmark
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from .. import contract
+from ..contract import KvPrecision
 from ..runtime import Artifacts, OrtOptions, graph_path, make_session
 
 
@@ -123,6 +125,42 @@ class KvCache:
             dst[row, :, :n] = s[src_row, :, :n]
 
 
+def load_step_graph(artifacts: Artifacts, graph: Path, kv: KvPrecision | str) -> Path | bytes:
+    """What :func:`~chattts_serving.runtime.make_session` loads for step graph file ``graph``
+    of ``artifacts`` with a KV cache of precision ``kv``: the file itself when its cache already
+    is ``kv`` (or ``kv`` is fp32: the graph as exported), else the serialized graph rewritten
+    by :func:`~chattts_serving.engine.kvprecision.kv_cache_graph` (int8: with the scales of
+    :data:`~chattts_serving.contract.KV_SCALES_FILE`).
+
+    Raises:
+        ValueError: the graph's cache is in another reduced precision (the fp16 graph with an
+            int8 cache), or int8 scales that do not fit the graph.
+        FileNotFoundError: an int8 cache without calibrated scales in ``artifacts``.
+    """
+    import onnx
+
+    from .kvprecision import graph_kv_precision, kv_cache_graph
+
+    kv = KvPrecision(kv)
+    if kv is KvPrecision.FP32:
+        return graph
+    model = onnx.load(str(graph))
+    have = graph_kv_precision(model)
+    if have is kv:
+        return graph
+    if have is not KvPrecision.FP32:
+        raise ValueError(f"{graph.name} keeps its KV cache in {have}; a {kv} cache needs a graph with an fp32 one")
+    scales = None
+    if kv is KvPrecision.INT8:
+        path = artifacts.root / contract.KV_SCALES_FILE
+        if not path.is_file():
+            raise FileNotFoundError(f"{artifacts.root} has no {contract.KV_SCALES_FILE} (the int8 KV cache's scales): "
+                                    "python -m chattts_serving.bench.kv --artifacts DIR --calibrate")
+        with np.load(path) as data:
+            scales = {k: data[k] for k in data.files}
+    return bytes(kv_cache_graph(model, kv, scales).SerializeToString())
+
+
 class GptStepRunner:
     """Runs the fused GPT step graph ``gpt_step.onnx`` (or its ``opts.precision`` variant) with
     ONNX Runtime's IO binding over a :class:`KvCache`.
@@ -132,7 +170,9 @@ class GptStepRunner:
     writing its buffers in place. The KV dtype is the graph's (float32; float16 for the fp16
     graph) and the cache lives on :attr:`backend` (numpy on the host; cupy device memory with
     ``opts.io_binding`` on the CUDA execution provider). Embeddings go in and logits and
-    hidden come out through host memory: the only per-step transfers.
+    hidden come out through host memory: the only per-step transfers. ``opts.kv_cache``
+    fp16 or int8 rewrites an fp32-KV graph's cache into that precision when it loads
+    (:func:`load_step_graph`); the cache buffers are then float16 or int8.
     """
 
     def __init__(self, artifacts: Artifacts, opts: OrtOptions = OrtOptions()) -> None:
@@ -142,7 +182,17 @@ class GptStepRunner:
         self.opts = opts
         self.graph = graph_path(artifacts, contract.GPT_GRAPH, opts.precision)
         """The graph file this runner loaded (the fp32 file or its ``opts.precision`` variant)."""
-        self.session = make_session(self.graph, opts)
+        model = load_step_graph(artifacts, self.graph, opts.kv_cache)
+        try:
+            self.session = make_session(model, opts)
+        except Exception as exc:
+            if isinstance(model, Path):
+                raise
+            import onnxruntime
+
+            raise RuntimeError(f"onnxruntime {onnxruntime.__version__} cannot load {self.graph.name} with a "
+                               f"{opts.kv_cache} KV cache (its GroupQueryAttention kernels for this provider take "
+                               f"no such cache): {exc}") from exc
         self.layers = artifacts.num_layers
         self._past = [n for i in range(self.layers) for n in contract.past_names(i)]
         self._present = [n for i in range(self.layers) for n in contract.present_names(i)]
@@ -150,8 +200,10 @@ class GptStepRunner:
         if contract.G_SEQLENS_K not in types or self._past[0] not in types:
             raise RuntimeError(f"{self.graph} is not the fused GPT step graph (exported before the fused "
                                "graph existed): re-run `make export`")
-        self.kv_dtype: type[np.floating[Any]] = np.float16 if types[self._past[0]] == "tensor(float16)" else np.float32
-        """dtype of the KV cache: float16 for the fp16 graph, else float32."""
+        dtypes: dict[str, type[np.generic]] = {"tensor(float16)": np.float16, "tensor(int8)": np.int8}
+        self.kv_dtype: type[np.generic] = dtypes.get(types[self._past[0]], np.float32)
+        """dtype of the KV cache: float16 for the fp16 graph or ``opts.kv_cache`` fp16, int8 for
+        ``opts.kv_cache`` int8, else float32."""
         self.io_binding = opts.io_binding
         self.backend = backend_for_session(list(self.session.get_providers()), opts.io_binding, opts.device_id)
         """Where :class:`KvCache` buffers live (device memory with cupy on the CUDA EP when

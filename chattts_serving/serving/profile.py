@@ -19,7 +19,7 @@ else:  # Triton 24.10's Python backend stub is Python 3.10
 
 from ..audio.chunking import ChunkSchedule
 from ..audio.reference import DEFAULT_PROMPT_CACHE_ENTRIES, ReferenceLimits
-from ..contract import Precision, Segmentation, VocoderPath
+from ..contract import KvPrecision, Precision, Segmentation, VocoderPath
 from ..engine.scheduler import EngineConfig
 from ..runtime import OrtOptions
 from .resilience import DegradeThresholds
@@ -43,7 +43,10 @@ class EngineProfile(_Strict):
     ``fp32``, or the ``fp16`` or ``int8`` GPT graph (``chattts-export --precision fp16|int8``;
     int8: ``chattts_serving/export/int8.py``, its accuracy in manifest.json), or ``auto``: int8
     where its measured accuracy meets the threshold, else fp32
-    (:func:`~chattts_serving.runtime.resolve_precision`)."""
+    (:func:`~chattts_serving.runtime.resolve_precision`). ``kv_cache``: the KV cache's element
+    type (:class:`~chattts_serving.contract.KvPrecision`): ``fp32`` as exported (the reference),
+    ``fp16`` or ``int8`` (the graph's cache rewritten when it loads,
+    :mod:`chattts_serving.engine.kvprecision`; their accuracy in manifest.json ``kv_cache``)."""
 
     max_batch_size: int = Field(ge=1, le=256)
     max_waiting: int = Field(ge=1)
@@ -56,6 +59,7 @@ class EngineProfile(_Strict):
     allow_spinning: bool
     io_binding: bool = False
     precision: Precision = Precision.FP32
+    kv_cache: KvPrecision = KvPrecision.FP32
     nice: int = Field(default=0, ge=0, le=19)
     """Niceness of the engine's process (every thread: decode loop, ONNX Runtime pool, stub):
     on a CPU host the decode loop is throughput work that can wait a moment, while the entry
@@ -64,6 +68,13 @@ class EngineProfile(_Strict):
     0.69-0.87 s (idle server) and 0.22-0.25 s vs 0.26-0.36 s (every slot held); accepted
     streams' TTFA p50 6.3 s vs 7.1-7.8 s in the burst, 1.8-2.3 s vs 2.0-2.6 s at concurrency
     16, whose throughput stayed within run-to-run noise (2.5-2.8 vs 2.2-2.7 audio s/s)."""
+
+    @model_validator(mode="after")
+    def _kv_fits_graph(self) -> EngineProfile:
+        if self.precision is Precision.FP16 and self.kv_cache is KvPrecision.INT8:
+            raise ValueError("engine.kv_cache int8 needs a graph with an fp32 KV cache; the fp16 graph "
+                             "(engine.precision fp16) keeps its cache in fp16")
+        return self
 
     def engine_config(self) -> EngineConfig:
         return EngineConfig(self.max_batch_size, self.max_waiting, self.max_prefill_tokens,
@@ -300,8 +311,9 @@ class Profile(_Strict):
         p = self.engine if stage == "engine" else self.vocoder
         io_binding = self.engine.io_binding if stage == "engine" else False
         device = self.gpu_ids[0] if self.gpu_ids else 0
+        kv_cache = self.engine.kv_cache if stage == "engine" else KvPrecision.FP32
         return OrtOptions(p.intra_op_threads, p.allow_spinning, tuple(self.onnx_providers), io_binding,
-                          p.precision, device)
+                          p.precision, device, kv_cache)
 
 
 class ProfileError(ValueError):
