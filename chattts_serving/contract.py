@@ -551,6 +551,13 @@ DVAE_ENCODER_GRAPH: Final = "dvae_encoder.onnx"
 after its mel (which audio.encoder.log_mel computes; reference recordings and the first-piece
 audio prompt, see chattts_serving/audio/reference.py). fp32 only: its codes come from floor() boundaries
 that fp16 would move."""
+VOCODER_STREAM_GRAPHS: Final = {VOCODER_HIDDEN_GRAPH: "vocoder_hidden.stream.onnx",
+                                VOCODER_CODES_GRAPH: "vocoder_codes.stream.onnx"}
+"""The stateful variant of each vocoder graph (chattts_serving/export/streaming.py: a call vocodes
+only the uncommitted tokens, the convolutions' left context carried in cache tensors), listed
+in manifest.json under ``streaming_vocoders``; its int8 file is ``STREAM_INT8_SUFFIX`` in place of
+``.onnx``."""
+STREAM_INT8_SUFFIX: Final = ".int8.onnx"
 FP16_GRAPH_FILES: Final = {GPT_GRAPH: "gpt_step.fp16.onnx",
                            VOCODER_HIDDEN_GRAPH: "vocoder_hidden.fp16.onnx",
                            VOCODER_CODES_GRAPH: "vocoder_codes.fp16.onnx"}

@@ -35,7 +35,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -75,6 +75,9 @@ class ChunkSchedule:
     growth_basis: str = "chunk"
     """What ``growth`` multiplies: "chunk" (each chunk's size) or "audio" (the audio sent so far:
     gapless up to RTF ``1 / growth``, see the module docstring)."""
+    carried: bool = False
+    """The vocoder carries its convolution state from window to window (:meth:`carried`): the
+    left context comes from that state, so the crossfade needs none."""
 
     def validate(self) -> ChunkSchedule:
         if self.first_chunk_tokens < 1 or self.max_chunk_tokens < self.first_chunk_tokens:
@@ -95,7 +98,7 @@ class ChunkSchedule:
         shortest = min(self.lookahead_tokens, self.first_lookahead)
         if f // 2 > contract.SAMPLES_PER_TOKEN * shortest - contract.HOP_SAMPLES:
             raise ValueError(f"crossfade of {f} samples needs more lookahead than {self.first_lookahead} tokens")
-        if f // 2 > contract.SAMPLES_PER_TOKEN * self.left_context_tokens:
+        if not self.carried and f // 2 > contract.SAMPLES_PER_TOKEN * self.left_context_tokens:
             raise ValueError(f"crossfade of {f} samples needs more left context than "
                              f"{self.left_context_tokens} tokens")
         return self
@@ -111,15 +114,16 @@ class ChunkSchedule:
 
     def with_lookahead(self, lookahead_tokens: int) -> ChunkSchedule:
         """The same schedule with another lookahead; the left context grows to at least the
-        lookahead (so a lookahead of the receptive field gives exact offline audio) and the
-        crossfade shrinks to fit if needed."""
+        lookahead (so a lookahead of the receptive field gives exact offline audio; a carried
+        schedule keeps none: its state is exact) and the crossfade shrinks to fit if needed."""
         room = 2 * (contract.SAMPLES_PER_TOKEN * lookahead_tokens - contract.HOP_SAMPLES)
         fade = min(self.crossfade_samples, max(0, room) // 2 * 2)
         return ChunkSchedule(self.first_chunk_tokens, self.growth, self.max_chunk_tokens,
-                             max(self.left_context_tokens, lookahead_tokens), lookahead_tokens, fade,
+                             0 if self.carried else max(self.left_context_tokens, lookahead_tokens),
+                             lookahead_tokens, fade,
                              first_lookahead_tokens=0, rate_planned=self.rate_planned,
                              margin_s=self.margin_s, min_planned_tokens=self.min_planned_tokens,
-                             growth_basis=self.growth_basis).validate()
+                             growth_basis=self.growth_basis, carried=self.carried).validate()
 
     def without_crossfade(self) -> ChunkSchedule:
         """The same chunks, context and lookahead, seams cut at the chunk boundary instead of
@@ -129,7 +133,32 @@ class ChunkSchedule:
         (both sides of a seam equal the offline decode)."""
         return ChunkSchedule(self.first_chunk_tokens, self.growth, self.max_chunk_tokens, self.left_context_tokens,
                              self.lookahead_tokens, 0, self.first_lookahead_tokens,
-                             min_planned_tokens=self.min_planned_tokens, growth_basis=self.growth_basis).validate()
+                             min_planned_tokens=self.min_planned_tokens, growth_basis=self.growth_basis,
+                             carried=self.carried).validate()
+
+    def with_carried_state(self) -> ChunkSchedule:
+        """The same chunks, lookahead and crossfade for a vocoder that carries its convolution
+        state from window to window (:class:`~chattts_serving.audio.vocoder.VocoderStream`): no
+        left context (the carried state is the left context). Window k is
+        ``[b_k - edge, b_{k+1} + edge + lookahead)`` (``edge``: the crossfade's half, in whole
+        tokens); the vocoder commits at :meth:`StreamChunker.carry_point`, the start of the next
+        window, so the tokens after it are vocoded again with their right context, and the seam
+        is crossfaded between the two decodes as in the windowed mode (without the crossfade the
+        seam keeps the first decode's error at its end: 8 dB worse on the small checkpoint)."""
+        return replace(self, left_context_tokens=0, carried=True).validate()
+
+
+def vocoded_tokens(schedule: ChunkSchedule, n_tokens: int) -> int:
+    """Tokens an ``n_tokens`` utterance passes through the vocoder under ``schedule``: the sum
+    of its windows' lengths, tokens arriving one at a time (the schedule's growth only; a
+    rate-planned schedule's windows depend on timing and are not what this counts)."""
+    chunker, total, avail = StreamChunker(replace(schedule, rate_planned=False)), 0, 0
+    while not chunker.done:
+        avail = min(n_tokens, avail + 1)
+        while (w := chunker.next_window(avail, avail == n_tokens)) is not None:
+            total += w.end - w.start
+            chunker.emit(w, np.zeros(contract.samples_for_tokens(w.end - w.start), np.float32))
+    return total
 
 
 @dataclass(frozen=True)
@@ -240,6 +269,12 @@ class StreamChunker:
             return None
         self._window_at = self.clock()
         return Window(start, need, self.boundary, end, False)
+
+    def carry_point(self, w: Window) -> int:
+        """Where the window after ``w`` starts (its chunk's start less the crossfade's edge and
+        the left context): what a vocoder that carries its state commits after ``w``."""
+        edge = -(-(self.s.crossfade_samples // 2) // contract.SAMPLES_PER_TOKEN)
+        return max(0, w.chunk_end - edge - self.s.left_context_tokens)
 
     def keep(self, w: Window) -> tuple[int, int]:
         """For a schedule without crossfade (:meth:`ChunkSchedule.without_crossfade`): which

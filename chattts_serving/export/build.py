@@ -5,6 +5,7 @@ Artifacts (names from :mod:`chattts_serving.contract`)::
     gpt_step.onnx          GPT prefill/decode step, fused (export/fused.py): KV cache bound in place
     vocoder_hidden.onnx    hidden (B, T, H) -> Decoder -> Vocos -> audio (B, 512T-256)
     vocoder_codes.onnx     codes (B, T, 4) -> DVAE -> Vocos -> audio (B, 512T-256)
+    vocoder_*.stream.onnx  the same, stateful: one stream's uncommitted tokens + caches (export/streaming.py)
     dvae_encoder.onnx      log-mel (B, 100, F) -> DVAE encoder -> codes (B, F // 2, 4) int32
     dvae_mel.npz           window (1024,), fb (513, 100) float32: the DVAE's mel front end
     embed.npz              emb_text (21178, H), emb_code (4, 626, H), head_text (21178, H) float32
@@ -34,6 +35,8 @@ import numpy as np
 
 from .. import contract
 from .fused import FUSED_LAYOUT
+from .onnxfile import OPSET, sha256_file
+from .onnxfile import onnx_export as _onnx_export
 from .weights import WeightsError, check_asset_dir, load_chat, read_sizes
 
 EXPORTER_VERSION = 5
@@ -41,7 +44,6 @@ EXPORTER_VERSION = 5
 that stale artifact directories are re-exported. 3: ``head_text`` added to embed.npz.
 4: ``dvae_encoder.onnx`` and ``dvae_mel.npz`` (reference recordings, ChatTTS' ``DVAE.sample_audio``).
 5: ``gpt_step.onnx`` is the fused step graph (export/fused.py)."""
-OPSET = 17
 PARITY_TOLERANCE = 1e-4
 """Maximum absolute error allowed between a torch module and its exported graph."""
 ENCODER_MISMATCH_TOLERANCE = 1e-3
@@ -75,15 +77,6 @@ def check_encoder_parity(report: dict[str, float], tolerance: float = ENCODER_MI
         raise WeightsError(f"the exported DVAE encoder's codes differ from ChatTTS' sample_audio in "
                            f"{report['mismatched_codes']:g} of {report['codes']:g} codes "
                            f"(> {tolerance:g} of them): {report}")
-
-
-def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
-    """Hex sha256 of a file's bytes."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
 
 
 def input_fingerprint(weights_root: Path) -> str:
@@ -142,10 +135,13 @@ def export_artifacts(weights_root: Path, out: Path, *, source: dict[str, Any], f
     if not force and (out / contract.MANIFEST).is_file():
         try:
             manifest = verify_artifacts(out)
-            if manifest.get("input_sha256") == fingerprint:
-                return out, False
+            up_to_date = manifest.get("input_sha256") == fingerprint
         except (WeightsError, KeyError, json.JSONDecodeError):
-            pass
+            up_to_date = False
+        if up_to_date:  # older exports lack the stateful vocoders: added, not re-exported
+            from .streaming import ensure_streaming_vocoders
+
+            return out, ensure_streaming_vocoders(out, weights_root, progress=say)
     say("loading weights through ChatTTS")
     chat = load_chat(weights_root)
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
@@ -166,6 +162,9 @@ def export_artifacts(weights_root: Path, out: Path, *, source: dict[str, Any], f
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    from .streaming import ensure_streaming_vocoders
+
+    ensure_streaming_vocoders(out, weights_root, chat=chat, progress=say)
     return out, True
 
 
@@ -274,17 +273,3 @@ def _export_into(chat: Any, weights_root: Path, tmp: Path, say: Progress) -> dic
         "encoder_mismatch_tolerance": ENCODER_MISMATCH_TOLERANCE,
         "export_timings": timings,
     }
-
-
-def _onnx_export(module: Any, args: tuple[Any, ...], path: Path, in_names: list[str], out_names: list[str],
-                 dynamic_axes: dict[str, dict[int, str]]) -> None:
-    """TorchScript-based ``torch.onnx.export`` (the dynamo exporter also works but is slower)."""
-    import warnings
-
-    import torch
-
-    with warnings.catch_warnings(), torch.no_grad():
-        warnings.simplefilter("ignore")
-        torch.onnx.export(module, args, str(path), input_names=in_names, output_names=out_names,
-                          dynamic_axes=dynamic_axes, opset_version=OPSET, dynamo=False,
-                          do_constant_folding=True)

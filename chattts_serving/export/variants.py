@@ -8,6 +8,7 @@ profile whose ``precision`` names a variant finds it exported (fp16: :mod:`.fp16
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 from ..contract import Precision
@@ -43,7 +44,10 @@ def ensure_precision(out: Path, weights_root: Path, precision: str, *, force: bo
         say("loading weights through ChatTTS (fp16 parity reference)")
         return add_fp16(load_chat(weights_root), out, force=True, progress=say)
     if precision == Precision.INT8:
-        from .int8 import add_int8
+        from .int8 import INT8_VOCODER_BLOCK_SIZE, add_int8, quantize_graph
+        from .streaming import ensure_streaming_vocoders
 
-        return add_int8(out, force=force, progress=say)
+        wrote = add_int8(out, force=force, progress=say)
+        quantize = partial(quantize_graph, block_size=INT8_VOCODER_BLOCK_SIZE, keep_fp32=())
+        return ensure_streaming_vocoders(out, weights_root, quantize=quantize, progress=say) or wrote
     raise ValueError(f"unknown precision {precision!r}; expected fp32 or one of {VARIANT_PRECISIONS}")
