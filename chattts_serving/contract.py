@@ -124,6 +124,11 @@ class KvPrecision(WireEnum):
     """A quarter of the cache bytes: symmetric int8 with one static scale per head and
     channel for K and for V of each layer, calibrated on the fp32 graph
     (:data:`KV_SCALES_FILE`); GroupQueryAttention dequantizes on read and computes in fp32."""
+    AUTO = "auto"
+    """int8 where the artifacts hold the int8 cache's scales and its accuracy measured with the
+    weights in use (manifest.json ``kv_cache.int8.accuracy.<weights>.meets_threshold``, written
+    by ``python -m chattts_serving.bench.kv``) meets the project's threshold, else fp32
+    (``runtime.resolve_kv_precision``)."""
 
 # --- audio -----------------------------------------------------------------------------
 SAMPLE_RATE_HZ: Final = 24000

@@ -32,7 +32,8 @@ class OrtOptions:
     ``kv_cache``: the GPT step's KV cache precision, a :class:`~chattts_serving.contract.KvPrecision`
     (its string value is taken too; another raises ValueError): ``fp32`` runs the graph as
     exported, ``fp16``/``int8`` rewrite its cache when the session loads
-    (:mod:`chattts_serving.engine.kvprecision`). The vocoders ignore it.
+    (:mod:`chattts_serving.engine.kvprecision`), ``auto`` is :func:`resolve_kv_precision`'s
+    choice. The vocoders ignore it.
     """
 
     intra_op_threads: int = 0
@@ -77,6 +78,23 @@ def kv_precision(value: contract.KvPrecision | str) -> contract.KvPrecision:
         return contract.KvPrecision(value)
     except ValueError:
         raise ValueError(f"unknown KV cache precision {value!r}; expected one of {KV_PRECISIONS}") from None
+
+
+def resolve_kv_precision(artifacts: Artifacts, kv: contract.KvPrecision | str,
+                         weights: Precision | str = Precision.FP32) -> contract.KvPrecision:
+    """``kv``, with ``auto`` decided for the GPT graph of ``weights`` precision (resolved
+    first, as :func:`resolve_precision`): int8 when ``artifacts`` hold the int8 cache's scales
+    (manifest.json ``kv_cache.int8.file``) and its accuracy measured with those weights meets
+    the threshold (``kv_cache.int8.accuracy.<weights>.meets_threshold``), else fp32. Raises
+    ValueError for an unknown precision."""
+    kv = kv_precision(kv)
+    if kv is not contract.KvPrecision.AUTO:
+        return kv
+    weights = resolve_precision(artifacts, weights)
+    entry = artifacts.manifest.get("kv_cache", {}).get(contract.KvPrecision.INT8, {})
+    accurate = bool(entry.get("accuracy", {}).get(weights, {}).get("meets_threshold"))
+    has_scales = bool(entry.get("file")) and (artifacts.root / entry["file"]).is_file()
+    return contract.KvPrecision.INT8 if accurate and has_scales else contract.KvPrecision.FP32
 
 
 def resolve_precision(artifacts: Artifacts, precision: Precision | str,

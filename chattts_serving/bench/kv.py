@@ -30,7 +30,7 @@ import numpy as np
 
 from .. import contract
 from ..contract import KvPrecision, Precision
-from ..runtime import KV_PRECISIONS, Artifacts, OrtOptions, kv_precision
+from ..runtime import Artifacts, OrtOptions, kv_precision
 from . import load_sentences
 
 
@@ -95,7 +95,8 @@ def measure_speed(root: Path, weights: list[str], kvs: list[KvPrecision], batche
 def kv_bytes(art: Artifacts, past: int) -> dict[str, int]:
     """Bytes of one row's cache at ``past`` positions per KV precision (K and V of every layer)."""
     n = 2 * art.num_layers * art.num_heads * art.head_dim * past
-    return {str(k): n * {KvPrecision.FP32: 4, KvPrecision.FP16: 2, KvPrecision.INT8: 1}[k] for k in KvPrecision}
+    sizes = {KvPrecision.FP32: 4, KvPrecision.FP16: 2, KvPrecision.INT8: 1}
+    return {str(k): n * size for k, size in sizes.items()}
 
 
 def host() -> dict[str, Any]:
@@ -161,6 +162,8 @@ def main(argv: list[str] | None = None) -> int:
         kvs = [kv_precision(k) for k in _csv(args.kv)]
     except ValueError as exc:
         ap.error(str(exc))
+    if KvPrecision.AUTO in kvs:
+        ap.error("--kv takes the precisions to measure (fp16, int8), not auto")
     kvs = [k for k in kvs if k is not KvPrecision.FP32]
     art = Artifacts.load(args.artifacts)
     if args.weights:
@@ -169,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
         has_int8 = bool(art.manifest.get("precisions", {}).get("int8"))
         weights = [str(Precision.FP32)] + ([str(Precision.INT8)] if has_int8 else [])
     result: dict[str, Any] = {"host": host(), "artifacts": str(args.artifacts), "past_tokens": args.past,
-                              "kv_bytes_per_row": kv_bytes(art, args.past), "kv_precisions": list(KV_PRECISIONS)}
+                              "kv_bytes_per_row": kv_bytes(art, args.past), "kv_precisions": [str(k) for k in kvs]}
     if KvPrecision.INT8 in kvs and (args.calibrate or not (args.artifacts / contract.KV_SCALES_FILE).is_file()):
         say("calibrating the int8 KV scales on the fp32 graph")
         scales = calibrate_scales(args.artifacts, steps=CALIBRATION_STEPS, opts=OrtOptions(args.threads, False))

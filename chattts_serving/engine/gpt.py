@@ -14,7 +14,7 @@ import numpy as np
 
 from .. import contract
 from ..contract import KvPrecision
-from ..runtime import Artifacts, OrtOptions, graph_path, make_session
+from ..runtime import Artifacts, OrtOptions, graph_path, make_session, resolve_kv_precision
 
 
 class Embeddings:
@@ -182,7 +182,9 @@ class GptStepRunner:
         self.opts = opts
         self.graph = graph_path(artifacts, contract.GPT_GRAPH, opts.precision)
         """The graph file this runner loaded (the fp32 file or its ``opts.precision`` variant)."""
-        model = load_step_graph(artifacts, self.graph, opts.kv_cache)
+        self.kv_precision = resolve_kv_precision(artifacts, opts.kv_cache, opts.precision)
+        """The KV cache precision this runner runs (``opts.kv_cache``, ``auto`` resolved)."""
+        model = load_step_graph(artifacts, self.graph, self.kv_precision)
         try:
             self.session = make_session(model, opts)
         except Exception as exc:
@@ -191,7 +193,7 @@ class GptStepRunner:
             import onnxruntime
 
             raise RuntimeError(f"onnxruntime {onnxruntime.__version__} cannot load {self.graph.name} with a "
-                               f"{opts.kv_cache} KV cache (its GroupQueryAttention kernels for this provider take "
+                               f"{self.kv_precision} KV cache (its GroupQueryAttention kernels for this provider take "
                                f"no such cache): {exc}") from exc
         self.layers = artifacts.num_layers
         self._past = [n for i in range(self.layers) for n in contract.past_names(i)]

@@ -37,13 +37,6 @@ SCALE_INPUTS = (12, 13)
 position_ids, attention_bias, head_sink, left empty)."""
 
 
-def kv_dtype(kv: KvPrecision | str) -> type[np.generic]:
-    """The numpy dtype of a cache of precision ``kv``."""
-    dtypes: dict[KvPrecision, type[np.generic]] = {KvPrecision.FP32: np.float32, KvPrecision.FP16: np.float16,
-                                                   KvPrecision.INT8: np.int8}
-    return dtypes[KvPrecision(kv)]
-
-
 def graph_kv_precision(model: Any) -> KvPrecision:
     """The KV precision of fused step graph ``model`` (an ``onnx.ModelProto``), read from its
     first ``past_key`` input. Raises ValueError for a graph without one."""
@@ -74,6 +67,8 @@ def kv_cache_graph(model: Any, kv: KvPrecision | str, scales: dict[str, np.ndarr
     from onnx import TensorProto, helper, numpy_helper
 
     kv = KvPrecision(kv)
+    if kv is KvPrecision.AUTO:
+        raise ValueError("resolve kv_cache auto first (runtime.resolve_kv_precision)")
     if kv is KvPrecision.FP32:
         return model
     if graph_kv_precision(model) is not KvPrecision.FP32:

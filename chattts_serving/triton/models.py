@@ -343,8 +343,10 @@ class EngineModel(DecoupledModel):
         ep = setup.profile.engine
         self.hidden_size = setup.artifacts.hidden_size
         runner = GptStepRunner(setup.artifacts, setup.ort("engine"))
-        log.info("%s: GPT step graph %s (precision %s)", setup.name, runner.graph.name,
-                 _precision_label(setup, runner.opts.precision, contract.GPT_GRAPH))
+        kv = runner.opts.kv_cache
+        log.info("%s: GPT step graph %s (precision %s, KV cache %s)", setup.name, runner.graph.name,
+                 _precision_label(setup, runner.opts.precision, contract.GPT_GRAPH),
+                 runner.kv_precision if runner.kv_precision is kv else f"{kv}: {runner.kv_precision}")
         self.metrics = EngineMetrics(self.pb, setup.name, ep.max_batch_size * ep.max_context_tokens,
                                      MemoryGauges(self.pb, setup.name, setup.gpu_index))
         self.engine = Engine(runner, Embeddings(setup.artifacts), ep.engine_config(), self.metrics)

@@ -135,7 +135,7 @@ def test_the_rewrite_refuses_what_it_cannot_express(small_artifacts: Artifacts, 
     assert graph_kv_precision(fp16) is KvPrecision.FP16
     with pytest.raises(ValueError, match="already fp16"):
         kv_cache_graph(fp16, "int8", good)
-    with pytest.raises(ValueError, match="expected one of .*fp32.*fp16.*int8"):
+    with pytest.raises(ValueError, match=r"expected one of .*fp32.*fp16.*int8"):
         OrtOptions(kv_cache="bf16")  # type: ignore[arg-type]
 
 
@@ -202,3 +202,27 @@ def test_the_benchmark_writes_its_numbers_and_the_manifest_fields(small_artifact
         assert len(acc["top1_agreement"]) == contract.NUM_VQ and acc["decode_steps"] == 20 * 3
         assert {"audio_snr_db", "audio_snr_db_min", "meets_threshold", "threshold"} <= set(acc)
         assert acc["kv_cache"] == kv and acc["weights"] == "fp32"
+
+
+def test_auto_takes_int8_only_where_measured_accurate_with_the_weights_in_use(kv_artifacts: Artifacts) -> None:
+    """``kv_cache = "auto"``: int8 when the scales exist and the int8 cache's accuracy measured
+    with the weights in use meets the threshold; fp32 without a measurement, with one below
+    the threshold, with one of other weights, or without the scales file."""
+    from chattts_serving.runtime import resolve_kv_precision
+
+    def art(accuracy: dict, scales: bool = True) -> Artifacts:
+        m = json.loads(json.dumps(kv_artifacts.manifest))
+        m["kv_cache"]["int8"]["accuracy"] = accuracy
+        if not scales:
+            m["kv_cache"]["int8"]["file"] = "missing.npz"
+        return Artifacts(kv_artifacts.root, m)
+
+    ok, low = {"meets_threshold": True}, {"meets_threshold": False}
+    assert resolve_kv_precision(kv_artifacts, "auto") is KvPrecision.FP32  # scales, no measurement
+    assert resolve_kv_precision(art({"fp32": ok}), "auto") is KvPrecision.INT8
+    assert resolve_kv_precision(art({"fp32": ok}), "auto", "int8") is KvPrecision.FP32  # measured with fp32 weights
+    assert resolve_kv_precision(art({"fp32": low}), "auto") is KvPrecision.FP32
+    assert resolve_kv_precision(art({"fp32": ok}, scales=False), "auto") is KvPrecision.FP32
+    assert resolve_kv_precision(art({"fp32": low}), "fp16") is KvPrecision.FP16  # a pinned value stays
+    runner = GptStepRunner(art({"fp32": ok}), OrtOptions(kv_cache=KvPrecision.AUTO))
+    assert runner.kv_precision is KvPrecision.INT8 and runner.kv_dtype is np.int8
