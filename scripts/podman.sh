@@ -18,12 +18,14 @@
 #                                    directory; undo the host changes: the cni-podman0 bridge,
 #                                    CNI's iptables chains, CNI's IP leases, ip_forward
 #
-# The state directory is $CHATTTS_PODMAN_DIR (default /var/tmp/chattts-podman). Needs root.
+# The state directory is $CHATTTS_PODMAN_DIR (default /var/tmp/chattts-podman), the size of
+# every /dev/shm $CHATTTS_PODMAN_SHM_SIZE (default 2g, read at `start`). Needs root.
 set -euo pipefail
 
 DIR=${CHATTTS_PODMAN_DIR:-/var/tmp/chattts-podman}
 BRIDGE=cni-podman0             # the bridge of podman's default CNI network ("podman")
-CNI_LEASES=/var/lib/cni/networks/podman
+CNI_LEASES_DIR=/var/lib/cni/networks  # host-local IPAM's leases, one directory per network
+SHM_SIZE=${CHATTTS_PODMAN_SHM_SIZE:-2g}  # /dev/shm of each pod (docker/k8s/deployment.yaml's dshm sizeLimit)
 PACKAGES=(podman runc containernetworking-plugins iptables catatonit)
 
 export CONTAINERS_CONF="$DIR/containers.conf"
@@ -48,22 +50,28 @@ install_missing() {
 }
 
 write_config() {
-  mkdir -p "$DIR"/{storage,run,tmp,static,volumes,cni}
+  mkdir -p "$DIR"/{storage,run,tmp,cni}
   # ip_forward as it was before podman's first container turned it on; `stop` restores it.
   [ -f "$DIR/ip_forward.before" ] || cat /proc/sys/net/ipv4/ip_forward >"$DIR/ip_forward.before"
   cat >"$CONTAINERS_CONF" <<EOF
 [containers]
 # runc cannot raise rlimits (no CAP_SYS_RESOURCE): give every container these at creation.
 default_ulimits = ["nofile=20000:20000", "nproc=32768:32768"]
+# Every container's and pod's /dev/shm: a tmpfs of this size. podman 4.3's kube play turns the
+# Deployment's memory emptyDir into a disk volume shared by all pods, so that volume is
+# dropped from the played manifest and the size is given here (the tests pass its sizeLimit).
+shm_size = "$SHM_SIZE"
 
+# Only settings that podman also hands to the cleanup process conmon runs when a container
+# exits (--runtime, --cgroup-manager, --events-backend, --tmpdir, --root, --runroot, ...): one
+# it does not (static_dir, volume_path, events_logfile_path) makes that process look in
+# another database, and every exit then waits 20 s for a cleanup that never comes. The
+# database and volumes live under graphroot, the events log under tmp_dir.
 [engine]
 runtime = "runc"
 cgroup_manager = "cgroupfs"
 events_logger = "file"
-events_logfile_path = "$DIR/events.log"
 tmp_dir = "$DIR/tmp"
-static_dir = "$DIR/static"
-volume_path = "$DIR/volumes"
 
 [network]
 network_backend = "cni"
@@ -98,7 +106,7 @@ cmd_load() {
   fi
   command -v docker >/dev/null 2>&1 && docker image inspect "$image" >/dev/null 2>&1 \
     || die "$image is in neither podman's store nor dockerd's (build it with \`make image\`)"
-  docker save "$image" | podman load >/dev/null
+  docker save "$image" | podman load --quiet >/dev/null
   podman image exists "$image" || die "podman load did not give $image"
 }
 
@@ -118,16 +126,28 @@ remove_cni_iptables() {  # CNI's chains (CNI-*) and the rules that jump to them,
 }
 
 cmd_stop() {
+  # The default network (podman, on cni-podman0) and those podman made in our config dir
+  # (kube play makes "podman-default-kube-network" on a bridge of its own): bridges and leases.
+  local networks=(podman) bridges=("$BRIDGE") conf net
+  for conf in "$DIR"/cni/*.conflist; do
+    [ -f "$conf" ] || continue
+    networks+=("$(sed -n 's/^ *"name": *"\([^"]*\)".*/\1/p' "$conf" | head -n1)")
+    bridges+=("$(sed -n 's/^ *"bridge": *"\([^"]*\)".*/\1/p' "$conf" | head -n1)")
+  done
   if command -v podman >/dev/null 2>&1 && [ -f "$CONTAINERS_CONF" ]; then
     podman pod rm --all --force --time 0 >/dev/null 2>&1 || true
     podman rm --all --force --time 0 >/dev/null 2>&1 || true
     podman volume rm --all --force >/dev/null 2>&1 || true
     podman system reset --force >/dev/null 2>&1 || true
   fi
-  if ip link show "$BRIDGE" >/dev/null 2>&1; then ip link delete "$BRIDGE"; fi
+  for net in "${bridges[@]}"; do
+    if [ -n "$net" ] && ip link show "$net" >/dev/null 2>&1; then ip link delete "$net"; fi
+  done
   remove_cni_iptables
-  rm -rf "$CNI_LEASES" /var/lib/cni/results/podman-*
-  rmdir /var/lib/cni/networks /var/lib/cni/results /var/lib/cni 2>/dev/null || true
+  for net in "${networks[@]}"; do
+    if [ -n "$net" ]; then rm -rf "${CNI_LEASES_DIR:?}/$net" /var/lib/cni/results/"$net"-*; fi
+  done
+  rmdir "$CNI_LEASES_DIR" /var/lib/cni/results /var/lib/cni 2>/dev/null || true
   # ip_forward back to what it was, unless another engine's bridge (dockerd's) still needs it.
   if [ -f "$DIR/ip_forward.before" ]; then
     local before
@@ -143,7 +163,7 @@ cmd_stop() {
     grep -F " $DIR/" /proc/mounts | awk '{print $2}' | sort -r | xargs -r -n1 umount -l 2>/dev/null || true
     rm -rf "$DIR"
   fi
-  echo "podman.sh: stopped; $BRIDGE, CNI's iptables chains and $DIR removed"
+  echo "podman.sh: stopped; bridges ${bridges[*]}, CNI's iptables chains and leases, $DIR removed"
 }
 
 case "${1:-}" in
