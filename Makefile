@@ -107,3 +107,15 @@ soak: setup  ## MINUTES (30) of mixed traffic at full size (SOAK_ARTIFACTS, SANI
 
 clean:  ## remove build outputs (keeps the venv)
 	rm -rf build results out
+
+# ------------------------------------------------- deploy test (docker/README.md, "Replicas behind a load balancer")
+.PHONY: deploy-test
+
+deploy-test: setup  ## tests/deploy as root: the image (make image), compose, 2 replicas behind haproxy, k8s -> results/deploy.json
+	@command -v haproxy >/dev/null || (apt-get update -qq && apt-get install -y -qq haproxy)
+	@mkdir -p results/deploy && rm -f results/deploy/*.json results/deploy.json
+	@start=$$(date +%s); rc=0; \
+	$(if $(wildcard scripts/containers.sh),bash scripts/containers.sh image || rc=$$?;) \
+	$(PY) -m pytest -q -p no:cacheprovider tests/deploy $(PYTEST_ARGS) || rc=$$?; \
+	$(PY) scripts/deploy_report.py --duration-s $$(( $$(date +%s) - start )) || rc=$$?; \
+	exit $$rc
