@@ -1,11 +1,13 @@
 """Voice-agent frameworks as real clients of the gateway over a real tritonserver: pipecat's
 ``OpenAITTSService`` and LiveKit Agents' ``livekit.plugins.openai.TTS``, each pointed at the
 gateway by ``base_url`` and driven through its own API (a pipecat pipeline with a frame
-collector; LiveKit's ``synthesize()``), as a voice bot would use them.
+collector; LiveKit's ``synthesize()`` and ``stream()``), as a voice bot would use them.
 
 For a Chinese and an English sentence, the frames each framework would play have the rate it
 asked for (24 kHz: both frameworks' OpenAI services take OpenAI's rate), whole int16 samples,
-and every sample the gateway produces for the same request sent directly; an interruption
+and every sample the gateway produces for the same request sent directly; the same for an LLM's
+reply in deltas, which each framework cuts into sentences (pipecat's aggregator, LiveKit's
+``StreamAdapter``, what an ``AgentSession`` wraps a non-streaming TTS in). An interruption
 through the framework (pipecat's ``InterruptionFrame``, what its barge-in pushes; LiveKit's
 ``aclose()`` of the stream) cancels the gateway's request and frees its engine row.
 
@@ -33,6 +35,8 @@ SENTENCES = {"zh": "你好，欢迎使用语音合成。", "en": "The weather is
 LONG = "这是一段很长的话，要说很久。" * 40 + "And then some more words, for a long while." * 20
 """Text that keeps the engine busy long after its first audio (many sentences): an
 interruption after the first frame finds the request still running."""
+DELTAS = ["你好，", "欢迎使用", "语音合成。The weather ", "is nice today. ", "我们明天", "再聊。"]
+"""An LLM's reply as it streams: Chinese and English, sentences cut across deltas."""
 CANCELLED = {"model": contract.MODEL_STREAM, "status": "cancelled"}
 
 
@@ -85,12 +89,25 @@ def _pipecat_service(url: str, voice: str = "alloy") -> Any:
                             settings=OpenAITTSService.Settings(model="tts-1", voice=voice))
 
 
-async def _pipecat_run(url: str, text: str, interrupted: Callable[[], None] | None = None) -> list[Any]:
+async def _pipecat_run(url: str, text: str | list[str], interrupted: Callable[[], None] | None = None,
+                       requests: list[str] | None = None) -> list[Any]:
     """Speak ``text`` through a pipeline ``[OpenAITTSService, collector]`` and return the
-    ``TTSAudioRawFrame`` objects the collector saw. With ``interrupted``: push an
+    ``TTSAudioRawFrame`` objects the collector saw: a string as one ``TTSSpeakFrame``, a list
+    as an LLM's reply (``LLMTextFrame`` deltas between the response's start and end frames,
+    cut into sentences by pipecat). ``requests`` collects the texts pipecat sent to the
+    gateway (its ``on_tts_request`` event). With ``interrupted``: push an
     ``InterruptionFrame`` (a barge-in) once the first audio frame arrived, call
     ``interrupted()`` (in a thread) while the pipeline still runs, then end it."""
-    from pipecat.frames.frames import EndFrame, Frame, InterruptionFrame, TTSAudioRawFrame, TTSSpeakFrame
+    from pipecat.frames.frames import (
+        EndFrame,
+        Frame,
+        InterruptionFrame,
+        LLMFullResponseEndFrame,
+        LLMFullResponseStartFrame,
+        LLMTextFrame,
+        TTSAudioRawFrame,
+        TTSSpeakFrame,
+    )
     from pipecat.pipeline.pipeline import Pipeline
     from pipecat.pipeline.worker import PipelineParams, PipelineWorker
     from pipecat.processors.frame_processor import FrameDirection, FrameProcessor
@@ -108,10 +125,20 @@ async def _pipecat_run(url: str, text: str, interrupted: Callable[[], None] | No
             await self.push_frame(frame, direction)
 
     tts = _pipecat_service(url)
+
+    @tts.event_handler("on_tts_request")  # type: ignore[misc]
+    async def on_tts_request(_service: Any, _context_id: str, sent: str) -> None:
+        if requests is not None:
+            requests.append(sent)
+
     worker = PipelineWorker(Pipeline([tts, Collector()]),
                             params=PipelineParams(audio_out_sample_rate=contract.SAMPLE_RATE_HZ),
                             idle_timeout_secs=None)
-    await worker.queue_frame(TTSSpeakFrame(text))
+    if isinstance(text, str):
+        await worker.queue_frame(TTSSpeakFrame(text))
+    else:
+        await worker.queue_frames([LLMFullResponseStartFrame(), *(LLMTextFrame(t) for t in text),
+                                   LLMFullResponseEndFrame()])
     if interrupted is None:
         await worker.queue_frame(EndFrame())
     runner = WorkerRunner(handle_sigint=False)
@@ -135,6 +162,18 @@ def test_pipecat_speaks_whole_samples_at_its_rate_and_every_sample(gateway_url: 
     assert all(len(f.audio) % 2 == 0 for f in frames), [len(f.audio) for f in frames]
     played = b"".join(f.audio for f in frames)
     assert played == _direct(gateway_url, SENTENCES[lang])
+
+
+def test_pipecat_speaks_an_llm_reply_sentence_by_sentence(gateway_url: str) -> None:
+    """An LLM's reply in deltas, as a bot's LLM service pushes it: pipecat cuts it into
+    sentences and asks the gateway for each; the frames are every sample of each, in order."""
+    _need("pipecat.services.openai.tts")
+    sent: list[str] = []
+    frames = asyncio.run(_pipecat_run(gateway_url, DELTAS, requests=sent))
+    assert len(sent) >= 2, sent
+    assert {(f.sample_rate, f.num_channels) for f in frames} == {(contract.SAMPLE_RATE_HZ, 1)}
+    assert all(len(f.audio) % 2 == 0 for f in frames)
+    assert b"".join(f.audio for f in frames) == b"".join(_direct(gateway_url, text) for text in sent)
 
 
 def test_pipecat_interruption_cancels_the_request(gateway_url: str, triton_server: Server) -> None:
@@ -187,6 +226,43 @@ def test_livekit_pcm_frames_are_every_sample_at_its_rate(gateway_url: str, lang:
     played = _check_livekit(frames)
     direct = _direct(gateway_url, SENTENCES[lang], model=model, speed=1.0)
     assert played == direct
+
+
+def test_livekit_stream_adapter_speaks_llm_deltas_sentence_by_sentence(gateway_url: str) -> None:
+    """What an ``AgentSession`` does with a TTS that does not stream text: a ``StreamAdapter``
+    cuts the LLM's deltas into sentences (its blingfire tokenizer) and synthesizes each. The
+    frames are every sample of those sentences asked for directly, in order, each followed by
+    LiveKit's end marker."""
+    _need("livekit.plugins.openai")
+    from livekit.agents import tokenize
+    from livekit.agents import tts as lk_tts
+
+    async def main() -> tuple[list[Any], list[str]]:
+        words = tokenize.blingfire.SentenceTokenizer(retain_format=True).stream()  # the adapter's default
+        for piece in DELTAS:
+            words.push_text(piece)
+        words.end_input()
+        sentences = [ev.token async for ev in words]
+        tts = _livekit_tts(gateway_url, model="tts-1", response_format="pcm")
+        adapter = lk_tts.StreamAdapter(tts=tts)
+        try:
+            async with adapter.stream() as stream:
+                for piece in DELTAS:
+                    stream.push_text(piece)
+                stream.end_input()
+                frames = [ev.frame async for ev in stream]
+        finally:
+            await adapter.aclose()
+            await tts.aclose()
+        return frames, sentences
+
+    frames, sentences = asyncio.run(main())
+    assert len(sentences) >= 2, sentences
+    played = _check_livekit(frames)
+    # each sentence's synthesis ends with LiveKit's end marker (10 ms of zeros), the stream with one more
+    marker = bytes(2 * contract.SAMPLE_RATE_HZ // 100)
+    expected = b"".join(_direct(gateway_url, sentence, speed=1.0) + marker for sentence in sentences)
+    assert played in (expected, expected + marker), (len(played) // 2, len(expected) // 2)
 
 
 def test_livekit_default_mp3_decodes_to_the_full_duration(gateway_url: str) -> None:
