@@ -50,3 +50,4 @@ if not have_cuda:
             print(f"setup: removed CUDA-only {p.name} (no libcudart on this host)")
 PYEOF
 "$VENV/bin/python" -c "import ChatTTS, onnxruntime, tritonclient.grpc; print('setup: ok, onnxruntime', onnxruntime.__version__, onnxruntime.get_available_providers())"
+touch "$VENV/.setup-stamp"  # the venv is current: make gateway skips setup until pyproject.toml or this file changes
