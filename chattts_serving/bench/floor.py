@@ -113,6 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     import json
 
     from ..engine.gpt import GptStepRunner
+    from ..engine.kernels import choose_int8_kernel
     from ..serving.profile import load_profile
     from .rawstep import time_steps
 
@@ -130,6 +131,8 @@ def main(argv: list[str] | None = None) -> int:
     profiles = {n: load_profile(n) for n in names}
     bw = stream_bandwidth(profiles[names[0]].ort("engine"))
     runners = {n: GptStepRunner(art, p.ort("engine")) for n, p in profiles.items()}
+    for r in runners.values():
+        choose_int8_kernel(r)  # as the engine does at start-up
     rounds: dict[str, dict[int, list[float]]] = {n: {b: [] for b in batches} for n in names}
     rng = np.random.default_rng(0)
     for _ in range(args.rounds):

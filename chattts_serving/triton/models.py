@@ -46,6 +46,7 @@ from ..audio.encoder import DvaeEncoderRunner
 from ..audio.vocoder import VocoderRunner
 from ..contract import Precision, VocoderPath
 from ..engine.gpt import Embeddings, GptStepRunner
+from ..engine.kernels import choose_int8_kernel
 from ..engine.request import SequenceRequest
 from ..engine.scheduler import Engine, Sequence
 from ..errors import RequestError, drop_tracebacks, from_message
@@ -347,6 +348,7 @@ class EngineModel(DecoupledModel):
         log.info("%s: GPT step graph %s (precision %s, KV cache %s)", setup.name, runner.graph.name,
                  _precision_label(setup, runner.opts.precision, contract.GPT_GRAPH),
                  runner.kv_precision if runner.kv_precision is kv else f"{kv}: {runner.kv_precision}")
+        choose_int8_kernel(runner)  # the int8 step's fastest MatMulNBits kernel on this CPU (logged)
         self.metrics = EngineMetrics(self.pb, setup.name, ep.max_batch_size * ep.max_context_tokens,
                                      MemoryGauges(self.pb, setup.name, setup.gpu_index))
         self.engine = Engine(runner, Embeddings(setup.artifacts), ep.engine_config(), self.metrics)

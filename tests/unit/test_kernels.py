@@ -1,0 +1,85 @@
+"""The int8 step's kernel probe: the CPU flags it reads, the accuracy-level variants it builds
+(the same weights, another kernel: the same tokens within rounding), and its choice on a real
+int8 step graph (small config)."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+from chattts_serving import contract
+from chattts_serving.contract import Precision
+from chattts_serving.engine.gpt import GptStepRunner
+from chattts_serving.engine.kernels import KERNELS, choose_int8_kernel, cpu_features, runs_int8, with_accuracy_level
+from chattts_serving.runtime import Artifacts, OrtOptions
+
+CPUINFO = """processor\t: 0
+vendor_id\t: GenuineIntel
+model name\t: Intel(R) Xeon(R) Platinum 8481C CPU @ 2.70GHz
+flags\t\t: fpu sse avx2 avx512f avx512bw avx512_vnni avx512_bf16 avx512_fp16 amx_bf16 amx_tile amx_int8
+processor\t: 1
+model name\t: Intel(R) Xeon(R) Platinum 8481C CPU @ 2.70GHz
+flags\t\t: fpu
+"""
+
+
+def test_cpu_features_reads_the_model_and_the_flags_that_matter(tmp_path: Path) -> None:
+    info = tmp_path / "cpuinfo"
+    info.write_text(CPUINFO)
+    got = cpu_features(info)
+    assert got == {"cpu_model": "Intel(R) Xeon(R) Platinum 8481C CPU @ 2.70GHz",
+                   "cpu_flags": ["avx2", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16", "avx512_fp16",
+                                 "amx_tile", "amx_int8", "amx_bf16"]}
+    assert cpu_features(tmp_path / "missing") == {"cpu_model": None, "cpu_flags": []}
+
+
+def test_accuracy_level_variant_changes_only_the_kernel(small_int8_artifacts: Artifacts) -> None:
+    art = small_int8_artifacts
+    path = art.root / art.manifest["precisions"]["int8"][contract.GPT_GRAPH]
+    variant = onnx.load_from_string(with_accuracy_level(path, 1))
+    base = onnx.load(str(path))
+    levels = {a.i for n in variant.graph.node if n.op_type == "MatMulNBits" for a in n.attribute
+              if a.name == "accuracy_level"}
+    assert levels == {1}
+    assert [i.name for i in variant.graph.initializer] == [i.name for i in base.graph.initializer]
+    assert all(a.raw_data == b.raw_data for a, b in zip(variant.graph.initializer, base.graph.initializer))
+    with pytest.raises(ValueError, match="no MatMulNBits"):
+        with_accuracy_level(art.root / contract.GPT_GRAPH, 4)
+
+
+def test_probe_keeps_the_fastest_candidate_and_the_tokens_stay_within_rounding(
+        small_int8_artifacts: Artifacts, caplog: pytest.LogCaptureFixture) -> None:
+    art = small_int8_artifacts
+    opts = OrtOptions(1, False, precision=Precision.INT8)
+    runner = GptStepRunner(art, opts)
+    assert runs_int8(runner) and not runs_int8(GptStepRunner(art, replace(opts, precision=Precision.FP32)))
+    rng = np.random.default_rng(0)
+    embeds = rng.standard_normal((2, 5, art.hidden_size), dtype=np.float32)
+    before, _, _ = runner.prefill(embeds, np.array([5, 3]))
+    with caplog.at_level(logging.INFO, logger="chattts_serving.engine.kernels"):
+        choice = choose_int8_kernel(runner, steps=1, past=8)
+    assert choice is not None and choice.chosen in KERNELS
+    scores = {k: sum(v.values()) for k, v in choice.step_ms.items()}
+    assert choice.chosen == min(scores, key=scores.__getitem__)
+    assert set(choice.step_ms) | set(choice.dropped) == set(KERNELS)
+    assert f"int8 GPT kernel: {choice.chosen}" in caplog.text
+    # the runner now runs the chosen kernel: same weights, so the logits agree within int8 rounding
+    after, _, _ = runner.prefill(embeds, np.array([5, 3]))
+    assert np.allclose(after, before, atol=0.05 * np.abs(before).max())
+    assert choice.as_dict()["accuracy_level"] == KERNELS[choice.chosen]
+    assert choose_int8_kernel(GptStepRunner(art, replace(opts, precision=Precision.FP32))) is None
+
+
+def test_probe_runs_a_chosen_kernel_on_every_candidate(small_int8_artifacts: Artifacts) -> None:
+    """Each candidate alone is a working session (what the probe would switch to)."""
+    runner = GptStepRunner(small_int8_artifacts, OrtOptions(1, False, precision=Precision.INT8))
+    for name in KERNELS:
+        choice = choose_int8_kernel(runner, {name: KERNELS[name]}, steps=1, past=4)
+        assert choice is not None and choice.chosen == name and not choice.dropped
+        logits, _, _ = runner.prefill(np.ones((1, 2, small_int8_artifacts.hidden_size), np.float32), np.array([2]))
+        assert np.isfinite(logits).all()
