@@ -294,17 +294,15 @@ def _version(pkg: str) -> str | None:
 
 
 def machine_info() -> dict[str, Any]:
-    """CPU model, cores, memory (GB), OS, Python and library versions, git commit."""
+    """CPU model and the instruction-set flags that decide the int8 kernels
+    (:func:`~chattts_serving.engine.kernels.cpu_features`), cores, memory (GB), OS, Python and
+    library versions, git commit."""
     import psutil
 
-    cpu_model = platform.processor() or "?"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu_model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    from ..engine.kernels import cpu_features
+
+    cpu = cpu_features()
+    cpu_model = cpu["cpu_model"] or platform.processor() or "?"
     try:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                                 timeout=5).stdout.strip() or None
@@ -312,7 +310,7 @@ def machine_info() -> dict[str, Any]:
                                     timeout=5).stdout.strip())
     except (OSError, subprocess.SubprocessError):
         commit, dirty = None, None
-    return {"cpu_model": cpu_model, "logical_cpus": os.cpu_count(),
+    return {"cpu_model": cpu_model, "cpu_flags": cpu["cpu_flags"], "logical_cpus": os.cpu_count(),
             "physical_cpus": psutil.cpu_count(logical=False), "affinity_cpus": len(os.sched_getaffinity(0)),
             "memory_gb": psutil.virtual_memory().total / 1e9, "platform": platform.platform(),
             "python": platform.python_version(), "onnxruntime": _version("onnxruntime"),

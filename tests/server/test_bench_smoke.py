@@ -47,7 +47,7 @@ LEVEL_KEYS = {"concurrency", "requests", "ok", "failed", "wall_s", "ttfa_p50_s",
 PROFILE_KEYS = {"throughput_ratio_c16", "ttfa_ratio_c1", "p95_over_p50_c16", "pipeline_efficiency_c16",
                 "realtime_streams", "rtf_c1", "gpt_step_ms", "gpt_step_ms_b1", "gpt_step_ms_b4", "gpt_step_ms_b16",
                 "gpt_floor_ms_b1", "gpt_floor_ms_b4", "gpt_floor_ms_b16", "step_over_floor_b1", "step_over_floor_b4",
-                "floor", "vocoder_cpu_ms_per_token", "vocoder_cpu_ms_per_token_c1"}
+                "step_over_floor_b16", "floor", "vocoder_cpu_ms_per_token", "vocoder_cpu_ms_per_token_c1"}
 """Issue #13: the figures every benchmarked profile reports."""
 TOP_KEYS = {"config", "machine", "baseline", "raw_step", "pipeline", "floor", "levels", "open_loop", "burst",
             "as_deployed", "profiles", "definitions", "null_reasons", "degradation", "started_at", "elapsed_s",
@@ -96,6 +96,10 @@ def test_bench_smoke_writes_report(small_weights: Path, small_int8_artifacts, tm
 
     assert set(result["raw_step"]["batches"]) == {"1", "4", "16"} and result["raw_step"]["rounds"] == 3
     assert result["raw_step"]["past_tokens"] == 300
+    # the host's CPU and its flags; the int8 profile's raw step ran the kernel the probe chose
+    assert result["machine"]["cpu_model"] and isinstance(result["machine"]["cpu_flags"], list)
+    kernel = result["profiles"]["cpu-int8"]["raw_step"]["kernel"]
+    assert kernel["chosen"] in kernel["step_ms"] and kernel["cpu_flags"] == result["machine"]["cpu_flags"]
     assert result["floor"]["bandwidth_gbps"] > 0 and result["floor"]["matrix_bytes"] >= 64 << 20
     pipe = result["pipeline"]
     assert pipe["batch"] == 16 and len(pipe["runs"]) == 3 and all(r["tokens"] == 16 * 16 for r in pipe["runs"])
@@ -137,7 +141,7 @@ def test_bench_smoke_writes_report(small_weights: Path, small_int8_artifacts, tm
         assert fl["bandwidth_gbps"] == result["floor"]["bandwidth_gbps"] and fl["past_tokens"] == 300
         assert 0 < fl["floor_ms"]["1"] < fl["floor_ms"]["4"] < fl["floor_ms"]["16"]
         assert p["gpt_step_ms"] == {b: p[f"gpt_step_ms_b{b}"] for b in ("1", "4", "16")}
-        for b in ("1", "4"):
+        for b in ("1", "4", "16"):
             want = p[f"gpt_step_ms_b{b}"] / fl["floor_ms"][b] if p[f"gpt_step_ms_b{b}"] is not None else None
             assert p[f"step_over_floor_b{b}"] == (pytest.approx(want) if want is not None else None)
     for p in (prof, int8):  # the vocoder's CPU per generated token, from its own process

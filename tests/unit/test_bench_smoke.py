@@ -142,7 +142,8 @@ def test_profile_figures_name_their_baselines_and_meet_targets() -> None:
         "busy_p99_s_offline_saturated": 0.08, "busy_p99_s_gateway_saturated": 0.09,
         "degraded_fraction_as_deployed": 0.5, "gpt_step_ms_b1": 8.0, "gpt_step_ms_b4": 12.0, "gpt_step_ms_b16": 30.0,
         "gpt_floor_ms_b1": 4.0, "gpt_floor_ms_b4": 8.0, "gpt_floor_ms_b16": 15.0, "step_over_floor_b1": 2.0,
-        "step_over_floor_b4": 1.5, "vocoder_cpu_ms_per_token": 2.0, "vocoder_cpu_ms_per_token_c1": 2.0})
+        "step_over_floor_b4": 1.5, "step_over_floor_b16": 2.0, "vocoder_cpu_ms_per_token": 2.0,
+        "vocoder_cpu_ms_per_token_c1": 2.0})
     assert set(f) == set(FIGURES)
     for name in ("throughput_ratio_c16", "ttfa_ratio_c1", "p95_over_p50_c16", "pipeline_efficiency_c16",
                  "busy_p99_s_saturated", "busy_p99_s_offline_saturated", "busy_p99_s_gateway_saturated"):
@@ -151,6 +152,7 @@ def test_profile_figures_name_their_baselines_and_meet_targets() -> None:
     assert target_met("p95_over_p50_c16", 1.5) is False and target_met("rtf_c1", None) is None
     assert target_met("step_over_floor_b1", 1.4) is False and target_met("step_over_floor_b1", 1.4, "cpu-int8") is True
     assert target_met("step_over_floor_b4", 1.6, "cpu-int8") is False and target_met("step_over_floor_b4", 9.0) is None
+    assert target_met("step_over_floor_b16", 1.6, "cpu-int8") is False and target_met("step_over_floor_b16", 9.0) is None
 
 
 def test_a_degraded_or_skewed_level_nulls_its_figures_with_the_reason() -> None:
