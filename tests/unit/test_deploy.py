@@ -42,6 +42,8 @@ K8S_VERSION = "1.31.0"
 
 # The Triton image the server is built on: tritonserver 2.51, as bundled for the CPU tests.
 TRITON_IMAGE = "nvcr.io/nvidia/tritonserver:24.10-py3"
+# The CPU variant's base: Debian made locally by scripts/containers.sh (no registry).
+CPU_BASE_IMAGE = "chattts-debian-base:bookworm"
 
 # The server command line: the image's CMD and the Kubernetes container's args
 # (chattts-tritonserver: tritonserver with the admin APIs behind the token header, inference
@@ -258,7 +260,7 @@ def _stages() -> list[tuple[str, list[tuple[str, str]]]]:
             parts = args.split()
             name = parts[2] if len(parts) >= 3 and parts[1].upper() == "AS" else ""
             stages.append((name, [(keyword, args)]))
-        else:
+        elif stages:  # not a global ARG before the first FROM
             stages[-1][1].append((keyword, args))
     return stages
 
@@ -285,8 +287,25 @@ def test_dockerfile_passes_hadolint_without_any_finding(tmp_path: Path) -> None:
         },
     }), encoding="utf-8")
     proc = _run([hadolint, "--config", str(config), "--no-color", "--format", "tty", str(DOCKERFILE)])
-    _assert_ok(proc)
-    assert proc.stdout.strip() == "", proc.stdout
+    # Two FROM lines hadolint cannot see through, and only those: the CPU base is the local
+    # image `make image` makes (no registry at all), and `base` is whichever base VARIANT names.
+    lines = DOCKERFILE.read_text(encoding="utf-8").splitlines()
+    cpu_from = lines.index(f"FROM {CPU_BASE_IMAGE} AS base-cpu") + 1
+    variant_from = lines.index("FROM base-${VARIANT} AS base") + 1
+    expected = {f"{DOCKERFILE}:{cpu_from} DL3026", f"{DOCKERFILE}:{variant_from} DL3026",
+                f"{DOCKERFILE}:{variant_from} DL3006"}
+    findings = [line for line in proc.stdout.splitlines() if line.strip()]
+    unexpected = [f for f in findings if " ".join(f.split()[:2]) not in expected]
+    assert not unexpected and not proc.stderr.strip(), proc.stdout + proc.stderr
+
+
+def _stage_env(body: list[tuple[str, str]]) -> dict[str, str]:
+    """The ``ENV`` of a stage (``KEY=value`` pairs, continuation lines joined)."""
+    env: dict[str, str] = {}
+    for keyword, args in body:
+        if keyword == "ENV":
+            env.update(part.split("=", 1) for part in shlex.split(args) if "=" in part)
+    return env
 
 
 def test_dockerfile_builds_the_server_on_pinned_triton_as_a_non_root_user() -> None:
@@ -294,10 +313,17 @@ def test_dockerfile_builds_the_server_on_pinned_triton_as_a_non_root_user() -> N
     names = [name for name, _ in stages]
     assert names[-1] == "serve", f"the server must be the last (default) stage, not {names[-1]!r}"
     assert "export" in names
-    assert stages[0][1][0] == ("FROM", f"{TRITON_IMAGE} AS {names[0]}")
-    for name, body in stages[1:]:
+    assert names[:3] == ["base-gpu", "base-cpu", "base"]
+    assert stages[0][1][0] == ("FROM", f"{TRITON_IMAGE} AS base-gpu")
+    assert stages[1][1][0] == ("FROM", f"{CPU_BASE_IMAGE} AS base-cpu")
+    # VARIANT (default gpu) picks the base; every later stage is shared.
+    assert ("ARG", "VARIANT=gpu") in _dockerfile_instructions()
+    assert stages[2][1][0] == ("FROM", "base-${VARIANT} AS base")
+    for name, body in stages[3:]:
         parent = body[0][1].split()[0]
         assert parent in names, f"stage {name} must build on an earlier stage, not {parent}"
+    assert _stage_env(stages[0][1])["CHATTTS_PROFILE"] == "gpu"
+    assert _stage_env(stages[1][1])["CHATTTS_PROFILE"] == "cpu"
 
     serve = dict(stages[-1][1])
     user = serve.get("USER", "")
@@ -312,7 +338,7 @@ def test_dockerfile_builds_the_server_on_pinned_triton_as_a_non_root_user() -> N
     healthcheck = serve["HEALTHCHECK"]
     assert json.loads(healthcheck[healthcheck.index("CMD") + 3:].strip()) == PROBE_COMMAND
     assert _duration_s(re.search(r"--timeout=(\S+)", healthcheck).group(1)) > PROBE_TIMEOUT_S
-    assert "chattts-render --profile gpu --artifacts /models/artifacts --out /opt/model_repository" \
+    assert 'chattts-render --profile "${CHATTTS_PROFILE}" --artifacts /models/artifacts --out /opt/model_repository' \
         in serve["RUN"]
 
     export = dict(dict(stages)["export"])
@@ -320,14 +346,23 @@ def test_dockerfile_builds_the_server_on_pinned_triton_as_a_non_root_user() -> N
     assert json.loads(export["CMD"])[:2] == ["chattts-export", "--synthetic"]
 
 
-def test_dockerfile_installs_gpu_runtime_and_never_bakes_weights() -> None:
-    runs = " ".join(args for keyword, args in _dockerfile_instructions() if keyword == "RUN")
-    assert "onnxruntime-gpu==" in runs
-    assert "--extra-index-url https://download.pytorch.org/whl/cpu" in runs, "torch must be the CPU build"
-    assert re.search(r"pip install [^&]*--no-deps --editable /opt/chattts-serving", runs), (
+def test_dockerfile_installs_each_variants_runtime_and_never_bakes_weights() -> None:
+    stages = dict(_stages())
+    gpu_runs = " ".join(args for keyword, args in stages["base-gpu"] if keyword == "RUN")
+    cpu_runs = " ".join(args for keyword, args in stages["base-cpu"] if keyword == "RUN")
+    shared_runs = " ".join(args for name, body in stages.items() if name not in {"base-gpu", "base-cpu"}
+                           for keyword, args in body if keyword == "RUN")
+    assert "onnxruntime-gpu==" in gpu_runs and "onnxruntime-gpu==" not in cpu_runs + shared_runs
+    assert "onnxruntime==" in cpu_runs
+    # torch is the CPU build: from PyTorch's CPU index on the GPU base, the CPU wheel handed in on the CPU base
+    assert _stage_env(stages["base-gpu"])["PIP_EXTRA_INDEX_URL"] == "https://download.pytorch.org/whl/cpu"
+    assert "torch==2.13.0" in cpu_runs and "torch==2.13.0" in shared_runs
+    assert re.search(r"pip install [^&]*--no-deps --editable /opt/chattts-serving", shared_runs), (
         "the project must be installed without its dependencies, and editable: chattts-render reads "
         "profiles/ and model_repository/ beside the package")
-    assert "nvidia-pytriton" not in runs, "the image has its own tritonserver"
+    # the GPU image has its own tritonserver; the CPU one takes the wheel's
+    assert "nvidia-pytriton" not in gpu_runs + shared_runs
+    assert "nvidia-pytriton==0.7.0" in cpu_runs
     copies = [args for keyword, args in _dockerfile_instructions() if keyword in {"COPY", "ADD"}]
     for args in copies:
         sources = args.split()[:-1]
@@ -335,20 +370,25 @@ def test_dockerfile_installs_gpu_runtime_and_never_bakes_weights() -> None:
             f"weights and artifacts are mounted at run time, never copied: COPY {args}"
 
 
-def test_the_images_render_step_renders_the_gpu_profile_without_artifacts(tmp_path: Path) -> None:
-    """The image renders its model repository at build time, before any artifact exists."""
+@pytest.mark.parametrize(("variant", "kind"), [("base-gpu", "KIND_GPU"), ("base-cpu", "KIND_CPU")])
+def test_the_images_render_step_renders_the_variants_profile_without_artifacts(
+        tmp_path: Path, variant: str, kind: str) -> None:
+    """The image renders its model repository at build time, before any artifact exists, with
+    the profile its base names."""
     render = pytest.importorskip("chattts_serving.deploy.render")
-    serve = dict(_stages()[-1][1])
+    stages = _stages()
+    serve = dict(stages[-1][1])
     found = re.search(r"chattts-render [^&;]*", serve["RUN"])
     assert found, "the serve stage must run chattts-render"
-    command = shlex.split(found.group(0))
+    profile = _stage_env(dict(stages)[variant])["CHATTTS_PROFILE"]
+    command = shlex.split(found.group(0).replace("${CHATTTS_PROFILE}", profile))
     args = command[1:]
     out = tmp_path / "model_repository"
     args[args.index("--out") + 1] = str(out)
     assert render.main(args) == 0
     configs = sorted(out.glob("*/config.pbtxt"))
     assert configs, "no model rendered"
-    assert any("KIND_GPU" in c.read_text(encoding="utf-8") for c in configs), "gpu profile not applied"
+    assert any(kind in c.read_text(encoding="utf-8") for c in configs), f"{profile} profile not applied"
     assert any("/models/artifacts" in c.read_text(encoding="utf-8") for c in configs)
 
 
