@@ -523,6 +523,20 @@ ENGINE_OUTPUTS: Final = (EN_CODES, EN_HIDDEN, EN_STOP, *WINDOW_OUTPUTS)
 VO_HIDDEN: Final = TensorSpec("hidden", "TYPE_FP32", (-1, -1), doc="token window of GPT hidden states (T, H)")
 VO_CODES: Final = TensorSpec("codes", "TYPE_INT32", (-1, NUM_VQ), doc="token window of codes (T, 4)")
 VO_AUDIO: Final = TensorSpec("audio", "TYPE_FP32", (-1,), doc="waveform of the window, 512*T-256 samples")
+VO_STREAM_ID: Final = TensorSpec("stream_id", "TYPE_STRING", (1,), optional=True,
+                                 doc="a carried stream's id (the vocoder keeps its convolution state under it); "
+                                     "absent: the window is decoded alone")
+VO_STREAM_PLAN: Final = TensorSpec("stream_plan", "TYPE_INT32", (3,), optional=True,
+                                   doc="with stream_id: [first token of the window, token to commit (the next "
+                                       "window's start), STREAM_* action]; audio then holds the window's complete "
+                                       "samples, 512*(T-1) (to the end on STREAM_FINAL; none on STREAM_RELEASE)")
+VOCODER_STREAM_INPUTS: Final = (VO_STREAM_ID, VO_STREAM_PLAN)
+STREAM_CONTINUE: Final = 0
+"""stream_plan action: vocode the window, commit, keep the state."""
+STREAM_FINAL: Final = 1
+"""stream_plan action: the stream's last window; its state is freed."""
+STREAM_RELEASE: Final = 2
+"""stream_plan action: free the state without vocoding (an empty window: the stream was cancelled or failed)."""
 
 # the ensemble door: chattts' inputs; audio chunks, each with its index, info on the first and last
 OUT_CHUNK_INDEX: Final = TensorSpec("chunk_index", "TYPE_INT32", (1,),

@@ -76,8 +76,9 @@ class ChunkSchedule:
     """What ``growth`` multiplies: "chunk" (each chunk's size) or "audio" (the audio sent so far:
     gapless up to RTF ``1 / growth``, see the module docstring)."""
     carried: bool = False
-    """The vocoder carries its convolution state from window to window (:meth:`carried`): the
-    left context comes from that state, so the crossfade needs none."""
+    """The vocoder carries its convolution state from window to window
+    (:meth:`with_carried_state`): windows have no left context (``left_context_tokens`` is kept
+    for :meth:`windowed`), and the crossfade needs none."""
 
     def validate(self) -> ChunkSchedule:
         if self.first_chunk_tokens < 1 or self.max_chunk_tokens < self.first_chunk_tokens:
@@ -114,13 +115,12 @@ class ChunkSchedule:
 
     def with_lookahead(self, lookahead_tokens: int) -> ChunkSchedule:
         """The same schedule with another lookahead; the left context grows to at least the
-        lookahead (so a lookahead of the receptive field gives exact offline audio; a carried
-        schedule keeps none: its state is exact) and the crossfade shrinks to fit if needed."""
+        lookahead (so a lookahead of the receptive field gives exact offline audio) and the
+        crossfade shrinks to fit if needed."""
         room = 2 * (contract.SAMPLES_PER_TOKEN * lookahead_tokens - contract.HOP_SAMPLES)
         fade = min(self.crossfade_samples, max(0, room) // 2 * 2)
         return ChunkSchedule(self.first_chunk_tokens, self.growth, self.max_chunk_tokens,
-                             0 if self.carried else max(self.left_context_tokens, lookahead_tokens),
-                             lookahead_tokens, fade,
+                             max(self.left_context_tokens, lookahead_tokens), lookahead_tokens, fade,
                              first_lookahead_tokens=0, rate_planned=self.rate_planned,
                              margin_s=self.margin_s, min_planned_tokens=self.min_planned_tokens,
                              growth_basis=self.growth_basis, carried=self.carried).validate()
@@ -139,13 +139,24 @@ class ChunkSchedule:
     def with_carried_state(self) -> ChunkSchedule:
         """The same chunks, lookahead and crossfade for a vocoder that carries its convolution
         state from window to window (:class:`~chattts_serving.audio.vocoder.VocoderStream`): no
-        left context (the carried state is the left context). Window k is
-        ``[b_k - edge, b_{k+1} + edge + lookahead)`` (``edge``: the crossfade's half, in whole
-        tokens); the vocoder commits at :meth:`StreamChunker.carry_point`, the start of the next
-        window, so the tokens after it are vocoded again with their right context, and the seam
-        is crossfaded between the two decodes as in the windowed mode (without the crossfade the
-        seam keeps the first decode's error at its end: 8 dB worse on the small checkpoint)."""
-        return replace(self, left_context_tokens=0, carried=True).validate()
+        left context (the carried state is the left context; ``left_context_tokens`` is kept for
+        :meth:`windowed`). Window k is ``[b_k - edge, b_{k+1} + edge + lookahead)`` (``edge``:
+        the crossfade's half, in whole tokens); the vocoder commits at
+        :meth:`StreamChunker.carry_point`, the start of the next window, so the tokens after it
+        are vocoded again with their right context, and the seam is crossfaded between the two
+        decodes as in the windowed mode (without the crossfade the seam keeps the first decode's
+        error at its end: 8 dB worse on the small checkpoint)."""
+        return replace(self, carried=True).validate()
+
+    def windowed(self) -> ChunkSchedule:
+        """The same schedule for a vocoder that decodes each window alone (its left context
+        back): what a stateless vocoder step needs whatever the profile's mode."""
+        return replace(self, carried=False).validate()
+
+    @property
+    def left_tokens(self) -> int:
+        """Left context each window vocodes: ``left_context_tokens``, 0 when carried."""
+        return 0 if self.carried else self.left_context_tokens
 
 
 def vocoded_tokens(schedule: ChunkSchedule, n_tokens: int) -> int:
@@ -255,7 +266,7 @@ class StreamChunker:
             return None
         self._observe(available)
         edge = -(-(self.s.crossfade_samples // 2) // contract.SAMPLES_PER_TOKEN)  # ceil, in tokens
-        start = max(0, self.boundary - edge - self.s.left_context_tokens)
+        start = max(0, self.boundary - edge - self.s.left_tokens)
         end = self.boundary + self.size
         lookahead = self.s.first_lookahead if self.boundary == 0 else self.s.lookahead_tokens
         need = end + edge + lookahead
@@ -274,7 +285,7 @@ class StreamChunker:
         """Where the window after ``w`` starts (its chunk's start less the crossfade's edge and
         the left context): what a vocoder that carries its state commits after ``w``."""
         edge = -(-(self.s.crossfade_samples // 2) // contract.SAMPLES_PER_TOKEN)
-        return max(0, w.chunk_end - edge - self.s.left_context_tokens)
+        return max(0, w.chunk_end - edge - self.s.left_tokens)
 
     def keep(self, w: Window) -> tuple[int, int]:
         """For a schedule without crossfade (:meth:`ChunkSchedule.without_crossfade`): which

@@ -4,6 +4,9 @@ one :class:`VocoderStream` per stream)."""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+
 import numpy as np
 
 from .. import contract
@@ -165,3 +168,64 @@ class VocoderStream:
         self.committed = end if final or carry_from is None else carry_from
         self.done = final
         return raw[lo:hi] / env[lo:hi]
+
+
+class CarriedStreams:
+    """The vocoder model's carried streams: one :class:`VocoderStream` per stream id, created by
+    its first window (start 0), freed by its final window, by a release (the entry's stream was
+    cancelled or failed), or after ``idle_s`` without a window (an entry that died mid-stream;
+    checked at each call, on the injected ``clock``). At most ``max_streams`` at once: a new one
+    beyond it is refused. Not thread-safe (the model's execute calls it)."""
+
+    def __init__(self, runner: StreamingVocoderRunner, max_streams: int, idle_s: float = 120.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.runner, self.max_streams, self.idle_s, self.clock = runner, max_streams, idle_s, clock
+        self._streams: dict[str, tuple[VocoderStream, float]] = {}
+        self.vocoded_tokens = 0
+        """Tokens vocoded so far (window lengths summed)."""
+
+    def __len__(self) -> int:
+        return len(self._streams)
+
+    def nbytes(self) -> int:
+        """Bytes of state held by the live streams."""
+        return sum(s.nbytes() for s, _ in self._streams.values())
+
+    def vocode(self, stream_id: str, tokens: np.ndarray, start: int, carry_from: int, action: int) -> np.ndarray:
+        """The stream's window ``tokens`` (from token ``start``; :meth:`VocoderStream.vocode`),
+        committing ``carry_from``; ``action`` one of ``contract.STREAM_*``. Raises ValueError
+        for an unknown action, a window of a stream that does not exist and does not start at
+        0, a first window while ``max_streams`` are live, and what :meth:`VocoderStream.vocode`
+        refuses (the stream is then freed: its state no longer follows the audio sent)."""
+        now = self.clock()
+        self._evict(now)
+        if action == contract.STREAM_RELEASE:
+            self._streams.pop(stream_id, None)
+            return np.zeros(0, np.float32)
+        if action not in (contract.STREAM_CONTINUE, contract.STREAM_FINAL):
+            raise ValueError(f"unknown stream action {action}")
+        entry = self._streams.get(stream_id)
+        if entry is None:
+            if start != 0:
+                raise ValueError(f"vocoder stream {stream_id!r} is not open (its window starts at token {start})")
+            if len(self._streams) >= self.max_streams:
+                raise ValueError(f"{self.max_streams} vocoder streams are open already")
+            stream = self.runner.open()
+        else:
+            stream = entry[0]
+        final = action == contract.STREAM_FINAL
+        try:
+            audio = stream.vocode(tokens, start, final, None if final else carry_from)
+        except ValueError:
+            self._streams.pop(stream_id, None)
+            raise
+        self.vocoded_tokens += int(tokens.shape[0])
+        if final:
+            self._streams.pop(stream_id, None)
+        else:
+            self._streams[stream_id] = (stream, now)
+        return audio
+
+    def _evict(self, now: float) -> None:
+        for sid in [s for s, (_, seen) in self._streams.items() if now - seen > self.idle_s]:
+            del self._streams[sid]

@@ -214,7 +214,7 @@ def model_specs(profile: Profile, artifacts_dir: Path, repo_dir: Path) -> list[M
         specs += entries
     for path, name in contract.VOCODER_PATHS.items():
         tensor = contract.VO_HIDDEN if path is VocoderPath.HIDDEN else contract.VO_CODES
-        specs.append(ModelSpec(name, (tensor,), (contract.VO_AUDIO,),
+        specs.append(ModelSpec(name, (tensor, *contract.VOCODER_STREAM_INPUTS), (contract.VO_AUDIO,),
                                max_batch_size=profile.vocoder.max_batch_size, ragged=True,
                                instance_count=profile.vocoder.instance_count, batching=vocoder_batching,
                                parameters={**params, "vocoder_path": path}, adapter=contract.MODEL_VOCODER,

@@ -27,7 +27,9 @@ process.
 from __future__ import annotations
 
 import json
+import logging
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Protocol
@@ -44,6 +46,8 @@ from ..text.request_text import carry_speed
 from ..text.segments import SegmentRules, chattts_groups, split_like_chattts, split_segments
 from .request import EntryRequest, FrontendCall, Reference
 from .slots import SlotToken
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "FrontendCall",
@@ -122,6 +126,25 @@ class Stages(Protocol):
     def vocode(self, path: VocoderPath, window: np.ndarray, request_id: str = "") -> np.ndarray:
         """Window (T, H) float32 (hidden path) or (T, 4) int32 (codes path) -> audio
         (512T-256,) float32."""
+
+    def vocode_carried(self, path: VocoderPath, window: np.ndarray, request_id: str,
+                       carried: CarriedWindow) -> np.ndarray:
+        """A carried stream's window (:class:`CarriedWindow`; window as for :meth:`vocode`) ->
+        its complete samples (:meth:`~chattts_serving.audio.vocoder.VocoderStream.vocode`); a
+        ``STREAM_RELEASE`` (empty window) frees the stream's state and returns no samples."""
+
+
+@dataclass(frozen=True)
+class CarriedWindow:
+    """Which carried stream a window belongs to and what the vocoder does with it:
+    ``stream_id`` (unique per segment), the window's first token ``start``, the token to commit
+    ``carry_from`` and ``action`` (``contract.STREAM_CONTINUE``, ``STREAM_FINAL``,
+    ``STREAM_RELEASE``)."""
+
+    stream_id: str
+    start: int
+    carry_from: int
+    action: int
 
 
 Watch = Callable[[Callable[[], None]], Callable[[], None]]
@@ -543,6 +566,8 @@ def _stream_segment(job: SynthesisJob, stages: Stages, schedule: ChunkSchedule, 
     req = job.req
     chunker = StreamChunker(schedule)
     store = TokenStore()
+    carried_id = uuid.uuid4().hex if schedule.carried else None  # the vocoder's state for this segment
+    carried_open = False
     tokens = stages.generate(_code_call(job, seg, first_emit_tokens=schedule.tokens_before_first_chunk()))
     unwatch: Callable[[], None] | None = None
     reason: StopReason | None = None
@@ -557,7 +582,15 @@ def _stream_segment(job: SynthesisJob, stages: Stages, schedule: ChunkSchedule, 
                     return StopReason.CANCELLED, store.n
                 seconds_left(job)
                 while (w := chunker.next_window(store.n, reason is not None)) is not None:
-                    audio = stages.vocode(req.vocoder, store.window(req.vocoder, w.start, w.end), req.request_id)
+                    window = store.window(req.vocoder, w.start, w.end)
+                    if carried_id is None:
+                        audio = stages.vocode(req.vocoder, window, req.request_id)
+                    else:
+                        action = contract.STREAM_FINAL if w.final else contract.STREAM_CONTINUE
+                        carried_open = carried_open or not w.final
+                        plan = CarriedWindow(carried_id, w.start, chunker.carry_point(w), action)
+                        audio = stages.vocode_carried(req.vocoder, window, req.request_id, plan)
+                        carried_open = carried_open and not w.final
                     out.progress(True)  # each vocoder call has its own allowance (see StreamOutput.progress)
                     chunk = chunker.emit(w, audio)
                     if chunk.size:
@@ -578,7 +611,23 @@ def _stream_segment(job: SynthesisJob, stages: Stages, schedule: ChunkSchedule, 
             unwatch()
         if reason is None:
             tokens.cancel()
+        if carried_id is not None and carried_open:
+            _release(stages, req, carried_id, store)
     return _checked(reason, store.n), store.n
+
+
+def _release(stages: Stages, req: EntryRequest, carried_id: str, store: TokenStore) -> None:
+    """Free a carried stream's vocoder state after its segment ended without a final window
+    (cancel, error, deadline). Best effort: a failure is logged, never raised over the
+    segment's own outcome (the vocoder also frees a stream left idle)."""
+    try:
+        stages.vocode_carried(req.vocoder, store.window(req.vocoder, store.n, store.n), req.request_id,
+                              CarriedWindow(carried_id, 0, 0, contract.STREAM_RELEASE))
+    except Exception as exc:  # the segment's own error or cancel is what the client hears
+        # Only its text is logged: the exception chains the segment's own (raised in this
+        # finally), whose frames hold the engine stream, and a kept log record would keep them.
+        message = f"{type(exc).__name__}: {exc}"
+        log.warning("could not free the vocoder state of stream %s: %s", carried_id, message)
 
 
 def _checked(reason: StopReason | None, tokens: int) -> StopReason:

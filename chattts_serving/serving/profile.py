@@ -123,7 +123,9 @@ class StreamProfile(_Strict):
     chunk keeps in hand; ``min_planned_chunk_tokens``: the smallest planned chunk (vocoder cost
     against gaps at rates barely above real time). ``growth_basis``: what ``growth`` multiplies,
     each chunk ("chunk") or the audio sent so far ("audio": gapless up to RTF 1 / growth with
-    seams set by the request alone)."""
+    seams set by the request alone). ``carry_vocoder_state``: the vocoder keeps each stream's
+    convolution state from window to window (no left context re-vocoded; false: the windowed
+    mode, each window decoded alone; docs/decode-speed.md, "A vocoder that carries its state")."""
 
     first_chunk_tokens: int = Field(ge=1)
     growth: float = Field(ge=1.0)
@@ -138,12 +140,17 @@ class StreamProfile(_Strict):
     chunk_margin_s: float = Field(default=0.05, ge=0, le=5)
     min_planned_chunk_tokens: int = Field(default=2, ge=1)
     growth_basis: Literal["chunk", "audio"] = "chunk"
+    carry_vocoder_state: bool = False
 
     def schedule(self) -> ChunkSchedule:
+        """The profile's chunk schedule; with ``carry_vocoder_state`` the BLS door's vocoder
+        carries each stream's convolution state instead of re-vocoding the left context
+        (:meth:`~chattts_serving.audio.chunking.ChunkSchedule.with_carried_state`)."""
         return ChunkSchedule(self.first_chunk_tokens, self.growth, self.max_chunk_tokens,
                              self.left_context_tokens, self.lookahead_tokens, self.crossfade_samples,
                              self.first_lookahead_tokens, self.rate_planned_chunks, self.chunk_margin_s,
-                             self.min_planned_chunk_tokens, self.growth_basis).validate()
+                             self.min_planned_chunk_tokens, self.growth_basis,
+                             carried=self.carry_vocoder_state).validate()
 
 
 class EntryProfile(_Strict):
@@ -303,6 +310,9 @@ class Profile(_Strict):
         if d.min_samples > d.window:
             raise ValueError("degrade: min_samples exceeds window (the TTFA criterion could never count)")
         self.stream.schedule()
+        if self.stream.carry_vocoder_state and self.vocoder.instance_count > 1:
+            # A stream's windows must reach the instance that holds its state.
+            raise ValueError("stream.carry_vocoder_state needs vocoder.instance_count = 1")
         return self
 
     def ort(self, stage: Literal["engine", "vocoder"]) -> OrtOptions:

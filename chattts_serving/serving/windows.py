@@ -56,11 +56,12 @@ def final_info(header: str, *, samples: int, chunks: int, tokens: int, stop_reas
 
 class WindowPlanner:
     """One ensemble stream's windows (see the module docstring). ``schedule``: the stream's
-    chunk schedule (its crossfade is dropped); ``header``: the first chunk's info JSON;
+    chunk schedule (its crossfade is dropped, and a carried schedule runs windowed: the
+    ensemble's vocoder step keeps no state); ``header``: the first chunk's info JSON;
     ``hidden_size``: H. Not thread-safe (the engine thread calls it)."""
 
     def __init__(self, schedule: ChunkSchedule, header: str, hidden_size: int) -> None:
-        self.schedule = schedule.without_crossfade()
+        self.schedule = schedule.windowed().without_crossfade()  # each window is vocoded alone
         self.chunker = StreamChunker(self.schedule)
         self.store = TokenStore()
         self.header = header

@@ -38,6 +38,30 @@ class PingMetrics:
         del self._fam
 
 
+class VocoderMetrics:
+    """tts_vocoder_tokens_total{model} (counter): tokens the vocoder model vocoded (window lengths
+    summed: chunks, lookahead, context and crossfade edges; over the tokens generated it is the
+    benchmark's ``vocoded_tokens_per_token``); tts_vocoder_carried_streams{model} (gauge):
+    carried streams whose convolution state the model holds. Updated on the execute thread only."""
+
+    def __init__(self, pb: Any, model: str) -> None:
+        m = pb.MetricFamily
+        self._fam = [m("tts_vocoder_tokens_total", "Tokens the vocoder vocoded (window lengths summed)", m.COUNTER),
+                     m("tts_vocoder_carried_streams", "Streams whose vocoder state the model holds", m.GAUGE)]
+        self.tokens = self._fam[0].Metric(labels={"model": model})
+        self.streams = self._fam[1].Metric(labels={"model": model})
+
+    def vocoded(self, tokens: int, carried_streams: int) -> None:
+        self.tokens.increment(float(tokens))
+        self.streams.set(float(carried_streams))
+
+    def close(self) -> None:
+        """Release the families (the model unloads: see the module's docstring)."""
+        del self.tokens
+        del self.streams
+        del self._fam
+
+
 class EngineMetrics:
     """:class:`~chattts_serving.engine.scheduler.EngineObserver` that publishes the GPT engine's state.
 

@@ -43,7 +43,7 @@ import numpy as np
 
 from .. import contract
 from ..audio.encoder import DvaeEncoderRunner
-from ..audio.vocoder import VocoderRunner
+from ..audio.vocoder import CarriedStreams, StreamingVocoderRunner, VocoderRunner
 from ..contract import Precision, VocoderPath
 from ..engine.gpt import Embeddings, GptStepRunner
 from ..engine.kernels import choose_int8_kernel
@@ -73,7 +73,7 @@ from ..text.segments import SegmentRules
 from .cancels import CancelListener, cancel_address, send_cancel
 from .deliveries import RECEIPT_BOARD, ReceiptSender, ReceiptWriter, delivery_prefix
 from .finals import FinalWindow, WindowedSender, answer_ping, is_ping, ping_inputs
-from .metrics import EngineMetrics, EntryMetrics, MemoryGauges, PingMetrics
+from .metrics import EngineMetrics, EntryMetrics, MemoryGauges, PingMetrics, VocoderMetrics
 from .responses import EngineSink, OfflineChannel, SenderChannel, WindowSink, send_engine_error, send_final_error
 from .setup import ModelSetup, lower_priority
 from .stages import ITERATOR_GRAVE, BlsStages, keep_iterator
@@ -481,27 +481,64 @@ class VocoderModel(TritonModel):
     def start(self, setup: ModelSetup) -> None:
         self.memory = MemoryGauges(self.pb, setup.name, setup.gpu_index)
         self.runner = _vocoder_runner(setup, setup.parameters["vocoder_path"])
+        self.streams: CarriedStreams | None = None
+        self.metrics = VocoderMetrics(self.pb, setup.name)
+        if setup.profile.stream.carry_vocoder_state:
+            stateful = StreamingVocoderRunner(setup.artifacts, setup.parameters["vocoder_path"], setup.ort("vocoder"))
+            log.info("%s: stateful vocoder graph %s", setup.name, stateful.graph.name)
+            stateful.warm_up(setup.artifacts.hidden_size)
+            p = setup.profile.entry
+            self.streams = CarriedStreams(stateful, max_streams=2 * (p.max_concurrent_streams + p.offline_threads))
 
     def finalize(self) -> None:
         self.memory.close()
+        self.metrics.close()
         super().finalize()
 
     def execute(self, requests: list[Any]) -> list[Any]:
+        """Windows decoded alone, batched by length; a request with ``stream_id`` is a carried
+        stream's window (:class:`~chattts_serving.audio.vocoder.CarriedStreams`), answered on its
+        own, or its error (INVALID_ARG: out of order, not open, no carried state in this profile)."""
         pb, runner = self.pb, self.runner
         t0 = time.monotonic()
         windows = [pb.get_input_tensor_by_name(r, runner.input_name).as_numpy() for r in requests]
-        audio: list[np.ndarray | None] = [None] * len(requests)
-        lengths = sorted({w.shape[1] for w in windows} - {0})
+        audio: list[np.ndarray | RequestError | None] = [None] * len(requests)
+        plain = []
+        for i, r in enumerate(requests):
+            sid = pb.get_input_tensor_by_name(r, contract.VO_STREAM_ID.name)
+            if sid is None:
+                plain.append(i)
+                continue
+            audio[i] = self._carried(first_string(sid.as_numpy()), windows[i],
+                                     pb.get_input_tensor_by_name(r, contract.VO_STREAM_PLAN.name))
+        lengths = sorted({windows[i].shape[1] for i in plain} - {0})
         for length in lengths:
-            idx = [i for i, w in enumerate(windows) if w.shape[1] == length]
+            idx = [i for i in plain if windows[i].shape[1] == length]
             out = runner.run(np.concatenate([windows[i] for i in idx]))
             for row, i in enumerate(idx):
                 audio[i] = out[row:row + 1]
+        tokens = [int(w.shape[1]) for w in windows]
         log_event("vocoder_batch", model=self.name, stage="vocoder", request_ids=[r.request_id() for r in requests],
-                  batch_size=len(requests), window_tokens=[int(w.shape[1]) for w in windows], runs=len(lengths),
+                  batch_size=len(requests), window_tokens=tokens, runs=len(lengths) + len(requests) - len(plain),
                   duration_ms=round((time.monotonic() - t0) * 1000, 1))
+        self.metrics.vocoded(sum(tokens), len(self.streams) if self.streams is not None else 0)
         self.memory.maybe_update()
-        return [pb.InferenceResponse(output_tensors=[pb.Tensor(contract.VO_AUDIO.name, a)]) for a in audio]
+        return [pb.InferenceResponse(error=triton_error(pb, a)) if isinstance(a, RequestError)
+                else pb.InferenceResponse(output_tensors=[pb.Tensor(contract.VO_AUDIO.name, a)]) for a in audio]
+
+    def _carried(self, stream_id: str, window: np.ndarray, plan_tensor: Any) -> np.ndarray | RequestError:
+        """One carried stream's window (1, T, H|4): its audio (1, n), or the error to answer."""
+        if self.streams is None:
+            return RequestError("this profile's vocoder carries no stream state (stream.carry_vocoder_state)",
+                                param=contract.VO_STREAM_ID.name)
+        if plan_tensor is None or plan_tensor.as_numpy().size != 3 or window.shape[0] != 1:
+            return RequestError("a stream window needs one stream_plan [start, carry_from, action] and one window",
+                                param=contract.VO_STREAM_PLAN.name)
+        start, carry_from, action = (int(v) for v in plan_tensor.as_numpy().reshape(-1))
+        try:
+            return self.streams.vocode(stream_id, window[0], start, carry_from, action)[None]
+        except ValueError as exc:
+            return RequestError(str(exc), param=contract.VO_STREAM_PLAN.name)
 
 
 def header_request_id(header: str) -> str:

@@ -25,7 +25,7 @@ from ..contract import StopReason, VocoderPath
 from ..engine.request import SequenceRequest
 from ..errors import decode_stop
 from ..serving.entry_runtime import SharedHelper
-from ..serving.pipeline import FrontendCall, FrontendOutput, TokenBatch
+from ..serving.pipeline import CarriedWindow, FrontendCall, FrontendOutput, TokenBatch
 from ..serving.request import CONTROL_CANCEL
 from ..serving.resilience import BreakerCall, CircuitBreaker, enter, settle
 from .cancels import cancel_address, send_cancel
@@ -205,6 +205,19 @@ class BlsStages:
         arr = np.ascontiguousarray(window[None], dtype=spec.np_dtype)
         resp = self._unary("vocoder", pb.InferenceRequest(
             model_name=contract.VOCODER_PATHS[path], inputs=[pb.Tensor(spec.name, arr)],
+            requested_output_names=[contract.VO_AUDIO.name], request_id=request_id))
+        return pb.get_output_tensor_by_name(resp, contract.VO_AUDIO.name).as_numpy()[0]
+
+    def vocode_carried(self, path: VocoderPath, window: np.ndarray, request_id: str,
+                       carried: CarriedWindow) -> np.ndarray:
+        pb = self.pb
+        spec = contract.VO_HIDDEN if path == VocoderPath.HIDDEN else contract.VO_CODES
+        inputs = [pb.Tensor(spec.name, np.ascontiguousarray(window[None], dtype=spec.np_dtype)),
+                  pb.Tensor(contract.VO_STREAM_ID.name, np.array([[carried.stream_id]], dtype=np.object_)),
+                  pb.Tensor(contract.VO_STREAM_PLAN.name,
+                            np.array([[carried.start, carried.carry_from, carried.action]], np.int32))]
+        resp = self._unary("vocoder", pb.InferenceRequest(
+            model_name=contract.VOCODER_PATHS[path], inputs=inputs,
             requested_output_names=[contract.VO_AUDIO.name], request_id=request_id))
         return pb.get_output_tensor_by_name(resp, contract.VO_AUDIO.name).as_numpy()[0]
 

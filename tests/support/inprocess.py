@@ -21,8 +21,9 @@ from typing import Any
 
 import numpy as np
 
+from chattts_serving import contract
 from chattts_serving.audio.encoder import DvaeEncoderRunner
-from chattts_serving.audio.vocoder import VocoderRunner
+from chattts_serving.audio.vocoder import CarriedStreams, StreamingVocoderRunner, VocoderRunner
 from chattts_serving.contract import VocoderPath
 from chattts_serving.engine.gpt import Embeddings, GptStepRunner
 from chattts_serving.engine.scheduler import Engine, EngineConfig, Sequence
@@ -30,7 +31,13 @@ from chattts_serving.engine.sinks import CollectingSink
 from chattts_serving.errors import RequestError
 from chattts_serving.runtime import Artifacts
 from chattts_serving.serving.frontend_service import FrontendService
-from chattts_serving.serving.pipeline import FrontendCall, FrontendOutput, SequenceRequest, TokenBatch
+from chattts_serving.serving.pipeline import (
+    CarriedWindow,
+    FrontendCall,
+    FrontendOutput,
+    SequenceRequest,
+    TokenBatch,
+)
 from chattts_serving.text.frontend import FrontEnd
 from chattts_serving.text.voices import VoiceBook
 
@@ -86,6 +93,9 @@ class InProcessStages:
                                              self.encoder.run)
         self.engine = Engine(GptStepRunner(artifacts), Embeddings(artifacts), engine_config or EngineConfig())
         self.vocoders = {path: VocoderRunner(artifacts, path) for path in VocoderPath}
+        self.carried = {path: CarriedStreams(StreamingVocoderRunner(artifacts, path), max_streams=64)
+                        for path in VocoderPath}
+        """The vocoder model's carried streams, per path (a profile with carry_vocoder_state)."""
         self.lock = threading.Lock()
         self.calls = {"frontend": 0, "generate": 0, "vocode": 0}
         self.token_streams: weakref.WeakSet[EngineTokens] = weakref.WeakSet()
@@ -104,6 +114,15 @@ class InProcessStages:
     def vocode(self, path: VocoderPath, window: np.ndarray, request_id: str = "") -> np.ndarray:
         self.calls["vocode"] += 1
         return self.vocoders[path].run(window[None])[0]
+
+    def vocode_carried(self, path: VocoderPath, window: np.ndarray, request_id: str,
+                       carried: CarriedWindow) -> np.ndarray:
+        self.calls["vocode"] += 1
+        try:
+            return self.carried[path].vocode(carried.stream_id, window, carried.start, carried.carry_from,
+                                             carried.action)
+        except ValueError as exc:  # as the vocoder model answers it
+            raise RequestError(str(exc), param=contract.VO_STREAM_PLAN.name) from exc
 
 
 class RecordingChannel:

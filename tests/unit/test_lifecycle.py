@@ -189,6 +189,9 @@ class _StuckStages:
     def vocode(self, path: Any, window: np.ndarray, request_id: str = "") -> np.ndarray:
         return self.inner.vocode(path, window, request_id)
 
+    def vocode_carried(self, path: Any, window: np.ndarray, request_id: str, carried: Any) -> np.ndarray:
+        return self.inner.vocode_carried(path, window, request_id, carried)
+
 
 def test_a_stalled_stream_ends_with_one_error_and_nothing_after(stages: InProcessStages) -> None:
     release = threading.Event()
@@ -286,6 +289,10 @@ class _SlowVocoder(InProcessStages):
         self.release.wait(self.wait_s)
         return super().vocode(path, window, request_id)
 
+    def vocode_carried(self, path: Any, window: np.ndarray, request_id: str, carried: Any) -> np.ndarray:
+        self.release.wait(self.wait_s)
+        return super().vocode_carried(path, window, request_id, carried)
+
 
 def test_a_slow_vocoder_call_is_not_a_stalled_engine(stages: InProcessStages) -> None:
     """Each vocoder call takes 1.2 stall timeouts: the stream's own work, not the engine's
@@ -340,6 +347,9 @@ class _FailingVocoder(InProcessStages):
         self.__dict__.update(inner.__dict__)
 
     def vocode(self, path: Any, window: np.ndarray, request_id: str = "") -> np.ndarray:
+        raise RuntimeError("vocoder crashed")
+
+    def vocode_carried(self, path: Any, window: np.ndarray, request_id: str, carried: Any) -> np.ndarray:
         raise RuntimeError("vocoder crashed")
 
 

@@ -6,15 +6,19 @@ chunk schedule it runs on, its misuse refused, and the int8 variant."""
 
 from __future__ import annotations
 
+import uuid
+
 import numpy as np
 import pytest
 
 from chattts_serving import contract
 from chattts_serving.audio.chunking import ChunkSchedule, StreamChunker, vocoded_tokens
-from chattts_serving.audio.vocoder import StreamingVocoderRunner, VocoderRunner
+from chattts_serving.audio.vocoder import CarriedStreams, StreamingVocoderRunner, VocoderRunner
 from chattts_serving.contract import VocoderPath
 from chattts_serving.runtime import Artifacts, OrtOptions
-from chattts_serving.serving.profile import load_profile
+from chattts_serving.serving.entry import EntryService
+from chattts_serving.serving.profile import Profile, load_profile
+from tests.support.inprocess import InProcessStages, RecordingChannel, RecordingObserver
 
 
 def _input(art: Artifacts, path: VocoderPath, n: int, seed: int) -> np.ndarray:
@@ -94,8 +98,9 @@ def test_carried_schedule_keeps_the_chunks_and_the_first_chunk_comes_no_later() 
     needs no more tokens than today's."""
     schedule = load_profile("cpu").stream.schedule()
     carried = schedule.with_carried_state()
-    assert (carried.left_context_tokens, carried.crossfade_samples) == (0, schedule.crossfade_samples)
-    assert carried.with_lookahead(40).left_context_tokens == 0
+    assert (carried.left_tokens, carried.crossfade_samples) == (0, schedule.crossfade_samples)
+    assert carried.with_lookahead(40).left_tokens == 0
+    assert carried.windowed() == schedule
     assert carried.tokens_before_first_chunk() == schedule.tokens_before_first_chunk()
 
     def windows(s: ChunkSchedule) -> list[tuple[int, int, int]]:
@@ -157,3 +162,88 @@ def test_int8_stateful_vocoder_streams_its_offline_int8_decode_within_int8_round
         art.receptive_field_tokens(path)))
     offline = VocoderRunner(art, path, opts).run(x[None])[0]
     assert snr_db(offline, got) >= 40.0
+
+
+# --- the vocoder model's registry and the BLS pipeline over it ------------------------------
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_carried_streams_open_on_the_first_window_and_free_on_final_release_or_idle(
+        small_artifacts: Artifacts) -> None:
+    clock = _Clock()
+    streams = CarriedStreams(StreamingVocoderRunner(small_artifacts, "hidden"), max_streams=2, idle_s=10.0,
+                             clock=clock)
+    x = _input(small_artifacts, VocoderPath.HIDDEN, 30, 11)
+    with pytest.raises(ValueError, match="is not open"):
+        streams.vocode("late", x[4:12], 4, 8, contract.STREAM_CONTINUE)
+    assert streams.vocode("a", x[0:12], 0, 8, contract.STREAM_CONTINUE).size == 11 * contract.SAMPLES_PER_TOKEN
+    streams.vocode("b", x[0:12], 0, 8, contract.STREAM_CONTINUE)
+    assert len(streams) == 2 and streams.nbytes() > 0
+    with pytest.raises(ValueError, match="2 vocoder streams are open"):
+        streams.vocode("c", x[0:12], 0, 8, contract.STREAM_CONTINUE)
+    with pytest.raises(ValueError, match="unknown stream action"):
+        streams.vocode("a", x[8:20], 8, 12, 7)
+    streams.vocode("a", x[8:30], 8, 30, contract.STREAM_FINAL)  # the last window frees it
+    assert len(streams) == 1
+    assert streams.vocode("b", x[0:0], 0, 0, contract.STREAM_RELEASE).size == 0  # a cancelled stream's release
+    assert len(streams) == 0
+    streams.vocode("d", x[0:12], 0, 8, contract.STREAM_CONTINUE)
+    with pytest.raises(ValueError, match="starts at token 9"):  # out of order: refused, and the stream freed
+        streams.vocode("d", x[9:20], 9, 12, contract.STREAM_CONTINUE)
+    assert len(streams) == 0
+    streams.vocode("e", x[0:12], 0, 8, contract.STREAM_CONTINUE)
+    clock.t = 10.5  # an entry that died mid-stream: its state goes after idle_s
+    streams.vocode("f", x[0:12], 0, 8, contract.STREAM_CONTINUE)
+    assert len(streams) == 1
+    assert streams.vocoded_tokens == 12 * 5 + 22  # refused and released windows vocode nothing
+
+
+@pytest.fixture(scope="module")
+def stages(small_artifacts: Artifacts) -> InProcessStages:
+    return InProcessStages(small_artifacts)
+
+
+def _stream(stages: InProcessStages, profile: Profile, channel: RecordingChannel, **values: object) -> None:
+    service = EntryService(contract.MODEL_STREAM, profile, stages, RecordingObserver())
+    tensors = {"text": np.array(["今天天气不错，我们去公园散步吧。".encode()], np.object_)}
+    dtypes = {s.name: s.tensor().np_dtype for s in contract.SAMPLING_PARAMS}
+    for name, v in values.items():
+        tensors[name] = np.array([v], dtypes.get(name, np.int32))
+    service.stream(service.admit(tensors, {}, uuid.uuid4().hex), channel)
+
+
+def test_served_pipeline_carries_the_vocoder_state_and_equals_the_windowed_mode_at_full_lookahead(
+        stages: InProcessStages, small_artifacts: Artifacts) -> None:
+    """The BLS pipeline on the ``cpu`` profile (carried) against the same profile windowed, greedy,
+    at a lookahead of the receptive field: the same audio, fewer tokens vocoded, no state left."""
+    profile = load_profile("cpu")
+    assert profile.stream.carry_vocoder_state
+    windowed = profile.model_copy(update={"stream": profile.stream.model_copy(update={"carry_vocoder_state": False})})
+    rf = small_artifacts.receptive_field_tokens("hidden")
+    audio, vocoded = [], []
+    for p in (profile, windowed):
+        channel = RecordingChannel()
+        before = stages.carried[VocoderPath.HIDDEN].vocoded_tokens
+        _stream(stages, p, channel, top_k=1, max_new_tokens=60, min_new_tokens=60, lookahead_tokens=rf)
+        assert [e[0] for e in channel.ends] == ["final"], channel.events
+        audio.append(np.concatenate(channel.chunks))
+        vocoded.append(stages.carried[VocoderPath.HIDDEN].vocoded_tokens - before)
+    assert audio[0].shape == audio[1].shape
+    assert np.abs(audio[0] - audio[1]).max() <= 1e-5
+    assert vocoded[0] > 0 and vocoded[1] == 0  # the windowed run never touched the carried streams
+    assert len(stages.carried[VocoderPath.HIDDEN]) == 0
+
+
+def test_a_cancelled_stream_frees_its_vocoder_state(stages: InProcessStages) -> None:
+    carried = stages.carried[VocoderPath.HIDDEN]
+    channel = RecordingChannel(cancel_after_chunks=2)
+    _stream(stages, load_profile("cpu"), channel, max_new_tokens=600, min_new_tokens=600)
+    assert len(channel.chunks) >= 2 and [e[0] for e in channel.ends] != ["error"]
+    assert len(carried) == 0

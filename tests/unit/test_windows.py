@@ -67,7 +67,7 @@ def test_windows_follow_the_profile_schedule_cut_at_chunk_boundaries(small_artif
     hidden = np.random.default_rng(1).standard_normal((n, small_artifacts.hidden_size)).astype(np.float32)
     schedule = load_profile("cpu").stream.schedule()
     windows = _feed(WindowPlanner(schedule, HEADER, small_artifacts.hidden_size), hidden, emit=4)
-    chunker, expected, avail = StreamChunker(schedule.without_crossfade()), [], 0
+    chunker, expected, avail = StreamChunker(schedule.windowed().without_crossfade()), [], 0
     while not chunker.done:
         avail = min(n, avail + 1)
         while (w := chunker.next_window(avail, avail == n)) is not None:
