@@ -108,6 +108,15 @@ soak: setup  ## MINUTES (30) of mixed traffic at full size (SOAK_ARTIFACTS, SANI
 clean:  ## remove build outputs (keeps the venv)
 	rm -rf build results out
 
+# ------------------------------------------------- container images (docker/README.md, "On a CPU host")
+.PHONY: image containers-stop
+
+image:  ## CPU image chattts-serving:0.1.0-cpu + export image on a local Debian base, no registry (root; dockerd via scripts/containers.sh) -> results/deploy/image.json
+	bash scripts/containers.sh image
+
+containers-stop:  ## stop the dockerd of scripts/containers.sh and undo what it changed (KEEP_IMAGES=1 keeps the image cache)
+	bash scripts/containers.sh stop $(if $(KEEP_IMAGES),--keep-images)
+
 # ------------------------------------------------- deploy test (docker/README.md, "Replicas behind a load balancer")
 .PHONY: deploy-test
 
