@@ -59,15 +59,16 @@ LOST_CONNECTION = "lost the connection to"
 the server stopped, crashed or restarts; a retry may find it (or another) serving."""
 
 STREAM_REMOVED = "Stream removed"
-"""How gRPC's message begins (status INTERNAL) for a stream that its HTTP/2 connection ended
-without a gRPC status: a proxy in between (haproxy) closing the stream because the connection to
-its replica broke. The server went away, as with UNAVAILABLE (:func:`connection_lost`)."""
+"""How gRPC's message begins (status INTERNAL or UNKNOWN) for a stream that its HTTP/2 connection
+ended without a gRPC status: a proxy in between (haproxy) closing the stream because the
+connection to its replica broke. The server went away, as with UNAVAILABLE
+(:func:`connection_lost`)."""
 
 
 def connection_lost(status: int | str | None, message: str) -> bool:
     """Whether a gRPC call's failure (``status``: ``"StatusCode.<NAME>"``) means that its server
-    could not be reached or went away: UNAVAILABLE, or INTERNAL :data:`STREAM_REMOVED`."""
-    return status == "StatusCode.UNAVAILABLE" or (status == "StatusCode.INTERNAL"
+    could not be reached or went away: UNAVAILABLE, or any status with :data:`STREAM_REMOVED`."""
+    return status == "StatusCode.UNAVAILABLE" or (isinstance(status, str) and status.startswith("StatusCode.")
                                                   and message.startswith(STREAM_REMOVED))
 
 

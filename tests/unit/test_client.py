@@ -103,16 +103,17 @@ def test_the_cli_names_an_unusable_inference_key_as_a_usage_error(
 
 def test_a_stream_ended_without_a_grpc_status_is_a_lost_connection() -> None:
     """haproxy ends a client's stream without a gRPC status when its replica's connection breaks
-    (gRPC: INTERNAL "Stream removed"): the client reads the server gone (unavailable,
+    (gRPC: INTERNAL or UNKNOWN "Stream removed"): the client reads the server gone (unavailable,
     retryable), as UNAVAILABLE; any other INTERNAL stays internal."""
     from tritonclient.utils import InferenceServerException
 
     from chattts_serving.client.grpc_stream import _client_error
     from chattts_serving.errors import ErrorKind
 
-    cut = _client_error(InferenceServerException("Stream removed (Data frame with END_STREAM flag received)",
-                                                 "StatusCode.INTERNAL"), "lb:8001", streaming=True)
-    assert cut.connection and cut.kind == ErrorKind.UNAVAILABLE
-    assert cut.message.startswith("lost the connection to lb:8001")
+    for status in ("StatusCode.INTERNAL", "StatusCode.UNKNOWN"):
+        cut = _client_error(InferenceServerException("Stream removed (Data frame with END_STREAM flag received)",
+                                                     status), "lb:8001", streaming=True)
+        assert cut.connection and cut.kind == ErrorKind.UNAVAILABLE
+        assert cut.message.startswith("lost the connection to lb:8001")
     other = _client_error(InferenceServerException("internal error: X", "StatusCode.INTERNAL"), "lb:8001")
     assert not other.connection and other.kind == ErrorKind.INTERNAL
