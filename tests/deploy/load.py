@@ -36,13 +36,15 @@ def request(tokens: int, seed: int = 1) -> SynthesisRequest:
 @dataclass
 class Outcome:
     """One request: when it was sent, its first audio and its end arrived (monotonic seconds),
-    ``result`` (completed, error, lost), the error's ``kind`` and ``message``."""
+    ``result`` (completed, error, lost, cancelled), the error's ``kind``, transport ``status`` and
+    ``message``."""
 
     sent: float
     first_audio: float | None = None
     ended: float | None = None
     result: str = "lost"
     kind: str | None = None
+    status: str | None = None
     message: str = ""
 
 
@@ -82,6 +84,7 @@ class Load:
         except ClientError as exc:
             out.result = "lost" if exc.status == TIMEOUT else "error"
             out.kind = exc.kind.value if exc.kind is not None else None
+            out.status = None if exc.status is None else str(exc.status)
             out.message = exc.message[:300]
         out.ended = time.monotonic()
 

@@ -47,7 +47,7 @@ def _wait(pred: Any, timeout_s: float, what: str) -> None:
 
 
 def _errors(outcomes: list[Outcome]) -> list[dict[str, Any]]:
-    return [{"kind": o.kind, "message": o.message} for o in outcomes if o.result == "error"][:10]
+    return [{"kind": o.kind, "status": o.status, "message": o.message} for o in outcomes if o.result == "error"][:10]
 
 
 def test_sigkill_one_replica_mid_stream(fleet: Fleet) -> None:
