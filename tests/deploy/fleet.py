@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -108,8 +109,9 @@ class Backend(Protocol):
     def close(self) -> None: ...
 
 
-def _run(*cmd: str, check: bool = True, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run(list(cmd), capture_output=True, text=True, timeout=timeout)
+def _run(*cmd: str, check: bool = True, timeout: float = 60.0,
+         env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(list(cmd), capture_output=True, text=True, timeout=timeout, env=env)
     if check and proc.returncode:
         raise ReplicaError(f"{' '.join(cmd)} failed ({proc.returncode}): {proc.stderr.strip()[-800:]}")
     return proc
@@ -307,31 +309,55 @@ class NetnsBackend:
         _run("ip", "link", "del", self.bridge, check=False)
 
 
+CONTAINERS_SOCKET = Path(os.environ.get("CONTAINERS_STATE", "/var/lib/chattts-containers")) / "docker.sock"
+"""The socket of the Docker engine that ``scripts/containers.sh`` starts (``make image``)."""
+DOCKER = "/usr/bin/docker" if Path("/usr/bin/docker").exists() else "docker"
+"""Debian's client, as scripts/containers.sh uses it."""
+
+
+def docker_env() -> dict[str, str]:
+    """This environment, with ``DOCKER_HOST`` at :data:`CONTAINERS_SOCKET` unless it names one."""
+    env = dict(os.environ)
+    if "DOCKER_HOST" not in env and CONTAINERS_SOCKET.exists():
+        env["DOCKER_HOST"] = f"unix://{CONTAINERS_SOCKET}"
+    return env
+
+
 def docker_image_present(image: str = IMAGE) -> bool:
     """Whether ``docker image inspect`` finds ``image`` (a daemon runs and the image is built)."""
     try:
-        return subprocess.run(["docker", "image", "inspect", image], capture_output=True, timeout=30).returncode == 0
+        return subprocess.run([DOCKER, "image", "inspect", image], capture_output=True, timeout=30,
+                              env=docker_env()).returncode == 0
     except (OSError, subprocess.TimeoutExpired):
         return False
 
 
 class ContainerBackend:
     """Replicas as containers of the CPU image on Docker's default bridge, each with its own
-    address (``docker inspect``), the host's rendered repository mounted over the image's
-    ``/opt/model_repository`` and the artifacts at the path it names, ``/dev/shm`` sized for the
-    Python backend. ``kill`` SIGKILLs the container's tritonserver (found from this host:
-    ``docker top``), ``drain`` runs the preStop command with ``docker exec`` and then ``docker
-    stop`` (SIGTERM), ``restart`` is ``docker start``. :meth:`close` removes the containers."""
+    address (``docker inspect``), running the image's own command; the test's rendered
+    repository (its profile changes) mounted over the image's ``/opt/model_repository`` with
+    its artifact paths turned into the image's ``/models/artifacts``, where the artifacts are
+    mounted; ``/dev/shm`` sized for the Python backend. ``kill`` SIGKILLs the container's
+    tritonserver (found from this host: ``docker top``), ``drain`` runs the preStop command with
+    ``docker exec`` and then ``docker stop`` (SIGTERM), ``restart`` is ``docker start``.
+    :meth:`close` removes the containers."""
 
     name = "container"
 
     def __init__(self, repo: Path, artifacts: Path, work: Path, admin_token: str, image: str = IMAGE) -> None:
-        self.repo, self.artifacts, self.work, self.admin_token, self.image = repo, artifacts, work, admin_token, image
+        self.artifacts, self.work, self.admin_token, self.image = artifacts.resolve(), work, admin_token, image
+        self.repo = work / "container-repo"
+        shutil.copytree(repo, self.repo, ignore=shutil.ignore_patterns("__pycache__"))
+        for config in self.repo.glob("*/config.pbtxt"):  # the paths as the container sees them
+            text = config.read_text().replace(f'"{self.artifacts}"', '"/models/artifacts"')
+            config.write_text(text.replace(f"{Path(repo).resolve()}/", "/opt/model_repository/"))
+        for path in [self.repo, *self.repo.rglob("*")]:  # the image's user (10001) reads it
+            path.chmod(0o755 if path.is_dir() else 0o644)
         self.tag = f"chattts-deploy-{os.getpid()}"
         self.replicas: list[Replica] = []
 
     def _docker(self, *args: str, check: bool = True, timeout: float = 120.0) -> subprocess.CompletedProcess[str]:
-        return _run("docker", *args, check=check, timeout=timeout)
+        return _run(DOCKER, *args, check=check, timeout=timeout, env=docker_env())
 
     def _address(self, replica: Replica) -> str:
         out = self._docker("inspect", "-f", "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}",
@@ -343,14 +369,17 @@ class ContainerBackend:
         return out.stdout.strip() == "true"
 
     def _logs(self, replica: Replica) -> str:
-        out = self._docker("logs", "--tail", "25", str(replica.handle), check=False)
-        return (out.stdout + out.stderr)[-3000:]
+        """The container log's model load failures and its last lines."""
+        out = self._docker("logs", str(replica.handle), check=False)
+        lines = (out.stdout + out.stderr).splitlines()
+        failures = [line[:600] for line in lines if "failed to load '" in line][:3]
+        return "\n".join([*failures, *lines[-15:]])[-5000:]
 
     def start(self, index: int) -> Replica:
         name = f"{self.tag}-{index}"
         self._docker("run", "-d", "--name", name, "--shm-size", "1g",
                      "-e", f"{TOKEN_ENV}={self.admin_token}",
-                     "-v", f"{self.repo}:/opt/model_repository:ro", "-v", f"{self.artifacts}:{self.artifacts}:ro",
+                     "-v", f"{self.repo}:/opt/model_repository:ro", "-v", f"{self.artifacts}:/models/artifacts:ro",
                      self.image)
         replica = Replica(f"replica-{index}", index, "", handle=name)
         self.replicas.append(replica)
