@@ -150,10 +150,13 @@ def _profile_with(tmp_path: Path, name: str, old: str, new: str) -> Path:
 def test_the_profile_knob_reaches_the_engine_and_the_rendered_repository(tmp_path: Path,
                                                                        small_artifacts: Artifacts) -> None:
     """``[engine] kv_cache`` goes into the engine's ONNX Runtime options (not the vocoders')
-    and into the profile the renderer writes for the models; the fidelity profile keeps fp32."""
+    and into the profile the renderer writes for the models; the fidelity profile keeps fp32;
+    the cpu profile's ``auto`` runs the fp32 cache on artifacts where nothing was measured."""
     assert load_profile("cpu-fp32").engine.kv_cache is KvPrecision.FP32
+    assert load_profile("cpu").engine.kv_cache is KvPrecision.AUTO
+    assert GptStepRunner(small_artifacts, load_profile("cpu").ort("engine")).kv_precision is KvPrecision.FP32
     assert load_profile("cpu-fp32").ort("engine").kv_cache is KvPrecision.FP32
-    prof = load_profile(_profile_with(tmp_path, "cpu", 'kv_cache = "fp32"', 'kv_cache = "fp16"'))
+    prof = load_profile(_profile_with(tmp_path, "cpu", 'kv_cache = "auto"', 'kv_cache = "fp16"'))
     assert prof.ort("engine").kv_cache is KvPrecision.FP16
     assert prof.ort("vocoder").kv_cache is KvPrecision.FP32
     render.render_repository(prof, small_artifacts.root, tmp_path / "repo")
@@ -165,8 +168,8 @@ def test_the_profile_knob_reaches_the_engine_and_the_rendered_repository(tmp_pat
 
 
 @pytest.mark.parametrize(("name", "old", "new", "cause"), [
-    ("cpu", 'kv_cache = "fp32"', 'kv_cache = "fp8"', "kv_cache"),
-    ("cpu", 'kv_cache = "fp32"', "kv_cache = 16", "kv_cache"),
+    ("cpu", 'kv_cache = "auto"', 'kv_cache = "fp8"', "kv_cache"),
+    ("cpu", 'kv_cache = "auto"', "kv_cache = 16", "kv_cache"),
     ("gpu", 'kv_cache = "fp16"', 'kv_cache = "int8"', "kv_cache int8 needs a graph with an fp32 KV cache"),
 ])
 def test_a_bad_kv_cache_value_is_a_clear_profile_error(tmp_path: Path, name: str, old: str, new: str,
