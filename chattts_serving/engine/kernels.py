@@ -7,9 +7,10 @@ the CPU has it, AMX where ONNX Runtime's MLAS uses it), 1 dequantizes the 8-bit 
 multiplies in fp32. The weights and their scales are the same in both, so the tokens' accuracy
 is that of the exported graph at level 4 or better (level 1 rounds only the weights). Which is
 faster depends on the instruction set and the ONNX Runtime build, not on the model: rather
-than a choice that holds on one CPU, :func:`choose_int8_kernel` times a few decode steps of
-each candidate (:data:`KERNELS`) on the host at start-up and keeps the fastest; the choice and
-the timings are logged and kept on the runner (``GptStepRunner.kernel``).
+than a choice that holds on one CPU, :func:`choose_int8_kernel` times each candidate
+(:data:`KERNELS`) on the host at start-up, on a few ``MatMulNBits`` of the step's own shape,
+and runs the step on the fastest; the choice and the timings are logged (and returned, for the
+benchmark's record).
 
 :func:`cpu_features` reads the CPU model and the instruction-set flags that decide it (the
 benchmark records them next to its figures).
@@ -36,17 +37,20 @@ log = logging.getLogger(__name__)
 
 KERNELS: dict[str, int] = {"int8-activations": 4, "fp32-activations": 1}
 """Candidate kernels of the int8 step: name -> ``MatMulNBits`` ``accuracy_level``. The first is
-what the export writes (and the choice when the probe cannot tell them apart)."""
+what the export writes (and the choice when no candidate could be timed)."""
 
 PROBE_BATCHES = (1, 16)
-"""Batch sizes the probe times (one stream, a full batch); the score is their sum of step ms."""
-PROBE_PAST_TOKENS = 128
-PROBE_STEPS = 3
-"""Timed decode steps per batch size (after one untimed); the figure is their median."""
-PROBE_GIVE_UP = 3.0
-"""A candidate whose untimed first B=1 step takes this many times the best candidate's whole
-score is dropped without more steps (a kernel that is an order of magnitude slower on this
-CPU would otherwise cost seconds of start-up)."""
+"""Rows the probe multiplies (one stream, a full batch); a candidate's score is the sum of its
+median ms at each."""
+PROBE_STEPS = 5
+"""Timed runs per batch size (after one untimed); the figure is their median."""
+PROBE_GIVE_UP = 5.0
+"""A candidate whose untimed first run takes this many times the best candidate's score is
+dropped without being timed (a kernel 100 times slower would otherwise cost seconds)."""
+PROBE_LAYERS = 4
+"""Distinct weight matrices in the probe graph, each a layer's largest (gate and up packed:
+hidden x 2 intermediate): 4 x 768 x 6144 bytes = 19 MB at full size, weights that do not stay
+in a core's caches between runs, as a decode step's 221 MB do not."""
 
 CPU_FLAGS = ("avx2", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni", "avx512_bf16", "avx512_fp16",
              "amx_tile", "amx_int8", "amx_bf16", "amx_fp16")
@@ -90,46 +94,67 @@ def with_accuracy_level(model: Path | bytes, level: int) -> bytes:
 
 @dataclass
 class KernelChoice:
-    """The probe's outcome: ``chosen`` (a :data:`KERNELS` name), ``step_ms`` per candidate
-    {name: {batch: median ms}} ({} for a candidate dropped early: ``dropped``), the
-    ``cpu`` features and the probe's wall time (s)."""
+    """The probe's outcome: ``chosen`` (a :data:`KERNELS` name), ``probe_ms`` per candidate
+    {name: {rows: median ms}} (none for one whose session failed or that was far slower than the
+    best at its first run: ``dropped``), the ``cpu``
+    features, the probe's shape {"layers", "k", "n", "block_size"} and its wall time (s), and
+    ``swap_s``: the time to rebuild the runner's session on the chosen kernel (0 when the
+    exported kernel won)."""
 
     chosen: str
-    step_ms: dict[str, dict[int, float]] = field(default_factory=dict)
+    probe_ms: dict[str, dict[int, float]] = field(default_factory=dict)
     dropped: list[str] = field(default_factory=list)
     cpu: dict[str, Any] = field(default_factory=dict)
+    shape: dict[str, int] = field(default_factory=dict)
     probe_s: float = 0.0
+    swap_s: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
         return {"chosen": self.chosen, "accuracy_level": KERNELS[self.chosen],
-                "step_ms": {k: {str(b): round(v, 3) for b, v in d.items()} for k, d in self.step_ms.items()},
-                "dropped": self.dropped, **self.cpu, "probe_s": round(self.probe_s, 2)}
+                "probe_ms": {k: {str(b): round(v, 3) for b, v in d.items()} for k, d in self.probe_ms.items()},
+                "dropped": self.dropped, **self.cpu, "shape": self.shape, "probe_s": round(self.probe_s, 2),
+                "swap_s": round(self.swap_s, 2)}
 
 
-def _step_ms(runner: GptStepRunner, batch: int, past: int, steps: int, rng: np.random.Generator,
-             give_up_ms: float | None = None) -> float | None:
-    """Median ms of ``steps`` decode steps of ``batch`` rows over a random past of ``past``
-    positions (after one untimed step); None when that first step took longer than ``give_up_ms``."""
-    cache = runner.new_cache(batch, past + 1)
-    for buf in cache.buffers:
-        buf[...] = cache.backend.to_device(rng.standard_normal(buf.shape, dtype=np.float32).astype(runner.kv_dtype))
-    embeds = rng.standard_normal((batch, 1, runner.art.hidden_size), dtype=np.float32)
-    lengths = np.full(batch, past, np.int64)
+def probe_graph(k: int, n: int, block_size: int, level: int, layers: int = PROBE_LAYERS, seed: int = 0) -> bytes:
+    """A serialized ONNX graph of ``layers`` 8-bit ``MatMulNBits`` nodes (K = ``k`` inputs,
+    N = ``n`` outputs, symmetric blocks of ``block_size`` as the export writes them, random
+    weights and scales) at ``accuracy_level`` ``level``, each applied to the input ``x`` (M, k)
+    float32, outputs ``y0``.. (M, n): the int8 step's MatMuls in small."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    rng = np.random.default_rng(seed)
+    blocks = -(-k // block_size)
+    inits, nodes, outs = [], [], []
+    for i in range(layers):
+        q = rng.integers(0, 256, (n, blocks, block_size), dtype=np.uint8)
+        scales = (rng.random((n, blocks), dtype=np.float32) * 0.01 + 0.001).astype(np.float32)
+        inits += [onnx.numpy_helper.from_array(q, f"w{i}"), onnx.numpy_helper.from_array(scales, f"s{i}")]
+        nodes.append(helper.make_node("MatMulNBits", ["x", f"w{i}", f"s{i}"], [f"y{i}"], domain="com.microsoft",
+                                      K=k, N=n, bits=8, block_size=block_size, accuracy_level=level))
+        outs.append(helper.make_tensor_value_info(f"y{i}", TensorProto.FLOAT, ["m", n]))
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["m", k])
+    graph = helper.make_graph(nodes, "int8_kernel_probe", [x], outs, inits)
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+    model = helper.make_model(graph, opset_imports=opsets)
+    return bytes(model.SerializeToString())
+
+
+def _probe_ms(session: Any, k: int, rows: int, steps: int, give_up_ms: float | None) -> float | None:
+    """Median ms of ``steps`` runs of a :func:`probe_graph` session on ``rows`` rows, after one
+    untimed run; None when that run took longer than ``give_up_ms``."""
+    x = np.random.default_rng(rows).standard_normal((rows, k), dtype=np.float32)
     t = time.perf_counter()
-    runner.decode(embeds, cache, lengths)
+    session.run(None, {"x": x})
     if give_up_ms is not None and (time.perf_counter() - t) * 1e3 > give_up_ms:
         return None
     times = []
     for _ in range(steps):
         t = time.perf_counter()
-        runner.decode(embeds, cache, lengths)
+        session.run(None, {"x": x})
         times.append(time.perf_counter() - t)
     return float(np.median(times)) * 1e3
-
-
-def _use(runner: GptStepRunner, session: Any) -> None:
-    runner.session = session
-    runner._bound = None  # an IOBinding belongs to the session that made it
 
 
 def runs_int8(runner: GptStepRunner) -> bool:
@@ -139,54 +164,69 @@ def runs_int8(runner: GptStepRunner) -> bool:
 
 
 def choose_int8_kernel(runner: GptStepRunner, kernels: dict[str, int] | None = None, *,
-                       steps: int = PROBE_STEPS, past: int = PROBE_PAST_TOKENS) -> KernelChoice | None:
-    """Time each of ``kernels`` (default :data:`KERNELS`) on ``runner``'s int8 step graph and
-    leave the runner on the fastest; returns the :class:`KernelChoice` (also logged at INFO),
-    or None when the runner does not run the int8 graph (:func:`runs_int8`: nothing to choose).
-    The runner's current session counts as the first candidate (the exported kernel) and is
-    kept when it wins; the others are the same graph (as the runner loaded it, KV cache
-    precision included) with another ``accuracy_level``. A candidate whose session cannot be
-    made is dropped with a warning."""
+                       steps: int = PROBE_STEPS) -> KernelChoice | None:
+    """Time each of ``kernels`` (default :data:`KERNELS`) on this host and leave ``runner``
+    (on the int8 step graph) on the fastest; returns the :class:`KernelChoice` (also logged at
+    INFO), or None when the runner does not run the int8 graph (:func:`runs_int8`: nothing to
+    choose).
+
+    The probe is :func:`probe_graph` in the step's own shape (hidden x 2 intermediate, the
+    exported block size) at 1 and 16 rows, with the runner's threads: milliseconds where a
+    probe of the whole step graph would build a second 221 MB session and, for a slow kernel,
+    wait seconds for its first step. When the kernel the runner runs wins (the exported one,
+    manifest ``precisions.int8.quantization.accuracy_level``) it keeps its session; else its
+    graph (as it loaded it, KV cache precision included) is rebuilt with the winner's
+    ``accuracy_level`` (:func:`with_accuracy_level`). A candidate whose session cannot be made
+    is dropped with a warning, one whose first run takes :data:`PROBE_GIVE_UP` times the best
+    score so far without being timed."""
     from .gpt import load_step_graph
 
     if not runs_int8(runner):
         return None
     kernels = dict(KERNELS if kernels is None else kernels)
-    model = load_step_graph(runner.art, runner.graph, getattr(runner, "kv_precision", runner.opts.kv_cache))
     started = time.perf_counter()
-    rng = np.random.default_rng(0)
-    names = list(kernels)
-    sessions: dict[str, Any] = {names[0]: runner.session}
-    step_ms: dict[str, dict[int, float]] = {}
+    quant = runner.art.manifest["precisions"][str(Precision.INT8)].get("quantization", {})
+    k = runner.art.hidden_size
+    n = 2 * int(runner.art.manifest.get("config", {}).get("intermediate_size", 4 * k))
+    block = int(quant.get("block_size", 32))
+    probe_ms: dict[str, dict[int, float]] = {}
     dropped: list[str] = []
-    best: float | None = None
-    for name in names:
-        if name not in sessions:
-            try:
-                sessions[name] = make_session(with_accuracy_level(model, kernels[name]), runner.opts)
-            except Exception as exc:  # a kernel this onnxruntime build refuses: not a candidate
-                log.warning("int8 kernel %s: no session (%s)", name, exc)
-                dropped.append(name)
-                continue
-        _use(runner, sessions[name])
+    for name, level in kernels.items():
+        try:
+            session = make_session(probe_graph(k, n, block, level), runner.opts)
+        except Exception as exc:  # a kernel this onnxruntime build refuses: not a candidate
+            log.warning("int8 kernel %s: no session (%s)", name, exc)
+            dropped.append(name)
+            continue
+        best = min((sum(v.values()) for v in probe_ms.values()), default=None)
         times: dict[int, float] = {}
         for b in PROBE_BATCHES:
-            ms = _step_ms(runner, b, past, steps, rng, None if best is None else PROBE_GIVE_UP * best)
-            if ms is None:
+            ms = _probe_ms(session, k, b, steps, None if best is None else PROBE_GIVE_UP * best)
+            if ms is None:  # far slower than the best already: no need for its figures
+                log.info("int8 kernel %s: its first run at %d rows took over %.0f x the best; dropped",
+                         name, b, PROBE_GIVE_UP)
+                dropped.append(name)
                 break
             times[b] = ms
-        if len(times) < len(PROBE_BATCHES):
-            dropped.append(name)
-            sessions.pop(name)
-            continue
-        step_ms[name] = times
-        score = sum(times.values())
-        best = score if best is None else min(best, score)
-    chosen = min(step_ms, key=lambda k: sum(step_ms[k].values())) if step_ms else names[0]
-    _use(runner, sessions[chosen])
-    choice = KernelChoice(chosen, step_ms, dropped, cpu_features(), time.perf_counter() - started)
-    log.info("int8 GPT kernel: %s (MatMulNBits accuracy_level %d) on %s [%s]; probe step ms %s%s, %.1f s",
-             chosen, kernels[chosen], choice.cpu["cpu_model"], " ".join(choice.cpu["cpu_flags"]),
-             {k: {b: round(v, 1) for b, v in d.items()} for k, d in step_ms.items()},
-             f", dropped {dropped}" if dropped else "", choice.probe_s)
+        else:
+            probe_ms[name] = times
+    running = int(getattr(runner, "_int8_kernel_level", quant.get("accuracy_level", KERNELS[next(iter(KERNELS))])))
+    names = list(kernels)
+    chosen = min(probe_ms, key=lambda c: sum(probe_ms[c].values())) if probe_ms else names[0]
+    probe_s = time.perf_counter() - started
+    swap_s = 0.0
+    if kernels[chosen] != running:
+        t = time.perf_counter()
+        model = load_step_graph(runner.art, runner.graph, getattr(runner, "kv_precision", runner.opts.kv_cache))
+        runner.session = make_session(with_accuracy_level(model, kernels[chosen]), runner.opts)
+        runner._bound = None  # an IOBinding belongs to the session that made it
+        runner._int8_kernel_level = kernels[chosen]  # type: ignore[attr-defined]
+        swap_s = time.perf_counter() - t
+    choice = KernelChoice(chosen, probe_ms, dropped, cpu_features(),
+                          {"layers": PROBE_LAYERS, "k": k, "n": n, "block_size": block}, probe_s, swap_s)
+    log.info("int8 GPT kernel: %s (MatMulNBits accuracy_level %d) on %s [%s]; probe ms at 1 / 16 rows %s%s, "
+             "%.2f s%s", chosen, kernels[chosen], choice.cpu["cpu_model"], " ".join(choice.cpu["cpu_flags"]),
+             {c: [round(v, 2) for v in d.values()] for c, d in probe_ms.items()},
+             f", dropped {dropped}" if dropped else "", probe_s,
+             f", session rebuilt in {swap_s:.1f} s" if swap_s else "")
     return choice

@@ -99,7 +99,7 @@ def test_bench_smoke_writes_report(small_weights: Path, small_int8_artifacts, tm
     # the host's CPU and its flags; the int8 profile's raw step ran the kernel the probe chose
     assert result["machine"]["cpu_model"] and isinstance(result["machine"]["cpu_flags"], list)
     kernel = result["profiles"]["cpu-int8"]["raw_step"]["kernel"]
-    assert kernel["chosen"] in kernel["step_ms"] and kernel["cpu_flags"] == result["machine"]["cpu_flags"]
+    assert kernel["chosen"] in kernel["probe_ms"] and kernel["cpu_flags"] == result["machine"]["cpu_flags"]
     assert result["floor"]["bandwidth_gbps"] > 0 and result["floor"]["matrix_bytes"] >= 64 << 20
     pipe = result["pipeline"]
     assert pipe["batch"] == 16 and len(pipe["runs"]) == 3 and all(r["tokens"] == 16 * 16 for r in pipe["runs"])

@@ -15,7 +15,14 @@ import pytest
 from chattts_serving import contract
 from chattts_serving.contract import Precision
 from chattts_serving.engine.gpt import GptStepRunner
-from chattts_serving.engine.kernels import KERNELS, choose_int8_kernel, cpu_features, runs_int8, with_accuracy_level
+from chattts_serving.engine.kernels import (
+    KERNELS,
+    choose_int8_kernel,
+    cpu_features,
+    probe_graph,
+    runs_int8,
+    with_accuracy_level,
+)
 from chattts_serving.runtime import Artifacts, OrtOptions
 
 CPUINFO = """processor\t: 0
@@ -52,6 +59,19 @@ def test_accuracy_level_variant_changes_only_the_kernel(small_int8_artifacts: Ar
         with_accuracy_level(art.root / contract.GPT_GRAPH, 4)
 
 
+def test_probe_graph_multiplies_as_its_kernel_says() -> None:
+    """The probe's graph at level 4 and 1 (same random weights) runs and agrees within int8
+    activation rounding: it times the kernels the step would run."""
+    from chattts_serving.runtime import make_session
+
+    x = np.random.default_rng(1).standard_normal((3, 64), dtype=np.float32)
+    outs = [make_session(probe_graph(64, 96, 32, level, layers=2), OrtOptions(1, False)).run(None, {"x": x})
+            for level in (4, 1)]
+    assert [o.shape for o in outs[0]] == [(3, 96), (3, 96)]
+    for a, b in zip(*outs):
+        assert np.abs(a - b).max() < 0.05 * np.abs(b).max()
+
+
 def test_probe_keeps_the_fastest_candidate_and_the_tokens_stay_within_rounding(
         small_int8_artifacts: Artifacts, caplog: pytest.LogCaptureFixture) -> None:
     art = small_int8_artifacts
@@ -62,24 +82,32 @@ def test_probe_keeps_the_fastest_candidate_and_the_tokens_stay_within_rounding(
     embeds = rng.standard_normal((2, 5, art.hidden_size), dtype=np.float32)
     before, _, _ = runner.prefill(embeds, np.array([5, 3]))
     with caplog.at_level(logging.INFO, logger="chattts_serving.engine.kernels"):
-        choice = choose_int8_kernel(runner, steps=1, past=8)
+        choice = choose_int8_kernel(runner, steps=1)
     assert choice is not None and choice.chosen in KERNELS
-    scores = {k: sum(v.values()) for k, v in choice.step_ms.items()}
+    scores = {k: sum(v.values()) for k, v in choice.probe_ms.items()}
     assert choice.chosen == min(scores, key=scores.__getitem__)
-    assert set(choice.step_ms) | set(choice.dropped) == set(KERNELS)
+    assert set(choice.probe_ms) | set(choice.dropped) == set(KERNELS)
     assert f"int8 GPT kernel: {choice.chosen}" in caplog.text
-    # the runner now runs the chosen kernel: same weights, so the logits agree within int8 rounding
     after, _, _ = runner.prefill(embeds, np.array([5, 3]))
     assert np.allclose(after, before, atol=0.05 * np.abs(before).max())
     assert choice.as_dict()["accuracy_level"] == KERNELS[choice.chosen]
     assert choose_int8_kernel(GptStepRunner(art, replace(opts, precision=Precision.FP32))) is None
 
 
-def test_probe_runs_a_chosen_kernel_on_every_candidate(small_int8_artifacts: Artifacts) -> None:
-    """Each candidate alone is a working session (what the probe would switch to)."""
+def test_a_kernel_other_than_the_exported_one_rebuilds_the_session(small_int8_artifacts: Artifacts) -> None:
+    """Offered only the fp32-activation kernel, the probe moves the runner onto it (a new
+    session of the same weights: logits within int8 activation rounding), and back."""
     runner = GptStepRunner(small_int8_artifacts, OrtOptions(1, False, precision=Precision.INT8))
-    for name in KERNELS:
-        choice = choose_int8_kernel(runner, {name: KERNELS[name]}, steps=1, past=4)
-        assert choice is not None and choice.chosen == name and not choice.dropped
-        logits, _, _ = runner.prefill(np.ones((1, 2, small_int8_artifacts.hidden_size), np.float32), np.array([2]))
-        assert np.isfinite(logits).all()
+    embeds = np.random.default_rng(2).standard_normal((1, 4, small_int8_artifacts.hidden_size), dtype=np.float32)
+    exported, _, _ = runner.prefill(embeds, np.array([4]))
+    session = runner.session
+    choice = choose_int8_kernel(runner, {"fp32-activations": 1}, steps=1)
+    assert choice is not None and choice.chosen == "fp32-activations" and choice.swap_s > 0
+    assert runner.session is not session
+    moved, _, _ = runner.prefill(embeds, np.array([4]))
+    assert not np.array_equal(moved, exported) and np.allclose(moved, exported, atol=0.05 * np.abs(exported).max())
+    back = choose_int8_kernel(runner, {"int8-activations": 4}, steps=1)
+    assert back is not None and back.swap_s > 0
+    np.testing.assert_array_equal(runner.prefill(embeds, np.array([4]))[0], exported)
+    again = choose_int8_kernel(runner, {"int8-activations": 4}, steps=1)
+    assert again is not None and again.swap_s == 0.0  # already on it: the session is kept
