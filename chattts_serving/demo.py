@@ -3,17 +3,23 @@
 1. Weights: a local 2Noise/ChatTTS snapshot when ``--assets`` (or ``$CHATTTS_ASSETS``) names
    one, else generated full-size weights of ChatTTS' architecture (seeded, offline).
 2. Export to ONNX (skipped when the artifacts are up to date), plus the fp16 or int8 graph
-   variant when the profile's ``precision`` asks for one (``PROFILE=cpu-int8``, ``gpu``).
+   variant when the profile's ``precision`` asks for one (``PROFILE=cpu-int8``, ``gpu``). A
+   profile at ``precision = "auto"`` (``cpu``, the default) serves int8 only where the int8
+   graph's accuracy was measured and meets the threshold, so the demo exports the int8 graphs
+   and measures their accuracy once (``make int8-accuracy``, about two minutes at full size)
+   unless the manifest already holds it: the demo runs what a user would deploy.
 3. Render the ``cpu`` (or ``--profile``) model repository and start the bundled tritonserver.
 4. Stream a Chinese sentence over gRPC into a WAV file, printing time to first audio (TTFA),
-   total time and real-time factor (RTF). The first request after start-up warms ONNX
-   Runtime's allocations and is reported separately.
+   total time and real-time factor (RTF), and the profile and precisions that ran. The first
+   request after start-up warms ONNX Runtime's allocations and is reported separately.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import subprocess
 import sys
 import time
 from collections.abc import Iterable
@@ -21,27 +27,36 @@ from pathlib import Path
 
 from . import contract
 from .client import ClientError, SynthesisRequest, synthesize_stream, write_wav
+from .contract import Precision
 from .deploy.render import RenderError, render_repository
 from .deploy.server import ServerError, TritonServer
 from .deploy.supervisor import supervised
 from .export.build import export_artifacts
 from .export.variants import ensure_precision
 from .export.weights import WeightsError, generate_checkpoint, read_sizes
-from .serving.profile import ProfileError, load_profile
+from .runtime import Artifacts, resolve_precision
+from .serving.profile import Profile, ProfileError, load_profile
 
 DEMO_TEXT = "你好，欢迎使用基于 Triton 推理服务器的流式语音合成服务，第一段音频在整句话生成完之前就已经送达。"
 
 
-def prepare_artifacts(assets: Path | None, size: str, precisions: Iterable[str] = ()) -> Path:
-    """Export real weights from ``assets`` or generated ones of ``size``, plus the graph variants
-    ``precisions`` asks for (a profile's engine and vocoder precisions: ``fp16``, ``int8``);
-    returns the artifacts dir."""
+def prepare_artifacts(assets: Path | None, size: str, precisions: Iterable[str] = (),
+                      out_dir: Path | None = None) -> Path:
+    """Export real weights from ``assets`` or generated ones of ``size`` into ``out_dir``
+    (default ``artifacts/chattts`` or ``artifacts/<size>``), plus the graph variants
+    ``precisions`` asks for (a profile's engine and vocoder precisions: ``fp16``, ``int8``;
+    ``auto``: the int8 graphs and their accuracy measurement, :func:`measure_int8_accuracy`);
+    returns the artifacts dir.
+
+    Raises:
+        WeightsError: an export or its parity check failed, or the accuracy measurement did.
+    """
     def say(msg: str) -> None:
         print(f"  export: {msg}", flush=True)
 
     if assets is not None:
         weights = assets
-        out, exported = export_artifacts(assets, Path("artifacts/chattts"),
+        out, exported = export_artifacts(assets, out_dir or Path("artifacts/chattts"),
                                          source={"kind": "assets", "path": str(assets.resolve())}, progress=say)
     else:
         weights = Path(f"build/weights/synthetic-{size}-seed0")
@@ -49,12 +64,53 @@ def prepare_artifacts(assets: Path | None, size: str, precisions: Iterable[str] 
         if sizes is None or sizes.name != size:
             say(f"no real weights given: generating {size}-size ChatTTS weights (seed 0)")
             generate_checkpoint(weights, size, 0)
-        out, exported = export_artifacts(weights, Path(f"artifacts/{size}"),
+        out, exported = export_artifacts(weights, out_dir or Path(f"artifacts/{size}"),
                                          source={"kind": "synthetic", "size": size, "seed": 0}, progress=say)
-    for precision in sorted(set(precisions)):
+    wanted = set(precisions)
+    if Precision.AUTO in wanted:
+        wanted.add(Precision.INT8)
+    for precision in sorted(wanted):
         exported = ensure_precision(out, weights, precision, progress=say) or exported
     print(f"  artifacts: {out} ({'exported' if exported else 'up to date'})", flush=True)
+    if Precision.AUTO in wanted:
+        measure_int8_accuracy(out)
     return out
+
+
+def measure_int8_accuracy(artifacts: Path) -> None:
+    """``make int8-accuracy`` on ``artifacts`` unless its manifest already holds the int8
+    graph's accuracy: what a profile at ``precision = "auto"`` decides by. It runs as its own
+    command (``python -m chattts_serving.bench.int8 --measure-if-missing``: the measurement's
+    prompts are the benchmark's sentences). Raises WeightsError when it fails."""
+    manifest = json.loads((artifacts / contract.MANIFEST).read_text())
+    if "accuracy" in manifest.get("precisions", {}).get(Precision.INT8, {}):
+        return
+    print("  int8 accuracy: not measured yet on these artifacts; measuring it once (teacher-forced against "
+          "fp32, as `make int8-accuracy`)", flush=True)
+    t0 = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "chattts_serving.bench.int8", "--artifacts", str(artifacts),
+                           "--measure-if-missing"], check=False)
+    if done.returncode != 0:
+        raise WeightsError(f"the int8 accuracy measurement failed (exit {done.returncode})")
+    print(f"  int8 accuracy: measured in {time.perf_counter() - t0:.0f} s", flush=True)
+
+
+def precision_summary(profile: Profile, artifacts: Path) -> str:
+    """Which precision the GPT step and the vocoders run under ``profile`` on ``artifacts``, and
+    why where the profile says ``auto`` (the int8 accuracy measured against the threshold)."""
+    art = Artifacts.load(artifacts)
+    gpt = resolve_precision(art, profile.engine.precision, contract.GPT_GRAPH)
+    voc = resolve_precision(art, profile.vocoder.precision, contract.VOCODER_HIDDEN_GRAPH)
+    text = f"GPT {gpt}, vocoders {voc}"
+    if Precision.AUTO in (profile.engine.precision, profile.vocoder.precision):
+        acc = art.manifest.get("precisions", {}).get(Precision.INT8, {}).get("accuracy")
+        if acc is None:
+            text += " (auto: no int8 accuracy measured, so fp32)"
+        else:
+            worst = acc.get("top1_agreement_min")
+            text += (f" (auto: int8 accuracy {'meets' if acc.get('meets_threshold') else 'misses'} the threshold"
+                     + (f", worst head top-1 {worst:.3f}" if isinstance(worst, float) else "") + ")")
+    return text
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -63,6 +119,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--assets", type=Path, default=Path(env_assets) if env_assets else None,
                     help="local 2Noise/ChatTTS snapshot (folder holding asset/); default $CHATTTS_ASSETS")
     ap.add_argument("--size", choices=["full", "small"], default="full", help="generated weights' size")
+    ap.add_argument("--artifacts-dir", type=Path, default=None,
+                    help="where to export (default artifacts/<size>, or artifacts/chattts with --assets)")
     ap.add_argument("--profile", default="cpu")
     ap.add_argument("--text", default=DEMO_TEXT)
     ap.add_argument("--out", type=Path, default=Path("out/demo.wav"))
@@ -74,8 +132,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         profile = load_profile(args.profile)
         print("[1/3] weights and ONNX artifacts", flush=True)
-        artifacts = prepare_artifacts(args.assets, args.size, (profile.engine.precision, profile.vocoder.precision))
-        print(f"[2/3] starting tritonserver (profile {args.profile}, GPT {profile.engine.precision})", flush=True)
+        artifacts = prepare_artifacts(args.assets, args.size, (profile.engine.precision, profile.vocoder.precision),
+                                      args.artifacts_dir)
+        ran = precision_summary(profile, artifacts)
+        print(f"[2/3] starting tritonserver (profile {args.profile}: {ran})", flush=True)
         repo = Path("build/model_repository")
         render_repository(profile, artifacts, repo)
         Path("build").mkdir(exist_ok=True)
@@ -103,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  text: {args.text}")
     print(f"  wrote {args.out}: {res.audio_s:.2f} s of {contract.SAMPLE_RATE_HZ} Hz mono audio in {res.chunks} chunks")
     print(f"  TTFA {res.ttfa_s * 1000:.0f} ms | total {res.total_s:.2f} s | RTF {res.rtf:.2f} "
-          f"(< 1 is faster than real time)")
+          f"(< 1 is faster than real time) | profile {args.profile}: {ran}")
     if artifacts.name != "chattts":
         print("  note: generated weights of ChatTTS' architecture: the timings are real, the audio is noise-like")
     return 0
