@@ -11,7 +11,10 @@ ARTIFACTS: an exported (fp32) artifact directory, full size for figures that mea
 - ``int8-b<N>``: 8-bit weight-only ``MatMulNBits`` (``chattts_serving.export.int8.quantize_graph``,
   symmetric, blocks of N input rows from ``--blocks``, accuracy level 4: int8 activations inside
   the kernel; block 32 with fp32 code heads is what ``chattts-export --precision int8`` writes);
-- ``int4-b128``: the same in 4 bits (for reference: measured too inaccurate to ship).
+- ``int4-b128``: the same in 4 bits (for reference: measured too inaccurate to ship);
+- ``int8-b32-heads-fp32-level<L>`` for each ``--levels`` L other than 4: the exported graph with
+  another ``MatMulNBits`` kernel (1: fp32 activations; the candidates of the start-up probe,
+  ``chattts_serving.engine.kernels``).
 
 Measurements, as the ``cpu`` profile runs ONNX Runtime (``--threads`` intra-op threads,
 spinning off):
@@ -94,6 +97,8 @@ def main() -> int:
     ap.add_argument("--blocks", default="32,128", help="block sizes of the 8-bit candidates (comma-separated)")
     ap.add_argument("--heads-fp32", action="store_true", help="also each 8-bit candidate with fp32 code heads")
     ap.add_argument("--no-int4", dest="int4", action="store_false", help="skip the 4-bit reference candidate")
+    ap.add_argument("--levels", default="", help="MatMulNBits accuracy levels besides 4 of the exported graph "
+                                                 "(comma-separated, e.g. 1)")
     ap.add_argument("--out", type=Path, default=Path("results/int8_bench.json"))
     args = ap.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
@@ -116,6 +121,9 @@ def main() -> int:
                 gpt, dst, 8, blk, keep_fp32=("heads.weight",))) for blk in blocks})
         if args.int4:
             makers["int4-b128"] = lambda dst: int8.quantize_graph(gpt, dst, 4, 128)
+        for level in (int(v) for v in args.levels.split(",") if v):
+            makers[f"int8-b32-heads-fp32-level{level}"] = (lambda dst, level=level: int8.quantize_graph(
+                gpt, dst, 8, 32, accuracy_level=level, keep_fp32=("heads.weight",)))
         arts: dict[str, Artifacts] = {}
         sizes = {"fp32": gpt.stat().st_size}
         quantize_s = {}
