@@ -64,7 +64,7 @@ def test_full_lookahead_carried_stream_equals_the_offline_decode(small_artifacts
                                                                  n: int) -> None:
     x = _input(small_artifacts, path, n, n)
     rf = small_artifacts.receptive_field_tokens(path)
-    schedule = load_profile("cpu").stream.schedule().with_lookahead(rf)
+    schedule = load_profile("cpu").stream.schedule().windowed().with_lookahead(rf)
     got, vocoded = carried_stream(StreamingVocoderRunner(small_artifacts, path), x, schedule)
     offline = VocoderRunner(small_artifacts, path).run(x[None])[0]
     assert got.shape == offline.shape == (contract.samples_for_tokens(n),)
@@ -80,7 +80,7 @@ def test_profile_lookahead_is_bounded_and_no_worse_than_the_windowed_mode(small_
     vocodes fewer tokens."""
     n = 150
     x = _input(small_artifacts, path, n, 7)
-    schedule = load_profile("cpu").stream.schedule()
+    schedule = load_profile("cpu").stream.schedule().windowed()
     assert schedule.lookahead_tokens < small_artifacts.receptive_field_tokens(path)
     offline = VocoderRunner(small_artifacts, path).run(x[None])[0]
     carried, vocoded = carried_stream(StreamingVocoderRunner(small_artifacts, path), x, schedule)
@@ -96,8 +96,10 @@ def test_carried_schedule_keeps_the_chunks_and_the_first_chunk_comes_no_later() 
     """The carried windows are the windowed mode's chunks without the left context: the same
     boundaries, each window starting one crossfade edge before its chunk, and the first window
     needs no more tokens than today's."""
-    schedule = load_profile("cpu").stream.schedule()
+    schedule = load_profile("cpu").stream.schedule().windowed()
     carried = schedule.with_carried_state()
+    assert load_profile("cpu").stream.schedule() == carried  # the profile's knob: carry_vocoder_state
+    assert not load_profile("gpu").stream.schedule().carried
     assert (carried.left_tokens, carried.crossfade_samples) == (0, schedule.crossfade_samples)
     assert carried.with_lookahead(40).left_tokens == 0
     assert carried.windowed() == schedule
@@ -158,7 +160,7 @@ def test_int8_stateful_vocoder_streams_its_offline_int8_decode_within_int8_round
     runner = StreamingVocoderRunner(art, path, opts)
     assert runner.graph.name == "vocoder_hidden.stream.int8.onnx"
     x = _input(art, path, 80, 5)
-    got, _ = carried_stream(runner, x, load_profile("cpu").stream.schedule().with_lookahead(
+    got, _ = carried_stream(runner, x, load_profile("cpu").stream.schedule().windowed().with_lookahead(
         art.receptive_field_tokens(path)))
     offline = VocoderRunner(art, path, opts).run(x[None])[0]
     assert snr_db(offline, got) >= 40.0
