@@ -351,14 +351,16 @@ def default_path_profile(profile: Any) -> Any:
 
 def resolved_key(artifacts_dir: Path, profile: Any) -> str:
     """What ``profile`` runs on ``artifacts_dir``: its settings without its name, the engine's
-    and the vocoders' precisions resolved (``auto`` decided), as a comparable string."""
+    and the vocoders' precisions and the KV cache's resolved (``auto`` decided), as a
+    comparable string."""
     from .. import contract
-    from ..runtime import Artifacts, resolve_precision
+    from ..runtime import Artifacts, resolve_kv_precision, resolve_precision
 
     art = Artifacts.load(artifacts_dir)
     data = profile.model_dump(mode="json")
     data.pop("name")
     data["engine"]["precision"] = str(resolve_precision(art, profile.engine.precision))
+    data["engine"]["kv_cache"] = str(resolve_kv_precision(art, profile.engine.kv_cache, profile.engine.precision))
     data["vocoder"]["precision"] = {g: str(resolve_precision(art, profile.vocoder.precision, g))
                                     for g in (contract.VOCODER_HIDDEN_GRAPH, contract.VOCODER_CODES_GRAPH)}
     return json.dumps(data, sort_keys=True)

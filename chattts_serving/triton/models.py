@@ -345,7 +345,7 @@ class EngineModel(DecoupledModel):
         self.hidden_size = setup.artifacts.hidden_size
         runner = GptStepRunner(setup.artifacts, setup.ort("engine"))
         kv = runner.opts.kv_cache
-        log.info("%s: GPT step graph %s (precision %s, KV cache %s)", setup.name, runner.graph.name,
+        log.info("%s: GPT step graph %s (precision %s), KV cache %s", setup.name, runner.graph.name,
                  _precision_label(setup, runner.opts.precision, contract.GPT_GRAPH),
                  runner.kv_precision if runner.kv_precision is kv else f"{kv}: {runner.kv_precision}")
         choose_int8_kernel(runner)  # the int8 step's fastest MatMulNBits kernel on this CPU (logged)

@@ -218,17 +218,20 @@ def test_int8_without_the_int8_graph_is_a_clear_error(small_artifacts: Artifacts
 
 
 def test_cpu_int8_and_cpu_fp32_profiles_are_the_cpu_profile_with_one_precision() -> None:
-    """cpu-int8 and cpu-fp32 differ from cpu in their precisions only, and cpu-fp32 also in its
-    chunk growth (doubling: slower than real time, fewer vocoder windows)."""
+    """cpu-int8 and cpu-fp32 differ from cpu in their precisions only (weights and KV cache:
+    both pin the fp32 cache where cpu takes ``auto``), and cpu-fp32 also in its chunk growth
+    (doubling: slower than real time, fewer vocoder windows)."""
     cpu, int8, fp32 = load_profile("cpu"), load_profile("cpu-int8"), load_profile("cpu-fp32")
     assert (cpu.stream.growth_basis, fp32.stream.growth_basis, fp32.stream.growth) == ("audio", "chunk", 2.0)
     assert int8.engine.precision == "int8" and int8.ort("engine").precision == "int8"
     assert fp32.engine.precision == "fp32" and cpu.engine.precision == "auto"
     assert (cpu.vocoder.precision, int8.vocoder.precision, fp32.vocoder.precision) == ("auto", "int8", "fp32")
     assert int8.ort("vocoder").precision == "int8"
+    assert (cpu.engine.kv_cache, int8.engine.kv_cache, fp32.engine.kv_cache) == ("auto", "fp32", "fp32")
     dumps = [p.model_dump() for p in (cpu, int8, fp32)]
     for d in dumps:
         d["engine"].pop("precision")
+        d["engine"].pop("kv_cache")
         d["vocoder"].pop("precision")
         d["stream"].pop("growth")
         d["stream"].pop("growth_basis")
