@@ -10,7 +10,7 @@ METRICS_PORT ?= 8002
 PA_MODEL ?= chattts
 PYTEST_ARGS ?=
 
-.PHONY: help setup export export-small export-full int8-accuracy serve demo test lint typecheck unit bench bench-smoke loadtest soak recovery gateway voices-db textnorm-report clean
+.PHONY: help setup export export-small export-full int8-accuracy kv-accuracy serve demo test lint typecheck unit bench bench-smoke loadtest soak recovery gateway voices-db textnorm-report clean
 
 help:  ## list targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -34,6 +34,9 @@ export-full: setup  ## generated full-size artifacts only
 
 int8-accuracy: setup  ## int8 GPT vs fp32, teacher-forced, into ARTIFACTS' manifest.json (e.g. ARTIFACTS=artifacts/full)
 	$(PY) -m chattts_serving.bench.int8 --artifacts $(ARTIFACTS) --measure
+
+kv-accuracy: setup  ## KV cache fp16/int8 vs fp32: int8 scales, step time, teacher-forced accuracy -> results/kv.json, manifest.json
+	$(PY) -m chattts_serving.bench.kv --artifacts $(ARTIFACTS) --out results/kv.json
 
 serve:  ## render the repository for PROFILE over ARTIFACTS and serve until Ctrl-C
 	$(PY) -m chattts_serving.deploy.serve --profile $(PROFILE) --artifacts $(ARTIFACTS) \

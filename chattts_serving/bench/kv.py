@@ -129,8 +129,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="reduced KV precisions to compare with fp32 (default %(default)s)")
     ap.add_argument("--weights", default=None,
                     help="weight precisions for the speed runs (default: fp32, and int8 where exported)")
-    ap.add_argument("--accuracy-weights", default="fp32",
-                    help="weight precisions the accuracy is measured with (default %(default)s)")
+    ap.add_argument("--accuracy-weights", default=None,
+                    help="weight precisions the accuracy is measured with (default: as --weights)")
     ap.add_argument("--batches", default="1,4,16")
     ap.add_argument("--past", type=int, default=300, help="positions of past per row (default %(default)s)")
     ap.add_argument("--rounds", type=int, default=5)
@@ -186,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
         texts = load_sentences()
         steps = args.steps or -(-MIN_ACCURACY_DECODE_STEPS // len(texts)) + 1
         result["accuracy"] = {}
-        for w in _csv(args.accuracy_weights):
+        for w in _csv(args.accuracy_weights) if args.accuracy_weights else weights:
             for kv in kvs:
                 acc = kv_accuracy_report(args.artifacts, texts, steps, kv, weights=w,
                                          opts=OrtOptions(args.threads, False), progress=say)
