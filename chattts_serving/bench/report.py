@@ -76,6 +76,10 @@ FIGURES: dict[str, Figure] = {
         "CPU ms the vocoder models' processes (chattts_vocoder, chattts_dvae_vocoder) spent per generated token at "
         "closed-loop c=16 (default path): window context and lookahead, batching and the per-call cost included"),
     "vocoder_cpu_ms_per_token_c1": Figure("the same at closed-loop c=1 (one stream: no batching, smallest chunks)"),
+    "vocoded_tokens_per_token": Figure(
+        "tokens the vocoder models vocoded (window lengths summed: chunk, lookahead, crossfade edges and, in the "
+        "windowed mode, left context) per generated token at closed-loop c=16 (default path)", ("<=", 1.15)),
+    "vocoded_tokens_per_token_c1": Figure("the same at closed-loop c=1", ("<=", 1.15)),
     "step_over_floor_b1": Figure("gpt_step_ms_b1 / gpt_floor_ms_b1: 1.0 = a step that only streams its bytes",
                                  ("<=", 1.3)),
     "step_over_floor_b4": Figure("gpt_step_ms_b4 / gpt_floor_ms_b4"),
@@ -237,6 +241,14 @@ def profile_figures(prof: Mapping[str, Any], baseline: Mapping[str, Any]) -> tup
     _figure(f, nulls, "rtf_c1", get(c1, "rtf_p50"), L1)
     for name, (label, lv) in (("vocoder_cpu_ms_per_token", L16), ("vocoder_cpu_ms_per_token_c1", L1)):
         _figure(f, nulls, name, vocoder_cpu_ms_per_token(lv), (label, lv))
+    for name, (label, lv) in (("vocoded_tokens_per_token", L16), ("vocoded_tokens_per_token_c1", L1)):
+        # a count, not a time: outside load does not void it, the degraded mode's other chunks do
+        degraded = (lv or {}).get("degraded_requests") or 0
+        if degraded:
+            f[name] = None
+            nulls[name] = f"{label}: {degraded} request(s) ran in the degraded mode (not the default path)"
+        else:
+            _figure(f, nulls, name, vocoded_tokens_per_token(lv))
     raw, floor = prof.get("raw_step"), prof.get("floor")
     raw_part = ("raw step", raw)
     for b in (1, 4, 16):
@@ -279,6 +291,15 @@ def vocoder_cpu_ms_per_token(lv: Mapping[str, Any] | None) -> float | None:
     tokens = (lv.get("tokens_per_s") or 0.0) * (lv.get("wall_s") or 0.0)
     cpu_s = sum(v for k, v in lv["cpu_s_by_process"].items() if k in VOCODER_PROCESSES)
     return 1000.0 * cpu_s / tokens if tokens else None
+
+
+def vocoded_tokens_per_token(lv: Mapping[str, Any] | None) -> float | None:
+    """Tokens the vocoder models vocoded per token generated at level ``lv`` (None when the
+    server exports no ``tts_vocoder_tokens_total`` or no token was generated)."""
+    models = (lv or {}).get("models") or {}
+    counts = [m["vocoded_tokens"] for k, m in models.items() if k in VOCODER_PROCESSES and "vocoded_tokens" in m]
+    tokens = ((lv or {}).get("tokens_per_s") or 0.0) * ((lv or {}).get("wall_s") or 0.0)
+    return sum(counts) / tokens if counts and tokens else None
 
 
 FRONTEND_SHARE_TARGET = 0.05

@@ -216,9 +216,11 @@ def model_stats(delta: Mapping[MetricKey, float]) -> dict[str, dict[str, float |
     Per model: requests (``nv_inference_count``), executions (``nv_inference_exec_count``),
     mean_batch (requests per execution), compute_s (``nv_inference_compute_infer_duration_us``
     in seconds; for decoupled models it stops when ``execute`` returns, not at stream end),
-    queue_s (``nv_inference_queue_duration_us`` in seconds). Models with no request are left
+    queue_s (``nv_inference_queue_duration_us`` in seconds); vocoded_tokens for the vocoder
+    models (``tts_vocoder_tokens_total``: window lengths summed). Models with no request are left
     out. These Triton counters' samples are named with ``_total`` (:func:`parse_prometheus`).
     """
+    vocoded = _by_label(delta, "tts_vocoder_tokens_total", "model")
     count = _by_label(delta, "nv_inference_count_total", "model")
     execs = _by_label(delta, "nv_inference_exec_count_total", "model")
     compute = _by_label(delta, "nv_inference_compute_infer_duration_us_total", "model")
@@ -230,6 +232,8 @@ def model_stats(delta: Mapping[MetricKey, float]) -> dict[str, dict[str, float |
         out[model] = {"requests": n, "executions": execs.get(model, 0.0),
                       "mean_batch": ratio(n, execs.get(model)), "compute_s": compute.get(model, 0.0) / 1e6,
                       "queue_s": queue.get(model, 0.0) / 1e6}
+        if model in vocoded:
+            out[model]["vocoded_tokens"] = vocoded[model]
     return out
 
 

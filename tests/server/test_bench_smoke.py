@@ -47,7 +47,8 @@ LEVEL_KEYS = {"concurrency", "requests", "ok", "failed", "wall_s", "ttfa_p50_s",
 PROFILE_KEYS = {"throughput_ratio_c16", "ttfa_ratio_c1", "p95_over_p50_c16", "pipeline_efficiency_c16",
                 "realtime_streams", "rtf_c1", "gpt_step_ms", "gpt_step_ms_b1", "gpt_step_ms_b4", "gpt_step_ms_b16",
                 "gpt_floor_ms_b1", "gpt_floor_ms_b4", "gpt_floor_ms_b16", "step_over_floor_b1", "step_over_floor_b4",
-                "step_over_floor_b16", "floor", "vocoder_cpu_ms_per_token", "vocoder_cpu_ms_per_token_c1"}
+                "step_over_floor_b16", "floor", "vocoder_cpu_ms_per_token", "vocoder_cpu_ms_per_token_c1",
+                "vocoded_tokens_per_token", "vocoded_tokens_per_token_c1"}
 """Issue #13: the figures every benchmarked profile reports."""
 TOP_KEYS = {"config", "machine", "baseline", "raw_step", "pipeline", "floor", "levels", "open_loop", "burst",
             "as_deployed", "profiles", "definitions", "null_reasons", "degradation", "started_at", "elapsed_s",
@@ -152,6 +153,12 @@ def test_bench_smoke_writes_report(small_weights: Path, small_int8_artifacts, tm
             if p[name] is not None:  # (a tiny smoke level may stay below the CPU clock's 10 ms tick: 0.0)
                 vocoders = sum(v for k, v in lv["cpu_s_by_process"].items() if "vocoder" in k)
                 assert p[name] == pytest.approx(1000 * vocoders / (lv["tokens_per_s"] * lv["wall_s"]), rel=1e-6)
+    for p in (prof, int8):  # tokens vocoded per generated token, from the vocoder models' counter
+        for name, c in (("vocoded_tokens_per_token", 16), ("vocoded_tokens_per_token_c1", 1)):
+            lv = next(x for x in p["levels"] if x["concurrency"] == c)
+            vocoded = sum(m.get("vocoded_tokens", 0.0) for k, m in lv["models"].items() if "vocoder" in k)
+            assert vocoded > 0 and p[name] == pytest.approx(vocoded / (lv["tokens_per_s"] * lv["wall_s"]), rel=1e-6)
+            assert 1.0 <= p[name] < 5.0  # every generated token is vocoded at least once
     assert int8["floor"]["graph"] == "gpt_step.int8.onnx" and prof["floor"]["graph"] == "gpt_step.onnx"
     assert int8["floor"]["weight_bytes"] < 0.6 * prof["floor"]["weight_bytes"]  # 8-bit weights (the small
     # config's fp32 code heads, 256 x 2504, are a fifth of its projections' bytes)

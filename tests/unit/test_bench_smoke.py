@@ -111,10 +111,13 @@ def test_realtime_streams_is_the_largest_level_reached_without_a_failing_level_b
 
 def _figures_input() -> tuple[dict, dict]:
     levels = [{"concurrency": 1, "ttfa_p50_s": 0.2, "rtf_p50": 0.5, "realtime_fraction": 1.0, "tokens_per_s": 50.0,
-               "wall_s": 2.0, "cpu_s_by_process": {"chattts_vocoder": 0.2, "chattts_gpt": 1.0}},
+               "wall_s": 2.0, "cpu_s_by_process": {"chattts_vocoder": 0.2, "chattts_gpt": 1.0},
+               "models": {"chattts_vocoder": {"requests": 9.0, "vocoded_tokens": 110.0}}},
               {"concurrency": 16, "audio_s_per_s": 6.0, "latency_p50_s": 2.0, "latency_p95_s": 2.4,
                "tokens_per_s": 270.0, "realtime_fraction": 0.5, "wall_s": 4.0,
-               "cpu_s_by_process": {"chattts_vocoder": 1.62, "chattts_dvae_vocoder": 0.54, "chattts_gpt": 3.0}}]
+               "cpu_s_by_process": {"chattts_vocoder": 1.62, "chattts_dvae_vocoder": 0.54, "chattts_gpt": 3.0},
+               "models": {"chattts_vocoder": {"vocoded_tokens": 900.0},
+                          "chattts_dvae_vocoder": {"vocoded_tokens": 288.0}, "chattts_gpt": {"requests": 16.0}}}]
     prof = {"levels": levels, "pipeline": {"tokens_per_s": 300.0},
             "raw_step": {"batches": {"1": {"step_ms_p50": 8.0}, "4": {"step_ms_p50": 12.0},
                                      "16": {"step_ms_p50": 30.0}}},
@@ -143,7 +146,7 @@ def test_profile_figures_name_their_baselines_and_meet_targets() -> None:
         "degraded_fraction_as_deployed": 0.5, "gpt_step_ms_b1": 8.0, "gpt_step_ms_b4": 12.0, "gpt_step_ms_b16": 30.0,
         "gpt_floor_ms_b1": 4.0, "gpt_floor_ms_b4": 8.0, "gpt_floor_ms_b16": 15.0, "step_over_floor_b1": 2.0,
         "step_over_floor_b4": 1.5, "step_over_floor_b16": 2.0, "vocoder_cpu_ms_per_token": 2.0,
-        "vocoder_cpu_ms_per_token_c1": 2.0})
+        "vocoder_cpu_ms_per_token_c1": 2.0, "vocoded_tokens_per_token": 1.1, "vocoded_tokens_per_token_c1": 1.1})
     assert set(f) == set(FIGURES)
     for name in ("throughput_ratio_c16", "ttfa_ratio_c1", "p95_over_p50_c16", "pipeline_efficiency_c16",
                  "busy_p99_s_saturated", "busy_p99_s_offline_saturated", "busy_p99_s_gateway_saturated"):
