@@ -34,7 +34,7 @@ from .deploy.supervisor import supervised
 from .export.build import export_artifacts
 from .export.variants import ensure_precision
 from .export.weights import WeightsError, generate_checkpoint, read_sizes
-from .runtime import Artifacts, resolve_precision
+from .runtime import Artifacts, resolve_kv_precision, resolve_precision
 from .serving.profile import Profile, ProfileError, load_profile
 
 DEMO_TEXT = "你好，欢迎使用基于 Triton 推理服务器的流式语音合成服务，第一段音频在整句话生成完之前就已经送达。"
@@ -96,12 +96,14 @@ def measure_int8_accuracy(artifacts: Path) -> None:
 
 
 def precision_summary(profile: Profile, artifacts: Path) -> str:
-    """Which precision the GPT step and the vocoders run under ``profile`` on ``artifacts``, and
-    why where the profile says ``auto`` (the int8 accuracy measured against the threshold)."""
+    """Which precision the GPT step (and its KV cache) and the vocoders run under ``profile`` on
+    ``artifacts``, and why where the profile says ``auto`` (the int8 accuracy measured against
+    the threshold)."""
     art = Artifacts.load(artifacts)
     gpt = resolve_precision(art, profile.engine.precision, contract.GPT_GRAPH)
     voc = resolve_precision(art, profile.vocoder.precision, contract.VOCODER_HIDDEN_GRAPH)
-    text = f"GPT {gpt}, vocoders {voc}"
+    kv = resolve_kv_precision(art, profile.engine.kv_cache, gpt)
+    text = f"GPT {gpt} (KV cache {kv}), vocoders {voc}"
     if Precision.AUTO in (profile.engine.precision, profile.vocoder.precision):
         acc = art.manifest.get("precisions", {}).get(Precision.INT8, {}).get("accuracy")
         if acc is None:
