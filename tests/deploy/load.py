@@ -17,6 +17,7 @@ import contextlib
 import statistics
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from chattts_serving.client.aio import AioStreamClient
@@ -48,6 +49,30 @@ class Outcome:
     message: str = ""
 
 
+async def stream_once(client: AioStreamClient, tokens: int, seed: int,
+                      record: Callable[[Outcome], None]) -> Outcome:
+    """One stream of ``tokens`` tokens; its :class:`Outcome`, handed to ``record`` as it is sent
+    (so that one never answered is counted too) and filled in as it ends."""
+    out = Outcome(sent=time.monotonic())
+    record(out)
+    try:
+        async with contextlib.aclosing(client.stream(request(tokens, seed), idle_timeout_s=IDLE_TIMEOUT_S)) as parts:
+            async for part in parts:
+                if part.audio.size and out.first_audio is None:
+                    out.first_audio = time.monotonic()
+        out.result = "completed"
+    except asyncio.CancelledError:
+        out.result, out.ended = "cancelled", time.monotonic()
+        raise
+    except ClientError as exc:
+        out.result = "lost" if exc.status == TIMEOUT else "error"
+        out.kind = exc.kind.value if exc.kind is not None else None
+        out.status = None if exc.status is None else str(exc.status)
+        out.message = exc.message[:300]
+    out.ended = time.monotonic()
+    return out
+
+
 @dataclass
 class Load:
     """``concurrency`` closed-loop streams of ``tokens`` tokens to ``url`` until :meth:`stop`."""
@@ -69,24 +94,7 @@ class Load:
         self._loop.close()
 
     async def _one(self, client: AioStreamClient, seed: int) -> None:
-        out = Outcome(sent=time.monotonic())
-        self.outcomes.append(out)
-        try:
-            async with contextlib.aclosing(client.stream(request(self.tokens, seed),
-                                                         idle_timeout_s=IDLE_TIMEOUT_S)) as parts:
-                async for part in parts:
-                    if part.audio.size and out.first_audio is None:
-                        out.first_audio = time.monotonic()
-            out.result = "completed"
-        except asyncio.CancelledError:
-            out.result, out.ended = "cancelled", time.monotonic()
-            raise
-        except ClientError as exc:
-            out.result = "lost" if exc.status == TIMEOUT else "error"
-            out.kind = exc.kind.value if exc.kind is not None else None
-            out.status = None if exc.status is None else str(exc.status)
-            out.message = exc.message[:300]
-        out.ended = time.monotonic()
+        await stream_once(client, self.tokens, seed, self.outcomes.append)
 
     async def _worker(self, client: AioStreamClient, first_seed: int) -> None:
         seed = first_seed
@@ -114,8 +122,13 @@ class Load:
         """Cancel every stream in flight (the server drops them: a client cancel) and return
         every outcome; a cancelled one reads ``cancelled``."""
         self._stopping.set()
-        for task in asyncio.all_tasks(self._loop):
-            self._loop.call_soon_threadsafe(task.cancel)
+
+        def cancel_all() -> None:  # in the loop's own thread
+            for task in asyncio.all_tasks(self._loop):
+                task.cancel()
+
+        with contextlib.suppress(RuntimeError):  # the loop has ended already
+            self._loop.call_soon_threadsafe(cancel_all)
         self._thread.join(30)
         return list(self.outcomes)
 
@@ -127,6 +140,19 @@ class Load:
                 raise AssertionError(f"fewer than {count} requests completed in {timeout_s:g} s: "
                                      f"{counts(self.outcomes)}")
             time.sleep(0.05)
+
+
+def one_request(url: str, tokens: int, seed: int = 1) -> Outcome:
+    """One stream of ``tokens`` tokens to ``url``, start to end; its outcome."""
+
+    async def main() -> Outcome:
+        client = AioStreamClient(url)
+        try:
+            return await stream_once(client, tokens, seed, lambda _out: None)
+        finally:
+            await client.close()
+
+    return asyncio.run(main())
 
 
 def counts(outcomes: list[Outcome]) -> dict[str, int]:

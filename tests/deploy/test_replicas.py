@@ -21,7 +21,7 @@ from tests.support.servers import SAME_PCM16_LSB, pcm16_gap, running_gateway
 
 from .conftest import MAX_STREAMS, Fleet
 from .fleet import Replica
-from .load import IDLE_TIMEOUT_S, Load, Outcome, counts, ttfa_ratio
+from .load import IDLE_TIMEOUT_S, Load, Outcome, counts, one_request, ttfa_ratio
 
 TOKENS = 48
 """Tokens per stream under load: a stream of about 1 s of audio that runs a few seconds here."""
@@ -160,9 +160,7 @@ def test_rolling_restart_of_every_replica(fleet: Fleet) -> None:
 
 
 def _one(fleet: Fleet) -> Outcome:
-    load = Load(fleet.lb.grpc_url, concurrency=1, tokens=TOKENS)
-    time.sleep(0.01)
-    return load.stop()[0]
+    return one_request(fleet.lb.grpc_url, TOKENS)
 
 
 def test_one_replica_full_is_served_both_full_is_busy_at_once(fleet: Fleet) -> None:
