@@ -107,13 +107,13 @@ _containers_iptables_clean() {
         iptables -t "$table" -S 2>/dev/null | grep -E -- "^-A " | grep -E -- "$pattern" | while read -r line; do
             # shellcheck disable=SC2086  # the rule's own words
             iptables -t "$table" ${line/-A/-D} 2>/dev/null || true
-        done
+        done || true
         iptables -t "$table" -S 2>/dev/null | awk '$1 == "-N" && $2 ~ /^DOCKER/ {print $2}' | while read -r line; do
             iptables -t "$table" -F "$line" 2>/dev/null || true
-        done
+        done || true
         iptables -t "$table" -S 2>/dev/null | awk '$1 == "-N" && $2 ~ /^DOCKER/ {print $2}' | while read -r line; do
             iptables -t "$table" -X "$line" 2>/dev/null || true
-        done
+        done || true
     done
 }
 
@@ -167,7 +167,8 @@ containers_stop() {
         cat "$CONTAINERS_STATE/ip_forward.before" >/proc/sys/net/ipv4/ip_forward
     fi
     # Mounts left under the state (overlay layers, netns files) would make rm fail.
-    grep -o " $CONTAINERS_STATE[^ ]*" /proc/mounts 2>/dev/null | sort -r | while read -r m; do umount -l "$m" 2>/dev/null || true; done
+    # (Every pipeline here may find nothing: `|| true`, since the script runs with pipefail.)
+    grep -o " $CONTAINERS_STATE[^ ]*" /proc/mounts 2>/dev/null | sort -r | while read -r m; do umount -l "$m" 2>/dev/null || true; done || true
     if [ "$keep_images" -eq 1 ]; then
         find "$CONTAINERS_STATE" -mindepth 1 -maxdepth 1 ! -name data -exec rm -rf {} + 2>/dev/null
         _containers_log "stopped; image cache kept in $CONTAINERS_STATE/data"
