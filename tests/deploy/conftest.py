@@ -66,7 +66,7 @@ class Fleet:
         """What the control plane does to a terminating pod: no new stream goes to it."""
         self.lb.set_state(replica.name, "drain")
 
-    def put_back(self, replica: Replica, timeout_s: float = 30.0) -> float:
+    def put_back(self, replica: Replica, timeout_s: float = 120.0) -> float:
         """Back in the balancer once ready again; seconds until haproxy has it UP."""
         self.lb.set_state(replica.name, "ready")
         return self.lb.wait_status(replica.name, "UP", timeout_s)

@@ -25,6 +25,9 @@ from .load import IDLE_TIMEOUT_S, Load, Outcome, counts, one_request, ttfa_ratio
 
 TOKENS = 48
 """Tokens per stream under load: a stream of about 1 s of audio that runs a few seconds here."""
+DRAIN_TOKENS = 4 * TOKENS
+"""Tokens per stream in the drain and rolling cases: long enough that the drained replica
+nearly always has one in flight when it is taken out."""
 LONG_TOKENS = 1500
 """Tokens of the streams that hold admission slots in the busy case (cancelled when done)."""
 STALL_TIMEOUT_S = 60.0
@@ -100,8 +103,9 @@ def test_sigkill_one_replica_mid_stream(fleet: Fleet) -> None:
 def _drain_one(fleet: Fleet, replica: Replica) -> dict[str, Any]:
     """Take ``replica`` out of the balancer, run the preStop drain in it and stop it, start it
     again and put it back: a rolling update's step. Returns what happened."""
-    streams = _streams(fleet, replica)
+    _wait(lambda: _streams(fleet, replica) >= 1, 60, f"a stream on {replica.name}")
     fleet.take_out(replica)
+    streams = _streams(fleet, replica)  # those that must finish there
     reroute_s = fleet.lb.wait_status(replica.name, "DRAIN", 10)
     status = fleet.lb.status(replica.name)
     total = _total(fleet, replica)
@@ -120,10 +124,9 @@ def test_drain_one_replica_as_prestop_does(fleet: Fleet) -> None:
     """Out of the balancer (its endpoint no longer ready), the streams in flight on it complete,
     the drain returns drained, the SIGTERM after it ends the replica cleanly; zero failed."""
     victim = fleet.replicas[1]
-    load = Load(fleet.lb.grpc_url, concurrency=2, tokens=TOKENS)
+    load = Load(fleet.lb.grpc_url, concurrency=2, tokens=DRAIN_TOKENS)
     try:
-        load.wait_completed(4)
-        _wait(lambda: _streams(fleet, victim) >= 1, 30, "a stream on the replica")
+        load.wait_completed(2)
         step = _drain_one(fleet, victim)
         load.wait_completed(len(load.outcomes) + 2)
     finally:
@@ -139,7 +142,7 @@ def test_drain_one_replica_as_prestop_does(fleet: Fleet) -> None:
 
 def test_rolling_restart_of_every_replica(fleet: Fleet) -> None:
     """Each replica in turn drained, stopped, started and put back, under load: zero failed."""
-    load = Load(fleet.lb.grpc_url, concurrency=2, tokens=TOKENS)
+    load = Load(fleet.lb.grpc_url, concurrency=2, tokens=DRAIN_TOKENS)
     steps = []
     started = time.monotonic()
     try:
