@@ -142,6 +142,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-speed", action="store_true")
     ap.add_argument("--no-accuracy", action="store_true")
     ap.add_argument("--no-manifest", action="store_true", help="do not write the accuracy into manifest.json")
+    ap.add_argument("--against-fp32", action="store_true",
+                    help="also measure each reduced cache with int8 weights against fp32 weights and cache "
+                         "(results only: accuracy_vs_fp32)")
     args = ap.parse_args(argv)
     started = time.perf_counter()
 
@@ -196,6 +199,15 @@ def main(argv: list[str] | None = None) -> int:
                     f"meets threshold: {acc['meets_threshold']}")
                 if not args.no_manifest:
                     write_kv_accuracy(args.artifacts, acc)
+        if args.against_fp32 and str(Precision.INT8) in weights:
+            result["accuracy_vs_fp32"] = {}
+            for kv in kvs:
+                acc = kv_accuracy_report(args.artifacts, texts, steps, kv, weights=Precision.INT8,
+                                         reference_weights=Precision.FP32, opts=OrtOptions(args.threads, False),
+                                         progress=say)
+                result["accuracy_vs_fp32"][f"int8/{kv}"] = acc
+                say(f"int8 weights, {kv} KV against fp32 throughout: top-1 per head "
+                    f"{[round(a, 3) for a in acc['top1_agreement']]}, audio {acc['audio_snr_db']:.1f} dB")
     result["host"]["load_average_end"] = list(__import__("os").getloadavg())
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2, sort_keys=True))

@@ -103,22 +103,25 @@ def write_scales(root: Path, scales: dict[str, np.ndarray], how: dict[str, Any])
 
 def kv_accuracy_report(root: Path, texts: Sequence[str], steps: int, kv: KvPrecision | str, *,
                        weights: Precision | str = Precision.FP32, voice: str = ACCURACY_VOICE,
-                       opts: OrtOptions | None = None, progress: Any = None) -> dict[str, Any]:
-    """The ``kv`` cache against the fp32 cache, both with the ``weights`` graph of ``root``:
-    teacher-forced over ``steps`` tokens of each text (sampled from the fp32 cache's logits,
-    seed = the text's index), then each side's hidden states rendered by the fp32 hidden
-    vocoder (whole utterance, one window) and compared.
+                       opts: OrtOptions | None = None, progress: Any = None,
+                       reference_weights: Precision | str | None = None) -> dict[str, Any]:
+    """The ``kv`` cache against the fp32 cache, both with the ``weights`` graph of ``root``
+    (or the reference with ``reference_weights``: e.g. fp32, for the int8 weights and cache
+    together against fp32 throughout): teacher-forced over ``steps`` tokens of each text
+    (sampled from the reference's logits, seed = the text's index), then each side's hidden
+    states rendered by the fp32 hidden vocoder (whole utterance, one window) and compared.
 
     Returns :func:`~chattts_serving.export.int8.compare_runs`' figures plus ``audio_snr_db``
     (energies over all texts), ``audio_snr_db_min``, ``audio_snr_db_per_prompt``,
-    ``threshold``, ``meets_threshold``, ``kv_cache``, ``weights`` and the setup."""
+    ``threshold``, ``meets_threshold``, ``kv_cache``, ``weights``, ``reference`` and the setup."""
     from ..audio.vocoder import VocoderRunner
 
     say = progress or (lambda _msg: None)
     t0 = time.perf_counter()
     art = Artifacts.load(root)
     base = replace(opts or OrtOptions(), precision=Precision(weights))
-    ref = GptStepRunner(art, replace(base, kv_cache=KvPrecision.FP32))
+    ref_weights = Precision(reference_weights or weights)
+    ref = GptStepRunner(art, replace(base, precision=ref_weights, kv_cache=KvPrecision.FP32))
     cand = GptStepRunner(art, replace(base, kv_cache=KvPrecision(kv)))
     vocoder = VocoderRunner(art, "hidden", replace(base, precision=Precision.FP32))
     runs, snrs, sig, noise = [], [], 0.0, 0.0
@@ -139,7 +142,7 @@ def kv_accuracy_report(root: Path, texts: Sequence[str], steps: int, kv: KvPreci
     out["meets_threshold"] = meets_threshold(out)
     out.update(kv_cache=str(KvPrecision(kv)), weights=str(Precision(weights)), voice=voice,
                steps_per_prompt=steps, intra_op_threads=base.intra_op_threads,
-               reference="the same weights with the fp32 KV cache",
+               reference=f"{ref_weights} weights with the fp32 KV cache",
                sampling="ChatTTS defaults (temperature 0.3, top-p 0.7, top-k 20, repetition penalty 1.05), "
                         "seed = prompt index, tokens sampled from the fp32 cache's logits",
                measured_s=round(time.perf_counter() - t0, 1))

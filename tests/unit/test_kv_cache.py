@@ -229,3 +229,17 @@ def test_auto_takes_int8_only_where_measured_accurate_with_the_weights_in_use(kv
     assert resolve_kv_precision(art({"fp32": low}), "fp16") is KvPrecision.FP16  # a pinned value stays
     runner = GptStepRunner(art({"fp32": ok}), OrtOptions(kv_cache=KvPrecision.AUTO))
     assert runner.kv_precision is KvPrecision.INT8 and runner.kv_dtype is np.int8
+
+
+def test_the_accuracy_against_fp32_throughout_counts_the_weights_error_too(small_int8_artifacts: Artifacts) -> None:
+    """``reference_weights``: int8 weights with an fp16 cache against fp32 weights and cache
+    carries the weights' rounding as well, so it differs more than against the int8 weights
+    with the fp32 cache, and says which reference it had."""
+    from chattts_serving.export.kvcache import kv_accuracy_report
+
+    same = kv_accuracy_report(small_int8_artifacts.root, TEXTS[:2], 8, "fp16", weights="int8")
+    full = kv_accuracy_report(small_int8_artifacts.root, TEXTS[:2], 8, "fp16", weights="int8",
+                              reference_weights="fp32")
+    assert same["reference"] == "int8 weights with the fp32 KV cache"
+    assert full["reference"] == "fp32 weights with the fp32 KV cache"
+    assert full["hidden_rel_err_mean"] > 2 * same["hidden_rel_err_mean"] > 0
