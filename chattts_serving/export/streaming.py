@@ -22,7 +22,7 @@ committed spectra. The frames ``[P + commit, E)`` (the lookahead) are computed a
 call, with the tokens that came since.
 
 What the graph returns is the overlap-added, un-normalised iSTFT of the cached and new spectra;
-:class:`chattts_serving.audio.vocoder.StreamingVocoder` divides by the window envelope of the
+:class:`chattts_serving.audio.vocoder.StreamingVocoderRunner` divides by the window envelope of the
 global frame positions and cuts the samples to send. With a lookahead of at least the stack's
 receptive field every committed value equals the offline decode's; with less, the committed
 values near the commit point carry the lookahead's guess (the error that docs/streaming-quality.md
