@@ -23,6 +23,7 @@ from chattts_serving import contract
 from chattts_serving.audio.chunking import ChunkSchedule, StreamChunker
 from chattts_serving.audio.vocoder import VocoderRunner
 from chattts_serving.engine.gpt import Embeddings, GptStepRunner
+from chattts_serving.engine.request import SequenceRequest
 from chattts_serving.engine.scheduler import Engine, Sequence
 from chattts_serving.engine.sinks import CollectingSink
 from chattts_serving.params import SamplingParams
@@ -58,8 +59,8 @@ def main() -> None:
     keep = _Keep()
     ids = np.array([21131, 21143, 21168 + 5, *range(1000, 1030), 21132])
     spk = np.random.default_rng(0).normal(size=art.hidden_size).astype(np.float32)
-    eng.submit(Sequence(ids, spk / np.linalg.norm(spk),
-                        SamplingParams(max_new_tokens=args.tokens, min_new_tokens=args.tokens), keep, emit_tokens=64))
+    params = SamplingParams(max_new_tokens=args.tokens, min_new_tokens=args.tokens)
+    eng.submit(Sequence(SequenceRequest(ids, spk / np.linalg.norm(spk), params, emit_tokens=64), keep))
     while eng.live_count():
         eng.run_once()
     data = {"hidden": np.concatenate(keep.hidden), "codes": np.concatenate(keep.codes)}
