@@ -14,6 +14,19 @@ from ..contract import Precision, VocoderPath
 from ..runtime import Artifacts, OrtOptions, graph_path, make_session, resolve_precision
 
 
+def _path_names(path: VocoderPath | str) -> tuple[VocoderPath, str, str]:
+    """(the path, its offline graph's ``contract.*_GRAPH`` name, that graph's input name) of a
+    vocoder path or its value. Raises ValueError for another path."""
+    try:
+        vp = VocoderPath(path)
+    except ValueError:
+        raise ValueError(f"unknown vocoder path {path!r}; expected one of "
+                         f"{sorted(p.value for p in contract.VOCODER_PATHS)}") from None
+    if vp is VocoderPath.HIDDEN:
+        return vp, contract.VOCODER_HIDDEN_GRAPH, contract.VO_HIDDEN.name
+    return vp, contract.VOCODER_CODES_GRAPH, contract.VO_CODES.name
+
+
 class VocoderRunner:
     """Runs one vocoder graph: windows (B, T, H) float32 or (B, T, 4) int32 -> audio
     (B, 512T-256) float32 (fp32 IO also for the fp16 and int8 variants, ``opts.precision``).
@@ -22,15 +35,8 @@ class VocoderRunner:
     variant was not exported (:func:`graph_path`)."""
 
     def __init__(self, artifacts: Artifacts, path: VocoderPath | str, opts: OrtOptions = OrtOptions()) -> None:
-        try:
-            self.path = VocoderPath(path)
-        except ValueError:
-            raise ValueError(f"unknown vocoder path {path!r}; expected one of "
-                             f"{sorted(p.value for p in contract.VOCODER_PATHS)}") from None
-        hidden = self.path is VocoderPath.HIDDEN
-        self.source = contract.VOCODER_HIDDEN_GRAPH if hidden else contract.VOCODER_CODES_GRAPH
-        """The graph's ``contract.*_GRAPH`` name (its fp32 file)."""
-        self.input_name = contract.VO_HIDDEN.name if hidden else contract.VO_CODES.name
+        self.path, self.source, self.input_name = _path_names(path)
+        """The path; its graph's ``contract.*_GRAPH`` name (the fp32 file); the graph's input."""
         self.graph = graph_path(artifacts, self.source, opts.precision)
         """The graph file this runner runs (its precision's variant; ``auto`` resolved)."""
         self.session = make_session(self.graph, opts)
@@ -58,15 +64,8 @@ class StreamingVocoderRunner:
     artifacts have no stateful graph in that precision (re-export: ``chattts-export``)."""
 
     def __init__(self, artifacts: Artifacts, path: VocoderPath | str, opts: OrtOptions = OrtOptions()) -> None:
-        try:
-            self.path = VocoderPath(path)
-        except ValueError:
-            raise ValueError(f"unknown vocoder path {path!r}; expected one of "
-                             f"{sorted(p.value for p in contract.VOCODER_PATHS)}") from None
-        hidden = self.path is VocoderPath.HIDDEN
-        self.source = contract.VOCODER_HIDDEN_GRAPH if hidden else contract.VOCODER_CODES_GRAPH
-        self.input_name = contract.VO_HIDDEN.name if hidden else contract.VO_CODES.name
-        self.dtype = np.float32 if hidden else np.int32
+        self.path, self.source, self.input_name = _path_names(path)
+        self.dtype = np.float32 if self.path is VocoderPath.HIDDEN else np.int32
         stream_file = contract.VOCODER_STREAM_GRAPHS[self.source]
         entry = artifacts.manifest.get("streaming_vocoders", {}).get(stream_file)
         if not entry:
