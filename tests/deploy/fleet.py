@@ -109,6 +109,16 @@ class Backend(Protocol):
     def close(self) -> None: ...
 
 
+def drain_result(out: subprocess.CompletedProcess[str]) -> dict[str, object]:
+    """The JSON line that ``chattts_serving.deploy.drain`` prints last; ReplicaError with its
+    exit code and stderr when it printed none."""
+    try:
+        result: dict[str, object] = json.loads(out.stdout.strip().splitlines()[-1])
+    except (IndexError, ValueError):
+        raise ReplicaError(f"drain printed no result ({out.returncode}): {out.stderr[-800:]}") from None
+    return result
+
+
 def _run(*cmd: str, check: bool = True, timeout: float = 60.0,
          env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     proc = subprocess.run(list(cmd), capture_output=True, text=True, timeout=timeout, env=env)
@@ -251,10 +261,7 @@ class NetnsBackend:
         out = _run("ip", "netns", "exec", ns, sys.executable, "-m", "chattts_serving.deploy.drain",
                    "--metrics-url", f"http://127.0.0.1:{METRICS_PORT}/metrics", "--timeout-s", f"{timeout_s:g}",
                    check=False, timeout=timeout_s + 30)
-        try:
-            result: dict[str, object] = json.loads(out.stdout.strip().splitlines()[-1])
-        except (IndexError, ValueError):
-            raise ReplicaError(f"drain printed no result ({out.returncode}): {out.stderr[-800:]}") from None
+        result = drain_result(out)
         self._proc(replica).send_signal(signal.SIGTERM)
         result["exit_code"] = self.wait_exit(replica)
         return result
@@ -404,10 +411,7 @@ class ContainerBackend:
         out = self._docker("exec", str(replica.handle), "python3", "-m", "chattts_serving.deploy.drain",
                            "--metrics-url", f"http://127.0.0.1:{METRICS_PORT}/metrics", "--timeout-s", f"{timeout_s:g}",
                            check=False, timeout=timeout_s + 30)
-        try:
-            result: dict[str, object] = json.loads(out.stdout.strip().splitlines()[-1])
-        except (IndexError, ValueError):
-            raise ReplicaError(f"drain printed no result ({out.returncode}): {out.stderr[-800:]}") from None
+        result = drain_result(out)
         self._docker("stop", "-t", f"{STOP_TIMEOUT_S:.0f}", str(replica.handle), timeout=STOP_TIMEOUT_S + 30)
         result["exit_code"] = self.wait_exit(replica)
         return result

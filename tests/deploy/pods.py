@@ -35,7 +35,7 @@ from chattts_serving.deploy.render import PROFILE_JSON, render_repository
 from chattts_serving.serving.profile import Profile
 from tests.support.servers import ROOT
 
-from .fleet import BACKENDS, IMAGE, METRICS_PORT, STOP_TIMEOUT_S, Replica, ReplicaError, _wait_ready
+from .fleet import BACKENDS, IMAGE, METRICS_PORT, STOP_TIMEOUT_S, Replica, ReplicaError, _wait_ready, drain_result
 
 PODMAN_SH = ROOT / "scripts" / "podman.sh"
 DEPLOYMENT = ROOT / "docker" / "k8s" / "deployment.yaml"
@@ -237,10 +237,7 @@ class PodBackend:
         command[command.index("--timeout-s") + 1] = f"{timeout_s:g}"
         assert f":{METRICS_PORT}/" in command[command.index("--metrics-url") + 1]
         out = podman("exec", self.container(replica), *command, check=False, timeout=timeout_s + 30)
-        try:
-            result: dict[str, object] = json.loads(out.stdout.strip().splitlines()[-1])
-        except (IndexError, ValueError):
-            raise ReplicaError(f"drain printed no result ({out.returncode}): {out.stderr[-800:]}") from None
+        result = drain_result(out)
         replica.handle = None
         podman("stop", "-t", f"{STOP_TIMEOUT_S:.0f}", self.container(replica), timeout=STOP_TIMEOUT_S + 30)
         result["exit_code"] = self.wait_exit(replica)

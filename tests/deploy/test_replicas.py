@@ -16,7 +16,7 @@ import pytest
 
 from chattts_serving.deploy.drain import active_requests
 from chattts_serving.gateway import GatewaySettings
-from tests.support.pg import PgServer
+from tests.support.pg import PgServer, running_pg
 from tests.support.servers import SAME_PCM16_LSB, pcm16_gap, running_gateway
 
 from .conftest import MAX_STREAMS, Fleet
@@ -198,12 +198,7 @@ def test_one_replica_full_is_served_both_full_is_busy_at_once(fleet: Fleet) -> N
 
 @pytest.fixture(scope="module")
 def pg() -> Any:
-    server = PgServer()
-    server.start()
-    try:
-        yield server
-    finally:
-        server.destroy()
+    yield from running_pg()
 
 
 def test_a_voice_saved_through_one_gateway_speaks_on_every_replica(fleet: Fleet, pg: PgServer) -> None:

@@ -26,7 +26,7 @@ from chattts_serving.audio.reference import decode_spk_smp
 from chattts_serving.client import SynthesisRequest, iter_chunks
 from chattts_serving.gateway import GatewaySettings
 from chattts_serving.gateway.ws import WS_PATH, Close
-from tests.support.pg import PgServer
+from tests.support.pg import PgServer, running_pg
 from tests.support.servers import SAME_PCM16_LSB, Server, pcm16_gap, running_gateway
 
 TOKENS = 16
@@ -52,12 +52,7 @@ RECORDING = base64.b64encode(_recording()).decode()
 
 @pytest.fixture(scope="module")
 def pg() -> Iterator[PgServer]:
-    server = PgServer()
-    server.start()
-    try:
-        yield server
-    finally:
-        server.destroy()
+    yield from running_pg()
 
 
 @pytest.fixture(scope="module")

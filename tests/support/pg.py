@@ -12,6 +12,7 @@ import pwd
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -66,3 +67,14 @@ class PgServer:
         with contextlib.suppress(RuntimeError):  # already stopped
             self.stop("immediate")
         shutil.rmtree(self.root, ignore_errors=True)
+
+
+def running_pg() -> Iterator[PgServer]:
+    """A started :class:`PgServer`, destroyed when the generator closes: the body of a module
+    fixture (``yield from running_pg()``)."""
+    server = PgServer()
+    server.start()
+    try:
+        yield server
+    finally:
+        server.destroy()
