@@ -7,13 +7,12 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from chattts_serving import contract
 from chattts_serving.export.int8 import add_int8
 from chattts_serving.runtime import Artifacts
-from tests.support.servers import serve_profile
+from tests.support.servers import stream_24_tokens
 
 
 @pytest.fixture(scope="module")
@@ -24,18 +23,7 @@ def int8_artifacts(small_int8_artifacts: Artifacts) -> Artifacts:
 
 
 def test_cpu_int8_profile_serves_a_stream_from_the_int8_graphs(int8_artifacts: Artifacts, tmp_path: Path) -> None:
-    from chattts_serving.client import SynthesisRequest, synthesize_stream
-
-    srv = serve_profile(int8_artifacts, tmp_path, profile="cpu-int8")
-    log = tmp_path / "tritonserver.log"
-    try:
-        res = synthesize_stream(f"127.0.0.1:{srv.grpc_port}", SynthesisRequest(
-            text="你好，欢迎使用流式语音合成服务。", seed=1, max_new_tokens=24, min_new_tokens=24))
-    finally:
-        srv.stop()
-    assert res.chunks >= 2
-    assert res.audio.size == contract.samples_for_tokens(24) and np.isfinite(res.audio).all()
-    text = log.read_text(errors="replace")
+    _, text = stream_24_tokens(int8_artifacts, tmp_path, "cpu-int8")
     assert f"GPT step graph {contract.INT8_GRAPH_FILES[contract.GPT_GRAPH]} (precision int8)" in text
     for graph in (contract.VOCODER_HIDDEN_GRAPH, contract.VOCODER_CODES_GRAPH):
         assert f"vocoder graph {contract.INT8_GRAPH_FILES[graph]} (precision int8)" in text

@@ -93,6 +93,24 @@ class Server:
                    log_path=Path(srv.log_path))
 
 
+
+def stream_24_tokens(artifacts: Artifacts, work: Path, profile: str) -> tuple[Any, str]:
+    """Serve ``profile`` over ``artifacts`` (in ``work``), stream one fixed 24-token request over
+    gRPC, stop the server, and check the stream came whole (2+ chunks, exactly 24 tokens of
+    finite audio); returns (the client's SynthesisResult, the server's log text)."""
+    from chattts_serving import contract
+    from chattts_serving.client import SynthesisRequest, synthesize_stream
+
+    srv = serve_profile(artifacts, work, profile=profile)
+    try:
+        res = synthesize_stream(f"127.0.0.1:{srv.grpc_port}", SynthesisRequest(
+            text="你好，欢迎使用流式语音合成服务。", seed=1, max_new_tokens=24, min_new_tokens=24))
+    finally:
+        srv.stop()
+    assert res.chunks >= 2
+    assert res.audio.size == contract.samples_for_tokens(24) and np.isfinite(res.audio).all()
+    return res, (work / "tritonserver.log").read_text(errors="replace")
+
 def metric(port: int, name: str, require: bool = False, **labels: str) -> float:
     """Sum of the series of ``name`` on a tritonserver's metrics ``port`` whose labels include
     ``labels``; with ``require``, a scrape without such a series fails instead of reading 0."""
