@@ -412,8 +412,12 @@ class ContainerBackend:
                            "--metrics-url", f"http://127.0.0.1:{METRICS_PORT}/metrics", "--timeout-s", f"{timeout_s:g}",
                            check=False, timeout=timeout_s + 30)
         result = drain_result(out)
+        start = time.monotonic()
         self._docker("stop", "-t", f"{STOP_TIMEOUT_S:.0f}", str(replica.handle), timeout=STOP_TIMEOUT_S + 30)
         result["exit_code"] = self.wait_exit(replica)
+        result["stop_s"] = round(time.monotonic() - start, 3)
+        if result["exit_code"] != 0:  # why, for the failure message and the results file
+            result["log_tail"] = self._logs(replica)
         return result
 
     def restart(self, replica: Replica) -> None:
