@@ -80,7 +80,7 @@ def prepare_artifacts(assets: Path | None, size: str, precisions: Iterable[str] 
 def measure_int8_accuracy(artifacts: Path) -> None:
     """``make int8-accuracy`` on ``artifacts`` unless its manifest already holds the int8
     graph's accuracy: what a profile at ``precision = "auto"`` decides by. It runs as its own
-    command (``python -m chattts_serving.bench.int8 --measure-if-missing``: the measurement's
+    command (``python -m bench.int8 --measure-if-missing``: the measurement's
     prompts are the benchmark's sentences). Raises WeightsError when it fails."""
     manifest = json.loads((artifacts / contract.MANIFEST).read_text())
     if "accuracy" in manifest.get("precisions", {}).get(Precision.INT8, {}):
@@ -88,7 +88,7 @@ def measure_int8_accuracy(artifacts: Path) -> None:
     print("  int8 accuracy: not measured yet on these artifacts; measuring it once (teacher-forced against "
           "fp32, as `make int8-accuracy`)", flush=True)
     t0 = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "chattts_serving.bench.int8", "--artifacts", str(artifacts),
+    done = subprocess.run([sys.executable, "-m", "bench.int8", "--artifacts", str(artifacts),
                            "--measure-if-missing"], check=False)
     if done.returncode != 0:
         raise WeightsError(f"the int8 accuracy measurement failed (exit {done.returncode})")

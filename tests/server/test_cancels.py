@@ -46,7 +46,7 @@ async def _storm(url: str, streams: int, metrics_url: str) -> int:
     running when closed."""
     import tritonclient.grpc.aio as aio
 
-    from chattts_serving.bench.burst import BurstResult, _held_accepted, _one
+    from bench.burst import BurstResult, _held_accepted, _one
     from chattts_serving.client import SynthesisRequest
 
     conns = [aio.InferenceServerClient(url) for _ in range(streams)]

@@ -9,8 +9,8 @@ import json
 import shutil
 from pathlib import Path
 
+from bench.kv import main as bench_kv
 from chattts_serving import contract
-from chattts_serving.bench.kv import main as bench_kv
 from chattts_serving.runtime import Artifacts
 from tests.support.servers import stream_24_tokens
 

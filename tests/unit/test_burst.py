@@ -18,8 +18,8 @@ import grpc
 import numpy as np
 from tritonclient.grpc import service_pb2
 
+from bench import burst
 from chattts_serving import contract
-from chattts_serving.bench import burst
 from chattts_serving.client import SynthesisRequest
 from chattts_serving.errors import ErrorKind, encode
 

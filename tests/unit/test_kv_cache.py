@@ -180,11 +180,11 @@ def test_a_bad_kv_cache_value_is_a_clear_profile_error(tmp_path: Path, name: str
 
 def test_the_benchmark_writes_its_numbers_and_the_manifest_fields(small_artifacts: Artifacts,
                                                                   tmp_path: Path) -> None:
-    """``python -m chattts_serving.bench.kv`` on a copy of the small artifacts: calibrates the
+    """``python -m bench.kv`` on a copy of the small artifacts: calibrates the
     int8 scales (file + sha256 + how, in manifest.json ``kv_cache.int8``), times every
     weight/cache pair at each batch, measures both reduced caches' accuracy and writes it
     under ``kv_cache.<kv>.accuracy.fp32`` and into the results file."""
-    from chattts_serving.bench.kv import main
+    from bench.kv import main
 
     root = tmp_path / "artifacts"
     shutil.copytree(small_artifacts.root, root)

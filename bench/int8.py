@@ -1,10 +1,10 @@
-"""``python -m chattts_serving.bench.int8 --artifacts DIR [--measure]``:
+"""``python -m bench.int8 --artifacts DIR [--measure]``:
 the int8 GPT step of :mod:`chattts_serving.export.int8` added to an exported artifact directory
 and, with ``--measure``, its accuracy against fp32 over the benchmark sentences written into
 manifest.json (``precisions.int8.accuracy``).
 
 The command sits in ``bench/`` because its prompts are the benchmark's sentences
-(:func:`chattts_serving.bench.load_sentences`), and ``export/`` imports nothing above the core
+(:func:`bench.load_sentences`), and ``export/`` imports nothing above the core
 (tests/unit/test_layout.py).
 """
 
@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from ..export.int8 import (
+from chattts_serving.export.int8 import (
     ACCURACY_VOICE,
     MIN_ACCURACY_DECODE_STEPS,
     accuracy_report,
@@ -23,8 +23,9 @@ from ..export.int8 import (
     add_int8,
     write_accuracy,
 )
-from ..export.weights import WeightsError
-from ..runtime import OrtOptions
+from chattts_serving.export.weights import WeightsError
+from chattts_serving.runtime import OrtOptions
+
 from . import load_sentences
 
 
@@ -33,17 +34,17 @@ def has_accuracy(root: Path) -> bool:
     int8 graph drops the old measurement: :func:`~chattts_serving.export.int8.add_int8`)."""
     import json
 
-    from .. import contract
+    from chattts_serving import contract
 
     manifest = json.loads((Path(root) / contract.MANIFEST).read_text())
     return "accuracy" in manifest.get("precisions", {}).get("int8", {})
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m chattts_serving.bench.int8 --artifacts DIR [--measure]``: add the int8 GPT
+    """``python -m bench.int8 --artifacts DIR [--measure]``: add the int8 GPT
     graph to an exported artifact directory (if missing or stale) and, with ``--measure``,
     measure its accuracy against fp32 and write it into manifest.json."""
-    ap = argparse.ArgumentParser(prog="python -m chattts_serving.bench.int8", description=main.__doc__)
+    ap = argparse.ArgumentParser(prog="python -m bench.int8", description=main.__doc__)
     ap.add_argument("--artifacts", type=Path, required=True, help="an exported artifact directory")
     ap.add_argument("--measure", action="store_true",
                     help="teacher-forced accuracy vs fp32 over the benchmark sentences -> manifest.json")

@@ -1,4 +1,4 @@
-"""``python -m chattts_serving.bench``: the side-by-side benchmark in one command.
+"""``python -m bench``: the side-by-side benchmark in one command.
 
 In one process tree, with one artifact directory and the checkpoint it was exported from, one
 list of sentences and one token budget per request, in this order (never overlapping, so each
@@ -7,10 +7,10 @@ part has the machine to itself):
 0. the text front end alone (``FrontEnd.prepare`` per request, in process);
 1. the baselines: upstream ChatTTS on torch, served as a user would serve it: ``Chat.infer``
    one request at a time, over a list of 16 texts at once, and in its own stream mode at its
-   default and smaller ``stream_batch`` settings (:mod:`~chattts_serving.bench.baseline`);
+   default and smaller ``stream_batch`` settings (:mod:`~bench.baseline`);
 2. for each profile (``--profiles``; the first is the default, whose figures are also the
    top-level ones), the ceilings in process: the raw ONNX Runtime GPT decode step and the
-   minimal pipeline (engine + chunking + batched vocoder, :mod:`~chattts_serving.bench.minimal`),
+   minimal pipeline (engine + chunking + batched vocoder, :mod:`~bench.minimal`),
    each repeated and reduced to its median; then this system: the model repository rendered
    from a benchmark copy of the profile whose degraded mode is out of reach (the default path:
    ``degradation = "off for default-path levels"``), the bundled tritonserver on free ports, and
@@ -19,12 +19,12 @@ part has the machine to itself):
 3. for the default profile, one row "under load, as deployed": the profile as shipped (its
    degraded mode live) at the top concurrency level.
 4. for the default profile, the OpenAI gateway in front of the same server against direct
-   gRPC (:mod:`~chattts_serving.bench.gatewayload`), then text replayed at LLM speed over its
-   WebSocket at concurrency 1 and 8 (:mod:`~chattts_serving.bench.wsload`).
+   gRPC (:mod:`~bench.gatewayload`), then text replayed at LLM speed over its
+   WebSocket at concurrency 1 and 8 (:mod:`~bench.wsload`).
 5. for the default profile, on the same server, the time to first audio of each segmentation
-   mode and of a reference recording (:mod:`~chattts_serving.bench.modes`), and the two
+   mode and of a reference recording (:mod:`~bench.modes`), and the two
    streaming doors, ``chattts`` (BLS) and ``chattts_ensemble``, taking turns at c=1 and c=16
-   (:mod:`~chattts_serving.bench.doors`).
+   (:mod:`~bench.doors`).
 
 Every request records the server's ``info`` (generated tokens, degraded mode, vocoder); a
 figure whose measurement ran a degraded request, or ran while other processes loaded the
@@ -55,7 +55,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from .. import contract
+from chattts_serving import contract
+
 from . import load_sentences
 from .cpuload import CpuWindow
 from .doors import DOOR_FIGURES, door_figures
@@ -167,7 +168,7 @@ def _positive(text: str) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m chattts_serving.bench",
+        prog="python -m bench",
         description="Benchmark this Triton server against upstream ChatTTS (one request at a time, batched, "
                     "streamed) with the same weights, sentences and token budget, for one or more profiles; "
                     "writes bench.json, bench.md and plots.")
@@ -217,7 +218,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def existing_profiles(names: tuple[str, ...] = DEFAULT_PROFILES) -> tuple[str, ...]:
     """The names among ``names`` that have a profile file."""
-    from ..serving.profile import PROFILES_DIR
+    from chattts_serving.serving.profile import PROFILES_DIR
 
     return tuple(n for n in names if (PROFILES_DIR / f"{n}.toml").is_file())
 
@@ -270,8 +271,8 @@ def ensure_smoke_artifacts(cfg: Config, progress: Any) -> None:
         return
     if not cfg.smoke or cfg.artifacts != SMOKE_ARTIFACTS:
         return
-    from ..export.build import export_artifacts
-    from ..export.weights import generate_checkpoint
+    from chattts_serving.export.build import export_artifacts
+    from chattts_serving.export.weights import generate_checkpoint
 
     progress("smoke: exporting small synthetic artifacts")
     if not cfg.weights.is_dir():
@@ -299,7 +300,7 @@ def machine_info() -> dict[str, Any]:
     library versions, git commit."""
     import psutil
 
-    from ..engine.kernels import cpu_features
+    from chattts_serving.engine.kernels import cpu_features
 
     cpu = cpu_features()
     cpu_model = cpu["cpu_model"] or platform.processor() or "?"
@@ -353,8 +354,8 @@ def resolved_key(artifacts_dir: Path, profile: Any) -> str:
     """What ``profile`` runs on ``artifacts_dir``: its settings without its name, the engine's
     and the vocoders' precisions and the KV cache's resolved (``auto`` decided), as a
     comparable string."""
-    from .. import contract
-    from ..runtime import Artifacts, resolve_kv_precision, resolve_precision
+    from chattts_serving import contract
+    from chattts_serving.runtime import Artifacts, resolve_kv_precision, resolve_precision
 
     art = Artifacts.load(artifacts_dir)
     data = profile.model_dump(mode="json")
@@ -369,7 +370,7 @@ def resolved_key(artifacts_dir: Path, profile: Any) -> str:
 def same_as(artifacts_dir: Path, name: str, earlier: dict[str, str]) -> str | None:
     """The earlier profile (``earlier``: name -> :func:`resolved_key`) that runs exactly what
     profile ``name`` runs on ``artifacts_dir``, or None."""
-    from ..serving.profile import load_profile
+    from chattts_serving.serving.profile import load_profile
 
     key = resolved_key(artifacts_dir, load_profile(name))
     return next((other for other, k in earlier.items() if k == key), None)
@@ -378,7 +379,7 @@ def same_as(artifacts_dir: Path, name: str, earlier: dict[str, str]) -> str | No
 def missing_graphs(artifacts_dir: Path, profile: Any) -> str | None:
     """Why ``profile`` cannot run on ``artifacts_dir`` (a graph of its precision was not
     exported), or None."""
-    from ..runtime import Artifacts, graph_path
+    from chattts_serving.runtime import Artifacts, graph_path
 
     art = Artifacts.load(artifacts_dir)
     wanted = [(contract.GPT_GRAPH, profile.engine.precision),
@@ -395,7 +396,7 @@ def missing_graphs(artifacts_dir: Path, profile: Any) -> str | None:
 @dataclass
 class PhaseContext:
     """What a server phase gets: the run's :class:`Config`, the running server
-    (:class:`~chattts_serving.bench.serverload.ServerSession`), the profile's result so far
+    (:class:`~bench.serverload.ServerSession`), the profile's result so far
     (``prof``: earlier phases' keys, e.g. ``levels``) and whether this is the default profile."""
 
     cfg: Config
@@ -409,8 +410,8 @@ class ServerPhase:
     """One part of the benchmark run against a running default-path server: ``run(ctx)``
     returns what is stored under ``key`` in the profile's result (and, for the default profile,
     at the top level of bench.json); ``default_only``: run for the default profile only.
-    Figures derived from it belong in :func:`~chattts_serving.bench.report.profile_figures`,
-    its Markdown in :data:`~chattts_serving.bench.report.SECTIONS`."""
+    Figures derived from it belong in :func:`~bench.report.profile_figures`,
+    its Markdown in :data:`~bench.report.SECTIONS`."""
 
     key: str
     run: Callable[[PhaseContext], Any]
@@ -537,10 +538,11 @@ def serving(profile: Any, cfg: Config, log_name: str, sentences: list[str],
             progress: Callable[[str], None]) -> Iterator[Any]:
     """Render ``profile`` over the artifacts, start the bundled tritonserver on free ports
     (its log at ``<out>/<log_name>``), yield a warmed-up
-    :class:`~chattts_serving.bench.serverload.ServerSession` (its ``started_s`` and
+    :class:`~bench.serverload.ServerSession` (its ``started_s`` and
     ``triton_version`` set), and stop the server at the end."""
-    from ..deploy.render import render_repository
-    from ..deploy.server import TritonServer
+    from chattts_serving.deploy.render import render_repository
+    from chattts_serving.deploy.server import TritonServer
+
     from .serverload import ServerSession, TreeMonitor, warm_up
 
     with tempfile.TemporaryDirectory(prefix="chattts-bench-") as tmp:
@@ -577,7 +579,7 @@ any fails the benchmark, whatever its figures."""
 
 
 def _scan_server_log(log: Path, progress: Callable[[str], None]) -> None:
-    from ..deploy.logscan import fatal_lines
+    from chattts_serving.deploy.logscan import fatal_lines
 
     signs = fatal_lines(log.read_text(errors="replace")) if log.is_file() else []
     for line in signs:
@@ -590,9 +592,10 @@ def run_profile(cfg: Config, name: str, is_default: bool, sentences: list[str], 
     """Every per-profile part for profile ``name`` (module docstring, steps 2 and 3); returns
     its result (``skipped`` with the reason when its graphs are missing). ``bandwidth_gbps``:
     the host's streaming bandwidth measured in this run, for the step's floor (none: no floor)."""
-    from ..engine.gpt import GptStepRunner
-    from ..runtime import Artifacts, resolve_precision
-    from ..serving.profile import load_profile
+    from chattts_serving.engine.gpt import GptStepRunner
+    from chattts_serving.runtime import Artifacts, resolve_precision
+    from chattts_serving.serving.profile import load_profile
+
     from .floor import step_floor
     from .minimal import measure_pipeline
     from .rawstep import measure_raw_step
@@ -645,8 +648,9 @@ def run_profile(cfg: Config, name: str, is_default: bool, sentences: list[str], 
 
 def run(cfg: Config) -> dict[str, Any]:
     """Run every part and write the outputs; returns the result written to bench.json."""
-    from ..runtime import Artifacts
-    from ..serving.profile import load_profile
+    from chattts_serving.runtime import Artifacts
+    from chattts_serving.serving.profile import load_profile
+
     from .baseline import run_baseline
     from .frontend_cost import measure_frontend
     from .minimal import pipeline_prompts
@@ -788,8 +792,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bench: error: no checkpoint in {cfg.weights} for the baseline (pass --weights or "
               "--skip-baseline)", file=sys.stderr)
         return 2
-    from ..deploy.server import ServerError
-    from ..serving.profile import ProfileError
+    from chattts_serving.deploy.server import ServerError
+    from chattts_serving.serving.profile import ProfileError
+
     from .serverload import WarmupError
 
     try:

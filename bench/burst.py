@@ -23,7 +23,7 @@ start signal. gRPC's global subchannel pool carries a process's channels to one 
 the same options, on one HTTP/2 connection: the 200 clients are 200 channels and 200 calls or
 streams, not 200 TCP connections.
 
-``python -m chattts_serving.bench.burst --url 127.0.0.1:8001 --clients 200`` runs it against a
+``python -m bench.burst --url 127.0.0.1:8001 --clients 200`` runs it against a
 running server and prints the JSON summary (``--doors stream,offline,gateway --gateway-url ...
 --offline-hold 16`` for the other doors, as ``make bench`` runs them saturated: the offline and
 gateway rows of its report and ``busy_p99_s_offline_saturated``, ``busy_p99_s_gateway_saturated``).
@@ -42,10 +42,11 @@ from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from .. import contract
-from ..client.common import ClientError, SynthesisRequest
-from ..client.keys import grpc_metadata, resolve_key
-from ..errors import ErrorKind, decode
+from chattts_serving import contract
+from chattts_serving.client.common import ClientError, SynthesisRequest
+from chattts_serving.client.keys import grpc_metadata, resolve_key
+from chattts_serving.errors import ErrorKind, decode
+
 from .stats import percentile
 
 DEFAULT_TEXT = "今天天气很好，我们一起去公园散步吧。"
@@ -569,7 +570,7 @@ def summarize(outcomes: list[BurstResult]) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m chattts_serving.bench.burst", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m bench.burst", description=__doc__.split("\n\n")[0])
     ap.add_argument("--url", default="127.0.0.1:8001", help="Triton gRPC host:port")
     ap.add_argument("--clients", type=int, default=200)
     ap.add_argument("--tokens", type=int, default=16)

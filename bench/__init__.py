@@ -1,13 +1,15 @@
 """Side-by-side benchmark: upstream ChatTTS served one request at a time vs this Triton server.
 
-``python -m chattts_serving.bench`` runs, in one process tree and with one set of weights,
+``python -m bench`` runs, in one process tree and with one set of weights,
 sentences and token budget: the raw ONNX Runtime GPT step (the hardware ceiling), the
 synchronous ChatTTS baseline (torch, ``Chat.infer``) and this server at several concurrency
 levels of gRPC streaming clients; it writes ``bench.json``, ``bench.md`` and PNG plots. See
-:mod:`chattts_serving.bench.run` for the command line.
+:mod:`bench.run` for the command line.
 
-This package module stays light (no torch, no onnxruntime) so that load-test files can import
-:func:`load_sentences` cheaply.
+The package lives at the repository root, outside the installed ``chattts_serving`` (the wheel
+does not ship it): it imports ``chattts_serving`` freely and ``chattts_serving`` never imports
+it (tests/unit/test_layout.py); run it from a checkout. This module stays light (no torch, no
+onnxruntime) so that load-test files can import :func:`load_sentences` cheaply.
 """
 
 from __future__ import annotations

@@ -34,7 +34,7 @@ class Figure:
 
 _C16 = "closed-loop c=16 (default path, identical jobs of the benchmark budget)"
 DOOR_NAMES: Final = {"offline": "chattts_offline", "gateway": "gateway /v1/audio/speech"}
-"""Report labels of the burst's other doors (:data:`chattts_serving.bench.burst.DOORS`)."""
+"""Report labels of the burst's other doors (:data:`bench.burst.DOORS`)."""
 
 
 FIGURES: dict[str, Figure] = {

@@ -1,4 +1,4 @@
-"""``python -m chattts_serving.bench.kv --artifacts DIR --out results/kv.json``: the GPT step's
+"""``python -m bench.kv --artifacts DIR --out results/kv.json``: the GPT step's
 KV cache in fp32, fp16 and int8 (:mod:`chattts_serving.engine.kvprecision`) side by side.
 
 - **speed**: the decode step (:meth:`~chattts_serving.engine.gpt.GptStepRunner.decode`, the
@@ -28,9 +28,10 @@ from typing import Any
 
 import numpy as np
 
-from .. import contract
-from ..contract import KvPrecision, Precision
-from ..runtime import Artifacts, OrtOptions, kv_precision
+from chattts_serving import contract
+from chattts_serving.contract import KvPrecision, Precision
+from chattts_serving.runtime import Artifacts, OrtOptions, kv_precision
+
 from . import load_sentences
 
 
@@ -43,7 +44,7 @@ def measure_speed(root: Path, weights: list[str], kvs: list[KvPrecision], batche
     """Decode step ms per (weights, kv, batch): {"<weights>/<kv>": {str(B): {"step_ms_p50",
     "step_ms_min", "round_ms": [...], "ratio_to_fp32_kv_p50"}}} (the ratio: the median over
     rounds of this variant's round median over the fp32 cache's of the same round)."""
-    from ..engine.gpt import GptStepRunner
+    from chattts_serving.engine.gpt import GptStepRunner
 
     art = Artifacts.load(root)
     base = OrtOptions(threads, False)
@@ -122,7 +123,7 @@ def host() -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     """Measure the KV cache precisions' step time and accuracy (see the module docstring)."""
-    ap = argparse.ArgumentParser(prog="python -m chattts_serving.bench.kv", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m bench.kv", description=__doc__.split("\n\n")[0])
     ap.add_argument("--artifacts", type=Path, required=True, help="an exported artifact directory")
     ap.add_argument("--out", type=Path, default=Path("results/kv.json"), help="JSON results (default %(default)s)")
     ap.add_argument("--kv", default="fp16,int8",
@@ -151,8 +152,8 @@ def main(argv: list[str] | None = None) -> int:
     def say(msg: str) -> None:
         print(f"[kv {time.perf_counter() - started:6.1f}s] {msg}", file=sys.stderr, flush=True)
 
-    from ..export.int8 import MIN_ACCURACY_DECODE_STEPS
-    from ..export.kvcache import (
+    from chattts_serving.export.int8 import MIN_ACCURACY_DECODE_STEPS
+    from chattts_serving.export.kvcache import (
         CALIBRATION_STEPS,
         KV_INT8_MARGIN,
         calibrate_scales,
