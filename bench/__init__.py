@@ -4,7 +4,7 @@
 sentences and token budget: the raw ONNX Runtime GPT step (the hardware ceiling), the
 synchronous ChatTTS baseline (torch, ``Chat.infer``) and this server at several concurrency
 levels of gRPC streaming clients; it writes ``bench.json``, ``bench.md`` and PNG plots. See
-:mod:`bench.run` for the command line.
+:mod:`bench.run` for the command and :mod:`bench.config` for its options.
 
 The package lives at the repository root, outside the installed ``chattts_serving`` (the wheel
 does not ship it): it imports ``chattts_serving`` freely and ``chattts_serving`` never imports

@@ -17,7 +17,7 @@ from .wsload import ws_markdown
 
 DEGRADATION_NOTE = "off for default-path levels"
 """How the default-path servers run: a copy of the profile whose degraded mode is out of reach
-(``run.default_path_profile``); the profile as shipped runs only the "as deployed" row."""
+(``profiles.default_path_profile``); the profile as shipped runs only the "as deployed" row."""
 OUTSIDE_LOAD_WARN_PERCENT = 20.0
 """Other processes' CPU (percent of one core) above which a phase counts as skewed: figures
 that depend on it are null."""

@@ -16,6 +16,7 @@ from bench import load_sentences
 from bench.gatewayload import FIRST_BYTE_FIGURES, GATEWAY_FIGURES, first_byte_figures, gateway_figures
 from bench.openloop import BUDGET_SCALES, open_loop_plan
 from bench.outcomes import Outcome, classify_error, count_outcomes
+from bench.profiles import UNREACHABLE_STREAMS, default_path_profile
 from bench.report import (
     FIGURES,
     OUTSIDE_LOAD_WARN_PERCENT,
@@ -24,7 +25,6 @@ from bench.report import (
     realtime_streams,
     target_met,
 )
-from bench.run import UNREACHABLE_STREAMS, default_path_profile
 from bench.stats import (
     RequestRecord,
     diff_samples,

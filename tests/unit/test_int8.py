@@ -245,7 +245,7 @@ def test_the_cpu_profile_runs_int8_only_where_it_was_measured_accurate_enough(
     the threshold (manifest precisions.int8.accuracy.meets_threshold), else fp32: not
     measured, measured below, or no int8 graph at all; the benchmark then skips a pinned
     profile that runs the same as cpu (cpu-int8 where int8 is measured accurate enough)."""
-    from bench.run import same_as
+    from bench.profiles import same_as
     from chattts_serving.runtime import resolve_precision
 
     root = tmp_path / "art"
@@ -273,7 +273,7 @@ def test_the_cpu_profile_runs_int8_only_where_it_was_measured_accurate_enough(
 
 
 def _key(root: Path, name: str) -> str:
-    from bench.run import resolved_key
+    from bench.profiles import resolved_key
 
     return resolved_key(root, load_profile(name))
 
