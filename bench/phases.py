@@ -37,7 +37,7 @@ class ServerPhase:
     """One part of the benchmark run against a running default-path server: ``run(ctx)``
     returns what is stored under ``key`` in the profile's result (and, for the default profile,
     at the top level of bench.json); ``default_only``: run for the default profile only.
-    Figures derived from it belong in :func:`~bench.report.profile_figures`,
+    Figures derived from it belong in :func:`~bench.figures.profile_figures`,
     its Markdown in :data:`~bench.report.SECTIONS`."""
 
     key: str
@@ -132,7 +132,7 @@ def _doors_phase(ctx: PhaseContext) -> Any:
 
     s, cfg = ctx.session, ctx.cfg
     s.progress(f"doors: chattts (BLS) and chattts_ensemble taking turns, levels {list(LEVELS)}")
-    from .report import OUTSIDE_LOAD_WARN_PERCENT
+    from .figures import OUTSIDE_LOAD_WARN_PERCENT
 
     return run_doors(s, tokens=cfg.tokens, requests_for=cfg.requests_for, pipeline=ctx.prof.get("pipeline"),
                      outside_load_percent=OUTSIDE_LOAD_WARN_PERCENT)

@@ -51,12 +51,14 @@ from . import load_sentences
 from .config import DEFAULT_PROFILES, PIPELINE_BATCH, Config, build_parser, ensure_smoke_artifacts, resolve
 from .cpuload import CpuWindow
 from .doors import DOOR_FIGURES, door_figures
+from .figures import DEGRADATION_NOTE, FRONTEND_FIGURES, definitions, frontend_figures, profile_figures
 from .gatewayload import FIRST_BYTE_FIGURES, GATEWAY_FIGURES, first_byte_figures, gateway_figures
 from .machine import machine_info
 from .modes import MODE_KEYS, mode_figures
 from .phases import BURST_TOKENS, SERVER_PHASES, PhaseContext
+from .plots import plot
 from .profiles import default_path_profile, missing_graphs, resolved_key, same_as
-from .report import DEGRADATION_NOTE, definitions, frontend_figures, markdown, plot, profile_figures
+from .report import markdown
 from .server import SERVER_CRASH_SIGNS, serving
 from .wsload import WS_FIGURES, ws_figures
 
@@ -291,8 +293,6 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("bench: interrupted", file=sys.stderr)
         return 130
-    from .report import FRONTEND_FIGURES
-
     for name in (*definitions(), *FRONTEND_FIGURES, *DOOR_FIGURES, *GATEWAY_FIGURES, *FIRST_BYTE_FIGURES,
                  *WS_FIGURES, *MODE_KEYS.values()):
         print(f"{name}: {result.get(name)}")

@@ -27,10 +27,10 @@ import pytest
 
 from bench.burst import CLIENT_NICE
 from bench.doors import DOOR_FIGURES, DOORS
+from bench.figures import FIGURES
 from bench.gatewayload import FIRST_BYTE_FIGURES, GATEWAY_FIGURES
 from bench.modes import MODE_KEYS
 from bench.openloop import BUDGET_SCALES
-from bench.report import FIGURES
 from bench.stats import diff_samples, engine_batches, model_stats
 from bench.wsload import WS_FIGURES
 from chattts_serving import contract

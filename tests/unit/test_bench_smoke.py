@@ -13,11 +13,7 @@ from pathlib import Path
 import pytest
 
 from bench import load_sentences
-from bench.gatewayload import FIRST_BYTE_FIGURES, GATEWAY_FIGURES, first_byte_figures, gateway_figures
-from bench.openloop import BUDGET_SCALES, open_loop_plan
-from bench.outcomes import Outcome, classify_error, count_outcomes
-from bench.profiles import UNREACHABLE_STREAMS, default_path_profile
-from bench.report import (
+from bench.figures import (
     FIGURES,
     OUTSIDE_LOAD_WARN_PERCENT,
     frontend_figures,
@@ -25,6 +21,10 @@ from bench.report import (
     realtime_streams,
     target_met,
 )
+from bench.gatewayload import FIRST_BYTE_FIGURES, GATEWAY_FIGURES, first_byte_figures, gateway_figures
+from bench.openloop import BUDGET_SCALES, open_loop_plan
+from bench.outcomes import Outcome, classify_error, count_outcomes
+from bench.profiles import UNREACHABLE_STREAMS, default_path_profile
 from bench.stats import (
     RequestRecord,
     diff_samples,
