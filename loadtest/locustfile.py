@@ -21,7 +21,7 @@ per request type are counted and, at test stop, printed and written to
 
 Environment: CHATTTS_HOST (127.0.0.1), CHATTTS_GRPC_PORT (8001), CHATTTS_HTTP_PORT (8000; the
 HTTP users' host unless Locust's --host is given), CHATTTS_TEXT (one fixed text; default: cycle
-through bench/sentences.txt), CHATTTS_MAX_NEW_TOKENS (100) and
+through chattts_serving/export/sentences.txt), CHATTTS_MAX_NEW_TOKENS (100) and
 CHATTTS_MIN_NEW_TOKENS (= max: a fixed budget per request), CHATTTS_VOICE (2),
 CHATTTS_TIMEOUT_S (300, per request), CHATTTS_WAIT_S (0, pause between a user's requests),
 CHATTTS_GATEWAY_PORT (8080: the gateway user's port on CHATTTS_HOST) and CHATTTS_API_KEY (the
