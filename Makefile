@@ -33,9 +33,10 @@ export-full: setup  ## generated full-size artifacts only
 	$(PY) -m chattts_serving.export --synthetic --size full
 
 int8-accuracy: setup  ## int8 GPT vs fp32, teacher-forced, into ARTIFACTS' manifest.json (e.g. ARTIFACTS=artifacts/full)
-	$(PY) -m bench.int8 --artifacts $(ARTIFACTS) --measure
+	$(PY) -m chattts_serving.export.accuracy int8 --artifacts $(ARTIFACTS) --measure
 
-kv-accuracy: setup  ## KV cache fp16/int8 vs fp32: int8 scales, step time, teacher-forced accuracy -> results/kv.json, manifest.json
+kv-accuracy: setup  ## KV cache fp16/int8 vs fp32: int8 scales, teacher-forced accuracy, step time -> manifest.json, results/kv-accuracy.json, results/kv.json
+	$(PY) -m chattts_serving.export.accuracy kv --artifacts $(ARTIFACTS) --out results/kv-accuracy.json
 	$(PY) -m bench.kv --artifacts $(ARTIFACTS) --out results/kv.json
 
 serve:  ## render the repository for PROFILE over ARTIFACTS and serve until Ctrl-C
@@ -64,7 +65,7 @@ INT8_PROFILE := $(wildcard profiles/cpu-int8.toml)
 bench: setup  ## benchmark vs upstream ChatTTS, profiles cpu (auto) + the other precision -> results/bench.{json,md,png}; ~20 min on 2 quiet cores
 	$(PY) -m chattts_serving.export --synthetic --size full --quiet
 	$(if $(INT8_PROFILE),$(PY) -m chattts_serving.export --synthetic --size full --precision int8 --quiet)
-	$(if $(INT8_PROFILE),$(PY) -m bench.int8 --artifacts artifacts/full --measure-if-missing)
+	$(if $(INT8_PROFILE),$(PY) -m chattts_serving.export.accuracy int8 --artifacts artifacts/full --measure-if-missing)
 	$(PY) -m bench --out results
 
 bench-smoke:  ## every part of the benchmark on the small config, tiny load (1-2 min; CI runs it through the tests)

@@ -188,16 +188,17 @@ def test_accuracy_report_measures_int8_against_fp32_and_lands_in_the_manifest(in
 def test_measure_command_writes_the_accuracy_into_the_manifest(int8_artifacts: Artifacts, tmp_path: Path) -> None:
     root = tmp_path / "art"
     shutil.copytree(int8_artifacts.root, root)
-    proc = subprocess.run([sys.executable, "-m", "bench.int8", "--artifacts", str(root),
-                           "--measure", "--steps", "4"], capture_output=True, text=True, timeout=600)
+    proc = subprocess.run([sys.executable, "-m", "chattts_serving.export.accuracy", "int8", "--artifacts",
+                           str(root), "--measure", "--steps", "4"], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
     assert "top-1 agreement per code head" in proc.stdout
     acc = json.loads((root / contract.MANIFEST).read_text())["precisions"]["int8"]["accuracy"]
     assert acc["prompts"] >= 20 and acc["decode_steps"] == acc["prompts"] * 3
     # make bench measures only what is missing: the measurement stands until the graph changes
     before = (root / contract.MANIFEST).read_text()
-    proc = subprocess.run([sys.executable, "-m", "bench.int8", "--artifacts", str(root),
-                           "--measure-if-missing", "--steps", "2"], capture_output=True, text=True, timeout=600)
+    proc = subprocess.run([sys.executable, "-m", "chattts_serving.export.accuracy", "int8", "--artifacts",
+                           str(root), "--measure-if-missing", "--steps", "2"],
+                          capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0 and "already measured" in proc.stderr, proc.stderr
     assert (root / contract.MANIFEST).read_text() == before
 
