@@ -120,7 +120,7 @@ def test_the_rewrite_refuses_what_it_cannot_express(small_artifacts: Artifacts, 
     """An int8 cache without scales names the command that calibrates them; scales of the
     wrong shape or sign are refused; a graph whose cache is already reduced is not rewritten
     again; an unknown precision names the known ones."""
-    with pytest.raises(FileNotFoundError, match="python -m chattts_serving.export.accuracy kv --artifacts"):
+    with pytest.raises(FileNotFoundError, match=r"python -m chattts_serving\.export\.accuracy kv --artifacts"):
         GptStepRunner(small_artifacts, OrtOptions(kv_cache=KvPrecision.INT8))
     model = onnx.load(str(small_artifacts.root / contract.GPT_GRAPH))
     layers, heads, hd = small_artifacts.num_layers, small_artifacts.num_heads, small_artifacts.head_dim
