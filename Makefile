@@ -33,10 +33,11 @@ export-full: setup  ## generated full-size artifacts only
 	$(PY) -m chattts_serving.export --synthetic --size full
 
 int8-accuracy: setup  ## int8 GPT vs fp32, teacher-forced, into ARTIFACTS' manifest.json (e.g. ARTIFACTS=artifacts/full)
-	$(PY) -m chattts_serving.bench.int8 --artifacts $(ARTIFACTS) --measure
+	$(PY) -m chattts_serving.export.accuracy int8 --artifacts $(ARTIFACTS) --measure
 
-kv-accuracy: setup  ## KV cache fp16/int8 vs fp32: int8 scales, step time, teacher-forced accuracy -> results/kv.json, manifest.json
-	$(PY) -m chattts_serving.bench.kv --artifacts $(ARTIFACTS) --out results/kv.json
+kv-accuracy: setup  ## KV cache fp16/int8 vs fp32: int8 scales, teacher-forced accuracy, step time -> manifest.json, results/kv-accuracy.json, results/kv.json
+	$(PY) -m chattts_serving.export.accuracy kv --artifacts $(ARTIFACTS) --out results/kv-accuracy.json
+	$(PY) -m bench.kv --artifacts $(ARTIFACTS) --out results/kv.json
 
 serve:  ## render the repository for PROFILE over ARTIFACTS and serve until Ctrl-C
 	$(PY) -m chattts_serving.deploy.serve --profile $(PROFILE) --artifacts $(ARTIFACTS) \
@@ -50,7 +51,7 @@ lint:  ## ruff
 	$(PY) -m ruff check .
 
 typecheck:  ## mypy
-	$(PY) -m mypy chattts_serving
+	$(PY) -m mypy chattts_serving bench
 
 test: setup lint typecheck  ## lint, type-check and the whole test suite: tests/unit and tests/server (real tritonserver)
 	$(PY) -m pytest -q $(PYTEST_ARGS)
@@ -64,12 +65,12 @@ INT8_PROFILE := $(wildcard profiles/cpu-int8.toml)
 bench: setup  ## benchmark vs upstream ChatTTS, profiles cpu (auto) + the other precision -> results/bench.{json,md,png}; ~20 min on 2 quiet cores
 	$(PY) -m chattts_serving.export --synthetic --size full --quiet
 	$(if $(INT8_PROFILE),$(PY) -m chattts_serving.export --synthetic --size full --precision int8 --quiet)
-	$(if $(INT8_PROFILE),$(PY) -m chattts_serving.bench.int8 --artifacts artifacts/full --measure-if-missing)
-	$(PY) -m chattts_serving.bench --out results
+	$(if $(INT8_PROFILE),$(PY) -m chattts_serving.export.accuracy int8 --artifacts artifacts/full --measure-if-missing)
+	$(PY) -m bench --out results
 
 bench-smoke:  ## every part of the benchmark on the small config, tiny load (1-2 min; CI runs it through the tests)
 	$(if $(INT8_PROFILE),$(PY) -m chattts_serving.export --synthetic --size small --precision int8 --quiet)
-	$(PY) -m chattts_serving.bench --smoke --out results/smoke
+	$(PY) -m bench --smoke --out results/smoke
 
 .PHONY: perf-analyzer
 perf-analyzer:  ## NVIDIA perf_analyzer on a running server's streaming door (GRPC_PORT; PA_MODEL=chattts|chattts_ensemble; CONCURRENCY="1 4 8 16")

@@ -127,7 +127,7 @@ class KvPrecision(WireEnum):
     AUTO = "auto"
     """int8 where the artifacts hold the int8 cache's scales and its accuracy measured with the
     weights in use (manifest.json ``kv_cache.int8.accuracy.<weights>.meets_threshold``, written
-    by ``python -m chattts_serving.bench.kv``) meets the project's threshold, else fp32
+    by ``python -m chattts_serving.export.accuracy kv``) meets the project's threshold, else fp32
     (``runtime.resolve_kv_precision``)."""
 
 # --- audio -----------------------------------------------------------------------------
@@ -590,7 +590,7 @@ INT8_GRAPH_FILES: Final = {GPT_GRAPH: "gpt_step.int8.onnx",
 them in manifest.json under ``precisions.int8``."""
 KV_SCALES_FILE: Final = "kv_scales.npz"
 """The int8 KV cache's scales (``k_<layer>``, ``v_<layer>``: (heads, 1, head_dim) float32 each),
-written by ``python -m chattts_serving.bench.kv --calibrate`` and listed in manifest.json under
+written by ``python -m chattts_serving.export.accuracy kv`` and listed in manifest.json under
 ``kv_cache.int8``."""
 MANIFEST: Final = "manifest.json"
 EMBED_FILE: Final = "embed.npz"

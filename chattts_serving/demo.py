@@ -80,16 +80,16 @@ def prepare_artifacts(assets: Path | None, size: str, precisions: Iterable[str] 
 def measure_int8_accuracy(artifacts: Path) -> None:
     """``make int8-accuracy`` on ``artifacts`` unless its manifest already holds the int8
     graph's accuracy: what a profile at ``precision = "auto"`` decides by. It runs as its own
-    command (``python -m chattts_serving.bench.int8 --measure-if-missing``: the measurement's
-    prompts are the benchmark's sentences). Raises WeightsError when it fails."""
+    command (``python -m chattts_serving.export.accuracy int8 --measure-if-missing``), so that
+    its sessions are gone before the server starts. Raises WeightsError when it fails."""
     manifest = json.loads((artifacts / contract.MANIFEST).read_text())
     if "accuracy" in manifest.get("precisions", {}).get(Precision.INT8, {}):
         return
     print("  int8 accuracy: not measured yet on these artifacts; measuring it once (teacher-forced against "
           "fp32, as `make int8-accuracy`)", flush=True)
     t0 = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "chattts_serving.bench.int8", "--artifacts", str(artifacts),
-                           "--measure-if-missing"], check=False)
+    done = subprocess.run([sys.executable, "-m", "chattts_serving.export.accuracy", "int8",
+                           "--artifacts", str(artifacts), "--measure-if-missing"], check=False)
     if done.returncode != 0:
         raise WeightsError(f"the int8 accuracy measurement failed (exit {done.returncode})")
     print(f"  int8 accuracy: measured in {time.perf_counter() - t0:.0f} s", flush=True)

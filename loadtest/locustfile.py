@@ -21,7 +21,7 @@ per request type are counted and, at test stop, printed and written to
 
 Environment: CHATTTS_HOST (127.0.0.1), CHATTTS_GRPC_PORT (8001), CHATTTS_HTTP_PORT (8000; the
 HTTP users' host unless Locust's --host is given), CHATTTS_TEXT (one fixed text; default: cycle
-through chattts_serving/bench/sentences.txt), CHATTTS_MAX_NEW_TOKENS (100) and
+through chattts_serving/export/sentences.txt), CHATTTS_MAX_NEW_TOKENS (100) and
 CHATTTS_MIN_NEW_TOKENS (= max: a fixed budget per request), CHATTTS_VOICE (2),
 CHATTTS_TIMEOUT_S (300, per request), CHATTTS_WAIT_S (0, pause between a user's requests),
 CHATTTS_GATEWAY_PORT (8080: the gateway user's port on CHATTTS_HOST) and CHATTTS_API_KEY (the
@@ -37,6 +37,7 @@ grpc_gevent.init_gevent()
 import itertools  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
+import sys  # noqa: E402
 import threading  # noqa: E402
 import time  # noqa: E402
 from collections.abc import Callable, Iterator  # noqa: E402
@@ -47,11 +48,13 @@ from locust import User, constant, events, task  # noqa: E402
 from locust.contrib.fasthttp import FastHttpUser  # noqa: E402
 
 from chattts_serving import contract  # noqa: E402
-from chattts_serving.bench import load_sentences  # noqa: E402
 from chattts_serving.client.common import ClientError, SynthesisRequest  # noqa: E402
 from chattts_serving.client.grpc_stream import iter_chunks  # noqa: E402
 from chattts_serving.client.keys import http_headers, inference_key_from_env  # noqa: E402
 from chattts_serving.client.sse import iter_events  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/ sits at the repository root, not installed
+from bench import load_sentences  # noqa: E402
 
 HOST = os.environ.get("CHATTTS_HOST", "127.0.0.1")
 GRPC_PORT = int(os.environ.get("CHATTTS_GRPC_PORT", "8001"))

@@ -44,6 +44,7 @@ import json
 import os
 import platform
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -53,11 +54,13 @@ import numpy as np
 
 from chattts_serving import contract
 from chattts_serving.audio.vocoder import VocoderRunner
-from chattts_serving.bench import load_sentences
-from chattts_serving.bench.rawstep import time_steps
 from chattts_serving.engine.gpt import GptStepRunner
 from chattts_serving.export import int8
 from chattts_serving.runtime import Artifacts, OrtOptions
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/ sits at the repository root, not installed
+from bench import load_sentences
+from bench.rawstep import time_steps
 
 LINKED = (contract.GPT_GRAPH, contract.VOCODER_HIDDEN_GRAPH, contract.VOCODER_CODES_GRAPH, contract.EMBED_FILE,
           contract.SPEAKER_FILE, contract.TOKENIZER_DIR)

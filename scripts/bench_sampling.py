@@ -24,6 +24,7 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from functools import partial
@@ -42,6 +43,8 @@ from chattts_serving.engine.sampling import (
     top_p_top_k_full_sort,
 )
 from chattts_serving.params import SamplingParams
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/ sits at the repository root, not installed
 
 BATCHES = (1, 4, 16)
 
@@ -118,7 +121,7 @@ def measure_sampling(rounds: int, steps: int) -> dict[str, Any]:
 
 
 def measure_prefill(artifacts: Path, rounds: int, threads: int) -> dict[str, Any]:
-    from chattts_serving.bench import load_sentences
+    from bench import load_sentences
     from chattts_serving.engine.gpt import Embeddings, GptStepRunner
     from chattts_serving.engine.kvbatch import KvBatch
     from chattts_serving.runtime import Artifacts, OrtOptions

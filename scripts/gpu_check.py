@@ -21,7 +21,7 @@ unless a later one needs its output):
    steps (ORT's CUDA GroupQueryAttention takes fp16/bf16 only: fp32 on CUDA would run the
    attention on the CPU).
 5. ``step_bench``: raw decode step of the fused fp16 graph on CUDA, B = 1, 16, 32, past 300.
-6. ``server``: ``python -m chattts_serving.bench --profile gpu`` on the full artifacts (the
+6. ``server``: ``python -m bench --profile gpu`` on the full artifacts (the
    bundled tritonserver with the gpu profile's model repository, closed-loop gRPC streams):
    TTFA and RTF at concurrency 1 and 16, no torch baseline.
 
@@ -40,6 +40,8 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/ sits at the repository root, not installed
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "results" / "gpu_check.json"
@@ -184,7 +186,7 @@ def engine_cuda(art: Path) -> dict[str, Any]:
 
 def step_bench(art: Path) -> dict[str, Any]:
     """Raw decode step of the fused fp16 graph on CUDA at B = 1, 16, 32 over a past of 300."""
-    from chattts_serving.bench.rawstep import measure_raw_step
+    from bench.rawstep import measure_raw_step
     from chattts_serving.runtime import OrtOptions
 
     return measure_raw_step(art, OrtOptions(4, False, CUDA, True, "fp16"), [1, 16, 32], past_tokens=300,
@@ -192,7 +194,7 @@ def step_bench(art: Path) -> dict[str, Any]:
 
 
 def server(art: Path, weights: Path) -> dict[str, Any]:
-    run([PY, "-m", "chattts_serving.bench", "--profile", "gpu", "--artifacts", str(art), "--weights", str(weights),
+    run([PY, "-m", "bench", "--profile", "gpu", "--artifacts", str(art), "--weights", str(weights),
          "--levels", "1,16", "--requests-per-level", "32", "--tokens", "150", "--skip-baseline",
          "--raw-batches", "1,16", "--out", str(BENCH_DIR), "--label", "gpu_check"], 240)
     bench = json.loads((BENCH_DIR / "bench.json").read_text())

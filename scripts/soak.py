@@ -17,7 +17,7 @@ admission gate on) and runs, for ``--minutes``:
 * ``chattts_offline`` requests over HTTP, one at a time.
 
 Every request has its own id and ends in exactly one outcome
-(:class:`chattts_serving.bench.outcomes.Outcome`). The soak passes when
+(:class:`bench.outcomes.Outcome`). The soak passes when
 
 * ``lost = sent - sum(outcomes)`` is 0, and server errors, client timeouts and transport
   errors are 0;
@@ -59,9 +59,6 @@ from typing import Any
 import psutil
 import tomllib
 
-from chattts_serving.bench.outcomes import FAILURES, Outcome, classify_error, count_outcomes
-from chattts_serving.bench.serverload import busy_gauges, scrape, wait_idle
-from chattts_serving.bench.stats import diff_samples
 from chattts_serving.client import SynthesisRequest, iter_chunks, synthesize_stream
 from chattts_serving.client.http_infer import synthesize_offline
 from chattts_serving.contract import MANIFEST, MODEL_OFFLINE, MODEL_STREAM
@@ -69,6 +66,11 @@ from chattts_serving.deploy.logscan import fatal_lines
 from chattts_serving.deploy.render import render_repository
 from chattts_serving.deploy.server import TritonServer
 from chattts_serving.serving.profile import PROFILES_DIR, Profile
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/ sits at the repository root, not installed
+from bench.outcomes import FAILURES, Outcome, classify_error, count_outcomes
+from bench.serverload import busy_gauges, scrape, wait_idle
+from bench.stats import diff_samples
 
 TEXTS = ["你好，欢迎使用流式语音合成服务。", "今天天气很好，我们去公园散步吧。", "请稍等，正在为您查询订单。",
          "ChatTTS 在 Triton 上流式输出。", "语音合成需要低延迟和高吞吐。"]

@@ -155,7 +155,7 @@ def load_step_graph(artifacts: Artifacts, graph: Path, kv: KvPrecision | str) ->
         path = artifacts.root / contract.KV_SCALES_FILE
         if not path.is_file():
             raise FileNotFoundError(f"{artifacts.root} has no {contract.KV_SCALES_FILE} (the int8 KV cache's scales): "
-                                    "python -m chattts_serving.bench.kv --artifacts DIR --calibrate")
+                                    "python -m chattts_serving.export.accuracy kv --artifacts DIR")
         with np.load(path) as data:
             scales = {k: data[k] for k in data.files}
     return bytes(kv_cache_graph(model, kv, scales).SerializeToString())

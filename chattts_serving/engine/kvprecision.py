@@ -17,7 +17,7 @@ weights. The exported ``gpt_step.onnx`` (and its int8-weight variant) keeps the 
 
 The rewrite runs in memory on the graph the runner loads (so it applies to every weight
 precision without a file per combination); what it does to the tokens is measured by
-``python -m chattts_serving.bench.kv`` and written to manifest.json (``kv_cache``).
+``python -m chattts_serving.export.accuracy kv`` and written to manifest.json (``kv_cache``).
 """
 
 from __future__ import annotations
@@ -125,7 +125,7 @@ def kv_cache_graph(model: Any, kv: KvPrecision | str, scales: dict[str, np.ndarr
 def _check_scales(scales: dict[str, np.ndarray] | None, layers: int) -> None:
     if scales is None:
         raise ValueError(f"an int8 KV cache needs its calibrated scales ({contract.KV_SCALES_FILE}: "
-                         "python -m chattts_serving.bench.kv --artifacts DIR --calibrate)")
+                         "python -m chattts_serving.export.accuracy kv --artifacts DIR)")
     for i in range(layers):
         for kind in ("k", "v"):
             a = scales.get(f"{kind}_{i}")

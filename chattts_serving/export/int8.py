@@ -26,8 +26,8 @@ slightly different audio for the same tokens. int8 tokens are not ChatTTS' token
 Parity at export (:func:`int8_parity`, :func:`check_int8_parity`) compares the int8 graph
 with the fp32 graph it came from (itself within 1e-4 of ChatTTS' torch modules), teacher-forced
 on the same tokens, against relative tolerances that grow with depth (:func:`int8_tolerances`).
-Accuracy for users (:func:`accuracy_report`, ``python -m chattts_serving.bench.int8
---measure``) is measured the same way over the benchmark's real sentences and at least
+Accuracy for users (:func:`accuracy_report`, ``python -m chattts_serving.export.accuracy int8
+--measure``) is measured the same way over real sentences (:mod:`.sentences`) and at least
 :data:`MIN_ACCURACY_DECODE_STEPS` decode steps, and judged by :data:`ACCURACY_THRESHOLD`.
 Block sizes are compared by ``scripts/bench_int8.py ARTIFACTS --blocks 32,64,128``.
 

@@ -3,7 +3,7 @@ each cache precision against the fp32 cache, written to manifest.json (``kv_cach
 
 The rewrite itself is :mod:`chattts_serving.engine.kvprecision` (applied when a runner loads
 the graph with ``OrtOptions.kv_cache``). What it changes is measured here as the int8 weights
-are (:mod:`.int8`): teacher-forced over the benchmark's sentences, each graph fed the same
+are (:mod:`.int8`): teacher-forced over the shipped sentences (:mod:`.sentences`), each graph fed the same
 tokens over its own cache, top-1 agreement per code head and the hidden-path audio SNR, judged
 by the same :data:`~chattts_serving.export.int8.ACCURACY_THRESHOLD`. The reference is the same
 weights with the fp32 cache, so the figures are the cache's own error.

@@ -1,7 +1,7 @@
 """The benchmark and load-test harnesses keep working against real servers (small config,
 seconds; no speed asserted).
 
-- ``python -m chattts_serving.bench --smoke`` runs every part (front end, the three upstream
+- ``python -m bench --smoke`` runs every part (front end, the three upstream
   baselines, raw step and minimal pipeline, a real default-path server at three closed-loop
   levels, open-loop arrivals, the OpenAI gateway against direct gRPC at 1 and 16, the overload
   burst, the as-deployed row) and writes the JSON, the
@@ -25,15 +25,15 @@ from pathlib import Path
 
 import pytest
 
+from bench.burst import CLIENT_NICE
+from bench.doors import DOOR_FIGURES, DOORS
+from bench.figures import FIGURES
+from bench.gatewayload import FIRST_BYTE_FIGURES, GATEWAY_FIGURES
+from bench.modes import MODE_KEYS
+from bench.openloop import BUDGET_SCALES
+from bench.stats import diff_samples, engine_batches, model_stats
+from bench.wsload import WS_FIGURES
 from chattts_serving import contract
-from chattts_serving.bench.burst import CLIENT_NICE
-from chattts_serving.bench.doors import DOOR_FIGURES, DOORS
-from chattts_serving.bench.gatewayload import FIRST_BYTE_FIGURES, GATEWAY_FIGURES
-from chattts_serving.bench.modes import MODE_KEYS
-from chattts_serving.bench.openloop import BUDGET_SCALES
-from chattts_serving.bench.report import FIGURES
-from chattts_serving.bench.stats import diff_samples, engine_batches, model_stats
-from chattts_serving.bench.wsload import WS_FIGURES
 from chattts_serving.serving.profile import load_profile
 from tests.support.servers import running_gateway
 
@@ -61,7 +61,7 @@ LOCUST_TYPES = {"grpc:ttfa", "grpc:total", "sse:ttfa", "sse:total", "http:infer"
 def test_bench_smoke_writes_report(small_weights: Path, small_int8_artifacts, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     out = tmp_path / "results"
     proc = subprocess.run(
-        [sys.executable, "-m", "chattts_serving.bench", "--smoke", "--artifacts", str(small_int8_artifacts.root),
+        [sys.executable, "-m", "bench", "--smoke", "--artifacts", str(small_int8_artifacts.root),
          "--weights", str(small_weights), "--profiles", "cpu,cpu-int8", "--out", str(out)],
         cwd=ROOT, capture_output=True, text=True, timeout=880)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -247,8 +247,8 @@ def test_locust_smoke_every_user_type_succeeds(triton_server, tmp_path: Path) ->
 
 
 def test_a_real_triton_exposition_parses_with_labels(triton_server) -> None:  # type: ignore[no-untyped-def]
+    from bench.serverload import scrape
     from chattts_serving import contract
-    from chattts_serving.bench.serverload import scrape
     from chattts_serving.client import SynthesisRequest, synthesize_stream
 
     synthesize_stream(triton_server.grpc_url, SynthesisRequest(text="指标。", max_new_tokens=4, min_new_tokens=4))

@@ -46,7 +46,8 @@ async def _storm(url: str, streams: int, metrics_url: str) -> int:
     running when closed."""
     import tritonclient.grpc.aio as aio
 
-    from chattts_serving.bench.burst import BurstResult, _held_accepted, _one
+    from bench.burst_hold import held_accepted
+    from bench.burst_send import BurstResult, send_stream
     from chattts_serving.client import SynthesisRequest
 
     conns = [aio.InferenceServerClient(url) for _ in range(streams)]
@@ -54,13 +55,14 @@ async def _storm(url: str, streams: int, metrics_url: str) -> int:
     go = asyncio.Event()
     go.set()
     outs = [BurstResult() for _ in range(streams)]
-    tasks = [asyncio.create_task(_one(c, SynthesisRequest(text="一直说下去。", max_new_tokens=2048, min_new_tokens=2048,
-                                                          request_id=f"storm-{tag}-{i}"), go, 600.0, outs[i]))
+    tasks = [asyncio.create_task(send_stream(c, SynthesisRequest(text="一直说下去。", max_new_tokens=2048,
+                                                                  min_new_tokens=2048, request_id=f"storm-{tag}-{i}"),
+                                             go, 600.0, outs[i]))
              for i, c in enumerate(conns)]
     try:
         end = time.monotonic() + 120
-        while not (accepted := _held_accepted(sum(1 for o in outs if o.first_s is not None or o.kind), streams,
-                                              metrics_url)) and time.monotonic() < end:
+        while not (accepted := held_accepted(sum(1 for o in outs if o.first_s is not None or o.kind), streams,
+                                             metrics_url)) and time.monotonic() < end:
             await asyncio.sleep(0.05)
         assert accepted, "the streams were not all accepted"
         assert not any(o.kind for o in outs), [o.message for o in outs if o.kind]

@@ -34,8 +34,8 @@ import httpx2 as httpx
 import psutil
 import pytest
 
+from bench.machine import machine_info
 from chattts_serving import contract
-from chattts_serving.bench.run import machine_info
 from chattts_serving.client import ClientError, SynthesisRequest, synthesize_offline, synthesize_stream
 from chattts_serving.client.grpc_stream import iter_parts
 from chattts_serving.client.sse import iter_sse_parts

@@ -186,8 +186,8 @@ def test_refused_references_are_invalid_with_a_clear_message(triton_server: Any,
 def test_the_mode_benchmark_measures_each_kind(triton_server: Any) -> None:
     """bench/modes.py against the test server: every kind completes and reaches the server as
     meant (the source of its audio prompt); times are reported, never asserted."""
-    from chattts_serving.bench import load_sentences
-    from chattts_serving.bench.modes import MODE_KEYS, measure_modes, mode_figures, modes_markdown
+    from bench import load_sentences
+    from bench.modes import MODE_KEYS, measure_modes, mode_figures, modes_markdown
 
     out = measure_modes(triton_server.grpc_url, load_sentences(), tokens=8, requests=1, voice="2")
     assert {k: v["ok"] for k, v in out.items()} == {"streaming": 1, "chattts": 1, "reference": 1}

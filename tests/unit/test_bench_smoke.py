@@ -12,11 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from chattts_serving.bench import load_sentences
-from chattts_serving.bench.gatewayload import FIRST_BYTE_FIGURES, GATEWAY_FIGURES, first_byte_figures, gateway_figures
-from chattts_serving.bench.openloop import BUDGET_SCALES, open_loop_plan
-from chattts_serving.bench.outcomes import Outcome, classify_error, count_outcomes
-from chattts_serving.bench.report import (
+from bench import load_sentences
+from bench.figures import (
     FIGURES,
     OUTSIDE_LOAD_WARN_PERCENT,
     frontend_figures,
@@ -24,8 +21,11 @@ from chattts_serving.bench.report import (
     realtime_streams,
     target_met,
 )
-from chattts_serving.bench.run import UNREACHABLE_STREAMS, default_path_profile
-from chattts_serving.bench.stats import (
+from bench.gatewayload import FIRST_BYTE_FIGURES, GATEWAY_FIGURES, first_byte_figures, gateway_figures
+from bench.openloop import BUDGET_SCALES, open_loop_plan
+from bench.outcomes import Outcome, classify_error, count_outcomes
+from bench.profiles import UNREACHABLE_STREAMS, default_path_profile
+from bench.stats import (
     RequestRecord,
     diff_samples,
     engine_batches,
@@ -35,7 +35,7 @@ from chattts_serving.bench.stats import (
     realtime_summary,
     summarize,
 )
-from chattts_serving.bench.wsload import last_deltas, tokens_of
+from bench.wsload import last_deltas, tokens_of
 from chattts_serving.client.common import TIMEOUT, ClientError
 from chattts_serving.errors import ErrorKind, encode
 from chattts_serving.serving.profile import load_profile

@@ -18,8 +18,8 @@ import grpc
 import numpy as np
 from tritonclient.grpc import service_pb2
 
+from bench import burst, burst_send
 from chattts_serving import contract
-from chattts_serving.bench import burst
 from chattts_serving.client import SynthesisRequest
 from chattts_serving.errors import ErrorKind, encode
 
@@ -93,12 +93,12 @@ def test_the_offline_door_sends_what_tritonclient_infer_sends() -> None:
 
     async def main() -> list[Any]:
         async with fake_triton() as (url, servicer):
-            client, channel = aio.InferenceServerClient(url), burst.infer_channel(url)
+            client, channel = aio.InferenceServerClient(url), burst_send.infer_channel(url)
             try:
-                await client.infer(contract.MODEL_OFFLINE, burst._inputs(REQUEST), request_id="ok-1")
+                await client.infer(contract.MODEL_OFFLINE, burst_send._inputs(REQUEST), request_id="ok-1")
                 go = asyncio.Event()
                 go.set()
-                await burst._offline_one(channel, _with_id("ok-1"), go, 10.0)
+                await burst_send.send_offline(channel, _with_id("ok-1"), go, 10.0)
             finally:
                 await client.close()
                 await channel.close()
@@ -112,14 +112,14 @@ def test_the_clock_starts_after_the_signal_and_when_grpc_takes_the_request() -> 
     """A request accepted, three refused: each clock starts after the start signal and no
     later than the server has the request (built before the signal, nothing sent before it)."""
 
-    async def main() -> tuple[float, list[burst.BurstResult], FakeInfer, bool]:
+    async def main() -> tuple[float, list[burst_send.BurstResult], FakeInfer, bool]:
         async with fake_triton() as (url, servicer):
-            channels = [burst.infer_channel(url) for _ in range(4)]
+            channels = [burst_send.infer_channel(url) for _ in range(4)]
             try:
-                await asyncio.gather(*(burst.connect_channel(c) for c in channels))
+                await asyncio.gather(*(burst_send.connect_channel(c) for c in channels))
                 start = asyncio.Event()
                 ids = ["ok-0"] + [f"busy-{i}" for i in range(1, 4)]
-                tasks = [asyncio.create_task(burst._offline_one(c, _with_id(i), start, 10.0))
+                tasks = [asyncio.create_task(burst_send.send_offline(c, _with_id(i), start, 10.0))
                          for c, i in zip(channels, ids)]
                 await asyncio.sleep(0.05)
                 quiet = not servicer.requests
@@ -145,13 +145,13 @@ def test_the_clock_starts_after_the_signal_and_when_grpc_takes_the_request() -> 
 def test_the_client_deadline_ends_a_call_the_server_does_not_answer() -> None:
     """A request the server sits on: the call ends at the client's deadline, kind "deadline"."""
 
-    async def main() -> burst.BurstResult:
+    async def main() -> burst_send.BurstResult:
         async with fake_triton() as (url, _):
-            channel = burst.infer_channel(url)
+            channel = burst_send.infer_channel(url)
             go = asyncio.Event()
             go.set()
             try:
-                return await burst._offline_one(channel, _with_id("slow-1"), go, 0.2)
+                return await burst_send.send_offline(channel, _with_id("slow-1"), go, 0.2)
             finally:
                 await channel.close()
 
@@ -179,17 +179,17 @@ def test_only_the_server_saying_busy_counts_as_busy() -> None:
     never counted as a refusal the server made in time."""
     async def main() -> list[str | None]:
         async with fake_triton() as (url, _):
-            channel = burst.infer_channel(url)
+            channel = burst_send.infer_channel(url)
             kinds = []
             for rid in ("busy-1", "queue-1", "drop-1"):
                 start = asyncio.Event()
                 start.set()
-                kinds.append((await burst._offline_one(channel, _with_id(rid), start, 10.0)).kind)
+                kinds.append((await burst_send.send_offline(channel, _with_id(rid), start, 10.0)).kind)
             await channel.close()
-        closed = burst.infer_channel(url)  # the server has stopped: nothing listens there now
+        closed = burst_send.infer_channel(url)  # the server has stopped: nothing listens there now
         start = asyncio.Event()
         start.set()
-        kinds.append((await burst._offline_one(closed, _with_id("busy-2"), start, 10.0)).kind)
+        kinds.append((await burst_send.send_offline(closed, _with_id("busy-2"), start, 10.0)).kind)
         await closed.close()
         return kinds
 

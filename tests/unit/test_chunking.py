@@ -9,10 +9,10 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from bench.stats import REALTIME_TOLERANCE_S
 from chattts_serving import contract
 from chattts_serving.audio.chunking import ChunkSchedule, StreamChunker
 from chattts_serving.audio.vocoder import VocoderRunner
-from chattts_serving.bench.stats import REALTIME_TOLERANCE_S
 from chattts_serving.runtime import Artifacts
 
 
@@ -155,7 +155,7 @@ def _simulate(schedule: ChunkSchedule, rate_hz: float, n: int, batch: int = 4,
     """A stream of ``n`` tokens arriving ``batch`` at a time at ``rate_hz`` tokens/s, each window
     vocoded in ``vocode_s(window tokens)`` seconds of a fake clock; returns (chunk send times
     (s), chunk samples, the concatenated audio, the offline audio) with the toy vocoder."""
-    from chattts_serving.bench.stats import needed_buffer_s
+    from bench.stats import needed_buffer_s
 
     clock = [0.0]
     ch = StreamChunker(schedule, clock=lambda: clock[0])

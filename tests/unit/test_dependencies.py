@@ -1,10 +1,11 @@
 """What the package imports is what pyproject.toml declares, and the reverse.
 
-Every third-party module imported anywhere in ``chattts_serving`` (lazy imports included) must
-come from a declared dependency (main or an extra), and every main dependency must be imported
-somewhere, or be listed below with the reason it is needed without an import. A package our
-code imports must not ride on another package's dependencies (pybase16384 did, through
-ChatTTS), and a declared one we no longer use must go (tqdm did).
+Every third-party module imported anywhere in ``chattts_serving`` or the benchmark beside it
+(``bench/``; lazy imports included) must come from a declared dependency (main or an extra),
+and every main dependency must be imported somewhere, or be listed below with the reason it is
+needed without an import. A package our code imports must not ride on another package's
+dependencies (pybase16384 did, through ChatTTS), and a declared one we no longer use must go
+(tqdm did).
 """
 
 from __future__ import annotations
@@ -52,13 +53,13 @@ def _project() -> dict:  # type: ignore[type-arg]
 
 def _imported_modules() -> set[str]:
     found: set[str] = set()
-    for path in (ROOT / "chattts_serving").rglob("*.py"):
+    for path in [*(ROOT / "chattts_serving").rglob("*.py"), *(ROOT / "bench").rglob("*.py")]:
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Import):
                 found |= {a.name.split(".")[0] for a in node.names}
             elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
                 found.add(node.module.split(".")[0])
-    return found - set(sys.stdlib_module_names) - {"chattts_serving"}
+    return found - set(sys.stdlib_module_names) - {"chattts_serving", "bench"}
 
 
 @functools.cache

@@ -7,8 +7,8 @@ import numpy as np
 import onnx
 import pytest
 
+from bench.floor import kv_bytes, over_floor, step_floor, stream_bandwidth, weight_bytes
 from chattts_serving import contract
-from chattts_serving.bench.floor import kv_bytes, over_floor, step_floor, stream_bandwidth, weight_bytes
 from chattts_serving.runtime import Artifacts, OrtOptions
 
 

@@ -188,22 +188,23 @@ def test_accuracy_report_measures_int8_against_fp32_and_lands_in_the_manifest(in
 def test_measure_command_writes_the_accuracy_into_the_manifest(int8_artifacts: Artifacts, tmp_path: Path) -> None:
     root = tmp_path / "art"
     shutil.copytree(int8_artifacts.root, root)
-    proc = subprocess.run([sys.executable, "-m", "chattts_serving.bench.int8", "--artifacts", str(root),
-                           "--measure", "--steps", "4"], capture_output=True, text=True, timeout=600)
+    proc = subprocess.run([sys.executable, "-m", "chattts_serving.export.accuracy", "int8", "--artifacts",
+                           str(root), "--measure", "--steps", "4"], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
     assert "top-1 agreement per code head" in proc.stdout
     acc = json.loads((root / contract.MANIFEST).read_text())["precisions"]["int8"]["accuracy"]
     assert acc["prompts"] >= 20 and acc["decode_steps"] == acc["prompts"] * 3
     # make bench measures only what is missing: the measurement stands until the graph changes
     before = (root / contract.MANIFEST).read_text()
-    proc = subprocess.run([sys.executable, "-m", "chattts_serving.bench.int8", "--artifacts", str(root),
-                           "--measure-if-missing", "--steps", "2"], capture_output=True, text=True, timeout=600)
+    proc = subprocess.run([sys.executable, "-m", "chattts_serving.export.accuracy", "int8", "--artifacts",
+                           str(root), "--measure-if-missing", "--steps", "2"],
+                          capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0 and "already measured" in proc.stderr, proc.stderr
     assert (root / contract.MANIFEST).read_text() == before
 
 
 def test_raw_step_benchmark_times_the_graph_the_profile_names(int8_artifacts: Artifacts) -> None:
-    from chattts_serving.bench.rawstep import measure_raw_step
+    from bench.rawstep import measure_raw_step
 
     opts = load_profile("cpu-int8").ort("engine")
     got = measure_raw_step(int8_artifacts.root, opts, [1, 2], past_tokens=8, repeats=2, warmup=1)
@@ -245,7 +246,7 @@ def test_the_cpu_profile_runs_int8_only_where_it_was_measured_accurate_enough(
     the threshold (manifest precisions.int8.accuracy.meets_threshold), else fp32: not
     measured, measured below, or no int8 graph at all; the benchmark then skips a pinned
     profile that runs the same as cpu (cpu-int8 where int8 is measured accurate enough)."""
-    from chattts_serving.bench.run import same_as
+    from bench.profiles import same_as
     from chattts_serving.runtime import resolve_precision
 
     root = tmp_path / "art"
@@ -273,7 +274,7 @@ def test_the_cpu_profile_runs_int8_only_where_it_was_measured_accurate_enough(
 
 
 def _key(root: Path, name: str) -> str:
-    from chattts_serving.bench.run import resolved_key
+    from bench.profiles import resolved_key
 
     return resolved_key(root, load_profile(name))
 

@@ -1,5 +1,5 @@
 """The GPT step's KV cache in fp16 and int8 (engine/kvprecision.py, export/kvcache.py,
-bench/kv.py) on the small generated checkpoint: the same tokens as the fp32 cache, buffers
+export/accuracy.py, bench/kv.py) on the small generated checkpoint: the same tokens as the fp32 cache, buffers
 of the cache's dtype, the profile knob, the int8 scales and the manifest fields."""
 
 from __future__ import annotations
@@ -133,7 +133,7 @@ def test_the_rewrite_refuses_what_it_cannot_express(small_artifacts: Artifacts, 
     """An int8 cache without scales names the command that calibrates them; scales of the
     wrong shape or sign are refused; a graph whose cache is already reduced is not rewritten
     again; an unknown precision names the known ones."""
-    with pytest.raises(FileNotFoundError, match="--calibrate"):
+    with pytest.raises(FileNotFoundError, match=r"python -m chattts_serving\.export\.accuracy kv --artifacts"):
         GptStepRunner(small_artifacts, OrtOptions(kv_cache=KvPrecision.INT8))
     model = onnx.load(str(small_artifacts.root / contract.GPT_GRAPH))
     layers, heads, hd = small_artifacts.num_layers, small_artifacts.num_heads, small_artifacts.head_dim
@@ -191,19 +191,25 @@ def test_a_bad_kv_cache_value_is_a_clear_profile_error(tmp_path: Path, name: str
         load_profile(_profile_with(tmp_path, name, old, new))
 
 
-def test_the_benchmark_writes_its_numbers_and_the_manifest_fields(small_artifacts: Artifacts,
-                                                                  tmp_path: Path) -> None:
-    """``python -m chattts_serving.bench.kv`` on a copy of the small artifacts: calibrates the
-    int8 scales (file + sha256 + how, in manifest.json ``kv_cache.int8``), times every
-    weight/cache pair at each batch, measures both reduced caches' accuracy and writes it
-    under ``kv_cache.<kv>.accuracy.fp32`` and into the results file."""
-    from chattts_serving.bench.kv import main
+def test_the_accuracy_command_and_the_benchmark_write_their_numbers_and_the_manifest_fields(
+        small_artifacts: Artifacts, tmp_path: Path) -> None:
+    """``python -m chattts_serving.export.accuracy kv`` on a copy of the small artifacts:
+    calibrates the int8 scales (file + sha256 + how, in manifest.json ``kv_cache.int8``),
+    measures both reduced caches' accuracy and writes it under ``kv_cache.<kv>.accuracy.fp32``
+    and into its results file; then ``python -m bench.kv`` times every weight/cache pair at
+    each batch. The benchmark refuses an int8 cache without scales."""
+    from bench.kv import main as bench_kv
+    from chattts_serving.export.accuracy import main
 
     root = tmp_path / "artifacts"
     shutil.copytree(small_artifacts.root, root)
     out = tmp_path / "kv.json"
-    assert main(["--artifacts", str(root), "--out", str(out), "--steps", "4", "--rounds", "1", "--repeats", "1",
-                 "--batches", "1,2"]) == 0
+    with pytest.raises(SystemExit, match="2"):
+        bench_kv(["--artifacts", str(root), "--out", str(out), "--rounds", "1", "--repeats", "1"])
+    acc_out = tmp_path / "kv-accuracy.json"
+    assert main(["kv", "--artifacts", str(root), "--out", str(acc_out), "--steps", "4"]) == 0
+    assert bench_kv(["--artifacts", str(root), "--out", str(out), "--rounds", "1", "--repeats", "1",
+                     "--batches", "1,2"]) == 0
     res = json.loads(out.read_text())
     assert set(res["speed"]) == {"fp32/fp32", "fp32/fp16", "fp32/int8"}
     assert res["speed"]["fp32/fp16"]["2"]["step_ms_p50"] > 0
@@ -214,7 +220,7 @@ def test_the_benchmark_writes_its_numbers_and_the_manifest_fields(small_artifact
     assert int8["file"] == contract.KV_SCALES_FILE and len(int8["sha256"]) == 64 and int8["calibration"]["steps"]
     for kv in ("fp16", "int8"):
         acc = manifest["kv_cache"][kv]["accuracy"]["fp32"]
-        assert acc == res["accuracy"][f"fp32/{kv}"]
+        assert acc == json.loads(acc_out.read_text())["accuracy"][f"fp32/{kv}"]
         assert len(acc["top1_agreement"]) == contract.NUM_VQ and acc["decode_steps"] == 20 * 3
         assert {"audio_snr_db", "audio_snr_db_min", "meets_threshold", "threshold"} <= set(acc)
         assert acc["kv_cache"] == kv and acc["weights"] == "fp32"

@@ -3,8 +3,9 @@
 Every import inside ``chattts_serving`` (module level and inside functions alike) is read
 from the source; the tests check that no two modules import each other through any path, that
 each folder imports only the layers below it (the Triton adapters import the core, never the
-reverse; clients import only the contract and the error codec), and that every Triton
-``model.py`` is a thin adapter over :mod:`chattts_serving.triton.models`.
+reverse; clients import only the contract and the error codec), that the benchmark (``bench/``
+at the repository root, not installed) imports the package and never the reverse, and that every
+Triton ``model.py`` is a thin adapter over :mod:`chattts_serving.triton.models`.
 """
 
 from __future__ import annotations
@@ -16,6 +17,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 PKG = ROOT / "chattts_serving"
+BENCH = ROOT / "bench"
+ROOTS = ("chattts_serving", "bench")
+"""Top-level packages whose imports are read: the installed package and the benchmark."""
 
 BASE = {"contract", "errors", "params", "runtime"}
 CORE = BASE | {"text", "engine", "audio"}
@@ -33,7 +37,6 @@ ALLOWED: dict[str, set[str]] = {
     "export": CORE,
     "gateway": {"contract", "errors", "client", "audio", "text"},
     "deploy": BASE | {"serving", "client"},
-    "bench": CORE | {"serving", "client", "export", "deploy"},
     "demo": BASE | {"serving", "client", "export", "deploy"},
 }
 """Which top-level parts of the package each part may import (besides itself). Layers:
@@ -50,14 +53,14 @@ def module_name(path: Path) -> str:
 
 
 def imports_of(path: Path) -> set[str]:
-    """Absolute names of the ``chattts_serving`` modules ``path`` imports (a name imported
+    """Absolute names of the modules of :data:`ROOTS` that ``path`` imports (a name imported
     from a package counts as its submodule when one of that name exists)."""
     mod = module_name(path)
     package = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
     found: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
-            found.update(a.name for a in node.names if a.name.startswith("chattts_serving"))
+            found.update(a.name for a in node.names if a.name.split(".")[0] in ROOTS)
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 base = package.split(".")
@@ -65,7 +68,7 @@ def imports_of(path: Path) -> set[str]:
                 target = ".".join(base + ([node.module] if node.module else []))
             else:
                 target = node.module or ""
-            if not target.startswith("chattts_serving"):
+            if target.split(".")[0] not in ROOTS:
                 continue
             for alias in node.names:
                 sub = f"{target}.{alias.name}"
@@ -73,13 +76,16 @@ def imports_of(path: Path) -> set[str]:
     return found - {mod}
 
 
-FILES = sorted(p for p in PKG.rglob("*.py"))
+FILES = sorted([*PKG.rglob("*.py"), *BENCH.rglob("*.py")])
 MODULES = {module_name(p) for p in FILES}
 GRAPH = {module_name(p): imports_of(p) & MODULES for p in FILES}
 
 
 def part(module: str) -> str:
-    return module.split(".")[1] if module != "chattts_serving" else ""
+    """The top-level part of the package ``module`` is in; "" for the package itself and for
+    the benchmark, which may import any part."""
+    head, _, rest = module.partition(".")
+    return rest.split(".")[0] if head == "chattts_serving" and rest else ""
 
 
 def test_no_module_imports_itself_through_others() -> None:
@@ -131,6 +137,15 @@ def test_every_part_imports_only_the_layers_below_it() -> None:
             if dst and dst != src and dst not in ALLOWED[src]:
                 bad.append(f"{mod} -> {dep}")
     assert bad == []
+
+
+def test_the_package_never_imports_the_benchmark() -> None:
+    """``bench/`` is not installed: an import of it from the package would fail outside a
+    checkout. The graph sees the benchmark's own imports of the package."""
+    bad = [f"{mod} -> {dep}" for mod, deps in GRAPH.items() if mod.split(".")[0] == "chattts_serving"
+           for dep in deps if dep.split(".")[0] == "bench"]
+    assert bad == []
+    assert "chattts_serving.contract" in GRAPH["bench.run"]
 
 
 def test_the_check_sees_imports_and_would_fail_on_a_reverse_arrow() -> None:

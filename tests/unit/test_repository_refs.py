@@ -90,8 +90,10 @@ def test_no_file_of_the_repository_points_outside_it() -> None:
     assert not found, "\n".join(found)
 
 
-SPHINX_REF = re.compile(r":(?:mod|class|func|meth|data|attr|exc):`[~!]?(?:[^`<]*<)?(chattts_serving(?:\.\w+)+)>?`")
-"""A cross-reference of a docstring to a name of the package (``:class:`~chattts_serving.x.Y```)."""
+SPHINX_REF = re.compile(
+    r":(?:mod|class|func|meth|data|attr|exc):`[~!]?(?:[^`<]*<)?((?:chattts_serving|bench)(?:\.\w+)+)>?`")
+"""A cross-reference of a docstring to a name of the package or of the benchmark beside it
+(``:class:`~chattts_serving.x.Y```, ``:func:`~bench.x.f```)."""
 
 
 def _resolves(dotted: str) -> bool:
@@ -113,7 +115,8 @@ def _resolves(dotted: str) -> bool:
 
 def test_every_docstring_reference_to_the_package_names_something_that_exists() -> None:
     """A module that moved, or a name that was renamed, leaves no reference behind."""
-    refs = {(str(path.relative_to(ROOT)), ref) for path in (ROOT / "chattts_serving").rglob("*.py")
+    refs = {(str(path.relative_to(ROOT)), ref) for path in [*(ROOT / "chattts_serving").rglob("*.py"),
+                                                            *(ROOT / "bench").rglob("*.py")]
             for ref in SPHINX_REF.findall(path.read_text())}
     assert refs, "the pattern finds nothing: the check would pass on anything"
     assert sorted(f"{f}: {ref}" for f, ref in refs if not _resolves(ref)) == []

@@ -13,7 +13,8 @@ from typing import Any
 import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
-from .. import contract
+from chattts_serving import contract
+
 from .outcomes import Outcome
 
 
@@ -70,7 +71,7 @@ class RequestRecord:
     error: the failure's message, None on success. tokens_requested: the token budget asked
     for (min = max new tokens). degraded, vocoder: the server's ``info`` (None when it sent
     none): whether the request ran in the degraded mode, and on which vocoder path.
-    outcome: an :class:`~chattts_serving.bench.outcomes.Outcome` value. chunk_times_s: for each
+    outcome: an :class:`~bench.outcomes.Outcome` value. chunk_times_s: for each
     non-empty chunk, seconds from sending to its arrival; chunk_samples: its samples at
     ``contract.SAMPLE_RATE_HZ`` (both empty where not measured).
     """

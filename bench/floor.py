@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from ..runtime import Artifacts, OrtOptions, make_session
+from chattts_serving.runtime import Artifacts, OrtOptions, make_session
 
 GEMV_SHAPE_FULL = (4096, 16384)
 """(K, N) of the bandwidth probe's fp32 weight matrix: 256 MB, far beyond any cache."""
@@ -105,19 +105,20 @@ def over_floor(raw_step: dict[str, Any] | None, floor: dict[str, Any] | None, ba
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m chattts_serving.bench.floor --artifacts DIR [--profiles cpu-fp32,cpu-int8]``:
+    """``python -m bench.floor --artifacts DIR [--profiles cpu-fp32,cpu-int8]``:
     the streaming bandwidth, then each profile's decode step against its floor (the profiles
     interleaved round by round, so that outside load hits them alike), as ``make bench``
     reports them; prints a Markdown table and the JSON."""
     import argparse
     import json
 
-    from ..engine.gpt import GptStepRunner
-    from ..engine.kernels import choose_int8_kernel
-    from ..serving.profile import load_profile
+    from chattts_serving.engine.gpt import GptStepRunner
+    from chattts_serving.engine.kernels import choose_int8_kernel
+    from chattts_serving.serving.profile import load_profile
+
     from .rawstep import time_steps
 
-    ap = argparse.ArgumentParser(prog="python -m chattts_serving.bench.floor", description=main.__doc__)
+    ap = argparse.ArgumentParser(prog="python -m bench.floor", description=main.__doc__)
     ap.add_argument("--artifacts", type=Path, required=True)
     ap.add_argument("--profiles", default="cpu-fp32,cpu-int8")
     ap.add_argument("--batches", default="1,4,16")

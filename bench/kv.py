@@ -1,24 +1,21 @@
-"""``python -m chattts_serving.bench.kv --artifacts DIR --out results/kv.json``: the GPT step's
-KV cache in fp32, fp16 and int8 (:mod:`chattts_serving.engine.kvprecision`) side by side.
+"""``python -m bench.kv --artifacts DIR --out results/kv.json``: the GPT step's decode time
+with its KV cache in fp32, fp16 and int8 (:mod:`chattts_serving.engine.kvprecision`) side by side.
 
-- **speed**: the decode step (:meth:`~chattts_serving.engine.gpt.GptStepRunner.decode`, the
-  cache bound in place as the engine binds it) at each batch over a random past, for each
-  weight precision the artifacts hold (fp32, and int8 where exported) and each KV precision,
-  interleaved round by round in one process, so that outside load hits every variant alike;
-  reported as medians and as ratios to the fp32 cache of the same weights and round.
-- **accuracy**: each reduced cache against the fp32 cache with the same weights,
-  teacher-forced over the benchmark sentences (at least 1000 decode steps), top-1 agreement
-  per code head and hidden-path audio SNR (:func:`~chattts_serving.export.kvcache.kv_accuracy_report`);
-  written to manifest.json (``kv_cache.<kv>.accuracy.<weights>``) unless ``--no-manifest``.
+The decode step (:meth:`~chattts_serving.engine.gpt.GptStepRunner.decode`, the cache bound in
+place as the engine binds it) at each batch over a random past, for each weight precision the
+artifacts hold (fp32, and int8 where exported) and each KV precision, interleaved round by
+round in one process, so that outside load hits every variant alike; reported as medians and
+as ratios to the fp32 cache of the same weights and round, written to ``--out`` as JSON.
 
-The int8 cache's scales are calibrated first when the artifacts have none (``--calibrate``
-re-calibrates). Everything measured goes to ``--out`` as JSON.
+The int8 cache needs its calibrated scales, and its accuracy is an export measurement:
+``python -m chattts_serving.export.accuracy kv --artifacts DIR`` (:mod:`chattts_serving.export.accuracy`).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import sys
 import time
@@ -28,10 +25,10 @@ from typing import Any
 
 import numpy as np
 
-from .. import contract
-from ..contract import KvPrecision, Precision
-from ..runtime import Artifacts, OrtOptions, kv_precision
-from . import load_sentences
+from chattts_serving import contract
+from chattts_serving.contract import KvPrecision, Precision
+from chattts_serving.export.accuracy import kv_precisions
+from chattts_serving.runtime import Artifacts, OrtOptions
 
 
 def _csv(text: str) -> list[str]:
@@ -43,7 +40,7 @@ def measure_speed(root: Path, weights: list[str], kvs: list[KvPrecision], batche
     """Decode step ms per (weights, kv, batch): {"<weights>/<kv>": {str(B): {"step_ms_p50",
     "step_ms_min", "round_ms": [...], "ratio_to_fp32_kv_p50"}}} (the ratio: the median over
     rounds of this variant's round median over the fp32 cache's of the same round)."""
-    from ..engine.gpt import GptStepRunner
+    from chattts_serving.engine.gpt import GptStepRunner
 
     art = Artifacts.load(root)
     base = OrtOptions(threads, False)
@@ -111,8 +108,6 @@ def host() -> dict[str, Any]:
                 break
     except OSError:
         pass
-    import os
-
     import onnxruntime
 
     keep = ("avx2", "avx512f", "avx512_vnni", "avx512_fp16", "f16c", "amx_bf16", "amx_int8")
@@ -121,53 +116,32 @@ def host() -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Measure the KV cache precisions' step time and accuracy (see the module docstring)."""
-    ap = argparse.ArgumentParser(prog="python -m chattts_serving.bench.kv", description=__doc__.split("\n\n")[0])
+    """Time the KV cache precisions' decode step (see the module docstring)."""
+    ap = argparse.ArgumentParser(prog="python -m bench.kv", description=__doc__.split("\n\n")[0])
     ap.add_argument("--artifacts", type=Path, required=True, help="an exported artifact directory")
     ap.add_argument("--out", type=Path, default=Path("results/kv.json"), help="JSON results (default %(default)s)")
     ap.add_argument("--kv", default="fp16,int8",
                     help="reduced KV precisions to compare with fp32 (default %(default)s)")
     ap.add_argument("--weights", default=None,
                     help="weight precisions for the speed runs (default: fp32, and int8 where exported)")
-    ap.add_argument("--accuracy-weights", default=None,
-                    help="weight precisions the accuracy is measured with (default: as --weights)")
     ap.add_argument("--batches", default="1,4,16")
     ap.add_argument("--past", type=int, default=300, help="positions of past per row (default %(default)s)")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2, help="intra-op threads (default 2, as the cpu profile)")
-    ap.add_argument("--steps", type=int, default=None,
-                    help="tokens per sentence (default: enough for 1000 decode steps in all)")
-    ap.add_argument("--calibrate", action="store_true", help="re-calibrate the int8 scales (else only when missing)")
-    ap.add_argument("--no-speed", action="store_true")
-    ap.add_argument("--no-accuracy", action="store_true")
-    ap.add_argument("--no-manifest", action="store_true", help="do not write the accuracy into manifest.json")
-    ap.add_argument("--against-fp32", action="store_true",
-                    help="also measure each reduced cache with int8 weights against fp32 weights and cache "
-                         "(results only: accuracy_vs_fp32)")
     args = ap.parse_args(argv)
     started = time.perf_counter()
 
     def say(msg: str) -> None:
         print(f"[kv {time.perf_counter() - started:6.1f}s] {msg}", file=sys.stderr, flush=True)
 
-    from ..export.int8 import MIN_ACCURACY_DECODE_STEPS
-    from ..export.kvcache import (
-        CALIBRATION_STEPS,
-        KV_INT8_MARGIN,
-        calibrate_scales,
-        kv_accuracy_report,
-        write_kv_accuracy,
-        write_scales,
-    )
-
     try:
-        kvs = [kv_precision(k) for k in _csv(args.kv)]
+        kvs = kv_precisions(args.kv)
     except ValueError as exc:
         ap.error(str(exc))
-    if KvPrecision.AUTO in kvs:
-        ap.error("--kv takes the precisions to measure (fp16, int8), not auto")
-    kvs = [k for k in kvs if k is not KvPrecision.FP32]
+    if KvPrecision.INT8 in kvs and not (args.artifacts / contract.KV_SCALES_FILE).is_file():
+        ap.error(f"{args.artifacts} has no int8 KV scales: calibrate them first "
+                 f"(python -m chattts_serving.export.accuracy kv --artifacts {args.artifacts})")
     art = Artifacts.load(args.artifacts)
     if args.weights:
         weights = _csv(args.weights)
@@ -176,39 +150,10 @@ def main(argv: list[str] | None = None) -> int:
         weights = [str(Precision.FP32)] + ([str(Precision.INT8)] if has_int8 else [])
     result: dict[str, Any] = {"host": host(), "artifacts": str(args.artifacts), "past_tokens": args.past,
                               "kv_bytes_per_row": kv_bytes(art, args.past), "kv_precisions": [str(k) for k in kvs]}
-    if KvPrecision.INT8 in kvs and (args.calibrate or not (args.artifacts / contract.KV_SCALES_FILE).is_file()):
-        say("calibrating the int8 KV scales on the fp32 graph")
-        scales = calibrate_scales(args.artifacts, steps=CALIBRATION_STEPS, opts=OrtOptions(args.threads, False))
-        write_scales(args.artifacts, scales, {"texts": "export.parity.PARITY_TEXTS", "steps": CALIBRATION_STEPS,
-                                              "margin": KV_INT8_MARGIN, "graph": "fp32 weights, fp32 KV"})
-    if not args.no_speed:
-        result["speed"] = measure_speed(args.artifacts, weights, [KvPrecision.FP32, *kvs],
-                                        [int(b) for b in _csv(args.batches)], args.past, args.rounds, args.repeats,
-                                        args.threads, say)
-    if not args.no_accuracy:
-        texts = load_sentences()
-        steps = args.steps or -(-MIN_ACCURACY_DECODE_STEPS // len(texts)) + 1
-        result["accuracy"] = {}
-        for w in _csv(args.accuracy_weights) if args.accuracy_weights else weights:
-            for kv in kvs:
-                acc = kv_accuracy_report(args.artifacts, texts, steps, kv, weights=w,
-                                         opts=OrtOptions(args.threads, False), progress=say)
-                result["accuracy"][f"{w}/{kv}"] = acc
-                say(f"{w} weights, {kv} KV: top-1 per head {[round(a, 3) for a in acc['top1_agreement']]}, "
-                    f"audio {acc['audio_snr_db']:.1f} dB (worst {acc['audio_snr_db_min']:.1f}), "
-                    f"meets threshold: {acc['meets_threshold']}")
-                if not args.no_manifest:
-                    write_kv_accuracy(args.artifacts, acc)
-        if args.against_fp32 and str(Precision.INT8) in weights:
-            result["accuracy_vs_fp32"] = {}
-            for kv in kvs:
-                acc = kv_accuracy_report(args.artifacts, texts, steps, kv, weights=Precision.INT8,
-                                         reference_weights=Precision.FP32, opts=OrtOptions(args.threads, False),
-                                         progress=say)
-                result["accuracy_vs_fp32"][f"int8/{kv}"] = acc
-                say(f"int8 weights, {kv} KV against fp32 throughout: top-1 per head "
-                    f"{[round(a, 3) for a in acc['top1_agreement']]}, audio {acc['audio_snr_db']:.1f} dB")
-    result["host"]["load_average_end"] = list(__import__("os").getloadavg())
+    result["speed"] = measure_speed(args.artifacts, weights, [KvPrecision.FP32, *kvs],
+                                    [int(b) for b in _csv(args.batches)], args.past, args.rounds, args.repeats,
+                                    args.threads, say)
+    result["host"]["load_average_end"] = list(os.getloadavg())
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2, sort_keys=True))
     say(f"wrote {args.out}")

@@ -52,8 +52,8 @@ def measure_frontend(artifacts_dir: Path, profile: Any, sentences: Sequence[str]
     {"wetext", "setup_s", "bench": time_prepare(benchmark sentences), "numbers":
     time_prepare(:data:`NUMBER_SENTENCES`)}. Times are milliseconds, ``setup_s`` seconds (the
     front end's construction: tokenizer, ChatTTS' normaliser, the wetext library)."""
-    from ..runtime import Artifacts
-    from ..text.frontend import FrontEnd
+    from chattts_serving.runtime import Artifacts
+    from chattts_serving.text.frontend import FrontEnd
 
     fp = profile.frontend
     t0 = time.perf_counter()

@@ -6,7 +6,7 @@ run of white space: :func:`tokens_of`), then ``end``. Per sentence it records th
 the delta that holds the sentence's last character (as the gateway's
 :class:`~chattts_serving.text.sentences.SentenceSplitter` cuts it) to the sentence's first
 audio frame; per sentence, the start buffer its playback needs to have no gap when it starts
-at the sentence's first frame (:func:`~chattts_serving.bench.stats.needed_buffer_s` over the
+at the sentence's first frame (:func:`~bench.stats.needed_buffer_s` over the
 sentence's frames). At 20 tokens/s natural speech lags the text (about 4 to 5 Chinese
 characters or 2.5 English words per second of speech), so such a gap is the synthesis falling
 behind, not the text. The benchmark fixes each sentence's audio at exactly ``tokens`` tokens
@@ -24,8 +24,9 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
 
-from .. import contract
-from ..text.sentences import SentenceSplitter
+from chattts_serving import contract
+from chattts_serving.text.sentences import SentenceSplitter
+
 from .gatewayload import GatewayStartError, _f, _fmt, _level, gateway_process
 from .stats import REALTIME_TOLERANCE_S, needed_buffer_s, percentile, phase_section
 

@@ -2,7 +2,7 @@
 
 One decode step of batch B over a past of P positions yields B tokens; tokens/s = B / step
 time: what the GPT alone could do, before sampling, chunking and vocoding (the minimal
-pipeline, :mod:`chattts_serving.bench.minimal`, adds those).
+pipeline, :mod:`bench.minimal`, adds those).
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..engine.gpt import GptStepRunner
-from ..engine.kernels import choose_int8_kernel
-from ..runtime import Artifacts, OrtOptions
+from chattts_serving.engine.gpt import GptStepRunner
+from chattts_serving.engine.kernels import choose_int8_kernel
+from chattts_serving.runtime import Artifacts, OrtOptions
 
 
 def measure_raw_step(artifacts_dir: Path, opts: OrtOptions, batches: Sequence[int], *, past_tokens: int,

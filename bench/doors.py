@@ -16,7 +16,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
-from .. import contract
+from chattts_serving import contract
+
 from .serverload import Job, ServerSession, level_jobs, run_closed_loop, stream_request
 from .stats import RequestRecord, fmt, phase_section, ratio
 

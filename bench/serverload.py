@@ -22,9 +22,10 @@ from typing import Any
 
 import psutil
 
-from .. import contract
-from ..client.common import SynthesisRequest
-from ..client.grpc_stream import iter_parts
+from chattts_serving import contract
+from chattts_serving.client.common import SynthesisRequest
+from chattts_serving.client.grpc_stream import iter_parts
+
 from .cpuload import system_busy_s
 from .outcomes import classify_error
 from .stats import (
@@ -200,7 +201,7 @@ def stream_request(url: str, job: Job, voice: str, phase_t0: float, timeout_s: f
     chunks are put in order first) at ``url`` (gRPC ``host:port``) and record it: every
     non-empty chunk's arrival time and samples, and the server's ``info`` (generated tokens,
     degraded, vocoder). Never raises: a failure is a record with its
-    :class:`~chattts_serving.bench.outcomes.Outcome` and message."""
+    :class:`~bench.outcomes.Outcome` and message."""
     req = SynthesisRequest(job.text, voice=voice, seed=job.seed, max_new_tokens=job.tokens,
                            min_new_tokens=job.tokens)
     times: list[float] = []
@@ -288,7 +289,7 @@ class ServerSession:
 
     def measure(self, run: Callable[[], tuple[list[RequestRecord], float]]) -> dict[str, object]:
         """Run one measured phase (``run`` returns its records and wall seconds) and describe
-        it: the :func:`~chattts_serving.bench.stats.summarize` keys, engine_tokens_per_s
+        it: the :func:`~bench.stats.summarize` keys, engine_tokens_per_s
         (generated tokens per wall second, the same as tokens_per_s), engine (decode-step
         batch sizes from the metrics, or None), models (per-model Triton counters), the
         :class:`TreeMonitor` keys (cpu_percent, cpu_s_by_process, rss_mb, other_cpu_percent...),

@@ -19,15 +19,16 @@ from typing import Any
 
 import numpy as np
 
-from .. import contract
-from ..audio.chunking import ChunkSchedule, StreamChunker, Window
-from ..audio.vocoder import VocoderRunner
-from ..contract import VocoderPath
-from ..engine.gpt import Embeddings, GptStepRunner
-from ..engine.scheduler import Engine, make_sequence
-from ..engine.sinks import CollectingSink
-from ..params import SamplingParams
-from ..runtime import Artifacts
+from chattts_serving import contract
+from chattts_serving.audio.chunking import ChunkSchedule, StreamChunker, Window
+from chattts_serving.audio.vocoder import VocoderRunner
+from chattts_serving.contract import VocoderPath
+from chattts_serving.engine.gpt import Embeddings, GptStepRunner
+from chattts_serving.engine.scheduler import Engine, make_sequence
+from chattts_serving.engine.sinks import CollectingSink
+from chattts_serving.params import SamplingParams
+from chattts_serving.runtime import Artifacts
+
 from .cpuload import CpuWindow
 from .stats import mean
 
@@ -36,7 +37,7 @@ def pipeline_prompts(artifacts_dir: Path, profile: Any, texts: Sequence[str],
                      voice: str) -> list[tuple[np.ndarray, np.ndarray | None]]:
     """(prompt ids (T,) int32, speaker vector (H,) float32 or None) of each text, from the real front
     end with ``profile``'s ``[frontend]`` settings (what the server's front end model sends)."""
-    from ..text.frontend import FrontEnd
+    from chattts_serving.text.frontend import FrontEnd
 
     fp = profile.frontend
     fe = FrontEnd(Artifacts.load(artifacts_dir), fp.max_text_chars, fp.default_voice_seed, wetext=fp.wetext)
@@ -117,7 +118,7 @@ def measure_pipeline(artifacts_dir: Path, profile: Any, prompts: Sequence[tuple[
 
     Returns batch, tokens (budget per sequence), vocoder (path), vocoder_threads, repeats, runs
     (each :func:`run_batch`'s keys plus ``cpu``, the
-    :class:`~chattts_serving.bench.cpuload.CpuWindow` of that run) and the medians over the
+    :class:`~bench.cpuload.CpuWindow` of that run) and the medians over the
     runs: tokens_per_s, decode_s, vocode_s, decode_cpu_s, vocode_cpu_s, wall_s;
     other_cpu_percent (mean over the runs: load from outside the benchmark)."""
     art = Artifacts.load(artifacts_dir)

@@ -18,8 +18,9 @@ from typing import Any
 
 import numpy as np
 
-from .. import contract
-from ..text.speaker import encode_spk_emb, speaker_from_seed
+from chattts_serving import contract
+from chattts_serving.text.speaker import encode_spk_emb, speaker_from_seed
+
 from .cpuload import CpuWindow
 from .outcomes import Outcome
 from .stats import RequestRecord, fmt, percentile, ratio, summarize
@@ -70,7 +71,7 @@ def run_baseline(weights_dir: Path, artifacts_dir: Path, sentences: Sequence[str
     is the time (s) to the first yielded non-empty chunk, total_s to the generator's end; the
     smallest practical setting (:data:`PRACTICAL_TOTAL_FACTOR`) is ``stream_smallest``.
     One unmeasured warm-up call precedes each mode. Each part has its own ``cpu``
-    (:class:`~chattts_serving.bench.cpuload.CpuWindow`).
+    (:class:`~bench.cpuload.CpuWindow`).
 
     Returns a JSON-able dict: load_s, torch_threads, tokens, offline (summary + records, cpu),
     batched, stream (first_chunk_p50_s, first_chunk_mean_s, total_p50_s, stream_batch_tokens,
@@ -80,7 +81,7 @@ def run_baseline(weights_dir: Path, artifacts_dir: Path, sentences: Sequence[str
     """
     import torch
 
-    from ..export.weights import load_chat
+    from chattts_serving.export.weights import load_chat
 
     for name in ("ChatTTS", "chattts_serving.chattts"):
         logging.getLogger(name).setLevel(logging.ERROR)

@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Final
 
-from ..client.common import TIMEOUT, ClientError
-from ..contract import WireEnum
-from ..errors import ErrorKind
+from chattts_serving.client.common import TIMEOUT, ClientError
+from chattts_serving.contract import WireEnum
+from chattts_serving.errors import ErrorKind
 
 
 class Outcome(WireEnum):

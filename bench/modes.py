@@ -1,5 +1,5 @@
 """Time to first audio of each segmentation mode and of a reference-recording voice, at
-concurrency 1, against a running server (one part of ``python -m chattts_serving.bench``).
+concurrency 1, against a running server (one part of ``python -m bench``).
 
 Three request kinds, each a two-sentence text (two benchmark sentences joined) asking exactly
 ``tokens`` tokens per sentence, sent one after the other over the gRPC stream:
@@ -27,9 +27,10 @@ from typing import Any
 
 import numpy as np
 
-from .. import contract
-from ..client.common import ClientError, SynthesisRequest
-from ..client.grpc_stream import synthesize_stream
+from chattts_serving import contract
+from chattts_serving.client.common import ClientError, SynthesisRequest
+from chattts_serving.client.grpc_stream import synthesize_stream
+
 from .stats import fmt, mean, percentile, phase_section
 
 REFERENCE_S = 5.0

@@ -4,7 +4,7 @@ directly over gRPC, against one running Triton server.
 The gateway runs as its own process (``python -m chattts_serving.gateway``), as it is
 deployed, on the same host as the server and the clients. At each concurrency level the same
 jobs run twice through closed-loop client threads, first directly (gRPC streams,
-:func:`~chattts_serving.bench.serverload.run_closed_loop`), then through the gateway (HTTP,
+:func:`~bench.serverload.run_closed_loop`), then through the gateway (HTTP,
 ``response_format`` pcm, streamed). Time to first audio is the first audio bytes the client
 receives on either path. The figures are gateway / direct ratios (:data:`GATEWAY_FIGURES`).
 """
@@ -26,7 +26,8 @@ from typing import Any, Final
 import numpy as np
 import psutil
 
-from .. import contract
+from chattts_serving import contract
+
 from .outcomes import Outcome, classify_error
 from .serverload import Job, run_closed_loop
 from .stats import RequestRecord, phase_section, ratio, summarize
@@ -208,7 +209,7 @@ def run_gateway_overhead(grpc_url: str, sentences: Sequence[str], *, levels: Seq
     2000*c + i) on each path, after one unmeasured warm-up request on each. Returns
     ``{"levels": [{"concurrency", "direct": summary, "gateway": summary, "gateway_cpu_s",
     "errors"}], "first_byte": ..., "log": log_path}`` (summaries as
-    :func:`~chattts_serving.bench.stats.summarize`; ``first_byte``: :func:`run_first_byte` at
+    :func:`~bench.stats.summarize`; ``first_byte``: :func:`run_first_byte` at
     ``tokens``, after the levels, on the idle server), or ``{"error": reason}`` when the gateway
     could not start.
     """
