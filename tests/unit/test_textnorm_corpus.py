@@ -87,7 +87,7 @@ def _spy_library(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 def test_routed_kinds_are_read_by_the_library(monkeypatch: pytest.MonkeyPatch) -> None:
     """The Chinese spans of the routed kinds are handed to the library when it is on and never
     when it is off; a span the library cannot read (a signed percentage) stays ours."""
-    assert {"ymd", "fraction", "percent", "ratio"} == textnorm.LIBRARY_KINDS
+    assert {"year_month_day", "fraction", "percent", "ratio"} == textnorm.LIBRARY_KINDS
     asked = _spy_library(monkeypatch)
     assert textnorm.normalize("配比3:2，占50%，于2024-03-05", library=True).text == \
         "配比三比二，占百分之五十，于二零二四年三月五日"

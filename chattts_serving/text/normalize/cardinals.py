@@ -34,11 +34,11 @@ from .numbers import (
 from .tables import MONTH_ABBR, MONTHS_EN
 
 
-def _h_ordinal(lang: Lang, g: Groups, before: str, after: str) -> str:
+def _read_ordinal(lang: Lang, g: Groups, before: str, after: str) -> str:
     return en_ordinal(int(g("ord")))
 
 
-def _h_dotted(lang: Lang, g: Groups, before: str, after: str) -> str:
+def _read_dotted_number(lang: Lang, g: Groups, before: str, after: str) -> str:
     parts = g("dot").split(".")
     if len(parts) == 4 and all(len(p) <= 3 and int(p) <= 255 for p in parts):  # an IPv4 address
         if lang == "zh":
@@ -52,7 +52,7 @@ def _h_dotted(lang: Lang, g: Groups, before: str, after: str) -> str:
 _DATE_WORDS: Final = ("月", "日", "号", "点", "时", "分", "秒")
 
 
-def _h_number(lang: Lang, g: Groups, before: str, after: str) -> str:
+def _read_number(lang: Lang, g: Groups, before: str, after: str) -> str:
     sign = (g("n_sign") or "").replace("−", "-")
     num, plus = g("n_num"), bool(g("n_plus"))
     if lang == "zh":
@@ -139,16 +139,16 @@ def _year_context(before: str) -> bool:
 ORDINAL: Final = Kind(
     "ordinal",
     r"(?<![\d.])(?P<ord>\d+)(?:st|nd|rd|th)(?![A-Za-z])",
-    _h_ordinal, lang="en", first=r"\d")
+    _read_ordinal, lang="en", first=r"\d")
 
 
-DOTTED: Final = Kind(
-    "dotted",
+DOTTED_NUMBER: Final = Kind(
+    "dotted_number",
     r"(?<![\d.])(?P<dot>\d+(?:\.\d+){2,})(?![\d])",
-    _h_dotted, counts=True, first=r"\d")
+    _read_dotted_number, counts=True, first=r"\d")
 
 
 NUMBER: Final = Kind(
     "number",
     rf"(?P<n_sign>{SIGN})?(?P<n_num>{NUM})(?P<n_plus>\+(?![\d+]))?",
-    _h_number, counts=True, first=r"[-+−\d]")
+    _read_number, counts=True, first=r"[-+−\d]")

@@ -96,7 +96,7 @@ def _en_slash_date(a: str, b: str, before: str) -> bool:
         a.startswith("0") or b.startswith("0") or ends_with(before.lower(), EN_DATE_BEFORE))
 
 
-def _h_fraction(lang: Lang, g: Groups, before: str, after: str) -> str:
+def _read_fraction(lang: Lang, g: Groups, before: str, after: str) -> str:
     """``a/b``: a fraction (五分之三) or, as its context says, a month and day (US order in
     English: on 3/5; 截止12/31 in Chinese, see :func:`zh_slash_date`)."""
     a, b, sign = g("fr_a"), g("fr_b"), (g("fr_sign") or "").replace("−", "-")
@@ -107,7 +107,7 @@ def _h_fraction(lang: Lang, g: Groups, before: str, after: str) -> str:
     return fraction_words(lang, int(a), int(b))
 
 
-def _h_mdrange(lang: Lang, g: Groups, before: str, after: str) -> str:
+def _read_month_day_range(lang: Lang, g: Groups, before: str, after: str) -> str:
     """``a/b-c/d``: two months and days (3/5-3/8 -> 三月五日到三月八日) or two fractions
     (1/3-1/2的人 -> 三分之一到二分之一). Context words decide as for one (:func:`zh_slash_kind`);
     without them it is a date range when the dates run forward and the fractions do not
@@ -142,15 +142,15 @@ def _library_fits_fraction(g: Groups, words: str, before: str, after: str) -> bo
     return ("月" in words) == zh_slash_date(g("fr_a"), g("fr_b"), before, after)
 
 
-MDRANGE: Final = Kind(
-    "mdrange",
+MONTH_DAY_RANGE: Final = Kind(
+    "month_day_range",
     r"(?<![\d/.])(?P<ma_m>\d{1,2})/(?P<ma_d>\d{1,2})\s?(?P<mr_sep>[-~–—]|到|至)\s?"
     r"(?P<mb_m>\d{1,2})/(?P<mb_d>\d{1,2})(?![\d/])",
-    _h_mdrange, first=r"\d")
+    _read_month_day_range, first=r"\d")
 
 
 FRACTION: Final = Kind(
     "fraction",
     rf"(?P<fr_sign>{SIGN})?(?<![\d/.])(?P<fr_a>\d+)/(?P<fr_b>\d+)(?![\d/])",
-    _h_fraction, library=True, library_may_read=lambda g, before, after: not g("fr_sign"),
+    _read_fraction, library=True, library_may_read=lambda g, before, after: not g("fr_sign"),
     library_fits=_library_fits_fraction, first=r"[-+−\d]")

@@ -67,7 +67,7 @@ def roman_value(numeral: str) -> int | None:
     return total
 
 
-def _h_roman(lang: Lang, g: Groups, before: str, after: str) -> str:
+def _read_roman_numeral(lang: Lang, g: Groups, before: str, after: str) -> str:
     word = g("rm_word") or ""
     numeral = g("rm_num") or g("rm_zh") or g("rm_zh2") or g("rm_uni")
     value = roman_value(numeral)
@@ -79,7 +79,7 @@ def _h_roman(lang: Lang, g: Groups, before: str, after: str) -> str:
     return word + (f"the {en_ordinal(value)}" if regnal else en_int(value))
 
 
-def _h_abbrev(lang: Lang, g: Groups, before: str, after: str) -> str:
+def _read_abbreviation(lang: Lang, g: Groups, before: str, after: str) -> str:
     """A title or abbreviation as its word. St. is Saint before a name (St. Louis) unless a name
     precedes it, else Street (Main St.); Dr. right after a name is Drive (on Elm Dr.), else
     Doctor (a name counts when a lowercase word comes before it: the first word of a sentence
@@ -103,18 +103,18 @@ def _h_abbrev(lang: Lang, g: Groups, before: str, after: str) -> str:
     return word
 
 
-ABBREV: Final = Kind(
-    "abbrev",
+ABBREVIATION: Final = Kind(
+    "abbreviation",
     rf"(?=[A-Za-z])(?<![A-Za-z.])(?P<ab>{alt_words(TITLES)}|{alt_words(ABBREVIATIONS)})(?P<ab_dot>\.)"
     r"|(?=v)(?<![A-Za-z.])(?P<ab_vs>vs)(?![A-Za-z])(?=\s)",
-    lambda lang, g, before, after: "versus" if g("ab_vs") else _h_abbrev(lang, g, before, after),
+    lambda lang, g, before, after: "versus" if g("ab_vs") else _read_abbreviation(lang, g, before, after),
     lang="en")
 
 
-ROMAN: Final = Kind(
-    "roman",
+ROMAN_NUMERAL: Final = Kind(
+    "roman_numeral",
     r"(?P<rm_uni>[\u2160-\u217f]+)"
     rf"|(?=[A-Z])(?<![A-Za-z])(?P<rm_word>(?:{alt_words(ROMAN_AFTER_WORDS + REGNAL_NAMES)})\s+)(?P<rm_num>[IVXLCDM]+)"
     r"(?![A-Za-z])"
     rf"|(?=[IVX])(?<![A-Za-z])(?P<rm_zh>[IVX]{{1,4}})(?=[{ROMAN_COUNTERS_ZH}])|(?=[IVXLC])(?<=第)(?P<rm_zh2>[IVXLC]+)(?![A-Za-z])",
-    _h_roman)
+    _read_roman_numeral)

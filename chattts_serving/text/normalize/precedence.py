@@ -30,16 +30,19 @@ from .base import TAG_PATTERN
 from .kind import Kind
 
 PRECEDENCE: Final[tuple[Kind, ...]] = (
-    web.EMAIL, web.URL, web.FILE, identifiers.KEY, identifiers.PLATE, identifiers.TICKER, lists.LIST,
-    arithmetic.ARITH, arithmetic.FORMULA, quantities.PRESSURE,
-    dates.DRANGE, fractions.MDRANGE, dates.YMD, dates.MDY, dates.ENRANGE, dates.DAYRANGE, dates.MD, dates.DM,
-    dates.MDOT,
-    times.TRANGE, times.TIME, times.DOTTIME, times.RATIO, times.HAP,
-    identifiers.PHONE, identifiers.CODE, identifiers.GROUPS, times.HM,
-    money.MONEY, money.YUAN, money.CODED,
-    quantities.TIMES, quantities.TWENTYFOUR, quantities.PERUNIT, quantities.DECADE, quantities.KILO,
+    web.EMAIL, web.URL, web.FILE_NAME,
+    identifiers.KEYPAD_KEY, identifiers.LICENCE_PLATE, identifiers.TICKER, lists.LIST_ITEM,
+    arithmetic.ARITHMETIC, arithmetic.FORMULA, quantities.BLOOD_PRESSURE,
+    dates.DATE_RANGE, fractions.MONTH_DAY_RANGE, dates.YEAR_MONTH_DAY, dates.MONTH_DAY_YEAR,
+    dates.ENGLISH_DATE_RANGE, dates.WEEKDAY_RANGE, dates.MONTH_NAME_DAY, dates.DAY_MONTH_NAME,
+    dates.DOTTED_MONTH_DAY,
+    times.TIME_RANGE, times.TIME, times.DOTTED_TIME, times.RATIO, times.HOUR_AM_PM,
+    identifiers.PHONE, identifiers.HYPHENATED_CODE, identifiers.DIGIT_GROUPS, times.HOURS_AND_MINUTES,
+    money.MONEY, money.YUAN, money.AMOUNT_BEFORE_CODE,
+    quantities.FACTOR, quantities.TWENTY_FOUR_SEVEN, quantities.PER_UNIT, quantities.DECADE, quantities.SCALE_SUFFIX,
     ranges.RANGE, quantities.PERCENT, quantities.UNIT, fractions.FRACTION,
-    cardinals.ORDINAL, identifiers.NUMERO, cardinals.DOTTED, cardinals.NUMBER, letters.ROMAN, letters.ABBREV,
+    cardinals.ORDINAL, identifiers.NUMERO, cardinals.DOTTED_NUMBER, cardinals.NUMBER,
+    letters.ROMAN_NUMERAL, letters.ABBREVIATION,
 )
 """Every entity kind, first tried first."""
 KINDS: Final[dict[str, Kind]] = {k.name: k for k in PRECEDENCE}
