@@ -32,6 +32,7 @@ from .numbers import (
     zh_number,
 )
 from .tables import MONTH_ABBR, MONTHS_EN
+from .vocabulary import words
 
 
 def _read_ordinal(lang: Lang, g: Groups, before: str, after: str) -> str:
@@ -49,7 +50,7 @@ def _read_dotted_number(lang: Lang, g: Groups, before: str, after: str) -> str:
     return " point ".join(en_number(p) for p in parts)
 
 
-_DATE_WORDS: Final = ("月", "日", "号", "点", "时", "分", "秒")
+_DATE_WORDS: Final = words("date_words")
 
 
 def _read_number(lang: Lang, g: Groups, before: str, after: str) -> str:
@@ -118,12 +119,11 @@ _BUILDING: Final = re.compile(r"[\dA-Z一二三四五六七八九十](?:号楼|�
 of three or four digits: that number is a flat's, read digit by digit (5号楼2306 -> 五号楼二三零六)."""
 
 
-_YEAR_LABELS: Final = ("赛季", "款", "版", "财年", "年度", "届")
+_YEAR_LABELS: Final = words("year_labels")
 """After a four-digit number from 1900 to 2099 they make it a year read digit by digit."""
 
 
-_YEAR_WORDS: Final = {"in", "since", "by", "until", "till", "from", "year", "of", "during", "before", "after",
-                      "early", "late", "mid", *MONTHS_EN, *MONTH_ABBR}
+_YEAR_WORDS: Final = {*words("year_words_en"), *MONTHS_EN, *MONTH_ABBR}
 
 
 def _year_context(before: str) -> bool:

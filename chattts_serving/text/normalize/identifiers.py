@@ -9,6 +9,7 @@ from typing import Final
 from .base import Lang
 from .kind import Groups, Kind
 from .numbers import digit_groups, en_digits, en_number, read_groups, zh_digits, zh_number
+from .vocabulary import words
 
 
 def _phone(lang: Lang, raw: str) -> str:
@@ -109,7 +110,7 @@ DIGIT_GROUPS: Final = Kind(
     _read_digit_groups, first=r"\d")
 
 
-PROVINCES: Final = "京津沪渝冀豫云辽黑湘皖鲁新苏浙赣鄂桂甘晋蒙陕吉闽贵粤青藏川宁琼"
+PROVINCES: Final = "".join(words("provinces"))
 """The one-character province names a Chinese licence plate starts with (粤B·67890)."""
 
 
@@ -126,7 +127,7 @@ LICENCE_PLATE: Final = Kind(
 """After fold_width the plate's middle dot (粤B·67890) is a space."""
 
 
-EXCHANGES: Final = ("SH", "SZ", "SS", "HK", "BJ")
+EXCHANGES: Final = words("stock_exchanges")
 """Exchange suffixes of a stock code (600519.SH), read as letters."""
 
 

@@ -18,36 +18,22 @@ from typing import Final
 from .base import Lang
 from .kind import Groups, Kind, alt_words
 from .numbers import en_int, en_ordinal, zh_number
+from .vocabulary import rows, words, yes
 
-TITLES: Final = {"Dr": "Doctor", "Prof": "Professor", "Mr": "Mister", "Mrs": "Missus", "Ms": "Miz",
-                 "Gen": "General", "Capt": "Captain", "Lt": "Lieutenant", "Sgt": "Sergeant", "Col": "Colonel",
-                 "Gov": "Governor", "Sen": "Senator", "Rep": "Representative", "Rev": "Reverend", "Hon": "Honorable",
-                 "Pres": "President", "Mt": "Mount", "Ft": "Fort"}
+TITLES: Final[dict[str, str]] = {title: reading for title, reading in rows("titles")}
 """Titles before a name, read as words; the dot is no sentence end."""
-ABBREVIATIONS: Final = {"etc": "et cetera", "vs": "versus", "Jr": "Junior", "Sr": "Senior", "Inc": "Incorporated",
-                        "Ltd": "Limited", "Corp": "Corporation", "Co": "Company", "Ave": "Avenue", "Rd": "Road",
-                        "Blvd": "Boulevard", "Dept": "Department", "Univ": "University", "approx": "approximately",
-                        "Fig": "Figure", "fig": "figure", "Vol": "Volume", "vol": "volume", "St": "Street",
-                        "e.g": "for example", "i.e": "that is", "a.k.a": "also known as"}
+ABBREVIATIONS: Final = {abbr: reading for abbr, reading, _ in rows("abbreviations")}
 """Other abbreviations written with a dot; at the end of a sentence the dot also ends it."""
-NO_SENTENCE_END: Final = frozenset({"vs", "e.g", "i.e", "a.k.a", "approx", "Fig", "fig", "Vol", "vol"})
+NO_SENTENCE_END: Final = frozenset(abbr for abbr, _, ends in rows("abbreviations") if not yes(ends))
 """Abbreviations whose dot never ends a sentence (nor do the titles' dots)."""
 
-ROMAN_AFTER_WORDS: Final = ("Chapter", "Part", "Volume", "Book", "Act", "Scene", "Phase", "Stage", "Type", "Class",
-                            "Level", "Grade", "Episode", "War", "Article", "Section", "Appendix", "Round", "Season",
-                            "Title", "Schedule", "Category", "Tier", "Step", "Mark", "Apollo", "Bowl", "Gemini",
-                            "Vatican", "Republic", "Dynasty", "Symphony", "No", "Psalm", "Canto", "Unit", "Division")
+ROMAN_AFTER_WORDS: Final = words("roman_after_words")
 """English words after which Latin capitals are a Roman numeral read as a cardinal (World War
 II -> World War two, Chapter IV -> Chapter four)."""
-REGNAL_NAMES: Final = ("Elizabeth", "Henry", "Louis", "George", "Edward", "William", "Charles", "James", "Richard",
-                       "John", "Mary", "Victoria", "Philip", "Frederick", "Peter", "Catherine", "Napoleon", "Benedict",
-                       "Pius", "Leo", "Gregory", "Innocent", "Clement", "Paul", "Alexander", "Nicholas", "Ivan",
-                       "Ludwig", "Otto", "Wilhelm", "Rama", "Carlos", "Felipe", "Ferdinand", "Francis", "Urban",
-                       "Constantine", "Ramesses", "Ramses", "Harald", "Olaf", "Gustav", "Christian", "Haakon",
-                       "Albert", "Leopold", "Umberto", "Emmanuel", "Alfonso", "Pedro", "Sancho", "Anne", "Stephen")
+REGNAL_NAMES: Final = words("regnal_names")
 """Names after which a Roman numeral is a regnal number read ``the`` + ordinal (Louis XIV ->
 Louis the fourteenth)."""
-ROMAN_COUNTERS_ZH: Final = "型期级类卷章部篇集代号区段届次"
+ROMAN_COUNTERS_ZH: Final = "".join(words("roman_counters_zh"))
 """Chinese counters after which Latin capitals are a Roman numeral (II型, IV期)."""
 
 _ROMAN: Final = re.compile(r"M{0,3}(CM|CD|D?C{0,3})(XC|XL|L?X{0,3})(IX|IV|V?I{0,3})")

@@ -11,6 +11,7 @@ from .context import clause, said_below
 from .kind import NUM, SIGN, Groups, Kind, alt
 from .numbers import en_int, en_number, en_year, liang, plain_decimal, to_decimal, zh_digits, zh_number
 from .tables import GLUED_UNITS, TEMPERATURE_UNITS, UNITS, unit_reading
+from .vocabulary import words
 
 
 def _decade(lang: Lang, year: str) -> str:
@@ -20,13 +21,10 @@ def _decade(lang: Lang, year: str) -> str:
     return words[:-1] + "ies" if words.endswith("y") else words + "s"
 
 
-SECONDS_BEFORE: Final = ("for", "takes", "took", "take", "taking", "wait", "waited", "waiting", "lasts", "lasted",
-                         "last", "every", "after", "within", "under", "than", "about", "around", "approximately",
-                         "only", "just", "another", "next", "first", "timeout", "delay", "of", "by", "countdown")
+SECONDS_BEFORE: Final = words("seconds_before_en")
 """English words right before ``Ns`` (N = 10..90) that make it seconds (wait 30s); without
 them it is a decade, with or without an article (70s rock, the 80s)."""
-DECADE_AFTER_ZH: Final = ("生人", "风格", "风", "的歌", "歌曲", "的音乐", "音乐", "金曲", "电影", "复古", "流行",
-                          "时尚", "老歌", "经典", "的人", "一代")
+DECADE_AFTER_ZH: Final = words("decade_after")
 """Chinese words right after ``Ns`` that make it a decade (70s生人 -> 七十年代生人)."""
 SECONDS_AFTER: Final = re.compile(r"\s*(?:later|left|ago|remaining|each|per|long|timeout|delay|interval|countdown|"
                                   r"to go|of|or less|or more|max|min)\b|\s*[-+]")
@@ -64,8 +62,7 @@ def _read_decade(lang: Lang, g: Groups, before: str, after: str) -> str:
     return _decade(lang, g("dec") or g("dec2") or short)
 
 
-KILO_SENTENCE: Final = ("薪", "工资", "收入", "月入", "年入", "预算", "价", "奖金", "年终奖", "元", "块", "钱", "租",
-                        "待遇", "税前", "税后", "存款", "费", "赚", "涨", "粉丝", "阅读", "播放", "点赞")
+KILO_SENTENCE: Final = words("thousands_sentence")
 """In the clause of a number with a capital K, they make the K a thousand (月薪15K) and a small w
 ten thousand (月入2w); without them a capital K is a letter (4K电视, 8K屏幕). A small k after a
 number in Chinese is always 千."""
@@ -174,7 +171,7 @@ UNIT: Final = Kind(
     _read_unit, first=r"[-+−\d]")
 
 
-PRESSURE_BEFORE: Final = ("血压", "高压", "BP", "blood pressure", "Blood pressure")
+PRESSURE_BEFORE: Final = words("blood_pressure_before")
 """Written before ``a/b`` (为/是/:/of/is and spaces between allowed), they make it a blood
 pressure (血压135/85), as ``mmHg`` after it does."""
 _PRESSURE_LEAD: Final = "|".join(f"(?<={re.escape(w + sep)})" for w in PRESSURE_BEFORE

@@ -10,17 +10,17 @@ from .base import Lang
 from .context import ends_with, score_near
 from .kind import Groups, Kind
 from .numbers import en_int, en_number, liang, score, zh_int, zh_number
+from .vocabulary import words
 
-DURATION_BEFORE: Final = ("用时", "耗时", "成绩", "时长", "历时", "净时间", "完赛")
+DURATION_BEFORE: Final = words("duration_before")
 """Written right before ``h:mm:ss``, they make it a duration (成绩2:03:45: 两小时零三分四十五秒)."""
-PACE_BEFORE: Final = ("配速",)
+PACE_BEFORE: Final = words("pace_before")
 """Written right before ``m:ss``, they make it minutes and seconds (配速5:30 -> 五分三十秒)."""
-COUNTDOWN_BEFORE: Final = ("倒计时", "剩余时间", "剩余", "还剩下", "还剩", "仅剩", "只剩", "剩下")
+COUNTDOWN_BEFORE: Final = words("countdown_before")
 """Written right before ``mm:ss``, they make it a countdown read as minutes and seconds
 (倒计时05:00 -> 五分钟, 剩余时间01:30 -> 一分三十秒). 还有 does so only before ``00:ss``
 (距开赛还有00:30 -> 三十秒): 还有10:30的航班 is a clock time."""
-DAY_PARTS: Final = ("凌晨", "早上", "早晨", "清晨", "上午", "中午", "下午", "傍晚", "晚上", "夜里", "夜间", "深夜",
-                    "午夜")
+DAY_PARTS: Final = words("day_parts")
 """Written right before a time with am/pm (下午2:30pm), they already say which half of the
 day it is: am/pm is not read a second time."""
 
@@ -187,7 +187,7 @@ def _read_dotted_time(lang: Lang, g: Groups, before: str, after: str) -> str:
     return clock(lang, h, m, None, ap)
 
 
-_DAY_WORDS: Final = ("今晚", "明晚", "昨晚", "今早", "明早", "每晚", "当晚", "晚", "早")
+_DAY_WORDS: Final = words("day_words")
 _DOT_TIME_BEFORE: Final = "|".join(f"(?<={re.escape(w)})" for w in (*DAY_PARTS, *_DAY_WORDS, "at ", "At ", "by "))
 _AP: Final = r"\.?[Mm](?:\.(?=\S| [a-z]))?(?![A-Za-z])"
 """The rest of am/pm after its first letter."""
