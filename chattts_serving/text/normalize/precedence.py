@@ -52,12 +52,12 @@ SCANNER: Final = re.compile("|".join([f"(?P<k_tag>{TAG_PATTERN})", *(
 TAG_SCANNER: Final = re.compile(f"(?P<k_tag>{TAG_PATTERN})")
 """Control tokens only (:func:`chattts_serving.text.normalize.punctuate`)."""
 LIBRARY_KINDS: Final[frozenset[str]] = frozenset(k.name for k in PRECEDENCE if k.library)
-"""Entity kinds whose Chinese reading is WeTextProcessing's when the library is on, chosen by
-measurement on the corpus: every corpus instance of these kinds in Chinese context (7 dates
-2024-03-05/2024/3/5/2024.3.5, 5 fractions, 13 percentages without sign, 9 ratios) is read
-as expected by the library on the span alone. Not routed, because the corpus shows the
-library wrong on them: plain numbers (两 before 台/倍/次/种..., 第两名, years, identifiers),
-ranges and scores (4-0 -> 四减零, 10-20% -> 十月二日...), times (3:30分 -> 三比三零分,
-0:30 -> 零比三十), time ranges (0:00-6:00), phone numbers and digit groups, money (¥88.8元 ->
-八元八点八元), units (GWh, mAh, 零下), signed percentages and ‰. A span the library leaves
-with digits or symbols, or on which it fails, is read by our rules."""
+"""Entity kinds whose Chinese reading is WeTextProcessing's when the library is on: the corpus
+shows the library reading every one of their Chinese instances (dates 2024-03-05, 2024/3/5,
+2024.3.5; fractions; percentages without sign; ratios) as expected on the span alone. Not
+routed, because the corpus shows the library wrong on them: plain numbers (两 before
+台/倍/次/种..., 第两名, years, identifiers), ranges and scores (4-0 -> 四减零, 10-20% ->
+十月二日...), times (3:30分 -> 三比三零分, 0:30 -> 零比三十), time ranges (0:00-6:00), phone
+numbers and digit groups, money (¥88.8元 -> 八元八点八元), units (GWh, mAh, 零下), signed
+percentages and ‰. A span the library leaves with digits or symbols, or on which it fails, is
+read by our rules."""
