@@ -1,7 +1,7 @@
 """``python -m chattts_serving.text.normalize_report``: accuracy per category on the normalisation corpus.
 
-The corpus (``tests/data/textnorm_corpus.tsv``, written by the team: category, input, expected
-normalised text, what is reported as not spoken, a note) is read three ways:
+The corpus (``tests/data/textnorm/<category>.tsv``, one file per category, written by the team:
+input, expected normalised text, what is reported as not spoken, a note) is read three ways:
 
 - ``ours``: :func:`chattts_serving.text.normalize.normalize` with the library off (our rules alone);
 - ``wetext``: the library alone, ``wetext`` with automatic language on the whole sentence
@@ -28,8 +28,10 @@ from typing import Final
 
 from . import normalize as textnorm
 
-CORPUS: Final = Path(__file__).resolve().parents[2] / "tests" / "data" / "textnorm_corpus.tsv"
-"""The team's corpus in a source checkout."""
+CORPUS: Final = Path(__file__).resolve().parents[2] / "tests" / "data" / "textnorm"
+"""The team's corpus in a source checkout: a folder of ``<category>.tsv`` files."""
+COLUMNS: Final = ("input", "expected", "dropped", "note")
+"""The columns of a corpus file, named by its first line that is not a comment."""
 MODES: Final = ("ours", "wetext", "shipped")
 
 
@@ -50,26 +52,39 @@ class CorpusError(ValueError):
 
 
 def load_corpus(path: Path = CORPUS) -> list[CorpusRow]:
-    """Read the corpus TSV (``#`` lines are comments, the first other line is the header).
+    """Read the corpus: every ``*.tsv`` of a folder (by name), or one file; a file's name is
+    its category (``cardinal.tsv``: ``cardinal``). A file's first line is its header
+    (:data:`COLUMNS`), every other line that is not empty a sentence (an input may start with
+    ``#``: there are no comment lines).
 
     Raises:
-        CorpusError: a line without the five tab-separated columns, an empty category or input.
-        OSError: the file cannot be read.
+        CorpusError: a folder without ``.tsv`` files, a header other than :data:`COLUMNS`, a
+            line without the four tab-separated columns or with an empty input.
+        OSError: a file cannot be read.
     """
+    files = sorted(path.glob("*.tsv")) if path.is_dir() else [path]
+    if not files:
+        raise CorpusError(f"{path}: no .tsv corpus files")
+    return [row for f in files for row in _load_file(f)]
+
+
+def _load_file(path: Path) -> list[CorpusRow]:
     rows: list[CorpusRow] = []
     header_seen = False
     with path.open(encoding="utf-8", newline="") as f:
         for lineno, fields in enumerate(csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE), start=1):
-            if not fields or fields[0].startswith("#"):
+            if not fields:
                 continue
             if not header_seen:
+                if tuple(fields) != COLUMNS:
+                    raise CorpusError(f"{path}:{lineno}: header must be {' '.join(COLUMNS)} (tab-separated)")
                 header_seen = True
                 continue
-            if len(fields) != 5 or not fields[0] or not fields[1]:
-                raise CorpusError(f"{path}:{lineno}: expected 5 tab-separated columns with a category and an input, "
+            if len(fields) != len(COLUMNS) or not fields[0]:
+                raise CorpusError(f"{path}:{lineno}: expected {len(COLUMNS)} tab-separated columns with an input, "
                                   f"got {len(fields)}")
-            category, text, expected, dropped, note = fields
-            rows.append(CorpusRow(lineno, category, text, expected, tuple(dropped.split()), note))
+            text, expected, dropped, note = fields
+            rows.append(CorpusRow(lineno, path.stem, text, expected, tuple(dropped.split()), note))
     return rows
 
 
@@ -135,7 +150,7 @@ def table(results: dict[str, dict[str, Score]]) -> str:
 def _failures(results: dict[str, dict[str, Score]]) -> Iterable[str]:
     for mode, scores in results.items():
         for row, out in scores["all"].misses:
-            yield (f"[{mode}] {row.category} line {row.line}: {row.text}\n"
+            yield (f"[{mode}] {row.category}.tsv:{row.line}: {row.text}\n"
                    f"    expected {row.expected}\n    got      {out}")
 
 
@@ -144,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m chattts_serving.text.normalize_report",
                                 description="Accuracy per category of our rules, the wetext library alone and "
                                             "the shipped combination on the normalisation corpus.")
-    p.add_argument("--corpus", type=Path, default=CORPUS, help=f"corpus TSV (default {CORPUS})")
+    p.add_argument("--corpus", type=Path, default=CORPUS, help=f"corpus folder or TSV file (default {CORPUS})")
     p.add_argument("--modes", default=",".join(MODES), help="comma-separated modes (default all three)")
     p.add_argument("--failures", action="store_true", help="also list every row a mode gets wrong")
     args = p.parse_args(argv)

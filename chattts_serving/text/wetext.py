@@ -9,9 +9,9 @@ wrongly) our rules read. :func:`library_alone` is the library on whole sentences
 per-category comparison of ``python -m chattts_serving.text.normalize_report``.
 
 The library bundles its FSTs (no download, no pynini); one ``Normalizer`` per language is built
-on first use and kept for the life of the process. A call on a short span takes about 0.5 to 1 ms
-on our 2-core host (whole sentences: about 0.1 ms per character), so it is only called on the
-spans that need it.
+on first use and kept for the life of the process. Each call runs the FSTs, far slower than our
+readers, so it is asked only about the spans of the routed kinds, never whole sentences while
+serving.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""The team's normalisation corpus (tests/data/textnorm_corpus.tsv) read exactly, the seven
-inputs of issue #11 one by one, and the per-category report."""
+"""The team's normalisation corpus (tests/data/textnorm/<category>.tsv) read exactly, one test
+per file, the seven inputs of issue #11 one by one, and the per-category report."""
 
 from __future__ import annotations
 
@@ -29,14 +29,27 @@ def test_corpus_has_300_sentences_in_15_categories_of_at_least_10() -> None:
     assert len({r.text for r in ROWS}) == len(ROWS), "a sentence is in the corpus twice"
 
 
-@pytest.mark.parametrize("row", ROWS, ids=[f"{r.category}-{r.line}" for r in ROWS])
-def test_corpus_sentence_is_read_as_expected(row) -> None:  # type: ignore[no-untyped-def]
-    """What the front end ships (library on) gives the expected text exactly, and reports what
-    it leaves out, in order."""
-    result = textnorm.normalize(row.text)
-    assert result.text == row.expected, row.note
-    assert result.dropped == row.dropped
-    assert not any(c.isdigit() for c in textnorm.CONTROL_TOKEN.sub("", result.text)), "a digit survived"
+CORPUS_FILES = sorted(CORPUS.glob("*.tsv"))
+
+
+@pytest.mark.parametrize("path", CORPUS_FILES, ids=[p.stem for p in CORPUS_FILES])
+def test_corpus_file_is_read_as_expected(path: Path) -> None:
+    """What the front end ships (library on) gives every sentence of the file the expected text
+    exactly, reports what it leaves out, in order, and leaves no digit; every miss is listed
+    with its file and line."""
+    rows = load_corpus(path)
+    assert rows, f"{path.name}: no sentences"
+    misses = []
+    for row in rows:
+        result = textnorm.normalize(row.text)
+        where = f"{path.name}:{row.line}: {row.text}"
+        if result.text != row.expected:
+            misses.append(f"{where}\n    expected {row.expected}\n    got      {result.text}  ({row.note})")
+        elif result.dropped != row.dropped:
+            misses.append(f"{where}\n    dropped {result.dropped}, expected {row.dropped}")
+        elif any(c.isdigit() for c in textnorm.CONTROL_TOKEN.sub("", result.text)):
+            misses.append(f"{where}\n    a digit survived: {result.text}")
+    assert not misses, "\n".join(misses)
 
 
 ISSUE_EXAMPLES = [
@@ -87,7 +100,7 @@ def _spy_library(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 def test_routed_kinds_are_read_by_the_library(monkeypatch: pytest.MonkeyPatch) -> None:
     """The Chinese spans of the routed kinds are handed to the library when it is on and never
     when it is off; a span the library cannot read (a signed percentage) stays ours."""
-    assert {"ymd", "fraction", "percent", "ratio"} == textnorm.LIBRARY_KINDS
+    assert {"year_month_day", "fraction", "percent", "ratio"} == textnorm.LIBRARY_KINDS
     asked = _spy_library(monkeypatch)
     assert textnorm.normalize("配比3:2，占50%，于2024-03-05", library=True).text == \
         "配比三比二，占百分之五十，于二零二四年三月五日"
@@ -154,7 +167,17 @@ def test_table_shows_percent_and_count() -> None:
 
 def test_malformed_corpus_line_names_its_line(tmp_path: Path) -> None:
     bad = tmp_path / "c.tsv"
-    bad.write_text("category\tinput\texpected\tdropped\tnote\ncardinal\t3个\n", encoding="utf-8")
+    bad.write_text("input\texpected\tdropped\tnote\n3个\n", encoding="utf-8")
     with pytest.raises(CorpusError, match=r"c\.tsv:2"):
         load_corpus(bad)
-    assert CORPUS.is_file()
+    assert CORPUS.is_dir()
+
+
+def test_corpus_file_with_a_wrong_header_or_a_folder_without_files_is_refused(tmp_path: Path) -> None:
+    bad = tmp_path / "c.tsv"
+    bad.write_text("category\tinput\texpected\tdropped\tnote\ncardinal\t3个\t三个\t\t\n", encoding="utf-8")
+    with pytest.raises(CorpusError, match=r"c\.tsv:1: header"):
+        load_corpus(bad)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(CorpusError, match=r"no \.tsv"):
+        load_corpus(tmp_path / "empty")

@@ -50,8 +50,8 @@ def test_issue_examples_read_as_a_listener_expects(kind: str, text: str, expecte
     assert result.dropped == ()
 
 
-NEW_CATEGORIES = ("keys", "identifier", "roman", "abbrev", "en-range", "decade", "dot-time", "arithmetic", "middot",
-                  "currency", "fraction")
+NEW_CATEGORIES = ("keys", "identifier", "roman", "abbreviation", "english-range", "decade", "dot-time", "arithmetic",
+                  "middot", "currency", "fraction")
 
 
 def test_corpus_has_the_new_categories_in_both_languages() -> None:
@@ -396,7 +396,7 @@ def test_corpus_sentences_with_other_digits_are_read(seed: int) -> None:
                                                 for i in range(len(m.group(0)))), row.text)
         result = normalize(text)
         if not SPOKEN.fullmatch(textnorm.CONTROL_TOKEN.sub("", result.text)) or result.dropped != row.dropped:
-            failures.append(f"{row.category} line {row.line}: {text!r} -> {result.text!r} {result.dropped}")
+            failures.append(f"{row.category}.tsv:{row.line}: {text!r} -> {result.text!r} {result.dropped}")
     assert failures == []
 
 

@@ -18,7 +18,7 @@ _OPERATORS: Final = {"+": ("加", "plus"), "-": ("减", "minus"), "−": ("减",
 _TOKEN: Final = re.compile(rf"(?P<num>(?<![\d.])[-−]?{NUM})|(?P<op>[-−+×*/÷=])")
 
 
-def _h_arith(lang: Lang, g: Groups, before: str, after: str) -> str:
+def _read_arithmetic(lang: Lang, g: Groups, before: str, after: str) -> str:
     """Numbers as cardinals (never 两: 2 + 2 = 4 reads 二加二等于四), a sign right before a
     number as 负 / minus, each operator as its word."""
     words: list[str] = []
@@ -38,10 +38,10 @@ def _h_arith(lang: Lang, g: Groups, before: str, after: str) -> str:
     return ("" if lang == "zh" else " ").join(words)
 
 
-ARITH: Final = Kind(
-    "arith",
+ARITHMETIC: Final = Kind(
+    "arithmetic",
     rf"(?P<arith>(?<![\d.A-Za-z])[-−]?{NUM}(?:\s*[-−+×*/÷]\s*[-−]?{NUM})+\s*=\s*(?:[-−]?{NUM}(?![\d.]))?)",
-    _h_arith, first=r"[-−\d]")
+    _read_arithmetic, first=r"[-−\d]")
 
 
 # --- formulas: letters, powers and roots inside a sentence --------------------------
@@ -94,7 +94,7 @@ def _power(lang: Lang, sup: str) -> str:
     return {"2": "squared", "3": "cubed", "n": "to the n"}.get(exp) or "to the power of " + en_number(exp)
 
 
-def _h_formula(lang: Lang, g: Groups, before: str, after: str) -> str:
+def _read_formula(lang: Lang, g: Groups, before: str, after: str) -> str:
     """A formula read in the language of its sentence, never in English for its letters alone
     (已知a²-b²=0: a的平方减b的平方等于零; √3: 根号三); a sign where an operand is expected is
     负 / minus, numbers are cardinals (never 两)."""
@@ -138,4 +138,4 @@ def _h_formula(lang: Lang, g: Groups, before: str, after: str) -> str:
 FORMULA: Final = Kind(
     "formula",
     rf"(?P<formula>(?<![\dA-Za-z.])(?:{_FORMULA})(?![\dA-Za-z]))",
-    _h_formula, first=r"[-±\dA-Za-z(√∛∜]", letters_neutral=True)
+    _read_formula, first=r"[-±\dA-Za-z(√∛∜]", letters_neutral=True)

@@ -32,13 +32,14 @@ from .numbers import (
     zh_number,
 )
 from .tables import MONTH_ABBR, MONTHS_EN
+from .vocabulary import words
 
 
-def _h_ordinal(lang: Lang, g: Groups, before: str, after: str) -> str:
+def _read_ordinal(lang: Lang, g: Groups, before: str, after: str) -> str:
     return en_ordinal(int(g("ord")))
 
 
-def _h_dotted(lang: Lang, g: Groups, before: str, after: str) -> str:
+def _read_dotted_number(lang: Lang, g: Groups, before: str, after: str) -> str:
     parts = g("dot").split(".")
     if len(parts) == 4 and all(len(p) <= 3 and int(p) <= 255 for p in parts):  # an IPv4 address
         if lang == "zh":
@@ -49,10 +50,10 @@ def _h_dotted(lang: Lang, g: Groups, before: str, after: str) -> str:
     return " point ".join(en_number(p) for p in parts)
 
 
-_DATE_WORDS: Final = ("月", "日", "号", "点", "时", "分", "秒")
+_DATE_WORDS: Final = words("date_words")
 
 
-def _h_number(lang: Lang, g: Groups, before: str, after: str) -> str:
+def _read_number(lang: Lang, g: Groups, before: str, after: str) -> str:
     sign = (g("n_sign") or "").replace("−", "-")
     num, plus = g("n_num"), bool(g("n_plus"))
     if lang == "zh":
@@ -118,12 +119,11 @@ _BUILDING: Final = re.compile(r"[\dA-Z一二三四五六七八九十](?:号楼|�
 of three or four digits: that number is a flat's, read digit by digit (5号楼2306 -> 五号楼二三零六)."""
 
 
-_YEAR_LABELS: Final = ("赛季", "款", "版", "财年", "年度", "届")
+_YEAR_LABELS: Final = words("year_labels")
 """After a four-digit number from 1900 to 2099 they make it a year read digit by digit."""
 
 
-_YEAR_WORDS: Final = {"in", "since", "by", "until", "till", "from", "year", "of", "during", "before", "after",
-                      "early", "late", "mid", *MONTHS_EN, *MONTH_ABBR}
+_YEAR_WORDS: Final = {*words("year_words_en"), *MONTHS_EN, *MONTH_ABBR}
 
 
 def _year_context(before: str) -> bool:
@@ -139,16 +139,16 @@ def _year_context(before: str) -> bool:
 ORDINAL: Final = Kind(
     "ordinal",
     r"(?<![\d.])(?P<ord>\d+)(?:st|nd|rd|th)(?![A-Za-z])",
-    _h_ordinal, lang="en", first=r"\d")
+    _read_ordinal, lang="en", first=r"\d")
 
 
-DOTTED: Final = Kind(
-    "dotted",
+DOTTED_NUMBER: Final = Kind(
+    "dotted_number",
     r"(?<![\d.])(?P<dot>\d+(?:\.\d+){2,})(?![\d])",
-    _h_dotted, counts=True, first=r"\d")
+    _read_dotted_number, counts=True, first=r"\d")
 
 
 NUMBER: Final = Kind(
     "number",
     rf"(?P<n_sign>{SIGN})?(?P<n_num>{NUM})(?P<n_plus>\+(?![\d+]))?",
-    _h_number, counts=True, first=r"[-+−\d]")
+    _read_number, counts=True, first=r"[-+−\d]")

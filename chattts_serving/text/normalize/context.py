@@ -1,5 +1,5 @@
 """Context: which language a span is read in, the sentence around it, and the word lists that
-several kinds share to choose between two readings.
+several kinds share to choose between two readings (``data/<name>.tsv``, :mod:`.vocabulary`).
 
 Each list is searched in the same sentence only (up to the nearest 。！？ or line break), with
 control tokens ignored.
@@ -12,40 +12,30 @@ from dataclasses import dataclass
 from typing import Final
 
 from .base import Lang, is_cjk, is_latin, script
+from .vocabulary import words
 
-SCORE_BEFORE: Final = ("总比分", "大比分", "小比分", "比分为", "比分是", "比分", "比数", "首局", "次局", "决胜局", "局",
-                       "半场", "全场", "终场", "比例为", "比例是", "比例", "配比", "以")
+SCORE_BEFORE: Final = words("score_before")
 """Written right before ``a-b`` or ``a:b`` (spaces, 为/是 between allowed), they make it a score
 or ratio read with 比 (比分3:2, 首局25-23, 以2-1)."""
-SCORE_AFTER: Final = ("获胜", "取胜", "战胜", "击败", "打败", "力克", "横扫", "险胜", "完胜", "大胜", "小胜",
-                      "惨败", "告负", "落败", "不敌", "负于", "输给", "败给", "战平", "打平", "逆转", "落后", "领先",
-                      "晋级", "淘汰", "胜", "负", "赢", "输", "败")
+SCORE_AFTER: Final = words("score_after")
 """Written right after ``a-b`` or ``a:b``, they make it a score (4-0获胜, 3:1击败)."""
-SCORE_SENTENCE: Final = (*SCORE_AFTER, "比分", "比赛", "首局", "半场", "全场", "决赛", "对阵", "进球", "球队")
+SCORE_SENTENCE: Final = (*SCORE_AFTER, *words("score_sentence"))
 """Anywhere in the sentence, they make a hyphen between two integers a score rather than a
 range (他4-0获胜，从0-3追到3-3), unless a unit or measure word follows it (比赛还剩3-5分钟)."""
 
 
-IDENTIFIER_BEFORE: Final = ("电话", "手机", "手机号", "座机", "传真", "热线", "客服", "拨打", "致电", "呼叫", "号码",
-                            "卡号", "账号", "帐号", "单号", "编号", "工号", "学号", "尾号", "验证码", "密码", "邮编",
-                            "QQ号", "QQ", "微信号", "身份证号码", "身份证号", "身份证", "分机号", "分机", "拨",
-                            "车次", "航班", "航班号", "房间号", "订单", "房间", "房号", "门牌号", "车牌", "车牌号",
-                            "股票代码", "证券代码", "基金代码", "代码", "取件码", "提货码", "取餐码", "取货码",
-                            "座位号", "座位", "座号", "桌号", "会员号", "运单号", "登机口", "检票口", "柜号", "货号",
-                            "型号")
+IDENTIFIER_BEFORE: Final = words("identifier_before")
 """Written right before a number of three or more digits (spaces, ``:``, 是/为 between
 allowed), they make it an identifier read digit by digit with 幺 (拨打110, 验证码385921,
 房间2508, 股票代码600519); after them a number with hyphens is a code read part by part
 (取件码3-1105)."""
-IDENTIFIER_AFTER: Final = ("室", "号房", "房间", "号房间")
+IDENTIFIER_AFTER: Final = words("identifier_after")
 """Written right after a number of three or more digits, they make it a room number read
 digit by digit (1203室 -> 幺二零三室); ``3室2厅`` counts rooms."""
-EN_IDENTIFIER_BEFORE: Final = ("call", "dial", "text", "room", "flight", "gate", "seat", "platform", "extension",
-                               "ext", "code", "PIN", "pin", "ID", "zip", "ZIP", "number", "No", "account", "order",
-                               "ticket", "bus", "route", "suite", "apartment", "apt", "unit")
+EN_IDENTIFIER_BEFORE: Final = words("identifier_before_en")
 """English words right before a number of three or more digits that make it an identifier
 read digit by digit (call 911 -> nine one one, room 305 -> three zero five)."""
-TEMPERATURE_BEFORE: Final = ("气温", "温度", "低温", "高温", "最低", "最高", "体温", "水温", "室温", "温差")
+TEMPERATURE_BEFORE: Final = words("temperature_before")
 """Before ``-N度`` in the same clause, they make it a temperature: 零下 N 度."""
 SENTENCE_END: Final = re.compile(r"[。！？!?\n]|\.(?=\s|$)")
 
@@ -195,9 +185,7 @@ def said_below(before: str) -> bool:
     return before.rstrip().endswith("零下")
 
 
-RANGE_UNITS: Final = ("个", "天", "年", "月", "日", "号", "周", "岁", "次", "人", "分钟", "小时", "秒", "元",
-                       "倍", "成", "层", "公里", "米", "斤", "名", "场", "局", "届", "%", "‰", "万", "亿", "千", "百",
-                       "平方")
+RANGE_UNITS: Final = words("range_units")
 """Chinese words after ``a-b`` that make it a quantity range, never a score."""
 
 

@@ -35,29 +35,29 @@ def _code_before(g: Groups, before: str) -> bool:
     return g("ymd_sep") == "-" and ends_with(before, IDENTIFIER_BEFORE, " :是为")
 
 
-def _h_ymd(lang: Lang, g: Groups, before: str, after: str) -> str:
+def _read_year_month_day(lang: Lang, g: Groups, before: str, after: str) -> str:
     y, mo, d = g("ymd_y"), int(g("ymd_m")), int(g("ymd_d"))
     if lang == "zh" and _code_before(g, before):
         return code_words(lang, [y, g("ymd_m"), g("ymd_d")])
     return zh_date(y, mo, d) if lang == "zh" else en_date(y, mo, d)
 
 
-def _h_mdy(lang: Lang, g: Groups, before: str, after: str) -> str:
+def _read_month_day_year(lang: Lang, g: Groups, before: str, after: str) -> str:
     y, mo, d = g("mdy_y"), int(g("mdy_m")), int(g("mdy_d"))
     return zh_date(y, mo, d) if lang == "zh" else en_date(y, mo, d)
 
 
-def _h_md(lang: Lang, g: Groups, before: str, after: str) -> str:
+def _read_month_name_day(lang: Lang, g: Groups, before: str, after: str) -> str:
     return en_date(g("md_y"), month_number(g("md_mon")), int(g("md_d")))
 
 
-def _h_dm(lang: Lang, g: Groups, before: str, after: str) -> str:
+def _read_day_month_name(lang: Lang, g: Groups, before: str, after: str) -> str:
     article = "" if re.search(r"\bthe\s*$", before, re.IGNORECASE) else "the "
     out = f"{article}{en_ordinal(int(g('dm_d')))} of {MONTHS_EN[month_number(g('dm_mon')) - 1]}"
     return out + (f", {en_year(int(g('dm_y')))}" if g("dm_y") else "")
 
 
-def _h_drange(lang: Lang, g: Groups, before: str, after: str) -> str:
+def _read_date_range(lang: Lang, g: Groups, before: str, after: str) -> str:
     """``2024.3.5-2024.3.8``, ``2024/3/5-3/8``: a range of dates, read 到 / to; a second date
     without its year is read without it."""
     first = (g("da_y"), int(g("da_m")), int(g("da_d")))
@@ -74,7 +74,7 @@ def _range_word(sep: str) -> str:
     return {"thru": "through", "till": "until"}.get(sep, sep) if sep.isalpha() else "to"
 
 
-def _h_enrange(lang: Lang, g: Groups, before: str, after: str) -> str:
+def _read_english_date_range(lang: Lang, g: Groups, before: str, after: str) -> str:
     """Oct 1-7 -> October first to seventh; Oct 1 - Nov 3, 2024 -> October first to November
     third, twenty twenty four; 1-7 October -> the first to the seventh of October. A written
     word between the days (to, through, and) is read as written; a dash reads to."""
@@ -92,7 +92,7 @@ def _h_enrange(lang: Lang, g: Groups, before: str, after: str) -> str:
     return words + (f", {en_year(int(g('em_y')))}" if g("em_y") else "")
 
 
-def _h_dayrange(lang: Lang, g: Groups, before: str, after: str) -> str:
+def _read_weekday_range(lang: Lang, g: Groups, before: str, after: str) -> str:
     """Mon-Fri -> Monday to Friday (周一至周五 in Chinese context), a written word kept."""
     sep = g("wr_sep").strip()
     a, b = weekday_name(g("wr_a")), weekday_name(g("wr_b"))
@@ -102,7 +102,7 @@ def _h_dayrange(lang: Lang, g: Groups, before: str, after: str) -> str:
     return f"{a[0]} {_range_word(sep)} {b[0]}"
 
 
-def _h_mdot(lang: Lang, g: Groups, before: str, after: str) -> str:
+def _read_dotted_month_day(lang: Lang, g: Groups, before: str, after: str) -> str:
     """5·12, 9·11, 3·15: a month and day with a middle dot names an event, read digit by
     digit (五一二, 九一一; nine eleven)."""
     m, d = g("dot_m"), g("dot_d")
@@ -114,62 +114,62 @@ def _h_mdot(lang: Lang, g: Groups, before: str, after: str) -> str:
 _DAY: Final = r"3[01]|[12]\d|0?[1-9]"
 _RANGE_WORD: Final = r"\s?[-–—~]\s?|\s+(?:to|through|thru|until|till|and)\s+"
 
-ENRANGE: Final = Kind(
-    "enrange",
+ENGLISH_DATE_RANGE: Final = Kind(
+    "english_date_range",
     rf"(?=[A-Z])\b(?P<er_mon>{MONTH_RE})\.?\s+(?P<er_a>{_DAY})(?:st|nd|rd|th)?(?P<er_sep>{_RANGE_WORD})"
     rf"(?:(?P<er_mon2>{MONTH_RE})\.?\s+)?(?P<er_b>{_DAY})(?:st|nd|rd|th)?(?![\dA-Za-z:]|\.\d)"
     r"(?:,?\s+(?P<er_y>\d{4})(?!\d))?"
     rf"|(?=\d)\b(?P<em_a>{_DAY})(?:st|nd|rd|th)?(?P<em_sep>{_RANGE_WORD})(?:the\s+)?(?P<em_b>{_DAY})(?:st|nd|rd|th)?"
     rf"\s+(?:of\s+)?(?P<em_mon>{MONTH_RE})(?:,?\s+(?P<em_y>\d{{4}})(?!\d))?",
-    _h_enrange, lang="en")
+    _read_english_date_range, lang="en")
 
 
-DAYRANGE: Final = Kind(
-    "dayrange",
+WEEKDAY_RANGE: Final = Kind(
+    "weekday_range",
     rf"(?=[A-Z])(?<![A-Za-z])(?P<wr_a>{WEEKDAY_RE})\.?(?P<wr_sep>\s?[-–—~]\s?|\s+(?:to|through|thru|until|till)\s+)"
     rf"(?P<wr_b>{WEEKDAY_RE})(?:\.(?=\s+[\da-z]))?(?![A-Za-z])",
-    _h_dayrange)
+    _read_weekday_range)
 
 
-MDOT: Final = Kind(
-    "mdot",
+DOTTED_MONTH_DAY: Final = Kind(
+    "dotted_month_day",
     r"(?=\d)(?<![\d.·])(?P<dot_m>1[0-2]|[1-9])·(?P<dot_d>3[01]|[12]\d|[1-9])(?![\d·])",
-    _h_mdot)
+    _read_dotted_month_day)
 
 
-DRANGE: Final = Kind(
-    "drange",
+DATE_RANGE: Final = Kind(
+    "date_range",
     r"(?<![\d.])(?P<da_y>\d{4})(?P<da_sep>[-/.·])(?P<da_m>1[0-2]|0?[1-9])(?P=da_sep)"
     r"(?P<da_d>3[01]|[12]\d|0?[1-9])\s?(?P<dr_sep>[-~–—])\s?"
     r"(?:(?P<db_y>\d{4})(?P=da_sep))?"
     r"(?P<db_m>1[0-2]|0?[1-9])(?P=da_sep)(?P<db_d>3[01]|[12]\d|0?[1-9])(?!\d|\.\d)",
-    _h_drange, first=r"\d")
+    _read_date_range, first=r"\d")
 
 
-YMD: Final = Kind(
-    "ymd",
+YEAR_MONTH_DAY: Final = Kind(
+    "year_month_day",
     r"(?<![\d.])(?P<ymd_y>\d{4})(?P<ymd_sep>[-/.·])(?P<ymd_m>1[0-2]|0?[1-9])(?P=ymd_sep)"
     r"(?P<ymd_d>3[01]|[12]\d|0?[1-9])(?!\d|\.\d)",
-    _h_ymd, library=True,
+    _read_year_month_day, library=True,
     library_may_read=lambda g, before, after: g("ymd_sep") != "·" and not _code_before(g, before), first=r"\d")
 
 
-MDY: Final = Kind(
-    "mdy",
+MONTH_DAY_YEAR: Final = Kind(
+    "month_day_year",
     r"(?<![\d/])(?P<mdy_m>1[0-2]|0?[1-9])/(?P<mdy_d>3[01]|[12]\d|0?[1-9])/(?P<mdy_y>\d{4})(?![\d/])",
-    _h_mdy, first=r"\d")
+    _read_month_day_year, first=r"\d")
 
 
-MD: Final = Kind(
-    "md",
+MONTH_NAME_DAY: Final = Kind(
+    "month_name_day",
     rf"\b(?P<md_mon>{MONTH_RE})\.?\s+(?P<md_d>3[01]|[12]\d|0?[1-9])(?:st|nd|rd|th)?(?![\dA-Za-z])"
     r"(?:,?\s+(?P<md_y>\d{4})(?!\d))?",
-    _h_md, lang="en", first=r"[A-Z]")
+    _read_month_name_day, lang="en", first=r"[A-Z]")
 
 
-DM: Final = Kind(
-    "dm",
+DAY_MONTH_NAME: Final = Kind(
+    "day_month_name",
     rf"\b(?P<dm_d>3[01]|[12]\d|0?[1-9])(?:st|nd|rd|th)?\s+(?:of\s+)?(?P<dm_mon>{MONTH_RE})"
     r"(?:(?<=\b[A-Z][a-z]{2})\.(?!\s*$)|(?<=Sept)\.)?"
     r"(?:,?\s+(?P<dm_y>\d{4})(?!\d))?",
-    _h_dm, lang="en", first=r"\d")
+    _read_day_month_name, lang="en", first=r"\d")

@@ -11,6 +11,7 @@ from .context import ends_with
 from .dates import en_date, zh_date
 from .kind import SIGN, Groups, Kind
 from .numbers import en_int, en_ordinal, takes_liang, zh_int
+from .vocabulary import words
 
 
 def fraction_words(lang: Lang, a: int, b: int) -> str:
@@ -27,13 +28,10 @@ def fraction_words(lang: Lang, a: int, b: int) -> str:
     return f"{en_int(a)} over {en_int(b)}"
 
 
-EN_DATE_BEFORE: Final = ("on", "by", "due", "until", "till", "since", "from", "before", "after", "date", "dated")
+EN_DATE_BEFORE: Final = words("date_before_en")
 
 
-FRACTION_BEFORE: Final = ("大约", "大概", "约占", "占比", "比重", "比例", "约", "占", "超过", "将近", "接近", "近",
-                          "不到", "不足", "仅有", "仅", "只有", "达到", "达", "的", "其中", "增长到", "增加到",
-                          "提高到", "上升到", "升到", "下降到", "降低到", "减少到", "降到", "乘以", "除以", "等于",
-                          "加上", "减去")
+FRACTION_BEFORE: Final = words("fraction_before")
 """Written right before ``a/b`` in Chinese (为/是 between allowed), they make it a fraction
 (大约11/12的时间, 占总数的2/5, 约为1/3)."""
 FRACTION_AFTER: Final = re.compile(
@@ -41,17 +39,13 @@ FRACTION_AFTER: Final = re.compile(
     r"工作|精力|预算|市场|选民|居民|土地|资金|成本|观众|玩家|股份|情况|可能)|以上|以下|左右|之多|之一|之间|强|弱")
 """Written right after ``a/b`` (or a range of two), they make it a fraction (12/25的人, 3/5以上),
 as does a measure word (3/4杯水)."""
-DATE_BEFORE: Final = ("截止到", "截止日期", "截止", "截至", "直到", "直至", "定于", "将于", "定在", "到", "至", "于",
-                      "从", "自", "日期为", "日期是", "日期", "期限", "有效期至", "有效期", "每年", "今年", "明年",
-                      "去年", "节是", "节", "生日是", "生日", "纪念日", "今天", "明天", "昨天", "后天", "前天")
+DATE_BEFORE: Final = words("date_before")
 """Written right before ``a/b`` in Chinese (是/为 between allowed), they make it a month and day
 (截止12/31, 于3/5, 明天是3/5), as does a weekday (周二3/5)."""
-DATE_AFTER: Final = ("之前", "之后", "以前", "以后", "前", "后", "起", "开始", "截止", "到期", "当天", "那天", "当日",
-                     "晚上", "晚", "上午", "下午", "中午", "早上", "凌晨", "举行", "举办", "开幕", "发布", "上映",
-                     "上线", "生效", "出发", "放假", "过期", "开业", "开学", "周", "星期", "(周", "（周")
+DATE_AFTER: Final = words("date_after")
 """Written right after ``a/b`` (or a range of two), also after an adverb of
 :data:`_DATE_ADVERBS`, they make it a month and day (12/31前, 3/5举行, 3/5正式上线)."""
-_DATE_ADVERBS: Final = ("正式", "将会", "准时", "如期", "统一", "全面")
+_DATE_ADVERBS: Final = words("date_adverbs")
 _WEEKDAY_END: Final = re.compile(r"(?:周|星期|礼拜)[一二三四五六日天]\s?[(（]?\s?$")
 
 
@@ -96,7 +90,7 @@ def _en_slash_date(a: str, b: str, before: str) -> bool:
         a.startswith("0") or b.startswith("0") or ends_with(before.lower(), EN_DATE_BEFORE))
 
 
-def _h_fraction(lang: Lang, g: Groups, before: str, after: str) -> str:
+def _read_fraction(lang: Lang, g: Groups, before: str, after: str) -> str:
     """``a/b``: a fraction (五分之三) or, as its context says, a month and day (US order in
     English: on 3/5; 截止12/31 in Chinese, see :func:`zh_slash_date`)."""
     a, b, sign = g("fr_a"), g("fr_b"), (g("fr_sign") or "").replace("−", "-")
@@ -107,7 +101,7 @@ def _h_fraction(lang: Lang, g: Groups, before: str, after: str) -> str:
     return fraction_words(lang, int(a), int(b))
 
 
-def _h_mdrange(lang: Lang, g: Groups, before: str, after: str) -> str:
+def _read_month_day_range(lang: Lang, g: Groups, before: str, after: str) -> str:
     """``a/b-c/d``: two months and days (3/5-3/8 -> 三月五日到三月八日) or two fractions
     (1/3-1/2的人 -> 三分之一到二分之一). Context words decide as for one (:func:`zh_slash_kind`);
     without them it is a date range when the dates run forward and the fractions do not
@@ -142,15 +136,15 @@ def _library_fits_fraction(g: Groups, words: str, before: str, after: str) -> bo
     return ("月" in words) == zh_slash_date(g("fr_a"), g("fr_b"), before, after)
 
 
-MDRANGE: Final = Kind(
-    "mdrange",
+MONTH_DAY_RANGE: Final = Kind(
+    "month_day_range",
     r"(?<![\d/.])(?P<ma_m>\d{1,2})/(?P<ma_d>\d{1,2})\s?(?P<mr_sep>[-~–—]|到|至)\s?"
     r"(?P<mb_m>\d{1,2})/(?P<mb_d>\d{1,2})(?![\d/])",
-    _h_mdrange, first=r"\d")
+    _read_month_day_range, first=r"\d")
 
 
 FRACTION: Final = Kind(
     "fraction",
     rf"(?P<fr_sign>{SIGN})?(?<![\d/.])(?P<fr_a>\d+)/(?P<fr_b>\d+)(?![\d/])",
-    _h_fraction, library=True, library_may_read=lambda g, before, after: not g("fr_sign"),
+    _read_fraction, library=True, library_may_read=lambda g, before, after: not g("fr_sign"),
     library_fits=_library_fits_fraction, first=r"[-+−\d]")

@@ -9,6 +9,7 @@ from typing import Final
 from .base import Lang
 from .kind import Groups, Kind
 from .numbers import digit_groups, en_digits, en_number, read_groups, zh_digits, zh_number
+from .vocabulary import words
 
 
 def _phone(lang: Lang, raw: str) -> str:
@@ -27,15 +28,15 @@ def _phone(lang: Lang, raw: str) -> str:
     return read_groups(lang, groups, plus)
 
 
-def _h_phone(lang: Lang, g: Groups, before: str, after: str) -> str:
+def _read_phone(lang: Lang, g: Groups, before: str, after: str) -> str:
     return _phone(lang, g("phone"))
 
 
-def _h_groups(lang: Lang, g: Groups, before: str, after: str) -> str:
+def _read_digit_groups(lang: Lang, g: Groups, before: str, after: str) -> str:
     return read_groups(lang, g("groups").split())
 
 
-def _h_numero(lang: Lang, g: Groups, before: str, after: str) -> str:
+def _read_numero(lang: Lang, g: Groups, before: str, after: str) -> str:
     """No.1 / No.12345678: 第一 / number one; three or more digits are an identifier."""
     num = g("no_num")
     if len(num) >= 3:
@@ -55,14 +56,14 @@ def code_words(lang: Lang, parts: list[str]) -> str:
     return ("杠" if lang == "zh" else " dash ").join(part(p) for p in parts)
 
 
-def _h_code(lang: Lang, g: Groups, before: str, after: str) -> str:
+def _read_hyphenated_code(lang: Lang, g: Groups, before: str, after: str) -> str:
     return code_words(lang, g("code").split("-"))
 
 
 _KEY_NAMES: Final = {"*": ("星号", "star"), "#": ("井号", "pound")}
 
 
-def _h_key(lang: Lang, g: Groups, before: str, after: str) -> str:
+def _read_keypad_key(lang: Lang, g: Groups, before: str, after: str) -> str:
     """A keypad key: 按*号键 -> 按星号键, 按#结束 -> 按井号结束, press # -> press pound."""
     sym = g("key") or g("key2")
     tail = g("key_tail") or g("key_tail2") or ""
@@ -74,18 +75,18 @@ def _h_key(lang: Lang, g: Groups, before: str, after: str) -> str:
 _PRESS: Final = "".join(f"(?<={w})" if i == 0 else f"|(?<={w})" for i, w in enumerate(
     ("按", "按下", "请按", "再按", "Press", "press", "Press ", "press ", "Dial ", "dial ", "Push ", "push ", "Hit ",
      "hit ")))
-KEY: Final = Kind(
-    "key",
+KEYPAD_KEY: Final = Kind(
+    "keypad_key",
     rf"(?=\s?[*#])(?:{_PRESS})\s?(?P<key>[*#])(?P<key_tail>号键|号|键)?(?![\d*#])"
     r"|(?P<key2>[*#])(?:(?P<key_tail2>号键|键)|(?=\s?key\b))",
-    _h_key)
+    _read_keypad_key)
 
 
-CODE: Final = Kind(
-    "code",
+HYPHENATED_CODE: Final = Kind(
+    "hyphenated_code",
     r"(?=[A-Z\d])(?<![A-Za-z0-9.+-])(?P<code>[A-Z]{0,3}\d{1,6}(?:-\d{1,6}){2,}|[A-Z]{1,3}\d{1,3}-\d{1,6})"
     r"(?![A-Za-z0-9-]|\.\d)",
-    _h_code)
+    _read_hyphenated_code)
 
 
 PHONE: Final = Kind(
@@ -100,37 +101,37 @@ PHONE: Final = Kind(
     r"|(?<![\d+])(?:\+?1[-.\s])?(?:\(\d{3}\)\s?|\d{3}[-.])\d{3}[-.]\d{4}(?!\d)"
     r"|\+\d{1,3}(?:[-\s]\d{1,4}){2,5}(?!\d)"
     r"|\+\d{1,3}[-\s]\d{1,4}[-\s]\d{5,8}(?!\d))",
-    _h_phone, first=r"[+(\d]")
+    _read_phone, first=r"[+(\d]")
 
 
-GROUPS: Final = Kind(
-    "groups",
+DIGIT_GROUPS: Final = Kind(
+    "digit_groups",
     r"(?<![\d.,])(?P<groups>\d{2,4}(?: \d{2,4}){2,})(?![\d]|[.,]\d)",
-    _h_groups, first=r"\d")
+    _read_digit_groups, first=r"\d")
 
 
-PROVINCES: Final = "京津沪渝冀豫云辽黑湘皖鲁新苏浙赣鄂桂甘晋蒙陕吉闽贵粤青藏川宁琼"
+PROVINCES: Final = "".join(words("provinces"))
 """The one-character province names a Chinese licence plate starts with (粤B·67890)."""
 
 
-def _h_plate(lang: Lang, g: Groups, before: str, after: str) -> str:
+def _read_licence_plate(lang: Lang, g: Groups, before: str, after: str) -> str:
     """A licence plate after its province: the letters as they are, the digits one by one
     (粤B·67890 -> 粤B六七八九零), never a quantity; the dot is silent."""
     return code_words(lang, [g("pl_letter") + g("pl_rest")])
 
 
-PLATE: Final = Kind(
-    "plate",
+LICENCE_PLATE: Final = Kind(
+    "licence_plate",
     rf"(?<=[{PROVINCES}])(?P<pl_letter>[A-Z])[ ]?(?P<pl_rest>(?=[A-Z]?\d)[A-Z\d]{{5,6}})(?![A-Za-z\d])",
-    _h_plate, first=r"[A-Z]")
+    _read_licence_plate, first=r"[A-Z]")
 """After fold_width the plate's middle dot (粤B·67890) is a space."""
 
 
-EXCHANGES: Final = ("SH", "SZ", "SS", "HK", "BJ")
+EXCHANGES: Final = words("stock_exchanges")
 """Exchange suffixes of a stock code (600519.SH), read as letters."""
 
 
-def _h_ticker(lang: Lang, g: Groups, before: str, after: str) -> str:
+def _read_ticker(lang: Lang, g: Groups, before: str, after: str) -> str:
     """A stock code alone in brackets after the company's name (宁德时代（300750）, 腾讯控股
     （00700.HK）): digit by digit with 幺, never an amount; the exchange suffix as letters."""
     ex = g("tk_ex")
@@ -142,11 +143,11 @@ TICKER: Final = Kind(
     "ticker",
     r"(?:(?<=[\u4e00-\u9fa5A-Za-z]\()|(?<=[\u4e00-\u9fa5A-Za-z] \())(?P<tk_num>\d{5,6})"
     rf"(?:\.(?P<tk_ex>{'|'.join(EXCHANGES)}))?(?=\))",
-    _h_ticker, first=r"\d")
+    _read_ticker, first=r"\d")
 """Five or six digits and nothing else in the brackets: (300元) and (2024) are no codes."""
 
 
 NUMERO: Final = Kind(
     "numero",
     r"(?<![A-Za-z])(?:No|NO|no)\.\s?(?P<no_num>\d+)(?![\d.])",
-    _h_numero, first=r"[Nn]")
+    _read_numero, first=r"[Nn]")

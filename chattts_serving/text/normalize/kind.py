@@ -27,7 +27,7 @@ Reader = Callable[[Lang, Groups, str, str], str]
 class Kind:
     """One entity kind.
 
-    name: the kind's name (the scanner's group ``k_<name>``, the report's and the tests' word);
+    name: the kind's name in words (the scanner's group ``k_<name>``, :data:`.precedence.KINDS`);
     pattern: its regex (named groups prefixed by the kind, unique over all kinds);
     read: its reader; lang: a language fixed by the kind's own words (English month names, 元),
     None to read it in the language of its context; counts: a plain count, whose language

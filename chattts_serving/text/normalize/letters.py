@@ -18,36 +18,22 @@ from typing import Final
 from .base import Lang
 from .kind import Groups, Kind, alt_words
 from .numbers import en_int, en_ordinal, zh_number
+from .vocabulary import rows, words, yes
 
-TITLES: Final = {"Dr": "Doctor", "Prof": "Professor", "Mr": "Mister", "Mrs": "Missus", "Ms": "Miz",
-                 "Gen": "General", "Capt": "Captain", "Lt": "Lieutenant", "Sgt": "Sergeant", "Col": "Colonel",
-                 "Gov": "Governor", "Sen": "Senator", "Rep": "Representative", "Rev": "Reverend", "Hon": "Honorable",
-                 "Pres": "President", "Mt": "Mount", "Ft": "Fort"}
+TITLES: Final[dict[str, str]] = {title: reading for title, reading in rows("titles")}
 """Titles before a name, read as words; the dot is no sentence end."""
-ABBREVIATIONS: Final = {"etc": "et cetera", "vs": "versus", "Jr": "Junior", "Sr": "Senior", "Inc": "Incorporated",
-                        "Ltd": "Limited", "Corp": "Corporation", "Co": "Company", "Ave": "Avenue", "Rd": "Road",
-                        "Blvd": "Boulevard", "Dept": "Department", "Univ": "University", "approx": "approximately",
-                        "Fig": "Figure", "fig": "figure", "Vol": "Volume", "vol": "volume", "St": "Street",
-                        "e.g": "for example", "i.e": "that is", "a.k.a": "also known as"}
+ABBREVIATIONS: Final = {abbr: reading for abbr, reading, _ in rows("abbreviations")}
 """Other abbreviations written with a dot; at the end of a sentence the dot also ends it."""
-NO_SENTENCE_END: Final = frozenset({"vs", "e.g", "i.e", "a.k.a", "approx", "Fig", "fig", "Vol", "vol"})
+NO_SENTENCE_END: Final = frozenset(abbr for abbr, _, ends in rows("abbreviations") if not yes(ends))
 """Abbreviations whose dot never ends a sentence (nor do the titles' dots)."""
 
-ROMAN_AFTER_WORDS: Final = ("Chapter", "Part", "Volume", "Book", "Act", "Scene", "Phase", "Stage", "Type", "Class",
-                            "Level", "Grade", "Episode", "War", "Article", "Section", "Appendix", "Round", "Season",
-                            "Title", "Schedule", "Category", "Tier", "Step", "Mark", "Apollo", "Bowl", "Gemini",
-                            "Vatican", "Republic", "Dynasty", "Symphony", "No", "Psalm", "Canto", "Unit", "Division")
+ROMAN_AFTER_WORDS: Final = words("roman_after_words")
 """English words after which Latin capitals are a Roman numeral read as a cardinal (World War
 II -> World War two, Chapter IV -> Chapter four)."""
-REGNAL_NAMES: Final = ("Elizabeth", "Henry", "Louis", "George", "Edward", "William", "Charles", "James", "Richard",
-                       "John", "Mary", "Victoria", "Philip", "Frederick", "Peter", "Catherine", "Napoleon", "Benedict",
-                       "Pius", "Leo", "Gregory", "Innocent", "Clement", "Paul", "Alexander", "Nicholas", "Ivan",
-                       "Ludwig", "Otto", "Wilhelm", "Rama", "Carlos", "Felipe", "Ferdinand", "Francis", "Urban",
-                       "Constantine", "Ramesses", "Ramses", "Harald", "Olaf", "Gustav", "Christian", "Haakon",
-                       "Albert", "Leopold", "Umberto", "Emmanuel", "Alfonso", "Pedro", "Sancho", "Anne", "Stephen")
+REGNAL_NAMES: Final = words("regnal_names")
 """Names after which a Roman numeral is a regnal number read ``the`` + ordinal (Louis XIV ->
 Louis the fourteenth)."""
-ROMAN_COUNTERS_ZH: Final = "型期级类卷章部篇集代号区段届次"
+ROMAN_COUNTERS_ZH: Final = "".join(words("roman_counters_zh"))
 """Chinese counters after which Latin capitals are a Roman numeral (II型, IV期)."""
 
 _ROMAN: Final = re.compile(r"M{0,3}(CM|CD|D?C{0,3})(XC|XL|L?X{0,3})(IX|IV|V?I{0,3})")
@@ -67,7 +53,7 @@ def roman_value(numeral: str) -> int | None:
     return total
 
 
-def _h_roman(lang: Lang, g: Groups, before: str, after: str) -> str:
+def _read_roman_numeral(lang: Lang, g: Groups, before: str, after: str) -> str:
     word = g("rm_word") or ""
     numeral = g("rm_num") or g("rm_zh") or g("rm_zh2") or g("rm_uni")
     value = roman_value(numeral)
@@ -79,7 +65,7 @@ def _h_roman(lang: Lang, g: Groups, before: str, after: str) -> str:
     return word + (f"the {en_ordinal(value)}" if regnal else en_int(value))
 
 
-def _h_abbrev(lang: Lang, g: Groups, before: str, after: str) -> str:
+def _read_abbreviation(lang: Lang, g: Groups, before: str, after: str) -> str:
     """A title or abbreviation as its word. St. is Saint before a name (St. Louis) unless a name
     precedes it, else Street (Main St.); Dr. right after a name is Drive (on Elm Dr.), else
     Doctor (a name counts when a lowercase word comes before it: the first word of a sentence
@@ -103,18 +89,18 @@ def _h_abbrev(lang: Lang, g: Groups, before: str, after: str) -> str:
     return word
 
 
-ABBREV: Final = Kind(
-    "abbrev",
+ABBREVIATION: Final = Kind(
+    "abbreviation",
     rf"(?=[A-Za-z])(?<![A-Za-z.])(?P<ab>{alt_words(TITLES)}|{alt_words(ABBREVIATIONS)})(?P<ab_dot>\.)"
     r"|(?=v)(?<![A-Za-z.])(?P<ab_vs>vs)(?![A-Za-z])(?=\s)",
-    lambda lang, g, before, after: "versus" if g("ab_vs") else _h_abbrev(lang, g, before, after),
+    lambda lang, g, before, after: "versus" if g("ab_vs") else _read_abbreviation(lang, g, before, after),
     lang="en")
 
 
-ROMAN: Final = Kind(
-    "roman",
+ROMAN_NUMERAL: Final = Kind(
+    "roman_numeral",
     r"(?P<rm_uni>[\u2160-\u217f]+)"
     rf"|(?=[A-Z])(?<![A-Za-z])(?P<rm_word>(?:{alt_words(ROMAN_AFTER_WORDS + REGNAL_NAMES)})\s+)(?P<rm_num>[IVXLCDM]+)"
     r"(?![A-Za-z])"
     rf"|(?=[IVX])(?<![A-Za-z])(?P<rm_zh>[IVX]{{1,4}})(?=[{ROMAN_COUNTERS_ZH}])|(?=[IVXLC])(?<=第)(?P<rm_zh2>[IVXLC]+)(?![A-Za-z])",
-    _h_roman)
+    _read_roman_numeral)

@@ -18,7 +18,7 @@ CIRCLED: Final = "\u2460-\u249b"
 """Circled, parenthesised and dotted numbers ①..⑳, ⑴..⒇, ⒈..⒛: always a list item's number."""
 
 
-def _h_list(lang: Lang, g: Groups, before: str, after: str) -> str:
+def _read_list_item(lang: Lang, g: Groups, before: str, after: str) -> str:
     """The item's number with a pause after it (a circled one inside a clause, 见注①, without)."""
     circled = g("li_circ")
     num = unicodedata.normalize("NFKC", circled).strip("().") if circled else g("li_num") or g("li_par")
@@ -29,8 +29,8 @@ def _h_list(lang: Lang, g: Groups, before: str, after: str) -> str:
     return words + ("，" if lang == "zh" else ",")
 
 
-LIST: Final = Kind(
-    "list",
+LIST_ITEM: Final = Kind(
+    "list_item",
     rf"{_BOUNDARY}(?:(?P<li_num>[1-9]\d?)(?:\.(?=[ ]?[^\d\s.])|、(?!\d)|\)(?=[ ]?\S))|\((?P<li_par>[1-9]\d?)\))"
     rf"|(?P<li_circ>[{CIRCLED}])",
-    _h_list, counts=True, first=rf"[\d({CIRCLED}]")
+    _read_list_item, counts=True, first=rf"[\d({CIRCLED}]")

@@ -68,7 +68,7 @@ def _yuan_jiao_fen(amount: str, major_word: str, tenth_word: str) -> str:
     return out
 
 
-def _h_money(lang: Lang, g: Groups, before: str, after: str) -> str:
+def _read_money(lang: Lang, g: Groups, before: str, after: str) -> str:
     """An amount after its currency sign or code, or a range of two (¥100-200, $3-5万: the
     currency once, after the second amount). A currency word written after it that the
     reading already says (¥100元, €1.2亿元, $5亿美元) is read once."""
@@ -106,14 +106,14 @@ def _money_range(lang: Lang, neg: bool, code: str, a: str, b: str, mult: str | N
     return ("minus " if neg else "") + f"{en_number(a)} to {en_number(b)} {tail}"
 
 
-def _h_yuan(lang: Lang, g: Groups, before: str, after: str) -> str:
+def _read_yuan(lang: Lang, g: Groups, before: str, after: str) -> str:
     amount, word = g("ms_amt"), g("ms_cur")
     if "." in amount and not after.lstrip().startswith("/"):
         return _yuan_jiao_fen(amount, word, "角" if word == "元" else "毛")
     return liang(zh_number(amount), "个") + word  # 7.5元/升: a price per unit reads the decimal
 
 
-def _h_coded(lang: Lang, g: Groups, before: str, after: str) -> str:
+def _read_amount_before_code(lang: Lang, g: Groups, before: str, after: str) -> str:
     """100 USD, 500 RMB: an amount before its currency code."""
     return _money(lang, False, CURRENCY_OF[g("cd_code")], g("cd_amt"), None)
 
@@ -130,17 +130,17 @@ MONEY: Final = Kind(
     r"(?:\s?(?P<mp_mult>万|亿|(?:thousand|million|billion|trillion)(?![A-Za-z])"
     r"|(?:[kKmMbBtT]|[mMbBtT]n)(?![A-Za-z])))?"
     rf"(?P<mp_unit>元(?![素旦首宵件老气帅])|块(?![头状])|{_WRITTEN})?",
-    _h_money, first=r"[^\s\d\u4e00-\u9fff]")
+    _read_money, first=r"[^\s\d\u4e00-\u9fff]")
 
 
 YUAN: Final = Kind(
     "yuan",
     rf"(?P<ms_amt>{NUM})\s?(?P<ms_cur>元(?![素旦首宵件老气帅])|块(?![头状]))",
-    _h_yuan, lang="zh", first=r"\d")
+    _read_yuan, lang="zh", first=r"\d")
 
 
-CODED: Final = Kind(
-    "coded",
+AMOUNT_BEFORE_CODE: Final = Kind(
+    "amount_before_code",
     rf"(?P<cd_amt>{NUM})\s?(?P<cd_code>{alt_words({c for c in CURRENCY_CODES if c.isalpha() and len(c) == 3})})"
     r"(?![A-Za-z])",
-    _h_coded, first=r"\d")
+    _read_amount_before_code, first=r"\d")

@@ -8,20 +8,14 @@ from decimal import Decimal, InvalidOperation
 from typing import Final
 
 from .base import Lang
+from .vocabulary import words
 
 ZH_DIGITS: Final = "零一二三四五六七八九"
 _EN_DIGITS: Final = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
-_ZH_LIANG_BEFORE: Final = tuple(sorted(
-    set("个位只本次件条天年点岁倍种台辆张把棵名块斤周项家间层份分米克秒瓶杯双碗盘盒箱袋包支枝朵颗粒片根对副篇首部场"
-        "届轮局回趟遍顿声下口排行列队组批门所座栋幢套匹头艘架款类样封册卷集幕道笔枚盏顶具扇面幅页章节段句步圈眼拳脚刀针"
-        "滴串束捆桶罐壶勺碟户处人成亿万千元角毛升吨尺寸亩晚夜餐代辈群伙帮剂听盆锅沓摞缸筐篮瓣阵番遭枪炮轴曲辑桩宗起例"
-        "则题栏格株丛簇挂窝胎任堵峰羽团堆摊尊杆柄室厅卫打通桌席堂票尾科帧站季")
-    | {"公里", "公斤", "千克", "小时", "分钟", "美元", "欧元", "英镑", "日元", "港元", "周年", "个月", "星期", "厘米",
-       "毫米", "毫升", "千米", "公顷", "平方米", "立方米", "英里", "英尺", "磅", "加仑", "刻钟"},
-    key=len, reverse=True))
-"""Measure words (and 千/万/亿) after which a lone 2 is read 两 rather than 二 (2瓶 -> 两瓶)."""
-_ZH_ER_BEFORE: Final = ("号", "楼", "路", "级", "年级", "班", "两", "月", "日", "线", "手", "维", "等", "次元", "季度",
-                       "分之", "次方", "次幂")
+_ZH_LIANG_BEFORE: Final = tuple(sorted(set(words("measure_words")), key=len, reverse=True))
+"""Measure words (and 千/万/亿) after which a lone 2 is read 两 rather than 二 (2瓶 -> 两瓶),
+longest first (``measure_words.tsv``)."""
+_ZH_ER_BEFORE: Final = words("er_before")
 """Words after which a lone 2 stays 二 although they start like a measure word: labels and
 ranks (2号, 2楼, 2路, 2级, 2年级, 2等奖), the month (2月), 2两 (二两, never 两两), and a
 denominator or an exponent (2分之1 -> 二分之一, 2次方 -> 二次方): 两 never belongs there."""

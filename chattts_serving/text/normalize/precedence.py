@@ -30,16 +30,19 @@ from .base import TAG_PATTERN
 from .kind import Kind
 
 PRECEDENCE: Final[tuple[Kind, ...]] = (
-    web.EMAIL, web.URL, web.FILE, identifiers.KEY, identifiers.PLATE, identifiers.TICKER, lists.LIST,
-    arithmetic.ARITH, arithmetic.FORMULA, quantities.PRESSURE,
-    dates.DRANGE, fractions.MDRANGE, dates.YMD, dates.MDY, dates.ENRANGE, dates.DAYRANGE, dates.MD, dates.DM,
-    dates.MDOT,
-    times.TRANGE, times.TIME, times.DOTTIME, times.RATIO, times.HAP,
-    identifiers.PHONE, identifiers.CODE, identifiers.GROUPS, times.HM,
-    money.MONEY, money.YUAN, money.CODED,
-    quantities.TIMES, quantities.TWENTYFOUR, quantities.PERUNIT, quantities.DECADE, quantities.KILO,
+    web.EMAIL, web.URL, web.FILE_NAME,
+    identifiers.KEYPAD_KEY, identifiers.LICENCE_PLATE, identifiers.TICKER, lists.LIST_ITEM,
+    arithmetic.ARITHMETIC, arithmetic.FORMULA, quantities.BLOOD_PRESSURE,
+    dates.DATE_RANGE, fractions.MONTH_DAY_RANGE, dates.YEAR_MONTH_DAY, dates.MONTH_DAY_YEAR,
+    dates.ENGLISH_DATE_RANGE, dates.WEEKDAY_RANGE, dates.MONTH_NAME_DAY, dates.DAY_MONTH_NAME,
+    dates.DOTTED_MONTH_DAY,
+    times.TIME_RANGE, times.TIME, times.DOTTED_TIME, times.RATIO, times.HOUR_AM_PM,
+    identifiers.PHONE, identifiers.HYPHENATED_CODE, identifiers.DIGIT_GROUPS, times.HOURS_AND_MINUTES,
+    money.MONEY, money.YUAN, money.AMOUNT_BEFORE_CODE,
+    quantities.FACTOR, quantities.TWENTY_FOUR_SEVEN, quantities.PER_UNIT, quantities.DECADE, quantities.SCALE_SUFFIX,
     ranges.RANGE, quantities.PERCENT, quantities.UNIT, fractions.FRACTION,
-    cardinals.ORDINAL, identifiers.NUMERO, cardinals.DOTTED, cardinals.NUMBER, letters.ROMAN, letters.ABBREV,
+    cardinals.ORDINAL, identifiers.NUMERO, cardinals.DOTTED_NUMBER, cardinals.NUMBER,
+    letters.ROMAN_NUMERAL, letters.ABBREVIATION,
 )
 """Every entity kind, first tried first."""
 KINDS: Final[dict[str, Kind]] = {k.name: k for k in PRECEDENCE}
@@ -49,12 +52,12 @@ SCANNER: Final = re.compile("|".join([f"(?P<k_tag>{TAG_PATTERN})", *(
 TAG_SCANNER: Final = re.compile(f"(?P<k_tag>{TAG_PATTERN})")
 """Control tokens only (:func:`chattts_serving.text.normalize.punctuate`)."""
 LIBRARY_KINDS: Final[frozenset[str]] = frozenset(k.name for k in PRECEDENCE if k.library)
-"""Entity kinds whose Chinese reading is WeTextProcessing's when the library is on, chosen by
-measurement on the corpus: every corpus instance of these kinds in Chinese context (7 dates
-2024-03-05/2024/3/5/2024.3.5, 5 fractions, 13 percentages without sign, 9 ratios) is read
-as expected by the library on the span alone. Not routed, because the corpus shows the
-library wrong on them: plain numbers (两 before 台/倍/次/种..., 第两名, years, identifiers),
-ranges and scores (4-0 -> 四减零, 10-20% -> 十月二日...), times (3:30分 -> 三比三零分,
-0:30 -> 零比三十), time ranges (0:00-6:00), phone numbers and digit groups, money (¥88.8元 ->
-八元八点八元), units (GWh, mAh, 零下), signed percentages and ‰. A span the library leaves
-with digits or symbols, or on which it fails, is read by our rules."""
+"""Entity kinds whose Chinese reading is WeTextProcessing's when the library is on: the corpus
+shows the library reading every one of their Chinese instances (dates 2024-03-05, 2024/3/5,
+2024.3.5; fractions; percentages without sign; ratios) as expected on the span alone. Not
+routed, because the corpus shows the library wrong on them: plain numbers (两 before
+台/倍/次/种..., 第两名, years, identifiers), ranges and scores (4-0 -> 四减零, 10-20% ->
+十月二日...), times (3:30分 -> 三比三零分, 0:30 -> 零比三十), time ranges (0:00-6:00), phone
+numbers and digit groups, money (¥88.8元 -> 八元八点八元), units (GWh, mAh, 零下), signed
+percentages and ‰. A span the library leaves with digits or symbols, or on which it fails, is
+read by our rules."""

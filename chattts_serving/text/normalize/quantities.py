@@ -11,6 +11,7 @@ from .context import clause, said_below
 from .kind import NUM, SIGN, Groups, Kind, alt
 from .numbers import en_int, en_number, en_year, liang, plain_decimal, to_decimal, zh_digits, zh_number
 from .tables import GLUED_UNITS, TEMPERATURE_UNITS, UNITS, unit_reading
+from .vocabulary import words
 
 
 def _decade(lang: Lang, year: str) -> str:
@@ -20,38 +21,35 @@ def _decade(lang: Lang, year: str) -> str:
     return words[:-1] + "ies" if words.endswith("y") else words + "s"
 
 
-SECONDS_BEFORE: Final = ("for", "takes", "took", "take", "taking", "wait", "waited", "waiting", "lasts", "lasted",
-                         "last", "every", "after", "within", "under", "than", "about", "around", "approximately",
-                         "only", "just", "another", "next", "first", "timeout", "delay", "of", "by", "countdown")
+SECONDS_BEFORE: Final = words("seconds_before_en")
 """English words right before ``Ns`` (N = 10..90) that make it seconds (wait 30s); without
 them it is a decade, with or without an article (70s rock, the 80s)."""
-DECADE_AFTER_ZH: Final = ("生人", "风格", "风", "的歌", "歌曲", "的音乐", "音乐", "金曲", "电影", "复古", "流行",
-                          "时尚", "老歌", "经典", "的人", "一代")
+DECADE_AFTER_ZH: Final = words("decade_after")
 """Chinese words right after ``Ns`` that make it a decade (70s生人 -> 七十年代生人)."""
 SECONDS_AFTER: Final = re.compile(r"\s*(?:later|left|ago|remaining|each|per|long|timeout|delay|interval|countdown|"
                                   r"to go|of|or less|or more|max|min)\b|\s*[-+]")
 """English words right after ``Ns`` that make it seconds (30s later, 10s left)."""
 
 
-def _h_times(lang: Lang, g: Groups, before: str, after: str) -> str:
+def _read_factor(lang: Lang, g: Groups, before: str, after: str) -> str:
     """3x, 2×: 三倍 / three times."""
     num = g("x_num")
     return liang(zh_number(num), "倍") + "倍" if lang == "zh" else f"{en_number(num)} times"
 
 
-def _h_twentyfour(lang: Lang, g: Groups, before: str, after: str) -> str:
+def _read_twenty_four_seven(lang: Lang, g: Groups, before: str, after: str) -> str:
     """24/7: round the clock, never a fraction."""
     return "全天候" if lang == "zh" else "twenty four seven"
 
 
-def _h_perunit(lang: Lang, g: Groups, before: str, after: str) -> str:
+def _read_per_unit(lang: Lang, g: Groups, before: str, after: str) -> str:
     """/m², /kg after an amount with a unit (100元/m²): 每平方米 / per square meter."""
     symbol = g("pu_unit")
     unit = UNITS.get(symbol) or GLUED_UNITS[symbol]
     return "每" + unit.zh if lang == "zh" else "per " + unit.en_one
 
 
-def _h_decade(lang: Lang, g: Groups, before: str, after: str) -> str:
+def _read_decade(lang: Lang, g: Groups, before: str, after: str) -> str:
     """1980s, '80s: a decade; 80s is a decade in English (70s rock -> seventies) unless words
     around it make it seconds (:data:`SECONDS_BEFORE`, :data:`SECONDS_AFTER`); in Chinese it is
     seconds (倒计时30s) unless :data:`DECADE_AFTER_ZH` or 世纪 make it a decade (70s生人)."""
@@ -64,8 +62,7 @@ def _h_decade(lang: Lang, g: Groups, before: str, after: str) -> str:
     return _decade(lang, g("dec") or g("dec2") or short)
 
 
-KILO_SENTENCE: Final = ("薪", "工资", "收入", "月入", "年入", "预算", "价", "奖金", "年终奖", "元", "块", "钱", "租",
-                        "待遇", "税前", "税后", "存款", "费", "赚", "涨", "粉丝", "阅读", "播放", "点赞")
+KILO_SENTENCE: Final = words("thousands_sentence")
 """In the clause of a number with a capital K, they make the K a thousand (月薪15K) and a small w
 ten thousand (月入2w); without them a capital K is a letter (4K电视, 8K屏幕). A small k after a
 number in Chinese is always 千."""
@@ -82,7 +79,7 @@ def _zh_thousands(num: str, letter: str = "k") -> str:
     return words
 
 
-def _h_kilo(lang: Lang, g: Groups, before: str, after: str) -> str:
+def _read_scale_suffix(lang: Lang, g: Groups, before: str, after: str) -> str:
     """8k, 8k-12k, 8-12K, 2w: a number of thousands (薪资8k-12k -> 八千到一万二) or of ten
     thousands (月入2w -> 两万) in Chinese when the k is small or a word of :data:`KILO_SENTENCE`
     is in the clause; else the number and the letter (4K电视 -> 四K, 功率10w -> 十w, and in
@@ -99,7 +96,7 @@ def _h_kilo(lang: Lang, g: Groups, before: str, after: str) -> str:
     return read(a) + (letter if g("kk_ka") else "") + sep + read(b) + letter
 
 
-def _h_percent(lang: Lang, g: Groups, before: str, after: str) -> str:
+def _read_percent(lang: Lang, g: Groups, before: str, after: str) -> str:
     sign = (g("pc_sign") or "").replace("−", "-")
     num = g("pc_num")
     if lang == "zh":
@@ -109,7 +106,7 @@ def _h_percent(lang: Lang, g: Groups, before: str, after: str) -> str:
     return ("minus " if sign == "-" else "plus " if sign == "+" else "") + en_number(num) + tail
 
 
-def _h_unit(lang: Lang, g: Groups, before: str, after: str) -> str:
+def _read_unit(lang: Lang, g: Groups, before: str, after: str) -> str:
     sign = (g("u_sign") or "").replace("−", "-")
     symbol = g("u_unit")
     unit = UNITS[symbol] if symbol else GLUED_UNITS[g("u_glued")]
@@ -129,59 +126,59 @@ def _library_may_read_percent(g: Groups, before: str, after: str) -> bool:
     return not g("pc_sign") and g("pc_sym") == "%"
 
 
-TIMES: Final = Kind(
-    "times",
+FACTOR: Final = Kind(
+    "factor",
     rf"(?<![A-Za-z0-9.])(?P<x_num>{NUM})[x×](?![A-Za-z0-9])",
-    _h_times, first=r"\d")
+    _read_factor, first=r"\d")
 
 
-TWENTYFOUR: Final = Kind(
-    "twentyfour",
+TWENTY_FOUR_SEVEN: Final = Kind(
+    "twenty_four_seven",
     r"(?<![\d/])24/7(?![\d/])",
-    _h_twentyfour, first=r"2")
+    _read_twenty_four_seven, first=r"2")
 
 
-PERUNIT: Final = Kind(
-    "perunit",
+PER_UNIT: Final = Kind(
+    "per_unit",
     rf"(?<=[\u4e00-\u9fa5A-Za-z²³\d])/(?P<pu_unit>{alt(UNITS)}|{alt(GLUED_UNITS)})(?![A-Za-z0-9])",
-    _h_perunit, first=r"/")
+    _read_per_unit, first=r"/")
 
 
 DECADE: Final = Kind(
     "decade",
     r"(?<![\d.])(?P<dec>\d{3}0)s(?![A-Za-z])|(?<![A-Za-z0-9])'(?P<dec2>\d0)s(?![A-Za-z])"
     r"|(?<![A-Za-z0-9.'])(?P<dec3>[1-9]0)s(?![A-Za-z])",
-    _h_decade, first=r"[\d']")
+    _read_decade, first=r"[\d']")
 
 
-KILO: Final = Kind(
-    "kilo",
+SCALE_SUFFIX: Final = Kind(
+    "scale_suffix",
     rf"(?<![A-Za-z0-9.])(?P<kk_a>{NUM})(?:(?P<kk_ka>[kKw])?\s?(?P<kk_sep>[-~–—])\s?(?P<kk_b>{NUM}))?"
     r"(?P<kk_k>[kKw])(?![A-Za-z0-9])",
-    _h_kilo, first=r"\d")
+    _read_scale_suffix, first=r"\d")
 
 
 PERCENT: Final = Kind(
     "percent",
     rf"(?P<pc_sign>{SIGN})?(?P<pc_num>{NUM})\s?(?P<pc_sym>[%‰])",
-    _h_percent, library=True, library_may_read=_library_may_read_percent, first=r"[-+−\d]")
+    _read_percent, library=True, library_may_read=_library_may_read_percent, first=r"[-+−\d]")
 
 
 UNIT: Final = Kind(
     "unit",
     rf"(?P<u_sign>{SIGN})?(?P<u_num>{NUM})(?:\s?(?P<u_unit>{alt(UNITS)})"
     rf"|(?P<u_glued>{alt(GLUED_UNITS)}))(?![A-Za-z0-9])",
-    _h_unit, first=r"[-+−\d]")
+    _read_unit, first=r"[-+−\d]")
 
 
-PRESSURE_BEFORE: Final = ("血压", "高压", "BP", "blood pressure", "Blood pressure")
+PRESSURE_BEFORE: Final = words("blood_pressure_before")
 """Written before ``a/b`` (为/是/:/of/is and spaces between allowed), they make it a blood
 pressure (血压135/85), as ``mmHg`` after it does."""
 _PRESSURE_LEAD: Final = "|".join(f"(?<={re.escape(w + sep)})" for w in PRESSURE_BEFORE
                                  for sep in ("", " ", "为", "是", ":", ": ", " of ", " is ", " was "))
 
 
-def _h_pressure(lang: Lang, g: Groups, before: str, after: str) -> str:
+def _read_blood_pressure(lang: Lang, g: Groups, before: str, after: str) -> str:
     """Blood pressure, systolic and diastolic: 一百三十五，八十五毫米汞柱 / one hundred thirty five
     over eighty five millimeters of mercury; never a fraction (八十五分之一百三十五)."""
     a, b = g("bp_a") or g("bp_a2"), g("bp_b") or g("bp_b2")
@@ -191,8 +188,8 @@ def _h_pressure(lang: Lang, g: Groups, before: str, after: str) -> str:
     return f"{en_number(a)} over {en_number(b)}" + (f" {unit.en_many}" if unit else "")
 
 
-PRESSURE: Final = Kind(
-    "pressure",
+BLOOD_PRESSURE: Final = Kind(
+    "blood_pressure",
     rf"(?:{_PRESSURE_LEAD})(?P<bp_a>\d{{2,3}})/(?P<bp_b>\d{{2,3}})(?:\s?(?P<bp_unit>mmHg)(?![A-Za-z]))?(?![\d/])"
     r"|(?<![\d/.])(?P<bp_a2>\d{2,3})/(?P<bp_b2>\d{2,3})\s?(?P<bp_unit2>mmHg)(?![A-Za-z])",
-    _h_pressure, first=r"\d")
+    _read_blood_pressure, first=r"\d")

@@ -27,7 +27,7 @@ def _range_side(lang: Lang, num: str, year: bool) -> str:
     return zh_number(num) if lang == "zh" else en_number(num)
 
 
-def _h_range(lang: Lang, g: Groups, before: str, after: str) -> str:
+def _read_range(lang: Lang, g: Groups, before: str, after: str) -> str:
     """``a-b`` / ``a~b``: a range (三到五天), a score (四比零获胜), a year range or a local phone
     number (555-0123); see :data:`SCORE_SENTENCE` for how a score and a range are told apart."""
     a, b, suf = g("r_a"), g("r_b"), (g("r_suf") or "").strip()
@@ -89,4 +89,4 @@ RANGE: Final = Kind(
     rf"(?P<r_ua>(?:{alt(UNITS)})(?=\s?[~–—-]\s?[-−]?\d))?"
     rf"(?P<r_sep>\s?[~–—]\s?|-|\s?[至到]\s?(?=[-−]\d))(?P<r_bsign>[-−])?(?P<r_b>{NUM})(?![\d])"
     rf"(?P<r_suf>\s?[%‰]|\s?(?:{alt(UNITS)})(?![A-Za-z0-9])|(?:{alt(GLUED_UNITS)})(?![A-Za-z0-9]))?",
-    _h_range, first=r"[-−\d]")
+    _read_range, first=r"[-−\d]")

@@ -1,5 +1,6 @@
-"""Tables: month names, units, currencies, multipliers, spoken symbols, Greek letters and the
-punctuation classes."""
+"""Tables: month and weekday names, units, currencies, multipliers, spoken symbols, Greek
+letters and the punctuation classes, read from the vocabulary files (:mod:`.vocabulary`,
+``data/<name>.tsv``)."""
 
 from __future__ import annotations
 
@@ -9,16 +10,18 @@ from typing import Final
 
 from .base import Lang
 from .numbers import en_number, liang, to_decimal, zh_number
+from .vocabulary import rows, yes
 
-MONTHS_EN: Final = ("January", "February", "March", "April", "May", "June", "July", "August", "September",
-                     "October", "November", "December")
-MONTH_ABBR: Final = {m[:3]: i + 1 for i, m in enumerate(MONTHS_EN)} | {"Sept": 9}
+MONTHS_EN: Final = tuple(name for _, name, _ in sorted(rows("months"), key=lambda r: int(r[0])))
+"""English month names, January first (``months.tsv``)."""
+MONTH_ABBR: Final = {a: int(n) for n, _, abbr in rows("months") for a in abbr.split()}
+"""Abbreviated month names and their numbers (Jan 1, Sept 9)."""
 MONTH_RE: Final = ("(?:" + "|".join(sorted([*MONTHS_EN, *MONTH_ABBR], key=len, reverse=True)) + r")\b")
 
 
-WEEKDAYS_EN: Final = ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday")
-_WEEKDAY_ABBR: Final = {"Mon": 0, "Tue": 1, "Tues": 1, "Wed": 2, "Thu": 3, "Thur": 3, "Thurs": 3, "Fri": 4, "Sat": 5,
-                        "Sun": 6}
+WEEKDAYS_EN: Final = tuple(name for _, name, _ in sorted(rows("weekdays"), key=lambda r: int(r[0])))
+"""English weekday names, Monday first (``weekdays.tsv``)."""
+_WEEKDAY_ABBR: Final = {a: int(n) - 1 for n, _, abbr in rows("weekdays") for a in abbr.split()}
 WEEKDAY_RE: Final = "(?:" + "|".join(sorted([*WEEKDAYS_EN, *_WEEKDAY_ABBR], key=len, reverse=True)) + r")\b"
 """An English weekday, written out or abbreviated (Mon, Tues, Thurs)."""
 
@@ -40,55 +43,11 @@ class Unit:
     liang: bool = True
 
 
-UNITS: Final[dict[str, Unit]] = {
-    "km/h": Unit("公里每小时", "kilometer per hour", "kilometers per hour"),
-    "m/s": Unit("米每秒", "meter per second", "meters per second"),
-    "mph": Unit("英里每小时", "mile per hour", "miles per hour"),
-    "km²": Unit("平方公里", "square kilometer", "square kilometers"),
-    "m²": Unit("平方米", "square meter", "square meters"),
-    "cm²": Unit("平方厘米", "square centimeter", "square centimeters"),
-    "m³": Unit("立方米", "cubic meter", "cubic meters"),
-    "cm³": Unit("立方厘米", "cubic centimeter", "cubic centimeters"),
-    "km": Unit("公里", "kilometer", "kilometers"), "cm": Unit("厘米", "centimeter", "centimeters"),
-    "mm": Unit("毫米", "millimeter", "millimeters"), "nm": Unit("纳米", "nanometer", "nanometers"),
-    "mi": Unit("英里", "mile", "miles"), "ft": Unit("英尺", "foot", "feet"),
-    "kg": Unit("千克", "kilogram", "kilograms"), "mg": Unit("毫克", "milligram", "milligrams"),
-    "lbs": Unit("磅", "pound", "pounds"), "lb": Unit("磅", "pound", "pounds"),
-    "oz": Unit("盎司", "ounce", "ounces"),
-    "ml": Unit("毫升", "milliliter", "milliliters"), "mL": Unit("毫升", "milliliter", "milliliters"),
-    "°C": Unit("摄氏度", "degree Celsius", "degrees Celsius", liang=False),
-    "℃": Unit("摄氏度", "degree Celsius", "degrees Celsius", liang=False),
-    "°F": Unit("华氏度", "degree Fahrenheit", "degrees Fahrenheit", liang=False),
-    "℉": Unit("华氏度", "degree Fahrenheit", "degrees Fahrenheit", liang=False),
-    "°": Unit("度", "degree", "degrees", liang=False),
-    "hrs": Unit("小时", "hour", "hours"), "hr": Unit("小时", "hour", "hours"),
-    "min": Unit("分钟", "minute", "minutes"), "sec": Unit("秒", "second", "seconds"),
-    "ms": Unit("毫秒", "millisecond", "milliseconds"),
-    "kHz": Unit("千赫兹", "kilohertz", "kilohertz"), "MHz": Unit("兆赫兹", "megahertz", "megahertz"),
-    "GHz": Unit("吉赫兹", "gigahertz", "gigahertz"), "Hz": Unit("赫兹", "hertz", "hertz"),
-    "KB": Unit("KB", "kilobyte", "kilobytes"), "MB": Unit("MB", "megabyte", "megabytes"),
-    "GB": Unit("GB", "gigabyte", "gigabytes"), "TB": Unit("TB", "terabyte", "terabytes"),
-    "kWh": Unit("千瓦时", "kilowatt hour", "kilowatt hours"), "kW": Unit("千瓦", "kilowatt", "kilowatts"),
-    "MWh": Unit("兆瓦时", "megawatt hour", "megawatt hours"), "MW": Unit("兆瓦", "megawatt", "megawatts"),
-    "GWh": Unit("吉瓦时", "gigawatt hour", "gigawatt hours"), "GW": Unit("吉瓦", "gigawatt", "gigawatts"),
-    "TWh": Unit("太瓦时", "terawatt hour", "terawatt hours"), "dB": Unit("分贝", "decibel", "decibels"),
-    "μg/m³": Unit("微克每立方米", "microgram per cubic meter", "micrograms per cubic meter"),
-    "mg/m³": Unit("毫克每立方米", "milligram per cubic meter", "milligrams per cubic meter"),
-    "mg/L": Unit("毫克每升", "milligram per liter", "milligrams per liter"),
-    "μg": Unit("微克", "microgram", "micrograms"), "μm": Unit("微米", "micrometer", "micrometers"),
-    "mAh": Unit("毫安时", "milliamp hour", "milliamp hours"),
-    "mmHg": Unit("毫米汞柱", "millimeter of mercury", "millimeters of mercury", liang=False),
-    "kPa": Unit("千帕", "kilopascal", "kilopascals"),
-    "Gbps": Unit("吉比特每秒", "gigabit per second", "gigabits per second"),
-    "Mbps": Unit("兆比特每秒", "megabit per second", "megabits per second"),
-    "kbps": Unit("千比特每秒", "kilobit per second", "kilobits per second"),
-}
+UNITS: Final[dict[str, Unit]] = {symbol: Unit(zh, one, many, yes(two)) for symbol, zh, one, many, two, glued
+                                  in rows("units") if not yes(glued)}
 """Unit symbols read after a number; they may follow the number after one space."""
-GLUED_UNITS: Final[dict[str, Unit]] = {
-    "m": Unit("米", "meter", "meters"), "g": Unit("克", "gram", "grams"), "L": Unit("升", "liter", "liters"),
-    "h": Unit("小时", "hour", "hours"), "s": Unit("秒", "second", "seconds"), "W": Unit("瓦", "watt", "watts"),
-    "V": Unit("伏", "volt", "volts"),
-}
+GLUED_UNITS: Final[dict[str, Unit]] = {symbol: Unit(zh, one, many, yes(two)) for symbol, zh, one, many, two, glued
+                                        in rows("units") if yes(glued)}
 """One-letter unit symbols, read as units only when written right after the number (5m, 10s)."""
 
 
@@ -107,80 +66,35 @@ class Currency:
 
 
 CURRENCIES: Final[dict[str, Currency]] = {
-    "USD": Currency("美元", "dollar", "dollars", "cent", "cents", ("美元",)),
-    "EUR": Currency("欧元", "euro", "euros", "cent", "cents", ("欧元",)),
-    "GBP": Currency("英镑", "pound", "pounds", "penny", "pence", ("英镑",)),
-    "HKD": Currency("港元", "Hong Kong dollar", "Hong Kong dollars", "cent", "cents", ("港元", "港币")),
-    "CNY": Currency("元", "yuan", "yuan", written=("元", "块")),
-    "JPY": Currency("日元", "yen", "yen", written=("日元",)),
-    "TWD": Currency("新台币", "New Taiwan dollar", "New Taiwan dollars", "cent", "cents", ("新台币",)),
-    "AUD": Currency("澳元", "Australian dollar", "Australian dollars", "cent", "cents", ("澳元",)),
-    "CAD": Currency("加元", "Canadian dollar", "Canadian dollars", "cent", "cents", ("加元",)),
-    "SGD": Currency("新加坡元", "Singapore dollar", "Singapore dollars", "cent", "cents", ("新加坡元",)),
-    "KRW": Currency("韩元", "won", "won", written=("韩元",)),
-    "INR": Currency("卢比", "rupee", "rupees", written=("卢比",)),
-    "RUB": Currency("卢布", "ruble", "rubles", written=("卢布",)),
-    "THB": Currency("泰铢", "baht", "baht", written=("泰铢",)),
-    "VND": Currency("越南盾", "dong", "dong", written=("越南盾",)),
-    "PHP": Currency("菲律宾比索", "Philippine peso", "Philippine pesos", written=("菲律宾比索", "比索")),
-    "TRY": Currency("土耳其里拉", "lira", "lira", written=("土耳其里拉", "里拉")),
-    "BRL": Currency("雷亚尔", "real", "reais", written=("雷亚尔",)),
-    "CHF": Currency("瑞士法郎", "Swiss franc", "Swiss francs", written=("瑞士法郎", "法郎")),
-    "MYR": Currency("林吉特", "ringgit", "ringgit", written=("林吉特",)),
-    "ILS": Currency("新谢克尔", "shekel", "shekels", written=("新谢克尔", "谢克尔")),
-    "UAH": Currency("格里夫纳", "hryvnia", "hryvnias", written=("格里夫纳",)),
-    "NGN": Currency("奈拉", "naira", "naira", written=("奈拉",)),
-    "MOP": Currency("澳门元", "pataca", "patacas", written=("澳门元",)),
-}
-CURRENCY_SIGNS: Final = {"$": "USD", "US$": "USD", "HK$": "HKD", "¥": "CNY", "€": "EUR", "£": "GBP", "NT$": "TWD",
-                         "A$": "AUD", "AU$": "AUD", "C$": "CAD", "CA$": "CAD", "S$": "SGD", "₩": "KRW", "₹": "INR",
-                         "₽": "RUB", "฿": "THB", "₫": "VND", "₱": "PHP", "₺": "TRY", "R$": "BRL", "₪": "ILS",
-                         "₴": "UAH", "₦": "NGN", "MOP$": "MOP"}
+    code: Currency(zh, one, many, minor_one or None, minor_many or None, tuple(written.split()))
+    for code, zh, one, many, minor_one, minor_many, written in rows("currencies")}
+"""Currencies by code (``currencies.tsv``)."""
+CURRENCY_SIGNS: Final[dict[str, str]] = {sign: code for sign, code in rows("currency_signs")}
 """Currency signs written before the amount (no space needed)."""
-CURRENCY_CODES: Final = {**{code: code for code in CURRENCIES}, "RMB": "CNY", "Rs.": "INR", "Rs": "INR",
-                         "RM": "MYR"}
+CURRENCY_CODES: Final[dict[str, str]] = {**{code: code for code in CURRENCIES},
+                                         **{alias: code for alias, code in rows("currency_code_aliases")}}
 """Currency codes (and abbreviations) written before or after the amount, a space allowed."""
 CURRENCY_OF: Final = {**CURRENCY_SIGNS, **CURRENCY_CODES}
 """Every written currency sign or code and the currency (key of :data:`CURRENCIES`) it stands for."""
-MULTIPLIERS: Final = {"k": (Decimal(10**3), "thousand"), "m": (Decimal(10**6), "million"),
-                       "mn": (Decimal(10**6), "million"), "million": (Decimal(10**6), "million"),
-                       "b": (Decimal(10**9), "billion"), "bn": (Decimal(10**9), "billion"),
-                       "billion": (Decimal(10**9), "billion"), "thousand": (Decimal(10**3), "thousand"),
-                       "t": (Decimal(10**12), "trillion"), "tn": (Decimal(10**12), "trillion"),
-                       "trillion": (Decimal(10**12), "trillion"),
-                       "万": (Decimal(10**4), "ten thousand"), "亿": (Decimal(10**8), "hundred million")}
+MULTIPLIERS: Final = {word: (Decimal(10 ** int(power)), english) for word, power, english in rows("multipliers")}
+"""Words and letters after an amount that multiply it (5k, 3.2万, 1.5 billion) and their English reading."""
 
-SYMBOL_WORDS: Final[dict[str, tuple[str, str]]] = {
-    "&": ("和", "and"), "@": ("艾特", "at"), "+": ("加", "plus"), "=": ("等于", "equals"),
-    "×": ("乘以", "times"), "÷": ("除以", "divided by"), "±": ("正负", "plus or minus"),
-    "≈": ("约等于", "approximately"), "≠": ("不等于", "is not equal to"),
-    "≤": ("小于等于", "less than or equal to"), "≥": ("大于等于", "greater than or equal to"),
-    "%": ("百分号", "percent"), "‰": ("千分号", "per mille"), "°": ("度", "degrees"),
-    "℃": ("摄氏度", "degrees Celsius"), "℉": ("华氏度", "degrees Fahrenheit"),
-    "$": ("美元", "dollars"), "¥": ("元", "yuan"), "€": ("欧元", "euros"), "£": ("英镑", "pounds"),
-    "₩": ("韩元", "won"), "₹": ("卢比", "rupees"), "₽": ("卢布", "rubles"), "฿": ("泰铢", "baht"),
-    "№": ("编号", "number"), "→": ("到", "to"),
-}
+SYMBOL_WORDS: Final[dict[str, tuple[str, str]]] = {symbol: (zh, en) for symbol, zh, en in rows("symbols")}
 """Symbols read as words wherever they stand (Chinese, English). ``#`` is read only before a
 number (``#1``); elsewhere (``#话题#``) it is silent."""
-GREEK_NAMES: Final[dict[str, tuple[str, str]]] = {
-    "α": ("阿尔法", "alpha"), "β": ("贝塔", "beta"), "γ": ("伽马", "gamma"), "δ": ("德尔塔", "delta"),
-    "Δ": ("德尔塔", "delta"), "ε": ("艾普西隆", "epsilon"), "θ": ("西塔", "theta"), "λ": ("兰姆达", "lambda"),
-    "μ": ("缪", "mu"), "π": ("派", "pi"), "σ": ("西格玛", "sigma"), "Σ": ("西格玛", "sigma"),
-    "φ": ("斐", "phi"), "ω": ("欧米伽", "omega"), "Ω": ("欧米伽", "omega"),
-}
+GREEK_NAMES: Final[dict[str, tuple[str, str]]] = {letter: (zh, en) for letter, zh, en in rows("greek_letters")}
 """Greek letters read by their names (Chinese, English): ChatTTS' normaliser would delete them.
 ``μ`` before a unit is part of the unit (``μg`` -> 微克)."""
 BETWEEN_NUMBERS: Final[dict[str, tuple[str, str]]] = {
-    "<": ("小于", "less than"), ">": ("大于", "greater than"), "*": ("乘", "times"), "/": ("除以", "divided by"),
-    "^": ("的次方", "to the power of"),
-}
+    symbol: (zh, en) for symbol, zh, en in rows("symbols_between_numbers")}
 """Symbols read as operators only between two numbers (3 < 5, 4*2); elsewhere they are
 pauses (``<`` ``>`` ``/``) or unspeakable (``*`` ``^``)."""
 
-COMMA_MARKS: Final = set(",;:()[]{}<>|~、，；：（）【】〔〕—–-/·")
-END_MARKS: Final = set(".!?。！？")
-SILENT_MARKS: Final = set("\"'`“”‘’«»‹›「」『』《》〈〉")
+COMMA_MARKS: Final = {mark for mark, role in rows("punctuation") if role == "pause"}
+"""Marks read as a short pause (``punctuation.tsv``, role ``pause``)."""
+END_MARKS: Final = {mark for mark, role in rows("punctuation") if role == "end"}
+"""Marks that end a sentence (role ``end``)."""
+SILENT_MARKS: Final = {mark for mark, role in rows("punctuation") if role == "silent"}
 """Quotes and title marks: no sound and no pause (two titles in a row, ``》《``, are a list: 、)."""
 
 
@@ -198,4 +112,5 @@ def unit_reading(lang: Lang, unit: Unit, num: str) -> str:
     return f"{en_number(num)} {unit.en_one if value == 1 else unit.en_many}"
 
 
-TEMPERATURE_UNITS: Final = ("℃", "°C", "℉", "°F")
+TEMPERATURE_UNITS: Final = tuple(symbol for symbol, unit in UNITS.items() if unit.en_one.startswith("degree "))
+"""The units of a temperature (℃, °F, ...): a minus before them reads 零下."""

@@ -10,17 +10,17 @@ from .base import Lang
 from .context import ends_with, score_near
 from .kind import Groups, Kind
 from .numbers import en_int, en_number, liang, score, zh_int, zh_number
+from .vocabulary import words
 
-DURATION_BEFORE: Final = ("用时", "耗时", "成绩", "时长", "历时", "净时间", "完赛")
+DURATION_BEFORE: Final = words("duration_before")
 """Written right before ``h:mm:ss``, they make it a duration (成绩2:03:45: 两小时零三分四十五秒)."""
-PACE_BEFORE: Final = ("配速",)
+PACE_BEFORE: Final = words("pace_before")
 """Written right before ``m:ss``, they make it minutes and seconds (配速5:30 -> 五分三十秒)."""
-COUNTDOWN_BEFORE: Final = ("倒计时", "剩余时间", "剩余", "还剩下", "还剩", "仅剩", "只剩", "剩下")
+COUNTDOWN_BEFORE: Final = words("countdown_before")
 """Written right before ``mm:ss``, they make it a countdown read as minutes and seconds
 (倒计时05:00 -> 五分钟, 剩余时间01:30 -> 一分三十秒). 还有 does so only before ``00:ss``
 (距开赛还有00:30 -> 三十秒): 还有10:30的航班 is a clock time."""
-DAY_PARTS: Final = ("凌晨", "早上", "早晨", "清晨", "上午", "中午", "下午", "傍晚", "晚上", "夜里", "夜间", "深夜",
-                    "午夜")
+DAY_PARTS: Final = words("day_parts")
 """Written right before a time with am/pm (下午2:30pm), they already say which half of the
 day it is: am/pm is not read a second time."""
 
@@ -100,7 +100,7 @@ def _minutes_seconds(lang: Lang, m: int, s: int, unit_follows: bool = False) -> 
     return " ".join(parts)
 
 
-def _h_time(lang: Lang, g: Groups, before: str, after: str) -> str:
+def _read_time(lang: Lang, g: Groups, before: str, after: str) -> str:
     """A clock time, or what its context makes of ``a:b``: a score (比分为21:19), a duration
     (成绩2:03:45), a pace (配速5:30), minutes and seconds (``10:30秒``, 倒计时05:00). A unit
     written after it that the reading already says (17:20分, 15:16:36秒, 12:00点, 9:30点) is
@@ -131,7 +131,7 @@ def _h_time(lang: Lang, g: Groups, before: str, after: str) -> str:
     return words + unit
 
 
-def _h_trange(lang: Lang, g: Groups, before: str, after: str) -> str:
+def _read_time_range(lang: Lang, g: Groups, before: str, after: str) -> str:
     sides = []
     for p in ("ta", "tb"):
         sec = g(f"{p}_s")
@@ -142,7 +142,7 @@ def _h_trange(lang: Lang, g: Groups, before: str, after: str) -> str:
     return f"{sides[0]} to {sides[1]}"
 
 
-def _h_ratio(lang: Lang, g: Groups, before: str, after: str) -> str:
+def _read_ratio(lang: Lang, g: Groups, before: str, after: str) -> str:
     """``a:b`` that is no clock time: a ratio or score (三比二), or minutes and seconds before
     秒 or after a countdown word (45:30秒 -> 四十五分三十, the 秒 read next; 倒计时59:59)."""
     a, b = g("ra_a"), g("ra_b")
@@ -157,7 +157,7 @@ def mm_ss(a: str, b: str, before: str, after: str) -> bool:
     return len(b) == 2 and int(b) < 60 and int(a) < 1000 and (after.startswith("秒") or _countdown(before, a))
 
 
-def _h_hap(lang: Lang, g: Groups, before: str, after: str) -> str:
+def _read_hour_am_pm(lang: Lang, g: Groups, before: str, after: str) -> str:
     """5pm: five PM / 下午五点 (五点 after a day part: 下午5pm)."""
     ap: str | None = g("hap_ap")
     if lang == "zh" and ends_with(before, DAY_PARTS):
@@ -165,7 +165,7 @@ def _h_hap(lang: Lang, g: Groups, before: str, after: str) -> str:
     return clock(lang, int(g("hap_h")), 0, None, ap, whole=False)
 
 
-def _h_hm(lang: Lang, g: Groups, before: str, after: str) -> str:
+def _read_hours_and_minutes(lang: Lang, g: Groups, before: str, after: str) -> str:
     h, m = g("hm_h"), g("hm_m")
     if lang == "zh":
         return liang(zh_number(h), "个") + "小时" + zh_number(m) + "分钟"
@@ -177,7 +177,7 @@ def _library_may_read_ratio(g: Groups, before: str, after: str) -> bool:
     return not mm_ss(g("ra_a"), g("ra_b"), before, after)
 
 
-def _h_dottime(lang: Lang, g: Groups, before: str, after: str) -> str:
+def _read_dotted_time(lang: Lang, g: Groups, before: str, after: str) -> str:
     """8.15 written as a clock time where the context says time (晚上8.15, at 8.15, 8.15pm):
     八点十五分 / eight fifteen, never 八点一五."""
     h, m = int(g("dt_h") or g("dt_h2")), int(g("dt_m") or g("dt_m2"))
@@ -187,45 +187,45 @@ def _h_dottime(lang: Lang, g: Groups, before: str, after: str) -> str:
     return clock(lang, h, m, None, ap)
 
 
-_DAY_WORDS: Final = ("今晚", "明晚", "昨晚", "今早", "明早", "每晚", "当晚", "晚", "早")
+_DAY_WORDS: Final = words("day_words")
 _DOT_TIME_BEFORE: Final = "|".join(f"(?<={re.escape(w)})" for w in (*DAY_PARTS, *_DAY_WORDS, "at ", "At ", "by "))
 _AP: Final = r"\.?[Mm](?:\.(?=\S| [a-z]))?(?![A-Za-z])"
 """The rest of am/pm after its first letter."""
 
 
-TRANGE: Final = Kind(
-    "trange",
+TIME_RANGE: Final = Kind(
+    "time_range",
     _time_re("ta") + r"(?P<tr_sep>\s?[-~–—]\s?|至|到)" + _time_re("tb"),
-    _h_trange, first=r"\d")
+    _read_time_range, first=r"\d")
 
 
 TIME: Final = Kind(
     "time",
     _time_re("t") + r"(?:\s?(?P<t_ap>[AaPp])\.?[Mm](?:\.(?=\S| [a-z]))?(?![A-Za-z]))?"
     r"(?P<t_unit>分(?![钟别享析之配为成组批])|秒|整|点钟|点(?![名评击赞菜餐燃亮播头数滴]))?",
-    _h_time, first=r"\d")
+    _read_time, first=r"\d")
 
 
 RATIO: Final = Kind(
     "ratio",
     r"(?<![\d.])(?<!\d:)(?P<ra_a>\d{1,3}):(?P<ra_b>\d{1,3})(?![\d:])",
-    _h_ratio, library=True, library_may_read=_library_may_read_ratio, first=r"\d")
+    _read_ratio, library=True, library_may_read=_library_may_read_ratio, first=r"\d")
 
 
-HAP: Final = Kind(
-    "hap",
+HOUR_AM_PM: Final = Kind(
+    "hour_am_pm",
     r"(?<![\d:.])(?P<hap_h>1[0-2]|0?[1-9])\s?(?P<hap_ap>[AaPp])\.?[Mm](?:\.(?=\S| [a-z]))?(?![A-Za-z])",
-    _h_hap, first=r"\d")
+    _read_hour_am_pm, first=r"\d")
 
 
-HM: Final = Kind(
-    "hm",
+HOURS_AND_MINUTES: Final = Kind(
+    "hours_and_minutes",
     r"(?<![\d.])(?P<hm_h>\d+)\s?h(?:rs?)?\s?(?P<hm_m>\d+)\s?(?:mins?|m)(?![A-Za-z0-9])",
-    _h_hm, first=r"\d")
+    _read_hours_and_minutes, first=r"\d")
 
 
-DOTTIME: Final = Kind(
-    "dottime",
+DOTTED_TIME: Final = Kind(
+    "dotted_time",
     rf"(?=\s?\d{{1,2}}\.\d)(?:{_DOT_TIME_BEFORE})\s?(?P<dt_h>[01]?\d|2[0-3])\.(?P<dt_m>[0-5]\d)(?![\d%‰]|\.\d)(?:\s?(?P<dt_ap>[AaPp]){_AP})?"
     rf"|(?=\d)(?<![\d.])(?P<dt_h2>1[0-2]|0?\d)\.(?P<dt_m2>[0-5]\d)\s?(?P<dt_ap2>[AaPp]){_AP}",
-    _h_dottime)
+    _read_dotted_time)

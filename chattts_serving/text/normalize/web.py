@@ -47,18 +47,18 @@ def _url(lang: Lang, raw: str) -> str:
     return " ".join(out)
 
 
-def _h_email(lang: Lang, g: Groups, before: str, after: str) -> str:
+def _read_email(lang: Lang, g: Groups, before: str, after: str) -> str:
     return _email(lang, g("email"))
 
 
-def _h_url(lang: Lang, g: Groups, before: str, after: str) -> str:
+def _read_url(lang: Lang, g: Groups, before: str, after: str) -> str:
     return _url(lang, g("url"))
 
 
 EMAIL: Final = Kind(
     "email",
     r"(?<![A-Za-z0-9._%+-])(?P<email>[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,})",
-    _h_email, first=r"[A-Za-z0-9._%+-]")
+    _read_email, first=r"[A-Za-z0-9._%+-]")
 
 
 URL: Final = Kind(
@@ -66,17 +66,17 @@ URL: Final = Kind(
     rf"(?P<url>(?:https?://|www\.){_URL_TAIL}"
     rf"|(?<![A-Za-z0-9.@/_-])(?:[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?\.)+(?:{_TLD})(?![A-Za-z0-9-])"
     rf"(?:/{_URL_TAIL})?)",
-    _h_url, first=r"[A-Za-z0-9]")
+    _read_url, first=r"[A-Za-z0-9]")
 
 
-def _h_file(lang: Lang, g: Groups, before: str, after: str) -> str:
+def _read_file_name(lang: Lang, g: Groups, before: str, after: str) -> str:
     return _url(lang, g("file"))
 
 
-FILE: Final = Kind(
-    "file",
+FILE_NAME: Final = Kind(
+    "file_name",
     rf"(?<![A-Za-z0-9.@/_-])(?P<file>[A-Za-z0-9][A-Za-z0-9_-]*(?:\.[A-Za-z0-9_-]+)*\.(?i:{_FILE_EXT}))"
     r"(?![A-Za-z0-9_-])",
-    _h_file, first=r"[A-Za-z0-9]")
+    _read_file_name, first=r"[A-Za-z0-9]")
 """A file name (``config.yaml``, ``report_v2.pdf``, ``archive.tar.gz``): its dots are read as 点 /
 dot, not taken for the end of a sentence."""
