@@ -24,7 +24,8 @@ from ..audio.chunking import ChunkSchedule, StreamChunker, Window
 from ..audio.vocoder import VocoderRunner
 from ..contract import VocoderPath
 from ..engine.gpt import Embeddings, GptStepRunner
-from ..engine.scheduler import Engine, make_sequence
+from ..engine.scheduler import Engine
+from ..engine.sequence import make_sequence
 from ..engine.sinks import CollectingSink
 from ..params import SamplingParams
 from ..runtime import Artifacts
@@ -76,7 +77,7 @@ def run_batch(engine: Engine, vocoder: VocoderRunner, schedule: ChunkSchedule,
         params = SamplingParams(max_new_tokens=tokens, min_new_tokens=tokens, seed=seed + i)
         engine.submit(make_sequence(np.asarray(ids, np.int64), spk, params, st.sink, emit_tokens=emit_tokens,
                                     first_emit_tokens=schedule.tokens_before_first_chunk(),
-                                    request_id=f"minimal-{seed}-{i}"))
+                                    stream_id=f"minimal-{seed}-{i}"))
     decode_s = vocode_s = decode_cpu = vocode_cpu = 0.0
     calls = windows = 0
     while not all(st.chunker.done for st in streams):

@@ -9,7 +9,7 @@ and ``_refine_text``) runs the GPT in text mode before the speech codes:
 2. ``GPT.generate(infer_text=True)`` samples from the text head with the parameters of
    ``RefineTextParams`` (:class:`RefineParams`) until ``[Ebreak]`` (not included) or
    ``max_new_token``. In this project the engine does it: a
-   :class:`~chattts_serving.engine.scheduler.Sequence` in text mode
+   :class:`~chattts_serving.engine.sequence.Sequence` in text mode
    (:class:`~chattts_serving.contract.SequenceMode`);
 3. the generated ids are turned back into text: ids from ``[break_0]`` (21147) up are
    dropped (``[break_N]``, ``[laugh_N]``, ``[oral_N]``, ``[speed_N]``), ids below it are kept,

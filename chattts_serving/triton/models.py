@@ -48,7 +48,8 @@ from ..contract import Precision, VocoderPath
 from ..engine.gpt import Embeddings, GptStepRunner
 from ..engine.kernels import choose_int8_kernel
 from ..engine.request import SequenceRequest
-from ..engine.scheduler import Engine, Sequence
+from ..engine.scheduler import Engine
+from ..engine.sequence import Sequence
 from ..errors import RequestError, drop_tracebacks, from_message
 from ..runtime import OrtOptions, resolve_precision
 from ..serving.admission import busy_error, rejection_reason

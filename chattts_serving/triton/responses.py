@@ -3,7 +3,7 @@
 
 * :class:`SenderChannel`: the :class:`~chattts_serving.serving.lifecycle.ResponseChannel` of an
   entry-model stream (audio chunks with ``info``, then the final response or one error);
-* :class:`EngineSink`: the GPT engine's :class:`~chattts_serving.engine.scheduler.TokenSink` for
+* :class:`EngineSink`: the GPT engine's :class:`~chattts_serving.engine.sinks.TokenSink` for
   one sequence (token batches, then the last one with its stop reason and the final flag);
   an error travels as the stop reason ``error:<kind>:<message>``
   (:func:`chattts_serving.errors.encode_stop`).
