@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from .. import contract
-from ..audio.chunking import ChunkSchedule, StreamChunker, Window
+from ..audio.chunking import ChunkSchedule, StreamChunker, TokenWindow
 from ..audio.vocoder import VocoderRunner
 from ..contract import VocoderPath
 from ..engine.gpt import Embeddings, GptStepRunner
@@ -52,12 +52,12 @@ class _Stream:
         self.chunker = StreamChunker(schedule)
         self.samples = 0
 
-    def next_window(self) -> Window | None:
+    def next_window(self) -> TokenWindow | None:
         if self.sink.errors:
             raise self.sink.errors[0]
         return self.chunker.next_window(self.sink.count, self.sink.reason is not None)
 
-    def window_input(self, path: VocoderPath, w: Window) -> np.ndarray:
+    def window_input(self, path: VocoderPath, w: TokenWindow) -> np.ndarray:
         rows = self.sink.all_hidden if path == VocoderPath.HIDDEN else self.sink.all_codes
         return rows[w.start:w.end]
 
