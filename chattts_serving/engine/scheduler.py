@@ -239,7 +239,7 @@ class Engine:
     def warm_up(self, batch_sizes: tuple[int, ...] = (1, 4, 16), prompt_tokens: int = 48,
                 past_tokens: int = 96, text_head: bool = False) -> None:
         """Run the GPT step once per shape class before serving, so that the first requests do
-        not pay ONNX Runtime's first-run allocations (about 1 s on the full model here).
+        not pay ONNX Runtime's first-run allocations.
         ``text_head``: also load the refine-text head now (65 MB at H=768) instead of at the
         first text-mode sequence; RuntimeError when the artifacts lack it. Uses the batch's
         own cache rows while nothing runs (their contents are never read afterwards)."""
@@ -500,8 +500,9 @@ class Engine:
         self._flush(s, reason)
 
     def _cancelled(self, s: Sequence) -> None:
-        """End a cancelled sequence: it leaves at the next rebuild; its sink hears ``cancelled``
-        (a sink whose client is gone may fail to deliver that, which is fine)."""
+        """End a cancelled sequence: it leaves its row when the iteration frees ended ones; its
+        sink hears ``cancelled`` (a sink whose client is gone may fail to deliver that, which
+        is fine)."""
         s.done = True
         with self._stats_lock:
             self.stats_data.cancelled += 1
