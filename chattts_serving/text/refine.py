@@ -186,7 +186,7 @@ def speech_prompt_ids(tokenizer: Any, text: str, speed: int = 5, txt_smp: str | 
     and is stripped; ``txt_smp`` (a reference recording's transcript, or the first piece's text
     in ChatTTS' multi-sentence flow) is inserted as it is, not normalised, nothing when None.
     With an audio prompt the engine appends its codes after these ids
-    (``Sequence.prompt_codes``); without a speaker the sequence takes ``spk_emb=None``
+    (``SequenceRequest.prompt_codes``); without a speaker the sequence takes ``spk_emb=None``
     (``[empty_spk]`` is embedded as text).
 
     Raises:
