@@ -1,6 +1,6 @@
 """The two streaming doors side by side on one server: ``chattts`` (the C++ gate in front of the
 Python BLS entry model) and ``chattts_ensemble`` (Triton's ensemble: front end -> GPT engine in
-window mode -> the ensemble's vocoder step).
+ensemble mode -> the ensemble's vocoder step).
 
 The same jobs at closed-loop concurrency 1 and 16, the doors taking turns at each level (BLS,
 then ensemble), each phase measured like the benchmark's levels (:meth:`ServerSession.measure`:

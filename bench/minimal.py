@@ -20,11 +20,12 @@ from typing import Any
 import numpy as np
 
 from chattts_serving import contract
-from chattts_serving.audio.chunking import ChunkSchedule, StreamChunker, Window
+from chattts_serving.audio.chunking import ChunkSchedule, StreamChunker, TokenWindow
 from chattts_serving.audio.vocoder import VocoderRunner
 from chattts_serving.contract import VocoderPath
 from chattts_serving.engine.gpt import Embeddings, GptStepRunner
-from chattts_serving.engine.scheduler import Engine, make_sequence
+from chattts_serving.engine.scheduler import Engine
+from chattts_serving.engine.sequence import make_sequence
 from chattts_serving.engine.sinks import CollectingSink
 from chattts_serving.params import SamplingParams
 from chattts_serving.runtime import Artifacts
@@ -52,12 +53,12 @@ class _Stream:
         self.chunker = StreamChunker(schedule)
         self.samples = 0
 
-    def next_window(self) -> Window | None:
+    def next_window(self) -> TokenWindow | None:
         if self.sink.errors:
             raise self.sink.errors[0]
         return self.chunker.next_window(self.sink.count, self.sink.reason is not None)
 
-    def window_input(self, path: VocoderPath, w: Window) -> np.ndarray:
+    def window_input(self, path: VocoderPath, w: TokenWindow) -> np.ndarray:
         rows = self.sink.all_hidden if path == VocoderPath.HIDDEN else self.sink.all_codes
         return rows[w.start:w.end]
 
@@ -77,7 +78,7 @@ def run_batch(engine: Engine, vocoder: VocoderRunner, schedule: ChunkSchedule,
         params = SamplingParams(max_new_tokens=tokens, min_new_tokens=tokens, seed=seed + i)
         engine.submit(make_sequence(np.asarray(ids, np.int64), spk, params, st.sink, emit_tokens=emit_tokens,
                                     first_emit_tokens=schedule.tokens_before_first_chunk(),
-                                    request_id=f"minimal-{seed}-{i}"))
+                                    stream_id=f"minimal-{seed}-{i}"))
     decode_s = vocode_s = decode_cpu = vocode_cpu = 0.0
     calls = windows = 0
     while not all(st.chunker.done for st in streams):

@@ -196,7 +196,7 @@ quiet server)."""
 MODEL_ENSEMBLE: Final = "chattts_ensemble"
 """The ensemble door: a Triton ``platform: "ensemble"`` model whose steps are
 :data:`MODEL_FRONTEND` (the whole request: validated, one sentence segment -> prompt),
-:data:`MODEL_ENGINE` (in window mode: one response per vocoder window of the chunk schedule),
+:data:`MODEL_ENGINE` (in ensemble mode: one response per vocoder window of the chunk schedule),
 :data:`MODEL_ENSEMBLE_VOCODER`; it streams the same audio chunks as
 :data:`MODEL_STREAM` for one sentence, without a Python entry model in the per-chunk path, and
 refuses what only :data:`MODEL_STREAM` does (refine-text, several segments, reference
@@ -434,7 +434,7 @@ FE_PROMPT_CODES: Final = TensorSpec("prompt_codes", "TYPE_INT32", (-1, NUM_VQ),
 FE_REQUEST_TEXT: Final = TensorSpec("request_text", "TYPE_STRING", (1,), optional=True,
                                    doc="the ensemble door's whole request (its 'text'; the other entry inputs under "
                                        "their own names): validated like chattts' and prepared for the engine's "
-                                       "window mode; without it the call is one segment of a BLS pipeline")
+                                       "ensemble mode; without it the call is one segment of a BLS pipeline")
 FRONTEND_REQUEST_INPUTS: Final = tuple(t for t in ENTRY_INPUTS if t.name not in
                                        {IN_TEXT.name, IN_VOICE.name, IN_REFINE_PROMPT.name, IN_REFERENCE_TEXT.name,
                                         IN_REFERENCE_AUDIO.name, IN_REFERENCE_RATE.name, IN_VALIDATE_ONLY.name})
@@ -484,11 +484,11 @@ EN_DELIVERY_ADDRESS: Final = TensorSpec("delivery_address", "TYPE_STRING", (1,),
                                             "stream_id there after each response it sent "
                                             "(chattts_serving.triton.deliveries)")
 EN_WINDOW_LOOKAHEAD: Final = TensorSpec(FE_LOOKAHEAD.name, "TYPE_INT32", (1,), optional=True,
-                                        doc="window mode (the ensemble door): respond with vocoder windows of the "
+                                        doc="ensemble mode (the ensemble door): respond with vocoder windows of the "
                                             "profile's chunk schedule at this lookahead (-1: the profile's) instead "
                                             "of token batches")
 EN_INFO_HEADER: Final = TensorSpec(FE_INFO.name, "TYPE_STRING", (1,), optional=True,
-                                   doc="window mode: info JSON for the first window (the last one's is completed "
+                                   doc="ensemble mode: info JSON for the first window (the last one's is completed "
                                        "with the final keys)")
 ENGINE_INPUTS: Final = (FE_INPUT_IDS, EN_SPK_EMB, *(p.tensor() for p in SAMPLING_PARAMS), EN_EMIT_TOKENS,
                         EN_STREAM_ID, EN_CONTROL, EN_PRIORITY, EN_TIMEOUT_MS, EN_FIRST_EMIT, EN_MODE, EN_PROMPT_CODES,
@@ -497,7 +497,7 @@ EN_CODES: Final = TensorSpec("codes", "TYPE_INT32", (-1, NUM_VQ), doc="codes of 
 EN_HIDDEN: Final = TensorSpec("hidden", "TYPE_FP32", (-1, -1), doc="GPT last hidden state per token (N, H)")
 EN_STOP: Final = TensorSpec("stop_reason", "TYPE_STRING", (1,),
                             doc="'' while running, then 'eos', 'max_new_tokens' or 'cancelled'")
-# window mode (the ensemble door): a response is a vocoder window, or a progress tick that
+# ensemble mode (the ensemble door): a response is a vocoder window, or a progress tick that
 # carries only window_stream_id (the ensemble vocoder's chance to see a client's cancel)
 WIN_HIDDEN: Final = TensorSpec("window_hidden", "TYPE_FP32", (-1, -1), optional=True,
                                doc="the window's tokens' hidden states (T, H): new tokens with left context and "

@@ -139,7 +139,8 @@ def engine_cuda(art: Path) -> dict[str, Any]:
     import numpy as np
 
     from chattts_serving.engine.gpt import Embeddings, GptStepRunner
-    from chattts_serving.engine.scheduler import Engine, EngineConfig, Sequence
+    from chattts_serving.engine.scheduler import Engine, EngineConfig
+    from chattts_serving.engine.sequence import make_sequence
     from chattts_serving.engine.sinks import CollectingSink
     from chattts_serving.export import int8
     from chattts_serving.params import SamplingParams
@@ -161,8 +162,8 @@ def engine_cuda(art: Path) -> dict[str, Any]:
             ids = rng.integers(200, 7000, 12 + 3 * (i % 5))
             ids[0], ids[-1] = 21131, 21132
             n = 10 + 4 * i
-            eng.submit(Sequence(ids, None, SamplingParams(seed=i, max_new_tokens=n, min_new_tokens=n), sink,
-                                emit_tokens=1 + i % 3))
+            eng.submit(make_sequence(ids, None, SamplingParams(seed=i, max_new_tokens=n, min_new_tokens=n), sink,
+                                     emit_tokens=1 + i % 3))
             for _ in range(i % 4):
                 eng.run_once()
         while eng.live_count():

@@ -24,7 +24,8 @@ from chattts_serving.audio.chunking import ChunkSchedule, StreamChunker
 from chattts_serving.audio.vocoder import VocoderRunner
 from chattts_serving.engine.gpt import Embeddings, GptStepRunner
 from chattts_serving.engine.request import SequenceRequest
-from chattts_serving.engine.scheduler import Engine, Sequence
+from chattts_serving.engine.scheduler import Engine
+from chattts_serving.engine.sequence import Sequence
 from chattts_serving.engine.sinks import CollectingSink
 from chattts_serving.params import SamplingParams
 from chattts_serving.runtime import Artifacts

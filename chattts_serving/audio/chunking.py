@@ -1,5 +1,8 @@
 """Streaming chunk schedule: which token window to vocode next, and which samples to send.
 
+A token window (:class:`TokenWindow`) is a span of GPT tokens the vocoder decodes in one call:
+a chunk's new tokens with their left context and lookahead.
+
 Chunk k covers tokens ``[b_k, b_{k+1})``; the first chunk is small (low time to first audio),
 later ones grow geometrically to amortise the vocoder's per-call cost. A chunk is decoded
 once ``b_{k+1} + lookahead`` tokens exist (or the stream has ended), over the window
@@ -68,10 +71,9 @@ class ChunkSchedule:
     before the audio already sent has played out (jitter of the token rate and delivery)."""
     min_planned_tokens: int = 2
     """Smallest rate-planned chunk, and smallest chunk of ``growth_basis`` "audio". Each window
-    vocodes its chunk plus about 18 tokens of context, lookahead and crossfade, so a stream
+    vocodes its chunk plus its context, lookahead and crossfade edges, so a stream
     barely faster than real time would be cut into many tiny, costly windows; below this size
-    it takes the small gap instead (simulated in tests/unit/test_chunking.py: 2 keeps RTF 0.7
-    gapless and costs 26 windows instead of 41 per 300 tokens at RTF 0.8)."""
+    it takes the small gap instead (the trade is simulated in tests/unit/test_chunking.py)."""
     growth_basis: str = "chunk"
     """What ``growth`` multiplies: "chunk" (each chunk's size) or "audio" (the audio sent so far:
     gapless up to RTF ``1 / growth``, see the module docstring)."""
@@ -127,10 +129,9 @@ class ChunkSchedule:
 
     def without_crossfade(self) -> ChunkSchedule:
         """The same chunks, context and lookahead, seams cut at the chunk boundary instead of
-        crossfaded: what a stream whose windows are vocoded by a stateless step needs (the
-        ensemble door: its vocoder cannot blend a window with the one before), see
-        :meth:`StreamChunker.keep`. With a lookahead of the receptive field nothing changes
-        (both sides of a seam equal the offline decode)."""
+        crossfaded (:meth:`StreamChunker.keep`): what a stream needs whose vocoder step cannot
+        blend a window with the one before (the ensemble door's). With a lookahead of the
+        receptive field nothing changes (both sides of a seam equal the offline decode)."""
         return ChunkSchedule(self.first_chunk_tokens, self.growth, self.max_chunk_tokens, self.left_context_tokens,
                              self.lookahead_tokens, 0, self.first_lookahead_tokens,
                              min_planned_tokens=self.min_planned_tokens, growth_basis=self.growth_basis,
@@ -144,13 +145,14 @@ class ChunkSchedule:
         the crossfade's half, in whole tokens); the vocoder commits at
         :meth:`StreamChunker.carry_point`, the start of the next window, so the tokens after it
         are vocoded again with their right context, and the seam is crossfaded between the two
-        decodes as in the windowed mode (without the crossfade the seam keeps the first decode's
-        error at its end: 8 dB worse on the small checkpoint)."""
+        decodes as in the windowed mode (without the crossfade the seam would keep the first
+        decode's error at its end, where it lacks right context)."""
         return replace(self, carried=True).validate()
 
     def windowed(self) -> ChunkSchedule:
         """The same schedule for a vocoder that decodes each window alone (its left context
-        back): what a stateless vocoder step needs whatever the profile's mode."""
+        back): what a vocoder step that keeps no state between windows needs (the ensemble
+        door's) whatever the profile's mode."""
         return replace(self, carried=False).validate()
 
     @property
@@ -173,8 +175,10 @@ def vocoded_tokens(schedule: ChunkSchedule, n_tokens: int) -> int:
 
 
 @dataclass(frozen=True)
-class Window:
-    """A vocoder job: decode tokens ``[start, end)``; ``final`` marks the stream's last one."""
+class TokenWindow:
+    """A vocoder job: decode tokens ``[start, end)``, of which the chunk's own are
+    ``[chunk_start, chunk_end)`` (the rest: left context, crossfade edge and lookahead);
+    ``final`` marks the stream's last one."""
 
     start: int
     end: int
@@ -255,7 +259,7 @@ class StreamChunker:
         n = math.floor(budget_s * rate + available - self.boundary - edge - self.s.lookahead_tokens)
         return max(self.s.min_planned_tokens, min(self.s.max_chunk_tokens, n))
 
-    def next_window(self, available: int, finished: bool) -> Window | None:
+    def next_window(self, available: int, finished: bool) -> TokenWindow | None:
         """The next window to decode, or None until more tokens arrive.
 
         ``available``: tokens generated so far; ``finished``: no more will come. Context is
@@ -275,19 +279,19 @@ class StreamChunker:
                 self.done = True
                 return None
             self._window_at = self.clock()
-            return Window(start, available, self.boundary, available, True)
+            return TokenWindow(start, available, self.boundary, available, True)
         if available < need:
             return None
         self._window_at = self.clock()
-        return Window(start, need, self.boundary, end, False)
+        return TokenWindow(start, need, self.boundary, end, False)
 
-    def carry_point(self, w: Window) -> int:
+    def carry_point(self, w: TokenWindow) -> int:
         """Where the window after ``w`` starts (its chunk's start less the crossfade's edge and
         the left context): what a vocoder that carries its state commits after ``w``."""
         edge = -(-(self.s.crossfade_samples // 2) // contract.SAMPLES_PER_TOKEN)
         return max(0, w.chunk_end - edge - self.s.left_tokens)
 
-    def keep(self, w: Window) -> tuple[int, int]:
+    def keep(self, w: TokenWindow) -> tuple[int, int]:
         """For a schedule without crossfade (:meth:`ChunkSchedule.without_crossfade`): which
         samples of window ``w``'s audio to send, (first sample, count), advancing the chunker
         as :meth:`emit` does; ``emit(w, audio)`` returns exactly ``audio[first:first+count]``.
@@ -302,7 +306,7 @@ class StreamChunker:
         self._advance(w, stop, count)
         return first, count
 
-    def _advance(self, w: Window, stop: int, sent: int) -> None:
+    def _advance(self, w: TokenWindow, stop: int, sent: int) -> None:
         """Window ``w`` was handed out, ``sent`` samples of it up to sample ``stop``: record the
         vocoder's time and the first emit, then size the next chunk (:meth:`_grown`, or planned
         from the token rate: :meth:`plan_next`)."""
@@ -331,7 +335,7 @@ class StreamChunker:
             size = max(self.size + 1, int(self.size * s.growth))
         return min(s.max_chunk_tokens, size)
 
-    def emit(self, w: Window, audio: np.ndarray) -> np.ndarray:
+    def emit(self, w: TokenWindow, audio: np.ndarray) -> np.ndarray:
         """Samples to send for window ``w`` given its decoded ``audio`` (1-D float32)."""
         spt = contract.SAMPLES_PER_TOKEN
         base = w.start * spt

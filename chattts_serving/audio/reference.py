@@ -14,7 +14,7 @@ What ChatTTS 0.2.5 does (``ChatTTS/core.py``, ``ChatTTS/model/speaker.py``,
   (:func:`chattts_serving.text.refine.speech_prompt_ids`) and lets
   ``Tokenizer.encode(..., prompt=codes)`` append the T code positions after it (``text_mask``
   false there, so ``Embed`` sums the 4 code embeddings); the engine takes the codes as
-  ``Sequence.prompt_codes``.
+  ``SequenceRequest.prompt_codes``.
 
 Reference recordings reach the encoder through :func:`prepare_recording` (checks and
 resampling to 24 kHz) and :class:`PromptCache` (one encoding per distinct recording,

@@ -137,7 +137,7 @@ def admission_spec() -> ModelSpec:
 def ensemble_spec() -> ModelSpec:
     """``chattts_ensemble`` (:data:`contract.MODEL_ENSEMBLE`, ``platform: "ensemble"``): the
     entry inputs of ``chattts`` -> ``chattts_frontend`` (the whole request, its text as
-    ``request_text``) -> ``chattts_gpt`` in window mode (the sampling inputs straight from the
+    ``request_text``) -> ``chattts_gpt`` in ensemble mode (the sampling inputs straight from the
     request) -> ``chattts_ensemble_vocoder`` -> audio, chunk_index, info.
     Ensemble tensors between steps are named ``_<name>``."""
     fe_in = {contract.FE_REQUEST_TEXT.name: contract.IN_TEXT.name,

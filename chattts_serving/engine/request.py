@@ -3,7 +3,7 @@
 :class:`SequenceRequest` is the one type from the pipeline (:mod:`chattts_serving.serving.pipeline`
 builds it) over the wire (:func:`chattts_serving.triton.stages.engine_inputs` writes it as
 tensors, :func:`chattts_serving.serving.request.parse_engine` reads it back) to the scheduler
-(:class:`chattts_serving.engine.scheduler.Sequence` holds it). Its rules are checked once, when
+(:class:`chattts_serving.engine.sequence.Sequence` holds it). Its rules are checked once, when
 it is made: a request that exists is valid. What only the engine can judge (the context
 length, the artifacts' text head, the queue) stays in ``Engine.submit``.
 """

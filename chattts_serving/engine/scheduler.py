@@ -29,7 +29,9 @@ once, when it joins. Rows of different lengths share a step (GroupQueryAttention
 row's length). The cache lives in host memory (numpy), or with IO binding on the CUDA
 execution provider in device memory (cupy), where it stays: a decode step uploads only the
 embeddings (B, 1, H) and row lengths and downloads logits and hidden. Nothing here imports
-Triton: the Triton model binds a :class:`TokenSink` to its response sender.
+Triton: the Triton model binds a :class:`~chattts_serving.engine.sinks.TokenSink` to its
+response sender. A sequence and its ids: :mod:`chattts_serving.engine.sequence`; the waiting
+queue: :mod:`chattts_serving.engine.waiting`; the rows: :mod:`chattts_serving.engine.kvbatch`.
 """
 
 from __future__ import annotations
@@ -47,11 +49,11 @@ import numpy as np
 from .. import contract
 from ..contract import TEXT_EOS_ID, SequenceMode, StopReason
 from ..errors import ErrorKind, RequestError
-from ..params import SamplingParams
 from .gpt import Embeddings, GptStepRunner
 from .kvbatch import KvBatch
-from .request import InvalidSequence, SequenceRequest
-from .sampling import RequestSampler, sample_batch, sample_text_batch
+from .request import InvalidSequence
+from .sampling import sample_batch, sample_text_batch
+from .sequence import Sequence
 from .waiting import QueueFull, WaitingQueue
 
 log = logging.getLogger(__name__)
@@ -60,11 +62,11 @@ DEADLINE_EXCEEDED = "deadline exceeded"
 """The error message of a sequence whose deadline passed (kind DEADLINE)."""
 
 CANCEL_POLL_STEPS = 4
-"""A running sequence's sink is asked :meth:`TokenSink.cancelled` once per this many engine
-iterations (staggered by when it joined), not at every step: on Triton the question is a round
-trip to the server per sequence (its share of the engine thread: docs/decode-speed.md, "Threads
-on two cores"). A cancel through :meth:`Engine.cancel` (the BLS's cancel datagram) is seen at
-the next iteration."""
+"""A running sequence's sink is asked :meth:`~chattts_serving.engine.sinks.TokenSink.cancelled`
+once per this many engine iterations (staggered by when it joined), not at every step: on
+Triton the question is a round trip to the server per sequence (its share of the engine
+thread: docs/decode-speed.md, "Threads on two cores"). A cancel through :meth:`Engine.cancel`
+(the BLS's cancel datagram) is seen at the next iteration."""
 
 
 class EngineBusy(RequestError):
@@ -72,25 +74,6 @@ class EngineBusy(RequestError):
 
     def __init__(self, message: str) -> None:
         super().__init__(message, ErrorKind.BUSY)
-
-
-class TokenSink(Protocol):
-    """Where a sequence's output goes. Called from the engine thread only."""
-
-    def tokens(self, codes: np.ndarray, hidden: np.ndarray, stop_reason: StopReason | None) -> None:
-        """New tokens: codes (N, 4) int32, hidden (N, H) float32; ``stop_reason`` is None while
-        the sequence runs and set on its last call (EOS, MAX_TOKENS or CANCELLED).
-        For a text-mode sequence each row of ``codes`` holds the new text token id (in
-        [0, 21178)) in all 4 columns (ChatTTS' ``inputs_ids`` layout in text mode); take
-        column 0."""
-
-    def error(self, exc: RequestError) -> None:
-        """The sequence ended with an error (DEADLINE when its deadline passed, INTERNAL for a
-        failure); no further calls follow."""
-
-    def cancelled(self) -> bool:
-        """True once the client no longer wants output (asked at admission, then once per
-        :data:`CANCEL_POLL_STEPS` engine iterations)."""
 
 
 class EngineObserver(Protocol):
@@ -101,7 +84,8 @@ class EngineObserver(Protocol):
         running; ``kv_tokens`` = rows x KV width now resident."""
 
     def idle(self) -> None:
-        """The batch became empty (nothing running, KV cache released)."""
+        """The batch became empty: no row holds a sequence (the KV cache stays allocated,
+        :class:`~chattts_serving.engine.gpt.KvCache` is preallocated; only its rows are free)."""
 
 
 class _NoObserver:
@@ -117,9 +101,9 @@ class EngineConfig:
     """Scheduling knobs (from the deployment profile).
 
     max_batch_size: running sequences decoded together per step.
-    max_waiting: requests queued for admission (the distinct ``Sequence.owner`` of the
+    max_waiting: requests queued for admission (the distinct ``request.request_id`` of the
         waiting sequences); beyond it :meth:`Engine.submit` raises :class:`EngineBusy`, except
-        for a sequence whose ``owner`` already has a live one (a request the entry admitted may
+        for a sequence whose request already has a live one (a request the entry admitted may
         start several at once: refine-text's segments, ChatTTS' groups of 4; the limit is on
         requests, which the entry already bounds).
     max_prefill_tokens: padded prompt tokens prefilled together in one call.
@@ -142,103 +126,6 @@ class EngineConfig:
     max_context_tokens: int = 4096
     waiting_heartbeat_s: float = 5.0
     batch_rows: int | None = None
-
-
-@dataclass(eq=False)
-class Sequence:
-    """One request inside the engine: its :class:`~chattts_serving.engine.request.SequenceRequest`
-    (checked when it was made; its fields are readable here under the scheduler's names:
-    ``prompt_ids``, ``spk_emb``, ``params``, ``emit_tokens``, ``first_emit_tokens``,
-    ``priority``, ``mode``, ``prompt_codes``; ``request_id`` is the request's ``stream_id``, the
-    name :meth:`Engine.cancel` takes, and ``owner`` its ``request_id``, see
-    ``EngineConfig.max_waiting``), the sink its tokens go to, and the engine's state of it.
-
-    deadline_s: ``time.monotonic()`` after which the sequence is dropped with an error;
-    acknowledge: the engine thread's first sink call for the sequence is an empty one (no
-    tokens, stop reason ''), made as soon as it sees the submission (a BLS caller returns from
-    its call at the first response and can then watch its client; every response is sent from
-    the engine thread). A text-mode sequence (refine-text) embeds its prompt and new tokens with
-    ``emb_text`` and samples from the text head; prompt codes (ChatTTS' ``spk_smp``, see
-    :mod:`chattts_serving.audio.reference`) are embedded as the sum of the 4 code embeddings
-    after the text prompt.
-    """
-
-    request: SequenceRequest
-    sink: TokenSink
-    deadline_s: float | None = None
-    acknowledge: bool = False
-    sampler: RequestSampler = field(init=False)
-    length: int = 0  # tokens in this sequence's KV cache
-    generated: int = 0
-    last_codes: np.ndarray | None = None
-    pending_codes: list[np.ndarray] = field(default_factory=list)
-    pending_hidden: list[np.ndarray] = field(default_factory=list)
-    done: bool = False
-    submitted_s: float = field(default_factory=time.monotonic)
-    answered_s: float = 0.0  # time.monotonic() of the last sink call (0: none yet)
-    cancel_requested: bool = False
-    cancel_polled: int = 0  # engine iteration at which the sink was last asked whether it was cancelled
-
-    def __post_init__(self) -> None:
-        self.sampler = RequestSampler(self.request.params)
-
-    @property
-    def prompt_ids(self) -> np.ndarray:
-        return self.request.input_ids
-
-    @property
-    def spk_emb(self) -> np.ndarray | None:
-        return self.request.spk_emb
-
-    @property
-    def params(self) -> SamplingParams:
-        return self.request.params
-
-    @property
-    def emit_tokens(self) -> int:
-        return self.request.emit_tokens
-
-    @property
-    def first_emit_tokens(self) -> int:
-        return self.request.first_emit_tokens
-
-    @property
-    def priority(self) -> int:
-        return self.request.priority
-
-    @property
-    def mode(self) -> SequenceMode:
-        return self.request.mode
-
-    @property
-    def prompt_codes(self) -> np.ndarray | None:
-        return self.request.prompt_codes
-
-    @property
-    def request_id(self) -> str:
-        return self.request.stream_id
-
-    @property
-    def owner(self) -> str:
-        return self.request.request_id
-
-    @property
-    def prompt_length(self) -> int:
-        """Prompt positions: text ids plus audio-prompt codes."""
-        return self.request.prompt_length
-
-
-def make_sequence(prompt_ids: np.ndarray, spk_emb: np.ndarray | None, params: SamplingParams, sink: TokenSink, *,
-                  emit_tokens: int = 1, first_emit_tokens: int = 0, priority: int = 0,
-                  deadline_s: float | None = None, request_id: str = "", owner: str = "",
-                  mode: SequenceMode = SequenceMode.CODE, acknowledge: bool = False,
-                  prompt_codes: np.ndarray | None = None) -> Sequence:
-    """A :class:`Sequence` from its parts (the engine's own callers: benchmarks, tests).
-    Raises :class:`~chattts_serving.engine.request.InvalidSequence`."""
-    return Sequence(SequenceRequest(np.asarray(prompt_ids), spk_emb, params, emit_tokens=emit_tokens,
-                                    first_emit_tokens=first_emit_tokens, priority=priority, mode=mode,
-                                    prompt_codes=prompt_codes, stream_id=request_id, request_id=owner),
-                    sink, deadline_s=deadline_s, acknowledge=acknowledge)
 
 
 @dataclass
@@ -294,35 +181,37 @@ class Engine:
     def submit(self, seq: Sequence) -> None:
         """Queue a sequence (its request's own rules were checked when it was made). Raises
         :class:`EngineBusy` when the waiting queue is full (unless a live sequence has the same
-        non-empty ``owner``) and :class:`~chattts_serving.engine.request.InvalidSequence` (a
+        non-empty ``request.request_id``) and :class:`~chattts_serving.engine.request.InvalidSequence` (a
         ValueError) when its prompt and ``max_new_tokens`` cannot fit the context or a
         text-mode sequence meets artifacts without the text head."""
-        if seq.mode == SequenceMode.TEXT and not self.emb.has_text_head:
+        req = seq.request
+        if req.mode == SequenceMode.TEXT and not self.emb.has_text_head:
             raise InvalidSequence("these artifacts have no text head for refine-text; re-run `make export`",
                                   param=contract.EN_MODE.name)
-        if seq.prompt_length + seq.params.max_new_tokens > self.config.max_context_tokens:
-            raise InvalidSequence(f"prompt ({seq.prompt_length} tokens) + max_new_tokens "
-                                  f"({seq.params.max_new_tokens}) exceeds the context of "
+        if req.prompt_length + req.params.max_new_tokens > self.config.max_context_tokens:
+            raise InvalidSequence(f"prompt ({req.prompt_length} tokens) + max_new_tokens "
+                                  f"({req.params.max_new_tokens}) exceeds the context of "
                                   f"{self.config.max_context_tokens} tokens", param=contract.FE_INPUT_IDS.name)
         with self._cv:
-            running = bool(seq.owner) and any(s.owner == seq.owner and not s.done for s in self._batch.running())
+            running = bool(req.request_id) and any(s.request.request_id == req.request_id and not s.done
+                                                   for s in self._batch.running())
             try:
-                self._queue.push(seq, owner_live=running)
+                self._queue.push(seq, request_live=running)
             except QueueFull as exc:
                 raise EngineBusy(f"server busy: {exc}") from None
             if seq.acknowledge:
                 self._unacknowledged.append(seq)
             self._cv.notify()
 
-    def cancel(self, request_id: str) -> bool:
-        """Ask the engine to end the live sequence ``request_id`` at its next step (it then
-        gets a last ``tokens`` call with stop reason ``cancelled``). Returns False when no
-        such sequence is live."""
+    def cancel(self, stream_id: str) -> bool:
+        """Ask the engine to end the live sequence whose ``request.stream_id`` is ``stream_id``
+        at its next step (it then gets a last ``tokens`` call with stop reason ``cancelled``).
+        Returns False when no such sequence is live."""
         with self._cv:
-            found = self._queue.cancel(request_id)
+            found = self._queue.cancel(stream_id)
             if not found:
                 for s in self._batch.running():
-                    if s.request_id == request_id and not s.done:
+                    if s.request.stream_id == stream_id and not s.done:
                         s.cancel_requested = found = True
                         break
             if found:
@@ -350,7 +239,7 @@ class Engine:
     def warm_up(self, batch_sizes: tuple[int, ...] = (1, 4, 16), prompt_tokens: int = 48,
                 past_tokens: int = 96, text_head: bool = False) -> None:
         """Run the GPT step once per shape class before serving, so that the first requests do
-        not pay ONNX Runtime's first-run allocations (about 1 s on the full model here).
+        not pay ONNX Runtime's first-run allocations.
         ``text_head``: also load the refine-text head now (65 MB at H=768) instead of at the
         first text-mode sequence; RuntimeError when the artifacts lack it. Uses the batch's
         own cache rows while nothing runs (their contents are never read afterwards)."""
@@ -476,7 +365,7 @@ class Engine:
             running = self._batch.running()
             room = self._batch.free_rows()
             batch_room = (None if self.config.batch_rows is None else
-                          self.config.batch_rows - sum(1 for s in running if s.priority > 0))
+                          self.config.batch_rows - sum(1 for s in running if s.request.priority > 0))
             decision = self._queue.admit(room, batch_room, self.config.max_prefill_tokens)
         self._end_waiting(decision.gone)
         admitted = []
@@ -492,17 +381,18 @@ class Engine:
     def _prefill(self, seqs: list[Sequence]) -> None:
         """One right-padded prefill of ``seqs``; each samples its first token and, unless that
         ended it, takes a free row with its prompt KV."""
-        width = max(s.prompt_length for s in seqs)
+        reqs = [s.request for s in seqs]
+        width = max(r.prompt_length for r in reqs)
         h = self.emb.emb_text.shape[1]
         embeds = np.zeros((len(seqs), width, h), np.float32)
-        lengths = np.array([s.prompt_length for s in seqs], np.int64)
-        for i, s in enumerate(seqs):
-            embeds[i, :s.prompt_length] = self.emb.prompt(s.prompt_ids, s.spk_emb, s.prompt_codes)
+        lengths = np.array([r.prompt_length for r in reqs], np.int64)
+        for i, r in enumerate(reqs):
+            embeds[i, :r.prompt_length] = self.emb.prompt(r.input_ids, r.spk_emb, r.prompt_codes)
         logits, hidden, cache = self.runner.prefill(embeds, lengths)
         with self._stats_lock:
             self.stats_data.prefill_calls += 1
         for s in seqs:
-            s.length = s.prompt_length
+            s.length = s.request.prompt_length
         self._accept(seqs, self._sample(seqs, logits, hidden), hidden)
         for i, s in enumerate(seqs):
             if s.done:
@@ -545,7 +435,7 @@ class Engine:
         for i, s in enumerate(seqs):
             if s is None or s.done or s.last_codes is None:
                 continue
-            if s.mode == SequenceMode.TEXT:
+            if s.request.mode == SequenceMode.TEXT:
                 text_rows.append(i)
                 text_ids.append(int(s.last_codes[0]))
             else:
@@ -560,8 +450,8 @@ class Engine:
         (B, 4, 626) and hidden (B, H): code rows from their code heads; text rows from the
         text head on ``hidden``, the id repeated on the 4 columns."""
         out = np.zeros((len(seqs), contract.NUM_VQ), np.int64)
-        text = [i for i, s in enumerate(seqs) if s.mode == SequenceMode.TEXT]
-        code = [i for i, s in enumerate(seqs) if s.mode != SequenceMode.TEXT]
+        text = [i for i, s in enumerate(seqs) if s.request.mode == SequenceMode.TEXT]
+        code = [i for i, s in enumerate(seqs) if s.request.mode != SequenceMode.TEXT]
         if code:
             out[code] = sample_batch(logits[code], [seqs[i].sampler for i in code])
         if text:
@@ -576,7 +466,7 @@ class Engine:
                 continue
             c = codes[i]
             s.sampler.record(c)
-            ended = c[0] == TEXT_EOS_ID if s.mode == SequenceMode.TEXT else (c == contract.EOS_CODE).any()
+            ended = c[0] == TEXT_EOS_ID if s.request.mode == SequenceMode.TEXT else (c == contract.EOS_CODE).any()
             if ended:
                 self._finish(s, StopReason.EOS)
                 continue
@@ -586,9 +476,9 @@ class Engine:
             s.pending_hidden.append(hidden[i])
             with self._stats_lock:
                 self.stats_data.tokens += 1
-            if s.generated >= s.params.max_new_tokens:
+            if s.generated >= s.request.params.max_new_tokens:
                 self._finish(s, StopReason.MAX_TOKENS)
-            elif len(s.pending_codes) >= s.emit_tokens or s.generated == s.first_emit_tokens:
+            elif len(s.pending_codes) >= s.request.emit_tokens or s.generated == s.request.first_emit_tokens:
                 self._flush(s, None)
 
     def _flush(self, s: Sequence, reason: StopReason | None) -> None:
@@ -600,7 +490,7 @@ class Engine:
         try:
             s.sink.tokens(codes, hidden.astype(np.float32, copy=False), reason)
         except Exception:  # a broken sink must not stop the other sequences
-            log.exception("sink of %s failed; dropping the sequence", s.request_id)
+            log.exception("sink of %s failed; dropping the sequence", s.request.stream_id)
             s.done = True
 
     def _finish(self, s: Sequence, reason: StopReason) -> None:
@@ -610,8 +500,9 @@ class Engine:
         self._flush(s, reason)
 
     def _cancelled(self, s: Sequence) -> None:
-        """End a cancelled sequence: it leaves at the next rebuild; its sink hears ``cancelled``
-        (a sink whose client is gone may fail to deliver that, which is fine)."""
+        """End a cancelled sequence: it leaves its row when the iteration frees ended ones; its
+        sink hears ``cancelled`` (a sink whose client is gone may fail to deliver that, which
+        is fine)."""
         s.done = True
         with self._stats_lock:
             self.stats_data.cancelled += 1
@@ -625,4 +516,4 @@ class Engine:
         try:
             s.sink.error(exc)
         except Exception:
-            log.exception("error sink of %s failed", s.request_id)
+            log.exception("error sink of %s failed", s.request.stream_id)

@@ -1,13 +1,37 @@
-"""A :class:`~chattts_serving.engine.scheduler.TokenSink` that keeps what it is given: for
-running the engine in process (tests, benchmarks, scripts, the in-process pipeline)."""
+"""Where an engine sequence's output goes: the :class:`TokenSink` protocol the scheduler calls,
+and :class:`CollectingSink`, a sink that keeps what it is given, for running the engine in
+process (tests, benchmarks, scripts, the in-process pipeline). The Triton model binds its own
+sinks to a response sender (:mod:`chattts_serving.triton.responses`)."""
 
 from __future__ import annotations
+
+from typing import Protocol
 
 import numpy as np
 
 from .. import contract
 from ..contract import StopReason
 from ..errors import RequestError
+
+
+class TokenSink(Protocol):
+    """Where a sequence's output goes. Called from the engine thread only."""
+
+    def tokens(self, codes: np.ndarray, hidden: np.ndarray, stop_reason: StopReason | None) -> None:
+        """New tokens: codes (N, 4) int32, hidden (N, H) float32; ``stop_reason`` is None while
+        the sequence runs and set on its last call (EOS, MAX_TOKENS or CANCELLED).
+        For a text-mode sequence each row of ``codes`` holds the new text token id (in
+        [0, 21178)) in all 4 columns (ChatTTS' ``inputs_ids`` layout in text mode); take
+        column 0."""
+
+    def error(self, exc: RequestError) -> None:
+        """The sequence ended with an error (DEADLINE when its deadline passed, INTERNAL for a
+        failure); no further calls follow."""
+
+    def cancelled(self) -> bool:
+        """True once the client no longer wants output (asked at admission, then once per
+        :data:`~chattts_serving.engine.scheduler.CANCEL_POLL_STEPS`
+        engine iterations)."""
 
 
 class CollectingSink:

@@ -9,28 +9,36 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 
-class Waiting(Protocol):
-    """What the queue reads of a sequence (:class:`~chattts_serving.engine.scheduler.Sequence`)."""
+class WaitingRequest(Protocol):
+    """What the queue reads of a sequence's request
+    (:class:`~chattts_serving.engine.request.SequenceRequest`): its scheduling class, its own
+    handle, the request it belongs to, its prompt positions."""
 
     @property
     def priority(self) -> int: ...
     @property
-    def owner(self) -> str: ...
+    def stream_id(self) -> str: ...
     @property
     def request_id(self) -> str: ...
+    @property
+    def prompt_length(self) -> int: ...
+
+
+class Waiting(Protocol):
+    """What the queue reads of a sequence (:class:`~chattts_serving.engine.sequence.Sequence`)."""
+
+    @property
+    def request(self) -> WaitingRequest: ...
     deadline_s: float | None
     cancel_requested: bool
     done: bool
     acknowledge: bool
     answered_s: float
-
-    @property
-    def prompt_length(self) -> int: ...
 
 
 @dataclass
@@ -52,7 +60,7 @@ class QueueFull(Exception):
 
 class WaitingQueue:
     """Sequences waiting for a row, at most ``max_waiting`` requests (distinct non-empty
-    ``owner``s; a sequence without one counts as a request of its own).
+    ``request.request_id``; a sequence without one counts as a request of its own).
 
     ``clock``: seconds, monotonic (``time.monotonic`` in the engine; a fake in tests).
     """
@@ -72,26 +80,27 @@ class WaitingQueue:
 
     def requests(self) -> int:
         """Requests with a sequence in the queue."""
-        owners = {q[2].owner for q in self._heap if q[2].owner}
-        return len(owners) + sum(1 for q in self._heap if not q[2].owner)
+        ids = {q[2].request.request_id for q in self._heap if q[2].request.request_id}
+        return len(ids) + sum(1 for q in self._heap if not q[2].request.request_id)
 
-    def push(self, seq: Waiting, owner_live: bool = False) -> None:
-        """Queue ``seq``. ``owner_live``: a sequence of the same owner is already live
+    def push(self, seq: Waiting, request_live: bool = False) -> None:
+        """Queue ``seq``. ``request_live``: a sequence of the same request is already live
         (waiting or running), so ``seq`` is part of an admitted request and never refused.
 
         Raises:
-            QueueFull: ``max_waiting`` requests wait already and ``seq``'s owner is not live.
+            QueueFull: ``max_waiting`` requests wait already and ``seq``'s request is not live.
         """
-        part_of_live = owner_live or (seq.owner and any(q[2].owner == seq.owner for q in self._heap))
+        rid = seq.request.request_id
+        part_of_live = request_live or (rid and any(q[2].request.request_id == rid for q in self._heap))
         if not part_of_live and (queued := self.requests()) >= self.max_waiting:
             raise QueueFull(queued)
-        heapq.heappush(self._heap, (seq.priority, next(self._order), seq))
+        heapq.heappush(self._heap, (seq.request.priority, next(self._order), seq))
 
-    def cancel(self, request_id: str) -> bool:
-        """Mark the waiting sequence ``request_id`` for removal (it leaves at the next
-        :meth:`sweep` or :meth:`admit`). False when none waits."""
+    def cancel(self, stream_id: str) -> bool:
+        """Mark the waiting sequence whose ``request.stream_id`` is ``stream_id`` for removal
+        (it leaves at the next :meth:`sweep` or :meth:`admit`). False when none waits."""
         for q in self._heap:
-            if q[2].request_id == request_id and not q[2].done:
+            if q[2].request.stream_id == stream_id and not q[2].done:
                 q[2].cancel_requested = True
                 return True
         return False
@@ -131,13 +140,13 @@ class WaitingQueue:
             if self._gone(seq, now):
                 gone.append(heapq.heappop(self._heap)[2])
                 continue
-            if seq.priority > 0 and batch_room is not None and batch_room <= 0:
+            if seq.request.priority > 0 and batch_room is not None and batch_room <= 0:
                 break
-            width = max([s.prompt_length for s in out] + [seq.prompt_length])
+            width = max([s.request.prompt_length for s in out] + [seq.request.prompt_length])
             if out and width * (len(out) + 1) > max_prefill_tokens:
                 break
             out.append(heapq.heappop(self._heap)[2])
-            if seq.priority > 0 and batch_room is not None:
+            if seq.request.priority > 0 and batch_room is not None:
                 batch_room -= 1
         return Admission(out, gone)
 
@@ -146,6 +155,3 @@ class WaitingQueue:
         out = [q[2] for q in self._heap]
         self._heap.clear()
         return out
-
-    def owners(self) -> Iterable[str]:
-        return (q[2].owner for q in self._heap)

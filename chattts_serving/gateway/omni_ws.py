@@ -59,7 +59,8 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError
 
 from .. import contract
 from ..audio import formats as audio_format
-from ..audio.formats import resampled_length
+from ..audio import rates as audio_rates
+from ..audio.rates import resampled_length
 from ..client import AioStreamClient, ClientError, StreamPart, SynthesisRequest
 from ..errors import ErrorKind
 from ..text.sentences import SentenceSplitter
@@ -593,7 +594,7 @@ class OmniStream(SpeechStream):
         rate = info.sample_rate_hz
         start.update(start_samples=self.delivered, start_s=round(self.delivered / rate, 4))
         await self._send_json(**start)
-        encoder = audio_format.new_output_encoder(fmt, session.body.sample_rate, session.body.container) \
+        encoder = audio_rates.new_output_encoder(fmt, session.body.sample_rate, session.body.container) \
             if session.stream_audio else None
         whole: list[np.ndarray] = []
         total_bytes = 0
@@ -634,7 +635,7 @@ class OmniStream(SpeechStream):
             elif samples:
                 audio = np.concatenate(whole)
                 await send(await _run(offload, functools.partial(
-                    audio_format.encode_output, fmt, audio, session.body.sample_rate, session.body.container)))
+                    audio_rates.encode_output, fmt, audio, session.body.sample_rate, session.body.container)))
         else:
             await self._error(failure, utterance_index=self.utterance, sentence_index=job.index,
                               **({"partial_audio": True, "action": "discard"} if total_bytes else {}))

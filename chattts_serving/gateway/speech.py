@@ -22,6 +22,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, S
 
 from .. import contract
 from ..audio import formats as audio_format
+from ..audio import rates as audio_rates
 from ..audio.reference import RecordingError, load_recording
 from ..client import StreamPart, SynthesisRequest
 from ..text.normalize import CONTROL_NUMBERED, DEFAULT_SPEED
@@ -165,7 +166,7 @@ class SpeechRequest(BaseModel):
     voice of the server's voices file may bring its own, by name in ``voice``),
     ``reference_text`` (its transcript), ``spk_smp`` (a ChatTTS audio-prompt string instead of
     a recording), ``sample_rate`` (Hz, for pcm, wav, float32: one of
-    :data:`~chattts_serving.audio.formats.OUTPUT_RATES_HZ`), ``container`` ('raw' or 'wav', for
+    :data:`~chattts_serving.audio.rates.OUTPUT_RATES_HZ`), ``container`` ('raw' or 'wav', for
     pcm, mulaw, alaw), ``sentence_timings`` (where each sentence starts in the audio:
     ``speech.sentence`` events with ``stream_format`` 'sse', else a JSON body with the audio).
     ``voice`` is required, except with ``reference_audio`` or ``spk_smp``: omitted (or null, or
@@ -284,16 +285,16 @@ def build_request(req: SpeechRequest, models: tuple[str, ...], max_input_chars: 
 
 def output_format(req: SpeechRequest) -> audio_format.FormatInfo:
     """What ``req`` delivers: its ``response_format`` at its ``sample_rate`` in its
-    ``container`` (:func:`chattts_serving.audio.formats.output_info`).
+    ``container`` (:func:`chattts_serving.audio.rates.output_info`).
 
     Raises:
         ApiError: 400 for a combination the formats refuse (a rate outside
-            :data:`~chattts_serving.audio.formats.OUTPUT_RATES_HZ`, a rate for mp3, aac, flac
+            :data:`~chattts_serving.audio.rates.OUTPUT_RATES_HZ`, a rate for mp3, aac, flac
             or opus other than their own, G.711 at another rate than 8000, ``container``
             'wav' for a format that is not pcm or G.711); ``param`` names the field.
     """
     try:
-        return audio_format.output_info(req.response_format, req.sample_rate, req.container)
+        return audio_rates.output_info(req.response_format, req.sample_rate, req.container)
     except audio_format.FormatError as exc:
         param = "container" if req.container is not None and "container" in str(exc) else "sample_rate"
         raise ApiError(400, f"{param}: {exc}", INVALID_REQUEST, param=param, code="invalid_value") from None
@@ -312,13 +313,13 @@ class EncodedStream:
 
     ``parts``: the stream (e.g. :meth:`chattts_serving.client.AioStreamClient.stream`), which
     this object closes; ``fmt``: a ``response_format``, delivered at ``sample_rate_hz`` in
-    ``container`` (:func:`chattts_serving.audio.formats.new_output_encoder`; raises its
+    ``container`` (:func:`chattts_serving.audio.rates.new_output_encoder`; raises its
     FormatError). Sentence timings at the delivered rate: :attr:`sentences`.
     """
 
     def __init__(self, parts: AsyncGenerator[StreamPart, None], fmt: str, sample_rate_hz: int | None = None,
                  container: str | None = None) -> None:
-        self.encoder = audio_format.new_output_encoder(fmt, sample_rate_hz, container)
+        self.encoder = audio_rates.new_output_encoder(fmt, sample_rate_hz, container)
         self._offload = fmt in OFFLOADED_FORMATS
         self._parts = parts
         self.samples = 0

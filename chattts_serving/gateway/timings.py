@@ -3,7 +3,7 @@
 The synthesis runs at :data:`chattts_serving.contract.SAMPLE_RATE_HZ` (24 kHz); the audio a
 client receives may be at another rate (``sample_rate``, G.711's 8 kHz, Opus' 48 kHz). A
 position of ``n`` samples at 24 kHz is ``round(n * rate / 24000)`` samples of the delivered
-audio: the resampler (:class:`chattts_serving.audio.formats.Resampler`) keeps the time axis
+audio: the resampler (:class:`chattts_serving.audio.rates.Resampler`) keeps the time axis
 (its delay is removed) and delivers exactly that many samples for N (rounded half up), so the
 durations of consecutive sentences add up to the delivered length exactly.
 
@@ -18,12 +18,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import contract
-from ..audio.formats import WAV_HEADER_BYTES, g711_wav_header, resampled_length
+from ..audio.formats import WAV_HEADER_BYTES
+from ..audio.rates import g711_wav_header, resampled_length
 
 
 def delivered_samples(samples_24k: int, rate_hz: int) -> int:
     """``samples_24k`` samples at 24 kHz as a count of samples at ``rate_hz`` (rounded half up,
-    as :func:`chattts_serving.audio.formats.resampled_length` delivers them)."""
+    as :func:`chattts_serving.audio.rates.resampled_length` delivers them)."""
     return resampled_length(samples_24k, rate_hz, contract.SAMPLE_RATE_HZ)
 
 

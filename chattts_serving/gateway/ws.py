@@ -67,7 +67,7 @@ from fastapi.websockets import WebSocketState
 from pydantic import ValidationError
 
 from .. import contract
-from ..audio import formats as audio_format
+from ..audio import rates as audio_rates
 from ..client import AioStreamClient, ClientError, StreamPart, SynthesisRequest
 from ..errors import NOTHING_SPEAKABLE, ErrorKind
 from ..text.segments import join_normalized
@@ -640,7 +640,7 @@ class SpeechStream:
         format), then ``done``: True. False when it was interrupted (its scope cancelled)."""
         fmt = body.response_format
         self.speaking = turn.index
-        encoder = audio_format.new_output_encoder(fmt, body.sample_rate, body.container)
+        encoder = audio_rates.new_output_encoder(fmt, body.sample_rate, body.container)
         self.rate_hz = encoder.info.sample_rate_hz
         self.clock = DeliveryClock(self.rate_hz, fmt, body.container)
         offload = fmt in OFFLOADED_FORMATS

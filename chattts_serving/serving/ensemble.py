@@ -1,6 +1,6 @@
 """The ensemble door's first step, free of Triton: a whole request, validated as the BLS door
 validates it, refused where the ensemble cannot do what ``chattts`` does, and prepared for the
-GPT engine's window mode.
+GPT engine's ensemble mode.
 
 ``chattts_ensemble`` (``platform: "ensemble"``) wires ``chattts_frontend`` -> ``chattts_gpt``
 -> ``chattts_ensemble_vocoder``: a fixed graph without a Python entry

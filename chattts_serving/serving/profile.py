@@ -187,7 +187,7 @@ class EntryProfile(_Strict):
 
 class EnsembleProfile(_Strict):
     """The ensemble door (``chattts_ensemble``): ``max_concurrent_streams`` live streams at
-    once, counted by the GPT engine model (its window-mode sequences), beyond which a request
+    once, counted by the GPT engine model (its ensemble-mode sequences), beyond which a request
     is refused "server busy" before generating anything. Optional in a profile file."""
 
     max_concurrent_streams: int = Field(default=16, ge=1)

@@ -2,9 +2,11 @@
 windows of the chunk schedule out, each with the samples of its audio to keep.
 
 In the BLS door the entry model vocodes each window and crossfades its seams
-(:func:`~chattts_serving.serving.pipeline.stream_audio`). In the ensemble door the GPT engine
-sends each window as it is complete and a stateless, dynamically batched vocoder step decodes
-it, so the engine also says which samples of the window's audio are the chunk
+(:func:`~chattts_serving.serving.pipeline.stream_audio`). In the ensemble door the GPT engine,
+in its ensemble mode, sends each window as it is complete to ``chattts_ensemble_vocoder``, a
+decoupled step without Triton batching that vocodes each window alone, in arrival order, and
+keeps no state between them (no carried convolution state, no previous window to blend with).
+So the engine also says which samples of the window's audio are the chunk
 (:meth:`~chattts_serving.audio.chunking.StreamChunker.keep`): the same chunk schedule, seams
 cut at the chunk boundary instead of crossfaded
 (:meth:`~chattts_serving.audio.chunking.ChunkSchedule.without_crossfade`). With a lookahead of
@@ -31,8 +33,9 @@ from .pipeline import NO_AUDIO, TokenBatch, TokenStore
 
 
 @dataclass(frozen=True)
-class VocoderWindow:
-    """One ensemble chunk to vocode: ``hidden`` (T, H) float32 (T = 0 for an empty last
+class EnsembleWindow:
+    """One window as the engine sends it to the ensemble's vocoder step (the
+    ``contract.WINDOW_OUTPUTS`` tensors): ``hidden`` (T, H) float32 (T = 0 for an empty last
     window), its ``index`` in the stream (from 0), the samples of its audio to keep
     (``keep_first``, ``keep_samples``), ``info`` ('' or a JSON object) and whether it is the
     stream's last (``final``)."""
@@ -54,10 +57,10 @@ def final_info(header: str, *, samples: int, chunks: int, tokens: int, stop_reas
     return json.dumps(info, ensure_ascii=False)
 
 
-class WindowPlanner:
+class EnsembleWindowPlanner:
     """One ensemble stream's windows (see the module docstring). ``schedule``: the stream's
     chunk schedule (its crossfade is dropped, and a carried schedule runs windowed: the
-    ensemble's vocoder step keeps no state); ``header``: the first chunk's info JSON;
+    ensemble's vocoder step vocodes each window alone); ``header``: the first chunk's info JSON;
     ``hidden_size``: H. Not thread-safe (the engine thread calls it)."""
 
     def __init__(self, schedule: ChunkSchedule, header: str, hidden_size: int) -> None:
@@ -74,7 +77,7 @@ class WindowPlanner:
         """Tokens that must exist before the first window: when the engine should send them."""
         return self.schedule.tokens_before_first_chunk()
 
-    def add(self, codes: np.ndarray, hidden: np.ndarray, stop_reason: StopReason | None) -> list[VocoderWindow]:
+    def add(self, codes: np.ndarray, hidden: np.ndarray, stop_reason: StopReason | None) -> list[EnsembleWindow]:
         """Take a token batch (codes (N, 4) int32, hidden (N, H) float32; ``stop_reason`` on
         the last) and return the windows it completes, in order; after a stop reason the last
         of them is final. Raises RequestError (INTERNAL) when the sequence ended without a
@@ -95,7 +98,7 @@ class WindowPlanner:
         return out
 
     def _window(self, hidden: np.ndarray, first: int, count: int, final: bool,
-                stop_reason: StopReason | None) -> VocoderWindow:
+                stop_reason: StopReason | None) -> EnsembleWindow:
         self.samples += count
         self.chunks += 1 if count else 0
         if final:
@@ -104,6 +107,6 @@ class WindowPlanner:
                               stop_reason=stop_reason)
         else:
             info = self.header if self.index == 0 else ""
-        w = VocoderWindow(np.ascontiguousarray(hidden, np.float32), self.index, first, count, info, final)
+        w = EnsembleWindow(np.ascontiguousarray(hidden, np.float32), self.index, first, count, info, final)
         self.index += 1
         return w

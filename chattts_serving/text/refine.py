@@ -9,7 +9,7 @@ and ``_refine_text``) runs the GPT in text mode before the speech codes:
 2. ``GPT.generate(infer_text=True)`` samples from the text head with the parameters of
    ``RefineTextParams`` (:class:`RefineParams`) until ``[Ebreak]`` (not included) or
    ``max_new_token``. In this project the engine does it: a
-   :class:`~chattts_serving.engine.scheduler.Sequence` in text mode
+   :class:`~chattts_serving.engine.sequence.Sequence` in text mode
    (:class:`~chattts_serving.contract.SequenceMode`);
 3. the generated ids are turned back into text: ids from ``[break_0]`` (21147) up are
    dropped (``[break_N]``, ``[laugh_N]``, ``[oral_N]``, ``[speed_N]``), ids below it are kept,
@@ -186,7 +186,7 @@ def speech_prompt_ids(tokenizer: Any, text: str, speed: int = 5, txt_smp: str | 
     and is stripped; ``txt_smp`` (a reference recording's transcript, or the first piece's text
     in ChatTTS' multi-sentence flow) is inserted as it is, not normalised, nothing when None.
     With an audio prompt the engine appends its codes after these ids
-    (``Sequence.prompt_codes``); without a speaker the sequence takes ``spk_emb=None``
+    (``SequenceRequest.prompt_codes``); without a speaker the sequence takes ``spk_emb=None``
     (``[empty_spk]`` is embedded as text).
 
     Raises:

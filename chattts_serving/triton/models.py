@@ -19,7 +19,7 @@ service (:mod:`chattts_serving.serving.entry`).
 | chattts_ensemble_vocoder | :class:`EnsembleVocoderModel` | yes |
 
 ``chattts_ensemble`` is a Triton ensemble (no model.py): its steps are the front end (a whole
-request: :meth:`FrontendModel.respond`), the engine in window mode (:meth:`EngineModel.accept`),
+request: :meth:`FrontendModel.respond`), the engine in ensemble mode (:meth:`EngineModel.accept`),
 and the ensemble's vocoder (:meth:`EnsembleVocoderModel.accept`).
 """
 
@@ -48,7 +48,8 @@ from ..contract import Precision, VocoderPath
 from ..engine.gpt import Embeddings, GptStepRunner
 from ..engine.kernels import choose_int8_kernel
 from ..engine.request import SequenceRequest
-from ..engine.scheduler import Engine, Sequence
+from ..engine.scheduler import Engine
+from ..engine.sequence import Sequence
 from ..errors import RequestError, drop_tracebacks, from_message
 from ..runtime import OrtOptions, resolve_precision
 from ..serving.admission import busy_error, rejection_reason
@@ -67,14 +68,14 @@ from ..serving.request import (
     parse_frontend,
 )
 from ..serving.threads import Spawn, start_thread
-from ..serving.windows import WindowPlanner
+from ..serving.windows import EnsembleWindowPlanner
 from ..text.frontend import FrontEnd
 from ..text.segments import SegmentRules
 from .cancels import CancelListener, cancel_address, send_cancel
 from .deliveries import RECEIPT_BOARD, ReceiptSender, ReceiptWriter, delivery_prefix
 from .finals import FinalWindow, WindowedSender, answer_ping, is_ping, ping_inputs
 from .metrics import EngineMetrics, EntryMetrics, MemoryGauges, PingMetrics, VocoderMetrics
-from .responses import EngineSink, OfflineChannel, SenderChannel, WindowSink, send_engine_error, send_final_error
+from .responses import EngineSink, EnsembleSink, OfflineChannel, SenderChannel, send_engine_error, send_final_error
 from .setup import ModelSetup, lower_priority
 from .stages import ITERATOR_GRAVE, BlsStages, keep_iterator
 from .tensors import first_string, request_inputs, string_tensor, triton_error
@@ -264,7 +265,7 @@ class FrontendModel(UnaryModel):
     With ``request_text`` the call is the ensemble door's first step: the whole request (the
     entry inputs, ``request_text`` its text) is validated and prepared by
     :func:`~chattts_serving.serving.ensemble.prepare_request`, and the outputs also hold the
-    engine's window-mode inputs (``contract.FRONTEND_REQUEST_OUTPUTS``)."""
+    engine's ensemble-mode inputs (``contract.FRONTEND_REQUEST_OUTPUTS``)."""
 
     def start(self, setup: ModelSetup) -> None:
         profile = setup.profile
@@ -290,7 +291,7 @@ class FrontendModel(UnaryModel):
         return self._prepared(p)
 
     def _ensemble_request(self, request: Any) -> list[Any]:
-        """The ensemble door's request -> the prepared segment and the engine's window-mode inputs."""
+        """The ensemble door's request -> the prepared segment and the engine's ensemble-mode inputs."""
         pb = self.pb
         arrival = time.monotonic()
         inputs, params, request_id = entry_request(pb, request, ENSEMBLE_FRONTEND_INPUTS)
@@ -330,8 +331,8 @@ class EngineModel(DecoupledModel):
     codes (INT32 [N, 4]), hidden (FP32 [N, H]), stop_reason (BYTES [1]), starting with an empty
     acknowledgement; or a control request ('cancel' + stream_id), answered with the final flag.
 
-    With ``window_lookahead_tokens`` (the ensemble door) the sequence answers in window mode
-    (:class:`~chattts_serving.triton.responses.WindowSink`): vocoder windows of the profile's
+    With ``window_lookahead_tokens`` (the ensemble door) the sequence answers in ensemble mode
+    (:class:`~chattts_serving.triton.responses.EnsembleSink`): vocoder windows of the profile's
     chunk schedule (``window_hidden``, ``window_plan``, ``window_info``, ``window_error``,
     ``window_stream_id``) and progress ticks; errors are Triton error responses (final), and at
     most ``ensemble.max_concurrent_streams`` such sequences live at once, beyond which a request
@@ -366,9 +367,9 @@ class EngineModel(DecoupledModel):
         except OSError as exc:  # the entry models fall back to control requests
             log.warning("%s: no cancel socket (%s): cancels arrive as control requests only", setup.name, exc)
         self.receipts = ReceiptWriter()
-        self.window_limit = setup.profile.ensemble.max_concurrent_streams
-        self._windows_live = 0
-        self._windows_lock = threading.Lock()
+        self.ensemble_limit = setup.profile.ensemble.max_concurrent_streams
+        self._ensemble_live = 0
+        self._ensemble_lock = threading.Lock()
 
     def sender_for(self, request: Any, sender: Any) -> Any:
         """A sequence that names its caller's receipt socket (``delivery_address``) and its
@@ -392,12 +393,12 @@ class EngineModel(DecoupledModel):
         inputs = request_inputs(self.pb, request, contract.ENGINE_INPUTS)
         if contract.EN_WINDOW_LOOKAHEAD.name in inputs:
             try:
-                self._accept_windows(request, sender, inputs)
+                self._accept_ensemble(request, sender, inputs)
             except RequestError as exc:
                 drop_tracebacks(exc)
                 send_final_error(self.pb, sender, exc)
             except Exception as exc:
-                log.exception("%s: window-mode request failed", self.name)
+                log.exception("%s: ensemble-mode request failed", self.name)
                 drop_tracebacks(exc)
                 send_final_error(self.pb, sender, internal_error(exc))
             return
@@ -413,13 +414,13 @@ class EngineModel(DecoupledModel):
         sink = EngineSink(self.pb, sender, self.name, owner, req.prompt_length)
         self.engine.submit(Sequence(req, sink, deadline_s=deadline, acknowledge=True))
 
-    def _accept_windows(self, request: Any, sender: Any, inputs: dict[str, np.ndarray]) -> None:
-        """A window-mode sequence (the ensemble door): admitted while fewer than
-        ``window_limit`` live, else BUSY. Raises RequestError."""
+    def _accept_ensemble(self, request: Any, sender: Any, inputs: dict[str, np.ndarray]) -> None:
+        """An ensemble-mode sequence (the ensemble door): admitted while fewer than
+        ``ensemble_limit`` live, else BUSY. Raises RequestError."""
         profile = self.setup.profile
         req = parse_engine(inputs, self.hidden_size, profile.engine.max_new_tokens_cap)
         if isinstance(req, EngineControl) or not req.stream_id:
-            raise RequestError("a window-mode request needs stream_id and no control",
+            raise RequestError("an ensemble-mode request needs stream_id and no control",
                                param=contract.EN_STREAM_ID.name)
         lookahead = int_input(inputs, contract.EN_WINDOW_LOOKAHEAD.name, -1, -1, 256)
         if lookahead == 0:
@@ -429,34 +430,35 @@ class EngineModel(DecoupledModel):
         if lookahead > 0:
             schedule = schedule.with_lookahead(lookahead)
         header = first_string(inputs[contract.EN_INFO_HEADER.name]) if contract.EN_INFO_HEADER.name in inputs else ""
-        planner = WindowPlanner(schedule, header, self.hidden_size)
+        planner = EnsembleWindowPlanner(schedule, header, self.hidden_size)
         request_id = request.request_id() or header_request_id(header)
-        with self._windows_lock:
-            busy = self._windows_live >= self.window_limit
+        with self._ensemble_lock:
+            busy = self._ensemble_live >= self.ensemble_limit
             if not busy:
-                self._windows_live += 1
+                self._ensemble_live += 1
         if busy:
-            exc = busy_error(self.window_limit)
+            exc = busy_error(self.ensemble_limit)
             log_event("request_rejected", level="warning", model=contract.MODEL_ENSEMBLE,
                       request_id=request_id, reason=rejection_reason(exc), status=exc.kind, message=str(exc))
             raise exc
         try:
-            self._submit_windows(request_id, sender, req, planner)
+            self._submit_ensemble(request_id, sender, req, planner)
         except BaseException:
-            self._window_closed()
+            self._ensemble_closed()
             raise
 
-    def _submit_windows(self, request_id: str, sender: Any, req: SequenceRequest, planner: WindowPlanner) -> None:
+    def _submit_ensemble(self, request_id: str, sender: Any, req: SequenceRequest,
+                         planner: EnsembleWindowPlanner) -> None:
         deadline = time.monotonic() + req.timeout_s if req.timeout_s else None
-        sink = WindowSink(self.pb, sender, self.name, request_id, req.prompt_length, planner, req.stream_id,
-                          self._window_closed)
+        sink = EnsembleSink(self.pb, sender, self.name, request_id, req.prompt_length, planner, req.stream_id,
+                            self._ensemble_closed)
         req = replace(req, emit_tokens=self.setup.profile.stream.emit_tokens,
                       first_emit_tokens=planner.first_emit_tokens(), request_id=req.stream_id)
         self.engine.submit(Sequence(req, sink, deadline_s=deadline))
 
-    def _window_closed(self) -> None:
-        with self._windows_lock:
-            self._windows_live -= 1
+    def _ensemble_closed(self) -> None:
+        with self._ensemble_lock:
+            self._ensemble_live -= 1
 
     def refuse(self, sender: Any, exc: RequestError) -> None:
         send_engine_error(self.pb, sender, exc)

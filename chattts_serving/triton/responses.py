@@ -3,7 +3,7 @@
 
 * :class:`SenderChannel`: the :class:`~chattts_serving.serving.lifecycle.ResponseChannel` of an
   entry-model stream (audio chunks with ``info``, then the final response or one error);
-* :class:`EngineSink`: the GPT engine's :class:`~chattts_serving.engine.scheduler.TokenSink` for
+* :class:`EngineSink`: the GPT engine's :class:`~chattts_serving.engine.sinks.TokenSink` for
   one sequence (token batches, then the last one with its stop reason and the final flag);
   an error travels as the stop reason ``error:<kind>:<message>``
   (:func:`chattts_serving.errors.encode_stop`).
@@ -21,7 +21,7 @@ from .. import contract
 from ..contract import StopReason
 from ..errors import ErrorKind, RequestError, encode_stop
 from ..serving.logs import log_event
-from ..serving.windows import VocoderWindow, WindowPlanner
+from ..serving.windows import EnsembleWindow, EnsembleWindowPlanner
 from .tensors import string_tensor, triton_error
 
 
@@ -152,9 +152,9 @@ class EngineSink:
         return bool(self.sender.is_cancelled())
 
 
-class WindowSink(EngineSink):
-    """The engine's sink for one sequence of the ensemble door (window mode): its responses are
-    vocoder windows (:class:`~chattts_serving.serving.windows.WindowPlanner`), the stream's
+class EnsembleSink(EngineSink):
+    """The engine's sink for one sequence of the ensemble door (ensemble mode): its responses are
+    vocoder windows (:class:`~chattts_serving.serving.windows.EnsembleWindowPlanner`), the stream's
     last one (or its error) with the final flag; every token batch that completes no window
     is a progress tick carrying only ``window_stream_id``, so that the vocoder step sees a
     client's cancel within ``stream.emit_tokens`` decode steps. An error travels as an empty
@@ -164,7 +164,7 @@ class WindowSink(EngineSink):
     ends (its admission slot)."""
 
     def __init__(self, pb: Any, sender: Any, model: str, request_id: str, prompt_tokens: int,
-                 planner: WindowPlanner, stream_id: str, on_close: Callable[[], None]) -> None:
+                 planner: EnsembleWindowPlanner, stream_id: str, on_close: Callable[[], None]) -> None:
         super().__init__(pb, sender, model, request_id, prompt_tokens)
         self.planner, self.stream_id, self._on_close = planner, stream_id, on_close
 
@@ -176,7 +176,7 @@ class WindowSink(EngineSink):
     def _stream_id(self) -> Any:
         return string_tensor(self.pb, contract.WIN_STREAM_ID.name, self.stream_id)
 
-    def _send_window(self, w: VocoderWindow, error: str = "") -> None:
+    def _send_window(self, w: EnsembleWindow, error: str = "") -> None:
         pb = self.pb
         outs = [pb.Tensor(contract.WIN_HIDDEN.name, w.hidden),
                 pb.Tensor(contract.WIN_PLAN.name, np.array([w.index, w.keep_first, w.keep_samples], np.int32)),
@@ -219,6 +219,6 @@ class WindowSink(EngineSink):
     def error(self, exc: RequestError) -> None:
         self._log_end("expired" if exc.kind == ErrorKind.DEADLINE else "error", f"error: {exc}")
         self._end()
-        empty = VocoderWindow(np.zeros((0, self.planner.hidden_size), np.float32), self.planner.index, 0, 0, "",
+        empty = EnsembleWindow(np.zeros((0, self.planner.hidden_size), np.float32), self.planner.index, 0, 0, "",
                               True)
         self._send_window(empty, exc.wire())

@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 
 from chattts_serving import contract
-from chattts_serving.audio import formats as F
-from chattts_serving.audio.formats import resampled_length
+from chattts_serving.audio import rates as R
+from chattts_serving.audio.rates import resampled_length
 from chattts_serving.client import SynthesisRequest, iter_parts
 from chattts_serving.gateway import GatewaySettings
 from chattts_serving.gateway.ws import WS_PATH, Close
@@ -54,7 +54,7 @@ def _float24(url: str, **changes: Any) -> np.ndarray:
 
 
 def _resampled(x: np.ndarray, rate: int) -> np.ndarray:
-    r = F.Resampler(rate)
+    r = R.Resampler(rate)
     return np.concatenate([r.process(x), r.flush()])
 
 
@@ -68,7 +68,7 @@ def _decode(data: bytes, raw_format: str | None = None) -> tuple[np.ndarray, int
         return y, int(stream.codec_context.sample_rate), str(stream.codec_context.name)
 
 
-@pytest.mark.parametrize("rate", F.OUTPUT_RATES_HZ)
+@pytest.mark.parametrize("rate", R.OUTPUT_RATES_HZ)
 def test_pcm_and_wav_at_every_rate_are_the_24k_synthesis_resampled(gateway_url: str, rate: int) -> None:
     x = _float24(gateway_url)
     assert x.size == N24
@@ -91,7 +91,7 @@ def test_g711_raw_and_in_wav_decodes_at_8_khz(gateway_url: str, law: str, contai
     r = _post(gateway_url, response_format=law, **({"container": container} if container else {}))
     assert r.status_code == 200, r.text
     assert r.headers["x-sample-rate"] == "8000" and r.headers["x-audio-format"] == law
-    assert r.headers["content-type"].startswith("audio/wav" if container else F.G711_FORMATS[law].media_type)
+    assert r.headers["content-type"].startswith("audio/wav" if container else R.G711_FORMATS[law].media_type)
     y, rate, codec = _decode(r.content, None if container else law)
     assert (rate, codec) == (8000, f"pcm_{law}")
     assert y.size == resampled_length(N24, 8000) == len(r.content) - (58 if container else 0)

@@ -8,7 +8,8 @@ import numpy as np
 
 from chattts_serving import contract
 from chattts_serving.contract import SequenceMode
-from chattts_serving.engine.scheduler import Sequence, TokenSink, make_sequence
+from chattts_serving.engine.sequence import Sequence, make_sequence
+from chattts_serving.engine.sinks import TokenSink
 from chattts_serving.text.refine import RefineParams
 
 

@@ -26,7 +26,8 @@ from chattts_serving.audio.encoder import DvaeEncoderRunner
 from chattts_serving.audio.vocoder import CarriedStreams, StreamingVocoderRunner, VocoderRunner
 from chattts_serving.contract import VocoderPath
 from chattts_serving.engine.gpt import Embeddings, GptStepRunner
-from chattts_serving.engine.scheduler import Engine, EngineConfig, Sequence
+from chattts_serving.engine.scheduler import Engine, EngineConfig
+from chattts_serving.engine.sequence import Sequence
 from chattts_serving.engine.sinks import CollectingSink
 from chattts_serving.errors import RequestError
 from chattts_serving.runtime import Artifacts

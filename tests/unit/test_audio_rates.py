@@ -13,7 +13,9 @@ import pytest
 
 from chattts_serving import contract
 from chattts_serving.audio import formats as F
-from chattts_serving.audio.formats import FormatError, Resampler, new_output_encoder, resampled_length
+from chattts_serving.audio import rates as R
+from chattts_serving.audio.formats import FormatError
+from chattts_serving.audio.rates import Resampler, new_output_encoder, resampled_length
 
 RATE = contract.SAMPLE_RATE_HZ
 CHUNKS = (1000, 2500, 7000, 333, 12000, 1167, 512 * 37 - 256)
@@ -42,7 +44,7 @@ def _resample(x: np.ndarray, rate: int) -> np.ndarray:
     return np.concatenate([*(r.process(c) for c in _chunked(x)), r.flush()])
 
 
-@pytest.mark.parametrize("rate", F.OUTPUT_RATES_HZ)
+@pytest.mark.parametrize("rate", R.OUTPUT_RATES_HZ)
 def test_resampling_in_chunks_equals_resampling_whole_and_keeps_the_length(rate: int) -> None:
     x = _sweep(50, 11_000, 2.5)
     whole = Resampler(rate)
@@ -67,7 +69,7 @@ def test_the_resampler_keeps_the_time_axis_and_any_length() -> None:
     for rate in (8000, 22050, 44100):
         y = _resample(x, rate)
         assert int(np.argmax(np.abs(y))) == round(12_000 * rate / RATE)
-    for rate in F.OUTPUT_RATES_HZ:
+    for rate in R.OUTPUT_RATES_HZ:
         for n in (0, 1, 2, 199, 200, 280, 4097):
             r = Resampler(rate)
             got = np.concatenate([r.process(np.ones(n // 2, np.float32)), r.process(np.ones(n - n // 2, np.float32)),
@@ -87,7 +89,7 @@ def _decode(data: bytes, raw_format: str | None = None) -> tuple[np.ndarray, int
     return (y / 32768.0 if np.abs(y).max(initial=0) > 2 else y), rate, codec
 
 
-CASES = [("pcm", r, None) for r in F.OUTPUT_RATES_HZ] + [("wav", r, None) for r in F.OUTPUT_RATES_HZ] + [
+CASES = [("pcm", r, None) for r in R.OUTPUT_RATES_HZ] + [("wav", r, None) for r in R.OUTPUT_RATES_HZ] + [
     ("float32", 16000, None), ("pcm", 8000, "wav"), ("mulaw", None, None), ("mulaw", 8000, "wav"),
     ("alaw", None, None), ("alaw", None, "wav")]
 
@@ -97,7 +99,7 @@ def test_every_rate_and_telephone_format_decodes_at_its_stated_rate(name: str, r
                                                                     container: str | None) -> None:
     x = _sweep(100, 3000, 1.5)
     enc = new_output_encoder(name, rate, container)
-    want_rate = rate or (8000 if name in F.G711_FORMATS else RATE)
+    want_rate = rate or (8000 if name in R.G711_FORMATS else RATE)
     assert enc.info.sample_rate_hz == want_rate
     data = b"".join([*(enc.encode(c) for c in _chunked(x)), enc.finish()])
     n = resampled_length(x.size, want_rate)
@@ -107,7 +109,7 @@ def test_every_rate_and_telephone_format_decodes_at_its_stated_rate(name: str, r
         assert data[:4] == b"RIFF" and enc.info.media_type == "audio/wav"
         y, got_rate, codec = _decode(data)
         assert got_rate == want_rate and codec == {"mulaw": "pcm_mulaw", "alaw": "pcm_alaw"}.get(name, "pcm_s16le")
-    elif name in F.G711_FORMATS:
+    elif name in R.G711_FORMATS:
         assert len(data) == n  # one byte per sample
         y, got_rate, codec = _decode(data, name)
         assert got_rate == 8000 and codec == f"pcm_{name}"
@@ -115,13 +117,13 @@ def test_every_rate_and_telephone_format_decodes_at_its_stated_rate(name: str, r
         y = np.frombuffer(data, "<i2") / 32768.0
     assert y.size == n
     reference = _resample(x, want_rate)
-    tolerance = 0.02 if name in F.G711_FORMATS else 1e-4  # G.711: 8-bit logarithmic steps
+    tolerance = 0.02 if name in R.G711_FORMATS else 1e-4  # G.711: 8-bit logarithmic steps
     assert np.abs(y - reference).max() < tolerance
 
 
 def test_g711_wav_header_says_g711_at_8_khz() -> None:
     for law, tag in (("mulaw", 7), ("alaw", 6)):
-        head = F.g711_wav_header(law)
+        head = R.g711_wav_header(law)
         assert head[:4] == b"RIFF" and head[8:16] == b"WAVEfmt "
         assert struct.unpack("<IHHIIHHH", head[16:38]) == (18, tag, 1, 8000, 8000, 1, 8, 0)
         assert head[38:42] == b"fact" and head[50:54] == b"data"
@@ -138,15 +140,15 @@ REFUSED = [("pcm", 11025, None, "sample_rate must be one of"), ("mp3", 8000, Non
 def test_refused_combinations_name_the_problem(name: str, rate: int | None, container: str | None,
                                                message: str) -> None:
     with pytest.raises(FormatError, match=message):
-        F.output_info(name, rate, container)
+        R.output_info(name, rate, container)
 
 
 def test_own_rates_and_raw_containers_are_accepted_unchanged() -> None:
-    assert F.output_info("mp3", 24000).sample_rate_hz == 24000
-    assert F.output_info("opus", 48000).sample_rate_hz == 48000
-    assert F.output_info("pcm", 24000, "raw") == F.FORMATS["pcm"]
-    assert F.output_info("pcm", None, "wav") == F.FORMATS["wav"]
+    assert R.output_info("mp3", 24000).sample_rate_hz == 24000
+    assert R.output_info("opus", 48000).sample_rate_hz == 48000
+    assert R.output_info("pcm", 24000, "raw") == F.FORMATS["pcm"]
+    assert R.output_info("pcm", None, "wav") == F.FORMATS["wav"]
     x = _sweep(100, 3000, 0.5)
-    assert F.encode_output("pcm", x) == F.encode("pcm", x)
-    whole = F.encode_output("wav", x, 16000)
+    assert R.encode_output("pcm", x) == F.encode("pcm", x)
+    whole = R.encode_output("wav", x, 16000)
     assert struct.unpack("<I", whole[40:44])[0] == 2 * resampled_length(x.size, 16000) == len(whole) - 44

@@ -10,7 +10,8 @@ import torch
 from chattts_serving import contract
 from chattts_serving.engine.gpt import Embeddings, GptStepRunner
 from chattts_serving.engine.sampling import RequestSampler, sample_batch
-from chattts_serving.engine.scheduler import CANCEL_POLL_STEPS, Engine, EngineBusy, EngineConfig, make_sequence
+from chattts_serving.engine.scheduler import CANCEL_POLL_STEPS, Engine, EngineBusy, EngineConfig
+from chattts_serving.engine.sequence import make_sequence
 from chattts_serving.engine.sinks import CollectingSink
 from chattts_serving.params import ParamError, SamplingParams
 from chattts_serving.runtime import Artifacts
@@ -206,12 +207,12 @@ def test_an_engine_cancel_ends_the_sequence_at_the_next_iteration(parts, small_a
     stay, leave = Sink(), Sink()
     eng.submit(make_sequence(_prompt(20, 1), None, SamplingParams(max_new_tokens=40, min_new_tokens=40), stay))
     leaving = make_sequence(_prompt(25, 2), None, SamplingParams(max_new_tokens=40, min_new_tokens=40), leave,
-                            request_id="leaving")
+                            stream_id="leaving")
     eng.submit(leaving)
     for _ in range(3):
         eng.run_once()
     had = len(leave.all_codes)
-    assert eng.cancel(leaving.request_id)
+    assert eng.cancel(leaving.request.stream_id)
     eng.run_once()
     assert leave.reason == contract.StopReason.CANCELLED and len(leave.all_codes) == had
     assert eng.stats()["running"] == 1
@@ -291,13 +292,13 @@ def test_prompt_longer_than_context_is_refused(parts) -> None:
         eng.submit(make_sequence(_prompt(40, 1), None, SamplingParams(max_new_tokens=30), Sink()))
 
 
-def test_cancel_by_request_id_ends_the_sequence_with_a_cancelled_reason(parts) -> None:
+def test_cancel_by_stream_id_ends_the_sequence_with_a_cancelled_reason(parts) -> None:
     eng = Engine(*parts, EngineConfig())
     a, b = Sink(), Sink()
     eng.submit(make_sequence(_prompt(20, 1), None, SamplingParams(max_new_tokens=50, min_new_tokens=50), a,
-                        request_id="keep"))
+                        stream_id="keep"))
     eng.submit(make_sequence(_prompt(20, 2), None, SamplingParams(max_new_tokens=50, min_new_tokens=50), b,
-                        request_id="drop"))
+                        stream_id="drop"))
     for _ in range(3):
         eng.run_once()
     assert eng.cancel("drop") and not eng.cancel("nobody")
@@ -316,11 +317,11 @@ def test_waiting_sequences_are_acknowledged_at_once_and_leave_on_cancel_while_sl
     eng = Engine(*parts, EngineConfig(max_batch_size=1))
     hog, waiting, plain = Sink(), Sink(), Sink()
     params = SamplingParams(max_new_tokens=50, min_new_tokens=50)
-    eng.submit(make_sequence(_prompt(20, 1), None, params, hog, emit_tokens=50, acknowledge=True, request_id="hog"))
+    eng.submit(make_sequence(_prompt(20, 1), None, params, hog, emit_tokens=50, acknowledge=True, stream_id="hog"))
     eng.run_once()
     assert [len(c) for c in hog.codes] == [0] and hog.reason is None  # the acknowledgement, before any token
-    eng.submit(make_sequence(_prompt(20, 2), None, params, waiting, acknowledge=True, request_id="waiting"))
-    eng.submit(make_sequence(_prompt(20, 3), None, params, plain, request_id="plain"))
+    eng.submit(make_sequence(_prompt(20, 2), None, params, waiting, acknowledge=True, stream_id="waiting"))
+    eng.submit(make_sequence(_prompt(20, 3), None, params, plain, stream_id="plain"))
     eng.run_once()
     assert [len(c) for c in waiting.codes] == [0] and plain.codes == []  # both still wait for the slot
     assert eng.cancel("waiting")
@@ -342,10 +343,10 @@ def test_a_waiting_sequence_hears_a_heartbeat_while_the_batch_is_full(parts) -> 
     eng = Engine(*parts, EngineConfig(max_batch_size=1, waiting_heartbeat_s=0.5), clock=lambda: now[0])
     hog, waiting, plain = Sink(), Sink(), Sink()
     params = SamplingParams(max_new_tokens=30, min_new_tokens=30)
-    eng.submit(make_sequence(_prompt(20, 1), None, params, hog, emit_tokens=30, acknowledge=True, request_id="hog"))
+    eng.submit(make_sequence(_prompt(20, 1), None, params, hog, emit_tokens=30, acknowledge=True, stream_id="hog"))
     eng.run_once()
-    eng.submit(make_sequence(_prompt(20, 2), None, params, waiting, acknowledge=True, request_id="waiting"))
-    eng.submit(make_sequence(_prompt(20, 3), None, params, plain, request_id="plain"))
+    eng.submit(make_sequence(_prompt(20, 2), None, params, waiting, acknowledge=True, stream_id="waiting"))
+    eng.submit(make_sequence(_prompt(20, 3), None, params, plain, stream_id="plain"))
     eng.run_once()
     assert len(waiting.codes) == 1  # the acknowledgement
     eng.run_once()
@@ -371,16 +372,16 @@ def test_batch_priority_sequences_leave_rows_free_for_realtime_ones(parts) -> No
                                                                                         min_new_tokens=8)
     batch = [Sink() for _ in range(3)]
     for i, sink in enumerate(batch):
-        eng.submit(make_sequence(_prompt(12, i), None, long_, sink, priority=1, request_id=f"b{i}"))
+        eng.submit(make_sequence(_prompt(12, i), None, long_, sink, priority=1, stream_id=f"b{i}"))
     eng.run_once()
     assert eng.stats()["running"] == 2 and eng.stats()["waiting"] == 1
     realtime = Sink()
-    eng.submit(make_sequence(_prompt(12, 9), None, short, realtime, priority=0, request_id="rt"))
+    eng.submit(make_sequence(_prompt(12, 9), None, short, realtime, priority=0, stream_id="rt"))
     eng.run_once()
     assert eng.stats()["running"] == 3 and len(realtime.all_codes) >= 1 and batch[2].codes == []
     while eng.live_count():
         eng.run_once()
-        assert sum(1 for s in eng.running() if not s.done and s.priority > 0) <= 2
+        assert sum(1 for s in eng.running() if not s.done and s.request.priority > 0) <= 2
     assert realtime.reason == contract.StopReason.MAX_TOKENS and len(realtime.all_codes) == 8
     assert all(s.reason == contract.StopReason.MAX_TOKENS and len(s.all_codes) == 30 for s in batch)
 
@@ -392,18 +393,18 @@ def test_the_waiting_limit_counts_requests_not_their_sequences(parts) -> None:
     eng = Engine(*parts, EngineConfig(max_batch_size=1, max_waiting=2))
     params = SamplingParams(max_new_tokens=4, min_new_tokens=4)
     sinks = [Sink() for _ in range(5)]
-    eng.submit(make_sequence(_prompt(12, 1), None, params, sinks[0], owner="a"))
-    eng.submit(make_sequence(_prompt(12, 2), None, params, sinks[1], owner="b"))
+    eng.submit(make_sequence(_prompt(12, 1), None, params, sinks[0], request_id="a"))
+    eng.submit(make_sequence(_prompt(12, 2), None, params, sinks[1], request_id="b"))
     with pytest.raises(EngineBusy):
-        eng.submit(make_sequence(_prompt(12, 3), None, params, Sink(), owner="c"))
+        eng.submit(make_sequence(_prompt(12, 3), None, params, Sink(), request_id="c"))
     with pytest.raises(EngineBusy):
-        eng.submit(make_sequence(_prompt(12, 3), None, params, Sink()))  # no owner: a request of its own
-    eng.submit(make_sequence(_prompt(12, 4), None, params, sinks[2], owner="a"))
-    eng.submit(make_sequence(_prompt(12, 5), None, params, sinks[3], owner="b"))
+        eng.submit(make_sequence(_prompt(12, 3), None, params, Sink()))  # no request id: a request of its own
+    eng.submit(make_sequence(_prompt(12, 4), None, params, sinks[2], request_id="a"))
+    eng.submit(make_sequence(_prompt(12, 5), None, params, sinks[3], request_id="b"))
     eng.run_once()  # "a" runs; its second sequence and both of "b" wait: 2 requests
-    eng.submit(make_sequence(_prompt(12, 6), None, params, sinks[4], owner="a"))
+    eng.submit(make_sequence(_prompt(12, 6), None, params, sinks[4], request_id="a"))
     with pytest.raises(EngineBusy, match="2 requests already waiting"):
-        eng.submit(make_sequence(_prompt(12, 7), None, params, Sink(), owner="d"))
+        eng.submit(make_sequence(_prompt(12, 7), None, params, Sink(), request_id="d"))
     while eng.live_count():
         eng.run_once()
     assert all(s.reason == contract.StopReason.MAX_TOKENS and len(s.all_codes) == 4 for s in sinks)

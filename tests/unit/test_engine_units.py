@@ -4,6 +4,7 @@ row bookkeeping."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pytest
@@ -12,21 +13,27 @@ from chattts_serving.engine.kvbatch import KvBatch
 from chattts_serving.engine.waiting import QueueFull, WaitingQueue
 
 
-@dataclass(eq=False)
-class Seq:
+@dataclass(frozen=True)
+class Req:
     priority: int = 0
-    owner: str = ""
     request_id: str = ""
+    stream_id: str = ""
+    prompt_length: int = 10
+
+
+@dataclass(eq=False)
+class State:
+    request: Req
     deadline_s: float | None = None
     cancel_requested: bool = False
     done: bool = False
     acknowledge: bool = False
     answered_s: float = 0.0
-    length: int = 10
 
-    @property
-    def prompt_length(self) -> int:
-        return self.length
+
+def Seq(priority: int = 0, request_id: str = "", stream_id: str = "", length: int = 10, **state: Any) -> State:
+    """A waiting sequence: its request's fields, then the scheduler's state of it."""
+    return State(Req(priority, request_id, stream_id, length), **state)
 
 
 class Clock:
@@ -39,7 +46,7 @@ class Clock:
 
 def test_queue_admits_by_priority_then_arrival() -> None:
     q = WaitingQueue(10, Clock())
-    a, b, c, d = Seq(priority=1, request_id="a"), Seq(request_id="b"), Seq(priority=1, request_id="c"), Seq()
+    a, b, c, d = Seq(priority=1, stream_id="a"), Seq(stream_id="b"), Seq(priority=1, stream_id="c"), Seq()
     for s in (a, b, c, d):
         q.push(s)
     assert q.admit(room=3, batch_room=None, max_prefill_tokens=10**6).admitted == [b, d, a]
@@ -67,21 +74,21 @@ def test_queue_bounds_the_padded_prefill_but_always_takes_one() -> None:
 
 def test_queue_counts_requests_by_owner() -> None:
     q = WaitingQueue(2, Clock())
-    q.push(Seq(owner="a"))
-    q.push(Seq(owner="b"))
-    q.push(Seq(owner="a"))  # a second sequence of a queued request
+    q.push(Seq(request_id="a"))
+    q.push(Seq(request_id="b"))
+    q.push(Seq(request_id="a"))  # a second sequence of a queued request
     with pytest.raises(QueueFull, match="2 requests"):
-        q.push(Seq(owner="c"))
+        q.push(Seq(request_id="c"))
     with pytest.raises(QueueFull):
-        q.push(Seq())  # no owner: a request of its own
-    q.push(Seq(owner="z"), owner_live=True)  # its request already runs
+        q.push(Seq())  # no request id: a request of its own
+    q.push(Seq(request_id="z"), request_live=True)  # its request already runs
     assert q.requests() == 3
 
 
 def test_deadlines_and_cancels_leave_on_the_clock_not_on_sleep() -> None:
     clock = Clock(100.0)
     q = WaitingQueue(10, clock)
-    late, named, fine = Seq(deadline_s=105.0), Seq(request_id="x"), Seq(deadline_s=200.0)
+    late, named, fine = Seq(deadline_s=105.0), Seq(stream_id="x"), Seq(deadline_s=200.0)
     for s in (late, named, fine):
         q.push(s)
     assert q.sweep() == []

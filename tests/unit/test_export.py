@@ -15,7 +15,8 @@ import torch
 
 from chattts_serving import contract
 from chattts_serving.engine.gpt import Embeddings, GptStepRunner
-from chattts_serving.engine.scheduler import Engine, EngineConfig, make_sequence
+from chattts_serving.engine.scheduler import Engine, EngineConfig
+from chattts_serving.engine.sequence import make_sequence
 from chattts_serving.engine.sinks import CollectingSink
 from chattts_serving.export.build import PARITY_TOLERANCE, export_artifacts, sha256_file
 from chattts_serving.export.fused import FUSED_LAYOUT

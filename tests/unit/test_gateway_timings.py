@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from chattts_serving.audio import formats
+from chattts_serving.audio import rates
 from chattts_serving.gateway.timings import DeliveryClock, interruption_fields, raw_layout, split_spoken
 from chattts_serving.text.sentences import SentenceSplitter
 
@@ -19,7 +19,7 @@ from chattts_serving.text.sentences import SentenceSplitter
 def test_the_clock_counts_the_samples_a_client_can_decode(fmt: str, rate: int | None, container: str | None) -> None:
     """Cut a stream after a few chunks (no ``finish``): the clock's count is the samples in the
     bytes sent, which for a resampled stream is what its resampler gave so far."""
-    enc = formats.new_output_encoder(fmt, rate, container)
+    enc = rates.new_output_encoder(fmt, rate, container)
     clock = DeliveryClock(enc.info.sample_rate_hz, fmt, container)
     sent = b""
     rng = np.random.default_rng(0)

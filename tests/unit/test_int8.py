@@ -19,7 +19,8 @@ import pytest
 from chattts_serving import contract
 from chattts_serving.audio.vocoder import VocoderRunner
 from chattts_serving.engine.gpt import Embeddings, GptStepRunner
-from chattts_serving.engine.scheduler import Engine, EngineConfig, make_sequence
+from chattts_serving.engine.scheduler import Engine, EngineConfig
+from chattts_serving.engine.sequence import make_sequence
 from chattts_serving.engine.sinks import CollectingSink
 from chattts_serving.export.build import verify_artifacts
 from chattts_serving.export.int8 import (

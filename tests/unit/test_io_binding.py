@@ -12,7 +12,8 @@ from chattts_serving import contract
 from chattts_serving.contract import SequenceMode
 from chattts_serving.engine import arrays
 from chattts_serving.engine.gpt import Embeddings, GptStepRunner
-from chattts_serving.engine.scheduler import Engine, EngineConfig, make_sequence
+from chattts_serving.engine.scheduler import Engine, EngineConfig
+from chattts_serving.engine.sequence import make_sequence
 from chattts_serving.engine.sinks import CollectingSink
 from chattts_serving.params import SamplingParams
 from chattts_serving.runtime import Artifacts, OrtOptions

@@ -18,7 +18,8 @@ from chattts_serving.contract import KvPrecision, Precision
 from chattts_serving.deploy import render
 from chattts_serving.engine.gpt import Embeddings, GptStepRunner
 from chattts_serving.engine.kvprecision import graph_kv_precision, kv_cache_graph
-from chattts_serving.engine.scheduler import Engine, EngineConfig, make_sequence
+from chattts_serving.engine.scheduler import Engine, EngineConfig
+from chattts_serving.engine.sequence import make_sequence
 from chattts_serving.engine.sinks import CollectingSink
 from chattts_serving.export.int8 import ACCURACY_THRESHOLD, _prompts, compare_runs, teacher_forced
 from chattts_serving.export.kvcache import calibrate_scales, write_scales

@@ -30,7 +30,8 @@ from chattts_serving.audio.reference import (
 )
 from chattts_serving.contract import SequenceMode
 from chattts_serving.engine.gpt import Embeddings, GptStepRunner
-from chattts_serving.engine.scheduler import Engine, EngineConfig, Sequence, make_sequence
+from chattts_serving.engine.scheduler import Engine, EngineConfig
+from chattts_serving.engine.sequence import Sequence, make_sequence
 from chattts_serving.params import SamplingParams
 from chattts_serving.runtime import Artifacts
 from chattts_serving.text.refine import load_tokenizer, speech_prompt_ids
@@ -224,7 +225,7 @@ def test_engine_takes_audio_prompt_codes_and_checks_them(small_artifacts: Artifa
 
     alone, together, plain = Keep(), Keep(), Keep()
     seq = make_sequence(ids, spk, params, alone, prompt_codes=codes)
-    assert seq.prompt_length == len(ids) + len(codes)
+    assert seq.request.prompt_length == len(ids) + len(codes)
     run([seq])
     run([make_sequence(ids, spk, params, plain), make_sequence(ids, spk, params, together, prompt_codes=codes)])
     a, t, p = (np.concatenate(k.codes) for k in (alone, together, plain))

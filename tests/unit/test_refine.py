@@ -21,7 +21,8 @@ from chattts_serving import contract
 from chattts_serving.contract import TEXT_EOS_ID, SequenceMode
 from chattts_serving.engine.gpt import Embeddings, GptStepRunner
 from chattts_serving.engine.sampling import RequestSampler, sample_text_batch
-from chattts_serving.engine.scheduler import Engine, EngineConfig, Sequence, make_sequence
+from chattts_serving.engine.scheduler import Engine, EngineConfig
+from chattts_serving.engine.sequence import Sequence, make_sequence
 from chattts_serving.engine.sinks import CollectingSink
 from chattts_serving.export.parity import chattts_prompt
 from chattts_serving.params import ParamError, SamplingParams

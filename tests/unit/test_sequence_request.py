@@ -10,7 +10,7 @@ import pytest
 from chattts_serving import contract
 from chattts_serving.contract import SequenceMode
 from chattts_serving.engine.request import InvalidSequence, SequenceRequest
-from chattts_serving.engine.scheduler import Sequence, make_sequence
+from chattts_serving.engine.sequence import Sequence, make_sequence
 from chattts_serving.errors import ErrorKind
 from chattts_serving.params import SamplingParams
 from chattts_serving.serving.request import parse_engine
@@ -49,7 +49,7 @@ def test_the_engine_model_parses_tensors_into_the_same_type_and_the_same_rule_re
     req = parse_engine(inputs, H, 2048, request_id="r1")
     assert isinstance(req, SequenceRequest) and (req.stream_id, req.request_id) == ("s1", "r1")
     seq = Sequence(req, sink=None)  # type: ignore[arg-type]
-    assert seq.request is req and (seq.request_id, seq.owner) == ("s1", "r1") and seq.prompt_ids is req.input_ids
+    assert seq.request is req and (seq.request.stream_id, seq.request.request_id) == ("s1", "r1")
     bad = {**inputs, contract.EN_MODE.name: np.array([b"text"], np.object_)}  # text mode with a speaker
     with pytest.raises(InvalidSequence, match="text-mode"):
         parse_engine(bad, H, 2048)

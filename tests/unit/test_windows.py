@@ -16,7 +16,7 @@ from chattts_serving.contract import StopReason
 from chattts_serving.errors import ErrorKind, RequestError
 from chattts_serving.runtime import Artifacts
 from chattts_serving.serving.profile import load_profile
-from chattts_serving.serving.windows import VocoderWindow, WindowPlanner
+from chattts_serving.serving.windows import EnsembleWindow, EnsembleWindowPlanner
 
 HEADER = json.dumps({"request_id": "r1", "sample_rate_hz": contract.SAMPLE_RATE_HZ, "final": False})
 
@@ -26,8 +26,8 @@ def voc(small_artifacts: Artifacts) -> VocoderRunner:
     return VocoderRunner(small_artifacts, "hidden")
 
 
-def _feed(planner: WindowPlanner, hidden: np.ndarray, emit: int,
-          stop: StopReason = StopReason.MAX_TOKENS) -> list[VocoderWindow]:
+def _feed(planner: EnsembleWindowPlanner, hidden: np.ndarray, emit: int,
+          stop: StopReason = StopReason.MAX_TOKENS) -> list[EnsembleWindow]:
     """The engine's pattern: a batch every ``emit`` tokens and at first_emit_tokens, the last
     with the stop reason."""
     n, out, sent = len(hidden), [], 0
@@ -39,7 +39,7 @@ def _feed(planner: WindowPlanner, hidden: np.ndarray, emit: int,
     return out
 
 
-def _cut(voc: VocoderRunner, windows: list[VocoderWindow]) -> np.ndarray:
+def _cut(voc: VocoderRunner, windows: list[EnsembleWindow]) -> np.ndarray:
     parts = [voc.run(w.hidden[None])[0][w.keep_first:w.keep_first + w.keep_samples] for w in windows if len(w.hidden)]
     return np.concatenate(parts)
 
@@ -49,7 +49,7 @@ def test_windows_at_full_lookahead_equal_the_offline_decode(small_artifacts: Art
                                                             n: int) -> None:
     hidden = np.random.default_rng(n).standard_normal((n, small_artifacts.hidden_size)).astype(np.float32)
     rf = small_artifacts.receptive_field_tokens("hidden")
-    planner = WindowPlanner(load_profile("cpu").stream.schedule().with_lookahead(rf), HEADER,
+    planner = EnsembleWindowPlanner(load_profile("cpu").stream.schedule().with_lookahead(rf), HEADER,
                             small_artifacts.hidden_size)
     windows = _feed(planner, hidden, emit=4)
     assert [w.index for w in windows] == list(range(len(windows)))
@@ -66,7 +66,7 @@ def test_windows_follow_the_profile_schedule_cut_at_chunk_boundaries(small_artif
     n = 150
     hidden = np.random.default_rng(1).standard_normal((n, small_artifacts.hidden_size)).astype(np.float32)
     schedule = load_profile("cpu").stream.schedule()
-    windows = _feed(WindowPlanner(schedule, HEADER, small_artifacts.hidden_size), hidden, emit=4)
+    windows = _feed(EnsembleWindowPlanner(schedule, HEADER, small_artifacts.hidden_size), hidden, emit=4)
     chunker, expected, avail = StreamChunker(schedule.windowed().without_crossfade()), [], 0
     while not chunker.done:
         avail = min(n, avail + 1)
@@ -82,7 +82,7 @@ def test_windows_follow_the_profile_schedule_cut_at_chunk_boundaries(small_artif
 def test_first_window_carries_the_header_and_the_last_the_final_info(small_artifacts: Artifacts) -> None:
     n = 60
     hidden = np.zeros((n, small_artifacts.hidden_size), np.float32)
-    windows = _feed(WindowPlanner(load_profile("cpu").stream.schedule(), HEADER, small_artifacts.hidden_size),
+    windows = _feed(EnsembleWindowPlanner(load_profile("cpu").stream.schedule(), HEADER, small_artifacts.hidden_size),
                     hidden, emit=4, stop=StopReason.MAX_TOKENS)
     assert json.loads(windows[0].info) == json.loads(HEADER)
     assert all(w.info == "" for w in windows[1:-1])
@@ -97,6 +97,7 @@ def test_no_tokens_is_an_error_and_a_cancel_makes_no_window(small_artifacts: Art
     h = small_artifacts.hidden_size
     empty = (np.zeros((0, 4), np.int32), np.zeros((0, h), np.float32))
     with pytest.raises(RequestError) as info:
-        WindowPlanner(load_profile("cpu").stream.schedule(), HEADER, h).add(*empty, StopReason.EOS)
+        EnsembleWindowPlanner(load_profile("cpu").stream.schedule(), HEADER, h).add(*empty, StopReason.EOS)
     assert info.value.kind == ErrorKind.INTERNAL
-    assert WindowPlanner(load_profile("cpu").stream.schedule(), HEADER, h).add(*empty, StopReason.CANCELLED) == []
+    planner = EnsembleWindowPlanner(load_profile("cpu").stream.schedule(), HEADER, h)
+    assert planner.add(*empty, StopReason.CANCELLED) == []
