@@ -20,8 +20,7 @@ struct CrashHandler {
   static void Write(const char* s);
   // The handler: the signal line, a raw stack trace, then the signal's default action.
   static void Handle(int sig);
-  // Install the handler where another one (Triton's) is in place: a sigaction(2) query when
-  // nothing changed, so that worker threads call it on every round.
+  // Install the handler where another one (Triton's) is in place (see crash.cc for when).
   static void Ensure();
 };
 

@@ -21,9 +21,10 @@
 // passed on to the target (polled every `cancel_poll_ms`). Refusals are counted at once in
 // `<rejected_metric>{model=<label_model>,reason="busy",stage="gate"}` (tts_rejected_total, the
 // Python models' family: same name and help; a label set of its own, since Triton frees a
-// counter when any one of the models holding it unloads) and logged as `request_rejected` JSON lines on stderr, the form every model here
-// writes, once their burst has settled (`log_settle_ms` without a refusal, at most
-// `log_max_wait_ms` after the first): logging does not delay the refusals behind it.
+// counter when any one of the models holding it unloads) and logged as `request_rejected` JSON
+// lines on stderr, the form every model here writes, once their burst has settled
+// (`log_settle_ms` without a refusal, at most `log_max_wait_ms` after the first): logging does
+// not delay the refusals behind it.
 //
 // The same library also serves the admission watch (`chattts_admission`, watch.cc): a model
 // configured with `watch_models` instead of `target_model`, whose subscribers learn at once,
@@ -39,7 +40,6 @@
 //   target, sent empty), ping_interval_ms, stall_timeout_ms (0: no pings), stop_server_on_stall;
 //   the watch: watch_models (comma-separated gate names, the order of its output `full`), cancel_poll_ms,
 //   heartbeat_ms.
-
 // Built by chattts_serving/deploy/gate.py (every .cc here but the *_test.cc: g++ -std=c++17 -O2
 // -shared -fPIC, warnings as errors).
 
