@@ -1,14 +1,14 @@
-"""Build the admission gate, the Triton backend behind ``chattts`` (``chattts_serving/gate/gate.cc``).
+"""Build the admission gate, the Triton backend behind ``chattts`` (``chattts_serving/gate/``).
 
-``python -m chattts_serving.deploy.gate --out DIR`` (or :func:`build_gate`) compiles the gate
-into ``DIR/chattts_gate/libtriton_chattts_gate.so`` with the host's C++ compiler (``$CXX``, else
-``g++``, else ``c++``). The source declares the part of Triton's C API it uses itself
-(``gate/triton_api.h``), so no Triton headers are needed; the symbols resolve when tritonserver
-loads the library. Builds are cached by the SHA-256 of sources, compiler and flags (in
-``$CHATTTS_GATE_CACHE``, else ``~/.cache/chattts-serving/gate``), so that every server start
-after the first copies the library instead of compiling it (a build takes about 3 s on 2
-cores). Files are written under a temporary name and renamed, so that a server never loads a
-half-written library.
+``python -m chattts_serving.deploy.gate --out DIR`` (or :func:`build_gate`) compiles the gate's
+sources (:data:`UNITS`) into ``DIR/chattts_gate/libtriton_chattts_gate.so`` with the host's C++
+compiler (``$CXX``, else ``g++``, else ``c++``). The sources declare the part of Triton's C API
+they use themselves (``gate/triton_api.h``), so no Triton headers are needed; the symbols
+resolve when tritonserver loads the library. Builds are cached by the SHA-256 of sources,
+compiler and flags (in ``$CHATTTS_GATE_CACHE``, else ``~/.cache/chattts-serving/gate``), so
+that every server start after the first copies the library instead of compiling it. Files are
+written under a temporary name and renamed, so that a server never loads a half-written
+library.
 """
 
 from __future__ import annotations
@@ -26,7 +26,11 @@ from pathlib import Path
 from .. import contract
 
 GATE_DIR = Path(__file__).resolve().parents[1] / "gate"
-SOURCES = (GATE_DIR / "gate.cc", GATE_DIR / "triton_api.h", GATE_DIR / "util.h")
+UNITS = tuple(sorted(p for p in GATE_DIR.glob("*.cc") if not p.name.endswith("_test.cc")))
+"""The gate's translation units, compiled into one library: every ``gate/*.cc`` but the C++ tests
+(``*_test.cc``, which have a ``main``)."""
+SOURCES = UNITS + tuple(sorted(GATE_DIR.glob("*.h")))
+"""What a build depends on (its cache key): the units and the headers they include."""
 FLAGS = ("-std=c++17", "-O2", "-Wall", "-Wextra", "-Werror", "-shared", "-fPIC", "-pthread")
 SANITIZER_FLAGS = ("-std=c++17", "-O1", "-g", "-fno-omit-frame-pointer", "-fsanitize=address,undefined",
                    "-Wall", "-Wextra", "-Werror", "-shared", "-fPIC", "-pthread")
@@ -51,7 +55,7 @@ def compiler() -> str | None:
 def _digest(cxx: str, flags: tuple[str, ...]) -> str:
     h = hashlib.sha256()
     for src in SOURCES:
-        h.update(src.read_bytes())
+        h.update(src.name.encode() + b"\0" + src.read_bytes())
     h.update(" ".join((cxx, *flags)).encode())
     return h.hexdigest()
 
@@ -75,7 +79,7 @@ def _write_atomically(dest: Path, write: Callable[[str], object]) -> None:
 
 
 def _compile(cxx: str, flags: tuple[str, ...], out: str) -> None:
-    run = subprocess.run([cxx, *flags, f"-I{GATE_DIR}", str(SOURCES[0]), "-o", out],
+    run = subprocess.run([cxx, *flags, f"-I{GATE_DIR}", *map(str, UNITS), "-o", out],
                          capture_output=True, text=True, check=False)
     if run.returncode != 0:
         raise GateBuildError(f"building the admission gate failed ({cxx}, exit {run.returncode}):\n"

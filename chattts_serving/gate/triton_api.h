@@ -1,13 +1,13 @@
 // The part of Triton's C API (tritonserver.h, tritonbackend.h: TRITONSERVER API 1.x,
 // TRITONBACKEND API 1.x) that the admission gate calls, declared here so that the gate builds
 // with a plain C++ compiler on a machine without Triton's headers (the PyPI wheel that bundles
-// tritonserver ships none). Only what gate.cc uses; enum values as Triton defines them.
+// tritonserver ships none). Only what the gate's sources use; enum values as Triton defines them.
 // The symbols are resolved at load time from the tritonserver process.
 // Checked against Triton 2.51's own headers (r24.10: TRITONSERVER API 1.34, TRITONBACKEND API
 // 1.19): every signature here equals theirs but for top-level const on by-value parameters,
 // which does not change the ABI; every enum value is theirs.
 //
-// Ownership, as those headers define it and gate.cc relies on it:
+// Ownership, as those headers define it and the gate relies on it:
 // - TRITONSERVER_Error* returned by a call is the caller's (TRITONSERVER_ErrorDelete); the one
 //   TRITONSERVER_InferenceResponseError returns belongs to the response; the error passed to
 //   TRITONBACKEND_ResponseSend stays the caller's.

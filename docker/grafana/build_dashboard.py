@@ -5,7 +5,7 @@
     python docker/grafana/build_dashboard.py --check   # exit 1 if the committed JSON is stale
 
 The generated file is committed (Grafana provisions it from docker/grafana/dashboards/) and
-tests/unit/test_deploy.py checks that it equals what this script produces. Queries use the
+tests/unit/test_deploy_grafana.py checks that it equals what this script produces. Queries use the
 recording rules of docker/prometheus/rules/recording.yml where one exists, so that the
 dashboard and the alerts agree on what "p95" or "error ratio" means.
 """

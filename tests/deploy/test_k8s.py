@@ -43,7 +43,7 @@ from .pods import DEPLOYMENT, PodBackend, _kube_play_module, podman
 
 K8S = ROOT / "docker" / "k8s"
 K8S_VERSION = "1.31.0"
-"""The Kubernetes release the manifests are validated against (as in tests/unit/test_deploy.py)."""
+"""The Kubernetes release the manifests are validated against (as in tests/support/deploy_files.py)."""
 REPORT: dict[str, Any] = {"kubernetes_version": K8S_VERSION}
 """What this module found; written to results/deploy/k8s.json when the module ends."""
 

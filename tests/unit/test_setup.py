@@ -30,7 +30,7 @@ def test_every_debian_package_the_tests_use_is_installed() -> None:
     proc = _run("--check")
     assert proc.returncode == 0, f"{proc.stdout}{proc.stderr}: run `make setup`, which installs them"
     assert proc.stdout.strip() == f"debian packages: all present ({' '.join(PACKAGES)})"
-    # what tests/unit/test_deploy.py and tests/server/test_observability.py look for before they skip
+    # what tests/unit/test_deploy_*.py and tests/server/test_observability.py look for before they skip
     assert shutil.which("promtool") is not None and Path("/usr/bin/prometheus").is_file()
     assert Path("/usr/bin/chromium").is_file()  # what tests/server/test_gateway_page.py launches
 
