@@ -1,11 +1,18 @@
-"""Delivery receipts from the GPT engine to the entry models, outside Triton: so that an entry
-thread asks a BLS response iterator for a response only once it is there.
+"""Register row "receipts" (docs/triton-workarounds.md): delivery receipts from the GPT engine
+to the entry models, outside Triton, so that an entry thread asks a BLS response iterator for
+a response only once it is there.
 
-Why: a stub thread waiting inside ``ResponseIterator.Next`` can deadlock Triton 2.51's Python
-stub for good (docs/triton-workarounds.md, "receipts"). ``Next`` waits only when the
-iterator's buffer is empty, and the engine's ``send`` returns only once the caller's stub has
-queued the response; so the engine writes one receipt after each send, and the entry thread
-waits for the receipt (a semaphore, GIL released) before it calls ``next``.
+- symptom: a stub with many decoupled BLS streams deadlocks for good.
+- cause: a GIL and mutex cycle through python_backend's ``ResponseIterator::Next``
+  (``pb_response_iterator.cc``, ``pb_stub.cc``; the register's details tell the cycle).
+- what we do: ``Next`` waits only when the iterator's buffer is empty, and the engine's
+  ``send`` returns only once the caller's stub has queued the response; so the engine writes
+  one receipt after each send (:class:`ReceiptSender`, :class:`ReceiptWriter`), and the entry
+  thread waits for the receipt (:class:`ReceiptBoard`, a semaphore, GIL released) before it
+  calls ``next`` (``triton/stages.py`` ``EngineStream``).
+- shown by: ``tests/unit/test_receipts.py``, ``tests/server/test_receipts.py``,
+  ``tests/unit/test_bls_iterators.py``.
+- delete when: the iterator never waits for the GIL while holding its mutex.
 
 Transport: each entry stub listens on a Unix stream socket in Linux's abstract namespace,
 named after the tritonserver process (the stubs' parent) and the stub's own process id, and
@@ -24,8 +31,8 @@ import socket
 import threading
 from typing import Any
 
-from ..serving.entry_runtime import SharedHelper
-from ..serving.threads import ThreadOwner
+from ...serving.entry_runtime import SharedHelper
+from ...serving.threads import ThreadOwner
 
 log = logging.getLogger(__name__)
 
