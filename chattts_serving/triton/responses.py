@@ -164,7 +164,7 @@ class WindowSink(EngineSink):
     flag alone. ``on_close`` runs once when the stream ends (its ensemble-door slot)."""
 
     def __init__(self, pb: Any, sender: Any, model: str, request_id: str, prompt_tokens: int,
-                 planner: WindowPlanner, stream_id: str, on_close: Callable[[], None]) -> None:
+                 planner: WindowPlanner, stream_id: str, on_close: Callable[[], object]) -> None:
         super().__init__(pb, sender, model, request_id, prompt_tokens)
         self.planner, self.stream_id, self._on_close = planner, stream_id, on_close
 

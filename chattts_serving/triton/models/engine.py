@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 import time
 from dataclasses import replace
 from typing import Any
@@ -18,9 +17,8 @@ from ...engine.kernels import choose_int8_kernel
 from ...engine.request import SequenceRequest
 from ...engine.scheduler import Engine, Sequence
 from ...errors import RequestError, drop_tracebacks
-from ...serving.admission import busy_error, rejection_reason
+from ...serving.admission import EnsembleDoor, SlotToken
 from ...serving.entry_runtime import internal_error
-from ...serving.logs import log_event
 from ...serving.request import EngineControl, int_input, parse_engine
 from ...serving.windows import WindowPlanner
 from ..compat import EngineHooks
@@ -52,9 +50,9 @@ class EngineModel(DecoupledModel):
     With ``window_lookahead_tokens`` (the ensemble door) the sequence answers in window mode
     (:class:`~chattts_serving.triton.responses.WindowSink`): vocoder windows of the profile's
     chunk schedule (``window_hidden``, ``window_plan``, ``window_info``, ``window_error``,
-    ``window_stream_id``) and progress ticks; errors are Triton error responses (final), and at
-    most ``ensemble.max_concurrent_streams`` such sequences live at once, beyond which a request
-    is refused "server busy" at once (the ensemble door's admission)."""
+    ``window_stream_id``) and progress ticks; errors are Triton error responses (final). The
+    ensemble door's admission is decided here, where its streams start
+    (:class:`~chattts_serving.serving.admission.EnsembleDoor`)."""
 
     sends_from_threads = contract.ENGINE_INPUTS
     hooks_class = EngineHooks
@@ -81,9 +79,7 @@ class EngineModel(DecoupledModel):
             log.info("%s: niceness %d on %d threads (profile [engine] nice)", setup.name, ep.nice,
                      lower_priority(ep.nice))
         self.hooks.listen_cancels(self.engine.cancel)
-        self.window_limit = setup.profile.ensemble.max_concurrent_streams
-        self._windows_live = 0
-        self._windows_lock = threading.Lock()
+        self.ensemble_door = EnsembleDoor(setup.profile.ensemble.max_concurrent_streams)
 
     def accept(self, request: Any, sender: Any) -> None:
         inputs = request_inputs(self.pb, request, contract.ENGINE_INPUTS)
@@ -111,8 +107,9 @@ class EngineModel(DecoupledModel):
         self.engine.submit(Sequence(req, sink, deadline_s=deadline, acknowledge=True))
 
     def _accept_windows(self, request: Any, sender: Any, inputs: dict[str, np.ndarray]) -> None:
-        """A window-mode sequence (the ensemble door): admitted while fewer than
-        ``window_limit`` live, else BUSY. Raises RequestError."""
+        """A window-mode sequence (the ensemble door): validated, then admitted by the door
+        (:meth:`EnsembleDoor.admit`), whose slot the stream holds until it ends. Raises
+        RequestError."""
         profile = self.setup.profile
         req = parse_engine(inputs, self.hidden_size, profile.engine.max_new_tokens_cap)
         if isinstance(req, EngineControl) or not req.stream_id:
@@ -128,32 +125,21 @@ class EngineModel(DecoupledModel):
         header = first_string(inputs[contract.EN_INFO_HEADER.name]) if contract.EN_INFO_HEADER.name in inputs else ""
         planner = WindowPlanner(schedule, header, self.hidden_size)
         request_id = request.request_id() or header_request_id(header)
-        with self._windows_lock:
-            busy = self._windows_live >= self.window_limit
-            if not busy:
-                self._windows_live += 1
-        if busy:
-            exc = busy_error(self.window_limit)
-            log_event("request_rejected", level="warning", model=contract.MODEL_ENSEMBLE,
-                      request_id=request_id, reason=rejection_reason(exc), status=exc.kind, message=str(exc))
-            raise exc
+        slot = self.ensemble_door.admit(request_id)
         try:
-            self._submit_windows(request_id, sender, req, planner)
+            self._submit_windows(request_id, sender, req, planner, slot)
         except BaseException:
-            self._window_closed()
+            slot.release()
             raise
 
-    def _submit_windows(self, request_id: str, sender: Any, req: SequenceRequest, planner: WindowPlanner) -> None:
+    def _submit_windows(self, request_id: str, sender: Any, req: SequenceRequest, planner: WindowPlanner,
+                        slot: SlotToken) -> None:
         deadline = time.monotonic() + req.timeout_s if req.timeout_s else None
         sink = WindowSink(self.pb, sender, self.name, request_id, req.prompt_length, planner, req.stream_id,
-                          self._window_closed)
+                          slot.release)
         req = replace(req, emit_tokens=self.setup.profile.stream.emit_tokens,
                       first_emit_tokens=planner.first_emit_tokens(), request_id=req.stream_id)
         self.engine.submit(Sequence(req, sink, deadline_s=deadline))
-
-    def _window_closed(self) -> None:
-        with self._windows_lock:
-            self._windows_live -= 1
 
     def refuse(self, sender: Any, exc: RequestError) -> None:
         send_engine_error(self.pb, sender, exc)

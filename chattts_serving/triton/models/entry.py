@@ -58,9 +58,11 @@ class EntryModel(TritonModel):
     ``execute`` returns None), so that ``execute`` only takes a slot or refuses "busy" and
     hands everything else to the runtime's threads (why: docs/performance.md, "Where the busy
     time goes"). With the admission gate in front (``[entry] gate``,
-    ``chattts_serving/gate/gate.cc``), the streaming model runs as ``chattts_entry``: the gate
-    refuses at the stream limit, this model's own limit is twice it (config parameter
-    ``gated``), and its metrics and logs carry the public name (``label_model``).
+    ``chattts_serving/gate/gate.cc``), the models run as ``chattts_entry`` and
+    ``chattts_offline_entry``: the gate decides admission, this model's slots are a safety
+    limit (config parameter ``gated``,
+    :func:`~chattts_serving.serving.admission.entry_slots`), and its metrics and logs carry the
+    public name (``label_model``).
     """
 
     offline: ClassVar[bool] = False
