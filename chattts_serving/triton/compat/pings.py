@@ -4,7 +4,7 @@ model's request to itself that only brings an ``execute`` of it.
 Why pings: a model that sends final responses from its own threads sends them only inside
 ``execute`` (:mod:`.finals`); when none is due, a ping (a request carrying
 :data:`~chattts_serving.contract.PING_PARAMETER`) brings one. The admission gate pings its
-target the same way to tell a live model from a stuck one (``chattts_serving/gate/target_ping.cc``).
+target the same way to tell a live model from a stuck one (``chattts_serving/gate/gate.cc``).
 ``tts_pings_total`` counts the pings a model answered, so that Triton's request counts can be
 told from traffic.
 

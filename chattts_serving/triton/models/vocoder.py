@@ -108,12 +108,11 @@ class EnsembleVocoderModel(DecoupledModel):
 
     A request that Triton has marked cancelled (the ensemble marks every step it schedules
     after the client cancelled, and every step after the engine is this one) is not vocoded:
-    its stream is cancelled in the engine over the engine's cancel socket
-    (:mod:`~chattts_serving.triton.cancels`), and the engine drops the sequence at its next
-    step and ends it with the final flag alone. Why no dynamic batcher: it answers a marked
-    request CANCELLED itself, which ends the ensemble before the engine hears of the cancel
-    (:mod:`~chattts_serving.triton.compat.ensemble`). So a window is vocoded on
-    its own, in ``execute``, which also keeps one stream's chunks in the engine's order."""
+    its hooks cancel its stream in the engine, which drops the sequence at its next step and
+    ends it with the final flag alone. Why no dynamic batcher: it answers a marked request
+    CANCELLED itself, which ends the ensemble before the engine hears of the cancel (both:
+    :mod:`~chattts_serving.triton.compat.ensemble`). So a window is vocoded on its own, in
+    ``execute``, which also keeps one stream's chunks in the engine's order."""
 
     hooks_class = EnsembleStepHooks
     hooks: EnsembleStepHooks
