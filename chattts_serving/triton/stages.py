@@ -27,7 +27,7 @@ from ..serving.resilience import BreakerCall, CircuitBreaker, enter, settle
 from .compat.cancels import cancel_address, send_cancel
 from .compat.error_codes import error_from_triton
 from .compat.grave import keep_iterator
-from .compat.receipts import RECEIPT_FIRST_WAIT_S, ReceiptBoard, receipt_board
+from .compat.receipts import ReceiptBoard, StreamReceipts, receipt_board
 from .tensors import first_string, string_tensor
 
 log = logging.getLogger(__name__)
@@ -167,15 +167,10 @@ class EngineStream:
     success at the last batch, failure on an INTERNAL error, release otherwise.
 
     With ``receipts`` (this stub's :class:`~chattts_serving.triton.compat.receipts.ReceiptBoard`)
-    each response is read only after the engine's receipt for it arrived, so that the BLS
-    iterator never waits inside ``Next`` (:mod:`~chattts_serving.triton.compat.receipts`). The first
-    response is there when ``exec`` returns (the engine's acknowledgement, or Triton's error
-    for an engine that is down: read at once). Its receipt may take
-    :data:`RECEIPT_FIRST_WAIT_S`; without it the stream reads without receipts. A later one is
-    awaited for as long as the engine keeps its receipt connection (a sequence may wait in
-    the engine's queue for minutes); once a connection of the board closes (the engine died or
-    reconnected), the stream reads without receipts (the board's ``late`` counts the streams
-    that fell back either way)."""
+    each response is read only after the engine's receipt for it arrived
+    (:class:`~chattts_serving.triton.compat.receipts.StreamReceipts`), so that the BLS iterator
+    never waits inside ``Next``. The first response is there when ``exec`` returns (the
+    engine's acknowledgement, or Triton's error for an engine that is down: read at once)."""
 
     def __init__(self, pb: Any, call: SequenceRequest, breaker_call: BreakerCall, cancel_address: str = "",
                  receipts: ReceiptBoard | None = None) -> None:
@@ -183,48 +178,18 @@ class EngineStream:
         self.breaker_call = breaker_call
         self.cancel_address = cancel_address
         self.stream_id = uuid.uuid4().hex
-        self._board = receipts
-        self._receipts = receipts.register(self.stream_id) if receipts is not None else None
-        self._epoch = receipts.epoch if receipts is not None else 0
-        self._reads = 0  # responses read so far
+        self._receipts = StreamReceipts(receipts, self.stream_id)
         try:
             req = pb.InferenceRequest(model_name=contract.MODEL_ENGINE,
-                                      inputs=engine_inputs(pb, call, self.stream_id,
-                                                           receipts.address if receipts is not None else ""),
+                                      inputs=engine_inputs(pb, call, self.stream_id, self._receipts.address),
                                       request_id=call.request_id,
                                       requested_output_names=[t.name for t in contract.ENGINE_OUTPUTS])
             self._responses = req.exec(decoupled=True)
         except BaseException:
-            self._unregister()
+            self._receipts.close()
             breaker_call.release()
             raise
         self.finished = False  # the engine's last response for this sequence has been read
-
-    def _unregister(self) -> None:
-        if self._board is not None:
-            self._board.unregister(self.stream_id)
-            self._board = self._receipts = None
-
-    def _await_receipt(self) -> None:
-        """Wait (GIL released) until the engine's receipts say the next response is queued. The
-        first response needs none (``exec`` returns with it); its receipt is taken with the
-        second's."""
-        sem, board = self._receipts, self._board
-        reads, self._reads = self._reads, self._reads + 1
-        if sem is None or board is None or reads == 0:
-            return
-        for first in (True, False) if reads == 1 else (False,):
-            got = sem.acquire(timeout=RECEIPT_FIRST_WAIT_S) if first else sem.acquire()
-            if got and board.epoch == self._epoch:
-                continue
-            late = board.count_late()
-            if late == 1 or late % 100 == 0:
-                why = (f"no receipt within {RECEIPT_FIRST_WAIT_S:.1f} s" if not got
-                       else "the engine's receipt connection closed")
-                log.warning("engine stream %s reads without receipts: %s (%d streams so far)",
-                            self.stream_id, why, late)
-            self._unregister()
-            return
 
     def _read(self) -> Iterator[Any]:
         """The responses, each read once its receipt arrived; ends after the final one (a
@@ -232,7 +197,7 @@ class EngineStream:
         asking the iterator again (there is no receipt to wait for)."""
         pb = self.pb
         while not self.finished:
-            self._await_receipt()
+            self._receipts.before_read()
             try:
                 resp = next(self._responses)
             except StopIteration:
@@ -257,7 +222,7 @@ class EngineStream:
         stub's cleanup of it (never the stub's own thread, nor the cyclic garbage collector: see
         :func:`chattts_serving.errors.drop_tracebacks`)."""
         self.finished = True
-        self._unregister()
+        self._receipts.close()
         if not isinstance(self._responses, _Done):
             keep_iterator(self._responses)
             self._responses = _Done()

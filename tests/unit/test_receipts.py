@@ -21,8 +21,8 @@ from chattts_serving.errors import RequestError
 from chattts_serving.params import SamplingParams
 from chattts_serving.serving.entry_runtime import SharedHelper
 from chattts_serving.serving.resilience import CircuitBreaker, enter
-from chattts_serving.triton import stages
 from chattts_serving.triton.compat import grave as grave_module
+from chattts_serving.triton.compat import receipts as receipts_module
 from chattts_serving.triton.compat.grave import IteratorGrave
 from chattts_serving.triton.compat.receipts import (
     ReceiptBoard,
@@ -233,7 +233,7 @@ def test_an_engine_stream_reads_each_response_only_after_its_receipt(monkeypatch
 
 
 def test_without_its_first_receipt_a_stream_reads_as_without_a_board(monkeypatch: Any) -> None:
-    monkeypatch.setattr(stages, "RECEIPT_FIRST_WAIT_S", 0.05)
+    monkeypatch.setattr(receipts_module, "RECEIPT_FIRST_WAIT_S", 0.05)
     board = _board("silent")
     late = board.late
     try:

@@ -280,6 +280,52 @@ class ReceiptSender:
         return bool(self._sender.is_cancelled())
 
 
+class StreamReceipts:
+    """One engine stream's receipts on this stub's ``board`` (None: no board, every read goes
+    ahead at once): registered at once under ``stream_id``; :meth:`before_read` waits (GIL
+    released) until the engine's receipts say the next response is queued. The first response
+    needs none (``exec`` returns with it); its receipt is taken with the second's, and may take
+    :data:`RECEIPT_FIRST_WAIT_S`. A later one is awaited for as long as the engine keeps its
+    receipt connection (a sequence may wait in the engine's queue for minutes); once the first
+    receipt is missing, or a connection of the board closed (the engine died or reconnected),
+    the stream reads on without receipts (the board's ``late`` counts such streams)."""
+
+    def __init__(self, board: ReceiptBoard | None, stream_id: str) -> None:
+        self.stream_id = stream_id
+        self._board = board
+        self._sem = board.register(stream_id) if board is not None else None
+        self._epoch = board.epoch if board is not None else 0
+        self._reads = 0  # responses read so far
+        self.address = board.address if board is not None else ""
+        """Where the engine writes this stream's receipts ('' for none)."""
+
+    def before_read(self) -> None:
+        """Return once the next response is queued in the stream's BLS iterator (or once the
+        stream reads without receipts)."""
+        sem, board = self._sem, self._board
+        reads, self._reads = self._reads, self._reads + 1
+        if sem is None or board is None or reads == 0:
+            return
+        for first in (True, False) if reads == 1 else (False,):
+            got = sem.acquire(timeout=RECEIPT_FIRST_WAIT_S) if first else sem.acquire()
+            if got and board.epoch == self._epoch:
+                continue
+            late = board.count_late()
+            if late == 1 or late % 100 == 0:
+                why = (f"no receipt within {RECEIPT_FIRST_WAIT_S:.1f} s" if not got
+                       else "the engine's receipt connection closed")
+                log.warning("engine stream %s reads without receipts: %s (%d streams so far)",
+                            self.stream_id, why, late)
+            self.close()
+            return
+
+    def close(self) -> None:
+        """Unregister the stream (its last response was read, or it reads without receipts)."""
+        if self._board is not None:
+            self._board.unregister(self.stream_id)
+            self._board = self._sem = None
+
+
 RECEIPT_BOARD: SharedHelper[ReceiptBoard] = SharedHelper(
     "delivery-receipt socket (engine responses are then awaited inside the BLS iterator)",
     lambda: ReceiptBoard(delivery_address()).start(), lambda board, deadline_s: _stop_board(board, deadline_s))
