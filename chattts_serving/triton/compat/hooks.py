@@ -21,13 +21,12 @@ from typing import Any, ClassVar
 from ... import contract
 from ...serving.entry_runtime import EntryRuntime, SharedHelper
 from ...serving.threads import Spawn, start_thread
-from ..tensors import first_string
 from .cancels import CancelListener, cancel_address
 from .ensemble import engine_cancel_address, relay_cancel
 from .finals import DeferredFinals, DeferredFinalSender
 from .grave import ITERATOR_GRAVE
 from .pings import Pinger
-from .receipts import RECEIPT_BOARD, ReceiptSender, ReceiptWriter, delivery_prefix
+from .receipts import RECEIPT_BOARD, ReceiptWriter, receipted
 from .unload import Closable, collect_cycles, freeze_start_heap, release
 
 log = logging.getLogger(__name__)
@@ -109,22 +108,7 @@ class EngineHooks(ModelHooks):
         """A sequence that names its caller's receipt socket (``delivery_address``) and its
         ``stream_id`` gets a sender that writes a receipt after each response; a control request
         never does."""
-        return super().sender(request, self._receipted(request, sender))
-
-    def _receipted(self, request: Any, sender: Any) -> Any:
-        pb = self.pb
-        address, stream_id, control = (pb.get_input_tensor_by_name(request, spec.name) for spec in
-                                       (contract.EN_DELIVERY_ADDRESS, contract.EN_STREAM_ID, contract.EN_CONTROL))
-        if address is None or stream_id is None or control is not None:
-            return sender
-        try:
-            addr = first_string(address.as_numpy())
-            sid = first_string(stream_id.as_numpy())
-        except (ValueError, IndexError, UnicodeDecodeError):
-            return sender  # the engine's parser reports the bad input
-        if not addr.startswith(delivery_prefix()) or not sid:
-            return sender  # only this server's entry stubs get receipts
-        return ReceiptSender(sender, self.receipts, addr, sid)
+        return super().sender(request, receipted(self.pb, request, sender, self.receipts))
 
     def close(self) -> None:
         super().close()

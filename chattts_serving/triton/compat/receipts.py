@@ -31,8 +31,10 @@ import socket
 import threading
 from typing import Any
 
+from ... import contract
 from ...serving.entry_runtime import SharedHelper
 from ...serving.threads import ThreadOwner
+from ..tensors import first_string
 
 log = logging.getLogger(__name__)
 
@@ -278,6 +280,25 @@ class ReceiptSender:
 
     def is_cancelled(self) -> bool:
         return bool(self._sender.is_cancelled())
+
+
+def receipted(pb: Any, request: Any, sender: Any, writer: ReceiptWriter) -> Any:
+    """The engine's sender for ``request``: a :class:`ReceiptSender` when the request names
+    this server's receipt socket (``delivery_address``) and its ``stream_id``, else ``sender``
+    itself (a control request never gets receipts; a bad input is reported by the engine's
+    parser)."""
+    address, stream_id, control = (pb.get_input_tensor_by_name(request, spec.name) for spec in
+                                   (contract.EN_DELIVERY_ADDRESS, contract.EN_STREAM_ID, contract.EN_CONTROL))
+    if address is None or stream_id is None or control is not None:
+        return sender
+    try:
+        addr = first_string(address.as_numpy())
+        sid = first_string(stream_id.as_numpy())
+    except (ValueError, IndexError, UnicodeDecodeError):
+        return sender
+    if not addr.startswith(delivery_prefix()) or not sid:
+        return sender  # only this server's entry stubs get receipts
+    return ReceiptSender(sender, writer, addr, sid)
 
 
 class StreamReceipts:
