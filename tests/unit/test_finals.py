@@ -13,6 +13,7 @@ import pytest
 
 from chattts_serving import contract
 from chattts_serving.triton.compat.finals import DeferredFinals, DeferredFinalSender
+from chattts_serving.triton.compat.hooks import ModelHooks
 from chattts_serving.triton.compat.pings import answer_ping, is_ping, ping_inputs
 from tests.support.fake_triton import FINAL, FakePb, Request, Sender
 
@@ -176,3 +177,28 @@ def test_ping_requests_are_recognised_by_their_parameter_only() -> None:
     assert json.loads(Request([], parameters={contract.PING_PARAMETER: True}).parameters()) == {
         contract.PING_PARAMETER: True}
     assert isinstance(tensors[contract.IN_TEXT.name], np.ndarray)
+
+
+def test_the_hooks_defer_finals_only_for_a_model_that_sends_from_its_threads_and_answer_pings() -> None:
+    pb = FakePb()
+    plain = ModelHooks(pb, "plain", True, None)
+    own = Sender()
+    assert plain.sender(Request([]), own) is own and plain.finals is None
+    ping = Request([], parameters={contract.PING_PARAMETER: True})
+    assert plain.answered(ping) and ping.sender.sent == [(None, FINAL)]
+    assert not plain.answered(Request([]))
+    plain.close()
+
+    threaded = ModelHooks(pb, "threaded", True, contract.ENTRY_INPUTS)
+    assert threaded.finals is not None
+    wrapped = threaded.sender(Request([]), own)
+    assert isinstance(wrapped, DeferredFinalSender)
+    wrapped.send(None, flags=FINAL)  # outside execute: deferred
+    assert own.sent == [] and threaded.finals.pending() == 1
+    with threaded.executing():
+        pass
+    assert own.sent == [(None, FINAL)]
+    assert threaded.answered(Request([], parameters={contract.PING_PARAMETER: True}))
+    assert threaded.pinger.metrics is not None and threaded.pinger.metrics.pings.value == 1.0
+    threaded.close()
+    assert threaded.pinger.metrics is None
