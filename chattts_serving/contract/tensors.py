@@ -161,7 +161,7 @@ EN_PROMPT_CODES: Final = TensorSpec("prompt_codes", "TYPE_INT32", (-1, NUM_VQ), 
 EN_DELIVERY_ADDRESS: Final = TensorSpec("delivery_address", "TYPE_STRING", (1,), optional=True,
                                         doc="the caller's receipt socket (Linux abstract namespace): the engine writes "
                                             "stream_id there after each response it sent "
-                                            "(chattts_serving.triton.deliveries)")
+                                            "(chattts_serving.triton.compat.receipts)")
 EN_WINDOW_LOOKAHEAD: Final = TensorSpec(FE_LOOKAHEAD.name, "TYPE_INT32", (1,), optional=True,
                                         doc="ensemble mode (the ensemble door): respond with vocoder windows of the "
                                             "profile's chunk schedule at this lookahead (-1: the profile's) instead "

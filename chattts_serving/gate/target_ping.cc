@@ -7,7 +7,7 @@
 // What we do (here, the gate's part; the entry models' stall watchdog, the supervisor and the
 // liveness probe are the rest of the row): while streams are live a gate pings its target every
 // `ping_interval_ms` (a request with the bool parameter `chattts_ping`, answered at once by the
-// target's execute: chattts_serving/triton/finals.py). A ping left unanswered for
+// target's execute: chattts_serving/triton/compat/pings.py). A ping left unanswered for
 // `stall_timeout_ms` means the target stopped working (a stuck stub, a stuck backend thread):
 // the gate ends every stream it holds with UNAVAILABLE, answers new requests the same, and with
 // `stop_server_on_stall` asks the server to stop (SIGTERM), so that it stops claiming readiness

@@ -1,9 +1,15 @@
-"""Admission of the entry models, free of Triton: which requests are accepted, and how.
+"""Admission, free of Triton: which requests each door accepts, and how.
+
+One decision per door (docs/operations.md, "Admission: one decision per door"): the admission
+gate's ``max_live`` for ``chattts`` and ``chattts_offline`` when the gate is on
+(``chattts_serving/gate/gate.cc``; its limit and busy text are :func:`door_limit` and
+:func:`busy_error`), :meth:`Admission.reserve` when it is off, and :class:`EnsembleDoor` for
+``chattts_ensemble``. Behind a gate the Python entry model's slots are a safety limit
+(:data:`BEHIND_GATE_FACTOR`), never the door's decision.
 
 Busy is decided first and alone: :meth:`Admission.reserve` takes one of the instance's slots
-(the admission limit: ``entry.max_concurrent_streams`` live streams for ``chattts``,
-``entry.offline_threads`` running requests for ``chattts_offline``) or answers "server busy"
-without reading the request at all, so that under overload a refusal costs a counter check.
+(:func:`entry_slots`) or answers "server busy" without reading the request at all, so that
+under overload a refusal costs a counter check.
 Only a request that holds a slot is then parsed (:func:`~chattts_serving.serving.request.parse_entry`)
 by :meth:`Admission.admit`, which re-evaluates the degraded mode, sheds batch-priority requests
 while degraded (refused "busy": retryable) and, in degraded mode, makes the request cheaper
@@ -23,16 +29,19 @@ from typing import Final
 
 import numpy as np
 
+from .. import contract
 from ..contract import Priority, VocoderPath
 from ..errors import ErrorKind, RequestError
 from ..text.segments import SegmentRules
+from .logs import log_event
 from .pipeline import SynthesisJob
 from .profile import Profile
 from .request import EntryLimits, parse_entry
 from .resilience import Degrader
 from .slots import SlotToken, StreamSlots
 
-__all__ = ["Admission", "RefusalsFirst", "SlotToken", "StreamSlots", "busy_error", "rejection_reason"]
+__all__ = ["BEHIND_GATE_FACTOR", "Admission", "EnsembleDoor", "RefusalsFirst", "SlotToken", "StreamSlots",
+           "busy_error", "door_limit", "entry_slots", "rejection_reason"]
 
 
 class RefusalsFirst:
@@ -121,6 +130,26 @@ def busy_error(limit: int, detail: tuple[str, str] = STREAMS_BUSY_DETAIL) -> Req
                         ErrorKind.BUSY)
 
 
+def door_limit(profile: Profile, offline: bool) -> int:
+    """The admission limit of an entry door: ``entry.max_concurrent_streams`` live streams for
+    ``chattts``, ``entry.offline_threads`` running requests for ``chattts_offline``."""
+    return profile.entry.offline_threads if offline else profile.entry.max_concurrent_streams
+
+
+BEHIND_GATE_FACTOR: Final = 2
+"""Behind an admission gate, the Python entry model's slots are this many times the gate's: a
+safety limit on its worker threads, not an admission decision. The gate frees a request's slot
+at its final response, a moment before the Python model frees its own, so with as many slots
+as the gate a request the gate admitted could be refused here; with twice as many only a gate
+that stopped counting would reach the limit."""
+
+
+def entry_slots(profile: Profile, offline: bool, gated: bool) -> int:
+    """The slots of an entry-model instance: its door's limit (:func:`door_limit`, the door's
+    admission decision) without a gate; :data:`BEHIND_GATE_FACTOR` times it behind one."""
+    return door_limit(profile, offline) * (BEHIND_GATE_FACTOR if gated else 1)
+
+
 def rejection_reason(exc: RequestError) -> str:
     """The ``tts_rejected_total`` reason of a refusal: 'busy' for BUSY and UNAVAILABLE,
     'invalid' for INVALID, else the kind."""
@@ -129,10 +158,32 @@ def rejection_reason(exc: RequestError) -> str:
     return str(exc.kind)
 
 
+class EnsembleDoor:
+    """The admission decision of the ensemble door (``chattts_ensemble``): at most ``limit``
+    (``ensemble.max_concurrent_streams``) live streams, taken where a stream starts (the GPT
+    engine's ensemble mode) and given back when it ends, whichever way. Nothing else in the
+    ensemble refuses "busy"."""
+
+    def __init__(self, limit: int) -> None:
+        self.slots = StreamSlots(limit)
+
+    def admit(self, request_id: str) -> SlotToken:
+        """A slot for the stream of ``request_id``; raises the BUSY error (logged as a
+        rejection of ``chattts_ensemble``) when every slot is taken."""
+        token = self.slots.acquire()
+        if token is not None:
+            return token
+        exc = busy_error(self.slots.limit)
+        log_event("request_rejected", level="warning", model=contract.MODEL_ENSEMBLE, request_id=request_id,
+                  reason=rejection_reason(exc), status=exc.kind, message=str(exc))
+        raise exc
+
+
 class Admission:
     """The admission decisions of one entry-model instance (see the module docstring):
-    ``limit`` requests at once; ``busy_detail`` (noun, state) completes the refusal "server
-    busy: <limit> <noun(s)> <state>"."""
+    ``limit`` requests at once (:func:`entry_slots`: the door's decision without a gate, a
+    safety limit behind one); ``busy_detail`` (noun, state) completes the refusal "server busy:
+    <limit> <noun(s)> <state>"."""
 
     def __init__(self, profile: Profile, limit: int,
                  busy_detail: tuple[str, str] = STREAMS_BUSY_DETAIL,

@@ -29,7 +29,7 @@ import numpy as np
 
 from .. import contract
 from ..errors import ErrorKind, RequestError, drop_tracebacks
-from .admission import OFFLINE_BUSY_DETAIL, Admission, rejection_reason
+from .admission import OFFLINE_BUSY_DETAIL, Admission, entry_slots, rejection_reason
 from .lifecycle import CancelWatcher, ResponseChannel, StreamGuard
 from .logs import log_event
 from .pipeline import Stages, StreamResult, SynthesisJob, info_json, offline_audio, stream_audio
@@ -155,9 +155,8 @@ class EntryService:
     ``entry.offline_threads`` at once, ``entry.offline_emit_tokens`` per engine batch) instead
     of streams (at most ``entry.max_concurrent_streams``, ``stream.emit_tokens`` per batch,
     client cancels polled by a :class:`CancelWatcher`). ``gated``: the requests come through
-    the admission gate, which holds the limit; the gate frees a slot at a request's final
-    response, a moment before :meth:`finish` frees this model's, so here the limit is twice the
-    gate's and never the one that refuses. ``spawn`` starts the service's threads
+    the admission gate, which decides admission; this model's slots are then a safety limit
+    (:func:`~chattts_serving.serving.admission.entry_slots`). ``spawn`` starts the service's threads
     (``refusal-record``, ``cancel-watch``, ``unload-cancels``, ``degrade-tick``): in a stub, the
     :class:`~chattts_serving.serving.entry_runtime.EntryRuntime`'s, which joins them.
     """
@@ -169,13 +168,12 @@ class EntryService:
         self.on_stall = on_stall
         entry = profile.entry
         self.emit_tokens = entry.offline_emit_tokens if offline else profile.stream.emit_tokens
-        offline_limit = 2 * entry.offline_threads if gated else entry.offline_threads
         # The queueing signal of the degraded mode: streams still waiting for their first audio
         # (an offline request has none until it ends, so its door has no such signal).
-        self.admission = (Admission(profile, offline_limit, OFFLINE_BUSY_DETAIL, on_degrade_switch=self._on_switch)
+        slots = entry_slots(profile, offline, gated)
+        self.admission = (Admission(profile, slots, OFFLINE_BUSY_DETAIL, on_degrade_switch=self._on_switch)
                           if offline else
-                          Admission(profile, entry.max_concurrent_streams * (2 if gated else 1),
-                                    on_degrade_switch=self._on_switch, queued=lambda: self._waiting))
+                          Admission(profile, slots, on_degrade_switch=self._on_switch, queued=lambda: self._waiting))
         # Offline requests are watched for stalls only (their clients' cancels are not polled).
         self.watcher = CancelWatcher(entry.cancel_poll_interval_s, entry.stall_timeout_s, self._stalled,
                                      entry.cancel_polls_per_s, spawn=spawn)

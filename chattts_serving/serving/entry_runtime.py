@@ -22,14 +22,17 @@ and joined by :meth:`EntryRuntime.stop`:
 - ``cancel-watch`` (:class:`~chattts_serving.serving.lifecycle.CancelWatcher`): polls clients'
   cancels, ends stalled streams; ``unload-cancels`` (its ``close``): tells the engine to end the
   live streams' sequences at unload.
-- ``final-window`` (the adapter's :class:`~chattts_serving.triton.finals.FinalWindow`, spawned
-  here): pings the model for an ``execute`` while final responses wait; closed first at unload.
+- ``deferred-finals`` (the adapter's
+  :class:`~chattts_serving.triton.compat.finals.DeferredFinals`, spawned here): pings the model
+  for an ``execute`` while final responses wait; closed first at unload.
 - ``receipts-accept``, ``receipts-read`` (the process-wide
-  :class:`~chattts_serving.triton.deliveries.ReceiptBoard`, a :class:`SharedHelper`): accept the
-  engine's receipt connections and read receipts; stopped by the process's last runtime.
-- ``bls-iterator-grave`` (the process-wide :class:`~chattts_serving.triton.stages.IteratorGrave`,
-  a :class:`SharedHelper`): lets go of finished BLS iterators after their grace; stopped by the
-  process's last user, every held iterator let go first.
+  :class:`~chattts_serving.triton.compat.receipts.ReceiptBoard`, a :class:`SharedHelper`):
+  accept the engine's receipt connections and read receipts; stopped by the process's last
+  runtime.
+- ``bls-iterator-grave`` (the process-wide
+  :class:`~chattts_serving.triton.compat.grave.IteratorGrave`, a :class:`SharedHelper`): lets go
+  of finished BLS iterators after their grace; stopped by the process's last user, every held
+  iterator let go first.
 
 Slots: :meth:`arrive` takes a :class:`~chattts_serving.serving.slots.SlotToken` or sends
 "busy"; the token travels with the request and is released exactly once: by
@@ -38,7 +41,7 @@ admitted request ends, or here when a request never became one (refused at admis
 handed to a worker).
 
 Why the order of :meth:`stop` matters: a thread of the model that wakes while the stub exits
-crashes it (docs/triton-workarounds.md, "threads at stub exit").
+crashes it (:mod:`chattts_serving.triton.compat.unload`).
 """
 
 from __future__ import annotations
@@ -267,14 +270,14 @@ class EntryRuntime:
 
     # ---- unload --------------------------------------------------------------------------------
     def stop(self, wait_s: float = UNLOAD_WAIT_S, first: Callable[[], None] | None = None) -> list[str]:
-        """Unload in order, all within ``wait_s``: ``first()`` (the adapter's: its final-response
-        window closes, so the streams' last finals go out at once); requests no worker has
+        """Unload in order, all within ``wait_s``: ``first()`` (the adapter's: its hooks close,
+        so the streams' last finals go out at once); requests no worker has
         started end with :func:`unloading_error`; the dispatcher and the refusal threads are
         joined; live streams end with UNAVAILABLE (:meth:`EntryService.close`, their engine
         sequences cancelled); the workers are joined; every other thread the runtime started
         is joined; the process-wide helpers are released (the last user stops them); the
         handler is dropped once no request runs (it holds this runtime: a reference cycle,
-        docs/triton-workarounds.md, "cycles at exit"). Returns the names of the threads still
+        :mod:`chattts_serving.triton.compat.unload`). Returns the names of the threads still
         alive (logged; empty when all ended)."""
         deadline = time.monotonic() + wait_s
 

@@ -1,7 +1,8 @@
-"""Admission slots of an entry-model instance, each taken as a token that is released exactly
-once.
+"""Admission slots (an entry-model instance's, the ensemble door's), each taken as a token that
+is released exactly once.
 
-A slot is taken when a request arrives (before anything of it is read) and given back when
+A slot is taken when a request arrives (at an entry model, before anything of it is read; at
+the ensemble door, once the engine has validated it) and given back when
 the request ends, whichever way it ends: refused at admission, never handed to a worker
 (unloading), failed, finished. Those ends are in several places; the token makes "exactly
 once" a property of the slot instead of a convention of its callers: a second
@@ -14,7 +15,8 @@ import threading
 
 
 class StreamSlots:
-    """At most ``limit`` live requests per entry-model instance.
+    """At most ``limit`` live requests: an entry-model instance's (:class:`~.admission.Admission`)
+    or the ensemble door's (:class:`~.admission.EnsembleDoor`).
 
     A decoupled model that hands requests to threads empties Triton's queue at once, so the
     queue policy cannot bound live streams; this counter does (docs/triton-workarounds.md,

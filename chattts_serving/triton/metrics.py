@@ -3,7 +3,7 @@
 Names are the ones the alert rules and the dashboard in ``docker/`` use. The families are
 created once per model instance and must stay referenced for the model's lifetime, then be
 released by ``close()`` in the model's ``finalize``, and every update takes the model's metrics
-lock (docs/triton-workarounds.md, "metrics at unload").
+lock (:mod:`~chattts_serving.triton.compat.unload`).
 """
 
 from __future__ import annotations
@@ -21,11 +21,12 @@ BATCH_BUCKETS = [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0]
 
 class PingMetrics:
     """tts_pings_total{model} (counter): pings a model answered in ``execute``: the ones it sends
-    itself to send queued final responses (:mod:`~chattts_serving.triton.finals`) and the
+    itself to send queued final responses (:mod:`~chattts_serving.triton.compat.finals`) and the
     admission gate's liveness pings. Updated on the execute thread only."""
 
     def __init__(self, pb: Any, model: str) -> None:
-        self._fam = pb.MetricFamily("tts_pings_total", "Pings a model answered (final-response window, gate liveness)",
+        self._fam = pb.MetricFamily("tts_pings_total",
+                                    "Pings a model answered (deferred final responses, gate liveness)",
                                     pb.MetricFamily.COUNTER)
         self.pings = self._fam.Metric(labels={"model": model})
 
@@ -240,7 +241,7 @@ class EntryMetrics:
         self.queue = self._fam["queue"].Metric(labels=labels)
         self.active = self._fam["active"].Metric(labels=labels)
         self.degraded = self._fam["degraded"].Metric(labels=labels)
-        # Every metric update takes this lock (docs/triton-workarounds.md, "metrics at unload").
+        # Every metric update takes this lock (chattts_serving/triton/compat/unload.py).
         self.lock = threading.Lock()
         self._closed = False
 

@@ -22,7 +22,8 @@ from ..contract import StopReason
 from ..errors import ErrorKind, RequestError, encode_stop
 from ..serving.logs import log_event
 from ..serving.windows import EnsembleWindow, EnsembleWindowPlanner
-from .tensors import string_tensor, triton_error
+from .compat.error_codes import triton_error
+from .tensors import string_tensor
 
 
 def send_final_error(pb: Any, sender: Any, exc: RequestError) -> None:
@@ -158,13 +159,12 @@ class EnsembleSink(EngineSink):
     last one (or its error) with the final flag; every token batch that completes no window
     is a progress tick carrying only ``window_stream_id``, so that the vocoder step sees a
     client's cancel within ``stream.emit_tokens`` decode steps. An error travels as an empty
-    window whose ``window_error`` the vocoder step answers, after the windows before it (docs/triton-workarounds.md,
-    "ensemble: cancels and errors"). A
-    cancelled sequence ends with the final flag alone. ``on_close`` runs once when the stream
-    ends (its admission slot)."""
+    window whose ``window_error`` the vocoder step answers, after the windows before it
+    (:mod:`~chattts_serving.triton.compat.ensemble`). A cancelled sequence ends with the final
+    flag alone. ``on_close`` runs once when the stream ends (its ensemble-door slot)."""
 
     def __init__(self, pb: Any, sender: Any, model: str, request_id: str, prompt_tokens: int,
-                 planner: EnsembleWindowPlanner, stream_id: str, on_close: Callable[[], None]) -> None:
+                 planner: EnsembleWindowPlanner, stream_id: str, on_close: Callable[[], object]) -> None:
         super().__init__(pb, sender, model, request_id, prompt_tokens)
         self.planner, self.stream_id, self._on_close = planner, stream_id, on_close
 
@@ -212,7 +212,7 @@ class EnsembleSink(EngineSink):
         """Always False, without asking Triton: the engine asks every sequence's sink at every
         step, and ``response_sender.is_cancelled()`` is a round trip to the server (measured
         with py-spy at c=16: 14 % of the engine thread's time), and the running step is never
-        marked cancelled (docs/triton-workarounds.md, "ensemble: cancels and errors"): a
+        marked cancelled (:mod:`~chattts_serving.triton.compat.ensemble`): a
         client's cancel comes through the ensemble's vocoder step instead."""
         return False
 

@@ -11,12 +11,9 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
-import time
 import uuid
-from collections import deque
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -24,126 +21,35 @@ from .. import contract
 from ..contract import StopReason, VocoderPath
 from ..engine.request import SequenceRequest
 from ..errors import decode_stop
-from ..serving.entry_runtime import SharedHelper
 from ..serving.pipeline import CarriedWindow, FrontendCall, FrontendOutput, TokenBatch
 from ..serving.request import CONTROL_CANCEL
 from ..serving.resilience import BreakerCall, CircuitBreaker, enter, settle
-from .cancels import cancel_address, send_cancel
-from .deliveries import RECEIPT_FIRST_WAIT_S, ReceiptBoard
-from .tensors import error_from_triton, first_string, string_tensor
+from .compat.cancels import cancel_address, send_cancel
+from .compat.error_codes import error_from_triton
+from .compat.grave import keep_iterator
+from .compat.receipts import ReceiptBoard, StreamReceipts, receipt_board
+from .tensors import first_string, string_tensor
 
 log = logging.getLogger(__name__)
 
 STAGES = ("frontend", "engine", "vocoder")
 """The stages of the pipeline, each behind its own circuit breaker."""
 
-ITERATOR_GRACE_S = 2.0
-"""How long a finished BLS response iterator is kept referenced after its last response was
-read (see :class:`IteratorGrave`)."""
-
-
-class IteratorGrave:
-    """Keeps finished decoupled-BLS response iterators referenced for ``grace_s`` seconds, then
-    lets them go from its own Python thread.
-
-    Why: Triton 2.51's stub frees a BLS iterator that Python let go of too early without the
-    GIL, which corrupts the interpreter's memory (docs/triton-workarounds.md, "iterator
-    grave"). Kept past the stub's cleanup, the iterator is freed by the last Python reference,
-    with the GIL. Costs the iterator's responses' memory for ``grace_s`` seconds."""
-
-    def __init__(self, grace_s: float = ITERATOR_GRACE_S) -> None:
-        self.grace_s = grace_s
-        self._held: deque[tuple[float, Any]] = deque()
-        self._lock = threading.Lock()
-        self._wake = threading.Event()
-        self._stopped = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def start(self) -> IteratorGrave:
-        """Start the thread that lets iterators go (``bls-iterator-grave``)."""
-        self._thread = threading.Thread(target=self._loop, name="bls-iterator-grave", daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self, deadline_s: float) -> int:
-        """Let go of every held iterator now (the model unloads: held past the stub's exit, they
-        would be freed after its shared memory is gone), stop the thread and join it until
-        ``deadline_s`` (``time.monotonic()``). Returns how many were let go."""
-        self._stopped.set()
-        self._wake.set()
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(max(0.0, deadline_s - time.monotonic()))
-        return self.release_due(now_s=float("inf"))
-
-    def keep(self, iterator: Any) -> None:
-        """Hold ``iterator`` (whose last response has been read) for ``grace_s`` seconds."""
-        with self._lock:
-            self._held.append((time.monotonic() + self.grace_s, iterator))
-        self._wake.set()
-
-    def held(self) -> int:
-        """Iterators held now."""
-        with self._lock:
-            return len(self._held)
-
-    def release_due(self, now_s: float | None = None) -> int:
-        """Let go of the iterators whose grace has passed (on the calling Python thread);
-        returns how many."""
-        now_s = time.monotonic() if now_s is None else now_s
-        due = []
-        with self._lock:
-            while self._held and self._held[0][0] <= now_s:
-                due.append(self._held.popleft())
-        n = len(due)
-        del due  # the last references: freed here, with the GIL
-        return n
-
-    def _loop(self) -> None:
-        while not self._stopped.is_set():
-            self._wake.wait()
-            self._wake.clear()  # before looking: a keep() from now on sets it again
-            while not self._stopped.is_set():
-                with self._lock:
-                    next_due = self._held[0][0] if self._held else None
-                if next_due is None:
-                    break
-                self._stopped.wait(max(0.0, next_due - time.monotonic()))
-                self.release_due()
-
-
-ITERATOR_GRAVE: SharedHelper[IteratorGrave] = SharedHelper(
-    "BLS iterator grave", lambda: IteratorGrave().start(), lambda grave, deadline_s: _stop_grave(grave, deadline_s))
-"""The process's :class:`IteratorGrave`: started by the first model that uses it (an entry
-runtime, the engine model), stopped by the last
-(:class:`~chattts_serving.serving.entry_runtime.SharedHelper`)."""
-
-
-def _stop_grave(grave: IteratorGrave, deadline_s: float) -> None:
-    grave.stop(deadline_s)
-
-
-def keep_iterator(iterator: Any) -> None:
-    """Hold a finished decoupled BLS response iterator in the process's grave; when no model
-    holds the grave (the process unloads), let it go here, on this Python thread."""
-    grave = ITERATOR_GRAVE.get()
-    if grave is not None:
-        grave.keep(iterator)
-
 
 class BlsStages:
     """:class:`~chattts_serving.serving.pipeline.Stages` over BLS calls to the other models
     (``pb``: the ``triton_python_backend_utils`` module). ``failure_threshold`` consecutive
     INTERNAL failures of a stage open its breaker for ``cooldown_s`` seconds. Engine streams
-    are cancelled over the engine's cancel socket (:mod:`~chattts_serving.triton.cancels`),
+    are cancelled over the engine's cancel socket (:mod:`~chattts_serving.triton.compat.cancels`),
     whose address is this server's, and read once the engine's receipt says a response is
-    queued (:mod:`~chattts_serving.triton.deliveries`)."""
+    queued (``receipts``: this stub's board by default, :mod:`~chattts_serving.triton.compat.receipts`)."""
 
     def __init__(self, pb: Any, failure_threshold: int = 5, cooldown_s: float = 10.0,
-                 receipts: ReceiptBoard | None = None) -> None:
+                 receipts: ReceiptBoard | Literal["stub"] | None = "stub") -> None:
         self.pb = pb
         self.breakers = {stage: CircuitBreaker(stage, failure_threshold, cooldown_s) for stage in STAGES}
         self.cancel_address = cancel_address(contract.MODEL_ENGINE)
-        self.receipts = receipts
+        self.receipts = receipt_board() if receipts == "stub" else receipts
 
     def _unary(self, stage: str, request: Any) -> Any:
         """Run one BLS call through ``stage``'s breaker: the response, or RequestError (the
@@ -246,7 +152,7 @@ def engine_inputs(pb: Any, call: SequenceRequest, stream_id: str, delivery_addre
 
 class _Done:
     """An exhausted response iterator (what an :class:`EngineStream` holds once its BLS
-    iterator is in the :class:`IteratorGrave`)."""
+    iterator is in the :class:`~chattts_serving.triton.compat.grave.IteratorGrave`)."""
 
     def __iter__(self) -> Iterator[Any]:
         return iter(())
@@ -255,21 +161,16 @@ class _Done:
 class EngineStream:
     """One sequence on the GPT engine over a decoupled BLS call: iterate for
     :class:`~chattts_serving.serving.pipeline.TokenBatch` es; :meth:`cancel` ends it early
-    (docs/triton-workarounds.md, "cancel datagram": a datagram to the engine's cancel
+    (:mod:`~chattts_serving.triton.compat.cancels`: a datagram to the engine's cancel
     socket at ``cancel_address`` names the sequence by its ``stream_id``, or, when nothing
     listens there, a control request to the engine model does). ``call`` (the engine breaker's) is settled exactly once:
     success at the last batch, failure on an INTERNAL error, release otherwise.
 
-    With ``receipts`` (this stub's :class:`~chattts_serving.triton.deliveries.ReceiptBoard`)
-    each response is read only after the engine's receipt for it arrived, so that the BLS
-    iterator never waits inside ``Next`` (docs/triton-workarounds.md, "receipts"). The first
-    response is there when ``exec`` returns (the engine's acknowledgement, or Triton's error
-    for an engine that is down: read at once). Its receipt may take
-    :data:`RECEIPT_FIRST_WAIT_S`; without it the stream reads without receipts. A later one is
-    awaited for as long as the engine keeps its receipt connection (a sequence may wait in
-    the engine's queue for minutes); once a connection of the board closes (the engine died or
-    reconnected), the stream reads without receipts (the board's ``late`` counts the streams
-    that fell back either way)."""
+    With ``receipts`` (this stub's :class:`~chattts_serving.triton.compat.receipts.ReceiptBoard`)
+    each response is read only after the engine's receipt for it arrived
+    (:class:`~chattts_serving.triton.compat.receipts.StreamReceipts`), so that the BLS iterator
+    never waits inside ``Next``. The first response is there when ``exec`` returns (the
+    engine's acknowledgement, or Triton's error for an engine that is down: read at once)."""
 
     def __init__(self, pb: Any, call: SequenceRequest, breaker_call: BreakerCall, cancel_address: str = "",
                  receipts: ReceiptBoard | None = None) -> None:
@@ -277,48 +178,18 @@ class EngineStream:
         self.breaker_call = breaker_call
         self.cancel_address = cancel_address
         self.stream_id = uuid.uuid4().hex
-        self._board = receipts
-        self._receipts = receipts.register(self.stream_id) if receipts is not None else None
-        self._epoch = receipts.epoch if receipts is not None else 0
-        self._reads = 0  # responses read so far
+        self._receipts = StreamReceipts(receipts, self.stream_id)
         try:
             req = pb.InferenceRequest(model_name=contract.MODEL_ENGINE,
-                                      inputs=engine_inputs(pb, call, self.stream_id,
-                                                           receipts.address if receipts is not None else ""),
+                                      inputs=engine_inputs(pb, call, self.stream_id, self._receipts.address),
                                       request_id=call.request_id,
                                       requested_output_names=[t.name for t in contract.ENGINE_OUTPUTS])
             self._responses = req.exec(decoupled=True)
         except BaseException:
-            self._unregister()
+            self._receipts.close()
             breaker_call.release()
             raise
         self.finished = False  # the engine's last response for this sequence has been read
-
-    def _unregister(self) -> None:
-        if self._board is not None:
-            self._board.unregister(self.stream_id)
-            self._board = self._receipts = None
-
-    def _await_receipt(self) -> None:
-        """Wait (GIL released) until the engine's receipts say the next response is queued. The
-        first response needs none (``exec`` returns with it); its receipt is taken with the
-        second's."""
-        sem, board = self._receipts, self._board
-        reads, self._reads = self._reads, self._reads + 1
-        if sem is None or board is None or reads == 0:
-            return
-        for first in (True, False) if reads == 1 else (False,):
-            got = sem.acquire(timeout=RECEIPT_FIRST_WAIT_S) if first else sem.acquire()
-            if got and board.epoch == self._epoch:
-                continue
-            late = board.count_late()
-            if late == 1 or late % 100 == 0:
-                why = (f"no receipt within {RECEIPT_FIRST_WAIT_S:.1f} s" if not got
-                       else "the engine's receipt connection closed")
-                log.warning("engine stream %s reads without receipts: %s (%d streams so far)",
-                            self.stream_id, why, late)
-            self._unregister()
-            return
 
     def _read(self) -> Iterator[Any]:
         """The responses, each read once its receipt arrived; ends after the final one (a
@@ -326,7 +197,7 @@ class EngineStream:
         asking the iterator again (there is no receipt to wait for)."""
         pb = self.pb
         while not self.finished:
-            self._await_receipt()
+            self._receipts.before_read()
             try:
                 resp = next(self._responses)
             except StopIteration:
@@ -347,11 +218,11 @@ class EngineStream:
 
     def _finish(self) -> None:
         """The engine's last response has been read: hand the BLS iterator to the
-        :class:`IteratorGrave`, which frees it after the stub's cleanup of it (never the stub's
-        own thread, nor the cyclic garbage collector: see
+        :class:`~chattts_serving.triton.compat.grave.IteratorGrave`, which frees it after the
+        stub's cleanup of it (never the stub's own thread, nor the cyclic garbage collector: see
         :func:`chattts_serving.errors.drop_tracebacks`)."""
         self.finished = True
-        self._unregister()
+        self._receipts.close()
         if not isinstance(self._responses, _Done):
             keep_iterator(self._responses)
             self._responses = _Done()
@@ -389,7 +260,7 @@ class EngineStream:
         """Ask the engine to end the sequence (any thread); iteration then ends with a
         CANCELLED batch. Over the cancel socket when the engine listens there (never blocks),
         else with a control request to the engine model (a BLS round trip; see
-        :mod:`~chattts_serving.triton.cancels` for why that is only the fallback)."""
+        :mod:`~chattts_serving.triton.compat.cancels` for why that is only the fallback)."""
         if self.cancel_address and send_cancel(self.cancel_address, self.stream_id):
             return
         pb = self.pb

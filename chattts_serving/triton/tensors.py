@@ -1,16 +1,17 @@
-"""Tensors and errors between Triton's Python backend (``pb``: the
-``triton_python_backend_utils`` module, which exists only inside a stub process and is
-therefore passed in) and numpy / :class:`~chattts_serving.errors.RequestError`."""
+"""Tensors between Triton's Python backend (``pb``: the ``triton_python_backend_utils``
+module, which exists only inside a stub process and is therefore passed in) and numpy. Errors
+cross with :mod:`~chattts_serving.triton.compat.error_codes`."""
 
 from __future__ import annotations
 
+import json
+import uuid
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from .. import contract
-from ..errors import ErrorKind, RequestError, StageDown, decode_tagged, from_message, untagged_kind
 
 
 def request_inputs(pb: Any, request: Any, specs: Sequence[contract.TensorSpec]) -> dict[str, np.ndarray]:
@@ -34,29 +35,12 @@ def first_string(arr: np.ndarray) -> str:
     return v.decode("utf-8") if isinstance(v, bytes) else str(v)
 
 
-def triton_error(pb: Any, exc: RequestError) -> Any:
-    """The ``pb_utils.TritonError`` for ``exc``: the code of its kind
-    (:data:`chattts_serving.errors.STATUS`), the message tagged with the kind
-    (:func:`chattts_serving.errors.encode`) so that BLS callers and gRPC stream clients, which
-    never see the code, recover it."""
-    code = getattr(pb.TritonError, exc.status.triton, None)
-    return pb.TritonError(exc.wire(), code) if code is not None else pb.TritonError(exc.wire())
-
-
-TRITON_SHUTTING_DOWN = "Server not ready"
-"""What Triton 2.51 answers a BLS call with once the server is stopping (docs/triton-workarounds.md,
-"server not ready")."""
-
-
-def error_from_triton(error: Any) -> RequestError:
-    """The :class:`RequestError` behind a ``TritonError`` received from a BLS call: the kind
-    its message carries; UNAVAILABLE for Triton's own unavailability (the server is stopping,
-    a model is being loaded, a model's process died: :data:`chattts_serving.errors.TRITON_UNAVAILABLE`;
-    the client should retry, here after the restart or on another server; a stage that is down is a
-    :class:`~chattts_serving.errors.StageDown`); else INTERNAL."""
-    message = str(error.message())
-    if decode_tagged(message).kind is None and untagged_kind(message, None) == ErrorKind.UNAVAILABLE:
-        if TRITON_SHUTTING_DOWN in message:
-            return RequestError(f"server unavailable: the server is shutting down ({message})", ErrorKind.UNAVAILABLE)
-        return StageDown(f"server unavailable: a model process is unavailable ({message})")
-    return from_message(message)
+def entry_request(pb: Any, request: Any, specs: Sequence[contract.TensorSpec] = contract.ENTRY_INPUTS
+                  ) -> tuple[dict[str, np.ndarray], dict[str, object], str]:
+    """An entry request's tensors (``specs``), Triton request parameters (an unparsable JSON
+    reads as none) and request id (the client's, or a generated UUID hex)."""
+    try:
+        params = json.loads(request.parameters() or "{}")
+    except (ValueError, TypeError):
+        params = {}
+    return request_inputs(pb, request, specs), params, request.request_id() or uuid.uuid4().hex

@@ -1,5 +1,5 @@
 """Cancels from the entry models to the engine over the engine's cancel socket
-(chattts_serving/triton/cancels.py) on a real tritonserver under a cancel storm: every closed
+(chattts_serving/triton/compat/cancels.py) on a real tritonserver under a cancel storm: every closed
 stream leaves the engine without a control request to the engine model, and the server serves
 on. The socket in process: tests/unit/test_cancels.py."""
 
@@ -96,7 +96,7 @@ def test_many_streams_closed_at_once_leave_the_engine_and_the_server_serves_on(s
     their clients at the same moment, three times over. Every sequence leaves the engine, the
     engine's socket took the cancels (no control request reached the engine model), and the
     server still streams. (With control requests, Triton 2.51's Python backend deadlocked the
-    entry stub under such a storm on the full-size model: see chattts_serving/triton/cancels.py.)"""
+    entry stub under such a storm on the full-size model: see chattts_serving/triton/compat/cancels.py.)"""
     from chattts_serving.client import SynthesisRequest, synthesize_stream
 
     triton_server = storm_server

@@ -23,7 +23,7 @@ from chattts_serving.client import SynthesisRequest, synthesize_stream
 from chattts_serving.client.admission_watch import AdmissionWatch
 from chattts_serving.deploy.loglevels import cuda_driver_present
 from chattts_serving.runtime import Artifacts
-from chattts_serving.triton.stages import ITERATOR_GRACE_S
+from chattts_serving.triton.compat.grave import ITERATOR_GRACE_S
 from tests.support.servers import log_events, metric, serve_profile, wait_until
 
 TRITON_ERROR = re.compile(r"^E\d{4} ", re.MULTILINE)

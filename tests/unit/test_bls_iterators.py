@@ -1,5 +1,5 @@
 """Finished BLS response iterators are let go by a Python thread after a grace period
-(:class:`chattts_serving.triton.stages.IteratorGrave`), never dropped at once: Triton 2.51's
+(:class:`chattts_serving.triton.compat.grave.IteratorGrave`), never dropped at once: Triton 2.51's
 stub frees an iterator whose last Python reference is gone before its cleanup message was sent
 on its own thread, without the GIL, and corrupts the interpreter's memory (seen as the entry
 stub's segmentation faults under bursts of cancels).
@@ -21,8 +21,9 @@ from chattts_serving.engine.request import SequenceRequest
 from chattts_serving.params import SamplingParams
 from chattts_serving.serving.entry_runtime import SharedHelper
 from chattts_serving.serving.resilience import CircuitBreaker, enter
-from chattts_serving.triton import stages
-from chattts_serving.triton.stages import EngineStream, IteratorGrave
+from chattts_serving.triton.compat import grave as grave_module
+from chattts_serving.triton.compat.grave import IteratorGrave
+from chattts_serving.triton.stages import EngineStream
 from tests.support.bls_fakes import FakeBlsPb
 from tests.support.servers import wait_until
 
@@ -63,7 +64,7 @@ def test_an_engine_stream_hands_its_finished_iterator_to_the_grave(monkeypatch: 
     grave = IteratorGrave(grace_s=3600.0)
     held = SharedHelper("grave", lambda: grave, lambda g, deadline_s: None)
     held.acquire()
-    monkeypatch.setattr(stages, "ITERATOR_GRAVE", held)
+    monkeypatch.setattr(grave_module, "ITERATOR_GRAVE", held)
     pb = FakeBlsPb()
     call = SequenceRequest(input_ids=np.arange(4), spk_emb=np.zeros(8, np.float32), params=SamplingParams(),
                         emit_tokens=2)

@@ -1,4 +1,4 @@
-"""The engine's cancel socket (chattts_serving/triton/cancels.py) in process: a listener hears
+"""The engine's cancel socket (chattts_serving/triton/compat/cancels.py) in process: a listener hears
 each stream id the entry models send, per-server addresses, a taken address, a failing cancel.
 The cancel storm on a real server: tests/server/test_cancels.py."""
 
@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from chattts_serving.triton.cancels import CancelListener, cancel_address, send_cancel
+from chattts_serving.triton.compat.cancels import CancelListener, cancel_address, send_cancel
 
 
 def _address(tag: str) -> str:

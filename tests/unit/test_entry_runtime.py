@@ -20,13 +20,13 @@ from chattts_serving.runtime import Artifacts
 from chattts_serving.serving.entry_runtime import SharedHelper
 from chattts_serving.serving.profile import load_profile
 from chattts_serving.serving.slots import StreamSlots
-from chattts_serving.triton.deliveries import RECEIPT_BOARD
-from chattts_serving.triton.stages import ITERATOR_GRAVE
+from chattts_serving.triton.compat.grave import ITERATOR_GRAVE
+from chattts_serving.triton.compat.receipts import RECEIPT_BOARD
 from tests.support.fake_triton import FINAL, FakePb, Host, Request, Tensor
 from tests.support.servers import wait_until
 
 STUB_THREADS = ("entry_", "refuse_", "entry-dispatch", "refusal-record", "degrade-tick", "cancel-watch",
-                "unload-cancels", "final-window", "receipts-accept", "receipts-read", "bls-iterator-grave")
+                "unload-cancels", "deferred-finals", "receipts-accept", "receipts-read", "bls-iterator-grave")
 """The names (or name prefixes) of every thread an entry stub runs (the runtime's map)."""
 
 
@@ -85,7 +85,7 @@ def test_after_finalize_no_stub_thread_is_left_and_every_slot_is_free(host: Host
         stream.execute([req])  # type: ignore[attr-defined]
     assert slots.live == 4 and not any(r.sender.closed.is_set() for r in live + queued)
     assert {t.name for t in runtime.live_threads()} >= {"entry-dispatch", "refusal-record", "degrade-tick",
-                                                        "cancel-watch", "final-window"}
+                                                        "cancel-watch", "deferred-finals"}
 
     for name in ("chattts", "chattts_offline"):  # Triton unloads the entry models with the rest
         host.models[name].finalize()

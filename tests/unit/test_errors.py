@@ -90,7 +90,7 @@ def test_tritons_own_unavailability_in_bls_errors_reads_as_unavailable(text: str
     """Triton's own words for a stopping server, a model being (re)loaded and a dead model
     process are UNAVAILABLE (retry after the restart, or elsewhere); other untagged errors stay
     INTERNAL, and a tagged message keeps its own kind."""
-    from chattts_serving.triton.tensors import error_from_triton
+    from chattts_serving.triton.compat.error_codes import error_from_triton
 
     exc = error_from_triton(_TritonError(text))
     assert exc.kind == kind

@@ -1,6 +1,6 @@
-"""Final responses only inside ``execute`` (chattts_serving/triton/finals.py): the workaround for
-Triton 2.51's Python-backend race between a final response and the start of an ``execute``
-(docs/triton-workarounds.md, "final responses")."""
+"""Final responses only inside ``execute`` (chattts_serving/triton/compat/finals.py, the
+workaround for Triton 2.51's Python-backend race between a final response and the start of an
+``execute``) and the pings that bring one (chattts_serving/triton/compat/pings.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,9 @@ import numpy as np
 import pytest
 
 from chattts_serving import contract
-from chattts_serving.triton.finals import FinalWindow, WindowedSender, answer_ping, is_ping, ping_inputs
+from chattts_serving.triton.compat.finals import DeferredFinals, DeferredFinalSender
+from chattts_serving.triton.compat.hooks import ModelHooks
+from chattts_serving.triton.compat.pings import answer_ping, is_ping, ping_inputs
 from tests.support.fake_triton import FINAL, FakePb, Request, Sender
 
 
@@ -25,15 +27,15 @@ class Clock:
 
 
 class Recorder:
-    """A pb response sender that records, for every send, whether the window was open."""
+    """A pb response sender that records, for every send, whether execute was running."""
 
-    def __init__(self, window: FinalWindow | None = None) -> None:
-        self.window = window
+    def __init__(self, finals: DeferredFinals | None = None) -> None:
+        self.finals = finals
         self.sent: list[tuple[Any, int, bool]] = []
         self.asked = 0
 
     def send(self, response: Any = None, flags: int = 0) -> None:
-        inside = bool(self.window is not None and self.window._open)
+        inside = bool(self.finals is not None and self.finals._executing)
         self.sent.append((response, flags, inside))
 
     def is_cancelled(self) -> bool:
@@ -46,22 +48,22 @@ def _never_ping() -> None:
 
 
 def test_a_final_sent_outside_execute_waits_for_the_next_execute() -> None:
-    window = FinalWindow(_never_ping, max_hold_s=3600)
-    rec = Recorder(window)
-    sender = WindowedSender(rec, window, FINAL)
+    finals = DeferredFinals(_never_ping, max_hold_s=3600)
+    rec = Recorder(finals)
+    sender = DeferredFinalSender(rec, finals, FINAL)
     sender.send("chunk")          # not final: at once
     sender.send("last", flags=FINAL)
     assert [(r, f) for r, f, _ in rec.sent] == [("chunk", 0)]
-    assert window.pending() == 1 and window.deferred == 1
-    with window.executing():
+    assert finals.pending() == 1 and finals.deferred == 1
+    with finals.executing():
         pass
     assert [(r, f, inside) for r, f, inside in rec.sent] == [("chunk", 0, False), ("last", FINAL, True)]
-    assert window.pending() == 0
-    window.close()
+    assert finals.pending() == 0
+    finals.close()
 
 
 def test_a_final_sent_while_execute_runs_goes_out_at_once_and_execute_waits_for_it() -> None:
-    window = FinalWindow(_never_ping, max_hold_s=3600)
+    finals = DeferredFinals(_never_ping, max_hold_s=3600)
     started, release = threading.Event(), threading.Event()
 
     class Slow(Recorder):
@@ -70,12 +72,12 @@ def test_a_final_sent_while_execute_runs_goes_out_at_once_and_execute_waits_for_
             release.wait(10)
             self.sent.append((response, flags, not exited.is_set()))  # sent before execute returned
 
-    rec = Slow(window)
-    sender = WindowedSender(rec, window, FINAL)
+    rec = Slow(finals)
+    sender = DeferredFinalSender(rec, finals, FINAL)
     exited = threading.Event()
 
     def run_execute() -> None:
-        with window.executing():
+        with finals.executing():
             t = threading.Thread(target=sender.send, args=(None, FINAL))
             t.start()
             assert started.wait(10)
@@ -89,28 +91,28 @@ def test_a_final_sent_while_execute_runs_goes_out_at_once_and_execute_waits_for_
     ex.join(10)
     assert exited.is_set()
     assert rec.sent == [(None, FINAL, True)]
-    window.close()
+    finals.close()
 
 
 def test_queued_finals_ping_for_an_execute() -> None:
     pings: list[int] = []
-    box: dict[str, FinalWindow] = {}
+    box: dict[str, DeferredFinals] = {}
 
-    def ping() -> None:  # what the model's ping does: Triton runs execute, which opens the window
+    def ping() -> None:  # what the model's ping does: Triton runs execute, which sends the queued finals
         pings.append(1)
         with box["w"].executing():
             pass
 
-    window = FinalWindow(ping, max_hold_s=3600)
-    box["w"] = window
-    rec = Recorder(window)
-    WindowedSender(rec, window, FINAL).send("end", flags=FINAL)
+    finals = DeferredFinals(ping, max_hold_s=3600)
+    box["w"] = finals
+    rec = Recorder(finals)
+    DeferredFinalSender(rec, finals, FINAL).send("end", flags=FINAL)
     for _ in range(200):
         if rec.sent:
             break
         threading.Event().wait(0.01)
     assert rec.sent == [("end", FINAL, True)] and pings
-    window.close()
+    finals.close()
 
 
 def test_a_final_held_past_max_hold_because_pings_fail_is_sent_anyway() -> None:
@@ -122,39 +124,39 @@ def test_a_final_held_past_max_hold_because_pings_fail_is_sent_anyway() -> None:
         clock.now += 0.6  # each failed ping costs time
         raise RuntimeError("Server not ready")
 
-    window = FinalWindow(failing_ping, max_hold_s=1.0, retry_s=0.001, clock=clock)
-    rec = Recorder(window)
-    WindowedSender(rec, window, FINAL).send("end", flags=FINAL)
+    finals = DeferredFinals(failing_ping, max_hold_s=1.0, retry_s=0.001, clock=clock)
+    rec = Recorder(finals)
+    DeferredFinalSender(rec, finals, FINAL).send("end", flags=FINAL)
     for _ in range(500):
         if rec.sent:
             break
         threading.Event().wait(0.01)
     assert rec.sent == [("end", FINAL, False)], "a client must hear its stream end even when pings fail"
-    assert window.forced == 1 and len(calls) >= 2
-    window.close()
+    assert finals.forced == 1 and len(calls) >= 2
+    finals.close()
 
 
 def test_close_sends_what_is_queued_and_then_sends_at_once() -> None:
-    window = FinalWindow(_never_ping, max_hold_s=3600)
-    rec = Recorder(window)
-    WindowedSender(rec, window, FINAL).send("a", flags=FINAL)
-    window.close()
+    finals = DeferredFinals(_never_ping, max_hold_s=3600)
+    rec = Recorder(finals)
+    DeferredFinalSender(rec, finals, FINAL).send("a", flags=FINAL)
+    finals.close()
     assert [r for r, _, _ in rec.sent] == ["a"]
-    WindowedSender(rec, window, FINAL).send("b", flags=FINAL)
+    DeferredFinalSender(rec, finals, FINAL).send("b", flags=FINAL)
     assert [r for r, _, _ in rec.sent] == ["a", "b"]
 
 
 def test_is_cancelled_is_not_asked_after_the_final_and_a_second_final_is_refused() -> None:
-    window = FinalWindow(_never_ping, max_hold_s=3600)
-    rec = Recorder(window)
-    sender = WindowedSender(rec, window, FINAL)
+    finals = DeferredFinals(_never_ping, max_hold_s=3600)
+    rec = Recorder(finals)
+    sender = DeferredFinalSender(rec, finals, FINAL)
     assert sender.is_cancelled() is False and rec.asked == 1
-    with window.executing():
+    with finals.executing():
         sender.send(None, flags=FINAL)
     assert sender.is_cancelled() is False and rec.asked == 1
     with pytest.raises(RuntimeError, match="already sent"):
         sender.send(None, flags=FINAL)
-    window.close()
+    finals.close()
 
 
 def test_ping_requests_are_recognised_by_their_parameter_only() -> None:
@@ -175,3 +177,28 @@ def test_ping_requests_are_recognised_by_their_parameter_only() -> None:
     assert json.loads(Request([], parameters={contract.PING_PARAMETER: True}).parameters()) == {
         contract.PING_PARAMETER: True}
     assert isinstance(tensors[contract.IN_TEXT.name], np.ndarray)
+
+
+def test_the_hooks_defer_finals_only_for_a_model_that_sends_from_its_threads_and_answer_pings() -> None:
+    pb = FakePb()
+    plain = ModelHooks(pb, "plain", True, None)
+    own = Sender()
+    assert plain.sender(Request([]), own) is own and plain.finals is None
+    ping = Request([], parameters={contract.PING_PARAMETER: True})
+    assert plain.answered(ping) and ping.sender.sent == [(None, FINAL)]
+    assert not plain.answered(Request([]))
+    plain.close()
+
+    threaded = ModelHooks(pb, "threaded", True, contract.ENTRY_INPUTS)
+    assert threaded.finals is not None
+    wrapped = threaded.sender(Request([]), own)
+    assert isinstance(wrapped, DeferredFinalSender)
+    wrapped.send(None, flags=FINAL)  # outside execute: deferred
+    assert own.sent == [] and threaded.finals.pending() == 1
+    with threaded.executing():
+        pass
+    assert own.sent == [(None, FINAL)]
+    assert threaded.answered(Request([], parameters={contract.PING_PARAMETER: True}))
+    assert threaded.pinger.metrics is not None and threaded.pinger.metrics.pings.value == 1.0
+    threaded.close()
+    assert threaded.pinger.metrics is None

@@ -151,7 +151,7 @@ def test_the_package_never_imports_the_benchmark() -> None:
 def test_the_check_sees_imports_and_would_fail_on_a_reverse_arrow() -> None:
     """The graph is real: the engine model imports the engine, and an arrow from the core
     to the Triton layer would be refused by the table."""
-    assert "chattts_serving.engine.scheduler" in GRAPH["chattts_serving.triton.models"]
+    assert "chattts_serving.engine.scheduler" in GRAPH["chattts_serving.triton.models.engine"]
     assert "chattts_serving.text.request_text" in GRAPH["chattts_serving.serving.request"]
     assert "triton" not in ALLOWED["serving"] and "serving" not in ALLOWED["engine"]
 

@@ -1,18 +1,19 @@
 """Quiet logs without a server: the launcher's re-levelling of the CUDA errors a CPU host always
 gets (:mod:`chattts_serving.deploy.loglevels`), and a model's ping to itself read to its end at
-once (the stop-time deadlock of python_backend r24.10; docs/triton-workarounds.md, "ping
-iterators"). The served whole: tests/server/test_quiet_logs.py."""
+once (the stop-time deadlock of python_backend r24.10; chattts_serving/triton/compat/pings.py).
+The served whole: tests/server/test_quiet_logs.py."""
 
 from __future__ import annotations
 
 import io
-import itertools
 from typing import Any
 
 import pytest
 
+from chattts_serving import contract
 from chattts_serving.deploy.loglevels import copy, relevel
 from chattts_serving.triton import models
+from chattts_serving.triton.compat import pings
 from tests.support.fake_triton import FakePb
 
 CUDA_HELPER = b'E1206 04:06:50.151980 6155 server.cc:241] "CudaDriverHelper has not been initialized."\n'
@@ -72,7 +73,7 @@ def test_a_ping_is_read_to_its_end_before_its_iterator_goes_to_the_grave(
 
     class Request:
         def __init__(self, **kwargs: Any) -> None:
-            assert kwargs["parameters"] == {models.contract.PING_PARAMETER: True}
+            assert kwargs["parameters"] == {contract.PING_PARAMETER: True}
 
         def exec(self, decoupled: bool = False) -> _PingAnswer:
             assert decoupled
@@ -81,9 +82,8 @@ def test_a_ping_is_read_to_its_end_before_its_iterator_goes_to_the_grave(
 
     pb.InferenceRequest = Request  # type: ignore[assignment]
     kept: list[tuple[_PingAnswer, bool]] = []
-    monkeypatch.setattr(models, "keep_iterator", lambda it: kept.append((it, it.ended)))
-    model = object.__new__(type("Pinging", (cls,), {"pb": pb}))
-    model.name, model._ping_ids = "pinging", itertools.count()
-    model._ping()
-    model._ping()
+    monkeypatch.setattr(pings, "keep_iterator", lambda it: kept.append((it, it.ended)))
+    pinger = pings.Pinger(pb, "pinging", cls.sends_from_threads, cls.decoupled)
+    pinger.ping()
+    pinger.ping()
     assert kept == [(answers[0], True), (answers[1], True)]

@@ -4,7 +4,8 @@ to the server in Triton), every refused request still counted and logged once. R
 first: an accepted request's work starts once its burst's refusals are sent and arrivals have
 settled, or at the latest ``max_wait_s`` after its arrival. The real server's count of a
 burst's refusals, and their order before the accepted streams' ends, are checked in
-test_overload.py."""
+test_overload.py. One decision per door: the ensemble door's slots, and an entry model's
+slots behind a gate as a safety limit of twice the door's."""
 
 from __future__ import annotations
 
@@ -16,10 +17,19 @@ from collections.abc import Iterator
 
 import pytest
 
+from chattts_serving import contract
 from chattts_serving.errors import ErrorKind, RequestError
-from chattts_serving.serving.admission import RefusalsFirst
+from chattts_serving.serving.admission import (
+    BEHIND_GATE_FACTOR,
+    EnsembleDoor,
+    RefusalsFirst,
+    busy_error,
+    door_limit,
+    entry_slots,
+)
 from chattts_serving.serving.entry import RefusalRecorder
 from chattts_serving.serving.logs import log_event
+from chattts_serving.serving.profile import load_profile
 from tests.support.servers import wait_until
 
 
@@ -184,3 +194,35 @@ def test_a_request_alone_is_not_held_once_settled() -> None:
     gate = RefusalsFirst(settle_s=0.0, max_wait_s=60.0)
     gate.arrived(False, time.monotonic())
     assert _waiter(gate, time.monotonic(), []).wait(30)  # no refusal pending, nothing arriving
+
+
+def test_the_ensemble_door_refuses_busy_when_full_and_admits_again_once_a_stream_ends() -> None:
+    events = EventLines(contract.MODEL_ENSEMBLE)
+    log_event("test_start")
+    logger = logging.getLogger("chattts_serving.events")
+    logger.addHandler(events)
+    try:
+        door = EnsembleDoor(2)
+        first, second = door.admit("e1"), door.admit("e2")
+        with pytest.raises(RequestError) as refused:
+            door.admit("e3")
+        assert refused.value.kind == ErrorKind.BUSY and str(refused.value) == str(busy_error(2))
+        assert str(refused.value) == "server busy: 2 streams already live"
+        assert [line["request_id"] for line in events.lines] == ["e3"]
+        assert first.release() and not first.release()  # a stream ends once
+        third = door.admit("e4")
+        assert door.slots.live == 2
+        second.release()
+        third.release()
+        assert door.slots.live == 0
+    finally:
+        logger.removeHandler(events)
+
+
+def test_behind_a_gate_an_entry_model_holds_twice_its_doors_slots_and_alone_exactly_them() -> None:
+    profile = load_profile("cpu")
+    for offline in (False, True):
+        limit = door_limit(profile, offline)
+        assert limit == (profile.entry.offline_threads if offline else profile.entry.max_concurrent_streams)
+        assert entry_slots(profile, offline, gated=False) == limit
+        assert entry_slots(profile, offline, gated=True) == BEHIND_GATE_FACTOR * limit == 2 * limit

@@ -202,7 +202,7 @@ def test_finalized_models_are_freed_by_reference_counting_alone(small_artifacts:
     reference cycle keeps the model (its response senders, BLS objects, metric families) for the
     cyclic garbage collector, which in a stub runs last at exit, after the shared memory is
     gone (Triton 2.51's stub then dies: "Fatal Python error: Segmentation fault ...
-    Garbage-collecting"). Cycles seen here before: a final-response window holding the model's
+    Garbage-collecting"). Cycles seen here before: the deferred finals holding the model's
     bound method, an entry service holding its model's stall callback. (pytest's log capture
     keeps the records of logged exceptions, whose frames hold the models: not here.)"""
     monkeypatch.setattr(logging.getLogger("chattts_serving"), "propagate", False)

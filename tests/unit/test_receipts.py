@@ -1,7 +1,7 @@
-"""Delivery receipts from the engine to the entry models (chattts_serving/triton/deliveries.py)
+"""Delivery receipts from the engine to the entry models (chattts_serving/triton/compat/receipts.py)
 in process: the socket pair (board and writer), and an engine stream that reads each response
 only after its receipt (over a stand-in for ``triton_python_backend_utils``). On a real server:
-tests/server/test_deliveries.py."""
+tests/server/test_receipts.py."""
 
 from __future__ import annotations
 
@@ -21,15 +21,17 @@ from chattts_serving.errors import RequestError
 from chattts_serving.params import SamplingParams
 from chattts_serving.serving.entry_runtime import SharedHelper
 from chattts_serving.serving.resilience import CircuitBreaker, enter
-from chattts_serving.triton import stages
-from chattts_serving.triton.deliveries import (
+from chattts_serving.triton.compat import grave as grave_module
+from chattts_serving.triton.compat import receipts as receipts_module
+from chattts_serving.triton.compat.grave import IteratorGrave
+from chattts_serving.triton.compat.receipts import (
     ReceiptBoard,
     ReceiptSender,
     ReceiptWriter,
     delivery_address,
     delivery_prefix,
 )
-from chattts_serving.triton.stages import EngineStream, IteratorGrave
+from chattts_serving.triton.stages import EngineStream
 from tests.support.bls_fakes import FakeBlsPb, FakeIterator, FakeResponse
 from tests.support.servers import wait_until
 
@@ -200,7 +202,7 @@ def _stream_over(board: ReceiptBoard | None, engine: _Engine, monkeypatch: Any) 
     grave = IteratorGrave(grace_s=3600.0)
     held = SharedHelper("grave", lambda: grave, lambda g, deadline_s: None)
     held.acquire()
-    monkeypatch.setattr(stages, "ITERATOR_GRAVE", held)
+    monkeypatch.setattr(grave_module, "ITERATOR_GRAVE", held)
     call = SequenceRequest(input_ids=np.arange(4), spk_emb=np.zeros(8, np.float32), params=SamplingParams(),
                         emit_tokens=2)
     return EngineStream(pb, call, enter(CircuitBreaker("engine", 5, 10.0)), receipts=board)
@@ -231,7 +233,7 @@ def test_an_engine_stream_reads_each_response_only_after_its_receipt(monkeypatch
 
 
 def test_without_its_first_receipt_a_stream_reads_as_without_a_board(monkeypatch: Any) -> None:
-    monkeypatch.setattr(stages, "RECEIPT_FIRST_WAIT_S", 0.05)
+    monkeypatch.setattr(receipts_module, "RECEIPT_FIRST_WAIT_S", 0.05)
     board = _board("silent")
     late = board.late
     try:

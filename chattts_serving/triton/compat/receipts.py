@@ -1,11 +1,18 @@
-"""Delivery receipts from the GPT engine to the entry models, outside Triton: so that an entry
-thread asks a BLS response iterator for a response only once it is there.
+"""Register row "receipts" (docs/triton-workarounds.md): delivery receipts from the GPT engine
+to the entry models, outside Triton, so that an entry thread asks a BLS response iterator for
+a response only once it is there.
 
-Why: a stub thread waiting inside ``ResponseIterator.Next`` can deadlock Triton 2.51's Python
-stub for good (docs/triton-workarounds.md, "receipts"). ``Next`` waits only when the
-iterator's buffer is empty, and the engine's ``send`` returns only once the caller's stub has
-queued the response; so the engine writes one receipt after each send, and the entry thread
-waits for the receipt (a semaphore, GIL released) before it calls ``next``.
+- symptom: a stub with many decoupled BLS streams deadlocks for good.
+- cause: a GIL and mutex cycle through python_backend's ``ResponseIterator::Next``
+  (``pb_response_iterator.cc``, ``pb_stub.cc``; the register's details tell the cycle).
+- what we do: ``Next`` waits only when the iterator's buffer is empty, and the engine's
+  ``send`` returns only once the caller's stub has queued the response; so the engine writes
+  one receipt after each send (:class:`ReceiptSender`, :class:`ReceiptWriter`), and the entry
+  thread waits for the receipt (:class:`ReceiptBoard`, a semaphore, GIL released) before it
+  calls ``next`` (``triton/stages.py`` ``EngineStream``).
+- shown by: ``tests/unit/test_receipts.py``, ``tests/server/test_receipts.py``,
+  ``tests/unit/test_bls_iterators.py``.
+- delete when: the iterator never waits for the GIL while holding its mutex.
 
 Transport: each entry stub listens on a Unix stream socket in Linux's abstract namespace,
 named after the tritonserver process (the stubs' parent) and the stub's own process id, and
@@ -24,8 +31,10 @@ import socket
 import threading
 from typing import Any
 
-from ..serving.entry_runtime import SharedHelper
-from ..serving.threads import ThreadOwner
+from ... import contract
+from ...serving.entry_runtime import SharedHelper
+from ...serving.threads import ThreadOwner
+from ..tensors import first_string
 
 log = logging.getLogger(__name__)
 
@@ -271,6 +280,71 @@ class ReceiptSender:
 
     def is_cancelled(self) -> bool:
         return bool(self._sender.is_cancelled())
+
+
+def receipted(pb: Any, request: Any, sender: Any, writer: ReceiptWriter) -> Any:
+    """The engine's sender for ``request``: a :class:`ReceiptSender` when the request names
+    this server's receipt socket (``delivery_address``) and its ``stream_id``, else ``sender``
+    itself (a control request never gets receipts; a bad input is reported by the engine's
+    parser)."""
+    address, stream_id, control = (pb.get_input_tensor_by_name(request, spec.name) for spec in
+                                   (contract.EN_DELIVERY_ADDRESS, contract.EN_STREAM_ID, contract.EN_CONTROL))
+    if address is None or stream_id is None or control is not None:
+        return sender
+    try:
+        addr = first_string(address.as_numpy())
+        sid = first_string(stream_id.as_numpy())
+    except (ValueError, IndexError, UnicodeDecodeError):
+        return sender
+    if not addr.startswith(delivery_prefix()) or not sid:
+        return sender  # only this server's entry stubs get receipts
+    return ReceiptSender(sender, writer, addr, sid)
+
+
+class StreamReceipts:
+    """One engine stream's receipts on this stub's ``board`` (None: no board, every read goes
+    ahead at once): registered at once under ``stream_id``; :meth:`before_read` waits (GIL
+    released) until the engine's receipts say the next response is queued. The first response
+    needs none (``exec`` returns with it); its receipt is taken with the second's, and may take
+    :data:`RECEIPT_FIRST_WAIT_S`. A later one is awaited for as long as the engine keeps its
+    receipt connection (a sequence may wait in the engine's queue for minutes); once the first
+    receipt is missing, or a connection of the board closed (the engine died or reconnected),
+    the stream reads on without receipts (the board's ``late`` counts such streams)."""
+
+    def __init__(self, board: ReceiptBoard | None, stream_id: str) -> None:
+        self.stream_id = stream_id
+        self._board = board
+        self._sem = board.register(stream_id) if board is not None else None
+        self._epoch = board.epoch if board is not None else 0
+        self._reads = 0  # responses read so far
+        self.address = board.address if board is not None else ""
+        """Where the engine writes this stream's receipts ('' for none)."""
+
+    def before_read(self) -> None:
+        """Return once the next response is queued in the stream's BLS iterator (or once the
+        stream reads without receipts)."""
+        sem, board = self._sem, self._board
+        reads, self._reads = self._reads, self._reads + 1
+        if sem is None or board is None or reads == 0:
+            return
+        for first in (True, False) if reads == 1 else (False,):
+            got = sem.acquire(timeout=RECEIPT_FIRST_WAIT_S) if first else sem.acquire()
+            if got and board.epoch == self._epoch:
+                continue
+            late = board.count_late()
+            if late == 1 or late % 100 == 0:
+                why = (f"no receipt within {RECEIPT_FIRST_WAIT_S:.1f} s" if not got
+                       else "the engine's receipt connection closed")
+                log.warning("engine stream %s reads without receipts: %s (%d streams so far)",
+                            self.stream_id, why, late)
+            self.close()
+            return
+
+    def close(self) -> None:
+        """Unregister the stream (its last response was read, or it reads without receipts)."""
+        if self._board is not None:
+            self._board.unregister(self.stream_id)
+            self._board = self._sem = None
 
 
 RECEIPT_BOARD: SharedHelper[ReceiptBoard] = SharedHelper(

@@ -1,7 +1,7 @@
-"""Delivery receipts from the engine to the entry models (chattts_serving/triton/deliveries.py)
+"""Delivery receipts from the engine to the entry models (chattts_serving/triton/compat/receipts.py)
 on a real tritonserver: every entry stub listens for the receipts of its streams and the
 engine writes them. The socket pair and the engine stream in process:
-tests/unit/test_deliveries.py."""
+tests/unit/test_receipts.py."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 
 from chattts_serving import contract
-from chattts_serving.triton.deliveries import delivery_address
+from chattts_serving.triton.compat.receipts import delivery_address
 from tests.support.servers import Server, stub_processes
 
 

@@ -1,9 +1,16 @@
-"""Cancels from the entry models to the GPT engine, outside Triton: one Unix datagram socket.
+"""Register row "cancel datagram" (docs/triton-workarounds.md): cancels from the entry models
+(and the ensemble's last step) to the GPT engine, outside Triton, over one Unix datagram socket.
 
-Why not a BLS control request (what the entry models sent before, and still send when the
-socket cannot be reached): a storm of them deadlocks the entry stub in Triton 2.51
-(docs/triton-workarounds.md, "cancel datagram"). A datagram needs neither Triton nor the GIL
-held while it waits, and costs one ``sendto`` instead of a BLS round trip.
+- symptom: a storm of BLS control requests (64 clients cancelling at once) deadlocks the entry
+  stub; and a BLS caller cannot cancel a request it sent.
+- cause: the sibling of the *receipts* cycle through ``InferenceRequest.exec(decoupled=True)``
+  (``Stub::GetResponseIterator``), and python_backend's BLS has no cancel.
+- what we do: :func:`send_cancel` sends the engine's ``stream_id`` to the engine's
+  :class:`CancelListener`: no Triton, no GIL held while waiting, one ``sendto``. Where nothing
+  listens, the callers fall back to a BLS control request (``triton/stages.py``).
+- shown by: ``tests/unit/test_cancels.py``, ``tests/server/test_cancels.py``.
+- delete when: the iterator never waits for the GIL while holding its mutex, and BLS requests
+  can be cancelled.
 
 The socket lives in Linux's abstract namespace (no file to clean up), named after the
 tritonserver process (the stubs' parent) and the engine model, so two servers on one host
