@@ -32,19 +32,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def settings_from_args(args: argparse.Namespace) -> GatewaySettings:
-    """:meth:`GatewaySettings.from_env` with the flags that were given on top.
+    """:meth:`GatewaySettings.from_env` with the flags that were given on top (parsed by the
+    settings' fields, as the variables are).
 
     Raises ValueError naming the flag or variable whose value is wrong."""
-    overrides: dict[str, object] = {}
-    for opt in OPTIONS:
-        text = getattr(args, opt.field)
-        if text is None:
-            continue
-        try:
-            overrides[opt.field] = opt.parse(text)
-        except ValueError as exc:
-            raise ValueError(f"{opt.flag} {text!r}: {exc}") from None
-    return GatewaySettings.from_env(None, **overrides)
+    flags = {opt.field: getattr(args, opt.field) for opt in OPTIONS if getattr(args, opt.field) is not None}
+    return GatewaySettings.load(None, flags)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
