@@ -77,6 +77,10 @@ def _origins(text: str) -> tuple[str, ...]:
     return tuple(o.strip().rstrip("/") for o in text.split(",") if o.strip())
 
 
+_LEAST: Final = {"max_input_chars": 1, "max_streams": 1, "ws_queue_chunks": 1, "ws_lookahead": 0, "retry_after_s": 0,
+                  "ws_max_sentence_chars": 8}
+"""The least value of each whole-number knob (a sentence needs room for a few words)."""
+
 _ENVIRONMENT: ContextVar[Mapping[str, str] | None] = ContextVar("gateway_settings_environment", default=None)
 """The environment :meth:`GatewaySettings.from_env` reads (None: settings built from values
 alone read none)."""
@@ -217,25 +221,11 @@ class GatewaySettings(BaseSettings):
             raise ValueError(f"{info.field_name} must be > 0 seconds, got {value}")
         return value
 
-    @field_validator("max_input_chars", "max_streams", "ws_queue_chunks")
+    @field_validator(*_LEAST)
     @classmethod
-    def _at_least_one(cls, value: int, info: Any) -> int:
-        if value < 1:
-            raise ValueError(f"{info.field_name} must be >= 1, got {value}")
-        return value
-
-    @field_validator("ws_lookahead", "retry_after_s")
-    @classmethod
-    def _not_negative(cls, value: int, info: Any) -> int:
-        if value < 0:
-            raise ValueError(f"{info.field_name} must be >= 0, got {value}")
-        return value
-
-    @field_validator("ws_max_sentence_chars")
-    @classmethod
-    def _sentence_room(cls, value: int) -> int:
-        if value < 8:
-            raise ValueError(f"ws_max_sentence_chars must be >= 8, got {value}")
+    def _at_least(cls, value: int, info: Any) -> int:
+        if value < _LEAST[info.field_name]:
+            raise ValueError(f"{info.field_name} must be >= {_LEAST[info.field_name]}, got {value}")
         return value
 
     @field_validator("drain_timeout_s")
