@@ -55,7 +55,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                             timeout_graceful_shutdown=EXIT_GRACE_S)
-    server = DrainingServer(config, app.state.drain, app.state.settings.drain_timeout_s)
+    state = app.state.gateway
+    server = DrainingServer(config, state.drain, state.settings.drain_timeout_s)
     server.run()  # SIGTERM/SIGINT: the drain (drain.py), then uvicorn's shutdown
     return 0 if server.started else 3  # 3: uvicorn's STARTUP_FAILURE
 

@@ -65,8 +65,6 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
     app = FastAPI(title="ChatTTS speech gateway", version="1", lifespan=lifespan,
                   summary="OpenAI-compatible text-to-speech over Triton")
     app.state.gateway = state
-    app.state.settings = cfg
-    app.state.drain = state.drain
     app.add_middleware(AdmissionDoor, state=state)  # added first: CORS (below) wraps its answers too
     if cfg.cors_origins:
         app.add_middleware(OpenAICors, allow_origins=list(cfg.cors_origins), allow_methods=list(CORS_METHODS),

@@ -48,7 +48,7 @@ def shutting_down() -> ApiError:
 
 
 class Drain:
-    """The application's drain state (one per application, ``app.state.drain``).
+    """The application's drain state (one per application, :attr:`.state.GatewayState.drain`).
 
     ``draining``: set at the signal; speech requests are refused from then on. ``expired``: set
     when the drain timeout passed; streams still running end themselves. Waits that are no

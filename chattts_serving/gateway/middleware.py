@@ -16,10 +16,10 @@ from .state import GatewayState
 class AdmissionDoor:
     """In front of the application: every ``POST /v1/audio/speech`` asks
     :meth:`.state.GatewayState.admit` here, once, before anything reads, routes or validates
-    its body. A refusal is answered here (503 with ``Retry-After``): while the gateway drains
-    any request's, else an authorized one's (an unauthorized one goes on unadmitted and gets
-    its 401 from the route). An admitted request holds its slot until its response has ended,
-    however it ends. Every other request passes through unchanged."""
+    its body, and a refusal is answered here (503 with ``Retry-After``). An unauthorized request
+    asks nothing unless the gateway drains: it goes on unadmitted and gets its 401 from the
+    route. An admitted request holds its slot until its response has ended, however it ends.
+    Every other request passes through unchanged."""
 
     def __init__(self, app: ASGIApp, state: GatewayState) -> None:
         self.app = app
@@ -29,13 +29,13 @@ class AdmissionDoor:
         if scope["type"] != "http" or scope["path"] != SPEECH_PATH or scope["method"] != "POST":
             await self.app(scope, receive, send)
             return
+        if not self.state.drain.draining and not self.state.authorized(Headers(scope=scope)):
+            await self.app(scope, receive, send)  # unadmitted: the route answers 401
+            return
         try:
             slot = self.state.admit()
         except ApiError as refusal:
-            if self.state.drain.draining or self.state.authorized(Headers(scope=scope)):
-                await self.state.error_response(SPEECH_PATH, refusal)(scope, receive, send)
-            else:
-                await self.app(scope, receive, send)
+            await self.state.error_response(SPEECH_PATH, refusal)(scope, receive, send)
             return
         try:
             await self.app(scope, receive, send)

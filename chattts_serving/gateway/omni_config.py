@@ -114,7 +114,6 @@ def parse_config(msg: dict[str, Any], cfg: GatewaySettings) -> Session:
     return Session(body, default_voice, conf.split_granularity, conf.stream_audio, output_format(body))
 
 
-
 def blame_speaker(error: ApiError, msg: dict[str, Any]) -> ApiError:
     """``error`` with ``param`` ``speaker`` where the config named its voice so (``voice``
     is the field the request was checked by)."""

@@ -49,7 +49,6 @@ from typing import Any, Final
 import anyio
 import numpy as np
 from fastapi import WebSocket
-from fastapi.websockets import WebSocketState
 
 from .. import contract
 from ..audio import formats as audio_format
@@ -195,15 +194,9 @@ class OmniStream(StreamCore):
         except _Close:
             raise StreamEnd(Close.NORMAL) from None
 
-    async def _close(self, end: StreamEnd) -> None:
-        """This dialect's ``error`` event (``retryable: true`` before 1012 or 1013), then the close."""
-        if self.ws.client_state != WebSocketState.CONNECTED:
-            return
-        with contextlib.suppress(Exception), anyio.move_on_after(self.cfg.ws_send_timeout_s):
-            if end.error is not None:
-                retryable = end.code in RETRYABLE_CLOSES or end.error.status == 503
-                await self.ws.send_text(_error_event(end.error, retryable=retryable))
-            await self.ws.close(int(end.code), reason=end.code.name.lower())
+    def _end_event(self, error: ApiError, code: Close) -> str:
+        """This dialect's ``error`` event (``retryable: true`` before 1012 or 1013, or for a 503)."""
+        return _error_event(error, retryable=code in RETRYABLE_CLOSES or error.status == 503)
 
     async def _error(self, error: ApiError, **extra: Any) -> None:
         """A non-fatal ``error`` event: the connection goes on."""
@@ -354,9 +347,9 @@ class OmniStream(StreamCore):
         if self.drain.draining:  # a new utterance is a new request: refused
             raise self._drained()
         if session.split == "sentence":
-            self.splitter = self._sentence_splitter()
+            self.splitter = SentenceSplitter(self.sentence_chars)
         elif session.split == "clause":
-            self.splitter = ClauseSplitter(min(self.cfg.ws_max_sentence_chars, self.cfg.max_input_chars))
+            self.splitter = ClauseSplitter(self.sentence_chars)
         else:
             self.splitter = _Whole()
         self._new_utterance()

@@ -113,7 +113,6 @@ def error_fields(error: ApiError, retryable: bool) -> dict[str, Any]:
             "retryable": retryable}
 
 
-
 def offered_key(websocket: WebSocket) -> str | None:
     """The API key the client sent: ``Authorization: Bearer <key>``, else a ``bearer.<key>``
     subprotocol; None when neither."""
@@ -124,7 +123,6 @@ def offered_key(websocket: WebSocket) -> str | None:
         if proto.startswith(BEARER_PROTOCOL):
             return proto[len(BEARER_PROTOCOL):]
     return None
-
 
 
 @dataclass
@@ -183,7 +181,8 @@ class StreamCore:
         self.request_id = uuid.uuid4().hex
         self._checks = itertools.count()
         """Configurations checked so far (a vLLM-Omni session may be configured again)."""
-        self.splitter: Any = SentenceSplitter(min(self.cfg.ws_max_sentence_chars, self.cfg.max_input_chars))
+        self.splitter: Any = SentenceSplitter(self.sentence_chars)
+        """What cuts the utterance's text into sentences (a dialect may choose another)."""
         self.sentences: asyncio.Queue[tuple[str, float] | None] = asyncio.Queue(MAX_QUEUED_SENTENCES)
         self.jobs: asyncio.Queue[Sentence | None] = asyncio.Queue()
         self.slots = asyncio.Semaphore(1 + self.cfg.ws_lookahead)
@@ -202,10 +201,17 @@ class StreamCore:
         self._slot: Slot | None = None
         """This connection's stream slot once admitted (:meth:`_admit`)."""
 
+    @property
+    def sentence_chars(self) -> int:
+        """The longest sentence sent as one request, characters."""
+        return min(self.cfg.ws_max_sentence_chars, self.cfg.max_input_chars)
+
     async def run(self) -> None:
+        """Serve the connection to its end (the dialect's)."""
         raise NotImplementedError
 
     def _request(self, body: SpeechRequest, job: Sentence) -> SynthesisRequest:
+        """The ``chattts`` request of sentence ``job`` (the dialect's request ids and voice)."""
         raise NotImplementedError
 
     def _drained(self) -> StreamEnd:
@@ -223,9 +229,6 @@ class StreamCore:
             self._slot = self.state.admit()
         except ApiError as refusal:
             raise StreamEnd(Close.TRY_AGAIN, refusal) from None
-
-    def _sentence_splitter(self) -> SentenceSplitter:
-        return SentenceSplitter(min(self.cfg.ws_max_sentence_chars, self.cfg.max_input_chars))
 
     def _new_utterance(self) -> None:
         """Empty the sentence queues and the utterance's counts for its next utterance."""
@@ -290,8 +293,13 @@ class StreamCore:
             return
         with contextlib.suppress(Exception), anyio.move_on_after(self.cfg.ws_send_timeout_s):
             if end.error is not None:
-                await self.ws.send_text(event("error", **error_fields(end.error, end.code in RETRYABLE_CLOSES)))
+                await self.ws.send_text(self._end_event(end.error, end.code))
             await self.ws.close(int(end.code), reason=end.code.name.lower())
+
+    def _end_event(self, error: ApiError, code: Close) -> str:
+        """The ``error`` event sent before closing with ``code`` (our dialect's; ``retryable``
+        for 1012 and 1013)."""
+        return event("error", **error_fields(error, code in RETRYABLE_CLOSES))
 
     async def _send_text(self, text: str) -> None:
         await self._send(functools.partial(self.ws.send_text, text))

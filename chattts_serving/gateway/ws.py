@@ -37,6 +37,9 @@ cancelled, the sentences queued dropped, no frame of it follows) and is answered
 ``interrupted``: what the client was sent (:func:`.timings.interruption_fields`). The
 connection stays open with its start's fields; the next ``text`` begins a new utterance (a new
 audio stream of the format: sentence indices and timings from 0, a WAV header again).
+
+The machinery both dialects share (admission, lookahead, sends, the connection's end, the
+close codes) is :mod:`.stream_core`; this module adds our dialect's messages and events.
 """
 
 from __future__ import annotations
@@ -86,11 +89,11 @@ from .timings import DeliveryClock, SentenceTiming, interruption_fields
 log = logging.getLogger("chattts_serving.gateway.ws")
 
 WS_PATH: Final = "/v1/audio/speech/stream"
+"""The WebSocket's route, both dialects' (:mod:`.dialects` tells them apart)."""
 MAX_INBOX_CHARS: Final = 1 << 20
 """Text read from the socket and not yet cut into sentences (characters); beyond it the gateway stops
 reading the socket (TCP back-pressure on a client that writes faster than the voice speaks).
 The socket is read ahead of the synthesis so that an ``interrupt`` is seen at once."""
-
 
 
 def unspoken_characters(text: str) -> list[str]:
@@ -107,7 +110,6 @@ def unspoken_characters(text: str) -> list[str]:
 def invalid(message: str, param: str | None = None, code: str = "invalid_message") -> StreamEnd:
     """A malformed message: error event of kind invalid, close 1007."""
     return StreamEnd(Close.INVALID_DATA, ApiError(400, message, INVALID_REQUEST, param=param, code=code))
-
 
 
 def parse_start(msg: dict[str, Any]) -> tuple[SpeechRequest, str]:
@@ -171,7 +173,6 @@ class _Turn:
         self.inbox_chars -= len(msg.get("text") or "")
         self.changed.set()
         return msg
-
 
 
 class SpeechStream(StreamCore):
@@ -342,7 +343,7 @@ class SpeechStream(StreamCore):
         """Cancel the current utterance (its syntheses, its queued sentences, its unsent audio)
         and open the next, to which the following messages go. The speaker answers."""
         old = self.turn
-        self.splitter = self._sentence_splitter()
+        self.splitter = SentenceSplitter(self.sentence_chars)
         self.turn = _Turn(old.index + (1 if old.received else 0), self.splitter)
         old.scope.cancel()
         await self.turns.put(self.turn)
