@@ -1,9 +1,14 @@
-"""OpenAI-compatible speech gateway: ``POST /v1/audio/speech`` in front of Triton.
+"""OpenAI-compatible speech gateway in front of Triton: ``POST /v1/audio/speech``, the voices,
+the WebSocket stream ``/v1/audio/speech/stream``, health, metrics and a demo page.
 
-The gateway validates an OpenAI speech request, streams the synthesis from the ``chattts``
-model over Triton's gRPC streaming API (:func:`chattts_serving.client.iter_chunks`), encodes
-the audio chunks into the requested format as they arrive (:mod:`chattts_serving.audio.formats`)
-and sends them as chunked bytes or as OpenAI's ``speech.audio.delta`` server-sent events.
+Shaped as routers, services and settings: :mod:`.routers` are thin routes; the services hold
+the logic (:mod:`.relay` streams one speech response, its chunks encoded as they arrive by
+:mod:`.speech`; :mod:`.dialects` serves the WebSocket in this gateway's dialect, :mod:`.ws`,
+or vLLM-Omni's, :mod:`.omni_ws`, both on :mod:`.stream_core`; :mod:`.saved_voices` lists,
+saves and resolves voices); :mod:`.settings` is one pydantic-settings model, each knob a flag
+and an environment variable. Everything shares one :class:`~.state.GatewayState`: the Triton
+client (:class:`~chattts_serving.client.AioStreamClient`, gRPC streaming), the metrics, the
+drain and the one admission decision (:meth:`~.state.GatewayState.admit`).
 
 Run it with ``python -m chattts_serving.gateway --triton-url 127.0.0.1:8001 --port 8080``.
 """

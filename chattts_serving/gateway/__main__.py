@@ -32,19 +32,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def settings_from_args(args: argparse.Namespace) -> GatewaySettings:
-    """:meth:`GatewaySettings.from_env` with the flags that were given on top.
+    """:meth:`GatewaySettings.from_env` with the flags that were given on top (parsed by the
+    settings' fields, as the variables are).
 
     Raises ValueError naming the flag or variable whose value is wrong."""
-    overrides: dict[str, object] = {}
-    for opt in OPTIONS:
-        text = getattr(args, opt.field)
-        if text is None:
-            continue
-        try:
-            overrides[opt.field] = opt.parse(text)
-        except ValueError as exc:
-            raise ValueError(f"{opt.flag} {text!r}: {exc}") from None
-    return GatewaySettings.from_env(None, **overrides)
+    flags = {opt.field: getattr(args, opt.field) for opt in OPTIONS if getattr(args, opt.field) is not None}
+    return GatewaySettings.load(None, flags)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -62,7 +55,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                             timeout_graceful_shutdown=EXIT_GRACE_S)
-    server = DrainingServer(config, app.state.drain, app.state.settings.drain_timeout_s)
+    state = app.state.gateway
+    server = DrainingServer(config, state.drain, state.settings.drain_timeout_s)
     server.run()  # SIGTERM/SIGINT: the drain (drain.py), then uvicorn's shutdown
     return 0 if server.started else 3  # 3: uvicorn's STARTUP_FAILURE
 

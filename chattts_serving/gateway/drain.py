@@ -18,7 +18,7 @@ import logging
 import signal
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import FrameType
 from typing import Final
@@ -48,18 +48,18 @@ def shutting_down() -> ApiError:
 
 
 class Drain:
-    """The application's drain state (one per application, ``app.state.drain``).
+    """The application's drain state (one per application, :attr:`.state.GatewayState.drain`).
 
     ``draining``: set at the signal; speech requests are refused from then on. ``expired``: set
     when the drain timeout passed; streams still running end themselves. Waits that are no
     stream yet (a WebSocket before its ``start``, a vLLM-Omni session between utterances) run in
     :meth:`idle` scopes, cancelled when the drain begins; streams run in :meth:`active` scopes,
-    cancelled when it expires. ``live`` is the gateway's count of streams (``live["streams"]``);
-    :meth:`connection` counts WebSocket connections besides.
+    cancelled when it expires. ``streams`` gives the gateway's count of streams now
+    (:class:`.state.GatewayState`); :meth:`connection` counts WebSocket connections besides.
     """
 
-    def __init__(self, live: dict[str, int] | None = None) -> None:
-        self.live = live if live is not None else {"streams": 0}
+    def __init__(self, streams: Callable[[], int] = lambda: 0) -> None:
+        self.streams = streams
         self.draining = False
         self.expired = False
         self.connections = 0
@@ -69,11 +69,11 @@ class Drain:
     @property
     def in_flight(self) -> int:
         """Streams and WebSocket connections still open (nonzero while anything is)."""
-        return self.live["streams"] + self.connections
+        return self.streams() + self.connections
 
     def describe(self) -> str:
         """What is in flight, for the log."""
-        return f"{self.live['streams']} streams, {self.connections} WebSocket connections"
+        return f"{self.streams()} streams, {self.connections} WebSocket connections"
 
     def begin(self) -> None:
         """Stop taking requests: refuse new ones, end the idle waits."""

@@ -21,7 +21,7 @@ in this repository has the table)::
 ``input.done``; ``sentence``; ``clause``) decides where text becomes a request;
 ``stream_audio`` false sends each sentence as one complete file (one frame), true as raw
 chunks as they are made. Each sentence is one ``chattts`` request with the session's fields,
-synthesised by the core of :class:`.ws.SpeechStream` (lookahead, bounded queues, cancels on
+synthesised by :class:`.stream_core.StreamCore` (lookahead, bounded queues, cancels on
 close, the gateway's stream limit and metrics). Extensions: ``audio.done`` (and ``audio.start``)
 carry the sentence's place in the utterance's delivered audio (``start_samples``,
 ``duration_samples``, ``start_s``, ``duration_s``, ``sample_rate_hz``); ``error`` carries
@@ -37,56 +37,42 @@ keeps its config and the next ``input.text`` starts the next utterance.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import dataclasses
 import functools
-import hmac
 import json
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
-from typing import Any, Final, Literal, cast
+from typing import Any, Final
 
 import anyio
-import anyio.abc
-import anyio.to_thread
 import numpy as np
 from fastapi import WebSocket
-from fastapi.websockets import WebSocketState
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError
 
 from .. import contract
-from ..audio import formats as audio_format
 from ..audio import rates as audio_rates
 from ..audio.rates import resampled_length
-from ..client import AioStreamClient, ClientError, StreamPart, SynthesisRequest
+from ..client import ClientError, StreamPart, SynthesisRequest
 from ..errors import ErrorKind
 from ..text.sentences import SentenceSplitter
-from .drain import Drain, shutting_down
 from .errors import INVALID_REQUEST, ApiError, from_client_error
-from .metrics import GatewayMetrics
-from .saved_voices import SavedVoices
-from .settings import GatewaySettings
-from .speech import NO_VOICE, OFFLOADED_FORMATS, SpeechRequest, build_request, output_format, reference_recording
-from .timings import DeliveryClock, SentenceTiming, interruption_fields
-from .ws import (
+from .omni_config import Session, blame_speaker, parse_config
+from .speech import NO_VOICE, OFFLOADED_FORMATS, SpeechRequest, reference_recording
+from .state import GatewayState
+from .stream_core import (
     CAUSE_ORDER,
-    CLOSE_FOR_KIND,
     RETRYABLE_CLOSES,
     START_PROBE_TEXT,
-    SUBPROTOCOL,
     ClientGone,
     Close,
-    SpeechStream,
+    Sentence,
+    StreamCore,
     StreamEnd,
-    _Sentence,
-    error_fields,
-    event,
+    encoded,
     first_cause,
-    offered_key,
 )
+from .timings import DeliveryClock, SentenceTiming, interruption_fields
 
 log = logging.getLogger("chattts_serving.gateway.omni_ws")
 
@@ -96,8 +82,6 @@ MAX_CONFIG_BYTES: Final = 4 * 1024 * 1024
 """Largest ``session.config`` (it may carry a reference recording), as vLLM-Omni's."""
 MAX_TEXT_BYTES: Final = 128 * 1024
 """Largest other message, as vLLM-Omni's."""
-STREAM_FORMATS: Final = ("pcm", "float32", "mulaw", "alaw")
-"""Formats ``stream_audio`` sends in chunks (raw samples; vLLM-Omni allows ``pcm`` only)."""
 MAX_HELD_MESSAGES: Final = 256
 """Messages read after ``input.done`` while the utterance is still spoken (they wait for its
 end, as vLLM-Omni's sequential handler has them wait); beyond it the socket is not read."""
@@ -106,103 +90,6 @@ CANCEL_REASON: Final = "client_cancel"
 CLAUSE_MARKS: Final = "，、；：,;:"
 """Where ``split_granularity`` 'clause' also cuts (ASCII ones only before white space, so
 never inside ``1,234`` or ``10:30``)."""
-
-
-class OmniConfig(BaseModel):
-    """``session.config`` (vLLM-Omni's ``StreamingSpeechSessionConfig``, then this gateway's
-    extensions, which are ``/v1/audio/speech``'s fields). Unknown fields are ignored.
-
-    Accepted and without effect on ChatTTS: ``task_type`` (``VoiceDesign`` needs
-    instructions, which ChatTTS does not take), ``language`` (ChatTTS reads Chinese and
-    English as they come), ``x_vector_only_mode``, ``initial_codec_chunk_frames``,
-    ``non_streaming_mode`` (Qwen3-TTS knobs). Refused: ``word_timestamps`` true (ChatTTS gives
-    no word-level timing), ``speaker_embedding`` (send a ChatTTS spk_emb string as ``voice``),
-    ``ref_audio`` as a URL (the gateway fetches nothing).
-    """
-
-    model_config = ConfigDict(extra="allow")
-
-    model: str | None = None
-    voice: str | None = None
-    speaker: str | None = None
-    task_type: Literal["CustomVoice", "VoiceDesign", "Base"] | None = None
-    language: str | None = None
-    instructions: str | None = None
-    response_format: str = "wav"
-    speed: float | None = Field(default=1.0, ge=0.25, le=4.0)
-    max_new_tokens: int | None = Field(default=None, ge=1)
-    ref_audio: str | None = None
-    ref_text: str | None = None
-    speaker_embedding: list[float] | None = None
-    stream_audio: StrictBool = False
-    word_timestamps: StrictBool = False
-    seed: int | None = None
-    split_granularity: Literal["none", "sentence", "clause"] = "none"
-
-
-@dataclasses.dataclass(frozen=True)
-class Session:
-    """A validated ``session.config``: the request fields every sentence is sent with, and how
-    the text is cut and the audio sent."""
-
-    body: SpeechRequest
-    default_voice: bool
-    """No voice and no reference: the server's default voice (an empty ``voice`` input)."""
-    split: str
-    stream_audio: bool
-    info: audio_format.FormatInfo
-
-
-def parse_config(msg: dict[str, Any], cfg: GatewaySettings) -> Session:
-    """A ``session.config`` message as a :class:`Session`.
-
-    Raises ApiError (400, its ``param`` the field at fault) for an invalid config, an unknown
-    model (404), or a field ChatTTS cannot honour (see :class:`OmniConfig`).
-    """
-    fields = {k: v for k, v in msg.items() if k != "type"}
-    try:
-        conf = OmniConfig.model_validate(fields)
-    except ValidationError as exc:
-        problem = exc.errors()[0]
-        loc = [str(p) for p in problem.get("loc", ())]
-        raise ApiError(400, f"Invalid session config: {loc[0] if loc else 'config'}: {problem.get('msg')}",
-                       INVALID_REQUEST, param=loc[0] if loc else None, code="invalid_value") from None
-    if conf.word_timestamps:
-        raise ApiError(400, "word_timestamps: ChatTTS gives no word-level timing; sentence timings come on audio.done "
-                       "(start_samples, duration_samples)", INVALID_REQUEST, param="word_timestamps",
-                       code="unsupported_parameter")
-    if conf.speaker_embedding is not None:
-        raise ApiError(400, "speaker_embedding: send a ChatTTS spk_emb string as voice instead", INVALID_REQUEST,
-                       param="speaker_embedding", code="unsupported_parameter")
-    if conf.stream_audio and conf.response_format not in STREAM_FORMATS:
-        raise ApiError(400, f"Invalid session config: stream_audio=true requires response_format "
-                       f"{' or '.join(repr(f) for f in STREAM_FORMATS)}, got {conf.response_format!r}",
-                       INVALID_REQUEST, param="response_format", code="invalid_value")
-    reference = None
-    if conf.ref_audio is not None:
-        reference_recording(conf.ref_audio, "ref_audio")  # decoded (and kept) now: a bad one is refused here
-        reference = conf.ref_audio
-    voice = conf.voice if conf.voice is not None else conf.speaker
-    known = set(OmniConfig.model_fields)
-    extra = {k: v for k, v in fields.items() if k not in known}
-    request = {**extra, "model": conf.model or cfg.models[0], "input": "-", "response_format": conf.response_format,
-               "speed": None if conf.speed in (None, 1.0) else float(conf.speed), "seed": conf.seed,
-               "max_new_tokens": conf.max_new_tokens, "instructions": conf.instructions,
-               "reference_audio": reference, "reference_text": conf.ref_text}
-    default_voice = voice is None and reference is None and extra.get("spk_smp") is None
-    request["voice"] = voice if voice is not None else (NO_VOICE if not default_voice else "0")
-    try:
-        body = SpeechRequest.model_validate({k: v for k, v in request.items() if v is not None})
-    except ValidationError as exc:
-        problem = exc.errors()[0]
-        loc = [str(p) for p in problem.get("loc", ())]
-        raise ApiError(400, f"Invalid session config: {loc[0] if loc else 'config'}: {problem.get('msg')}",
-                       INVALID_REQUEST, param=loc[0] if loc else None, code="invalid_value") from None
-    if body.stream_format != "audio":
-        raise ApiError(400, "stream_format: not used on the WebSocket stream", INVALID_REQUEST,
-                       param="stream_format", code="unsupported_parameter")
-    build_request(body, cfg.models, cfg.max_input_chars)  # the model, the voice, instructions: refused now
-    return Session(body, default_voice, conf.split_granularity, conf.stream_audio, output_format(body))
 
 
 class ClauseSplitter:
@@ -265,22 +152,18 @@ class _Close(Exception):
     """``session.close``: end the connection normally."""
 
 
-class OmniStream(SpeechStream):
+class OmniStream(StreamCore):
     """One vLLM-Omni-dialect connection (module docstring): utterances one after the other on
-    one socket; within an utterance, sentences synthesised by :class:`.ws.SpeechStream`'s core
+    one socket; within an utterance, sentences synthesised by :class:`.stream_core.StreamCore`
     and sent in order with this dialect's events."""
 
-    def __init__(self, websocket: WebSocket, cfg: GatewaySettings, client: AioStreamClient,
-                 metrics: GatewayMetrics, live: dict[str, int], busy: Callable[[], ApiError | None],
-                 first: dict[str, Any], saved: SavedVoices | None = None, drain: Drain | None = None) -> None:
-        super().__init__(websocket, cfg, client, metrics, live, busy, drain)
+    def __init__(self, websocket: WebSocket, state: GatewayState, first: dict[str, Any]) -> None:
+        super().__init__(websocket, state)
         self.first = first
-        self.saved = saved
         self.session: Session | None = None
         self.utterance = 0
         self.delivered = 0
         """Samples (at the delivered rate) of the utterance's sentences sent so far."""
-        self.splitter: Any = SentenceSplitter(min(cfg.ws_max_sentence_chars, cfg.max_input_chars))
         self.held: deque[dict[str, Any]] = deque()
         """Messages read after ``input.done`` during the utterance, for after it."""
         self.received: list[str] = []
@@ -293,7 +176,7 @@ class OmniStream(SpeechStream):
         """What was sent of the sentence being sent (``stream_audio``)."""
 
     async def run(self) -> None:
-        """Serve the connection to its end (accepted already by :func:`serve_stream`)."""
+        """Serve the connection to its end (accepted already by :func:`.dialects.serve_stream`)."""
         await self._run_to_end(self._session)
 
     async def _session(self) -> None:
@@ -302,11 +185,7 @@ class OmniStream(SpeechStream):
             if self.drain.draining:
                 raise self._drained()
             session = await self._parse(self.first)
-            if self.drain.draining:
-                raise self._drained()
-            if (refusal := self.busy()) is not None:
-                raise StreamEnd(Close.TRY_AGAIN, refusal)
-            self._hold()  # taken before the server's check awaits, as our dialect's start does
+            self._admit()  # the one admission decision, before the server's check awaits
             await self._check(session, self.first)
             self.session = session
             await self._serve()
@@ -315,15 +194,9 @@ class OmniStream(SpeechStream):
         except _Close:
             raise StreamEnd(Close.NORMAL) from None
 
-    async def _close(self, end: StreamEnd) -> None:
-        """This dialect's ``error`` event (``retryable: true`` before 1012 or 1013), then the close."""
-        if self.ws.client_state != WebSocketState.CONNECTED:
-            return
-        with contextlib.suppress(Exception), anyio.move_on_after(self.cfg.ws_send_timeout_s):
-            if end.error is not None:
-                retryable = end.code in RETRYABLE_CLOSES or end.error.status == 503
-                await self.ws.send_text(_error_event(end.error, retryable=retryable))
-            await self.ws.close(int(end.code), reason=end.code.name.lower())
+    def _end_event(self, error: ApiError, code: Close) -> str:
+        """This dialect's ``error`` event (``retryable: true`` before 1012 or 1013, or for a 503)."""
+        return _error_event(error, retryable=code in RETRYABLE_CLOSES or error.status == 503)
 
     async def _error(self, error: ApiError, **extra: Any) -> None:
         """A non-fatal ``error`` event: the connection goes on."""
@@ -433,34 +306,32 @@ class OmniStream(SpeechStream):
     async def _parse(self, msg: dict[str, Any]) -> Session:
         """:func:`parse_config` after a saved voice's name was resolved (once per config), a
         reference recording decoded off the event loop. Raises ApiError."""
-        if self.saved is not None:
-            key = "voice" if msg.get("voice") is not None else "speaker"
-            msg = await self.saved.resolve(msg, key, "ref_text")
-            if msg.get(key) == NO_VOICE and key == "speaker":
-                msg = {**msg, "voice": NO_VOICE}
+        key = "voice" if msg.get("voice") is not None else "speaker"
+        msg = await self.state.saved.resolve(msg, key, "ref_text")
+        if msg.get(key) == NO_VOICE and key == "speaker":
+            msg = {**msg, "voice": NO_VOICE}
         if isinstance(msg.get("ref_audio"), str):  # decoded (and kept) in a worker thread; refused in parse_config
             with contextlib.suppress(ApiError):
                 await anyio.to_thread.run_sync(reference_recording, msg["ref_audio"], "ref_audio")
         try:
             return parse_config(msg, self.cfg)
         except ApiError as exc:
-            raise _blame_speaker(exc, msg) from None
+            raise blame_speaker(exc, msg) from None
 
     async def _check(self, session: Session, msg: dict[str, Any]) -> None:
         """The server's check of a config (``validate_only``, nothing generated: a voice it does
         not know, a parameter beyond its limits such as ``max_new_tokens`` above the
         profile's cap, a reference it refuses), the check our dialect's ``start`` gets
-        (:meth:`.ws.SpeechStream._validate`). An unknown voice's error names the saved ones.
+        (:meth:`.stream_core.StreamCore._validate`). An unknown voice's error names the saved ones.
         Raises ApiError."""
         probe = self._probe(session)
         try:
             await self._validate(probe)
         except ApiError as exc:
-            raise _blame_speaker(await self.saved.explain(exc) if self.saved is not None else exc, msg) from None
+            raise blame_speaker(exc, msg) from None
 
     def _probe(self, session: Session) -> SynthesisRequest:
-        body = session.body.model_copy(update={"input": START_PROBE_TEXT})
-        request = build_request(body, self.cfg.models, self.cfg.max_input_chars)
+        request = self._build(session.body, START_PROBE_TEXT)
         return dataclasses.replace(request, voice="" if session.default_voice else request.voice)
 
     async def _send_json(self, **fields: Any) -> None:
@@ -475,21 +346,15 @@ class OmniStream(SpeechStream):
         assert session is not None
         if self.drain.draining:  # a new utterance is a new request: refused
             raise self._drained()
-        max_chars = min(self.cfg.ws_max_sentence_chars, self.cfg.max_input_chars)
         if session.split == "sentence":
-            self.splitter = SentenceSplitter(max_chars)
+            self.splitter = SentenceSplitter(self.sentence_chars)
         elif session.split == "clause":
-            self.splitter = ClauseSplitter(max_chars)
+            self.splitter = ClauseSplitter(self.sentence_chars)
         else:
             self.splitter = _Whole()
-        self.sentences = asyncio.Queue(64)
-        self.jobs = asyncio.Queue()
-        self.slots = asyncio.Semaphore(1 + self.cfg.ws_lookahead)
-        self.delivered = 0
-        self.count = 0
-        self.spoken, self.received = [], []
+        self._new_utterance()
+        self.delivered, self.received, self.cut_clock = 0, [], None
         self.cancelled = self.sent_all = False
-        self.cutting, self.cut_clock = None, None
         with self.drain.active() as running:
             try:
                 async with anyio.create_task_group() as tg:
@@ -562,8 +427,8 @@ class OmniStream(SpeechStream):
             else:
                 await self._error(_invalid(f"Unknown message type: {kind}", "type"))
 
-    def _request(self, body: SpeechRequest, job: _Sentence) -> SynthesisRequest:
-        request = build_request(body.model_copy(update={"input": job.text}), self.cfg.models, self.cfg.max_input_chars)
+    def _request(self, body: SpeechRequest, job: Sentence) -> SynthesisRequest:
+        request = self._build(body, job.text)
         assert self.session is not None
         voice = "" if self.session.default_voice else request.voice
         return dataclasses.replace(request, voice=voice, request_id=f"{self.request_id}-{self.utterance}-{job.index}")
@@ -580,7 +445,7 @@ class OmniStream(SpeechStream):
             self.cutting = None
             self.count += 1
 
-    async def _send_omni_sentence(self, job: _Sentence, session: Session) -> None:
+    async def _send_omni_sentence(self, job: Sentence, session: Session) -> None:
         """``audio.start``, the sentence's audio (one file, or raw chunks with
         ``stream_audio``), ``audio.done``; a failed sentence gets ``error`` before its
         ``audio.done`` (``error`` true) and the utterance goes on."""
@@ -626,15 +491,15 @@ class OmniStream(SpeechStream):
                 self.metrics.ws_sentence_first_audio.observe(first_audio)
             samples += int(item.audio.size)
             if encoder is not None:
-                await send(await _run(offload, functools.partial(encoder.encode, item.audio)), int(item.audio.size))
+                await send(await encoded(offload, functools.partial(encoder.encode, item.audio)), int(item.audio.size))
             else:
                 whole.append(item.audio)
         if failure is None:
             if encoder is not None:
-                await send(await _run(offload, encoder.finish))
+                await send(await encoded(offload, encoder.finish))
             elif samples:
                 audio = np.concatenate(whole)
-                await send(await _run(offload, functools.partial(
+                await send(await encoded(offload, functools.partial(
                     audio_rates.encode_output, fmt, audio, session.body.sample_rate, session.body.container)))
         else:
             await self._error(failure, utterance_index=self.utterance, sentence_index=job.index,
@@ -647,18 +512,6 @@ class OmniStream(SpeechStream):
         self.audio_s += samples / contract.SAMPLE_RATE_HZ
         await self._send_json(type="audio.done", utterance_index=self.utterance, sentence_index=job.index,
                               total_bytes=total_bytes, error=failure is not None, **timing.fields())
-
-
-async def _run(offload: bool, work: Callable[[], bytes]) -> bytes:
-    return await anyio.to_thread.run_sync(work) if offload else work()
-
-
-def _blame_speaker(error: ApiError, msg: dict[str, Any]) -> ApiError:
-    """``error`` with ``param`` ``speaker`` where the config named its voice so (``voice``
-    is the field the request was checked by)."""
-    if error.param != "voice" or msg.get("voice") is not None or msg.get("speaker") is None:
-        return error
-    return ApiError(error.status, error.message, error.type, param="speaker", code=error.code, kind=error.kind)
 
 
 def _invalid(message: str, param: str | None = None, code: str = "invalid_message") -> ApiError:
@@ -677,112 +530,3 @@ def _error_event(error: ApiError, **extra: Any) -> str:
 def _close_for(error: ApiError) -> Close:
     return {ErrorKind.INVALID: Close.INVALID_DATA, ErrorKind.INTERNAL: Close.SERVER_ERROR}.get(error.kind,
                                                                                                Close.TRY_AGAIN)
-
-
-class _Replay:
-    """The accepted socket handed to :class:`.ws.SpeechStream` after its first message was
-    read here: ``accept`` does nothing more, the first ``receive`` returns that message (or
-    raises the TimeoutError of a client that sent none in time), the rest is the socket's."""
-
-    def __init__(self, websocket: WebSocket, first: dict[str, Any] | None) -> None:
-        self._ws = websocket
-        self._first = first
-
-    async def accept(self, subprotocol: str | None = None) -> None:
-        return None
-
-    async def receive(self) -> dict[str, Any]:
-        first, self._first = self._first, None
-        if first is None:
-            return cast(dict[str, Any], await self._ws.receive())
-        if first.get("type") == "timeout":
-            raise TimeoutError()
-        return first
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._ws, name)
-
-
-def _start_message(message: dict[str, Any]) -> dict[str, Any] | None:
-    """The JSON object of our dialect's ``start`` message, else None."""
-    try:
-        data = json.loads(message.get("text") or "")
-    except (json.JSONDecodeError, TypeError):
-        return None
-    return data if isinstance(data, dict) and data.get("type") == "start" else None
-
-
-def _dialect(message: dict[str, Any]) -> str:
-    """'omni' when the first message is a ``session.config``, else 'chattts'."""
-    text = message.get("text")
-    if not isinstance(text, str) or len(text) > MAX_CONFIG_BYTES:
-        return "chattts"
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError:
-        return "chattts"
-    return "omni" if isinstance(data, dict) and data.get("type") == CONFIG_TYPE else "chattts"
-
-
-async def serve_stream(websocket: WebSocket, cfg: GatewaySettings, client: AioStreamClient, metrics: GatewayMetrics,
-                       live: dict[str, int], busy: Callable[[], ApiError | None],
-                       saved: SavedVoices | None = None, drain: Drain | None = None) -> None:
-    """Serve one ``/v1/audio/speech/stream`` connection in the dialect its first message
-    speaks: ``session.config`` is vLLM-Omni's (:class:`OmniStream`), anything else this
-    gateway's own (:class:`.ws.SpeechStream`, which answers a malformed first message). A
-    client without the API key (when one is set) goes to the latter unread, which refuses it.
-    A saved voice (``saved``) named in the start message or a config is resolved here, once
-    for the stream (:func:`.saved_voices.resolve`). ``drain``: the gateway's (:mod:`.drain`); a
-    connection still waiting for its first message when the drain begins is ended (``error``,
-    close 1012)."""
-    offered = websocket.scope.get("subprotocols") or []
-    await websocket.accept(subprotocol=SUBPROTOCOL if SUBPROTOCOL in offered else None)
-    key = cfg.api_key
-    authorized = key is None or ((got := offered_key(websocket)) is not None
-                                 and hmac.compare_digest(got.encode(), key.encode()))
-    first: dict[str, Any] | None = None
-    if authorized:
-        first = {"type": "timeout"}
-        with anyio.move_on_after(cfg.stream_idle_timeout_s), (drain or Drain()).idle() as waiting:
-            first = cast(dict[str, Any], await websocket.receive())
-        if waiting.cancelled_caught:  # the drain began: end it, in our dialect's words (a superset of Omni's)
-            with contextlib.suppress(Exception):
-                await websocket.send_text(event("error", **error_fields(shutting_down(), True)))
-                await websocket.close(int(Close.SERVICE_RESTART), reason="service_restart")
-            return
-        if first.get("type") == "websocket.disconnect":
-            return
-        if _dialect(first) == "omni":
-            await OmniStream(websocket, cfg, client, metrics, live, busy, json.loads(first["text"]), saved,
-                             drain).run()
-            return
-        if saved is not None and (start := _start_message(first)) is not None:
-            try:
-                resolved = await saved.resolve(start)
-            except ApiError as exc:
-                code = CLOSE_FOR_KIND[exc.kind]
-                with contextlib.suppress(Exception):
-                    await websocket.send_text(event("error", **error_fields(exc, code == Close.TRY_AGAIN)))
-                    await websocket.close(int(code), reason=code.name.lower())
-                return
-            if resolved is not start:
-                first = {**first, "text": json.dumps(resolved, ensure_ascii=False)}
-    await _OurStream(cast(WebSocket, _Replay(websocket, first)), cfg, client, metrics, live, busy, drain,
-                     saved).run()
-
-
-class _OurStream(SpeechStream):
-    """Our dialect (:class:`.ws.SpeechStream`) whose ``start`` check, when it refuses an
-    unknown voice, names the saved voices too (:meth:`.saved_voices.SavedVoices.explain`)."""
-
-    def __init__(self, websocket: WebSocket, cfg: GatewaySettings, client: AioStreamClient,
-                 metrics: GatewayMetrics, live: dict[str, int], busy: Callable[[], ApiError | None],
-                 drain: Drain | None, saved: SavedVoices | None) -> None:
-        super().__init__(websocket, cfg, client, metrics, live, busy, drain)
-        self.saved = saved
-
-    async def _validate(self, probe: SynthesisRequest) -> None:
-        try:
-            await super()._validate(probe)
-        except ApiError as exc:
-            raise (await self.saved.explain(exc) if self.saved is not None else exc) from None

@@ -77,6 +77,10 @@ def _invalid(message: str, param: str) -> ApiError:
     return ApiError(400, message, INVALID_REQUEST, param=param, code="invalid_value")
 
 
+def _not_found(name: str) -> ApiError:
+    return ApiError(404, f"no saved voice named '{name}'", INVALID_REQUEST, param="name", code="voice_not_found")
+
+
 def unavailable(exc: StoreUnavailable) -> ApiError:
     """The 503 of a store that cannot be reached: that it is unavailable, and to try again
     (where it is and what its driver said went to the log: ``voice_store_unavailable``)."""
@@ -328,6 +332,38 @@ class SavedVoices:
                       text_key: str = "reference_text") -> dict[str, Any]:
         """:func:`resolve` with this store and book."""
         return await resolve(fields, self.store, self.book, voice_key, text_key)
+
+    async def listing(self, named: list[dict[str, str]]) -> dict[str, Any]:
+        """``GET /v1/audio/voices``: ``voices``, the ``named`` ones then the saved ones (``{"id",
+        "name"}`` each, the shape Open WebUI reads), and ``saved_voices``, the saved ones
+        described (:meth:`.voice_store.SavedVoice.describe`). Raises ApiError 503 when the store
+        is unavailable."""
+        try:
+            stored = await anyio.to_thread.run_sync(self.store.list)
+        except StoreUnavailable as exc:
+            raise unavailable(exc) from None
+        return {"voices": named + [{"id": v.name, "name": v.name} for v in stored],
+                "saved_voices": [v.describe() for v in stored]}
+
+    async def shown(self, name: str) -> dict[str, Any]:
+        """A saved voice described, with the Triton inputs it stands for (``inputs``). Raises
+        ApiError 404 when there is none of that name."""
+        voice = await lookup(self.store, name) if NAME_PATTERN.fullmatch(name) else None
+        if voice is None:
+            raise _not_found(name)
+        return {**voice.describe(), "inputs": voice.request_fields()}
+
+    async def delete(self, name: str) -> dict[str, Any]:
+        """Remove a saved voice: OpenAI's deletion object. Raises ApiError 404 when there is
+        none of that name, 503 when the store is unavailable."""
+        try:
+            gone = NAME_PATTERN.fullmatch(name) is not None and await anyio.to_thread.run_sync(self.store.delete,
+                                                                                               name)
+        except StoreUnavailable as exc:
+            raise unavailable(exc) from None
+        if not gone:
+            raise _not_found(name)
+        return {"id": name.lower(), "object": "audio.voice.deleted", "deleted": True, "name": name.lower()}
 
     async def explain(self, error: ApiError) -> ApiError:
         """``error`` with, when it is the server's unknown-voice refusal, the saved voices

@@ -1,14 +1,24 @@
-"""Gateway settings, parsed once: each knob is a field of :class:`GatewaySettings`, a command-line
-flag and an environment variable (:data:`OPTIONS`); the flag wins over the variable."""
+"""Gateway settings, parsed once and typed: :class:`GatewaySettings`, a pydantic-settings model.
+
+Each knob is a field with its environment variable (:class:`Env`) and, unless it is a secret,
+a command-line flag named after it (``stream_max_s``: ``--stream-max-s``); :data:`OPTIONS` lists
+them for ``__main__`` and the docs. A value given as text (a variable, a flag) is parsed by the
+field's own validator, so a variable and a flag mean the same thing; the flag wins.
+"""
 
 from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Mapping
+from contextvars import ContextVar
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Final
+from typing import Annotated, Any, Final
+
+from pydantic import Field, ValidationError, field_validator
+from pydantic.fields import FieldInfo
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from ..client.keys import INFERENCE_KEY_ENV, inference_key_from_env
 from ..text.voices import ENV_VOICES, default_voices_path
@@ -22,6 +32,25 @@ ENV_TRITON_URL: Final = "CHATTTS_TRITON_URL"
 DEFAULT_MODELS: Final = ("chattts", "tts-1", "tts-1-hd", "gpt-4o-mini-tts")
 """Model names accepted in requests; all are served by ChatTTS (the OpenAI names are aliases
 so that OpenAI clients work unchanged)."""
+
+
+@dataclass(frozen=True)
+class Env:
+    """A field's environment variable, and whether it has a command-line flag too (a secret
+    has none: a command line is visible to every local user)."""
+
+    name: str
+    flag: bool = True
+
+
+@dataclass(frozen=True)
+class Option:
+    """One knob as the command line and the docs show it: its field, flag, variable and help."""
+
+    field: str
+    flag: str
+    env: str
+    help: str
 
 
 def _optional_seconds(text: str) -> float | None:
@@ -48,163 +77,226 @@ def _origins(text: str) -> tuple[str, ...]:
     return tuple(o.strip().rstrip("/") for o in text.split(",") if o.strip())
 
 
-@dataclass(frozen=True)
-class Option:
-    """One knob: its :class:`GatewaySettings` field, command-line flag, environment variable,
-    parser of the text form (raises ValueError) and help text."""
+_LEAST: Final = {"max_input_chars": 1, "max_streams": 1, "ws_queue_chunks": 1, "ws_lookahead": 0, "retry_after_s": 0,
+                  "ws_max_sentence_chars": 8}
+"""The least value of each whole-number knob (a sentence needs room for a few words)."""
 
-    field: str
-    flag: str
-    env: str
-    parse: Callable[[str], object]
-    help: str
+_ENVIRONMENT: ContextVar[Mapping[str, str] | None] = ContextVar("gateway_settings_environment", default=None)
+"""The environment :meth:`GatewaySettings.from_env` reads (None: settings built from values
+alone read none)."""
 
 
-OPTIONS: Final = (
-    Option("triton_url", "--triton-url", ENV_TRITON_URL, str.strip, "Triton gRPC host:port (127.0.0.1:8001)"),
-    Option("max_input_chars", "--max-input-chars", "CHATTTS_GATEWAY_MAX_INPUT_CHARS", int,
-           "longest input in characters, control tokens not counted (4096, OpenAI's limit)"),
-    Option("stream_idle_timeout_s", "--stream-idle-timeout-s", "CHATTTS_GATEWAY_STREAM_IDLE_TIMEOUT_S", float,
-           "a stream fails when no chunk has come from Triton for this long, s (90)"),
-    Option("stream_max_s", "--stream-max-s", "CHATTTS_GATEWAY_STREAM_MAX_S", _optional_seconds,
-           "optional cap on a whole stream, s; 0 or none: no cap (default: none)"),
-    Option("max_streams", "--max-streams", "CHATTTS_GATEWAY_MAX_STREAMS", int,
-           "streams relayed at once; beyond it: 503 server busy at once (256)"),
-    Option("admission_watch", "--admission-watch", "CHATTTS_GATEWAY_ADMISSION_WATCH", _switch,
-           "follow Triton's admission watch and answer 503 server busy without calling Triton while every "
-           "stream slot is taken (true)"),
-    Option("retry_after_s", "--retry-after-s", "CHATTTS_GATEWAY_RETRY_AFTER_S", int,
-           "Retry-After of 503 answers (busy, unavailable, deadline), whole seconds (1)"),
-    Option("health_timeout_s", "--health-timeout-s", "CHATTTS_GATEWAY_HEALTH_TIMEOUT_S", float,
-           "deadline of /health's readiness call to Triton, s (2)"),
-    Option("cors_origins", "--cors-origins", "CHATTTS_GATEWAY_CORS_ORIGINS", _origins,
-           "comma-separated browser origins allowed to call the API, or '*' (default: none, CORS off)"),
-    Option("voices_file", "--voices-file", ENV_VOICES, Path,
-           "voices file listed by /v1/audio/voices: the server's (default: $CHATTTS_VOICES, else "
-           "voices/voices.toml)"),
-    Option("voice_store", "--voice-store", ENV_VOICE_STORE, str.strip,
-           "SQLAlchemy URL of the saved voices (POST /v1/audio/voices): sqlite:///path or "
-           "postgresql+psycopg://user:password@host/db (default: a SQLite file in ~/.local/share/chattts-serving)"),
-    Option("ws_idle_flush_s", "--ws-idle-flush-s", "CHATTTS_GATEWAY_WS_IDLE_FLUSH_S", float,
-           "WebSocket stream: an unfinished sentence is spoken after no text came for this long, s (1)"),
-    Option("ws_lookahead", "--ws-lookahead", "CHATTTS_GATEWAY_WS_LOOKAHEAD", int,
-           "WebSocket stream: sentences synthesised ahead of the one being sent (1)"),
-    Option("ws_queue_chunks", "--ws-queue-chunks", "CHATTTS_GATEWAY_WS_QUEUE_CHUNKS", int,
-           "WebSocket stream: audio chunks held per sentence before reading from Triton pauses (8)"),
-    Option("ws_send_timeout_s", "--ws-send-timeout-s", "CHATTTS_GATEWAY_WS_SEND_TIMEOUT_S", float,
-           "WebSocket stream: a client that takes no audio for this long is cut off (1008), s (30)"),
-    Option("ws_max_sentence_chars", "--ws-max-sentence-chars", "CHATTTS_GATEWAY_WS_MAX_SENTENCE_CHARS", int,
-           "WebSocket stream: a sentence longer than this is cut at its last pause, characters (400)"),
-    Option("drain_timeout_s", "--drain-timeout-s", "CHATTTS_GATEWAY_DRAIN_TIMEOUT_S", float,
-           "at SIGTERM/SIGINT, streams in flight may run this long before they are ended, s; 0: end them at "
-           "once (30)"),
-)
-"""Every knob with its flag and environment variable (``CHATTTS_API_KEY`` and Triton's inference
-key, ``CHATTTS_INFERENCE_KEY`` or the file ``CHATTTS_INFERENCE_KEY_FILE``, are read from the
-environment only: a secret on a command line is visible to every local user)."""
+class _Environment(PydanticBaseSettingsSource):
+    """Each knob's variable from a mapping, as text (blank: unset), and the two keys: the API
+    key (stripped; empty: none) and Triton's inference key
+    (:func:`~chattts_serving.client.keys.inference_key_from_env`)."""
+
+    def __init__(self, settings_cls: type[BaseSettings], env: Mapping[str, str]) -> None:
+        super().__init__(settings_cls)
+        self.env = env
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        var = variable(field)
+        text = self.env.get(var, "") if var is not None else ""
+        return (text if text.strip() else None), field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        values: dict[str, Any] = {}
+        for name, field in self.settings_cls.model_fields.items():
+            if name == "triton_inference_key":
+                try:
+                    key = inference_key_from_env(self.env)
+                except (ValueError, OSError) as exc:
+                    raise ValueError(f"${INFERENCE_KEY_ENV}: {exc}") from None
+                if key:
+                    values[name] = key
+                continue
+            text, _, _ = self.get_field_value(field, name)
+            if text is not None:
+                values[name] = text.strip() if name == "api_key" else text
+        return values
 
 
-@dataclass(frozen=True)
-class GatewaySettings:
-    """How the gateway reaches Triton and what it accepts.
+class GatewaySettings(BaseSettings):
+    """How the gateway reaches Triton and what it accepts (each field's description says what
+    it sets; the WebSocket stream's knobs start with ``ws_``).
 
-    triton_url: Triton's gRPC endpoint, ``host:port``. api_key: required bearer token, or None
-    for no authentication. triton_inference_key: the key Triton's inference needs (sent as
-    ``triton-grpc-protocol-chattts-inference-key`` metadata), or None when Triton needs none.
-    max_input_chars: longest ``input`` accepted, in characters (OpenAI:
-    4096). stream_idle_timeout_s: a stream fails when Triton has sent nothing for this many
-    seconds. stream_max_s: optional cap on a whole stream in seconds (None: none; the idle
-    timeout alone ends a stalled stream, so the longest legal input is never cut). max_streams:
-    streams relayed at once; one more is answered 503 at once. admission_watch: follow the
-    server's admission watch (:class:`~chattts_serving.client.admission_watch.AdmissionWatch`) and
-    answer 503 before reading a speech request while every stream slot of every server behind
-    ``triton_url`` is taken (False: every request within ``max_streams`` goes to Triton; the
-    gateway's own limit is decided before reading either way). retry_after_s: the Retry-After
-    header of 503 answers, whole seconds. health_timeout_s: deadline of the readiness call to
-    Triton, in seconds. cors_origins: origins browsers may call from ('*' for any); empty: no
-    CORS. voices_file: the voices file ``GET /v1/audio/voices`` lists (None: built-in names
-    only). models: accepted ``model`` values. voice_store: the SQLAlchemy URL of the saved
-    voices (:mod:`.voice_store`; SQLite by default, PostgreSQL for replicas that share them).
+    Built from values (``GatewaySettings(triton_url=...)``) it reads no environment but the
+    defaults' own (``$CHATTTS_VOICES``, ``$CHATTTS_VOICE_STORE``); :meth:`from_env` reads every
+    knob's variable. ``api_key``: required bearer token, or None for no authentication
+    (``$CHATTTS_API_KEY`` only). ``triton_inference_key``: the key Triton's inference needs
+    (sent as ``triton-grpc-protocol-chattts-inference-key`` metadata), or None
+    (``$CHATTTS_INFERENCE_KEY`` or the file ``$CHATTTS_INFERENCE_KEY_FILE`` only).
+    ``models``: accepted ``model`` values. ``admission_watch`` False: every speech request
+    within ``max_streams`` goes to Triton (the gateway's own limit is decided before reading
+    either way, :mod:`.state`).
 
-    The WebSocket stream (``/v1/audio/speech/stream``): ws_idle_flush_s: an unfinished sentence
-    is synthesised after no text arrived for this many seconds. ws_lookahead: sentences whose
-    synthesis runs ahead of the one being sent (0: one at a time). ws_queue_chunks: audio chunks
-    held per sentence; when full, the gateway stops reading that sentence's Triton stream.
-    ws_send_timeout_s: a client that takes no audio for this many seconds is cut off (its
-    syntheses cancelled, close 1008). ws_max_sentence_chars: longest sentence, characters.
-
-    drain_timeout_s: at SIGTERM or SIGINT new requests are refused at once and the streams in
-    flight run on for up to this many seconds; then the rest are ended with a retryable error
-    (:mod:`.drain`). 0: end them at once.
-
-    Raises ValueError for a value out of range.
+    Raises ValueError (pydantic's ValidationError) for a value that does not parse or is out of range.
     """
 
-    triton_url: str = "127.0.0.1:8001"
-    api_key: str | None = None
-    triton_inference_key: str | None = None
-    max_input_chars: int = 4096
-    stream_idle_timeout_s: float = 90.0
-    stream_max_s: float | None = None
-    max_streams: int = 256
-    admission_watch: bool = True
-    retry_after_s: int = 1
-    health_timeout_s: float = 2.0
-    cors_origins: tuple[str, ...] = ()
-    voices_file: Path | None = field(default_factory=default_voices_path)
-    models: tuple[str, ...] = field(default=DEFAULT_MODELS)
-    voice_store: str = field(default_factory=default_store_url)
-    ws_idle_flush_s: float = 1.0
-    ws_lookahead: int = 1
-    ws_queue_chunks: int = 8
-    ws_send_timeout_s: float = 30.0
-    ws_max_sentence_chars: int = 400
-    drain_timeout_s: float = 30.0
+    model_config = SettingsConfigDict(frozen=True, extra="forbid")
 
-    def __post_init__(self) -> None:
-        if self.max_input_chars < 1:
-            raise ValueError(f"max_input_chars must be >= 1, got {self.max_input_chars}")
-        for name in ("stream_idle_timeout_s", "health_timeout_s", "stream_max_s", "ws_idle_flush_s",
-                     "ws_send_timeout_s"):
-            value = getattr(self, name)
-            if value is not None and not (math.isfinite(value) and value > 0):
-                raise ValueError(f"{name} must be > 0 seconds, got {value}")
-        if self.max_streams < 1:
-            raise ValueError(f"max_streams must be >= 1, got {self.max_streams}")
-        if self.ws_lookahead < 0 or self.ws_queue_chunks < 1 or self.ws_max_sentence_chars < 8:
-            raise ValueError("ws_lookahead must be >= 0, ws_queue_chunks >= 1 and ws_max_sentence_chars >= 8")
-        if not (math.isfinite(self.drain_timeout_s) and self.drain_timeout_s >= 0):
-            raise ValueError(f"drain_timeout_s must be >= 0 seconds, got {self.drain_timeout_s}")
-        if self.retry_after_s < 0:
-            raise ValueError(f"retry_after_s must be >= 0, got {self.retry_after_s}")
-        if not self.models:
+    triton_url: Annotated[str, Env(ENV_TRITON_URL)] = Field(
+        "127.0.0.1:8001", description="Triton gRPC host:port (127.0.0.1:8001)")
+    max_input_chars: Annotated[int, Env("CHATTTS_GATEWAY_MAX_INPUT_CHARS")] = Field(
+        4096, description="longest input in characters, control tokens not counted (4096, OpenAI's limit)")
+    stream_idle_timeout_s: Annotated[float, Env("CHATTTS_GATEWAY_STREAM_IDLE_TIMEOUT_S")] = Field(
+        90.0, description="a stream fails when no chunk has come from Triton for this long, s (90)")
+    stream_max_s: Annotated[float | None, Env("CHATTTS_GATEWAY_STREAM_MAX_S")] = Field(
+        None, description="optional cap on a whole stream, s; 0 or none: no cap (default: none)")
+    max_streams: Annotated[int, Env("CHATTTS_GATEWAY_MAX_STREAMS")] = Field(
+        256, description="streams relayed at once; beyond it: 503 server busy at once (256)")
+    admission_watch: Annotated[bool, Env("CHATTTS_GATEWAY_ADMISSION_WATCH")] = Field(
+        True, description="follow Triton's admission watch and answer 503 server busy without calling Triton while "
+        "every stream slot is taken (true)")
+    retry_after_s: Annotated[int, Env("CHATTTS_GATEWAY_RETRY_AFTER_S")] = Field(
+        1, description="Retry-After of 503 answers (busy, unavailable, deadline), whole seconds (1)")
+    health_timeout_s: Annotated[float, Env("CHATTTS_GATEWAY_HEALTH_TIMEOUT_S")] = Field(
+        2.0, description="deadline of /health's readiness call to Triton, s (2)")
+    cors_origins: Annotated[tuple[str, ...], Env("CHATTTS_GATEWAY_CORS_ORIGINS")] = Field(
+        (), description="comma-separated browser origins allowed to call the API, or '*' (default: none, CORS off)")
+    voices_file: Annotated[Path | None, Env(ENV_VOICES)] = Field(
+        default_factory=default_voices_path, description="voices file listed by /v1/audio/voices: the server's "
+        "(default: $CHATTTS_VOICES, else voices/voices.toml)")
+    voice_store: Annotated[str, Env(ENV_VOICE_STORE)] = Field(
+        default_factory=default_store_url, description="SQLAlchemy URL of the saved voices (POST /v1/audio/voices): "
+        "sqlite:///path or postgresql+psycopg://user:password@host/db (default: a SQLite file in "
+        "~/.local/share/chattts-serving)")
+    ws_idle_flush_s: Annotated[float, Env("CHATTTS_GATEWAY_WS_IDLE_FLUSH_S")] = Field(
+        1.0, description="WebSocket stream: an unfinished sentence is spoken after no text came for this long, s (1)")
+    ws_lookahead: Annotated[int, Env("CHATTTS_GATEWAY_WS_LOOKAHEAD")] = Field(
+        1, description="WebSocket stream: sentences synthesised ahead of the one being sent (1)")
+    ws_queue_chunks: Annotated[int, Env("CHATTTS_GATEWAY_WS_QUEUE_CHUNKS")] = Field(
+        8, description="WebSocket stream: audio chunks held per sentence before reading from Triton pauses (8)")
+    ws_send_timeout_s: Annotated[float, Env("CHATTTS_GATEWAY_WS_SEND_TIMEOUT_S")] = Field(
+        30.0, description="WebSocket stream: a client that takes no audio for this long is cut off (1008), s (30)")
+    ws_max_sentence_chars: Annotated[int, Env("CHATTTS_GATEWAY_WS_MAX_SENTENCE_CHARS")] = Field(
+        400, description="WebSocket stream: a sentence longer than this is cut at its last pause, characters (400)")
+    drain_timeout_s: Annotated[float, Env("CHATTTS_GATEWAY_DRAIN_TIMEOUT_S")] = Field(
+        30.0, description="at SIGTERM/SIGINT, streams in flight may run this long before they are ended, s; 0: end "
+        "them at once (30)")
+    api_key: Annotated[str | None, Env(ENV_API_KEY, flag=False)] = None
+    triton_inference_key: Annotated[str | None, Env(INFERENCE_KEY_ENV, flag=False)] = None
+    models: tuple[str, ...] = DEFAULT_MODELS
+
+    @classmethod
+    def settings_customise_sources(cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
+                                   env_settings: PydanticBaseSettingsSource,
+                                   dotenv_settings: PydanticBaseSettingsSource,
+                                   file_secret_settings: PydanticBaseSettingsSource
+                                   ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """The values given win over the environment of :meth:`from_env`; no other source."""
+        env = _ENVIRONMENT.get()
+        return (init_settings,) if env is None else (init_settings, _Environment(settings_cls, env))
+
+    # --- text forms (a variable, a flag) -------------------------------------------------------
+
+    @field_validator("triton_url", "voice_store", mode="before")
+    @classmethod
+    def _stripped(cls, value: Any) -> Any:
+        return value.strip() if isinstance(value, str) else value
+
+    @field_validator("stream_max_s", mode="before")
+    @classmethod
+    def _no_cap(cls, value: Any) -> Any:
+        return _optional_seconds(value) if isinstance(value, str) else value
+
+    @field_validator("admission_watch", mode="before")
+    @classmethod
+    def _on_off(cls, value: Any) -> Any:
+        return _switch(value) if isinstance(value, str) else value
+
+    @field_validator("cors_origins", mode="before")
+    @classmethod
+    def _origin_list(cls, value: Any) -> Any:
+        return _origins(value) if isinstance(value, str) else value
+
+    # --- ranges --------------------------------------------------------------------------------
+
+    @field_validator("stream_idle_timeout_s", "health_timeout_s", "stream_max_s", "ws_idle_flush_s",
+                     "ws_send_timeout_s")
+    @classmethod
+    def _seconds(cls, value: float | None, info: Any) -> float | None:
+        if value is not None and not (math.isfinite(value) and value > 0):
+            raise ValueError(f"{info.field_name} must be > 0 seconds, got {value}")
+        return value
+
+    @field_validator(*_LEAST)
+    @classmethod
+    def _at_least(cls, value: int, info: Any) -> int:
+        if value < _LEAST[info.field_name]:
+            raise ValueError(f"{info.field_name} must be >= {_LEAST[info.field_name]}, got {value}")
+        return value
+
+    @field_validator("drain_timeout_s")
+    @classmethod
+    def _drain(cls, value: float) -> float:
+        if not (math.isfinite(value) and value >= 0):
+            raise ValueError(f"drain_timeout_s must be >= 0 seconds, got {value}")
+        return value
+
+    @field_validator("models")
+    @classmethod
+    def _some_model(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        if not value:
             raise ValueError("at least one model name is needed")
+        return value
+
+    # --- building ------------------------------------------------------------------------------
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: object) -> GatewaySettings:
-        """Settings from the environment (each :data:`OPTIONS` variable that is set, and
-        ``$CHATTTS_API_KEY``), then ``overrides`` (field values as given, e.g. from flags).
+        """Settings from the environment (``env``, default ``os.environ``: each knob's variable
+        that is set, and the keys), then ``overrides`` (field values, e.g. from flags).
 
         Raises ValueError naming the variable when one does not parse or is out of range.
         """
-        env = os.environ if env is None else env
-        values: dict[str, object] = {}
-        key = env.get(ENV_API_KEY, "").strip()
-        if key:
-            values["api_key"] = key
+        return cls.load(env, {}, **overrides)
+
+    @classmethod
+    def load(cls, env: Mapping[str, str] | None, flags: Mapping[str, str], **overrides: object) -> GatewaySettings:
+        """:meth:`from_env` with ``flags`` (field -> the flag's text) between the environment
+        and ``overrides``. Raises ValueError naming the flag or variable whose text is wrong."""
+        token = _ENVIRONMENT.set(os.environ if env is None else env)
         try:
-            inference_key = inference_key_from_env(env)
-        except (ValueError, OSError) as exc:
-            raise ValueError(f"${INFERENCE_KEY_ENV}: {exc}") from None
-        if inference_key:
-            values["triton_inference_key"] = inference_key
-        for opt in OPTIONS:
-            text = env.get(opt.env, "")
-            if not text.strip():
-                continue
-            try:
-                values[opt.field] = opt.parse(text)
-            except ValueError as exc:
-                raise ValueError(f"${opt.env}={text!r}: {exc}") from None
-        values.update(overrides)
-        return cls(**values)  # type: ignore[arg-type]
+            return cls(**{**flags, **overrides})  # type: ignore[arg-type]
+        except ValidationError as exc:
+            raise _named(exc, _ENVIRONMENT.get() or {}, flags, overrides) from None
+        finally:
+            _ENVIRONMENT.reset(token)
+
+
+def variable(field: FieldInfo) -> str | None:
+    """A field's environment variable (its :class:`Env`), None for one without."""
+    return next((m.name for m in field.metadata if isinstance(m, Env)), None)
+
+
+def _options() -> Iterator[Option]:
+    for name, field in GatewaySettings.model_fields.items():
+        env = next((m for m in field.metadata if isinstance(m, Env)), None)
+        if env is not None and env.flag:
+            yield Option(name, "--" + name.replace("_", "-"), env.name, field.description or "")
+
+
+OPTIONS: Final = tuple(_options())
+"""Every knob with a flag, in the order ``--help`` lists them (``CHATTTS_API_KEY`` and Triton's
+inference key, ``CHATTTS_INFERENCE_KEY`` or the file ``CHATTTS_INFERENCE_KEY_FILE``, are read
+from the environment only: a secret on a command line is visible to every local user)."""
+
+
+def _named(exc: ValidationError, env: Mapping[str, str], flags: Mapping[str, str],
+           overrides: Mapping[str, object]) -> ValueError:
+    """``exc`` as one ValueError whose message starts with where the wrong text came from:
+    ``--max-streams 'x': ...`` or ``$CHATTTS_GATEWAY_MAX_STREAMS='x': ...`` (a value given
+    as such keeps pydantic's message)."""
+    problem = exc.errors()[0]
+    name = str(problem["loc"][0]) if problem.get("loc") else ""
+    field = GatewaySettings.model_fields.get(name)
+    error = (problem.get("ctx") or {}).get("error")
+    message = str(error) if error is not None else str(problem.get("msg", "invalid"))
+    if name in overrides or field is None:
+        return ValueError(str(exc))
+    if name in flags:
+        return ValueError(f"--{name.replace('_', '-')} {flags[name]!r}: {message}")
+    var = variable(field)
+    return ValueError(f"${var}={env.get(var or '', '')!r}: {message}")

@@ -30,6 +30,8 @@ from ..text.request_text import length_error
 from .errors import INVALID_REQUEST, ApiError
 from .timings import SegmentClock, SentenceTiming
 
+SPEECH_PATH: Final = "/v1/audio/speech"
+"""OpenAI's speech route, the request this module validates."""
 MIN_SPEED: Final = 0.25
 MAX_SPEED: Final = 4.0
 RESPONSE_FORMATS: Final = ("mp3", "opus", "aac", "flac", "wav", "pcm", "float32", "mulaw", "alaw")

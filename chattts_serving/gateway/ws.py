@@ -37,124 +37,63 @@ cancelled, the sentences queued dropped, no frame of it follows) and is answered
 ``interrupted``: what the client was sent (:func:`.timings.interruption_fields`). The
 connection stays open with its start's fields; the next ``text`` begins a new utterance (a new
 audio stream of the format: sentence indices and timings from 0, a WAV header again).
+
+The machinery both dialects share (admission, lookahead, sends, the connection's end, the
+close codes) is :mod:`.stream_core`; this module adds our dialect's messages and events.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import functools
-import hmac
-import itertools
 import json
 import logging
 import time
 import unicodedata
-import uuid
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from enum import IntEnum
-from importlib import resources
 from typing import Any, Final
 
 import anyio
-import anyio.abc
-import anyio.to_thread
-from fastapi import WebSocket, WebSocketDisconnect
-from fastapi.websockets import WebSocketState
+from fastapi import WebSocket
 from pydantic import ValidationError
 
 from .. import contract
 from ..audio import rates as audio_rates
-from ..client import AioStreamClient, ClientError, StreamPart, SynthesisRequest
+from ..client import ClientError, SynthesisRequest
 from ..errors import NOTHING_SPEAKABLE, ErrorKind
 from ..text.segments import join_normalized
 from ..text.sentences import SentenceSplitter
-from .drain import Drain, shutting_down
-from .errors import AUTHENTICATION, INVALID_REQUEST, SERVER_ERROR, ApiError, from_client_error
-from .metrics import GatewayMetrics
-from .settings import GatewaySettings
-from .speech import OFFLOADED_FORMATS, SpeechRequest, build_request, output_format, speaker_voice
+from .errors import AUTHENTICATION, INVALID_REQUEST, ApiError, from_client_error
+from .speech import OFFLOADED_FORMATS, SpeechRequest, output_format, speaker_voice
+from .state import GatewayState
+from .stream_core import (
+    CLOSE_FOR_KIND,
+    START_PROBE_TEXT,
+    SUBPROTOCOL,
+    ClientGone,
+    Close,
+    Sentence,
+    StreamCore,
+    StreamEnd,
+    encoded,
+    error_fields,
+    event,
+    first_cause,
+    offered_key,
+)
 from .timings import DeliveryClock, SentenceTiming, interruption_fields
 
 log = logging.getLogger("chattts_serving.gateway.ws")
 
 WS_PATH: Final = "/v1/audio/speech/stream"
-SUBPROTOCOL: Final = "chattts.v1"
-"""The WebSocket subprotocol the server selects when the client offers it (browsers must be
-answered with one of the protocols they offered)."""
-BEARER_PROTOCOL: Final = "bearer."
-"""Prefix of the subprotocol carrying the API key (``bearer.<key>``): browsers cannot set an
-``Authorization`` header on a WebSocket, so they offer ``["chattts.v1", "bearer.<key>"]``. The
-key is never taken from the URL, where access logs would keep it."""
-START_PROBE_TEXT: Final = "-"
-"""The text of the start's check on the server (``validate_only``): any text serves, since the
-check takes it as a piece that may have nothing to speak; the sentences are checked as they come."""
-MAX_QUEUED_SENTENCES: Final = 64
-"""Complete sentences waiting for synthesis; beyond it the text read waits in the inbox."""
+"""The WebSocket's route, both dialects' (:mod:`.dialects` tells them apart)."""
 MAX_INBOX_CHARS: Final = 1 << 20
 """Text read from the socket and not yet cut into sentences (characters); beyond it the gateway stops
 reading the socket (TCP back-pressure on a client that writes faster than the voice speaks).
 The socket is read ahead of the synthesis so that an ``interrupt`` is seen at once."""
-
-
-class Close(IntEnum):
-    """The close codes the server sends (RFC 6455)."""
-
-    NORMAL = 1000
-    """``done`` was sent: every sentence was spoken."""
-    UNSUPPORTED = 1003
-    """A binary message from the client (only JSON text messages are understood)."""
-    INVALID_DATA = 1007
-    """A message that is not JSON, of an unknown type, or with invalid fields."""
-    POLICY = 1008
-    """Missing or wrong API key; a client that took no audio for ``ws_send_timeout_s``; no
-    message for ``stream_idle_timeout_s`` before ``end``."""
-    SERVER_ERROR = 1011
-    """A failure inside the gateway or the pipeline."""
-    SERVICE_RESTART = 1012
-    """The gateway is stopping (its drain after SIGTERM, :mod:`.drain`): a ``start`` that came
-    too late, or a stream still running when the drain timeout passed; retry (another instance)."""
-    TRY_AGAIN = 1013
-    """Busy (the gateway's ``--max-streams`` or Triton's admission), a stage unavailable, or a
-    deadline: retry later."""
-
-
-RETRYABLE_CLOSES: Final = (Close.TRY_AGAIN, Close.SERVICE_RESTART)
-"""The close codes whose ``error`` event says ``retryable: true``."""
-
-CLOSE_FOR_KIND: Final = {ErrorKind.INVALID: Close.INVALID_DATA, ErrorKind.BUSY: Close.TRY_AGAIN,
-                         ErrorKind.UNAVAILABLE: Close.TRY_AGAIN, ErrorKind.DEADLINE: Close.TRY_AGAIN,
-                         ErrorKind.CANCELLED: Close.NORMAL, ErrorKind.INTERNAL: Close.SERVER_ERROR}
-
-
-class StreamEnd(Exception):
-    """Ends a connection: ``error`` (None for a normal end) is sent as an ``error`` event first,
-    then the socket is closed with ``code``."""
-
-    def __init__(self, code: Close, error: ApiError | None = None) -> None:
-        super().__init__(error.message if error is not None else code.name)
-        self.code = code
-        self.error = error
-
-
-class ClientGone(Exception):
-    """The client closed the socket (or the connection dropped)."""
-
-
-def event(type_: str, **fields: Any) -> str:
-    """One JSON event: ``{"type": type_, **fields}``."""
-    return json.dumps({"type": type_, **fields}, ensure_ascii=False, separators=(",", ":"))
-
-
-def error_fields(error: ApiError, retryable: bool) -> dict[str, Any]:
-    """The fields of an ``error`` event: ``kind`` (:class:`~chattts_serving.errors.ErrorKind`),
-    OpenAI's ``code`` and ``param``, the ``message``, and ``retryable`` (true exactly when the
-    close code is 1013: busy, unavailable, deadline from the backend; or 1012: the gateway drains)."""
-    return {"kind": error.kind.value, "code": error.code, "param": error.param, "message": error.message,
-            "retryable": retryable}
 
 
 def unspoken_characters(text: str) -> list[str]:
@@ -171,18 +110,6 @@ def unspoken_characters(text: str) -> list[str]:
 def invalid(message: str, param: str | None = None, code: str = "invalid_message") -> StreamEnd:
     """A malformed message: error event of kind invalid, close 1007."""
     return StreamEnd(Close.INVALID_DATA, ApiError(400, message, INVALID_REQUEST, param=param, code=code))
-
-
-def offered_key(websocket: WebSocket) -> str | None:
-    """The API key the client sent: ``Authorization: Bearer <key>``, else a ``bearer.<key>``
-    subprotocol; None when neither."""
-    scheme, _, token = websocket.headers.get("authorization", "").partition(" ")
-    if scheme.lower() == "bearer" and token.strip():
-        return token.strip()
-    for proto in websocket.scope.get("subprotocols") or ():
-        if proto.startswith(BEARER_PROTOCOL):
-            return proto[len(BEARER_PROTOCOL):]
-    return None
 
 
 def parse_start(msg: dict[str, Any]) -> tuple[SpeechRequest, str]:
@@ -248,42 +175,14 @@ class _Turn:
         return msg
 
 
-@dataclass
-class _Sentence:
-    """One sentence in synthesis: its index, text, and the queue of what its stream produced
-    (:class:`StreamPart`, then None at the end, or the error that ended it)."""
+class SpeechStream(StreamCore):
+    """One WebSocket connection of ``/v1/audio/speech/stream`` in our dialect (module
+    docstring): reads the client's messages, synthesises sentences in order with bounded
+    lookahead (:class:`.stream_core.StreamCore`), sends events and audio frames, and releases
+    everything however the connection ends."""
 
-    index: int
-    text: str
-    queue: asyncio.Queue[StreamPart | ClientError | ApiError | None]
-    released_at: float
-    """``time.perf_counter()`` when the splitter released the sentence."""
-
-
-class SpeechStream:
-    """One WebSocket connection of ``/v1/audio/speech/stream`` (module docstring): reads the
-    client's messages, synthesises sentences in order with bounded lookahead, sends events and
-    audio frames, and releases everything however the connection ends."""
-
-    def __init__(self, websocket: WebSocket, cfg: GatewaySettings, client: AioStreamClient,
-                 metrics: GatewayMetrics, live: dict[str, int], busy: Callable[[], ApiError | None],
-                 drain: Drain | None = None) -> None:
-        self.ws, self.cfg, self.client, self.metrics, self.live = websocket, cfg, client, metrics, live
-        self.busy = busy
-        """The gateway's own "server busy" now, if any (its stream limit, the admission watch)."""
-        self.drain = drain if drain is not None else Drain()
-        """The gateway's drain (:mod:`.drain`): no start once it began, an end with 1012 once it expired."""
-        self.request_id = uuid.uuid4().hex
-        self._checks = itertools.count()
-        """Configurations checked so far (a vLLM-Omni session may be configured again)."""
-        self.splitter = SentenceSplitter(min(cfg.ws_max_sentence_chars, cfg.max_input_chars))
-        self.sentences: asyncio.Queue[tuple[str, float] | None] = asyncio.Queue(MAX_QUEUED_SENTENCES)
-        self.jobs: asyncio.Queue[_Sentence | None] = asyncio.Queue()
-        self.slots = asyncio.Semaphore(1 + cfg.ws_lookahead)
-        self.audio_s = 0.0
-        self.count = 0
-        self.audio_started = False
-        """Whether any audio frame has been sent (errors after it count as ``mid_stream``)."""
+    def __init__(self, websocket: WebSocket, state: GatewayState) -> None:
+        super().__init__(websocket, state)
         self.samples_in = 0
         """Samples of audio (24 kHz) of the sentences sent so far: where the next one starts."""
         self.rate_hz = contract.SAMPLE_RATE_HZ
@@ -294,26 +193,18 @@ class SpeechStream:
         """What the connection's sentences could not speak, in order of first appearance."""
         self.degraded = 0
         """Sentences the server made in its degraded mode."""
-        self.total_audio_s = 0.0
-        """Audio sent on the connection, every utterance (``audio_s`` is the utterance's)."""
         self.turn = _Turn(0, self.splitter)
-        """Our dialect: the utterance the client's messages go to."""
+        """The utterance the client's messages go to."""
         self.speaking = 0
-        """Our dialect: the index of the utterance being spoken (in its sentences' request ids,
-        so that every request id in the server's log is unique)."""
+        """The index of the utterance being spoken (in its sentences' request ids, so that every
+        request id in the server's log is unique)."""
         self.turns: asyncio.Queue[_Turn] = asyncio.Queue(4)
-        """Our dialect: the utterances to speak, in order (a new one after each interrupt; a
-        client that interrupts again and again without reading the answers stops being read)."""
-        self.spoken: list[str] = []
-        """The utterance's sentences wholly sent (passed over: dropped or refused), in order."""
+        """The utterances to speak, in order (a new one after each interrupt; a client that
+        interrupts again and again without reading the answers stops being read)."""
         self.clock: DeliveryClock | None = None
         """What the client has been sent of the utterance's audio stream."""
-        self.cutting: _Sentence | None = None
-        """The sentence being sent now (None between sentences)."""
         self.cut_from = 0
-        """``clock.samples`` when that sentence began."""
-        self._holding = False
-        """Whether this connection counts as a live stream (:meth:`_hold`)."""
+        """``clock.samples`` when the sentence being sent began."""
 
     # --- the connection -------------------------------------------------------------------
 
@@ -339,15 +230,10 @@ class SpeechStream:
             # the gateway checks (model, voice given, instructions, reference WAV), then, on
             # the server, what it checks (voice known, parameters within its limits, the
             # reference and refine prompt), all before "started"
-            probe = build_request(body.model_copy(update={"input": START_PROBE_TEXT}), self.cfg.models,
-                                  self.cfg.max_input_chars)
+            probe = self._build(body, START_PROBE_TEXT)
             speaker_voice(body)  # a missing or empty voice fails at the start, not on the first sentence
             info = output_format(body)  # a rate or container the format does not take: 1007 now
-            if self.drain.draining:
-                raise self._drained()
-            if (refusal := self.busy()) is not None:
-                raise StreamEnd(Close.TRY_AGAIN, refusal)
-            self._hold()  # taken before the check awaits: the limit holds for starts at once
+            self._admit()  # the one admission decision, before the check awaits
             await self._validate(probe)
             await self._send_text(event("started", request_id=self.request_id, format=info.name,
                                         sample_rate_hz=info.sample_rate_hz))
@@ -367,100 +253,11 @@ class SpeechStream:
         except ApiError as exc:
             raise StreamEnd(CLOSE_FOR_KIND[exc.kind], exc) from None
 
-    def _drained(self) -> StreamEnd:
-        """The end of a connection the drain refuses or stops: ``server_shutting_down``, 1012."""
-        log.info("stream %s: ended by the drain", self.request_id)
-        return StreamEnd(Close.SERVICE_RESTART, shutting_down())
-
-    def _hold(self) -> None:
-        """Count this connection as a live stream (given back by :meth:`_run_to_end`)."""
-        self.live["streams"] += 1
-        self.metrics.in_flight.inc()
-        self._holding = True
-
-    async def _run_to_end(self, body: Callable[[], Awaitable[None]]) -> None:
-        """Run ``body`` and end the connection by how it ended, for both dialects:
-        :class:`StreamEnd` closes with its code (its error event first, counted by kind and by
-        whether audio had started); the client gone is ``cancelled``; anything else is logged
-        and closes 1011 with an internal error. The live stream ``body`` held (:meth:`_hold`) is
-        given back and every outcome counted once."""
-        status = "cancelled"
-        try:
-            await body()
-        except StreamEnd as end:
-            status = "ok" if end.error is None else "error"
-            if end.error is not None:
-                self.metrics.error(end.error.kind, "mid_stream" if self.audio_started else "before_audio")
-                if end.error.kind == ErrorKind.BUSY:
-                    log.info("stream %s: busy", self.request_id)
-            await self._close(end)
-        except (ClientGone, WebSocketDisconnect):
-            status = "cancelled"
-        except Exception:
-            log.exception("stream %s failed", self.request_id)
-            status = "error"
-            self.metrics.error(ErrorKind.INTERNAL, "mid_stream" if self.audio_started else "before_audio")
-            await self._close(StreamEnd(Close.SERVER_ERROR, ApiError(500, "internal error", SERVER_ERROR,
-                                                                     code="internal_error", kind=ErrorKind.INTERNAL)))
-        finally:
-            if self._holding:
-                self._holding = False
-                self.live["streams"] -= 1
-                self.metrics.in_flight.dec()
-                self.metrics.audio.inc(self.total_audio_s + self.audio_s)
-            if status != "error":
-                self.metrics.requests.labels(status=status).inc()
-
-    async def _validate(self, probe: SynthesisRequest) -> None:
-        """Have the server check the start's fields (a ``validate_only`` request: nothing is
-        generated). Raises ApiError with the server's verdict (invalid: 1007; busy: 1013)."""
-        check = next(self._checks)
-        suffix = "start" if check == 0 else f"config-{check}"  # every request id of the server's log unique
-        request = dataclasses.replace(probe, request_id=f"{self.request_id}-{suffix}", validate_only=True)
-        try:
-            async with contextlib.aclosing(self.client.stream(
-                    request, idle_timeout_s=self.cfg.stream_idle_timeout_s,
-                    max_duration_s=self.cfg.stream_max_s)) as parts:
-                async for _ in parts:
-                    pass
-        except ClientError as exc:
-            raise from_client_error(exc, self.cfg.triton_url) from None
-
     def _authorize(self) -> None:
-        key = self.cfg.api_key
-        if key is None:
-            return
-        offered = offered_key(self.ws)
-        if offered is None or not hmac.compare_digest(offered.encode(), key.encode()):
+        if not self.state.accepts_key(offered_key(self.ws)):
             raise StreamEnd(Close.POLICY, ApiError(
                 401, "Incorrect or missing API key: send 'Authorization: Bearer <key>' or offer the subprotocol "
                 "'bearer.<key>'", AUTHENTICATION, code="invalid_api_key"))
-
-    async def _close(self, end: StreamEnd) -> None:
-        """Send the error event (if any) and close with ``end.code``; a client that is gone or
-        takes nothing is left as it is (bounded by ``ws_send_timeout_s``)."""
-        if self.ws.client_state != WebSocketState.CONNECTED:
-            return
-        with contextlib.suppress(Exception), anyio.move_on_after(self.cfg.ws_send_timeout_s):
-            if end.error is not None:
-                await self.ws.send_text(event("error", **error_fields(end.error, end.code in RETRYABLE_CLOSES)))
-            await self.ws.close(int(end.code), reason=end.code.name.lower())
-
-    async def _send_text(self, text: str) -> None:
-        await self._send(functools.partial(self.ws.send_text, text))
-
-    async def _send(self, send: Callable[[], Any]) -> None:
-        """Send one message; a client that has not taken it after ``ws_send_timeout_s`` ends
-        the connection (1008)."""
-        try:
-            with anyio.fail_after(self.cfg.ws_send_timeout_s):
-                await send()
-        except TimeoutError:
-            raise StreamEnd(Close.POLICY, ApiError(
-                408, f"the client took no audio for {self.cfg.ws_send_timeout_s:g} s: stream cancelled",
-                INVALID_REQUEST, code="slow_reader", kind=ErrorKind.DEADLINE)) from None
-        except (WebSocketDisconnect, RuntimeError, OSError):
-            raise ClientGone() from None
 
     # --- reading the client's messages ----------------------------------------------------
 
@@ -546,7 +343,7 @@ class SpeechStream:
         """Cancel the current utterance (its syntheses, its queued sentences, its unsent audio)
         and open the next, to which the following messages go. The speaker answers."""
         old = self.turn
-        self.splitter = SentenceSplitter(min(self.cfg.ws_max_sentence_chars, self.cfg.max_input_chars))
+        self.splitter = SentenceSplitter(self.sentence_chars)
         self.turn = _Turn(old.index + (1 if old.received else 0), self.splitter)
         old.scope.cancel()
         await self.turns.put(self.turn)
@@ -569,47 +366,13 @@ class SpeechStream:
             408, f"no message for {self.cfg.stream_idle_timeout_s:g} s before end", INVALID_REQUEST,
             code="idle_timeout", kind=ErrorKind.DEADLINE))
 
-    async def _queue(self, sentences: list[str]) -> None:
-        now = time.perf_counter()
-        for s in sentences:
-            await self.sentences.put((s, now))
-
     # --- synthesis ------------------------------------------------------------------------
 
-    async def _schedule(self, body: SpeechRequest, tg: anyio.abc.TaskGroup) -> None:
-        """Start each sentence's synthesis as soon as it is complete and a lookahead slot is free."""
-        index = 0
-        while True:
-            item = await self.sentences.get()
-            if item is None:
-                await self.jobs.put(None)
-                return
-            await self.slots.acquire()
-            job = _Sentence(index, item[0], asyncio.Queue(self.cfg.ws_queue_chunks), item[1])
-            tg.start_soon(self._produce, body, job)
-            await self.jobs.put(job)
-            index += 1
-
-    def _request(self, body: SpeechRequest, job: _Sentence) -> SynthesisRequest:
+    def _request(self, body: SpeechRequest, job: Sentence) -> SynthesisRequest:
         """The ``chattts`` request of sentence ``job``: the start message's fields with the
         sentence as ``input``. Raises ApiError (:func:`.speech.build_request`)."""
-        request = build_request(body.model_copy(update={"input": job.text}), self.cfg.models, self.cfg.max_input_chars)
         utterance = f"{self.speaking}-" if self.speaking else ""  # the first utterance's ids as before
-        return dataclasses.replace(request, request_id=f"{self.request_id}-{utterance}{job.index}")
-
-    async def _produce(self, body: SpeechRequest, job: _Sentence) -> None:
-        """Pull one sentence's Triton stream into its bounded queue (a full queue pauses the pull)."""
-        try:
-            request = self._request(body, job)
-            async with contextlib.aclosing(self.client.stream(
-                    request, idle_timeout_s=self.cfg.stream_idle_timeout_s,
-                    max_duration_s=self.cfg.stream_max_s)) as parts:
-                async for part in parts:
-                    await job.queue.put(part)
-        except (ClientError, ApiError) as exc:
-            await job.queue.put(exc)
-            return
-        await job.queue.put(None)
+        return dataclasses.replace(self._build(body, job.text), request_id=f"{self.request_id}-{utterance}{job.index}")
 
     async def _speak(self, body: SpeechRequest) -> None:
         """Speak the utterances in order: the one that plays to its end is followed by ``done``
@@ -643,18 +406,10 @@ class SpeechStream:
         encoder = audio_rates.new_output_encoder(fmt, body.sample_rate, body.container)
         self.rate_hz = encoder.info.sample_rate_hz
         self.clock = DeliveryClock(self.rate_hz, fmt, body.container)
-        offload = fmt in OFFLOADED_FORMATS
+        encode = functools.partial(encoded, fmt in OFFLOADED_FORMATS)
 
-        async def encode(work: Callable[[], bytes]) -> bytes:
-            return await anyio.to_thread.run_sync(work) if offload else work()
-
-        self.sentences = asyncio.Queue(MAX_QUEUED_SENTENCES)
-        self.jobs = asyncio.Queue()
-        self.slots = asyncio.Semaphore(1 + self.cfg.ws_lookahead)
-        self.total_audio_s += self.audio_s
-        self.audio_s, self.count, self.samples_in, self.degraded = 0.0, 0, 0, 0
-        self.dropped, self.unspoken, self.spoken = [], [], []
-        self.cutting, self.cut_from = None, 0
+        self._new_utterance()
+        self.samples_in, self.degraded, self.dropped, self.unspoken, self.cut_from = 0, 0, [], [], 0
         with turn.scope:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._cut, turn)
@@ -684,7 +439,7 @@ class SpeechStream:
             if c not in self.unspoken:
                 self.unspoken.append(c)
 
-    async def _send_sentence(self, job: _Sentence, encoder: Any, encode: Callable[..., Any]) -> None:
+    async def _send_sentence(self, job: Sentence, encoder: Any, encode: Callable[..., Any]) -> None:
         info: dict[str, Any] = {}
         started = dropped = False
         samples = 0
@@ -752,44 +507,3 @@ class SpeechStream:
                                     dropped=dropped, **timing.fields()))
 
 
-CAUSE_ORDER: tuple[tuple[type[BaseException], ...], ...] = ((StreamEnd, ApiError), (ClientGone, WebSocketDisconnect))
-"""Which ending of a task group speaks for it: an end of the stream first, then the client
-going away (:func:`first_cause`)."""
-
-
-def first_cause(group: BaseException, order: tuple[tuple[type[BaseException], ...], ...] = CAUSE_ORDER
-                ) -> BaseException:
-    """The exception that ended a connection's task group: among its leaves, the first of the
-    first kinds in ``order`` found, else the first of any kind."""
-    leaves: list[BaseException] = []
-
-    def walk(exc: BaseException) -> None:
-        inner_group = getattr(exc, "exceptions", None)
-        if isinstance(inner_group, tuple):
-            for inner in inner_group:
-                walk(inner)
-        else:
-            leaves.append(exc)
-
-    walk(group)
-    for kinds in order:
-        for exc in leaves:
-            if isinstance(exc, kinds):
-                return exc
-    return leaves[0]
-
-
-async def serve_speech_stream(websocket: WebSocket, cfg: GatewaySettings, client: AioStreamClient,
-                              metrics: GatewayMetrics, live: dict[str, int],
-                              busy: Callable[[], ApiError | None], drain: Drain | None = None) -> None:
-    """Serve one ``/v1/audio/speech/stream`` connection (:class:`SpeechStream`); ``busy`` gives
-    the gateway's own 503 at the start, if any (:func:`.errors.busy_refusal`)."""
-    await SpeechStream(websocket, cfg, client, metrics, live, busy, drain).run()
-
-
-def page_html(needs_key: bool = False) -> str:
-    """The demo page served at ``/`` (``static/index.html``, no build step, no external assets);
-    ``needs_key``: whether the gateway has an API key (``<body data-needs-key>``: the page then
-    asks for the key before it lists the voices)."""
-    html = resources.files(__package__).joinpath("static/index.html").read_text(encoding="utf-8")
-    return html.replace("<body>", f'<body data-needs-key="{str(needs_key).lower()}">', 1)

@@ -42,7 +42,7 @@ def test_the_start_ends_idle_waits_and_the_expiry_ends_streams() -> None:
 def test_settled_waits_for_streams_and_connections() -> None:
     async def main() -> tuple[bool, bool]:
         live = {"streams": 1}
-        drain = Drain(live)
+        drain = Drain(lambda: live["streams"])
         with drain.connection():
             live["streams"] = 0
             busy = await drain.settled(0.1)

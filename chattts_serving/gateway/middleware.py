@@ -1,0 +1,71 @@
+"""The gateway's ASGI middleware: the speech door (:class:`AdmissionDoor`) and CORS whose
+refusals speak OpenAI's error shape (:class:`OpenAICors`)."""
+
+from __future__ import annotations
+
+from fastapi.middleware.cors import CORSMiddleware
+from fastapi.responses import JSONResponse, Response
+from starlette.datastructures import Headers
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from .errors import INVALID_REQUEST, ApiError
+from .speech import SPEECH_PATH
+from .state import GatewayState
+
+
+class AdmissionDoor:
+    """In front of the application: every ``POST /v1/audio/speech`` asks
+    :meth:`.state.GatewayState.admit` here, once, before anything reads, routes or validates
+    its body, and a refusal is answered here (503 with ``Retry-After``). An unauthorized request
+    asks nothing unless the gateway drains: it goes on unadmitted and gets its 401 from the
+    route. An admitted request holds its slot until its response has ended, however it ends.
+    Every other request passes through unchanged."""
+
+    def __init__(self, app: ASGIApp, state: GatewayState) -> None:
+        self.app = app
+        self.state = state
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] != SPEECH_PATH or scope["method"] != "POST":
+            await self.app(scope, receive, send)
+            return
+        if not self.state.drain.draining and not self.state.authorized(Headers(scope=scope)):
+            await self.app(scope, receive, send)  # unadmitted: the route answers 401
+            return
+        try:
+            slot = self.state.admit()
+        except ApiError as refusal:
+            await self.state.error_response(SPEECH_PATH, refusal)(scope, receive, send)
+            return
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            slot.release()
+
+
+class OpenAICors(CORSMiddleware):
+    """Starlette's CORS middleware whose preflight refusals carry the OpenAI error object every
+    other refusal of the gateway carries (Starlette answers them in plain text): 400,
+    ``{"error": {"message": "CORS preflight refused: origin ... is not allowed", "type":
+    "invalid_request_error", "param": null, "code": "cors_not_allowed"}}``."""
+
+    def preflight_response(self, request_headers: Headers) -> Response:
+        response = super().preflight_response(request_headers)
+        if response.status_code < 400:
+            return response
+        problems = []
+        if not self.is_allowed_origin(origin=request_headers["origin"]):
+            problems.append(f"origin {request_headers['origin']!r} is not allowed")
+        if request_headers["access-control-request-method"] not in self.allow_methods:
+            problems.append(f"method {request_headers['access-control-request-method']!r} is not allowed "
+                            f"(allowed: {', '.join(sorted(self.allow_methods))})")
+        asked = [h.strip().lower() for h in request_headers.get("access-control-request-headers", "").split(",")
+                 if h.strip()]
+        if not self.allow_all_headers and (refused := [h for h in asked if h not in self.allow_headers]):
+            problems.append(f"header(s) {', '.join(refused)} not allowed")
+        if not problems:
+            problems.append(bytes(response.body).decode(errors="replace"))  # e.g. private network access
+        error = ApiError(response.status_code, "CORS preflight refused: " + "; ".join(problems), INVALID_REQUEST,
+                         code="cors_not_allowed")
+        headers = {k: v for k, v in response.headers.items() if k.lower() not in ("content-length", "content-type")}
+        return JSONResponse(error.body(), status_code=response.status_code, headers=headers)
