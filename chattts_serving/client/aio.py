@@ -183,6 +183,9 @@ class AioStreamClient:
         try:
             while True:
                 wait_s = idle_timeout_s
+                # which bound this wait ends at, decided before it (the loop's timer may fire a
+                # clock tick early, so the clock read after it cannot tell)
+                capped = deadline is not None and deadline - time.monotonic() <= idle_timeout_s
                 if deadline is not None:
                     wait_s = min(wait_s, deadline - time.monotonic())
                 try:
@@ -191,7 +194,7 @@ class AioStreamClient:
                     finished = True  # the server closed the call: the request is complete
                     return
                 except asyncio.TimeoutError:
-                    if deadline is not None and time.monotonic() >= deadline:
+                    if capped:
                         raise ClientError(f"the stream did not finish within {max_duration_s:g} s",
                                           TIMEOUT) from None
                     raise ClientError(f"no response from {self.url} for {idle_timeout_s:g} s", TIMEOUT) from None
