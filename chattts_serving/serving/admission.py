@@ -26,7 +26,7 @@ import numpy as np
 from ..contract import Priority, VocoderPath
 from ..errors import ErrorKind, RequestError
 from ..text.segments import SegmentRules
-from .pipeline import SynthesisJob
+from .job import SynthesisJob
 from .profile import Profile
 from .request import EntryLimits, parse_entry
 from .resilience import Degrader

@@ -30,8 +30,9 @@ from ..contract import Segmentation, VocoderPath
 from ..errors import RequestError
 from ..text.request_text import carry_speed
 from ..text.segments import SegmentRules, split_segments
+from .boundary import FrontendOutput
 from .frontend_service import FrontendService
-from .pipeline import FrontendOutput, PreparedText, StreamResult, SynthesisJob, info_json, seconds_left
+from .job import PreparedText, StreamResult, SynthesisJob, info_json, seconds_left
 from .request import EntryLimits, EntryRequest, FrontendCall, parse_entry
 
 

@@ -32,7 +32,7 @@ from ..errors import ErrorKind, RequestError
 from ..params import ParamError
 from ..text.frontend import FrontEnd, FrontendError
 from ..text.refine import RefineParams
-from .pipeline import FrontendOutput
+from .boundary import FrontendOutput
 from .request import FrontendCall
 
 

@@ -203,7 +203,7 @@ class EntryRequest:
     the text is cut into GPT sequences; reference: the audio prompt the request brought, None
     for none (a voice from the voices file may still bring its recording); language: the
     language of what the text gives no context for (:class:`~chattts_serving.contract.Language`);
-    validate_only: check the request whole and generate nothing (:func:`~.pipeline.validate_request`).
+    validate_only: check the request whole and generate nothing (:func:`~.prepare.validate_request`).
     """
 
     text: str

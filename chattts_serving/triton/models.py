@@ -56,8 +56,8 @@ from ..serving.ensemble import prepare_request
 from ..serving.entry import EntryService
 from ..serving.entry_runtime import UNLOAD_WAIT_S, EntryRuntime, internal_error
 from ..serving.frontend_service import FrontendService
+from ..serving.job import SynthesisJob
 from ..serving.logs import log_event
-from ..serving.pipeline import SynthesisJob
 from ..serving.request import (
     EngineControl,
     EntryLimits,

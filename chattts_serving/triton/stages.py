@@ -24,8 +24,8 @@ from .. import contract
 from ..contract import StopReason, VocoderPath
 from ..engine.request import SequenceRequest
 from ..errors import decode_stop
+from ..serving.boundary import CarriedWindow, FrontendCall, FrontendOutput, TokenBatch
 from ..serving.entry_runtime import SharedHelper
-from ..serving.pipeline import CarriedWindow, FrontendCall, FrontendOutput, TokenBatch
 from ..serving.request import CONTROL_CANCEL
 from ..serving.resilience import BreakerCall, CircuitBreaker, enter, settle
 from .cancels import cancel_address, send_cancel
@@ -131,7 +131,7 @@ def keep_iterator(iterator: Any) -> None:
 
 
 class BlsStages:
-    """:class:`~chattts_serving.serving.pipeline.Stages` over BLS calls to the other models
+    """:class:`~chattts_serving.serving.boundary.Stages` over BLS calls to the other models
     (``pb``: the ``triton_python_backend_utils`` module). ``failure_threshold`` consecutive
     INTERNAL failures of a stage open its breaker for ``cooldown_s`` seconds. Engine streams
     are cancelled over the engine's cancel socket (:mod:`~chattts_serving.triton.cancels`),
@@ -254,7 +254,7 @@ class _Done:
 
 class EngineStream:
     """One sequence on the GPT engine over a decoupled BLS call: iterate for
-    :class:`~chattts_serving.serving.pipeline.TokenBatch` es; :meth:`cancel` ends it early
+    :class:`~chattts_serving.serving.boundary.TokenBatch` es; :meth:`cancel` ends it early
     (docs/triton-workarounds.md, "cancel datagram": a datagram to the engine's cancel
     socket at ``cancel_address`` names the sequence by its ``stream_id``, or, when nothing
     listens there, a control request to the engine model does). ``call`` (the engine breaker's) is settled exactly once:

@@ -24,8 +24,10 @@ from chattts_serving.audio.reference import AudioPrompt, encode_spk_smp
 from chattts_serving.contract import Segmentation
 from chattts_serving.params import SamplingParams
 from chattts_serving.runtime import Artifacts
+from chattts_serving.serving.boundary import FrontendCall, FrontendOutput
 from chattts_serving.serving.entry import EntryService
-from chattts_serving.serving.pipeline import FrontendCall, FrontendOutput, StreamResult, SynthesisJob, offline_audio
+from chattts_serving.serving.job import StreamResult, SynthesisJob
+from chattts_serving.serving.pipeline import offline_audio
 from chattts_serving.serving.profile import load_profile
 from chattts_serving.serving.request import EntryRequest, Reference
 from chattts_serving.text.refine import RefineParams
