@@ -1,25 +1,26 @@
 """The synthesis pipeline of the entry models, free of Triton.
 
 A request's text is split into segments (:class:`~chattts_serving.contract.Segmentation`:
-``streaming`` sentence segments, or ``chattts``, ChatTTS' own pieces); each goes through three
+``streaming`` sentence segments, or ``chattts``, ChatTTS' own pieces), which go through three
 stages:
 
 1. the front end (normalisation, prompt ids, speaker vector, and a reference recording encoded
-   into audio-prompt codes): :meth:`Stages.frontend`;
-2. the GPT engine, which streams token batches: :meth:`Stages.generate` (with refine-text,
+   into audio-prompt codes), one call for all segments, whose result every later stage
+   carries: :meth:`~.boundary.Stages.frontend`, :func:`~.prepare.prepare_segments`;
+2. the GPT engine, which streams token batches: :meth:`~.boundary.Stages.generate` (with refine-text,
    a text-mode sequence per segment runs first and the code prompt is built from its output);
-3. the vocoder, over token windows: :meth:`Stages.vocode`.
+3. the vocoder, over token windows: :meth:`~.boundary.Stages.vocode`.
 
 An audio prompt (ChatTTS' ``spk_smp`` + ``txt_smp``: the request's recording or ``spk_smp``,
 or a voice's recording) precedes every segment's prompt. In ``chattts`` segmentation a text of
 several pieces without one gets ChatTTS' own: the first piece generated and vocoded alone,
 its audio encoded, then every piece generated with that audio and the first piece's text
-(:func:`prepare_segments`; ChatTTS 0.2.5 ``Chat.infer``, docs/chattts-multisentence.md).
+(:func:`~.prepare.prepare_segments`; ChatTTS 0.2.5 ``Chat.infer``, docs/chattts-multisentence.md).
 
 :func:`stream_audio` vocodes each window of the chunk schedule as soon as its tokens exist and
 hands every chunk to a :class:`StreamOutput`; :func:`offline_audio` vocodes each segment in one
 window (ChatTTS' offline decode; in ``chattts`` segmentation zero-padded to the longest piece of
-its group of 4, as ChatTTS' ``_decode_to_wavs`` does). In the server :class:`Stages` is a set of
+its group of 4, as ChatTTS' ``_decode_to_wavs`` does). In the server :class:`~.boundary.Stages` is a set of
 BLS calls (:class:`chattts_serving.triton.stages.BlsStages`); in tests the same stages run in
 process.
 """
@@ -67,14 +68,14 @@ class StreamOutput(Protocol):
         in full, each stretch of work only beyond one stall timeout."""
 
     def watch(self, on_cancel: Callable[[], None]) -> Callable[[], None]:
-        """Run ``on_cancel()`` as soon as the client cancels (see :data:`Watch`)."""
+        """Run ``on_cancel()`` as soon as the client cancels (see :data:`~.boundary.Watch`)."""
 
 
 def stream_audio(job: SynthesisJob, stages: Stages, out: StreamOutput) -> StreamResult:
     """Run one streaming request: hand each audio chunk to ``out`` as soon as it is ready.
 
     Segments are generated one after the other and streamed in order (in ``chattts``
-    segmentation after :func:`prepare_segments`' reference pass, when it makes one; a stream
+    segmentation after :func:`~.prepare.prepare_segments`' reference pass, when it makes one; a stream
     cannot pad a piece to its group's longest, so its audio differs from :func:`offline_audio`'s
     in the last ~52 tokens of pieces shorter than their group's longest); a client cancel
     (``out.watch``) reaches the engine at its next step. Returns the :class:`StreamResult`

@@ -6,6 +6,7 @@ the front end, refined and given its audio prompt (:func:`prepare_segments`), or
 from __future__ import annotations
 
 import time
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import replace
 
 import numpy as np
@@ -29,61 +30,75 @@ REFINE_EMIT_TOKENS = 16
 
 
 def prepare_segments(job: SynthesisJob, stages: Stages, watch: Watch = no_watch) -> PreparedText:
-    """Split the text into segments (``req.segmentation``) and run the front end on each.
+    """Split the text into segments (``req.segmentation``) and run the front end on them: one
+    call normalises and prompts every segment (and encodes the request's recording); what it
+    made is carried to every later stage, and a later call only prompts its texts again.
 
-    With ``req.refine``, the refine-text stage runs for all segments at once (one engine
-    text-mode sequence each, batched together) and each code prompt is built from its refined
-    text, as ChatTTS' ``_infer`` does (refine, then ``_infer_code`` on the refined text).
+    With ``req.refine``, that first call also builds each segment's refine-text prompt; the
+    refine-text stage runs for all segments at once (one engine text-mode sequence each,
+    batched together) and one more call builds each code prompt from its refined text, as
+    ChatTTS' ``_infer`` does (refine, then ``_infer_code`` on the refined text, not normalised
+    again).
 
-    The audio prompt: the request's ``spk_smp`` codes, its recording (sent to the front end
-    once, with the first segment, which encodes and caches it), or a reference voice's
-    recording (the front end's); its transcript precedes ``[speed_N]`` in every prompt and a
-    request that brings a recording without a voice has no speaker vector (``[empty_spk]``,
-    ChatTTS' zero-shot use). In ``chattts`` segmentation pieces with nothing speakable are kept,
-    as ChatTTS keeps them; and a text of several pieces without an audio prompt gets ChatTTS'
-    own: :func:`_first_piece_audio` (piece 0 generated alone and vocoded whole), encoded by the
-    front end (neither cached nor held to the recording limits), with piece 0's text as the
-    transcript of every piece.
+    The audio prompt: the request's ``spk_smp`` codes, its recording (encoded and cached by
+    the front end), or a reference voice's recording (the front end's); its transcript precedes
+    ``[speed_N]`` in every prompt and a request that brings a recording without a voice has no
+    speaker vector (``[empty_spk]``, ChatTTS' zero-shot use). In ``chattts`` segmentation pieces
+    with nothing speakable are kept, as ChatTTS keeps them; and a text of several pieces without
+    an audio prompt gets ChatTTS' own: :func:`_first_piece_audio` (piece 0 generated alone and
+    vocoded whole), encoded by the front end (neither cached nor held to the recording limits)
+    in the call that prompts every piece again with piece 0's text as its transcript.
 
-    ``watch`` ends the refine and reference-pass sequences in the engine as soon as the client
-    cancels. Raises RequestError (DeadlineExceeded past the deadline; Cancelled when the client
-    cancelled before the first audio; INVALID for a text with nothing speakable)."""
+    So the front end is called once per request, twice with ChatTTS' first-piece prompt or with
+    refine-text, three times with both, whatever the number of segments. ``watch`` ends the
+    refine and reference-pass sequences in the engine as soon as the client cancels. Raises
+    RequestError (DeadlineExceeded past the deadline; Cancelled when the client cancelled
+    before the first audio; INVALID for a text with nothing speakable)."""
     req = job.req
     chattts = req.segmentation == Segmentation.CHATTTS
     texts = carry_speed(split_like_chattts(req.text) if chattts else split_segments(req.text, job.segments))
     if not texts:
         raise RequestError("text is empty", param=contract.IN_TEXT.name)
     ref = req.reference
-    base = FrontendCall(text="", voice=req.voice, request_id=req.request_id,
+    base = FrontendCall(texts=tuple(texts), voice=req.voice, request_id=req.request_id,
                         reference_text=ref.transcript if ref is not None else None,
                         no_speaker=ref is not None and not req.voice.strip(), keep_unspeakable=chattts,
                         language=req.language)
+    first_call = replace(base, refine_prompt=req.refine.prompt if req.refine is not None else None)
+    if ref is not None and ref.audio is not None:
+        first_call = replace(first_call, reference_audio=ref.audio, reference_rate_hz=ref.rate_hz)
     asked = _Stopwatch()
-    refined: list[np.ndarray | None] = [None] * len(texts)
+    with asked.counting(req.refine is not None or first_call.reference_audio is not None):
+        prepared = stages.frontend(first_call)  # encodes the recording (or finds it cached)
+    codes, source = _request_prompt(ref, prepared[0])
     if req.refine is not None:
         with asked:
-            refined = _refine(job, stages, watch, texts, base)
-    calls = [replace(base, text=t, refined_ids=r) for t, r in zip(texts, refined, strict=True)]
-    if ref is not None and ref.audio is not None:  # the recording travels once, with the first segment
-        calls[0] = replace(calls[0], reference_audio=ref.audio, reference_rate_hz=ref.rate_hz)
-        with asked:
-            first_segment = stages.frontend(calls[0])  # encodes the recording (or finds it cached)
-        prepared = [first_segment, *(stages.frontend(c) for c in calls[1:])]
-    else:
-        prepared = [stages.frontend(c) for c in calls]
+            refined = _refine(job, stages, watch, prepared)
+            prepared = _prompt_again(stages, base, prepared, refined_ids=refined)
     if chattts and not any(speakable(p.normalized_text) for p in prepared):
         raise RequestError(f"{NOTHING_SPEAKABLE} (only punctuation, symbols or unsupported characters)",
                            param=contract.IN_TEXT.name)
-    codes, source = _request_prompt(ref, prepared[0])
     if codes is None and chattts and len(prepared) > 1:
         with asked:
             wav = _first_piece_audio(job, stages, watch, prepared[0])
-            transcript = prepared[0].normalized_text
-            first = stages.frontend(replace(calls[0], reference_text=transcript, reference_audio=wav,
-                                            reference_rate_hz=contract.SAMPLE_RATE_HZ, transient_reference=True))
-            codes, source = first.prompt_codes, "first_piece"
-            prepared = [first, *(stages.frontend(replace(c, reference_text=transcript)) for c in calls[1:])]
+            prepared = _prompt_again(stages, base, prepared, reference_text=prepared[0].normalized_text,
+                                     reference_audio=wav, reference_rate_hz=contract.SAMPLE_RATE_HZ,
+                                     transient_reference=True)
+            codes, source = prepared[0].prompt_codes, "first_piece"
     return PreparedText([replace(p, prompt_codes=codes) for p in prepared], source, asked.total_s)
+
+
+def _prompt_again(stages: Stages, base: FrontendCall, prepared: list[FrontendOutput],
+                  **changes: object) -> list[FrontendOutput]:
+    """The prepared segments' texts prompted again by one front-end call, as the front end made
+    them (not normalised again), with ``changes`` to ``base`` (refined ids, an audio prompt):
+    their new prompt ids, the text they now speak and the call's audio-prompt codes; what the
+    first call found (dropped, speed, refine prompt) is kept."""
+    call = replace(base, texts=tuple(p.normalized_text for p in prepared), speeds=tuple(p.speed for p in prepared),
+                   **changes)  # type: ignore[arg-type]
+    outs = stages.frontend(call)
+    return [replace(p, input_ids=o.input_ids, normalized_text=o.normalized_text, prompt_codes=o.prompt_codes)
+            for p, o in zip(prepared, outs, strict=True)]
 
 
 class _Stopwatch:
@@ -100,6 +115,10 @@ class _Stopwatch:
     def __exit__(self, *exc: object) -> None:
         self.total_s += time.monotonic() - self._t0
 
+    def counting(self, on: bool) -> AbstractContextManager[object]:
+        """This stopwatch when ``on``, else a block it does not count."""
+        return self if on else nullcontext()
+
 
 def _request_prompt(ref: Reference | None, first: FrontendOutput) -> tuple[np.ndarray | None, str]:
     """The request's audio-prompt codes and their source: a ``spk_smp``, else what the front
@@ -111,26 +130,24 @@ def _request_prompt(ref: Reference | None, first: FrontendOutput) -> tuple[np.nd
     return None, ""
 
 
-def _refine(job: SynthesisJob, stages: Stages, watch: Watch, texts: list[str],
-            base: FrontendCall) -> list[np.ndarray | None]:
-    """The refine-text stage for every segment: the refined text ids (N,) int32 of each, None
-    for a segment the front end gave no refine prompt (nothing speakable in it). Raises
-    RequestError (Cancelled, DeadlineExceeded)."""
+def _refine(job: SynthesisJob, stages: Stages, watch: Watch, prepared: list[FrontendOutput]) -> tuple[np.ndarray, ...]:
+    """The refine-text stage for every prepared segment: the refined text ids (N,) int32 of
+    each, empty for a segment the front end gave no refine prompt (nothing speakable in it;
+    the front end then keeps its text). Raises RequestError (Cancelled, DeadlineExceeded)."""
     req = job.req
     assert req.refine is not None
-    prompts = [stages.frontend(replace(base, text=t, refine_prompt=req.refine.prompt)).refine_ids for t in texts]
     params = req.refine.sampling_params()
-    todo = {i: ids for i, ids in enumerate(prompts) if ids is not None and ids.size}
+    todo = {i: p.refine_ids for i, p in enumerate(prepared) if p.refine_ids is not None and p.refine_ids.size}
     runs = run_all(stages, [SequenceRequest(input_ids=ids, spk_emb=None, params=params,
-                                          emit_tokens=REFINE_EMIT_TOKENS, priority=req.priority.engine_class,
-                                          timeout_s=seconds_left(job), request_id=req.request_id,
-                                          mode=SequenceMode.TEXT) for ids in todo.values()],
-                    watch, "cancelled by the client during refine-text")
+                                            emit_tokens=REFINE_EMIT_TOKENS, priority=req.priority.engine_class,
+                                            timeout_s=seconds_left(job), request_id=req.request_id,
+                                            mode=SequenceMode.TEXT) for ids in todo.values()],
+                   watch, "cancelled by the client during refine-text")
     seconds_left(job)
-    refined: list[np.ndarray | None] = [None] * len(texts)
+    refined = [np.zeros(0, np.int32)] * len(prepared)
     for i, (store, _) in zip(todo, runs, strict=True):
         refined[i] = store.codes[:store.n, 0].astype(np.int32)
-    return refined
+    return tuple(refined)
 
 
 def _first_piece_audio(job: SynthesisJob, stages: Stages, watch: Watch, first: FrontendOutput) -> np.ndarray:
@@ -159,13 +176,13 @@ def validate_request(job: SynthesisJob, stages: Stages) -> StreamResult:
     empty :class:`StreamResult` with the front end's view of the text. Raises RequestError
     (INVALID naming the input at fault)."""
     req, ref = job.req, job.req.reference
-    call = FrontendCall(text=req.text, voice=req.voice, request_id=req.request_id,
+    call = FrontendCall(texts=(req.text,), voice=req.voice, request_id=req.request_id,
                         refine_prompt=req.refine.prompt if req.refine is not None else None,
                         reference_text=ref.transcript if ref is not None else None,
                         reference_audio=ref.audio if ref is not None else None,
                         reference_rate_hz=ref.rate_hz if ref is not None else contract.SAMPLE_RATE_HZ,
                         no_speaker=ref is not None and not req.voice.strip(), keep_unspeakable=True)
-    out = stages.frontend(call)
+    (out,) = stages.frontend(call)
     result = StreamResult()
     result.add_prepared(PreparedText([out], _request_prompt(ref, out)[1]))
     return result

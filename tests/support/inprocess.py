@@ -96,7 +96,7 @@ class InProcessStages:
         self.token_streams: weakref.WeakSet[EngineTokens] = weakref.WeakSet()
         """The token streams :meth:`generate` returned that are still alive."""
 
-    def frontend(self, call: FrontendCall) -> FrontendOutput:
+    def frontend(self, call: FrontendCall) -> list[FrontendOutput]:
         self.calls["frontend"] += 1
         return self.frontend_impl.prepare(call)
 
