@@ -8,9 +8,12 @@ function calls where the server makes BLS calls, so the saving measured here lea
 BLS round trips the server also saves). Per case and version, after one warm-up request,
 ``--runs`` streamed requests (fixed seeds, fixed token budgets: both versions generate the
 same tokens, and the script checks that their audio is the same sample for sample): time to
-first audio, the process's CPU seconds per request, the front-end calls and the seconds spent
-in them. The two versions alternate request by request, so a change in the host's load
-touches both alike.
+first audio, the process's CPU seconds per request, the front-end calls and the wall and CPU
+seconds spent in them, also less the DVAE encoder's (which encodes the first piece's audio once
+either way): the text work this change saves. Every front-end call comes before the first
+audio, so its wall time is the part of TTFA this change touches; on a busy host the engine's
+share of TTFA and CPU varies far more than the front end's. The two versions alternate request
+by request, so a change in the host's load touches both alike.
 
     PYTHONPATH=$PWD .venv/bin/python scripts/frontend_once.py --artifacts build/test/artifacts-small
 
@@ -50,7 +53,9 @@ with and without refine-text."""
 
 def _child(artifacts: str, cases: list[str]) -> None:
     """Serve requests read from stdin (one case name a line) and answer each with one JSON
-    line: ttfa_s, cpu_s, frontend_calls, frontend_s, audio_sha1, segments."""
+    line: ttfa_s, cpu_s (the process's), frontend_calls, frontend_s and frontend_cpu_s (wall
+    and CPU seconds inside the front end, all before the first audio), text_s and text_cpu_s
+    (the same less the DVAE encoder's: the text work), audio_sha1, segments."""
     import numpy as np
 
     from chattts_serving.contract import Segmentation
@@ -70,14 +75,26 @@ def _child(artifacts: str, cases: list[str]) -> None:
     class Timed(InProcessStages):
         def __init__(self, artifacts: Artifacts) -> None:
             super().__init__(artifacts)
-            self.frontend_s = 0.0
+            self.frontend_s = self.frontend_cpu_s = self.encode_s = self.encode_cpu_s = 0.0
+            encode = self.frontend_impl.encode
+
+            def timed_encode(audio: Any) -> Any:  # the DVAE encoder: the first piece's audio prompt
+                t0, cpu0 = time.perf_counter(), time.thread_time()
+                try:
+                    return encode(audio)
+                finally:
+                    self.encode_s += time.perf_counter() - t0
+                    self.encode_cpu_s += time.thread_time() - cpu0
+
+            self.frontend_impl.encode = timed_encode
 
         def frontend(self, call: Any) -> Any:
-            t0 = time.perf_counter()
+            t0, cpu0 = time.perf_counter(), time.thread_time()
             try:
                 return super().frontend(call)
             finally:
                 self.frontend_s += time.perf_counter() - t0
+                self.frontend_cpu_s += time.thread_time() - cpu0
 
     class Out:
         def __init__(self) -> None:
@@ -103,7 +120,8 @@ def _child(artifacts: str, cases: list[str]) -> None:
         refine = RefineParams(max_new_tokens=24, min_new_tokens=24, seed=3) if case["refine"] else None
         req = EntryRequest(text=TEXT, voice="7", segmentation=Segmentation(case["segmentation"]), refine=refine,
                            params=SamplingParams(max_new_tokens=32, min_new_tokens=32, seed=1))
-        calls, fe_s = stages.calls["frontend"], stages.frontend_s
+        calls, fe_s, fe_cpu_s = stages.calls["frontend"], stages.frontend_s, stages.frontend_cpu_s
+        enc_s, enc_cpu_s = stages.encode_s, stages.encode_cpu_s
         out = Out()
         cpu0 = time.process_time()
         job = SynthesisJob(req=req, schedule=schedule, emit_tokens=4, arrival_s=time.monotonic())
@@ -112,7 +130,10 @@ def _child(artifacts: str, cases: list[str]) -> None:
         audio = np.concatenate(out.chunks).astype(np.float32)
         print(json.dumps({"ttfa_s": result.first_audio_s, "cpu_s": cpu,
                           "frontend_calls": stages.calls["frontend"] - calls,
-                          "frontend_s": stages.frontend_s - fe_s, "segments": result.segments,
+                          "frontend_s": stages.frontend_s - fe_s, "frontend_cpu_s": stages.frontend_cpu_s - fe_cpu_s,
+                          "text_s": stages.frontend_s - fe_s - (stages.encode_s - enc_s),
+                          "text_cpu_s": stages.frontend_cpu_s - fe_cpu_s - (stages.encode_cpu_s - enc_cpu_s),
+                          "segments": result.segments,
                           "audio_sha1": hashlib.sha1(audio.tobytes()).hexdigest()}), flush=True)
 
 
@@ -181,11 +202,17 @@ def main() -> None:
                             "cpu_s_median": statistics.median(r["cpu_s"] for r in rs),
                             "frontend_calls": rs[0]["frontend_calls"],
                             "frontend_s_median": statistics.median(r["frontend_s"] for r in rs),
+                            "frontend_cpu_s_median": statistics.median(r["frontend_cpu_s"] for r in rs),
+                            "text_s_median": statistics.median(r["text_s"] for r in rs),
+                            "text_cpu_s_median": statistics.median(r["text_cpu_s"] for r in rs),
                             "segments": rs[0]["segments"]}
         hashes = {r["audio_sha1"] for v in procs for r in runs[v][case]}
         row["same_audio"] = len(hashes) == 1
         row["ttfa_saved_s"] = row["before"]["ttfa_s_median"] - row["after"]["ttfa_s_median"]
         row["cpu_saved_s"] = row["before"]["cpu_s_median"] - row["after"]["cpu_s_median"]
+        row["frontend_cpu_saved_s"] = row["before"]["frontend_cpu_s_median"] - row["after"]["frontend_cpu_s_median"]
+        row["text_saved_s"] = row["before"]["text_s_median"] - row["after"]["text_s_median"]
+        row["text_cpu_saved_s"] = row["before"]["text_cpu_s_median"] - row["after"]["text_cpu_s_median"]
         report["cases"][case] = row
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")

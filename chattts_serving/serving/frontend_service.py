@@ -33,7 +33,6 @@ from ..errors import ErrorKind, RequestError
 from ..params import ParamError
 from ..text.frontend import FrontEnd, FrontendError
 from ..text.refine import RefineParams
-from ..text.request_text import length_error
 from .boundary import FrontendOutput
 from .request import FrontendCall
 
@@ -128,10 +127,9 @@ class FrontendService:
     def _again(self, text: str, speed: int, refined_ids: np.ndarray | None, txt_smp: str | None,
                speaker: np.ndarray | None, codes: np.ndarray | None) -> FrontendOutput:
         """A text this front end made before, prompted again as it is (not normalised): from
-        ``refined_ids`` when given. Raises FrontendError (the text over the length limit)."""
-        too_long = length_error(text, self.frontend.max_text_chars)
-        if too_long:
-            raise FrontendError(too_long)
+        ``refined_ids`` when given. Not held to the text length limit: normalisation may
+        lengthen a text the first call accepted past it. Raises FrontendError (refined ids
+        outside the vocabulary, a speed outside 0..9)."""
         ids, spoken = self.frontend.code_prompt(text, speed, refined_ids, txt_smp=txt_smp, speaker=speaker is not None)
         return FrontendOutput(input_ids=ids, spk_emb=speaker, normalized_text=spoken, prompt_codes=codes, speed=speed)
 
