@@ -119,10 +119,37 @@ FRONTEND_REQUEST_INPUTS: Final = tuple(t for t in ENTRY_INPUTS if t.name not in
                                         IN_REFERENCE_AUDIO.name, IN_REFERENCE_RATE.name, IN_VALIDATE_ONLY.name})
 """The entry inputs the front end takes only for an ensemble request (the others it takes anyway)."""
 FE_TEXT: Final = TensorSpec(IN_TEXT.name, IN_TEXT.triton_dtype, IN_TEXT.dims, optional=True,
-                            doc="one segment's text (required, unless the call has request_text)")
+                            doc="one segment's text (required, unless the call has request_text or segments)")
+# A whole request in one call: one call to chattts_frontend prepares every segment of a
+# request; a later call (refine-text's code prompts, ChatTTS' first-piece audio prompt) prompts
+# the texts it made again without normalising them. A call with the single-segment ``text`` is
+# unchanged: for it every output below describes that one segment.
+FE_SEGMENTS: Final = TensorSpec("segments", "TYPE_STRING", (-1,), optional=True,
+                                doc="the request's segment texts (N,), in order, each normalised and prompted "
+                                    "(instead of text)")
+FE_SEGMENT_SPEEDS: Final = TensorSpec("segment_speeds", "TYPE_INT32", (-1,), optional=True,
+                                      doc="with segments: they are the front end's own segment_texts, prompted again "
+                                          "at these speeds (N,) 0..9 without normalising")
+FE_REFINED_LENGTHS: Final = TensorSpec("refined_lengths", "TYPE_INT32", (-1,), optional=True,
+                                       doc="how many of refined_ids belong to each segment (N,), in order; 0: not "
+                                           "refined")
+FE_INPUT_LENGTHS: Final = TensorSpec("input_lengths", "TYPE_INT32", (-1,),
+                                     doc="how many of input_ids (every segment's, concatenated) are each "
+                                         "segment's (N,)")
+FE_REFINE_LENGTHS: Final = TensorSpec("refine_lengths", "TYPE_INT32", (-1,),
+                                      doc="how many of refine_ids (every segment's, concatenated) are each segment's "
+                                          "(N,); 0: none")
+FE_SEGMENT_TEXTS: Final = TensorSpec("segment_texts", "TYPE_STRING", (-1,),
+                                     doc="each segment's text after normalisation (or refinement) (N,); "
+                                         "normalized_text joins them")
+FE_SEGMENT_DROPPED: Final = TensorSpec("segment_dropped", "TYPE_STRING", (-1,),
+                                       doc="each segment's JSON list of what is not spoken (N,); dropped merges them")
+FE_PROMPT_SPEEDS: Final = TensorSpec("prompt_speeds", "TYPE_INT32", (-1,),
+                                     doc="N of each segment's [speed_N] (N,)")
 FRONTEND_INPUTS: Final = (FE_TEXT, IN_VOICE, IN_REFINE_PROMPT, FE_REFINED_IDS, IN_REFERENCE_TEXT, IN_REFERENCE_AUDIO,
                           IN_REFERENCE_RATE, FE_NO_SPEAKER, FE_KEEP_UNSPEAKABLE, FE_TRANSIENT_REFERENCE,
-                          FE_REQUEST_TEXT, *FRONTEND_REQUEST_INPUTS)
+                          FE_REQUEST_TEXT, *FRONTEND_REQUEST_INPUTS, FE_SEGMENTS, FE_SEGMENT_SPEEDS,
+                          FE_REFINED_LENGTHS)
 FE_STREAM_ID: Final = TensorSpec("stream_id", "TYPE_STRING", (1,),
                                  doc="ensemble request: the engine sequence's handle (a fresh UUID hex)")
 FE_ENGINE_PRIORITY: Final = TensorSpec("engine_priority", "TYPE_INT32", (1,),
@@ -135,7 +162,8 @@ FE_INFO: Final = TensorSpec("info_header", "TYPE_STRING", (1,),
                             doc="ensemble request: info JSON of the stream's first chunk (INFO_HEADER_KEYS)")
 FRONTEND_REQUEST_OUTPUTS: Final = (FE_STREAM_ID, FE_ENGINE_PRIORITY, FE_TIMEOUT_MS, FE_LOOKAHEAD, FE_INFO)
 FRONTEND_OUTPUTS: Final = (FE_INPUT_IDS, FE_SPK_EMB, FE_NORMALIZED, FE_DROPPED, FE_REFINE_IDS, FE_PROMPT_CODES,
-                           *FRONTEND_REQUEST_OUTPUTS)
+                           *FRONTEND_REQUEST_OUTPUTS, FE_INPUT_LENGTHS, FE_REFINE_LENGTHS, FE_SEGMENT_TEXTS,
+                           FE_SEGMENT_DROPPED, FE_PROMPT_SPEEDS)
 
 # GPT engine (decoupled)
 EN_EMIT_TOKENS: Final = TensorSpec("emit_tokens", "TYPE_INT32", (1,), optional=True,

@@ -33,8 +33,8 @@ from .. import contract
 from ..contract import Priority, VocoderPath
 from ..errors import ErrorKind, RequestError
 from ..text.segments import SegmentRules
+from .job import SynthesisJob
 from .logs import log_event
-from .pipeline import SynthesisJob
 from .profile import Profile
 from .request import EntryLimits, parse_entry
 from .resilience import Degrader

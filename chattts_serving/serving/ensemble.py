@@ -30,8 +30,9 @@ from ..contract import Segmentation, VocoderPath
 from ..errors import RequestError
 from ..text.request_text import carry_speed
 from ..text.segments import SegmentRules, split_segments
+from .boundary import FrontendOutput
 from .frontend_service import FrontendService
-from .pipeline import FrontendOutput, PreparedText, StreamResult, SynthesisJob, info_json, seconds_left
+from .job import PreparedText, StreamResult, SynthesisJob, info_json, seconds_left
 from .request import EntryLimits, EntryRequest, FrontendCall, parse_entry
 
 
@@ -83,8 +84,8 @@ def prepare_request(inputs: Mapping[str, np.ndarray], params: Mapping[str, objec
     if len(texts) > 1:
         raise door_error(f"a text of {len(texts)} sentence segments (one sentence of at most {rules.max_chars} "
                          "characters is one GPT sequence)", contract.IN_TEXT.name)
-    segment = service.prepare(FrontendCall(text=texts[0], voice=req.voice, request_id=request_id,
-                                           language=req.language))
+    (segment,) = service.prepare(FrontendCall(texts=(texts[0],), voice=req.voice, request_id=request_id,
+                                              language=req.language))
     source = "voice" if segment.prompt_codes is not None and len(segment.prompt_codes) else ""
     job = SynthesisJob(req=req, schedule=schedule, emit_tokens=0, arrival_s=arrival, segments=rules)
     result = StreamResult()

@@ -30,9 +30,11 @@ import numpy as np
 from .. import contract
 from ..errors import ErrorKind, RequestError, drop_tracebacks
 from .admission import OFFLINE_BUSY_DETAIL, Admission, entry_slots, rejection_reason
+from .boundary import Stages
+from .job import StreamResult, SynthesisJob, info_json
 from .lifecycle import CancelWatcher, ResponseChannel, StreamGuard
 from .logs import log_event
-from .pipeline import Stages, StreamResult, SynthesisJob, info_json, offline_audio, stream_audio
+from .pipeline import offline_audio, stream_audio
 from .profile import Profile
 from .slots import SlotToken
 from .threads import Spawn, start_thread

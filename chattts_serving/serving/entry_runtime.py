@@ -60,7 +60,7 @@ import numpy as np
 from ..errors import ErrorKind, RequestError, drop_tracebacks
 from .admission import RefusalsFirst
 from .entry import EntryService, unloading_error
-from .pipeline import SynthesisJob
+from .job import SynthesisJob
 from .slots import SlotToken
 from .threads import ThreadOwner
 

@@ -1,5 +1,6 @@
-"""The front-end model's logic (``chattts_frontend``), free of Triton: one segment's text,
-voice and audio prompt -> the GPT's prompt.
+"""The front-end model's logic (``chattts_frontend``), free of Triton: a request's segments,
+voice and audio prompt -> the GPT's prompt for each segment, the text normalised once per
+request (a later call prompts the texts it made again: refine-text, the first-piece prompt).
 
 :class:`FrontendService` puts together the text front end
 (:class:`~chattts_serving.text.frontend.FrontEnd`: normalisation, prompt ids, voices) and the
@@ -32,7 +33,7 @@ from ..errors import ErrorKind, RequestError
 from ..params import ParamError
 from ..text.frontend import FrontEnd, FrontendError
 from ..text.refine import RefineParams
-from .pipeline import FrontendOutput
+from .boundary import FrontendOutput
 from .request import FrontendCall
 
 
@@ -67,11 +68,14 @@ class FrontendService:
             codes.setflags(write=False)
             self.voice_prompts[name] = AudioPrompt(codes, transcript)
 
-    def prepare(self, call: FrontendCall) -> FrontendOutput:
-        """One segment for the GPT (:class:`~chattts_serving.serving.request.FrontendCall`):
+    def prepare(self, call: FrontendCall) -> list[FrontendOutput]:
+        """Every segment of the call for the GPT
+        (:class:`~chattts_serving.serving.request.FrontendCall`), one output per text, in order:
         prompt ids with the transcript of its audio prompt, the speaker vector (None for
         ``no_speaker`` or a reference voice without a speaker), and the audio-prompt codes of
         the call's recording (which wins over a reference voice's) or of its reference voice.
+        The voice, the refine prompt and the audio prompt are resolved once for the call; each
+        text is normalised once, or, with ``call.speeds``, only prompted again.
 
         Raises:
             RequestError: INVALID for what the front end refuses, its ``param`` the input at
@@ -82,8 +86,7 @@ class FrontendService:
         """
         try:
             voice = self.frontend.voice(call.voice)
-            if not call.no_speaker:
-                self.frontend.speaker(call.voice)  # decodes a spk_emb string now (cached for prepare)
+            speaker = None if call.no_speaker else self.frontend.speaker(call.voice)
         except FrontendError as exc:
             raise RequestError(str(exc), param=contract.IN_VOICE.name) from None
         if call.refine_prompt is not None:
@@ -91,6 +94,9 @@ class FrontendService:
                 RefineParams(prompt=call.refine_prompt).validate()
             except ParamError as exc:
                 raise RequestError(str(exc), param=contract.IN_REFINE_PROMPT.name) from None
+        refined: tuple[np.ndarray | None, ...] = call.refined_ids or (None,) * len(call.texts)
+        if len(refined) != len(call.texts) or (call.speeds is not None and len(call.speeds) != len(call.texts)):
+            raise RequestError("refined_ids and speeds must have one entry per text", param=contract.IN_TEXT.name)
         try:
             prompt = None
             txt_smp = call.reference_text
@@ -100,16 +106,32 @@ class FrontendService:
                 assert voice.name is not None
                 prompt = self.voice_prompts[voice.name]
                 txt_smp = prompt.transcript
-            p = self.frontend.prepare(call.text, call.voice, call.refine_prompt, call.refined_ids, txt_smp=txt_smp,
-                                      no_speaker=call.no_speaker, keep_unspeakable=call.keep_unspeakable,
-                                      language=call.language)
+            codes = prompt.codes if prompt is not None else None
+            if call.speeds is not None:
+                return [self._again(text, speed, ids, txt_smp, speaker, codes)
+                        for text, speed, ids in zip(call.texts, call.speeds, refined, strict=True)]
+            out = []
+            for text, ids in zip(call.texts, refined, strict=True):
+                p = self.frontend.prepare(text, call.voice, call.refine_prompt, ids, txt_smp=txt_smp,
+                                          no_speaker=call.no_speaker, keep_unspeakable=call.keep_unspeakable,
+                                          language=call.language)
+                out.append(FrontendOutput(input_ids=p.input_ids, spk_emb=p.spk_emb, normalized_text=p.normalized,
+                                          dropped=p.dropped, refine_ids=p.refine_ids, prompt_codes=codes,
+                                          speed=p.speed))
+            return out
         except RecordingError as exc:
             raise RequestError(str(exc), param=contract.IN_REFERENCE_AUDIO.name) from None
         except FrontendError as exc:
             raise RequestError(str(exc), param=contract.IN_TEXT.name) from None
-        return FrontendOutput(input_ids=p.input_ids, spk_emb=p.spk_emb, normalized_text=p.normalized,
-                              dropped=p.dropped, refine_ids=p.refine_ids,
-                              prompt_codes=prompt.codes if prompt is not None else None)
+
+    def _again(self, text: str, speed: int, refined_ids: np.ndarray | None, txt_smp: str | None,
+               speaker: np.ndarray | None, codes: np.ndarray | None) -> FrontendOutput:
+        """A text this front end made before, prompted again as it is (not normalised): from
+        ``refined_ids`` when given. Not held to the text length limit: normalisation may
+        lengthen a text the first call accepted past it. Raises FrontendError (refined ids
+        outside the vocabulary, a speed outside 0..9)."""
+        ids, spoken = self.frontend.code_prompt(text, speed, refined_ids, txt_smp=txt_smp, speaker=speaker is not None)
+        return FrontendOutput(input_ids=ids, spk_emb=speaker, normalized_text=spoken, prompt_codes=codes, speed=speed)
 
     def _encode(self, call: FrontendCall) -> AudioPrompt:
         """The call's recording as an audio prompt: from the cache (checked, resampled,

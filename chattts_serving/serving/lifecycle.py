@@ -166,7 +166,7 @@ class CancelWatcher:
         return remove
 
     def watcher(self, is_cancelled: Callable[[], bool]) -> Callable[[Callable[[], None]], Callable[[], None]]:
-        """A :data:`~chattts_serving.serving.pipeline.Watch` for one stream whose client is
+        """A :data:`~chattts_serving.serving.boundary.Watch` for one stream whose client is
         asked with ``is_cancelled()``; after :meth:`close`, ``on_cancel`` runs at once."""
         def watch(on_cancel: Callable[[], None]) -> Callable[[], None]:
             added, remove = self._add(self._watched, (is_cancelled, on_cancel))

@@ -61,13 +61,11 @@ class EngineProfile(_Strict):
     precision: Precision = Precision.FP32
     kv_cache: KvPrecision = KvPrecision.FP32
     nice: int = Field(default=0, ge=0, le=19)
-    """Niceness of the engine's process (every thread: decode loop, ONNX Runtime pool, stub):
-    on a CPU host the decode loop is throughput work that can wait a moment, while the entry
-    model's admission and refusals, the BLS and the vocoders are latency work. Measured on 2
-    cores, full-size model, 10 vs 0: "busy" answers of a 200-client burst p99 0.38-0.45 s vs
-    0.69-0.87 s (idle server) and 0.22-0.25 s vs 0.26-0.36 s (every slot held); accepted
-    streams' TTFA p50 6.3 s vs 7.1-7.8 s in the burst, 1.8-2.3 s vs 2.0-2.6 s at concurrency
-    16, whose throughput stayed within run-to-run noise (2.5-2.8 vs 2.2-2.7 audio s/s)."""
+    """Niceness of the engine's process (every thread: decode loop, ONNX Runtime pool, stub),
+    0..19. On a CPU host the decode loop is throughput work that can wait a moment, while the
+    entry model's admission and refusals, the BLS and the vocoders are latency work; raising the
+    engine's niceness keeps them from waiting behind it (docs/performance.md, "The engine's
+    niceness")."""
 
     @model_validator(mode="after")
     def _kv_fits_graph(self) -> EngineProfile:

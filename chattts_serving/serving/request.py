@@ -7,7 +7,8 @@ and whose ``param`` is that input's name (None for what concerns no one input: T
 parameters):
 
 * :func:`parse_entry` -> :class:`EntryRequest` (``chattts`` and ``chattts_offline``),
-* :func:`parse_frontend` -> :class:`FrontendCall` (``chattts_frontend``),
+* :func:`parse_frontend` -> :class:`FrontendCall` (``chattts_frontend``; :func:`frontend_inputs` is its
+  inverse, for the BLS call),
 * :func:`parse_engine` -> :class:`~chattts_serving.engine.request.SequenceRequest` or :class:`EngineControl`
   (``chattts_gpt``).
 
@@ -203,7 +204,7 @@ class EntryRequest:
     the text is cut into GPT sequences; reference: the audio prompt the request brought, None
     for none (a voice from the voices file may still bring its recording); language: the
     language of what the text gives no context for (:class:`~chattts_serving.contract.Language`);
-    validate_only: check the request whole and generate nothing (:func:`~.pipeline.validate_request`).
+    validate_only: check the request whole and generate nothing (:func:`~.prepare.validate_request`).
     """
 
     text: str
@@ -332,26 +333,32 @@ def _entry_refine(inputs: Inputs, max_new_tokens_cap: int) -> RefineParams | Non
 # --- the front end ---------------------------------------------------------------------------
 @dataclass(frozen=True, kw_only=True)
 class FrontendCall:
-    """One segment for the front end (``chattts_frontend``): its text and voice;
-    ``refine_prompt`` (control tokens, '' for none) also asks for the refine-text prompt;
-    ``refined_ids`` ((N,) int32 text ids the refine stage generated for this segment) builds
-    the code prompt from them.
+    """A request's segments for the front end (``chattts_frontend``), in order, and their voice.
 
-    The audio prompt: ``reference_text`` is placed before ``[speed_N]`` in the code prompt
+    ``texts``: each segment's text, normalised and prompted; with ``speeds`` (one per text, 0..9)
+    the texts are what the front end made of them before (its ``normalized_text``, refined or
+    not), prompted again as they are at those speeds, not normalised again (refine-text's code
+    prompts, ChatTTS' first-piece audio prompt). ``refine_prompt`` (control tokens, '' for none)
+    also asks for each segment's refine-text prompt; ``refined_ids`` (one (N,) int32 array per
+    text, empty for a segment not refined) builds the code prompts from the text ids the refine
+    stage generated.
+
+    The audio prompt: ``reference_text`` is placed before ``[speed_N]`` in every code prompt
     (ChatTTS' ``txt_smp``; None: the voice's own transcript for a reference-recording voice,
     else none); ``reference_audio`` ((N,) float32 mono at ``reference_rate_hz``) is encoded
-    into the output's ``prompt_codes`` (cached; ``transient_reference``: encoded once, neither
+    into every output's ``prompt_codes`` (cached; ``transient_reference``: encoded once, neither
     checked against the recording limits nor cached: the first piece's own audio);
-    ``no_speaker``: no speaker vector (``[empty_spk]``); ``keep_unspeakable``: a piece of
-    ChatTTS' split, prompted even with nothing speakable in it; ``language``: the request's
+    ``no_speaker``: no speaker vector (``[empty_spk]``); ``keep_unspeakable``: pieces of
+    ChatTTS' split, prompted even with nothing speakable in them; ``language``: the request's
     :class:`~chattts_serving.contract.Language`.
     """
 
-    text: str
+    texts: tuple[str, ...]
+    speeds: tuple[int, ...] | None = None
     voice: str = ""
     request_id: str = ""
     refine_prompt: str | None = None
-    refined_ids: np.ndarray | None = None
+    refined_ids: tuple[np.ndarray, ...] | None = None
     reference_text: str | None = None
     reference_audio: np.ndarray | None = None
     reference_rate_hz: int = contract.SAMPLE_RATE_HZ
@@ -362,16 +369,40 @@ class FrontendCall:
 
 
 def parse_frontend(inputs: Inputs, request_id: str = "") -> FrontendCall:
-    """Validate a front-end request's tensors. Raises RequestError."""
+    """Validate a front-end request's tensors: ``segments`` (or the one ``text``), with
+    ``segment_speeds`` and ``refined_lengths`` one per segment when given. Raises RequestError."""
     audio = inputs.get(contract.IN_REFERENCE_AUDIO.name)
     if audio is not None and (audio.dtype != np.float32 or audio.ndim != 1):
         raise RequestError("reference_audio must be a 1-D FP32 tensor of mono samples",
                            param=contract.IN_REFERENCE_AUDIO.name)
-    return FrontendCall(text=string_input(inputs, contract.IN_TEXT.name, required=True) or "",
-                        voice=string_input(inputs, contract.IN_VOICE.name, required=False) or "",
+    segments = inputs.get(contract.FE_SEGMENTS.name)
+    if segments is None:
+        texts: tuple[str, ...] = (string_input(inputs, contract.IN_TEXT.name, required=True) or "",)
+    else:
+        texts = tuple(string_input({contract.FE_SEGMENTS.name: s}, contract.FE_SEGMENTS.name, required=True) or ""
+                      for s in segments.reshape(-1, 1))
+        if not texts:
+            raise RequestError("segments must hold at least one text", param=contract.FE_SEGMENTS.name)
+    speeds = _per_segment(inputs, contract.FE_SEGMENT_SPEEDS.name, len(texts), 0, 9)
+    refined = inputs.get(contract.FE_REFINED_IDS.name)
+    lengths = _per_segment(inputs, contract.FE_REFINED_LENGTHS.name, len(texts), 0, 2**31 - 1)
+    if refined is not None and lengths is None:
+        if len(texts) != 1:
+            raise RequestError("refined_ids of several segments need refined_lengths",
+                               param=contract.FE_REFINED_LENGTHS.name)
+        lengths = (int(refined.size),)
+    refined_ids = None
+    if lengths is not None:
+        ids = refined.reshape(-1) if refined is not None else np.zeros(0, np.int32)
+        if sum(lengths) != ids.size:
+            raise RequestError(f"refined_lengths add up to {sum(lengths)}, refined_ids holds {ids.size}",
+                               param=contract.FE_REFINED_LENGTHS.name)
+        refined_ids = tuple(np.split(ids, np.cumsum(lengths)[:-1]))
+    return FrontendCall(texts=texts, speeds=speeds, voice=string_input(inputs, contract.IN_VOICE.name,
+                                                                         required=False) or "",
                         request_id=request_id,
                         refine_prompt=string_input(inputs, contract.IN_REFINE_PROMPT.name, required=False),
-                        refined_ids=inputs.get(contract.FE_REFINED_IDS.name),
+                        refined_ids=refined_ids,
                         reference_text=string_input(inputs, contract.IN_REFERENCE_TEXT.name, required=False),
                         reference_audio=audio,
                         reference_rate_hz=int_input(inputs, contract.IN_REFERENCE_RATE.name, contract.SAMPLE_RATE_HZ,
@@ -380,6 +411,50 @@ def parse_frontend(inputs: Inputs, request_id: str = "") -> FrontendCall:
                         no_speaker=bool_input(inputs, contract.FE_NO_SPEAKER.name),
                         keep_unspeakable=bool_input(inputs, contract.FE_KEEP_UNSPEAKABLE.name),
                         language=enum_input(inputs, contract.IN_LANGUAGE.name, Language, Language.AUTO))
+
+
+def _per_segment(inputs: Inputs, name: str, n: int, low: int, high: int) -> tuple[int, ...] | None:
+    """The integers of input ``name``, one per segment, each in [low, high]; None when absent.
+    Raises RequestError for another dtype, count or range."""
+    arr = inputs.get(name)
+    if arr is None:
+        return None
+    if arr.dtype.kind not in "iu" or arr.size != n:
+        raise RequestError(f"{name} must hold one integer per segment ({n})", param=name)
+    values = tuple(int(v) for v in arr.reshape(-1))
+    if any(not low <= v <= high for v in values):
+        raise RequestError(f"{name} must be in [{low}, {high}]", param=name)
+    return values
+
+
+def frontend_inputs(call: FrontendCall) -> dict[str, np.ndarray]:
+    """The front-end model's input tensors for ``call`` (what :func:`parse_frontend` reads back):
+    BYTES as object arrays of UTF-8, flags only when true, optional inputs only when given."""
+    def text(value: str) -> np.ndarray:
+        return np.array([value.encode("utf-8")], dtype=np.object_)
+
+    out = {contract.FE_SEGMENTS.name: np.array([t.encode("utf-8") for t in call.texts], dtype=np.object_),
+           contract.IN_VOICE.name: text(call.voice)}
+    if call.speeds is not None:
+        out[contract.FE_SEGMENT_SPEEDS.name] = np.array(call.speeds, np.int32)
+    if call.refine_prompt is not None:
+        out[contract.IN_REFINE_PROMPT.name] = text(call.refine_prompt)
+    if call.refined_ids is not None:
+        out[contract.FE_REFINED_IDS.name] = np.concatenate(
+            [np.asarray(ids, np.int32).reshape(-1) for ids in call.refined_ids]).astype(np.int32, copy=False)
+        out[contract.FE_REFINED_LENGTHS.name] = np.array([np.asarray(ids).size for ids in call.refined_ids], np.int32)
+    if call.reference_text is not None:
+        out[contract.IN_REFERENCE_TEXT.name] = text(call.reference_text)
+    if call.reference_audio is not None:
+        out[contract.IN_REFERENCE_AUDIO.name] = np.ascontiguousarray(call.reference_audio, np.float32)
+        out[contract.IN_REFERENCE_RATE.name] = np.array([call.reference_rate_hz], np.int32)
+    if call.language != Language.AUTO:
+        out[contract.IN_LANGUAGE.name] = text(call.language.value)
+    for spec, on in ((contract.FE_TRANSIENT_REFERENCE, call.transient_reference),
+                     (contract.FE_NO_SPEAKER, call.no_speaker), (contract.FE_KEEP_UNSPEAKABLE, call.keep_unspeakable)):
+        if on:
+            out[spec.name] = np.array([True])
+    return out
 
 
 # --- the GPT engine ----------------------------------------------------------------------------

@@ -134,7 +134,7 @@ class DegradeThresholds:
 
     A load TTFA is a request's time to first audio less the work it asked for before its audio
     could start (refine-text, ChatTTS' first-piece reference pass, encoding a reference
-    recording: :attr:`~chattts_serving.serving.pipeline.StreamResult.asked_work_s`), so that a
+    recording: :attr:`~chattts_serving.serving.job.StreamResult.asked_work_s`), so that a
     request slow by design says nothing about the load. The p95 is taken over the last
     ``window`` requests recorded within ``max_age_s`` seconds (older samples no longer describe
     the load: an idle server recovers), and only once there are ``min_samples`` of them; it is

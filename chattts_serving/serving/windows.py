@@ -29,7 +29,8 @@ from .. import contract
 from ..audio.chunking import ChunkSchedule, StreamChunker
 from ..contract import StopReason, VocoderPath
 from ..errors import ErrorKind, RequestError
-from .pipeline import NO_AUDIO, TokenBatch, TokenStore
+from .boundary import TokenBatch
+from .tokens import NO_AUDIO, TokenStore
 
 
 @dataclass(frozen=True)

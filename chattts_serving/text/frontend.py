@@ -216,18 +216,38 @@ class FrontEnd:
                                                       refine.RefineParams(prompt=refine_prompt).validate().prompt)
             except ParamError as exc:
                 raise FrontendError(str(exc)) from None
+        code_ids, normalized = self.code_prompt(normalized, speed, refined_ids, txt_smp=txt_smp,
+                                                speaker=spk is not None)
+        if dropped:
+            log.info("characters not spoken: %r", "".join(dropped))
+        return Prepared(code_ids, spk, normalized, dropped, speed, refine_ids)
+
+    def code_prompt(self, normalized: str, speed: int, refined_ids: np.ndarray | None = None, *,
+                    txt_smp: str | None = None, speaker: bool = True) -> tuple[np.ndarray, str]:
+        """The code prompt (T,) int32 of a text :meth:`prepare` normalised (its ``normalized``,
+        not normalised again) at ``speed``, and the text it speaks: ``normalized``, or with
+        ``refined_ids`` ((N,) ints the refine stage generated for it) the refined text
+        (:func:`chattts_serving.text.refine.code_prompt_ids`). ``txt_smp`` and ``speaker`` as in
+        :meth:`prepare` (``speaker``: a speaker vector takes the ``[spk_emb]`` position).
+
+        Raises:
+            FrontendError: refined ids outside the text vocabulary, a speed outside 0..9.
+        """
         if refined_ids is not None:
             ids = np.asarray(refined_ids).reshape(-1)
             if ids.size and (ids.min() < 0 or ids.max() >= contract.TEXT_VOCAB_SIZE):
                 raise FrontendError(f"refined_ids must be text ids in [0, {contract.TEXT_VOCAB_SIZE})")
             refined = refine.decode_refined(self.tokenizer, ids)
-            code_ids = refine.code_prompt_ids(self.tokenizer, refined, normalized, speed, txt_smp, spk is not None)
-            normalized = refine.code_stage_text(refined, normalized)
-        else:
-            code_ids = refine.speech_prompt_ids(self.tokenizer, normalized, speed, txt_smp, spk is not None)
-        if dropped:
-            log.info("characters not spoken: %r", "".join(dropped))
-        return Prepared(code_ids.astype(np.int32), spk, normalized, dropped, speed, refine_ids)
+            try:
+                code_ids = refine.code_prompt_ids(self.tokenizer, refined, normalized, speed, txt_smp, speaker)
+            except ValueError as exc:
+                raise FrontendError(str(exc)) from None
+            return code_ids.astype(np.int32), refine.code_stage_text(refined, normalized)
+        try:
+            code_ids = refine.speech_prompt_ids(self.tokenizer, normalized, speed, txt_smp, speaker)
+        except ValueError as exc:
+            raise FrontendError(str(exc)) from None
+        return code_ids.astype(np.int32), normalized
 
 
 _SPOKEN: re.Pattern[str] = re.compile(textnorm.CONTROL_TOKEN.pattern + r"|[\u4e00-\u9fffA-Za-z]")

@@ -9,7 +9,6 @@ caller), so a half-open breaker's trial can never stay in flight
 
 from __future__ import annotations
 
-import json
 import logging
 import uuid
 from collections.abc import Iterator
@@ -21,8 +20,8 @@ from .. import contract
 from ..contract import StopReason, VocoderPath
 from ..engine.request import SequenceRequest
 from ..errors import decode_stop
-from ..serving.pipeline import CarriedWindow, FrontendCall, FrontendOutput, TokenBatch
-from ..serving.request import CONTROL_CANCEL
+from ..serving.boundary import CarriedWindow, FrontendCall, FrontendOutput, TokenBatch, frontend_outputs
+from ..serving.request import CONTROL_CANCEL, frontend_inputs
 from ..serving.resilience import BreakerCall, CircuitBreaker, enter, settle
 from .compat.cancels import cancel_address, send_cancel
 from .compat.error_codes import error_from_triton
@@ -32,12 +31,15 @@ from .tensors import first_string, string_tensor
 
 log = logging.getLogger(__name__)
 
+FRONTEND_CALL_OUTPUTS = tuple(t for t in contract.FRONTEND_OUTPUTS if t not in contract.FRONTEND_REQUEST_OUTPUTS)
+"""The front-end outputs of a pipeline call (the ensemble request's own are not asked for)."""
+
 STAGES = ("frontend", "engine", "vocoder")
 """The stages of the pipeline, each behind its own circuit breaker."""
 
 
 class BlsStages:
-    """:class:`~chattts_serving.serving.pipeline.Stages` over BLS calls to the other models
+    """:class:`~chattts_serving.serving.boundary.Stages` over BLS calls to the other models
     (``pb``: the ``triton_python_backend_utils`` module). ``failure_threshold`` consecutive
     INTERNAL failures of a stage open its breaker for ``cooldown_s`` seconds. Engine streams
     are cancelled over the engine's cancel socket (:mod:`~chattts_serving.triton.compat.cancels`),
@@ -67,39 +69,14 @@ class BlsStages:
             raise error
         return resp
 
-    def frontend(self, call: FrontendCall) -> FrontendOutput:
+    def frontend(self, call: FrontendCall) -> list[FrontendOutput]:
         pb = self.pb
-        inputs = [string_tensor(pb, contract.IN_TEXT.name, call.text),
-                  string_tensor(pb, contract.IN_VOICE.name, call.voice)]
-        if call.refine_prompt is not None:
-            inputs.append(string_tensor(pb, contract.IN_REFINE_PROMPT.name, call.refine_prompt))
-        if call.refined_ids is not None:
-            inputs.append(pb.Tensor(contract.FE_REFINED_IDS.name, np.ascontiguousarray(call.refined_ids, np.int32)))
-        if call.reference_text is not None:
-            inputs.append(string_tensor(pb, contract.IN_REFERENCE_TEXT.name, call.reference_text))
-        if call.reference_audio is not None:
-            inputs += [pb.Tensor(contract.IN_REFERENCE_AUDIO.name, np.ascontiguousarray(call.reference_audio,
-                                                                                        np.float32)),
-                       pb.Tensor(contract.IN_REFERENCE_RATE.name, np.array([call.reference_rate_hz], np.int32))]
-        if call.language != contract.Language.AUTO:
-            inputs.append(string_tensor(pb, contract.IN_LANGUAGE.name, call.language.value))
-        for spec, on in ((contract.FE_TRANSIENT_REFERENCE, call.transient_reference),
-                         (contract.FE_NO_SPEAKER, call.no_speaker),
-                         (contract.FE_KEEP_UNSPEAKABLE, call.keep_unspeakable)):
-            if on:
-                inputs.append(pb.Tensor(spec.name, np.array([True])))
         resp = self._unary("frontend", pb.InferenceRequest(
-            model_name=contract.MODEL_FRONTEND, request_id=call.request_id, inputs=inputs,
-            requested_output_names=[t.name for t in contract.FRONTEND_OUTPUTS]))
-
-        def out(spec: contract.TensorSpec) -> np.ndarray:
-            return pb.get_output_tensor_by_name(resp, spec.name).as_numpy()
-
-        spk, codes, refine = out(contract.FE_SPK_EMB), out(contract.FE_PROMPT_CODES), out(contract.FE_REFINE_IDS)
-        return FrontendOutput(input_ids=out(contract.FE_INPUT_IDS), spk_emb=spk if spk.size else None,
-                              normalized_text=first_string(out(contract.FE_NORMALIZED)),
-                              dropped=tuple(json.loads(first_string(out(contract.FE_DROPPED)) or "[]")),
-                              refine_ids=refine if refine.size else None, prompt_codes=codes if codes.size else None)
+            model_name=contract.MODEL_FRONTEND, request_id=call.request_id,
+            inputs=[pb.Tensor(name, arr) for name, arr in frontend_inputs(call).items()],
+            requested_output_names=[t.name for t in FRONTEND_CALL_OUTPUTS]))
+        return frontend_outputs({t.name: pb.get_output_tensor_by_name(resp, t.name).as_numpy()
+                                 for t in FRONTEND_CALL_OUTPUTS})
 
     def generate(self, call: SequenceRequest) -> EngineStream:
         return EngineStream(self.pb, call, enter(self.breakers["engine"]), self.cancel_address,
@@ -160,7 +137,7 @@ class _Done:
 
 class EngineStream:
     """One sequence on the GPT engine over a decoupled BLS call: iterate for
-    :class:`~chattts_serving.serving.pipeline.TokenBatch` es; :meth:`cancel` ends it early
+    :class:`~chattts_serving.serving.boundary.TokenBatch` es; :meth:`cancel` ends it early
     (:mod:`~chattts_serving.triton.compat.cancels`: a datagram to the engine's cancel
     socket at ``cancel_address`` names the sequence by its ``stream_id``, or, when nothing
     listens there, a control request to the engine model does). ``call`` (the engine breaker's) is settled exactly once:

@@ -196,3 +196,35 @@ def test_the_mode_benchmark_measures_each_kind(triton_server: Any) -> None:
     assert set(figures) == set(MODE_KEYS.values()) and all(v is not None and v > 0 for v in figures.values())
     assert mode_figures(None) == dict.fromkeys(MODE_KEYS.values())
     assert len([line for line in modes_markdown({"modes": out}) if line.startswith("| ")]) == 1 + len(MODE_KEYS)
+
+
+def test_one_front_end_call_prepares_every_segment_as_single_calls_do(triton_server: Any) -> None:
+    """``chattts_frontend`` takes a request's segments in one call (``segments``) and answers
+    each as a call of its one ``text`` does; prompted again from its own texts and speeds
+    (``segment_speeds``), it gives the same prompts without normalising again."""
+    import tritonclient.grpc as grpcclient
+
+    from chattts_serving.serving.boundary import frontend_outputs
+    from chattts_serving.serving.request import FrontendCall, frontend_inputs
+
+    def call(fc: FrontendCall) -> list[Any]:
+        inputs = []
+        for name, arr in frontend_inputs(fc).items():
+            dtype = "BYTES" if arr.dtype == np.object_ else {"int32": "INT32", "bool": "BOOL",
+                                                             "float32": "FP32"}[str(arr.dtype)]
+            inputs.append(grpcclient.InferInput(name, list(arr.shape), dtype))
+            inputs[-1].set_data_from_numpy(arr)
+        names = [t.name for t in contract.FRONTEND_OUTPUTS if t not in contract.FRONTEND_REQUEST_OUTPUTS]
+        with grpcclient.InferenceServerClient(triton_server.grpc_url) as client:
+            result = client.infer(contract.MODEL_FRONTEND, inputs,
+                                  outputs=[grpcclient.InferRequestedOutput(n) for n in names])
+        return frontend_outputs({n: result.as_numpy(n) for n in names})
+
+    texts = ("[speed_3]今天是2024年3月5日。", "Mr Smith paid $3.50.", "。")
+    together = call(FrontendCall(texts=texts, voice=str(VOICE), keep_unspeakable=True))
+    alone = [call(FrontendCall(texts=(t,), voice=str(VOICE), keep_unspeakable=True))[0] for t in texts]
+    assert [(o.input_ids.tolist(), o.normalized_text, o.dropped, o.speed) for o in together] == \
+        [(o.input_ids.tolist(), o.normalized_text, o.dropped, o.speed) for o in alone]
+    again = call(FrontendCall(texts=tuple(o.normalized_text for o in together), speeds=tuple(o.speed for o in together),
+                              voice=str(VOICE)))
+    assert [o.input_ids.tolist() for o in again] == [o.input_ids.tolist() for o in together]

@@ -3,7 +3,7 @@ and the prompt cache, as the front-end model runs them), the real GPT engine dri
 step with ``Engine.run_once`` by the thread that reads its tokens, and the real vocoder
 runners, over the small generated artifacts.
 
-:class:`InProcessStages` implements :class:`chattts_serving.serving.pipeline.Stages`, so the
+:class:`InProcessStages` implements :class:`chattts_serving.serving.boundary.Stages`, so the
 entry service, the stream lifecycle and the pipeline run exactly as in the server, with BLS
 calls replaced by function calls. :class:`RecordingChannel` and :class:`RecordingObserver` stand
 in for the response sender and the Prometheus metrics and keep what they were given.
@@ -26,25 +26,20 @@ from chattts_serving.audio.encoder import DvaeEncoderRunner
 from chattts_serving.audio.vocoder import CarriedStreams, StreamingVocoderRunner, VocoderRunner
 from chattts_serving.contract import VocoderPath
 from chattts_serving.engine.gpt import Embeddings, GptStepRunner
+from chattts_serving.engine.request import SequenceRequest
 from chattts_serving.engine.scheduler import Engine, EngineConfig
 from chattts_serving.engine.sequence import Sequence
 from chattts_serving.engine.sinks import CollectingSink
 from chattts_serving.errors import RequestError
 from chattts_serving.runtime import Artifacts
+from chattts_serving.serving.boundary import CarriedWindow, FrontendCall, FrontendOutput, TokenBatch
 from chattts_serving.serving.frontend_service import FrontendService
-from chattts_serving.serving.pipeline import (
-    CarriedWindow,
-    FrontendCall,
-    FrontendOutput,
-    SequenceRequest,
-    TokenBatch,
-)
 from chattts_serving.text.frontend import FrontEnd
 from chattts_serving.text.voices import VoiceBook
 
 
 class EngineTokens:
-    """A :class:`~chattts_serving.serving.pipeline.TokenStream` over an in-process engine: the
+    """A :class:`~chattts_serving.serving.boundary.TokenStream` over an in-process engine: the
     reader runs the engine (``run_once``) until its sequence has a new batch."""
 
     def __init__(self, engine: Engine, lock: threading.Lock, call: SequenceRequest) -> None:
@@ -102,7 +97,7 @@ class InProcessStages:
         self.token_streams: weakref.WeakSet[EngineTokens] = weakref.WeakSet()
         """The token streams :meth:`generate` returned that are still alive."""
 
-    def frontend(self, call: FrontendCall) -> FrontendOutput:
+    def frontend(self, call: FrontendCall) -> list[FrontendOutput]:
         self.calls["frontend"] += 1
         return self.frontend_impl.prepare(call)
 

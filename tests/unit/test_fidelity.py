@@ -18,7 +18,8 @@ import torch
 from chattts_serving import contract
 from chattts_serving.params import SamplingParams
 from chattts_serving.runtime import Artifacts
-from chattts_serving.serving.pipeline import SynthesisJob, offline_audio
+from chattts_serving.serving.job import SynthesisJob
+from chattts_serving.serving.pipeline import offline_audio
 from chattts_serving.serving.profile import load_profile
 from chattts_serving.serving.request import EntryRequest
 from tests.support.inprocess import InProcessStages

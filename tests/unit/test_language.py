@@ -12,7 +12,8 @@ from chattts_serving import contract
 from chattts_serving.contract import Language
 from chattts_serving.errors import ErrorKind, RequestError
 from chattts_serving.runtime import Artifacts
-from chattts_serving.serving.pipeline import SynthesisJob, prepare_segments
+from chattts_serving.serving.job import SynthesisJob
+from chattts_serving.serving.prepare import prepare_segments
 from chattts_serving.serving.profile import load_profile
 from chattts_serving.serving.request import EntryLimits, EntryRequest, parse_entry, parse_frontend
 from tests.support.inprocess import InProcessStages

@@ -25,8 +25,10 @@ from chattts_serving import contract
 from chattts_serving.engine.request import SequenceRequest
 from chattts_serving.errors import ErrorKind, RequestError
 from chattts_serving.runtime import Artifacts
+from chattts_serving.serving.boundary import TokenBatch
 from chattts_serving.serving.entry import EntryService
-from chattts_serving.serving.pipeline import StreamResult, TokenBatch, stream_audio
+from chattts_serving.serving.job import StreamResult
+from chattts_serving.serving.pipeline import stream_audio
 from chattts_serving.serving.profile import Profile, load_profile
 from tests.support.inprocess import InProcessStages, RecordingChannel, RecordingObserver, run_offline
 from tests.support.servers import wait_until

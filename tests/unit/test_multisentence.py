@@ -24,27 +24,29 @@ from chattts_serving.audio.reference import AudioPrompt, encode_spk_smp
 from chattts_serving.contract import Segmentation
 from chattts_serving.params import SamplingParams
 from chattts_serving.runtime import Artifacts
+from chattts_serving.serving.boundary import FrontendCall, FrontendOutput
 from chattts_serving.serving.entry import EntryService
-from chattts_serving.serving.pipeline import FrontendCall, FrontendOutput, StreamResult, SynthesisJob, offline_audio
+from chattts_serving.serving.job import StreamResult, SynthesisJob
+from chattts_serving.serving.pipeline import offline_audio
 from chattts_serving.serving.profile import load_profile
 from chattts_serving.serving.request import EntryRequest, Reference
 from chattts_serving.text.refine import RefineParams
-from chattts_serving.text.segments import split_like_chattts
+from chattts_serving.text.segments import SegmentRules, split_like_chattts
 from tests.support.chattts_ref import GREEDY, VOICE, assert_same_audio, chat_infer, recording, strip_like_chattts
 from tests.support.inprocess import InProcessStages, RecordingChannel, RecordingObserver
 
 
 class Recording(InProcessStages):
-    """The in-process stages, keeping every front-end call and its output."""
+    """The in-process stages, keeping every front-end call and its outputs (one per segment)."""
 
     def __init__(self, artifacts: Artifacts, voices: Any = None) -> None:
         super().__init__(artifacts, voices=voices)
-        self.frontend_log: list[tuple[FrontendCall, FrontendOutput]] = []
+        self.frontend_log: list[tuple[FrontendCall, list[FrontendOutput]]] = []
 
-    def frontend(self, call: FrontendCall) -> FrontendOutput:
-        out = super().frontend(call)
-        self.frontend_log.append((call, out))
-        return out
+    def frontend(self, call: FrontendCall) -> list[FrontendOutput]:
+        outs = super().frontend(call)
+        self.frontend_log.append((call, outs))
+        return outs
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +74,7 @@ def test_chattts_segmentation_equals_chat_infer(small_chat: Any, small_artifacts
     assert result.segments == len(pieces) == text.count("。") and result.reference == "first_piece"
     assert result.normalized_text == [small_chat.normalizer(p, True, True).strip() for p in pieces]
     # the first-piece audio prompt: ChatTTS' spk_smp string byte for byte, its text as txt_smp
-    (call, first), = [(c, o) for c, o in stages.frontend_log if c.transient_reference]
+    (call, (first, *_)), = [(c, o) for c, o in stages.frontend_log if c.transient_reference]
     assert first.prompt_codes is not None and call.reference_audio is not None
     assert encode_spk_smp(first.prompt_codes) == params.spk_smp
     assert call.reference_text == params.txt_smp.strip() == result.normalized_text[0]
@@ -99,7 +101,7 @@ def test_one_sentence_with_a_reference_recording_equals_chat_infer(small_chat: A
     spk_smp = small_chat.sample_audio_speaker(rec.copy())
     ref, _ = chat_infer(small_chat, small_artifacts.root, text, 120, spk_smp=spk_smp, txt_smp=transcript,
                         speaker=speaker)
-    ((call, out),) = stages.frontend_log
+    ((call, (out,)),) = stages.frontend_log
     assert call.reference_audio is not None and out.prompt_codes is not None
     assert encode_spk_smp(out.prompt_codes) == spk_smp
     assert (out.spk_emb is not None) == speaker and result.reference == "recording"
@@ -134,7 +136,34 @@ def test_refine_text_then_the_first_piece_prompt_uses_the_refined_text(stages: R
     assert result.reference == "first_piece" and result.segments == 2
     assert audio.size == 2 * contract.samples_for_tokens(20)
     ((call, _),) = [(c, o) for c, o in stages.frontend_log if c.transient_reference]
-    assert call.refined_ids is not None and call.reference_text == result.normalized_text[0]
+    # the reference pass prompts the refined pieces again, piece 0's refined text its transcript
+    assert call.speeds is not None and call.texts[0] == call.reference_text == result.normalized_text[0]
+    # the text was normalised once: then one call built the refined code prompts, one the first-piece prompt
+    assert [(c.speeds is None, c.refined_ids is not None) for c, _ in stages.frontend_log] == \
+        [(True, False), (False, True), (False, False)]
+
+
+@pytest.mark.parametrize("segmentation,refine,calls", [(Segmentation.CHATTTS, True, 3),
+                                                      (Segmentation.CHATTTS, False, 2),
+                                                      (Segmentation.STREAMING, True, 2),
+                                                      (Segmentation.STREAMING, False, 1)])
+def test_the_front_end_normalises_a_request_once(stages: Recording, segmentation: Segmentation, refine: bool,
+                                                 calls: int) -> None:
+    """One front-end call normalises and prompts every segment of a request; a later call only
+    prompts the texts it made again (refine-text's code prompts, ChatTTS' first-piece prompt),
+    so the calls do not grow with the number of segments."""
+    text = "今天天气很好。我们一起去公园散步吧。明天见。"
+    req = EntryRequest(text=text, voice=str(VOICE), segmentation=segmentation,
+                       refine=RefineParams(max_new_tokens=8, seed=3) if refine else None,
+                       params=SamplingParams(max_new_tokens=8, min_new_tokens=8, seed=1))
+    before = stages.calls["frontend"]
+    stages.frontend_log.clear()
+    job = SynthesisJob(req=req, schedule=load_profile("cpu").stream.schedule(), emit_tokens=16, arrival_s=0.0,
+                       segments=SegmentRules(max_chars=120, merge_chars=0))
+    _, result = offline_audio(job, stages)
+    assert result.segments == 3 and stages.calls["frontend"] - before == len(stages.frontend_log) == calls
+    normalising = [c for c, _ in stages.frontend_log if c.speeds is None]
+    assert len(normalising) == 1 and len(normalising[0].texts) == 3
 
 
 def test_a_client_cancel_during_the_reference_pass_ends_the_stream_without_audio(stages: Recording) -> None:
@@ -166,8 +195,9 @@ def test_a_voices_file_recording_replaces_the_reference_pass(small_chat: Any, sm
     stages = Recording(small_artifacts, voices=VoiceBook.load(tmp_path / "voices.toml"))
     audio, result = _ours(stages, "今天天气很好。明天见。", 12, voice="reader")
     assert result.reference == "voice" and result.segments == 2 and audio.size > 0
-    outs = [o for _, o in stages.frontend_log]
-    assert len(outs) == 2 and not any(c.transient_reference for c, _ in stages.frontend_log)
+    outs = [o for _, call_outs in stages.frontend_log for o in call_outs]
+    assert len(stages.frontend_log) == 1 and len(outs) == 2
+    assert not any(c.transient_reference for c, _ in stages.frontend_log)
     assert all(o.spk_emb is None and o.prompt_codes is not None for o in outs)
     np.testing.assert_array_equal(outs[0].prompt_codes, stages.frontend_impl.voice_prompts["reader"].codes)
 

@@ -376,16 +376,16 @@ def test_a_voices_file_recording_is_the_voice_and_its_transcript_precedes_the_te
     fe = FrontEnd(small_artifacts, 4096, 2, voices=VoiceBook.load(voices))
     service = FrontendService(fe, encoder.run)
     want = encoder.run(load_recording(tmp_path / "refs" / "reader.wav")[0])
-    out = service.prepare(FrontendCall(text="今天天气很好。", voice="Reader"))
+    (out,) = service.prepare(FrontendCall(texts=("今天天气很好。",), voice="Reader"))
     assert out.prompt_codes is not None and out.spk_emb is None
     np.testing.assert_array_equal(out.prompt_codes, want)
     ids = speech_prompt_ids(fe.tokenizer, "今天天气很好。", 5, "参考录音。", speaker=False)
     np.testing.assert_array_equal(out.input_ids, ids)
-    with_speaker = service.prepare(FrontendCall(text="今天天气很好。", voice="reader7"))
+    (with_speaker,) = service.prepare(FrontendCall(texts=("今天天气很好。",), voice="reader7"))
     assert with_speaker.spk_emb is not None and with_speaker.spk_emb.tobytes() == fe.speaker("7").tobytes()
     own = _recordings(1, seed=32)[0]
-    mine = service.prepare(FrontendCall(text="今天天气很好。", voice="reader7", reference_text="别的。",
-                                        reference_audio=own))
+    (mine,) = service.prepare(FrontendCall(texts=("今天天气很好。",), voice="reader7", reference_text="别的。",
+                                           reference_audio=own))
     np.testing.assert_array_equal(mine.prompt_codes, encoder.run(own))
     np.testing.assert_array_equal(mine.input_ids, speech_prompt_ids(fe.tokenizer, "今天天气很好。", 5, "别的。"))
     _write_wav(tmp_path / "refs" / "long.wav", np.zeros(4 * SR, np.float32), SR)

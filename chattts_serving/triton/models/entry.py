@@ -17,8 +17,8 @@ from ... import contract
 from ...errors import RequestError
 from ...serving.entry import EntryService
 from ...serving.entry_runtime import UNLOAD_WAIT_S
+from ...serving.job import SynthesisJob
 from ...serving.logs import log_event
-from ...serving.pipeline import SynthesisJob
 from ..compat import EntryHooks
 from ..metrics import EntryMetrics
 from ..responses import OfflineChannel, SenderChannel, send_final_error

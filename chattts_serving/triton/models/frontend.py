@@ -3,7 +3,6 @@ with ``request_text``, also the ensemble door's first step."""
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Any
 
@@ -14,6 +13,7 @@ from ...audio.encoder import DvaeEncoderRunner
 from ...errors import RequestError
 from ...runtime import OrtOptions
 from ...serving.admission import rejection_reason
+from ...serving.boundary import FrontendOutput, frontend_tensors
 from ...serving.ensemble import prepare_request
 from ...serving.frontend_service import FrontendService
 from ...serving.logs import log_event
@@ -38,6 +38,9 @@ class FrontendModel(UnaryModel):
     (INT32 [T]), spk_emb (FP32 [H], L2-normalised; [0] without a speaker), normalized_text
     (BYTES [1]), dropped (BYTES [1], JSON list of what is not spoken), refine_ids (INT32 [T'],
     the refine-text prompt), prompt_codes (INT32 [P, 4], the audio prompt; [0, 4] for none).
+    A request's segments come in one call (``segments`` BYTES [N] instead of ``text``, each
+    output then per segment: ``contract.FE_SEGMENTS`` and the names after it;
+    :func:`~chattts_serving.serving.boundary.frontend_tensors`).
     The DVAE encoder runs here (:class:`~chattts_serving.serving.frontend_service.FrontendService`).
 
     With ``request_text`` the call is the ensemble door's first step: the whole request (the
@@ -53,7 +56,7 @@ class FrontendModel(UnaryModel):
         self.service = FrontendService(
             FrontEnd(setup.artifacts, fp.max_text_chars, fp.default_voice_seed, wetext=fp.wetext), encoder.run,
             ref.limits(), ref.prompt_cache_entries)
-        self.service.prepare(FrontendCall(text=WARM_UP_TEXT))
+        self.service.prepare(FrontendCall(texts=(WARM_UP_TEXT,)))
         self.limits = EntryLimits(max_new_tokens_cap=profile.engine.max_new_tokens_cap,
                                   max_text_chars=fp.max_text_chars, default_vocoder=profile.stream.default_vocoder,
                                   default_segmentation=fp.segmentation, reference=ref.limits())
@@ -64,9 +67,9 @@ class FrontendModel(UnaryModel):
         pb = self.pb
         if pb.get_input_tensor_by_name(request, contract.FE_REQUEST_TEXT.name) is not None:
             return self._ensemble_request(request)
-        p = self.service.prepare(parse_frontend(request_inputs(pb, request, contract.FRONTEND_INPUTS),
-                                                request.request_id()))
-        return self._prepared(p)
+        outs = self.service.prepare(parse_frontend(request_inputs(pb, request, contract.FRONTEND_INPUTS),
+                                                   request.request_id()))
+        return self._prepared(outs)
 
     def _ensemble_request(self, request: Any) -> list[Any]:
         """The ensemble door's request -> the prepared segment and the engine's ensemble-mode inputs."""
@@ -83,21 +86,12 @@ class FrontendModel(UnaryModel):
             raise
         log_event("request_accepted", model=contract.MODEL_ENSEMBLE, request_id=request_id, stream_id=r.stream_id,
                   priority=r.request.priority, text_chars=len(r.request.text))
-        return [*self._prepared(r.segment),
+        return [*self._prepared([r.segment]),
                 string_tensor(pb, contract.FE_STREAM_ID.name, r.stream_id),
                 pb.Tensor(contract.FE_ENGINE_PRIORITY.name, np.array([r.engine_priority], np.int32)),
                 pb.Tensor(contract.FE_TIMEOUT_MS.name, np.array([r.timeout_ms], np.int64)),
                 pb.Tensor(contract.FE_LOOKAHEAD.name, np.array([r.lookahead_tokens], np.int32)),
                 string_tensor(pb, contract.FE_INFO.name, r.info_header)]
 
-    def _prepared(self, p: Any) -> list[Any]:
-        pb = self.pb
-        none = np.zeros((0, contract.NUM_VQ), np.int32)
-        return [pb.Tensor(contract.FE_INPUT_IDS.name, p.input_ids),
-                pb.Tensor(contract.FE_SPK_EMB.name,
-                          p.spk_emb.astype(np.float32) if p.spk_emb is not None else np.zeros(0, np.float32)),
-                string_tensor(pb, contract.FE_NORMALIZED.name, p.normalized_text),
-                string_tensor(pb, contract.FE_DROPPED.name, json.dumps(list(p.dropped), ensure_ascii=False)),
-                pb.Tensor(contract.FE_REFINE_IDS.name,
-                          p.refine_ids if p.refine_ids is not None else np.zeros(0, np.int32)),
-                pb.Tensor(contract.FE_PROMPT_CODES.name, p.prompt_codes if p.prompt_codes is not None else none)]
+    def _prepared(self, outs: list[FrontendOutput]) -> list[Any]:
+        return [self.pb.Tensor(name, arr) for name, arr in frontend_tensors(outs).items()]
