@@ -3,7 +3,7 @@ tree a reader looks for has a row.
 
 The table's first column names each row's paths: the first from the repository root, the
 others (``errors.py`` after ``chattts_serving/contract/``) beside it, else from the root
-(``loadtest/`` after ``chattts_serving/bench/``). A path in the second column is looked up from
+(``loadtest/`` after ``bench/``). A path in the second column is looked up from
 the root, then in the row's folders, and a bare file name anywhere under them (``scheduler.py``
 in the ``chattts_serving/engine/`` row). A path is a backquoted word that ends with ``/`` or a
 file suffix; commands, model names and profile names are not. Which parts need a row: every
