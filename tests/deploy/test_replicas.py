@@ -30,6 +30,9 @@ DRAIN_TOKENS = 4 * TOKENS
 nearly always has one in flight when it is taken out."""
 LONG_TOKENS = 1500
 """Tokens of the streams that hold admission slots in the busy case (cancelled when done)."""
+CANCEL_FREES_S = 30.0
+"""Longest wait for every slot of a replica to be free after its clients cancelled their
+streams through the balancer (the cancel reaches the server as the stream's reset)."""
 STALL_TIMEOUT_S = 60.0
 """The profile's ``entry.stall_timeout_s``: no client may wait longer than this for its error."""
 
@@ -208,12 +211,16 @@ def test_one_replica_full_is_served_both_full_is_busy_at_once(fleet: Fleet) -> N
             "both full")
     finally:
         holders.cancel()
+    cancelled = time.monotonic()
+    _wait(lambda: all(active_requests(r.metrics_url) == 0 for r in fleet.replicas), CANCEL_FREES_S,
+          "the cancelled holders' slots to be freed on both replicas")
     busy_s = None if refused.ended is None else refused.ended - refused.sent
     probes = [served, refused]
     fleet.cases["one_full_then_both_full"] = {
         **counts(probes),
         "one_full": {"result": served.result, "kind": served.kind},
-        "both_full": {"result": refused.result, "kind": refused.kind, "answered_in_s": busy_s}}
+        "both_full": {"result": refused.result, "kind": refused.kind, "answered_in_s": busy_s},
+        "slots_freed_after_client_cancel_s": round(time.monotonic() - cancelled, 3)}
     assert served.result == "completed", (served.kind, served.message)
     assert refused.result == "error" and refused.kind == "busy", (refused.kind, refused.message)
     assert busy_s is not None and busy_s < IDLE_TIMEOUT_S
@@ -250,8 +257,9 @@ def test_a_voice_saved_through_one_gateway_speaks_on_every_replica(fleet: Fleet,
 
 
 def test_ttfa_through_the_balancer_over_direct(fleet: Fleet) -> None:
-    """Time to first audio through haproxy over straight to a replica, one run, alternating
-    (a ratio; the figure goes to the results, nothing is asserted on time)."""
+    """Time to first audio through haproxy over straight to a replica, one run on the idle fleet,
+    alternating (a ratio; the figure goes to the results, nothing is asserted on time)."""
+    _wait(lambda: all(active_requests(r.metrics_url) == 0 for r in fleet.replicas), CANCEL_FREES_S, "an idle fleet")
     figures = ttfa_ratio(fleet.replicas[0].grpc_url, fleet.lb.grpc_url, rounds=10, tokens=TOKENS)
     fleet.cases["ttfa_balanced_over_direct"] = figures
     assert figures["ratio"] > 0
