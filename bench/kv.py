@@ -27,7 +27,7 @@ import numpy as np
 
 from chattts_serving import contract
 from chattts_serving.contract import KvPrecision, Precision
-from chattts_serving.export.accuracy import kv_precisions
+from chattts_serving.export.accuracy import exported_weights, kv_precisions
 from chattts_serving.runtime import Artifacts, OrtOptions
 
 
@@ -143,11 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"{args.artifacts} has no int8 KV scales: calibrate them first "
                  f"(python -m chattts_serving.export.accuracy kv --artifacts {args.artifacts})")
     art = Artifacts.load(args.artifacts)
-    if args.weights:
-        weights = _csv(args.weights)
-    else:
-        has_int8 = bool(art.manifest.get("precisions", {}).get("int8"))
-        weights = [str(Precision.FP32)] + ([str(Precision.INT8)] if has_int8 else [])
+    weights = _csv(args.weights) if args.weights else exported_weights(art)
     result: dict[str, Any] = {"host": host(), "artifacts": str(args.artifacts), "past_tokens": args.past,
                               "kv_bytes_per_row": kv_bytes(art, args.past), "kv_precisions": [str(k) for k in kvs]}
     result["speed"] = measure_speed(args.artifacts, weights, [KvPrecision.FP32, *kvs],

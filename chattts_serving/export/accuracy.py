@@ -82,6 +82,12 @@ def run_int8(args: argparse.Namespace, say: Say) -> int:
     return 0
 
 
+def exported_weights(art: Artifacts) -> list[str]:
+    """The weight precisions ``art`` holds: fp32, and int8 where manifest.json lists it."""
+    has_int8 = bool(art.manifest.get("precisions", {}).get("int8"))
+    return [str(Precision.FP32)] + ([str(Precision.INT8)] if has_int8 else [])
+
+
 def kv_precisions(text: str) -> list[KvPrecision]:
     """The reduced KV precisions of ``--kv`` (fp32, the reference, dropped). Raises ValueError
     for an unknown name or ``auto``."""
@@ -97,11 +103,7 @@ def run_kv(args: argparse.Namespace, say: Say) -> int:
     into manifest.json (unless ``--no-manifest``) and ``--out``."""
     kvs = args.kv
     art = Artifacts.load(args.artifacts)
-    if args.weights:
-        weights = _csv(args.weights)
-    else:
-        has_int8 = bool(art.manifest.get("precisions", {}).get("int8"))
-        weights = [str(Precision.FP32)] + ([str(Precision.INT8)] if has_int8 else [])
+    weights = _csv(args.weights) if args.weights else exported_weights(art)
     opts = OrtOptions(args.threads, False)
     if KvPrecision.INT8 in kvs and (args.calibrate or not (args.artifacts / contract.KV_SCALES_FILE).is_file()):
         say("calibrating the int8 KV scales on the fp32 graph")
