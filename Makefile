@@ -66,6 +66,7 @@ bench: setup  ## benchmark vs upstream ChatTTS, profiles cpu (auto) + the other 
 	$(PY) -m chattts_serving.export --synthetic --size full --quiet
 	$(if $(INT8_PROFILE),$(PY) -m chattts_serving.export --synthetic --size full --precision int8 --quiet)
 	$(if $(INT8_PROFILE),$(PY) -m chattts_serving.export.accuracy int8 --artifacts artifacts/full --measure-if-missing)
+	$(PY) -m chattts_serving.export.accuracy kv --artifacts artifacts/full --measure-if-missing
 	$(PY) -m bench --out results
 
 bench-smoke:  ## every part of the benchmark on the small config, tiny load (1-2 min; CI runs it through the tests)

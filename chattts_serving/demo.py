@@ -5,9 +5,10 @@
 2. Export to ONNX (skipped when the artifacts are up to date), plus the fp16 or int8 graph
    variant when the profile's ``precision`` asks for one (``PROFILE=cpu-int8``, ``gpu``). A
    profile at ``precision = "auto"`` (``cpu``, the default) serves int8 only where the int8
-   graph's accuracy was measured and meets the threshold, so the demo exports the int8 graphs
-   and measures their accuracy once (``make int8-accuracy``, about two minutes at full size)
-   unless the manifest already holds it: the demo runs what a user would deploy.
+   graph's accuracy was measured and meets the threshold, and its ``kv_cache = "auto"`` runs the
+   int8 KV cache only where that was measured, so the demo exports the int8 graphs and measures
+   both once (``make int8-accuracy``, and the int8 KV cache alone of ``make kv-accuracy``)
+   unless the manifest already holds them: the demo runs what a user would deploy.
 3. Render the ``cpu`` (or ``--profile``) model repository and start the bundled tritonserver.
 4. Stream a Chinese sentence over gRPC into a WAV file, printing time to first audio (TTFA),
    total time and real-time factor (RTF), and the profile and precisions that ran. The first
@@ -17,7 +18,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
@@ -27,7 +27,7 @@ from pathlib import Path
 
 from . import contract
 from .client import ClientError, SynthesisRequest, synthesize_stream, write_wav
-from .contract import Precision
+from .contract import KvPrecision, Precision
 from .deploy.render import RenderError, render_repository
 from .deploy.server import ServerError, TritonServer
 from .deploy.supervisor import supervised
@@ -41,12 +41,12 @@ DEMO_TEXT = "你好，欢迎使用基于 Triton 推理服务器的流式语音�
 
 
 def prepare_artifacts(assets: Path | None, size: str, precisions: Iterable[str] = (),
-                      out_dir: Path | None = None) -> Path:
+                      out_dir: Path | None = None, kv_cache: str = KvPrecision.FP32) -> Path:
     """Export real weights from ``assets`` or generated ones of ``size`` into ``out_dir``
     (default ``artifacts/chattts`` or ``artifacts/<size>``), plus the graph variants
     ``precisions`` asks for (a profile's engine and vocoder precisions: ``fp16``, ``int8``;
-    ``auto``: the int8 graphs and their accuracy measurement, :func:`measure_int8_accuracy`);
-    returns the artifacts dir.
+    ``auto``: the int8 graphs and their accuracy measurement, :func:`measure_accuracy`) and, for
+    ``kv_cache`` ``auto``, the int8 KV cache's measurement; returns the artifacts dir.
 
     Raises:
         WeightsError: an export or its parity check failed, or the accuracy measurement did.
@@ -73,32 +73,41 @@ def prepare_artifacts(assets: Path | None, size: str, precisions: Iterable[str] 
         exported = ensure_precision(out, weights, precision, progress=say) or exported
     print(f"  artifacts: {out} ({'exported' if exported else 'up to date'})", flush=True)
     if Precision.AUTO in wanted:
-        measure_int8_accuracy(out)
+        measure_accuracy(out, "int8")
+    if kv_cache == KvPrecision.AUTO:
+        measure_accuracy(out, "kv")
     return out
 
 
-def measure_int8_accuracy(artifacts: Path) -> None:
-    """``make int8-accuracy`` on ``artifacts`` unless its manifest already holds the int8
-    graph's accuracy: what a profile at ``precision = "auto"`` decides by. It runs as its own
-    command (``python -m chattts_serving.export.accuracy int8 --measure-if-missing``), so that
-    its sessions are gone before the server starts. Raises WeightsError when it fails."""
-    manifest = json.loads((artifacts / contract.MANIFEST).read_text())
-    if "accuracy" in manifest.get("precisions", {}).get(Precision.INT8, {}):
+ACCURACY_COMMANDS = {"int8": "the int8 graphs against fp32, as `make int8-accuracy`",
+                     "kv": "the int8 KV cache against fp32 with the weights in use, as `make kv-accuracy`"}
+"""The measurements a profile at ``auto`` decides by: ``precision`` (int8) and ``kv_cache`` (kv)."""
+
+
+def measure_accuracy(artifacts: Path, what: str) -> None:
+    """``python -m chattts_serving.export.accuracy <what> --measure-if-missing`` on
+    ``artifacts`` (``what``: a key of :data:`ACCURACY_COMMANDS`) unless its manifest already
+    holds that measurement. It runs as its own command, so that its sessions are gone before the
+    server starts. Raises WeightsError when it fails."""
+    from .export.accuracy import has_accuracy, has_kv_accuracy
+
+    art = Artifacts.load(artifacts)
+    if has_accuracy(artifacts) if what == "int8" else has_kv_accuracy(art, resolve_precision(art, Precision.AUTO)):
         return
-    print("  int8 accuracy: not measured yet on these artifacts; measuring it once (teacher-forced against "
-          "fp32, as `make int8-accuracy`)", flush=True)
+    print(f"  {what} accuracy: not measured yet on these artifacts; measuring it once (teacher-forced: "
+          f"{ACCURACY_COMMANDS[what]})", flush=True)
     t0 = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "chattts_serving.export.accuracy", "int8",
+    done = subprocess.run([sys.executable, "-m", "chattts_serving.export.accuracy", what,
                            "--artifacts", str(artifacts), "--measure-if-missing"], check=False)
     if done.returncode != 0:
-        raise WeightsError(f"the int8 accuracy measurement failed (exit {done.returncode})")
-    print(f"  int8 accuracy: measured in {time.perf_counter() - t0:.0f} s", flush=True)
+        raise WeightsError(f"the {what} accuracy measurement failed (exit {done.returncode})")
+    print(f"  {what} accuracy: measured in {time.perf_counter() - t0:.0f} s", flush=True)
 
 
 def precision_summary(profile: Profile, artifacts: Path) -> str:
     """Which precision the GPT step (and its KV cache) and the vocoders run under ``profile`` on
-    ``artifacts``, and why where the profile says ``auto`` (the int8 accuracy measured against
-    the threshold)."""
+    ``artifacts``, and why where the profile says ``auto`` (the int8 graphs' and the int8 KV
+    cache's accuracy measured against the threshold)."""
     art = Artifacts.load(artifacts)
     gpt = resolve_precision(art, profile.engine.precision, contract.GPT_GRAPH)
     voc = resolve_precision(art, profile.vocoder.precision, contract.VOCODER_HIDDEN_GRAPH)
@@ -112,6 +121,13 @@ def precision_summary(profile: Profile, artifacts: Path) -> str:
             worst = acc.get("top1_agreement_min")
             text += (f" (auto: int8 accuracy {'meets' if acc.get('meets_threshold') else 'misses'} the threshold"
                      + (f", worst head top-1 {worst:.3f}" if isinstance(worst, float) else "") + ")")
+    if profile.engine.kv_cache == KvPrecision.AUTO:
+        kv_acc = art.manifest.get("kv_cache", {}).get(KvPrecision.INT8, {}).get("accuracy", {}).get(gpt)
+        if kv_acc is None:
+            text += f" (KV auto: no int8 KV accuracy measured with {gpt} weights, so fp32)"
+        else:
+            text += (f" (KV auto: int8 KV accuracy {'meets' if kv_acc.get('meets_threshold') else 'misses'} "
+                     f"the threshold with {gpt} weights)")
     return text
 
 
@@ -135,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
         profile = load_profile(args.profile)
         print("[1/3] weights and ONNX artifacts", flush=True)
         artifacts = prepare_artifacts(args.assets, args.size, (profile.engine.precision, profile.vocoder.precision),
-                                      args.artifacts_dir)
+                                      args.artifacts_dir, profile.engine.kv_cache)
         ran = precision_summary(profile, artifacts)
         print(f"[2/3] starting tritonserver (profile {args.profile}: {ran})", flush=True)
         repo = Path("build/model_repository")

@@ -5,7 +5,8 @@ measurements that decide what ``auto`` precisions resolve to, written into manif
   missing or stale) and, with ``--measure``, its accuracy against fp32 (``precisions.int8.accuracy``).
 - ``kv``: the int8 KV cache's scales calibrated when missing (``--calibrate`` re-calibrates,
   :func:`~.kvcache.calibrate_scales`), then each reduced cache against the fp32 cache with the
-  same weights (``kv_cache.<kv>.accuracy.<weights>``, :func:`~.kvcache.kv_accuracy_report`).
+  same weights (``kv_cache.<kv>.accuracy.<weights>``, :func:`~.kvcache.kv_accuracy_report`);
+  with ``--measure-if-missing`` only what ``kv_cache = "auto"`` decides by, once.
 
 Both are teacher-forced over the shipped sentences (:mod:`.sentences`), at least
 :data:`~.int8.MIN_ACCURACY_DECODE_STEPS` decode steps in all, and judged by
@@ -24,7 +25,7 @@ from typing import Any
 
 from .. import contract
 from ..contract import KvPrecision, Precision
-from ..runtime import Artifacts, OrtOptions, kv_precision
+from ..runtime import Artifacts, OrtOptions, kv_precision, resolve_precision
 from .int8 import (
     ACCURACY_VOICE,
     MIN_ACCURACY_DECODE_STEPS,
@@ -52,6 +53,14 @@ def has_accuracy(root: Path) -> bool:
     int8 graph drops the old measurement: :func:`~.int8.add_int8`)."""
     manifest = json.loads((Path(root) / contract.MANIFEST).read_text())
     return "accuracy" in manifest.get("precisions", {}).get("int8", {})
+
+
+def has_kv_accuracy(art: Artifacts, weights: Precision | str) -> bool:
+    """True when ``art``'s manifest holds the int8 KV cache's scales and their accuracy measured
+    with the ``weights`` graph (a new int8 GPT graph drops its measurement: :func:`~.int8.add_int8`)."""
+    entry = art.manifest.get("kv_cache", {}).get(str(KvPrecision.INT8), {})
+    has_scales = bool(entry.get("file")) and (art.root / entry["file"]).is_file()
+    return has_scales and str(weights) in entry.get("accuracy", {})
 
 
 def _csv(text: str) -> list[str]:
@@ -104,6 +113,12 @@ def run_kv(args: argparse.Namespace, say: Say) -> int:
     kvs = args.kv
     art = Artifacts.load(args.artifacts)
     weights = _csv(args.weights) if args.weights else exported_weights(art)
+    if args.measure_if_missing:  # what `kv_cache = "auto"` reads: the int8 cache with the weights `auto` serves
+        kvs, weights = [KvPrecision.INT8], [str(resolve_precision(art, Precision.AUTO))]
+        if has_kv_accuracy(art, weights[0]):
+            say(f"{args.artifacts}: int8 KV accuracy with {weights[0]} weights already measured")
+            return 0
+        say(f"{args.artifacts}: int8 KV accuracy with {weights[0]} weights to measure")
     opts = OrtOptions(args.threads, False)
     if KvPrecision.INT8 in kvs and (args.calibrate or not (args.artifacts / contract.KV_SCALES_FILE).is_file()):
         say("calibrating the int8 KV scales on the fp32 graph")
@@ -159,6 +174,10 @@ def build_parser() -> argparse.ArgumentParser:
     kv.add_argument("--kv", default="fp16,int8", help="reduced KV precisions to measure (default %(default)s)")
     kv.add_argument("--weights", default=None,
                     help="weight precisions the accuracy is measured with (default: fp32, and int8 where exported)")
+    kv.add_argument("--measure-if-missing", action="store_true",
+                    help="only the int8 cache with the weights `precision = auto` serves, and only when the "
+                         "manifest holds no such measurement yet (what `kv_cache = auto` decides by; --kv and "
+                         "--weights ignored)")
     kv.add_argument("--calibrate", action="store_true", help="re-calibrate the int8 scales (else only when missing)")
     kv.add_argument("--no-manifest", action="store_true", help="do not write the accuracy into manifest.json")
     kv.add_argument("--against-fp32", action="store_true",

@@ -464,8 +464,8 @@ def add_int8(root: Path, *, force: bool = False, progress: Any = None) -> bool:
     :data:`INT8_QUANTIZATION` and :data:`INT8_VOCODER_QUANTIZATION`; ``parity_int8`` and its
     tolerances; ``graphs_int8``; their sha256 under ``files``). Needs no weights: only the fp32
     graphs. Skipped (returns False) when :func:`int8_up_to_date`, unless ``force``. New int8
-    graphs drop an earlier accuracy measurement (``precisions.int8.accuracy``): re-run
-    :func:`accuracy_report`.
+    graphs drop an earlier accuracy measurement (``precisions.int8.accuracy``, and the int8 KV
+    cache's with int8 weights): re-run :func:`accuracy_report`.
 
     Raises:
         WeightsError: parity failed (the int8 file is removed, the manifest is unchanged), or
@@ -501,6 +501,8 @@ def add_int8(root: Path, *, force: bool = False, progress: Any = None) -> bool:
                                       "quantization": INT8_QUANTIZATION,
                                       "vocoder_quantization": INT8_VOCODER_QUANTIZATION, "quantize_s": round(took, 1)}
     manifest["parity_int8"] = parity
+    # the int8 KV cache's accuracy with int8 weights was measured on the graph replaced here
+    manifest.get("kv_cache", {}).get("int8", {}).get("accuracy", {}).pop("int8", None)
     manifest["parity_int8_tolerance"] = int8_tolerances(art.num_layers)
     manifest["graphs_int8"] = {src: _graph_io(root / f) for src, f in INT8_GRAPH_FILES.items()}
     for f in INT8_GRAPH_FILES.values():

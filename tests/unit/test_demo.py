@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from chattts_serving import contract
-from chattts_serving.demo import measure_int8_accuracy, precision_summary
+from chattts_serving.demo import measure_accuracy, precision_summary
 from chattts_serving.runtime import Artifacts
 from chattts_serving.serving.profile import load_profile
 
@@ -33,6 +33,13 @@ def test_summary_says_what_auto_resolved_to_and_why(small_int8_artifacts: Artifa
     text = precision_summary(cpu, good)
     assert text.startswith("GPT int8 (KV cache ") and "vocoders int8" in text
     assert "meets the threshold, worst head top-1 0.957" in text
+    assert "(KV auto: no int8 KV accuracy measured with int8 weights, so fp32)" in text
+    manifest = json.loads((good / contract.MANIFEST).read_text())
+    shutil.copy(good / contract.MANIFEST, good / contract.KV_SCALES_FILE)  # any file: its presence counts
+    manifest["kv_cache"] = {"int8": {"file": contract.KV_SCALES_FILE, "accuracy": {"int8": {"meets_threshold": True}}}}
+    (good / contract.MANIFEST).write_text(json.dumps(manifest))
+    text = precision_summary(cpu, good)
+    assert text.startswith("GPT int8 (KV cache int8)") and "KV auto: int8 KV accuracy meets the threshold" in text
     bad = _with_accuracy(small_int8_artifacts, tmp_path / "bad", False)
     assert precision_summary(cpu, bad).startswith("GPT fp32") and "misses the threshold" in precision_summary(cpu, bad)
     pinned = precision_summary(load_profile("cpu-int8"), small_int8_artifacts.root)
@@ -47,4 +54,11 @@ def test_a_measured_accuracy_is_not_measured_again(small_int8_artifacts: Artifac
         raise AssertionError("measured again")
 
     monkeypatch.setattr(subprocess, "run", no_run)
-    measure_int8_accuracy(_with_accuracy(small_int8_artifacts, tmp_path / "measured", True))
+    measured = _with_accuracy(small_int8_artifacts, tmp_path / "measured", True)
+    measure_accuracy(measured, "int8")
+    path = measured / contract.MANIFEST
+    manifest = json.loads(path.read_text())
+    shutil.copy(measured / contract.MANIFEST, measured / contract.KV_SCALES_FILE)  # any file: its presence counts
+    manifest["kv_cache"] = {"int8": {"file": contract.KV_SCALES_FILE, "accuracy": {"int8": {"meets_threshold": True}}}}
+    path.write_text(json.dumps(manifest))
+    measure_accuracy(measured, "kv")  # measured with the int8 weights auto serves

@@ -263,3 +263,37 @@ def test_the_accuracy_against_fp32_throughout_counts_the_weights_error_too(small
     assert same["reference"] == "int8 weights with the fp32 KV cache"
     assert full["reference"] == "fp32 weights with the fp32 KV cache"
     assert full["hidden_rel_err_mean"] > 2 * same["hidden_rel_err_mean"] > 0
+
+
+def test_measure_if_missing_measures_what_auto_reads_once(small_int8_artifacts: Artifacts, tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """``kv --measure-if-missing`` (what ``make demo`` and ``make bench`` run): the int8 cache
+    with the weights ``precision = "auto"`` serves (fp32 until the int8 graphs' accuracy meets
+    the threshold, then int8), calibrating the scales first; a second run measures nothing and
+    leaves the manifest as it was; new int8 graphs drop the measurement made with the old ones,
+    and the one made with fp32 weights stays."""
+    from chattts_serving.export.accuracy import has_kv_accuracy, main
+    from chattts_serving.export.int8 import add_int8
+    from chattts_serving.runtime import resolve_kv_precision
+
+    root = tmp_path / "artifacts"
+    shutil.copytree(small_int8_artifacts.root, root)
+    assert main(["kv", "--artifacts", str(root), "--measure-if-missing", "--steps", "3"]) == 0
+    man = json.loads((root / contract.MANIFEST).read_text())
+    assert set(man["kv_cache"]) == {"int8"} and set(man["kv_cache"]["int8"]["accuracy"]) == {"fp32"}
+    assert "with fp32 weights to measure" in capsys.readouterr().err
+    man["precisions"]["int8"]["accuracy"] = {"meets_threshold": True}  # auto now serves the int8 graphs
+    (root / contract.MANIFEST).write_text(json.dumps(man))
+    assert not has_kv_accuracy(Artifacts.load(root), "int8")
+    assert main(["kv", "--artifacts", str(root), "--measure-if-missing", "--steps", "3"]) == 0
+    art = Artifacts.load(root)
+    assert has_kv_accuracy(art, "int8") and has_kv_accuracy(art, "fp32")
+    ok = art.manifest["kv_cache"]["int8"]["accuracy"]["int8"]["meets_threshold"]
+    assert resolve_kv_precision(art, "auto", "auto") is (KvPrecision.INT8 if ok else KvPrecision.FP32)
+    before = (root / contract.MANIFEST).read_text()
+    capsys.readouterr()
+    assert main(["kv", "--artifacts", str(root), "--measure-if-missing", "--steps", "3"]) == 0
+    assert "already measured" in capsys.readouterr().err and (root / contract.MANIFEST).read_text() == before
+    assert add_int8(root, force=True)
+    art = Artifacts.load(root)
+    assert not has_kv_accuracy(art, "int8") and has_kv_accuracy(art, "fp32")
