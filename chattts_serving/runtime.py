@@ -130,9 +130,10 @@ def graph_path(artifacts: Artifacts, graph: str, precision: Precision | str = Pr
     return artifacts.root / variant
 
 
-def make_session(path: Path | str | bytes, opts: OrtOptions = OrtOptions()) -> Any:
+def make_session(path: Path | str | bytes, opts: OrtOptions = OrtOptions(), profile_prefix: str | None = None) -> Any:
     """An ``onnxruntime.InferenceSession`` for ``path`` (or a serialized model) with ``opts``;
-    providers that this onnxruntime build lacks are dropped (CPU is always kept as the fallback)."""
+    providers that this onnxruntime build lacks are dropped (CPU is always kept as the fallback).
+    ``profile_prefix``: ONNX Runtime's profiler on, its trace written there (``end_profiling``)."""
     import onnxruntime as ort
 
     so = ort.SessionOptions()
@@ -141,6 +142,9 @@ def make_session(path: Path | str | bytes, opts: OrtOptions = OrtOptions()) -> A
     so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     so.add_session_config_entry("session.intra_op.allow_spinning", "1" if opts.allow_spinning else "0")
+    if profile_prefix is not None:
+        so.enable_profiling = True
+        so.profile_file_prefix = profile_prefix
     with_opts = session_providers(opts, ort.get_available_providers())
     model = path if isinstance(path, bytes) else str(path)
     return ort.InferenceSession(model, sess_options=so, providers=with_opts)

@@ -1,0 +1,116 @@
+"""Where a decode step's time goes: ONNX Runtime's own profile of the GPT step, by op type.
+
+``python -m bench.opprofile --artifacts artifacts/full [--profiles cpu] [--batches 1,4,16]
+[--past 300] [--steps 20] [--out results/opprofile.json]`` runs, per profile and batch, the
+decode step as :mod:`bench.rawstep` times it (the graph, KV cache and int8 kernel the profile
+resolves to on these artifacts, its threads, a random past of ``--past`` positions) in a
+session with ONNX Runtime's profiler on, and sums the kernels' time per op type over the timed
+steps (the warm-up steps are left out). It answers what ``step_over_floor`` cannot: which ops
+hold the step above its floor (the 8-bit projections, ``MatMulNBits``; attention over the KV
+cache, ``GroupQueryAttention``; the rest). The profiler costs a little per node, so read the
+shares, and take step times from ``bench.floor`` or ``make bench``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from chattts_serving.engine.gpt import GptStepRunner, load_step_graph
+from chattts_serving.engine.kernels import KERNELS, choose_int8_kernel, with_accuracy_level
+from chattts_serving.runtime import Artifacts, OrtOptions, make_session
+
+from .rawstep import time_steps
+
+WARMUP_STEPS = 2
+"""Untimed steps before the profiled ones (first-run allocations)."""
+
+
+def op_times(trace: list[dict[str, Any]], skip_runs: int) -> dict[str, float]:
+    """Kernel time in ms per op type summed over the runs of ``trace`` (ONNX Runtime's profile:
+    ``Session``/``model_run`` events and ``Node`` ``*_kernel_time`` events) after the first
+    ``skip_runs`` runs."""
+    runs = sorted((e["ts"], e["ts"] + e["dur"]) for e in trace
+                  if e.get("cat") == "Session" and e.get("name") == "model_run")[skip_runs:]
+    out: dict[str, float] = defaultdict(float)
+    for e in trace:
+        if e.get("cat") != "Node" or not str(e.get("name", "")).endswith("_kernel_time"):
+            continue
+        if any(start <= e["ts"] <= end for start, end in runs):
+            out[e["args"]["op_name"]] += e["dur"] / 1e3
+    return dict(out)
+
+
+def profile_step(art: Artifacts, opts: OrtOptions, batch: int, past: int, steps: int,
+                 workdir: Path) -> dict[str, Any]:
+    """One profiled session running ``steps`` decode steps of ``batch`` rows over ``past``
+    positions: {"step_ms_p50", "node_ms_per_step", "ops": {op type: ms per step}, "kv_cache",
+    "graph"}, ops largest first."""
+    runner = GptStepRunner(art, opts)
+    kernel = choose_int8_kernel(runner)  # the session the engine would run on this host
+    model = load_step_graph(art, runner.graph, runner.kv_precision)
+    if kernel is not None:
+        model = with_accuracy_level(model, KERNELS[kernel.chosen])
+    runner.session = make_session(model, opts, profile_prefix=str(workdir / f"b{batch}"))
+    runner._bound = None  # the bindings belonged to the session replaced above
+    times = time_steps(runner, batch, past, steps, WARMUP_STEPS)
+    trace = json.loads(Path(runner.session.end_profiling()).read_text())
+    ops = {k: v / steps for k, v in sorted(op_times(trace, WARMUP_STEPS).items(), key=lambda kv: -kv[1])}
+    return {"graph": runner.graph.name, "kv_cache": str(runner.kv_precision),
+            "kernel": kernel.as_dict() if kernel is not None else None,
+            "step_ms_p50": statistics.median(times) * 1e3, "node_ms_per_step": sum(ops.values()), "ops": ops}
+
+
+def table(result: dict[str, Any]) -> str:
+    """Markdown: per profile and batch, the step, its node time and the three largest op types."""
+    lines = ["| profile | B | KV cache | step ms (profiled) | MatMulNBits | GroupQueryAttention | other ops |",
+             "|---|---|---|---|---|---|---|"]
+    for name, per_batch in result["profiles"].items():
+        for b, r in per_batch.items():
+            ops = r["ops"]
+            mm, gqa = ops.get("MatMulNBits", 0.0) + ops.get("MatMul", 0.0), ops.get("GroupQueryAttention", 0.0)
+            rest = r["node_ms_per_step"] - mm - gqa
+            lines.append(f"| {name} | {b} | {r['kv_cache']} | {r['step_ms_p50']:.1f} | {mm:.1f} | {gqa:.1f} | "
+                         f"{rest:.1f} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Profile the decode step per profile and batch; print a table and write ``--out``."""
+    from chattts_serving.serving.profile import load_profile
+
+    ap = argparse.ArgumentParser(prog="python -m bench.opprofile", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--artifacts", type=Path, required=True)
+    ap.add_argument("--profiles", default="cpu", help="deployment profiles (default %(default)s)")
+    ap.add_argument("--batches", default="1,4,16")
+    ap.add_argument("--past", type=int, default=300, help="positions each row holds (default %(default)s)")
+    ap.add_argument("--steps", type=int, default=20, help="profiled steps per batch (default %(default)s)")
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args(argv)
+    art = Artifacts.load(args.artifacts)
+    batches = [int(b) for b in args.batches.split(",")]
+    result: dict[str, Any] = {"artifacts": str(args.artifacts), "past_tokens": args.past, "steps": args.steps,
+                              "profiles": {}}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in args.profiles.split(","):
+            opts = load_profile(name).ort("engine")
+            result["profiles"][name] = {str(b): profile_step(art, opts, b, args.past, args.steps, Path(tmp))
+                                        for b in batches}
+    print(table(result))
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    np.seterr(all="ignore")
+    sys.exit(main())
