@@ -141,6 +141,18 @@ def _where_it_goes(prof: Mapping[str, Any]) -> list[str]:
                   f"{raw.get('rounds')} rounds of {raw.get('repeats')} steps, median of the rounds' medians; other "
                   f"processes {fmt(cpu_other(raw), 0)} % CPU):", "",
                   "| batch | step ms p50 | per round | tokens/s |", "|---|---|---|---|", *raw_rows, ""]
+    ops = prof.get("op_profile") or {}
+    if ops:
+        lines += ["The same step by op type (ONNX Runtime's profiler, ms of kernel time per step; "
+                  "`python -m bench.opprofile`):", "",
+                  "| batch | KV cache | step ms (profiled) | MatMulNBits + MatMul | GroupQueryAttention | other ops |",
+                  "|---|---|---|---|---|---|"]
+        for b, r in ops.items():
+            mm = r["ops"].get("MatMulNBits", 0.0) + r["ops"].get("MatMul", 0.0)
+            gqa = r["ops"].get("GroupQueryAttention", 0.0)
+            lines.append(f"| {b} | {r['kv_cache']} | {fmt(r['step_ms_p50'], 1)} | {fmt(mm, 1)} | {fmt(gqa, 1)} | "
+                         f"{fmt(r['node_ms_per_step'] - mm - gqa, 1)} |")
+        lines.append("")
     if pipe:
         runs = ", ".join(fmt(r["tokens_per_s"], 1) for r in pipe.get("runs", []))
         lines += [f"Minimal pipeline (batch {pipe.get('batch')}, {pipe.get('tokens')} tokens each, vocoder "

@@ -40,6 +40,7 @@ import json
 import math
 import signal
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -55,12 +56,16 @@ from .figures import DEGRADATION_NOTE, FRONTEND_FIGURES, definitions, frontend_f
 from .gatewayload import FIRST_BYTE_FIGURES, GATEWAY_FIGURES, first_byte_figures, gateway_figures
 from .machine import machine_info
 from .modes import MODE_KEYS, mode_figures
+from .opprofile import profile_step
 from .phases import BURST_TOKENS, SERVER_PHASES, PhaseContext
 from .plots import plot
 from .profiles import default_path_profile, missing_graphs, resolved_key, same_as
 from .report import markdown
 from .server import SERVER_CRASH_SIGNS, serving
 from .wsload import WS_FIGURES, ws_figures
+
+OP_PROFILE_STEPS = 10
+"""Profiled decode steps per batch for ``op_profile`` (:mod:`bench.opprofile`)."""
 
 
 def _clean(v: Any) -> Any:
@@ -120,6 +125,11 @@ def run_profile(cfg: Config, name: str, is_default: bool, sentences: list[str], 
         prof["floor"] = step_floor(art, runner.graph, runner.kv_dtype(0).itemsize, list(cfg.raw_batches),
                                    cfg.raw_past_tokens, bandwidth_gbps)
         del runner
+    progress(f"{name}: the raw step by op type (ONNX Runtime's profiler)")
+    with tempfile.TemporaryDirectory() as tmp:
+        art = Artifacts.load(cfg.artifacts)
+        prof["op_profile"] = {str(b): profile_step(art, profile.ort("engine"), b, cfg.raw_past_tokens,
+                                                   OP_PROFILE_STEPS, Path(tmp)) for b in cfg.raw_batches}
 
     progress(f"{name}: minimal pipeline, batch {len(prompts)}, {cfg.tokens} tokens, {cfg.pipeline_repeats} runs")
     prof["pipeline"] = measure_pipeline(cfg.artifacts, profile, prompts, tokens=cfg.tokens,

@@ -159,6 +159,11 @@ def test_bench_smoke_writes_report(small_weights: Path, small_int8_artifacts, tm
             vocoded = sum(m.get("vocoded_tokens", 0.0) for k, m in lv["models"].items() if "vocoder" in k)
             assert vocoded > 0 and p[name] == pytest.approx(vocoded / (lv["tokens_per_s"] * lv["wall_s"]), rel=1e-6)
             assert 1.0 <= p[name] < 5.0  # every generated token is vocoded at least once
+    for p in (prof, int8):  # where each raw step's time goes, by op type, at each raw batch
+        assert set(p["op_profile"]) == {"1", "4", "16"}
+        projections = "MatMulNBits" if p is int8 else "MatMul"
+        for r in p["op_profile"].values():
+            assert r["ops"][projections] > 0 and r["ops"]["GroupQueryAttention"] > 0
     assert int8["floor"]["graph"] == "gpt_step.int8.onnx" and prof["floor"]["graph"] == "gpt_step.onnx"
     assert int8["floor"]["weight_bytes"] < 0.6 * prof["floor"]["weight_bytes"]  # 8-bit weights (the small
     # config's fp32 code heads, 256 x 2504, are a fifth of its projections' bytes)
@@ -176,7 +181,8 @@ def test_bench_smoke_writes_report(small_weights: Path, small_int8_artifacts, tm
     for name in FIGURES:
         assert name in md
     for heading in ("## Text front end", "## Baselines", "### Open loop", "### Under load, as deployed",
-                    "## Overload burst", "#### Ceilings and where the rest goes"):
+                    "## Overload burst", "#### Ceilings and where the rest goes",
+                    "| batch | KV cache | step ms (profiled) |"):
         assert heading in md
     # the gateway phase ran at 1 and 16 (one request per stream) on both paths without error
     assert [lv["concurrency"] for lv in result["gateway"]["levels"]] == [1, 16]
