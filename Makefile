@@ -62,7 +62,7 @@ unit:  ## tests/unit: in process, no server (fast)
 # Profiles whose GPT runs int8 need their graph exported too (once the int8 profile exists).
 INT8_PROFILE := $(wildcard profiles/cpu-int8.toml)
 
-bench: setup  ## benchmark vs upstream ChatTTS, profiles cpu (auto) + the other precision -> results/bench.{json,md,png}; ~20 min on 2 quiet cores
+bench: setup  ## benchmark vs upstream ChatTTS, profiles cpu (auto), cpu-fp32, cpu-int8 where they differ -> results/bench.{json,md,png}; ~25 min on 2 quiet cores
 	$(PY) -m chattts_serving.export --synthetic --size full --quiet
 	$(if $(INT8_PROFILE),$(PY) -m chattts_serving.export --synthetic --size full --precision int8 --quiet)
 	$(if $(INT8_PROFILE),$(PY) -m chattts_serving.export.accuracy int8 --artifacts artifacts/full --measure-if-missing)
