@@ -19,6 +19,7 @@ import statistics
 import sys
 import tempfile
 from collections import defaultdict
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,45 +29,52 @@ from chattts_serving.engine.gpt import GptStepRunner, load_step_graph
 from chattts_serving.engine.kernels import KERNELS, choose_int8_kernel, with_accuracy_level
 from chattts_serving.runtime import Artifacts, OrtOptions, make_session
 
+from .config import _ints, _names, _positive
 from .rawstep import time_steps
 
 WARMUP_STEPS = 2
 """Untimed steps before the profiled ones (first-run allocations)."""
 
 
-def op_times(trace: list[dict[str, Any]], skip_runs: int) -> dict[str, float]:
-    """Kernel time in ms per op type summed over the runs of ``trace`` (ONNX Runtime's profile:
-    ``Session``/``model_run`` events and ``Node`` ``*_kernel_time`` events) after the first
-    ``skip_runs`` runs."""
-    runs = sorted((e["ts"], e["ts"] + e["dur"]) for e in trace
-                  if e.get("cat") == "Session" and e.get("name") == "model_run")[skip_runs:]
+def op_times(trace: list[dict[str, Any]], runs: slice) -> dict[str, float]:
+    """Kernel time in ms per op type summed over the runs ``runs`` (in order) of ``trace``
+    (ONNX Runtime's profile: ``Session``/``model_run`` events and ``Node`` ``*_kernel_time``
+    events)."""
+    spans = sorted((e["ts"], e["ts"] + e["dur"]) for e in trace
+                   if e.get("cat") == "Session" and e.get("name") == "model_run")[runs]
     out: dict[str, float] = defaultdict(float)
     for e in trace:
         if e.get("cat") != "Node" or not str(e.get("name", "")).endswith("_kernel_time"):
             continue
-        if any(start <= e["ts"] <= end for start, end in runs):
+        if any(start <= e["ts"] <= end for start, end in spans):
             out[e["args"]["op_name"]] += e["dur"] / 1e3
     return dict(out)
 
 
-def profile_step(art: Artifacts, opts: OrtOptions, batch: int, past: int, steps: int,
-                 workdir: Path) -> dict[str, Any]:
-    """One profiled session running ``steps`` decode steps of ``batch`` rows over ``past``
-    positions: {"step_ms_p50", "node_ms_per_step", "ops": {op type: ms per step}, "kv_cache",
-    "graph"}, ops largest first."""
+def profile_steps(art: Artifacts, opts: OrtOptions, batches: Sequence[int], past: int, steps: int,
+                  workdir: Path) -> dict[str, dict[str, Any]]:
+    """One profiled session (the graph, KV cache and int8 kernel ``opts`` resolve to on this
+    host) running ``steps`` decode steps of each batch over ``past`` positions: per batch
+    {"step_ms_p50", "node_ms_per_step", "ops": {op type: ms per step}, "kv_cache", "graph",
+    "kernel"}, ops largest first."""
     runner = GptStepRunner(art, opts)
-    kernel = choose_int8_kernel(runner)  # the session the engine would run on this host
+    kernel = choose_int8_kernel(runner)  # the kernel the engine would run on this host
     model = load_step_graph(art, runner.graph, runner.kv_precision)
     if kernel is not None:
         model = with_accuracy_level(model, KERNELS[kernel.chosen])
-    runner.session = make_session(model, opts, profile_prefix=str(workdir / f"b{batch}"))
-    runner._bound = None  # the bindings belonged to the session replaced above
-    times = time_steps(runner, batch, past, steps, WARMUP_STEPS)
+    workdir.mkdir(parents=True, exist_ok=True)
+    runner.use_session(make_session(model, opts, profile_prefix=str(workdir / "step")))
+    times = [time_steps(runner, b, past, steps, WARMUP_STEPS) for b in batches]
     trace = json.loads(Path(runner.session.end_profiling()).read_text())
-    ops = {k: v / steps for k, v in sorted(op_times(trace, WARMUP_STEPS).items(), key=lambda kv: -kv[1])}
-    return {"graph": runner.graph.name, "kv_cache": str(runner.kv_precision),
-            "kernel": kernel.as_dict() if kernel is not None else None,
-            "step_ms_p50": statistics.median(times) * 1e3, "node_ms_per_step": sum(ops.values()), "ops": ops}
+    per_batch = WARMUP_STEPS + steps  # runs of each batch in the trace, in order
+    out: dict[str, dict[str, Any]] = {}
+    for i, (b, t) in enumerate(zip(batches, times)):
+        runs = slice(i * per_batch + WARMUP_STEPS, (i + 1) * per_batch)
+        ops = {k: v / steps for k, v in sorted(op_times(trace, runs).items(), key=lambda kv: -kv[1])}
+        out[str(b)] = {"graph": runner.graph.name, "kv_cache": str(runner.kv_precision),
+                       "kernel": kernel.as_dict() if kernel is not None else None,
+                       "step_ms_p50": statistics.median(t) * 1e3, "node_ms_per_step": sum(ops.values()), "ops": ops}
+    return out
 
 
 def table(result: dict[str, Any]) -> str:
@@ -89,21 +97,23 @@ def main(argv: list[str] | None = None) -> int:
 
     ap = argparse.ArgumentParser(prog="python -m bench.opprofile", description=__doc__.split("\n\n")[0])
     ap.add_argument("--artifacts", type=Path, required=True)
-    ap.add_argument("--profiles", default="cpu", help="deployment profiles (default %(default)s)")
-    ap.add_argument("--batches", default="1,4,16")
-    ap.add_argument("--past", type=int, default=300, help="positions each row holds (default %(default)s)")
-    ap.add_argument("--steps", type=int, default=20, help="profiled steps per batch (default %(default)s)")
+    ap.add_argument("--profiles", type=_names, default=("cpu",), help="deployment profiles (default cpu)")
+    ap.add_argument("--batches", type=_ints, default=(1, 4, 16), help="batch sizes (default 1,4,16)")
+    ap.add_argument("--past", type=_positive, default=300, help="positions each row holds (default %(default)s)")
+    ap.add_argument("--steps", type=_positive, default=20, help="profiled steps per batch (default %(default)s)")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
-    art = Artifacts.load(args.artifacts)
-    batches = [int(b) for b in args.batches.split(",")]
+    try:
+        art = Artifacts.load(args.artifacts)
+        profiles = {name: load_profile(name) for name in args.profiles}
+    except (OSError, ValueError) as exc:  # no such artifacts, a profile that does not exist or validate
+        ap.error(str(exc))
     result: dict[str, Any] = {"artifacts": str(args.artifacts), "past_tokens": args.past, "steps": args.steps,
                               "profiles": {}}
     with tempfile.TemporaryDirectory() as tmp:
-        for name in args.profiles.split(","):
-            opts = load_profile(name).ort("engine")
-            result["profiles"][name] = {str(b): profile_step(art, opts, b, args.past, args.steps, Path(tmp))
-                                        for b in batches}
+        for name, profile in profiles.items():
+            result["profiles"][name] = profile_steps(art, profile.ort("engine"), args.batches, args.past, args.steps,
+                                                     Path(tmp) / name)
     print(table(result))
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)

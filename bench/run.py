@@ -56,7 +56,7 @@ from .figures import DEGRADATION_NOTE, FRONTEND_FIGURES, definitions, frontend_f
 from .gatewayload import FIRST_BYTE_FIGURES, GATEWAY_FIGURES, first_byte_figures, gateway_figures
 from .machine import machine_info
 from .modes import MODE_KEYS, mode_figures
-from .opprofile import profile_step
+from .opprofile import profile_steps
 from .phases import BURST_TOKENS, SERVER_PHASES, PhaseContext
 from .plots import plot
 from .profiles import default_path_profile, missing_graphs, resolved_key, same_as
@@ -127,9 +127,8 @@ def run_profile(cfg: Config, name: str, is_default: bool, sentences: list[str], 
         del runner
     progress(f"{name}: the raw step by op type (ONNX Runtime's profiler)")
     with tempfile.TemporaryDirectory() as tmp:
-        art = Artifacts.load(cfg.artifacts)
-        prof["op_profile"] = {str(b): profile_step(art, profile.ort("engine"), b, cfg.raw_past_tokens,
-                                                   OP_PROFILE_STEPS, Path(tmp)) for b in cfg.raw_batches}
+        prof["op_profile"] = profile_steps(Artifacts.load(cfg.artifacts), profile.ort("engine"), cfg.raw_batches,
+                                           cfg.raw_past_tokens, OP_PROFILE_STEPS, Path(tmp))
 
     progress(f"{name}: minimal pipeline, batch {len(prompts)}, {cfg.tokens} tokens, {cfg.pipeline_repeats} runs")
     prof["pipeline"] = measure_pipeline(cfg.artifacts, profile, prompts, tokens=cfg.tokens,

@@ -213,6 +213,12 @@ class GptStepRunner:
         self._placeholder = self.backend.zeros((1,), self.kv_dtype)  # a valid address for an empty past
         self._bound: tuple[KvCache, int, Any] | None = None  # (cache, rows, IOBinding) of the last decode
 
+    def use_session(self, session: Any) -> None:
+        """Run the step on ``session`` (the same graph, rebuilt with other kernels or options)
+        from the next call; the IO binding of the last decode belonged to the old session."""
+        self.session = session
+        self._bound = None
+
     def new_cache(self, rows: int, capacity: int) -> KvCache:
         """An empty :class:`KvCache` of ``rows`` rows of ``capacity`` positions for this graph."""
         return KvCache(self.backend, self.layers, rows, self.art.num_heads, capacity, self.art.head_dim,

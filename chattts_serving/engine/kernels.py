@@ -218,8 +218,7 @@ def choose_int8_kernel(runner: GptStepRunner, kernels: dict[str, int] | None = N
     if kernels[chosen] != running:
         t = time.perf_counter()
         model = load_step_graph(runner.art, runner.graph, getattr(runner, "kv_precision", runner.opts.kv_cache))
-        runner.session = make_session(with_accuracy_level(model, kernels[chosen]), runner.opts)
-        runner._bound = None  # an IOBinding belongs to the session that made it
+        runner.use_session(make_session(with_accuracy_level(model, kernels[chosen]), runner.opts))
         runner._int8_kernel_level = kernels[chosen]  # type: ignore[attr-defined]
         swap_s = time.perf_counter() - t
     choice = KernelChoice(chosen, probe_ms, dropped, cpu_features(),

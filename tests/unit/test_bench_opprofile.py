@@ -21,8 +21,9 @@ def test_op_times_sum_the_kernels_of_the_runs_after_the_warm_up() -> None:
              {**node, "name": "a_kernel_time", "ts": 210, "dur": 3000, "args": {"op_name": "MatMulNBits"}},
              {**node, "name": "b_kernel_time", "ts": 250, "dur": 1000, "args": {"op_name": "GroupQueryAttention"}},
              {**node, "name": "b_fence_before", "ts": 260, "dur": 9000, "args": {"op_name": "GroupQueryAttention"}}]
-    assert op_times(trace, skip_runs=1) == {"MatMulNBits": 3.0, "GroupQueryAttention": 1.0}
-    assert op_times(trace, skip_runs=2) == {}
+    assert op_times(trace, slice(1, None)) == {"MatMulNBits": 3.0, "GroupQueryAttention": 1.0}
+    assert op_times(trace, slice(0, 1)) == {"MatMulNBits": 50.0}
+    assert op_times(trace, slice(2, None)) == {}
 
 
 @pytest.mark.parametrize("profile", ["cpu-fp32", "cpu-int8"])
@@ -40,3 +41,12 @@ def test_the_profile_names_the_ops_of_the_graph_the_profile_runs(small_int8_arti
         assert r["ops"][projections] > 0
         assert ("MatMulNBits" in r["ops"]) == (profile == "cpu-int8")
     assert f"| {profile} | 2 | fp32 |" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv", [["--batches", "1,x"], ["--batches", "0"], ["--steps", "-1"],
+                                  ["--profiles", "no-such-profile"]])
+def test_bad_arguments_end_in_a_usage_error(small_artifacts: Artifacts, argv: list[str],
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["--artifacts", str(small_artifacts.root), *argv])
+    assert exc.value.code == 2 and "error:" in capsys.readouterr().err
