@@ -25,6 +25,16 @@ def _with_accuracy(src: Artifacts, dst: Path, meets: bool) -> Path:
     return dst
 
 
+def _with_kv_accuracy(root: Path) -> Path:
+    """``root`` with int8 KV scales (any file: its presence counts) measured accurate with int8 weights."""
+    path = root / contract.MANIFEST
+    manifest = json.loads(path.read_text())
+    shutil.copy(path, root / contract.KV_SCALES_FILE)
+    manifest["kv_cache"] = {"int8": {"file": contract.KV_SCALES_FILE, "accuracy": {"int8": {"meets_threshold": True}}}}
+    path.write_text(json.dumps(manifest))
+    return root
+
+
 def test_summary_says_what_auto_resolved_to_and_why(small_int8_artifacts: Artifacts, tmp_path: Path) -> None:
     cpu = load_profile("cpu")
     assert precision_summary(cpu, small_int8_artifacts.root).startswith("GPT fp32 (KV cache ")
@@ -34,10 +44,7 @@ def test_summary_says_what_auto_resolved_to_and_why(small_int8_artifacts: Artifa
     assert text.startswith("GPT int8 (KV cache ") and "vocoders int8" in text
     assert "meets the threshold, worst head top-1 0.957" in text
     assert "(KV auto: no int8 KV accuracy measured with int8 weights, so fp32)" in text
-    manifest = json.loads((good / contract.MANIFEST).read_text())
-    shutil.copy(good / contract.MANIFEST, good / contract.KV_SCALES_FILE)  # any file: its presence counts
-    manifest["kv_cache"] = {"int8": {"file": contract.KV_SCALES_FILE, "accuracy": {"int8": {"meets_threshold": True}}}}
-    (good / contract.MANIFEST).write_text(json.dumps(manifest))
+    _with_kv_accuracy(good)
     text = precision_summary(cpu, good)
     assert text.startswith("GPT int8 (KV cache int8)") and "KV auto: int8 KV accuracy meets the threshold" in text
     bad = _with_accuracy(small_int8_artifacts, tmp_path / "bad", False)
@@ -56,9 +63,4 @@ def test_a_measured_accuracy_is_not_measured_again(small_int8_artifacts: Artifac
     monkeypatch.setattr(subprocess, "run", no_run)
     measured = _with_accuracy(small_int8_artifacts, tmp_path / "measured", True)
     measure_accuracy(measured, "int8")
-    path = measured / contract.MANIFEST
-    manifest = json.loads(path.read_text())
-    shutil.copy(measured / contract.MANIFEST, measured / contract.KV_SCALES_FILE)  # any file: its presence counts
-    manifest["kv_cache"] = {"int8": {"file": contract.KV_SCALES_FILE, "accuracy": {"int8": {"meets_threshold": True}}}}
-    path.write_text(json.dumps(manifest))
-    measure_accuracy(measured, "kv")  # measured with the int8 weights auto serves
+    measure_accuracy(_with_kv_accuracy(measured), "kv")  # measured with the int8 weights auto serves
