@@ -26,6 +26,7 @@ from typing import Any
 from .. import contract
 from ..contract import KvPrecision, Precision
 from ..runtime import Artifacts, OrtOptions, kv_precision, resolve_precision
+from .build import read_manifest
 from .int8 import (
     ACCURACY_VOICE,
     MIN_ACCURACY_DECODE_STEPS,
@@ -111,7 +112,7 @@ def run_kv(args: argparse.Namespace, say: Say) -> int:
     reduced cache with each weight precision (fp32, and int8 where exported, unless ``--weights``)
     into manifest.json (unless ``--no-manifest``) and ``--out``."""
     kvs = args.kv
-    art = Artifacts.load(args.artifacts)
+    art = Artifacts(args.artifacts, read_manifest(args.artifacts))
     weights = _csv(args.weights) if args.weights else exported_weights(art)
     if args.measure_if_missing:  # what `kv_cache = "auto"` reads: the int8 cache with the weights `auto` serves
         kvs, weights = [KvPrecision.INT8], [str(resolve_precision(art, Precision.AUTO))]

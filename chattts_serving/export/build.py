@@ -90,16 +90,21 @@ def input_fingerprint(weights_root: Path) -> str:
     return h.hexdigest()
 
 
+def read_manifest(out: Path) -> dict[str, Any]:
+    """``out/manifest.json``. Raises WeightsError when ``out`` holds no export."""
+    man_path = Path(out) / contract.MANIFEST
+    if not man_path.is_file():
+        raise WeightsError(f"{out} has no {contract.MANIFEST}: run `make export` first")
+    return dict(json.loads(man_path.read_text()))
+
+
 def verify_artifacts(out: Path) -> dict[str, Any]:
     """Load ``out/manifest.json`` and check every listed file's sha256.
 
     Returns the manifest. Raises:
         WeightsError: no manifest, or a file missing or changed.
     """
-    man_path = Path(out) / contract.MANIFEST
-    if not man_path.is_file():
-        raise WeightsError(f"{out} has no {contract.MANIFEST}: run `make export` first")
-    manifest = json.loads(man_path.read_text())
+    manifest = read_manifest(out)
     for rel, digest in manifest["files"].items():
         p = Path(out) / rel
         if not p.is_file() or sha256_file(p) != digest:

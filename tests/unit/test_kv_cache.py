@@ -297,3 +297,12 @@ def test_measure_if_missing_measures_what_auto_reads_once(small_int8_artifacts: 
     assert add_int8(root, force=True)
     art = Artifacts.load(root)
     assert not has_kv_accuracy(art, "int8") and has_kv_accuracy(art, "fp32")
+
+
+@pytest.mark.parametrize("extra", [[], ["--measure-if-missing"]])
+def test_the_kv_command_on_a_folder_without_an_export_is_a_clear_error(tmp_path: Path, extra: list[str],
+                                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    from chattts_serving.export.accuracy import main
+
+    assert main(["kv", "--artifacts", str(tmp_path / "none"), *extra]) == 2
+    assert "has no manifest.json: run `make export` first" in capsys.readouterr().err
