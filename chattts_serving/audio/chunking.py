@@ -26,7 +26,10 @@ gapless at any real-time factor up to ``1 / growth``, with seams that depend on 
 alone: chunk k+1 must be generated (``b_{k+1} + lookahead`` tokens at ``r`` token durations
 each) while the audio sent so far (``b_k`` tokens, from the moment the first chunk went out)
 plays, so ``b_{k+1} <= b_k / r`` whenever the first chunk's lookahead plus its length is at
-least the later lookahead. The first chunk is always ``first_chunk_tokens`` (TTFA).
+least the later lookahead. The first chunk is always ``first_chunk_tokens`` (TTFA). With
+``slow_growth`` a stream measured slower than real time when its next chunk is sized grows
+that chunk by ``slow_growth`` instead (basis "chunk"): it stalls whatever its sizes, and
+fewer windows leave the cores to the other streams.
 
 Sample indexing: a window starting at token ``s`` yields ``512*(e-s) - 256`` samples; its
 sample ``j`` is global sample ``512*s + j``. An utterance of ``n`` tokens has
@@ -77,6 +80,12 @@ class ChunkSchedule:
     growth_basis: str = "chunk"
     """What ``growth`` multiplies: "chunk" (each chunk's size) or "audio" (the audio sent so far:
     gapless up to RTF ``1 / growth``, see the module docstring)."""
+    slow_growth: float = 0.0
+    """Growth of each chunk's size (as basis "chunk") for a stream generated slower than real
+    time when its next chunk is sized (:attr:`StreamChunker.slower_than_real_time`); 0: the
+    schedule's own growth at any rate. Such a stream stalls whatever its chunk sizes, so the
+    small chunks that keep a faster one gapless only cost vocoder windows, which the other
+    streams on the same cores pay for. Its seams then depend on the rate as well as the request."""
     carried: bool = False
     """The vocoder carries its convolution state from window to window
     (:meth:`with_carried_state`): windows have no left context (``left_context_tokens`` is kept
@@ -87,6 +96,8 @@ class ChunkSchedule:
             raise ValueError("need 1 <= first_chunk_tokens <= max_chunk_tokens")
         if self.growth < 1.0:
             raise ValueError("growth must be >= 1")
+        if self.slow_growth != 0.0 and self.slow_growth < 1.0:
+            raise ValueError("slow_growth must be 0 (off) or >= 1")
         if self.growth_basis not in GROWTH_BASES:
             raise ValueError(f"growth_basis must be one of {GROWTH_BASES}")
         if self.margin_s < 0:
@@ -125,7 +136,8 @@ class ChunkSchedule:
                              max(self.left_context_tokens, lookahead_tokens), lookahead_tokens, fade,
                              first_lookahead_tokens=0, rate_planned=self.rate_planned,
                              margin_s=self.margin_s, min_planned_tokens=self.min_planned_tokens,
-                             growth_basis=self.growth_basis, carried=self.carried).validate()
+                             growth_basis=self.growth_basis, slow_growth=self.slow_growth,
+                             carried=self.carried).validate()
 
     def without_crossfade(self) -> ChunkSchedule:
         """The same chunks, context and lookahead, seams cut at the chunk boundary instead of
@@ -135,7 +147,7 @@ class ChunkSchedule:
         return ChunkSchedule(self.first_chunk_tokens, self.growth, self.max_chunk_tokens, self.left_context_tokens,
                              self.lookahead_tokens, 0, self.first_lookahead_tokens,
                              min_planned_tokens=self.min_planned_tokens, growth_basis=self.growth_basis,
-                             carried=self.carried).validate()
+                             slow_growth=self.slow_growth, carried=self.carried).validate()
 
     def with_carried_state(self) -> ChunkSchedule:
         """The same chunks, lookahead and crossfade for a vocoder that carries its convolution
@@ -163,9 +175,10 @@ class ChunkSchedule:
 
 def vocoded_tokens(schedule: ChunkSchedule, n_tokens: int) -> int:
     """Tokens an ``n_tokens`` utterance passes through the vocoder under ``schedule``: the sum
-    of its windows' lengths, tokens arriving one at a time (the schedule's growth only; a
-    rate-planned schedule's windows depend on timing and are not what this counts)."""
-    chunker, total, avail = StreamChunker(replace(schedule, rate_planned=False)), 0, 0
+    of its windows' lengths, tokens arriving one at a time, faster than real time (the
+    schedule's growth only; rate-planned windows and a slow stream's depend on timing and are
+    not what this counts)."""
+    chunker, total, avail = StreamChunker(replace(schedule, rate_planned=False, slow_growth=0.0)), 0, 0
     while not chunker.done:
         avail = min(n_tokens, avail + 1)
         while (w := chunker.next_window(avail, avail == n_tokens)) is not None:
@@ -226,6 +239,13 @@ class StreamChunker:
             return None
         return (n1 - n0) / (t1 - t0)
 
+    @property
+    def slower_than_real_time(self) -> bool:
+        """True when the stream's tokens are measured (:attr:`rate_hz`) to arrive slower than
+        their audio plays (one token per ``SAMPLES_PER_TOKEN`` samples); False while no rate is known."""
+        rate = self.rate_hz
+        return rate is not None and rate < contract.SAMPLE_RATE_HZ / contract.SAMPLES_PER_TOKEN
+
     def _observe(self, available: int) -> None:
         now = self.clock()
         if available > 0 and self._first_seen is None:
@@ -249,9 +269,7 @@ class StreamChunker:
         sizes instead: it stalls whatever the size, and larger chunks cost less vocoder time.
         """
         rate = self.rate_hz
-        if not self.s.rate_planned or rate is None or self.first_emit_s is None:
-            return None
-        if rate < contract.SAMPLE_RATE_HZ / contract.SAMPLES_PER_TOKEN:
+        if not self.s.rate_planned or rate is None or self.first_emit_s is None or self.slower_than_real_time:
             return None
         edge = -(-(self.s.crossfade_samples // 2) // contract.SAMPLES_PER_TOKEN)
         played_until = self.first_emit_s + self.emitted / contract.SAMPLE_RATE_HZ
@@ -327,9 +345,12 @@ class StreamChunker:
     def _grown(self) -> int:
         """The next chunk's size without a rate plan (``self.boundary`` is its first token):
         ``growth`` times the last chunk, or up to ``floor(growth * boundary)`` ("audio"
-        basis, at least ``min_planned_tokens``); at most ``max_chunk_tokens``."""
+        basis, at least ``min_planned_tokens``), or ``slow_growth`` times the last chunk for a
+        stream slower than real time; at most ``max_chunk_tokens``."""
         s = self.s
-        if s.growth_basis == "audio":
+        if s.slow_growth and self.slower_than_real_time:
+            size = max(self.size + 1, int(self.size * s.slow_growth))
+        elif s.growth_basis == "audio":
             size = max(s.min_planned_tokens, math.floor(s.growth * self.boundary) - self.boundary)
         else:
             size = max(self.size + 1, int(self.size * s.growth))

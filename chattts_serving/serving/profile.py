@@ -123,7 +123,10 @@ class StreamProfile(_Strict):
     each chunk ("chunk") or the audio sent so far ("audio": gapless up to RTF 1 / growth with
     seams set by the request alone). ``carry_vocoder_state``: the vocoder keeps each stream's
     convolution state from window to window (no left context re-vocoded; false: the windowed
-    mode, each window decoded alone; docs/decode-speed.md, "A vocoder that carries its state")."""
+    mode, each window decoded alone; docs/decode-speed.md, "A vocoder that carries its state").
+    ``slow_stream_growth``: chunk sizes grow this many times per chunk for a stream measured
+    slower than real time (0: ``growth`` at any rate; docs/decode-speed.md, "Streams slower
+    than real time")."""
 
     first_chunk_tokens: int = Field(ge=1)
     growth: float = Field(ge=1.0)
@@ -139,6 +142,7 @@ class StreamProfile(_Strict):
     min_planned_chunk_tokens: int = Field(default=2, ge=1)
     growth_basis: Literal["chunk", "audio"] = "chunk"
     carry_vocoder_state: bool = False
+    slow_stream_growth: float = Field(default=0.0, ge=0.0)
 
     def schedule(self) -> ChunkSchedule:
         """The profile's chunk schedule; with ``carry_vocoder_state`` the BLS door's vocoder
@@ -148,7 +152,7 @@ class StreamProfile(_Strict):
                              self.left_context_tokens, self.lookahead_tokens, self.crossfade_samples,
                              self.first_lookahead_tokens, self.rate_planned_chunks, self.chunk_margin_s,
                              self.min_planned_chunk_tokens, self.growth_basis,
-                             carried=self.carry_vocoder_state).validate()
+                             slow_growth=self.slow_stream_growth, carried=self.carry_vocoder_state).validate()
 
 
 class EntryProfile(_Strict):

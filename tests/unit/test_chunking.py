@@ -11,7 +11,7 @@ import pytest
 
 from bench.stats import REALTIME_TOLERANCE_S
 from chattts_serving import contract
-from chattts_serving.audio.chunking import ChunkSchedule, StreamChunker
+from chattts_serving.audio.chunking import ChunkSchedule, StreamChunker, TokenWindow
 from chattts_serving.audio.vocoder import VocoderRunner
 from chattts_serving.runtime import Artifacts
 
@@ -280,22 +280,25 @@ def test_audio_growth_plays_without_a_gap_up_to_rtf_one_over_growth(rtf: float) 
     np.testing.assert_allclose(audio[-offline.size // 2:], offline[-offline.size // 2:], atol=1e-6)
 
 
+def _windows(schedule: ChunkSchedule, rtf: float, per_token_s: float, n: int = 300) -> list[TokenWindow]:
+    """The windows a stream of ``n`` tokens asks for, its tokens arriving 4 at a time at
+    ``rtf`` token durations each, each window vocoded in ``per_token_s`` per token (fake clock)."""
+    clock, out, avail = [0.0], [], 0
+    ch = StreamChunker(schedule, clock=lambda: clock[0])
+    while not ch.done:
+        avail = min(n, avail + 4)
+        clock[0] += 4 * rtf * contract.SAMPLES_PER_TOKEN / contract.SAMPLE_RATE_HZ
+        while (w := ch.next_window(avail, avail == n)) is not None:
+            clock[0] += per_token_s * (w.end - w.start)
+            ch.emit(w, np.zeros(contract.samples_for_tokens(w.end - w.start), np.float32))
+            out.append(w)
+    return out
+
+
 def test_audio_growth_seams_depend_on_the_request_alone() -> None:
     """Unlike rate-planned chunks, the windows are the same at any token rate and vocoder
     speed: the same request gives the same audio run to run."""
-    def windows(rtf: float, per_token_s: float) -> list[tuple[int, int]]:
-        clock, out, avail = [0.0], [], 0
-        ch = StreamChunker(CPU_AUDIO, clock=lambda: clock[0])
-        while not ch.done:
-            avail = min(300, avail + 4)
-            clock[0] += 4 * rtf * contract.SAMPLES_PER_TOKEN / contract.SAMPLE_RATE_HZ
-            while (w := ch.next_window(avail, avail == 300)) is not None:
-                clock[0] += per_token_s * (w.end - w.start)
-                ch.emit(w, np.zeros(contract.samples_for_tokens(w.end - w.start), np.float32))
-                out.append((w.start, w.end))
-        return out
-
-    assert windows(0.3, 0.0005) == windows(0.9, 0.002) == windows(0.6, 0.0)
+    assert _windows(CPU_AUDIO, 0.3, 0.0005) == _windows(CPU_AUDIO, 0.9, 0.002) == _windows(CPU_AUDIO, 0.6, 0.0)
     planned = replace(CPU_AUDIO, rate_planned=True, growth_basis="chunk", growth=2.0)
     assert _simulate(planned, 1000.0, 300)[1] != _simulate(planned, 60.0, 300)[1]
 
@@ -305,3 +308,63 @@ def test_growth_basis_is_checked_and_kept_by_the_derived_schedules() -> None:
         ChunkSchedule(growth_basis="tokens").validate()
     assert CPU_AUDIO.with_lookahead(52).growth_basis == "audio"
     assert CPU_AUDIO.without_crossfade().growth_basis == "audio"
+
+
+# ---- streams slower than real time (slow_growth) ----------------------------------------------
+
+CPU_SLOW = replace(CPU_AUDIO, slow_growth=2.0)
+"""The cpu profiles' schedule: growth 1.4 of the audio sent, chunks doubled for a slow stream."""
+
+
+@pytest.mark.parametrize("rtf", [0.3, 0.6, 0.9])
+def test_a_stream_faster_than_real_time_keeps_the_audio_growth(rtf: float) -> None:
+    """Faster than real time, slow_growth changes nothing: the same windows as growth 1.4 of
+    the audio sent (gapless up to RTF 0.71, seams set by the request alone)."""
+    assert _windows(CPU_SLOW, rtf, 0.0005) == _windows(CPU_AUDIO, rtf, 0.0005)
+
+
+@pytest.mark.parametrize("rtf", [1.2, 2.0, 4.0])
+def test_a_stream_slower_than_real_time_doubles_its_chunks(rtf: float) -> None:
+    """Slower than real time (c=16 on two cores: RTF about 4 per stream), chunks after the
+    first double up to the cap, so 300 tokens take fewer windows and vocode fewer tokens than
+    with growth 1.4 of the audio sent; the first window is the same (TTFA), and the stream
+    still equals the offline decode at full lookahead."""
+    slow, audio = _windows(CPU_SLOW, rtf, 0.0005), _windows(CPU_AUDIO, rtf, 0.0005)
+    sizes = [w.chunk_end - w.chunk_start for w in slow[:-1]]
+    assert sizes == [min(64, 4 * 2 ** k) for k in range(len(sizes))], sizes
+    assert slow[0] == audio[0]
+    assert len(slow) < len(audio)
+    assert sum(w.end - w.start for w in slow) < sum(w.end - w.start for w in audio)
+    rate = contract.SAMPLE_RATE_HZ / contract.SAMPLES_PER_TOKEN / rtf
+    _, _, stream, offline = _simulate(CPU_SLOW.with_lookahead(52), rate, 300)
+    assert stream.size == offline.size
+    np.testing.assert_allclose(stream, offline, atol=1e-6)
+
+
+def test_slow_growth_follows_the_rate_chunk_by_chunk_and_is_checked() -> None:
+    """Each chunk is sized by the rate measured so far (tokens since the first over the time
+    since): fast at first (growth 1.4 of the audio sent), slow after a stall (doubling), fast
+    again once the stream has made up for it (growth 1.4 again); the first chunk, with no rate
+    yet, is not slow. slow_growth is 0 (off) or at least 1, and the derived schedules keep it."""
+    clock = [0.0]
+    ch = StreamChunker(replace(CPU_SLOW, max_chunk_tokens=1000), clock=lambda: clock[0])
+    assert not ch.slower_than_real_time
+    token_s = contract.SAMPLES_PER_TOKEN / contract.SAMPLE_RATE_HZ
+    avail, n, chunks = 0, 800, []  # (boundary, size of the chunk before it, size of the chunk after it)
+    while not ch.done:
+        # token durations per token: 0.5 up to token 40, 2.0 up to 100, then 0.1 (fast again from ~150)
+        avail = min(n, avail + 1)
+        clock[0] += (0.5 if avail < 40 else 2.0 if avail < 100 else 0.1) * token_s
+        while (w := ch.next_window(avail, avail == n)) is not None:
+            before = ch.size
+            ch.emit(w, np.zeros(contract.samples_for_tokens(w.end - w.start), np.float32))
+            chunks.append((ch.boundary, before, ch.size, ch.slower_than_real_time))
+    by_audio = [b for b, _, size, slow in chunks if not slow and size == max(2, int(1.4 * b) - b)]
+    doubled = [b for b, before, size, slow in chunks if slow and size == 2 * before]
+    assert [b for b, *_ in chunks if b < 40] == [b for b in by_audio if b < 40], chunks
+    assert doubled and all(40 <= b < 170 for b in doubled), chunks
+    assert any(b > 170 for b in by_audio), chunks
+    with pytest.raises(ValueError, match="slow_growth"):
+        replace(CPU_AUDIO, slow_growth=0.5).validate()
+    assert CPU_SLOW.with_lookahead(52).slow_growth == CPU_SLOW.without_crossfade().slow_growth == 2.0
+    assert CPU_SLOW.with_carried_state().windowed().slow_growth == 2.0
