@@ -17,9 +17,8 @@ rounds' medians):
 Prints a table and writes {"shape", "rows", "ms": {runtime: {rows: ms}}, "weight_gbps_b1",
 "max_rel_error_vs_level4", "fp32_gemv_gbps", "cpu"} to ``--out``; ``fp32_gemv_gbps`` is the
 bandwidth the benchmark's floor assumes (:func:`bench.floor.stream_bandwidth`), measured in the
-same run. With ``--layers`` 16 (75 MB of weights at full
-size) the weights do not fit the caches, as the step's 221 MB do not; the default 4 (19 MB)
-is the engine's start-up probe.
+same run. With ``--layers`` 16 (75 MB of weights at full size) the weights do not fit the
+caches, as the step's 221 MB do not; the default 4 (19 MB) is the engine's start-up probe.
 
 With ``--step ARTIFACTS`` (int8 graphs exported) it also runs the whole int8 step graph on
 OpenVINO at B=1 and 4 over a past of 300 next to the engine's ONNX Runtime step (``step``
@@ -34,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -42,9 +42,11 @@ from typing import Any
 
 import numpy as np
 
-from bench.floor import stream_bandwidth
 from chattts_serving.engine.kernels import KERNELS, cpu_features, probe_graph
 from chattts_serving.runtime import OrtOptions, make_session
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/ sits at the repository root, not installed
+from bench.floor import stream_bandwidth
 
 HIDDEN, INTERMEDIATE, BLOCK = 768, 3072, 32
 """ChatTTS' GPT (hidden 768, intermediate 3072) and the exported block size."""
@@ -197,6 +199,11 @@ def main() -> None:
     ap.add_argument("--step", type=Path, metavar="ARTIFACTS", help="also the whole int8 step on OpenVINO")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
+    if args.step is not None:
+        try:
+            import openvino  # noqa: F401
+        except ImportError:
+            ap.error("--step runs OpenVINO: pip install openvino")
     with tempfile.TemporaryDirectory(prefix="int8_runtimes_") as tmp:
         graph = Path(tmp) / "probe.onnx"
         graph.write_bytes(probe_graph(HIDDEN, 2 * INTERMEDIATE, BLOCK, KERNELS["int8-activations"], args.layers))
