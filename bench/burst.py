@@ -199,9 +199,9 @@ async def _round(send: Any, targets: list[Any], tokens: int, text: str, timeout_
     channel of :func:`infer_channel` for the offline door, or the gateway's URL) gets ready to send
     (``send``: :func:`send_stream`, :func:`send_offline` or :func:`send_gateway`), then one request
     is sent on each at once. The client's garbage collector is off during the round, after a
-    collection at the start line: a full collection of the clients' objects took 150 to 210 ms,
-    and every answer that arrived meanwhile was timed that much late (measured: the one slow
-    round in five of the saturated bursts, all of its answers received together after it)."""
+    collection at the start line: a full collection of the clients' objects inside a round
+    timed every answer that arrived meanwhile late by its length (docs/performance.md, "The
+    one slow burst in five was the benchmark client's")."""
     start = asyncio.Event()
     outs = [BurstResult() for _ in targets]
     tasks = [asyncio.create_task(send(t, SynthesisRequest(text=text, max_new_tokens=tokens, min_new_tokens=tokens,
