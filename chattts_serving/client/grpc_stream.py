@@ -48,7 +48,8 @@ def _client_error(exc: InferenceServerException, url: str, key_sent: bool = Fals
     gRPC status name (``StatusCode.UNAVAILABLE`` when the server cannot be reached). Triton's
     refusal for the inference key becomes "inference key required" (:func:`.keys.key_error`).
     ``streaming``: the error ended a stream that had begun (its message then says the connection
-    was lost, not that it could not be made).
+    was lost, not that it could not be made). A CANCELLED status is the server's (this client
+    raises nothing when it cancels): the server stopped, UNAVAILABLE and retryable.
     """
     status = exc.status()
     message = exc.message() or str(exc)
@@ -58,6 +59,11 @@ def _client_error(exc: InferenceServerException, url: str, key_sent: bool = Fals
     if connection_lost(status, message):
         what = LOST_CONNECTION if streaming else "cannot connect to"  # mid-stream: the server went away
         return ClientError(f"{what} {url}: {message}", status, connection=True)
+    if status == "StatusCode.CANCELLED":
+        # this client cancels only by closing its generator, which raises nothing: the server
+        # cancelled the call (tritonserver cancels its open streams as it stops)
+        return ClientError(f"{LOST_CONNECTION} {url}: the server cancelled the call ({message})", status,
+                           connection=True)
     return ClientError(message, status)
 
 

@@ -104,7 +104,9 @@ def test_the_cli_names_an_unusable_inference_key_as_a_usage_error(
 def test_a_stream_ended_without_a_grpc_status_is_a_lost_connection() -> None:
     """haproxy ends a client's stream without a gRPC status when its replica's connection breaks
     (gRPC: INTERNAL or UNKNOWN "Stream removed"): the client reads the server gone (unavailable,
-    retryable), as UNAVAILABLE; any other INTERNAL stays internal."""
+    retryable), as UNAVAILABLE; so does a CANCELLED this client did not ask for (tritonserver
+    cancels its open streams as it stops: tests/server/test_part_dies.py met it once in CI);
+    any other INTERNAL stays internal."""
     from tritonclient.utils import InferenceServerException
 
     from chattts_serving.client.grpc_stream import _client_error
@@ -115,5 +117,7 @@ def test_a_stream_ended_without_a_grpc_status_is_a_lost_connection() -> None:
                                                      status), "lb:8001", streaming=True)
         assert cut.connection and cut.kind == ErrorKind.UNAVAILABLE
         assert cut.message.startswith("lost the connection to lb:8001")
+    stopped = _client_error(InferenceServerException("CANCELLED", "StatusCode.CANCELLED"), "lb:8001")
+    assert stopped.connection and stopped.kind == ErrorKind.UNAVAILABLE and "the server cancelled" in stopped.message
     other = _client_error(InferenceServerException("internal error: X", "StatusCode.INTERNAL"), "lb:8001")
     assert not other.connection and other.kind == ErrorKind.INTERNAL
