@@ -112,6 +112,7 @@ def whole_step(artifacts: Path, threads: int, rounds: int, steps: int, past: int
     {B: {"onnxruntime_ms", "openvino_ms", "max_abs_logit_diff"} or {"openvino_error"}}."""
     import openvino as ov
 
+    from chattts_serving import contract
     from chattts_serving.contract import Precision
     from chattts_serving.engine.gpt import GptStepRunner
     from chattts_serving.runtime import Artifacts
@@ -132,7 +133,7 @@ def whole_step(artifacts: Path, threads: int, rounds: int, steps: int, past: int
         lengths = np.full(b, past)
         feeds: dict[str, np.ndarray] = {"inputs_embeds": embeds, "seqlens_k": lengths.astype(np.int32),
                                         "total_sequence_length": np.array([past + 1], np.int32)}
-        feeds.update(zip(runner._past, cache.buffers))
+        feeds.update(zip((n for i in range(runner.layers) for n in contract.past_names(i)), cache.buffers))
         logits = runner.decode(embeds, cache, lengths)[0]
         try:
             ov_logits = request.infer(feeds, share_inputs=True)["logits"]

@@ -348,12 +348,12 @@ class StreamChunker:
         basis, at least ``min_planned_tokens``), or ``slow_growth`` times the last chunk for a
         stream slower than real time; at most ``max_chunk_tokens``."""
         s = self.s
-        if s.slow_growth and self.slower_than_real_time:
-            size = max(self.size + 1, int(self.size * s.slow_growth))
-        elif s.growth_basis == "audio":
-            size = max(s.min_planned_tokens, math.floor(s.growth * self.boundary) - self.boundary)
+        growth, basis = ((s.slow_growth, "chunk") if s.slow_growth and self.slower_than_real_time
+                         else (s.growth, s.growth_basis))
+        if basis == "audio":
+            size = max(s.min_planned_tokens, math.floor(growth * self.boundary) - self.boundary)
         else:
-            size = max(self.size + 1, int(self.size * s.growth))
+            size = max(self.size + 1, int(self.size * growth))
         return min(s.max_chunk_tokens, size)
 
     def emit(self, w: TokenWindow, audio: np.ndarray) -> np.ndarray:
