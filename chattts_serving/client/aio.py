@@ -30,9 +30,9 @@ import tritonclient.grpc.aio as grpcaio
 from tritonclient.utils import InferenceServerException
 
 from .. import contract
-from .common import LOST_CONNECTION, TIMEOUT, ClientError, StreamPart, SynthesisRequest, connection_lost
-from .grpc_stream import grpc_inputs, response_part
-from .keys import grpc_metadata, key_error, resolve_key
+from .common import TIMEOUT, ClientError, StreamPart, SynthesisRequest
+from .grpc_stream import grpc_error, grpc_inputs, response_part
+from .keys import grpc_metadata, resolve_key
 
 DEFAULT_IDLE_TIMEOUT_S: Final = 90.0
 """Default longest wait for the next response of a stream, in seconds: longer than the entry
@@ -137,21 +137,15 @@ class AioStreamClient:
         return np.zeros((0, contract.NUM_VQ), np.int32) if codes is None else np.asarray(codes, np.int32)
 
     def _error(self, exc: BaseException, streaming: bool = False) -> ClientError:
-        """The :class:`ClientError` of a failed call; ``streaming``: it ended a stream that had
-        begun (a lost connection then says so, not that none could be made)."""
+        """The :class:`ClientError` of a failed call (:func:`.grpc_stream.grpc_error`, as the
+        sync client maps it); ``streaming``: it ended a stream that had begun."""
         if isinstance(exc, grpc.aio.AioRpcError):
             status, message = str(exc.code()), exc.details() or str(exc.code())
         elif isinstance(exc, InferenceServerException):
             status, message = exc.status(), exc.message() or str(exc)
         else:
             status, message = None, str(exc)
-        refused = key_error(message, self.url, bool(self.inference_key), grpc=True)
-        if refused is not None:
-            return refused
-        if connection_lost(status, message):
-            what = LOST_CONNECTION if streaming else "cannot reach"
-            return ClientError(f"{what} {self.url}: {message}", status, connection=True)
-        return ClientError(message, status)
+        return grpc_error(status, message, self.url, bool(self.inference_key), streaming)
 
     async def stream(self, request: SynthesisRequest, *, idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S,
                      max_duration_s: float | None = None) -> AsyncGenerator[StreamPart, None]:

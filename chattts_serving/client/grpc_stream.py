@@ -40,19 +40,20 @@ DEFAULT_TIMEOUT_S = 300.0
 _EARLY_ERROR_WAIT_S = 5.0
 
 
-def _client_error(exc: InferenceServerException, url: str, key_sent: bool = False,
-                  streaming: bool = False) -> ClientError:
-    """Map a tritonclient exception to :class:`ClientError`.
+def grpc_error(status: str | None, message: str, url: str, key_sent: bool = False,
+               streaming: bool = False) -> ClientError:
+    """The :class:`ClientError` of a failed tritonclient gRPC call (sync or asyncio):
+    ``status`` the gRPC status name (``"StatusCode.UNAVAILABLE"``; None for an error the model
+    sent inside the stream), ``message`` its text.
 
-    Errors sent by the model inside the stream carry no status; transport failures carry the
-    gRPC status name (``StatusCode.UNAVAILABLE`` when the server cannot be reached). Triton's
-    refusal for the inference key becomes "inference key required" (:func:`.keys.key_error`).
-    ``streaming``: the error ended a stream that had begun (its message then says the connection
-    was lost, not that it could not be made). A CANCELLED status is the server's (this client
-    raises nothing when it cancels): the server stopped, UNAVAILABLE and retryable.
+    Triton's refusal for the inference key becomes "inference key required"
+    (:func:`.keys.key_error`). A server that cannot be reached or went away
+    (:func:`.common.connection_lost`) is ``connection=True``, kind UNAVAILABLE: the message
+    begins with "cannot connect to" and the URL, or, when the error ended a stream that had begun
+    (``streaming``), with :data:`.common.LOST_CONNECTION`. So is CANCELLED: both clients cancel
+    only by closing their generator, which raises nothing, so a cancelled call is the server's
+    doing (tritonserver cancels its open streams as it stops), retryable as UNAVAILABLE.
     """
-    status = exc.status()
-    message = exc.message() or str(exc)
     refused = key_error(message, url, key_sent, grpc=True)
     if refused is not None:
         return refused
@@ -60,11 +61,15 @@ def _client_error(exc: InferenceServerException, url: str, key_sent: bool = Fals
         what = LOST_CONNECTION if streaming else "cannot connect to"  # mid-stream: the server went away
         return ClientError(f"{what} {url}: {message}", status, connection=True)
     if status == "StatusCode.CANCELLED":
-        # this client cancels only by closing its generator, which raises nothing: the server
-        # cancelled the call (tritonserver cancels its open streams as it stops)
         return ClientError(f"{LOST_CONNECTION} {url}: the server cancelled the call ({message})", status,
                            connection=True)
     return ClientError(message, status)
+
+
+def _client_error(exc: InferenceServerException, url: str, key_sent: bool = False,
+                  streaming: bool = False) -> ClientError:
+    """:func:`grpc_error` of a sync tritonclient exception."""
+    return grpc_error(exc.status(), exc.message() or str(exc), url, key_sent, streaming)
 
 
 def grpc_inputs(request: SynthesisRequest) -> list[grpcclient.InferInput]:

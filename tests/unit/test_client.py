@@ -121,3 +121,37 @@ def test_a_stream_ended_without_a_grpc_status_is_a_lost_connection() -> None:
     assert stopped.connection and stopped.kind == ErrorKind.UNAVAILABLE and "the server cancelled" in stopped.message
     other = _client_error(InferenceServerException("internal error: X", "StatusCode.INTERNAL"), "lb:8001")
     assert not other.connection and other.kind == ErrorKind.INTERNAL
+
+
+def test_the_asyncio_client_maps_transport_failures_as_the_sync_client_does() -> None:
+    """The gateway's client (asyncio) reads a call the server cancelled, a stream cut without a
+    status and UNAVAILABLE as the server gone (the gateway's 503 ``backend_unavailable``, not
+    499 ``cancelled``), and an error the server sent as its kind, with the sync client's
+    messages."""
+    import grpc
+    from tritonclient.utils import InferenceServerException
+
+    from chattts_serving.client.aio import AioStreamClient
+    from chattts_serving.client.grpc_stream import _client_error
+    from chattts_serving.errors import ErrorKind
+    from chattts_serving.gateway.errors import from_client_error
+
+    def rpc_error(code: grpc.StatusCode, details: str) -> grpc.aio.AioRpcError:
+        return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details=details)
+
+    client = AioStreamClient("lb:8001")
+    cases = [(grpc.StatusCode.CANCELLED, "CANCELLED", True), (grpc.StatusCode.UNAVAILABLE, "Socket closed", True),
+             (grpc.StatusCode.INTERNAL, "Stream removed", True),
+             (grpc.StatusCode.INTERNAL, "[internal] engine failed", False),
+             (grpc.StatusCode.INVALID_ARGUMENT, "[invalid:voice] unknown voice", False)]
+    for code, details, lost in cases:
+        for streaming in (False, True):
+            aio = client._error(rpc_error(code, details), streaming=streaming)
+            sync = _client_error(InferenceServerException(details, str(code)), "lb:8001", streaming=streaming)
+            assert (aio.message, aio.kind, aio.status, aio.connection) == \
+                (sync.message, sync.kind, sync.status, sync.connection), (code, details)
+            assert aio.connection == lost and (aio.kind == ErrorKind.UNAVAILABLE) == lost, (code, details)
+            if lost:
+                assert from_client_error(aio, "lb:8001").status == 503
+    assert from_client_error(client._error(rpc_error(grpc.StatusCode.CANCELLED, "CANCELLED"), streaming=True),
+                             "lb:8001").code == "backend_unavailable"
