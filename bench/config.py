@@ -76,7 +76,8 @@ class Config:
         return max(2, c) if self.smoke else max(6, 3 * c)
 
 
-def _ints(text: str) -> tuple[int, ...]:
+def positive_ints(text: str) -> tuple[int, ...]:
+    """argparse type: comma-separated integers >= 1 ("1,4,16"), at least one."""
     try:
         values = tuple(int(v) for v in text.split(",") if v.strip())
     except ValueError:
@@ -86,14 +87,16 @@ def _ints(text: str) -> tuple[int, ...]:
     return values
 
 
-def _names(text: str) -> tuple[str, ...]:
+def profile_names(text: str) -> tuple[str, ...]:
+    """argparse type: comma-separated names ("cpu,cpu-fp32"), at least one."""
     names = tuple(v.strip() for v in text.split(",") if v.strip())
     if not names:
         raise argparse.ArgumentTypeError(f"expected comma-separated profile names, got {text!r}")
     return names
 
 
-def _positive(text: str) -> int:
+def positive_int(text: str) -> int:
+    """argparse type: one integer >= 1."""
     try:
         v = int(text)
     except ValueError:
@@ -114,14 +117,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--weights", type=Path, default=None,
                    help="checkpoint the artifacts were exported from, for the baseline (default: from the "
                         "artifacts' manifest, e.g. build/weights/synthetic-full-seed0)")
-    p.add_argument("--profiles", type=_names, default=None,
+    p.add_argument("--profiles", type=profile_names, default=None,
                    help="deployment profiles to benchmark, the default one first (default: those of "
                         f"{','.join(DEFAULT_PROFILES)} that exist)")
-    p.add_argument("--levels", type=_ints, default=None,
+    p.add_argument("--levels", type=positive_ints, default=None,
                    help=f"closed-loop concurrency levels (default {','.join(map(str, FULL['levels']))})")
-    p.add_argument("--requests-per-level", type=_positive, default=None,
+    p.add_argument("--requests-per-level", type=positive_int, default=None,
                    help="requests per level (default max(6, 3 x level))")
-    p.add_argument("--tokens", type=_positive, default=None,
+    p.add_argument("--tokens", type=positive_int, default=None,
                    help="GPT tokens per request, min = max (default 100 = 2.1 s of audio)")
     p.add_argument("--baseline-requests", type=int, default=None,
                    help="sequential ChatTTS requests (default 4; 0 skips the offline baseline)")
@@ -130,17 +133,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batched-repeats", type=int, default=None,
                    help="timed Chat.infer calls over a list of 16 texts (default 2; 0 skips)")
     p.add_argument("--voice-seed", type=int, default=2, help="speaker seed used by both systems")
-    p.add_argument("--raw-batches", type=_ints, default=(1, 4, 16), help="batch sizes of the raw step (1,4,16)")
-    p.add_argument("--raw-past", type=_positive, default=300, help="past positions of the raw step (300)")
-    p.add_argument("--raw-repeats", type=_positive, default=None, help="timed raw steps per batch and round (20)")
-    p.add_argument("--pipeline-repeats", type=_positive, default=None,
+    p.add_argument("--raw-batches", type=positive_ints, default=(1, 4, 16), help="batch sizes of the raw step (1,4,16)")
+    p.add_argument("--raw-past", type=positive_int, default=300, help="past positions of the raw step (300)")
+    p.add_argument("--raw-repeats", type=positive_int, default=None, help="timed raw steps per batch and round (20)")
+    p.add_argument("--pipeline-repeats", type=positive_int, default=None,
                    help="timed runs of the minimal pipeline (3; the median counts)")
-    p.add_argument("--frontend-repeats", type=_positive, default=None,
+    p.add_argument("--frontend-repeats", type=positive_int, default=None,
                    help="timed passes over the sentences of the front-end measurement (20)")
     p.add_argument("--open-loop-requests", type=int, default=None, help="open-loop arrivals (60; 0 skips)")
     p.add_argument("--burst-clients", type=int, default=None, help="clients of the overload burst (200; 0 skips)")
-    p.add_argument("--burst-rounds", type=_positive, default=None, help="bursts per server state, pooled (5)")
-    p.add_argument("--hold-tokens", type=_positive, default=None,
+    p.add_argument("--burst-rounds", type=positive_int, default=None, help="bursts per server state, pooled (5)")
+    p.add_argument("--hold-tokens", type=positive_int, default=None,
                    help="token budget of the streams that hold every slot in the saturated burst (2048)")
     p.add_argument("--no-as-deployed", action="store_true",
                    help="skip the row of the profile as shipped, degraded mode live")

@@ -29,7 +29,7 @@ from chattts_serving.engine.gpt import GptStepRunner, load_step_graph
 from chattts_serving.engine.kernels import KERNELS, choose_int8_kernel, with_accuracy_level
 from chattts_serving.runtime import Artifacts, OrtOptions, make_session
 
-from .config import _ints, _names, _positive
+from .config import positive_int, positive_ints, profile_names
 from .rawstep import time_steps
 
 WARMUP_STEPS = 2
@@ -97,10 +97,10 @@ def main(argv: list[str] | None = None) -> int:
 
     ap = argparse.ArgumentParser(prog="python -m bench.opprofile", description=__doc__.split("\n\n")[0])
     ap.add_argument("--artifacts", type=Path, required=True)
-    ap.add_argument("--profiles", type=_names, default=("cpu",), help="deployment profiles (default cpu)")
-    ap.add_argument("--batches", type=_ints, default=(1, 4, 16), help="batch sizes (default 1,4,16)")
-    ap.add_argument("--past", type=_positive, default=300, help="positions each row holds (default %(default)s)")
-    ap.add_argument("--steps", type=_positive, default=20, help="profiled steps per batch (default %(default)s)")
+    ap.add_argument("--profiles", type=profile_names, default=("cpu",), help="deployment profiles (default cpu)")
+    ap.add_argument("--batches", type=positive_ints, default=(1, 4, 16), help="batch sizes (default 1,4,16)")
+    ap.add_argument("--past", type=positive_int, default=300, help="positions each row holds (default %(default)s)")
+    ap.add_argument("--steps", type=positive_int, default=20, help="profiled steps per batch (default %(default)s)")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
     try:
