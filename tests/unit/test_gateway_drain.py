@@ -4,6 +4,8 @@ of a real gateway process: tests/server/test_gateway_drain.py."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import anyio
 import pytest
 
@@ -58,3 +60,42 @@ def test_drain_timeout_is_a_flag_and_a_variable(monkeypatch: pytest.MonkeyPatch)
     assert settings_from_args(parse_args(["--drain-timeout-s", "0"])).drain_timeout_s == 0
     with pytest.raises(ValueError, match="drain_timeout_s"):
         GatewaySettings(drain_timeout_s=-1)
+
+
+def test_the_server_moves_its_start_up_heap_out_of_the_collectors_sight() -> None:
+    """After uvicorn's startup the gateway process freezes what exists (``gc.freeze``): a full
+    collection during a burst of requests then scans only what the requests made, not the
+    modules and the app (each such collection paused every request in flight)."""
+    import gc
+    import socket
+
+    import uvicorn
+
+    from chattts_serving.gateway.drain import DrainingServer
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:  # a lifespan and nothing else
+        if scope["type"] == "lifespan":
+            while (await receive())["type"] != "lifespan.shutdown":
+                await send({"type": "lifespan.startup.complete"})
+            await send({"type": "lifespan.shutdown.complete"})
+
+    async def main() -> int:
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        server = DrainingServer(uvicorn.Config(app, log_level="error"), Drain(), 1.0)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(server.serve, [sock])
+            with anyio.fail_after(30):  # only a hang: never a timing claim
+                while not server.started:
+                    await anyio.sleep(0.01)
+            frozen = gc.get_freeze_count()
+            server.should_exit = True
+        sock.close()
+        return frozen
+
+    gc.unfreeze()
+    try:
+        frozen = anyio.run(main)
+    finally:
+        gc.unfreeze()  # the test process's heap is not the gateway's
+    assert frozen > 1000, frozen
