@@ -128,6 +128,8 @@ def test_the_asyncio_client_maps_transport_failures_as_the_sync_client_does() ->
     status and UNAVAILABLE as the server gone (the gateway's 503 ``backend_unavailable``, not
     499 ``cancelled``), and an error the server sent as its kind, with the sync client's
     messages."""
+    import asyncio
+
     import grpc
     from tritonclient.utils import InferenceServerException
 
@@ -139,7 +141,10 @@ def test_the_asyncio_client_maps_transport_failures_as_the_sync_client_does() ->
     def rpc_error(code: grpc.StatusCode, details: str) -> grpc.aio.AioRpcError:
         return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details=details)
 
-    client = AioStreamClient("lb:8001")
+    async def make() -> AioStreamClient:  # the asyncio client is made on a running loop
+        return AioStreamClient("lb:8001")
+
+    client = asyncio.run(make())
     cases = [(grpc.StatusCode.CANCELLED, "CANCELLED", True), (grpc.StatusCode.UNAVAILABLE, "Socket closed", True),
              (grpc.StatusCode.INTERNAL, "Stream removed", True),
              (grpc.StatusCode.INTERNAL, "[internal] engine failed", False),
