@@ -20,10 +20,11 @@ from typing import Any
 import numpy as np
 
 from chattts_serving import contract
-from chattts_serving.audio.chunking import ChunkSchedule, StreamChunker, TokenWindow
+from chattts_serving.audio.chunking import ChunkSchedule, StreamChunker, TokenWindow, ready_points
 from chattts_serving.audio.vocoder import VocoderRunner
 from chattts_serving.contract import VocoderPath
 from chattts_serving.engine.gpt import Embeddings, GptStepRunner
+from chattts_serving.engine.request import MAX_EMIT_POINTS
 from chattts_serving.engine.scheduler import Engine
 from chattts_serving.engine.sequence import make_sequence
 from chattts_serving.engine.sinks import CollectingSink
@@ -77,7 +78,7 @@ def run_batch(engine: Engine, vocoder: VocoderRunner, schedule: ChunkSchedule,
     for i, ((ids, spk), st) in enumerate(zip(prompts, streams, strict=True)):
         params = SamplingParams(max_new_tokens=tokens, min_new_tokens=tokens, seed=seed + i)
         engine.submit(make_sequence(np.asarray(ids, np.int64), spk, params, st.sink, emit_tokens=emit_tokens,
-                                    first_emit_tokens=schedule.tokens_before_first_chunk(),
+                                    emit_at=ready_points(schedule, tokens, MAX_EMIT_POINTS),
                                     stream_id=f"minimal-{seed}-{i}"))
     decode_s = vocode_s = decode_cpu = vocode_cpu = 0.0
     calls = windows = 0

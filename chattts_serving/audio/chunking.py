@@ -38,9 +38,10 @@ sample ``j`` is global sample ``512*s + j``. An utterance of ``n`` tokens has
 
 from __future__ import annotations
 
+import functools
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -173,18 +174,43 @@ class ChunkSchedule:
         return 0 if self.carried else self.left_context_tokens
 
 
-def vocoded_tokens(schedule: ChunkSchedule, n_tokens: int) -> int:
-    """Tokens an ``n_tokens`` utterance passes through the vocoder under ``schedule``: the sum
-    of its windows' lengths, tokens arriving one at a time, faster than real time (the
-    schedule's growth only; rate-planned windows and a slow stream's depend on timing and are
-    not what this counts)."""
-    chunker, total, avail = StreamChunker(replace(schedule, rate_planned=False, slow_growth=0.0)), 0, 0
+def _fast_windows(schedule: ChunkSchedule, n_tokens: int) -> Iterator[TokenWindow]:
+    """The windows of an ``n_tokens`` utterance under ``schedule`` (the last one final), tokens
+    arriving one at a time, faster than real time: the schedule's growth only (rate-planned
+    windows and a slow stream's depend on timing; neither is what this yields). A window is
+    yielded when the token count first reaches its ``end``."""
+    chunker, avail = StreamChunker(replace(schedule, rate_planned=False, slow_growth=0.0)), 0
     while not chunker.done:
         avail = min(n_tokens, avail + 1)
         while (w := chunker.next_window(avail, avail == n_tokens)) is not None:
-            total += w.end - w.start
+            yield w
             chunker.emit(w, np.zeros(contract.samples_for_tokens(w.end - w.start), np.float32))
-    return total
+
+
+def vocoded_tokens(schedule: ChunkSchedule, n_tokens: int) -> int:
+    """Tokens an ``n_tokens`` utterance passes through the vocoder under ``schedule``: the sum
+    of its windows' lengths (:func:`_fast_windows`: the count the vocoder makes for a stream
+    faster than real time)."""
+    return sum(w.end - w.start for w in _fast_windows(schedule, n_tokens))
+
+
+@functools.lru_cache(maxsize=256)
+def ready_points(schedule: ChunkSchedule, max_tokens: int, most: int) -> tuple[int, ...]:
+    """The token counts at which each window but the last of a stream of up to ``max_tokens``
+    tokens becomes complete under ``schedule`` (its chunk, crossfade edge and lookahead exist),
+    for a stream faster than real time (:func:`_fast_windows`), ascending, at most ``most`` of
+    them. The engine responds at each (the sequence's ``emit_at``) besides every
+    ``emit_tokens``: a window is then vocoded as soon as it can be, not up to
+    ``emit_tokens - 1`` tokens later. With ``rate_planned`` only the first window's is known
+    in advance (the rest follow the measured rate)."""
+    if schedule.rate_planned:
+        return (schedule.tokens_before_first_chunk(),)[:most]
+    points: list[int] = []
+    for w in _fast_windows(schedule, max_tokens + 1):  # one more: every window ending at max_tokens is not final
+        if w.final or w.end > max_tokens or len(points) == most:
+            break
+        points.append(w.end)
+    return tuple(points)
 
 
 @dataclass(frozen=True)

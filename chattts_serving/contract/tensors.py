@@ -168,8 +168,9 @@ FRONTEND_OUTPUTS: Final = (FE_INPUT_IDS, FE_SPK_EMB, FE_NORMALIZED, FE_DROPPED, 
 # GPT engine (decoupled)
 EN_EMIT_TOKENS: Final = TensorSpec("emit_tokens", "TYPE_INT32", (1,), optional=True,
                                    doc="tokens per streamed response (default 1)")
-EN_FIRST_EMIT: Final = TensorSpec("first_emit_tokens", "TYPE_INT32", (1,), optional=True,
-                                  doc="also send a response when exactly this many tokens exist (0: off)")
+EN_EMIT_AT: Final = TensorSpec("emit_at_tokens", "TYPE_INT32", (-1,), optional=True,
+                               doc="also send a response when exactly one of these many tokens exist (ascending: "
+                                   "a stream's vocoder windows' ready points)")
 EN_STREAM_ID: Final = TensorSpec("stream_id", "TYPE_STRING", (1,), optional=True,
                                  doc="caller's handle for this sequence, used by a later cancel request")
 EN_CONTROL: Final = TensorSpec("control", "TYPE_STRING", (1,), optional=True,
@@ -198,7 +199,7 @@ EN_INFO_HEADER: Final = TensorSpec(FE_INFO.name, "TYPE_STRING", (1,), optional=T
                                    doc="ensemble mode: info JSON for the first window (the last one's is completed "
                                        "with the final keys)")
 ENGINE_INPUTS: Final = (FE_INPUT_IDS, EN_SPK_EMB, *(p.tensor() for p in SAMPLING_PARAMS), EN_EMIT_TOKENS,
-                        EN_STREAM_ID, EN_CONTROL, EN_PRIORITY, EN_TIMEOUT_MS, EN_FIRST_EMIT, EN_MODE, EN_PROMPT_CODES,
+                        EN_STREAM_ID, EN_CONTROL, EN_PRIORITY, EN_TIMEOUT_MS, EN_EMIT_AT, EN_MODE, EN_PROMPT_CODES,
                         EN_DELIVERY_ADDRESS, EN_WINDOW_LOOKAHEAD, EN_INFO_HEADER)
 EN_CODES: Final = TensorSpec("codes", "TYPE_INT32", (-1, NUM_VQ), doc="codes of the new tokens (N, 4)")
 EN_HIDDEN: Final = TensorSpec("hidden", "TYPE_FP32", (-1, -1), doc="GPT last hidden state per token (N, H)")

@@ -10,6 +10,7 @@ length, the artifacts' text head, the queue) stays in ``Engine.submit``.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import numpy as np
@@ -21,6 +22,11 @@ from ..params import SamplingParams
 
 MAX_EMIT_TOKENS = 4096
 """Most tokens per response a sequence may ask for."""
+
+MAX_EMIT_POINTS = 64
+"""Most token counts a sequence may ask to be answered at besides every ``emit_tokens``
+(``emit_at``: a stream's window ready points, :func:`~chattts_serving.audio.chunking.ready_points`;
+a 2048-token stream of the shipped schedules has about 40)."""
 
 
 class InvalidSequence(RequestError, ValueError):
@@ -38,8 +44,10 @@ class SequenceRequest:
     input_ids: (T,) integer prompt ids in [0, ``contract.TEXT_VOCAB_SIZE``), T >= 1; spk_emb:
     (H,) finite float32 speaker vector, None for none (always None in text mode); params:
     sampling; emit_tokens: tokens per response, [1, :data:`MAX_EMIT_TOKENS`];
-    first_emit_tokens: also respond when exactly this many tokens exist (the first chunk's need;
-    0: off); priority: the engine's scheduling class (0 realtime, lower runs first); timeout_s:
+    emit_at: also respond when exactly one of these many tokens exist (ascending, each >= 1,
+    at most :data:`MAX_EMIT_POINTS`: the points at which a stream's vocoder windows become
+    complete, so that each is vocoded at once); priority: the engine's scheduling class (0
+    realtime, lower runs first); timeout_s:
     the engine ends the sequence with a DEADLINE error this long after submission, None for
     never; mode: code (speech) or text (refine-text: codes (N, 4) carry the text id in every
     column); prompt_codes: (P, 4) audio-prompt codes in [0, ``contract.EOS_CODE``) after the
@@ -53,7 +61,7 @@ class SequenceRequest:
     spk_emb: np.ndarray | None
     params: SamplingParams
     emit_tokens: int = 1
-    first_emit_tokens: int = 0
+    emit_at: tuple[int, ...] = ()
     priority: int = 0
     timeout_s: float | None = None
     mode: SequenceMode = SequenceMode.CODE
@@ -87,9 +95,10 @@ class SequenceRequest:
                                   param=contract.EN_SPK_EMB.name if spk is not None else contract.EN_PROMPT_CODES.name)
         if not 1 <= self.emit_tokens <= MAX_EMIT_TOKENS:
             raise InvalidSequence(f"emit_tokens must be in [1, {MAX_EMIT_TOKENS}]", param=contract.EN_EMIT_TOKENS.name)
-        if not 0 <= self.first_emit_tokens <= MAX_EMIT_TOKENS:
-            raise InvalidSequence(f"first_emit_tokens must be in [0, {MAX_EMIT_TOKENS}]",
-                                  param=contract.EN_FIRST_EMIT.name)
+        object.__setattr__(self, "emit_at", at := tuple(int(a) for a in self.emit_at))
+        if len(at) > MAX_EMIT_POINTS or (at and at[0] < 1) or any(b <= a for a, b in itertools.pairwise(at)):
+            raise InvalidSequence(f"emit_at_tokens must be at most {MAX_EMIT_POINTS} ascending token counts >= 1",
+                                  param=contract.EN_EMIT_AT.name)
         if self.priority < 0:
             raise InvalidSequence("priority must be >= 0", param=contract.EN_PRIORITY.name)
         if self.timeout_s is not None and not self.timeout_s > 0:

@@ -478,7 +478,7 @@ class Engine:
                 self.stats_data.tokens += 1
             if s.generated >= s.request.params.max_new_tokens:
                 self._finish(s, StopReason.MAX_TOKENS)
-            elif len(s.pending_codes) >= s.request.emit_tokens or s.generated == s.request.first_emit_tokens:
+            elif len(s.pending_codes) >= s.request.emit_tokens or s.at_emit_point():
                 self._flush(s, None)
 
     def _flush(self, s: Sequence, reason: StopReason | None) -> None:

@@ -52,13 +52,24 @@ class Sequence:
     answered_s: float = 0.0  # the engine clock's time of the last sink call (0: none yet)
     cancel_requested: bool = False
     cancel_polled: int = 0  # engine iteration at which the sink was last asked whether it was cancelled
+    emit_point: int = 0  # index of the first of request.emit_at not yet passed
 
     def __post_init__(self) -> None:
         self.sampler = RequestSampler(self.request.params)
 
+    def at_emit_point(self) -> bool:
+        """Whether ``generated`` is one of ``request.emit_at`` (the points passed meanwhile are
+        skipped: they were answered by ``emit_tokens``)."""
+        at, i = self.request.emit_at, self.emit_point
+        while i < len(at) and at[i] < self.generated:
+            i += 1
+        hit = i < len(at) and at[i] == self.generated
+        self.emit_point = i + hit
+        return hit
+
 
 def make_sequence(input_ids: np.ndarray, spk_emb: np.ndarray | None, params: SamplingParams, sink: TokenSink, *,
-                  emit_tokens: int = 1, first_emit_tokens: int = 0, priority: int = 0,
+                  emit_tokens: int = 1, emit_at: tuple[int, ...] = (), priority: int = 0,
                   deadline_s: float | None = None, stream_id: str = "", request_id: str = "",
                   mode: SequenceMode = SequenceMode.CODE, acknowledge: bool = False,
                   prompt_codes: np.ndarray | None = None) -> Sequence:
@@ -66,6 +77,6 @@ def make_sequence(input_ids: np.ndarray, spk_emb: np.ndarray | None, params: Sam
     the keywords are :class:`~chattts_serving.engine.request.SequenceRequest`'s fields and
     :class:`Sequence`'s. Raises :class:`~chattts_serving.engine.request.InvalidSequence`."""
     return Sequence(SequenceRequest(np.asarray(input_ids), spk_emb, params, emit_tokens=emit_tokens,
-                                    first_emit_tokens=first_emit_tokens, priority=priority, mode=mode,
+                                    emit_at=emit_at, priority=priority, mode=mode,
                                     prompt_codes=prompt_codes, stream_id=stream_id, request_id=request_id),
                     sink, deadline_s=deadline_s, acknowledge=acknowledge)

@@ -112,7 +112,7 @@ def _stream_segment(job: SynthesisJob, stages: Stages, schedule: ChunkSchedule, 
     store = TokenStore()
     carried_id = uuid.uuid4().hex if schedule.carried else None  # the vocoder's state for this segment
     carried_open = False
-    tokens = stages.generate(code_call(job, seg, first_emit_tokens=schedule.tokens_before_first_chunk()))
+    tokens = stages.generate(code_call(job, seg, schedule))
     unwatch: Callable[[], None] | None = None
     reason: StopReason | None = None
     try:

@@ -95,6 +95,17 @@ def int_input(inputs: Inputs, name: str, default: int, low: int, high: int) -> i
     return v
 
 
+def ints_input(inputs: Inputs, name: str) -> tuple[int, ...]:
+    """The integers of 1-D input ``name``, () when absent (their rules are the caller's).
+    Raises RequestError for another dtype or shape."""
+    arr = inputs.get(name)
+    if arr is None:
+        return ()
+    if arr.ndim != 1 or arr.dtype.kind not in "iu":
+        raise RequestError(f"{name} must be a 1-D integer tensor", param=name)
+    return tuple(int(v) for v in arr)
+
+
 def bool_input(inputs: Inputs, name: str) -> bool:
     """The one BOOL of input ``name``, False when absent. Raises RequestError otherwise."""
     arr = inputs.get(name)
@@ -508,7 +519,7 @@ def parse_engine(inputs: Inputs, hidden_size: int, max_new_tokens_cap: int,
     timeout_ms = int_input(inputs, contract.EN_TIMEOUT_MS.name, 0, 0, MAX_ENGINE_TIMEOUT_MS)
     return SequenceRequest(input_ids=ids.astype(np.int64), spk_emb=spk, params=params,
                            emit_tokens=int_input(inputs, contract.EN_EMIT_TOKENS.name, 1, 1, MAX_EMIT_TOKENS),
-                           first_emit_tokens=int_input(inputs, contract.EN_FIRST_EMIT.name, 0, 0, MAX_EMIT_TOKENS),
+                           emit_at=ints_input(inputs, contract.EN_EMIT_AT.name),
                            priority=int_input(inputs, contract.EN_PRIORITY.name, 0, 0, priority_high),
                            timeout_s=timeout_ms / 1000 or None, mode=mode, prompt_codes=prompt_codes,
                            stream_id=stream_id, request_id=request_id)

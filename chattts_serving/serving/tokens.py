@@ -11,8 +11,9 @@ from collections.abc import Callable
 import numpy as np
 
 from .. import contract
+from ..audio.chunking import ChunkSchedule, ready_points
 from ..contract import StopReason, VocoderPath
-from ..engine.request import SequenceRequest
+from ..engine.request import MAX_EMIT_POINTS, SequenceRequest
 from ..errors import Cancelled, ErrorKind, RequestError
 from .boundary import FrontendOutput, Stages, TokenBatch, TokenStream, Watch
 from .job import SynthesisJob, seconds_left
@@ -108,12 +109,13 @@ def run_all(stages: Stages, calls: list[SequenceRequest], watch: Watch, cancelle
     return out
 
 
-def code_call(job: SynthesisJob, seg: FrontendOutput, first_emit_tokens: int = 0) -> SequenceRequest:
-    """The speech sequence of one prepared segment (``first_emit_tokens``: a streamed one's
-    first chunk)."""
+def code_call(job: SynthesisJob, seg: FrontendOutput, schedule: ChunkSchedule | None = None) -> SequenceRequest:
+    """The speech sequence of one prepared segment; streamed under ``schedule``, the engine
+    also answers at each point where a window becomes complete (:func:`ready_points`)."""
     req = job.req
+    emit_at = ready_points(schedule, req.params.max_new_tokens, MAX_EMIT_POINTS) if schedule is not None else ()
     return SequenceRequest(input_ids=seg.input_ids, spk_emb=seg.spk_emb, params=req.params, emit_tokens=job.emit_tokens,
-                        first_emit_tokens=first_emit_tokens, priority=req.priority.engine_class,
+                        emit_at=emit_at, priority=req.priority.engine_class,
                         timeout_s=seconds_left(job), request_id=req.request_id, prompt_codes=seg.prompt_codes)
 
 

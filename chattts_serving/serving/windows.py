@@ -26,8 +26,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import contract
-from ..audio.chunking import ChunkSchedule, StreamChunker
+from ..audio.chunking import ChunkSchedule, StreamChunker, ready_points
 from ..contract import StopReason, VocoderPath
+from ..engine.request import MAX_EMIT_POINTS
 from ..errors import ErrorKind, RequestError
 from .boundary import TokenBatch
 from .tokens import NO_AUDIO, TokenStore
@@ -74,9 +75,10 @@ class EnsembleWindowPlanner:
         self.samples = 0
         self.chunks = 0
 
-    def first_emit_tokens(self) -> int:
-        """Tokens that must exist before the first window: when the engine should send them."""
-        return self.schedule.tokens_before_first_chunk()
+    def emit_at(self, max_tokens: int) -> tuple[int, ...]:
+        """The token counts at which this stream's windows become complete (up to
+        ``max_tokens``): when the engine should send its tokens besides every ``emit_tokens``."""
+        return ready_points(self.schedule, max_tokens, MAX_EMIT_POINTS)
 
     def add(self, codes: np.ndarray, hidden: np.ndarray, stop_reason: StopReason | None) -> list[EnsembleWindow]:
         """Take a token batch (codes (N, 4) int32, hidden (N, H) float32; ``stop_reason`` on

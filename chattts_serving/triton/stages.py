@@ -112,8 +112,9 @@ def engine_inputs(pb: Any, call: SequenceRequest, stream_id: str, delivery_addre
               string_tensor(pb, contract.EN_MODE.name, call.mode),
               pb.Tensor(contract.EN_EMIT_TOKENS.name, np.array([call.emit_tokens], np.int32)),
               string_tensor(pb, contract.EN_STREAM_ID.name, stream_id),
-              pb.Tensor(contract.EN_PRIORITY.name, np.array([call.priority], np.int32)),
-              pb.Tensor(contract.EN_FIRST_EMIT.name, np.array([call.first_emit_tokens], np.int32))]
+              pb.Tensor(contract.EN_PRIORITY.name, np.array([call.priority], np.int32))]
+    if call.emit_at:
+        inputs.append(pb.Tensor(contract.EN_EMIT_AT.name, np.array(call.emit_at, np.int32)))
     if call.spk_emb is not None:
         inputs.append(pb.Tensor(contract.EN_SPK_EMB.name, call.spk_emb.astype(np.float32)))
     if call.timeout_s is not None:

@@ -11,7 +11,7 @@ import pytest
 
 from bench.stats import REALTIME_TOLERANCE_S
 from chattts_serving import contract
-from chattts_serving.audio.chunking import ChunkSchedule, StreamChunker, TokenWindow
+from chattts_serving.audio.chunking import ChunkSchedule, StreamChunker, TokenWindow, ready_points
 from chattts_serving.audio.vocoder import VocoderRunner
 from chattts_serving.runtime import Artifacts
 
@@ -368,3 +368,86 @@ def test_slow_growth_follows_the_rate_chunk_by_chunk_and_is_checked() -> None:
         replace(CPU_AUDIO, slow_growth=0.5).validate()
     assert CPU_SLOW.with_lookahead(52).slow_growth == CPU_SLOW.without_crossfade().slow_growth == 2.0
     assert CPU_SLOW.with_carried_state().windowed().slow_growth == 2.0
+
+
+# ---- when the engine answers: each window's ready point -----------------------------------
+
+def _shipped_schedules() -> list[ChunkSchedule]:
+    from chattts_serving.serving.profile import load_profile
+
+    out = []
+    for name in ("cpu", "cpu-fp32", "gpu"):
+        s = load_profile(name).stream.schedule()
+        out += [s, s.windowed(), s.windowed().without_crossfade(), s.with_lookahead(20)]
+    return out
+
+
+@pytest.mark.parametrize("n", [1, 9, 10, 40, 100, 300])
+def test_ready_points_are_where_each_window_but_the_last_becomes_complete(n: int) -> None:
+    """Fed one token at a time, a stream faster than real time hands out each window but the
+    last exactly when the token count reaches the next ready point, for every shipped
+    schedule (carried, windowed, without crossfade, another lookahead)."""
+    for schedule in _shipped_schedules():
+        ch = StreamChunker(replace(schedule, slow_growth=0.0))
+        handed = []
+        for avail in range(1, n + 1):
+            while (w := ch.next_window(avail, avail == n)) is not None:
+                if not w.final:
+                    assert w.end == avail
+                    handed.append(avail)
+                ch.emit(w, np.zeros(contract.samples_for_tokens(w.end - w.start), np.float32))
+        assert list(ready_points(schedule, n, 64)) == handed, schedule
+
+
+def test_ready_points_are_capped_and_only_the_first_is_known_for_rate_planned_chunks() -> None:
+    s = _shipped_schedules()[0]
+    every = ready_points(s, 2048, 64)
+    assert len(every) > 30 and every[0] == s.tokens_before_first_chunk()
+    assert all(b > a for a, b in itertools.pairwise(every)) and every[-1] <= 2048
+    assert ready_points(s, 2048, 5) == every[:5]
+    assert ready_points(replace(s, rate_planned=True), 2048, 64) == (s.tokens_before_first_chunk(),)
+
+
+def _needed_buffer_with_points(schedule: ChunkSchedule, rtf: float, n: int, emit: int,
+                               points: tuple[int, ...]) -> float:
+    """The start buffer a stream needs (s) when the engine answers every ``emit`` tokens
+    (counted from its last answer) and at ``points``, tokens generated at ``rtf`` on a fake
+    clock and each window vocoded in 4 ms + 1.3 ms per token (the int8 vocoder at c=1)."""
+    from bench.stats import needed_buffer_s
+
+    per_token_s = rtf * contract.SAMPLES_PER_TOKEN / contract.SAMPLE_RATE_HZ
+    answers, pending = [], 0
+    for t in range(1, n + 1):
+        pending += 1
+        if t == n or pending >= emit or t in points:
+            answers.append(t)
+            pending = 0
+    ch, clock, times, samples = StreamChunker(schedule, clock=lambda: 0.0), 0.0, [], []
+    for avail in answers:
+        clock = max(clock, avail * per_token_s)
+        while (w := ch.next_window(avail, avail == n)) is not None:
+            clock += 0.004 + 0.0013 * (w.end - w.start)
+            out = ch.emit(w, np.zeros(contract.samples_for_tokens(w.end - w.start), np.float32))
+            if out.size:
+                times.append(clock)
+                samples.append(out.size)
+    need = needed_buffer_s(times, samples)
+    assert need is not None
+    return need
+
+
+@pytest.mark.parametrize("rtf", [0.5, 0.55, 0.6, 0.65])
+def test_answering_at_every_ready_point_lowers_the_start_buffer(rtf: float) -> None:
+    """Answered every 4 tokens and at the first window's need only, the cpu schedule's second
+    window (ready at 15 tokens) waits for the 17th, later ones up to 3 tokens each, and the
+    client needs a start buffer at every rate here. Answered at every ready point, each window
+    is vocoded as soon as it can be: less is needed, none at RTF 0.55 and below (the same
+    first chunk at the same time)."""
+    s = replace(_shipped_schedules()[0], slow_growth=0.0)
+    n = 100
+    points = ready_points(s, n, 64)
+    first_only = _needed_buffer_with_points(s, rtf, n, 4, points[:1])
+    every = _needed_buffer_with_points(s, rtf, n, 4, points)
+    assert every < first_only, (every, first_only)  # simulated: 14.6 / 23.1 / 31.6 / 40.2 ms against 0 / 0 / 6.0 / 12.4
+    if rtf <= 0.55:
+        assert every == 0.0

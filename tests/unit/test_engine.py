@@ -164,6 +164,32 @@ def test_each_sequence_in_a_batch_gets_what_it_gets_alone(parts, small_artifacts
     assert max(sizes) >= 6, sizes
 
 
+def test_a_sequence_is_answered_every_emit_tokens_and_at_each_emit_at_point(parts) -> None:
+    """``emit_at`` (a stream's window ready points) adds responses at exactly those token
+    counts; the ``emit_tokens`` groups count from the last response, and the codes are the
+    ones the sequence gets without points."""
+    params = SamplingParams(seed=3, max_new_tokens=30, min_new_tokens=30)
+    plain, pointed = Sink(), Sink()
+    for sink, at in ((plain, ()), (pointed, (9, 15, 17, 18, 40))):
+        eng = Engine(*parts, EngineConfig())
+        eng.submit(make_sequence(_prompt(20, 5), None, params, sink, emit_tokens=4, emit_at=at))
+        while eng.live_count():
+            eng.run_once()
+    ends = list(np.cumsum([len(c) for c in pointed.codes]))
+    assert ends == [4, 8, 9, 13, 15, 17, 18, 22, 26, 30], ends
+    assert list(np.cumsum([len(c) for c in plain.codes])) == [4, 8, 12, 16, 20, 24, 28, 30]
+    np.testing.assert_array_equal(pointed.all_codes, plain.all_codes)
+
+
+@pytest.mark.parametrize("at", [(0, 5), (5, 5), (9, 4), tuple(range(1, 66))])
+def test_emit_at_points_are_ascending_positive_and_few(at: tuple[int, ...]) -> None:
+    from chattts_serving.engine.request import InvalidSequence
+
+    with pytest.raises(InvalidSequence, match="emit_at_tokens") as err:
+        make_sequence(_prompt(20, 5), None, SamplingParams(), Sink(), emit_at=at)
+    assert err.value.param == contract.EN_EMIT_AT.name
+
+
 class _CountingSink(Sink):
     """A sink that counts how often the engine asks whether it was cancelled."""
 

@@ -595,3 +595,38 @@ def test_busy_refusal_counts_in_words() -> None:
     assert str(busy_error(4)) == "server busy: 4 streams already live"
     assert str(busy_error(1, OFFLINE_BUSY_DETAIL)) == "server busy: 1 request already running"
     assert str(busy_error(0, OFFLINE_BUSY_DETAIL)) == "server busy: 0 requests already running"
+
+
+class _RecordingStages:
+    """The in-process stages, recording each sequence the pipeline asks the engine for."""
+
+    def __init__(self, inner: InProcessStages) -> None:
+        self.inner = inner
+        self.calls: list[SequenceRequest] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def generate(self, call: SequenceRequest) -> Any:
+        self.calls.append(call)
+        return self.inner.generate(call)
+
+
+def test_a_streamed_segment_asks_the_engine_to_answer_where_its_windows_become_complete(
+        stages: InProcessStages) -> None:
+    """A streamed request's sequence carries its windows' ready points (``emit_at``: the engine
+    answers there besides every ``emit_tokens``, so no window waits for a group to fill); an
+    offline one's carries none (nothing is vocoded before its end)."""
+    from chattts_serving.audio.chunking import ready_points
+    from chattts_serving.engine.request import MAX_EMIT_POINTS
+
+    recording = _RecordingStages(stages)
+    service = EntryService(contract.MODEL_STREAM, _profile(), recording, RecordingObserver())
+    job = service.admit(_tensors(max_new_tokens=40, min_new_tokens=40, seed=1), {}, "req-points")
+    service.stream(job, RecordingChannel())
+    (streamed,) = recording.calls
+    assert streamed.emit_at == ready_points(job.schedule, 40, MAX_EMIT_POINTS) != ()
+    assert streamed.emit_at[0] == job.schedule.tokens_before_first_chunk()
+    offline = EntryService(contract.MODEL_OFFLINE_ENTRY, _profile(), recording, RecordingObserver())
+    run_offline(offline, offline.admit(_tensors(max_new_tokens=40, min_new_tokens=40, seed=1), {}, "req-offline"))
+    assert [c.emit_at for c in recording.calls[1:]] == [()]

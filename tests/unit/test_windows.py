@@ -28,12 +28,13 @@ def voc(small_artifacts: Artifacts) -> VocoderRunner:
 
 def _feed(planner: EnsembleWindowPlanner, hidden: np.ndarray, emit: int,
           stop: StopReason = StopReason.MAX_TOKENS) -> list[EnsembleWindow]:
-    """The engine's pattern: a batch every ``emit`` tokens and at first_emit_tokens, the last
-    with the stop reason."""
+    """The engine's pattern: a batch every ``emit`` tokens and at each of the planner's
+    ``emit_at`` points, the last with the stop reason."""
     n, out, sent = len(hidden), [], 0
     codes = np.zeros((n, contract.NUM_VQ), np.int32)
+    points = set(planner.emit_at(n))
     for t in range(1, n + 1):
-        if t == n or t - sent >= emit or t == planner.first_emit_tokens():
+        if t == n or t - sent >= emit or t in points:
             out += planner.add(codes[sent:t], hidden[sent:t], stop if t == n else None)
             sent = t
     return out

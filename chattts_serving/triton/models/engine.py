@@ -139,7 +139,7 @@ class EngineModel(DecoupledModel):
         sink = EnsembleSink(self.pb, sender, self.name, request_id, req.prompt_length, planner, req.stream_id,
                           slot.release)
         req = replace(req, emit_tokens=self.setup.profile.stream.emit_tokens,
-                      first_emit_tokens=planner.first_emit_tokens(), request_id=req.stream_id)
+                      emit_at=planner.emit_at(req.params.max_new_tokens), request_id=req.stream_id)
         self.engine.submit(Sequence(req, sink, deadline_s=deadline))
 
     def refuse(self, sender: Any, exc: RequestError) -> None:
