@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -65,22 +66,29 @@ def main() -> None:
     while eng.live_count():
         eng.run_once()
     data = {"hidden": np.concatenate(keep.hidden), "codes": np.concatenate(keep.codes)}
-    base = profile.stream.schedule()
+    # windowed: each window is vocoded alone here (the carried mode's seams are as far from
+    # the offline decode: docs/streaming-quality.md, scripts/vocoder_carry_ab.py)
+    base = profile.stream.schedule().windowed()
     rows = []
     for path in ("hidden", "codes"):
         voc = VocoderRunner(art, path)
         x = data[path]
         offline = voc.run(x[None])[0]
         rf = art.receptive_field_tokens(path)
-        for lookahead in [0, *sorted({1, 2, 4, 8, 12, 16, 24, rf})]:
-            # 0 = the profile's own schedule (its first-chunk lookahead and left context)
-            sched = base if lookahead == 0 else base.with_lookahead(lookahead)
+        for lookahead in [0, -1, *sorted({1, 2, 4, 8, 12, 16, 24, rf})]:
+            # 0 = the profile's own schedule (its first-chunk lookahead, its step, its left
+            # context); -1 = the same with the lookahead at its full value from the second window
+            if lookahead == -1 and not base.lookahead_step:
+                continue
+            sched = (base if lookahead == 0 else replace(base, lookahead_step=0) if lookahead == -1
+                     else base.with_lookahead(lookahead))
             snr, err = stream_snr(sched, voc, x, offline)
             snr_cut, _ = stream_snr(sched.without_crossfade(), voc, x, offline)
-            rows.append({"path": path, "lookahead_tokens": lookahead or f"profile ({base.first_lookahead}/"
-                         f"{base.lookahead_tokens}, left {base.left_context_tokens})",
-                         "lookahead_ms": round((lookahead or base.lookahead_tokens) * contract.SAMPLES_PER_TOKEN
-                                               / contract.SAMPLE_RATE_HZ * 1000),
+            step = f" step {sched.lookahead_step}" if lookahead <= 0 else ""
+            rows.append({"path": path, "lookahead_tokens": f"profile ({sched.first_lookahead}/{sched.lookahead_tokens}"
+                         f"{step}, left {sched.left_context_tokens})" if lookahead <= 0 else lookahead,
+                         "lookahead_ms": round((lookahead if lookahead > 0 else base.lookahead_tokens)
+                                               * contract.SAMPLES_PER_TOKEN / contract.SAMPLE_RATE_HZ * 1000),
                          "snr_db": round(snr, 1), "snr_db_cut": round(snr_cut, 1),
                          "max_abs_error": float(np.abs(err).max()),
                          "receptive_field_tokens": rf})

@@ -87,6 +87,14 @@ class ChunkSchedule:
     schedule's own growth at any rate. Such a stream stalls whatever its chunk sizes, so the
     small chunks that keep a faster one gapless only cost vocoder windows, which the other
     streams on the same cores pay for. Its seams then depend on the rate as well as the request."""
+    lookahead_step: int = 0
+    """After the first window, each window's lookahead grows by this many tokens from the first
+    one's until ``lookahead_tokens`` (0: ``lookahead_tokens`` from the second window on). The
+    jump from the first window's short lookahead to the full one is tokens the second window
+    must wait for while only the first chunk plays: with the cpu schedule (4, then 8) its need
+    is 15 tokens for 6 tokens of audio, gapless only up to RTF 0.58; with a step of 2 it is
+    13 (:meth:`StreamChunker.lookahead_now`). Costs those seams' exactness (lookahead 6
+    instead of 8 at one seam with that schedule)."""
     carried: bool = False
     """The vocoder carries its convolution state from window to window
     (:meth:`with_carried_state`): windows have no left context (``left_context_tokens`` is kept
@@ -107,6 +115,8 @@ class ChunkSchedule:
             raise ValueError("need 1 <= min_planned_tokens <= max_chunk_tokens")
         if self.lookahead_tokens < 1 or self.left_context_tokens < 0 or self.first_lookahead_tokens < 0:
             raise ValueError("lookahead_tokens must be >= 1, left_context_tokens and first_lookahead_tokens >= 0")
+        if self.lookahead_step < 0:
+            raise ValueError("lookahead_step must be >= 0")
         f = self.crossfade_samples
         if f < 0 or f % 2:
             raise ValueError("crossfade_samples must be even and >= 0")
@@ -138,7 +148,7 @@ class ChunkSchedule:
                              first_lookahead_tokens=0, rate_planned=self.rate_planned,
                              margin_s=self.margin_s, min_planned_tokens=self.min_planned_tokens,
                              growth_basis=self.growth_basis, slow_growth=self.slow_growth,
-                             carried=self.carried).validate()
+                             lookahead_step=self.lookahead_step, carried=self.carried).validate()
 
     def without_crossfade(self) -> ChunkSchedule:
         """The same chunks, context and lookahead, seams cut at the chunk boundary instead of
@@ -148,7 +158,8 @@ class ChunkSchedule:
         return ChunkSchedule(self.first_chunk_tokens, self.growth, self.max_chunk_tokens, self.left_context_tokens,
                              self.lookahead_tokens, 0, self.first_lookahead_tokens,
                              min_planned_tokens=self.min_planned_tokens, growth_basis=self.growth_basis,
-                             slow_growth=self.slow_growth, carried=self.carried).validate()
+                             slow_growth=self.slow_growth, lookahead_step=self.lookahead_step,
+                             carried=self.carried).validate()
 
     def with_carried_state(self) -> ChunkSchedule:
         """The same chunks, lookahead and crossfade for a vocoder that carries its convolution
@@ -243,6 +254,7 @@ class StreamChunker:
         self.clock = clock
         self.boundary = 0  # b_k: first token of the next chunk
         self.size = schedule.first_chunk_tokens
+        self.chunks = 0  # chunks sent before the next one
         self.emitted = 0  # global samples already sent
         self.tail: np.ndarray | None = None  # previous decode over the crossfade region
         self.done = False
@@ -279,6 +291,16 @@ class StreamChunker:
         if self._last_seen is None or available > self._last_seen[1]:
             self._last_seen = (now, available)
 
+    def lookahead_now(self) -> int:
+        """The next window's lookahead (tokens): the first one's for the first chunk, then
+        growing by ``lookahead_step`` per chunk sent until ``lookahead_tokens``."""
+        s = self.s
+        if self.chunks == 0:
+            return s.first_lookahead
+        if not s.lookahead_step:
+            return s.lookahead_tokens
+        return min(s.lookahead_tokens, s.first_lookahead + self.chunks * s.lookahead_step)
+
     def plan_next(self, available: int) -> int | None:
         """Tokens of the chunk after the one just sent, so that it is ready before the audio
         sent so far has played out; None when no plan can be made (no rate yet, or
@@ -300,7 +322,7 @@ class StreamChunker:
         edge = -(-(self.s.crossfade_samples // 2) // contract.SAMPLES_PER_TOKEN)
         played_until = self.first_emit_s + self.emitted / contract.SAMPLE_RATE_HZ
         budget_s = played_until - self.clock() - self.vocode_s - self.s.margin_s
-        n = math.floor(budget_s * rate + available - self.boundary - edge - self.s.lookahead_tokens)
+        n = math.floor(budget_s * rate + available - self.boundary - edge - self.lookahead_now())
         return max(self.s.min_planned_tokens, min(self.s.max_chunk_tokens, n))
 
     def next_window(self, available: int, finished: bool) -> TokenWindow | None:
@@ -316,8 +338,7 @@ class StreamChunker:
         edge = -(-(self.s.crossfade_samples // 2) // contract.SAMPLES_PER_TOKEN)  # ceil, in tokens
         start = max(0, self.boundary - edge - self.s.left_tokens)
         end = self.boundary + self.size
-        lookahead = self.s.first_lookahead if self.boundary == 0 else self.s.lookahead_tokens
-        need = end + edge + lookahead
+        need = end + edge + self.lookahead_now()
         if finished and need > available:
             if available <= self.boundary and self.emitted >= contract.samples_for_tokens(available):
                 self.done = True
@@ -363,6 +384,7 @@ class StreamChunker:
             self.done = True
         else:
             self.boundary = w.chunk_end
+            self.chunks += 1
             grown = self._grown()
             planned = self.plan_next(self._last_seen[1] if self._last_seen else w.end)
             self.size = grown if planned is None else planned

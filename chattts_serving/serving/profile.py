@@ -126,7 +126,9 @@ class StreamProfile(_Strict):
     mode, each window decoded alone; docs/decode-speed.md, "A vocoder that carries its state").
     ``slow_stream_growth``: chunk sizes grow this many times per chunk for a stream measured
     slower than real time (0: ``growth`` at any rate; docs/decode-speed.md, "Streams slower
-    than real time")."""
+    than real time"). ``lookahead_step_tokens``: after the first window the lookahead grows
+    from ``first_lookahead_tokens`` by this many tokens per window to ``lookahead_tokens`` (0:
+    at once; docs/decode-speed.md, "The start of a stream")."""
 
     first_chunk_tokens: int = Field(ge=1)
     growth: float = Field(ge=1.0)
@@ -143,6 +145,7 @@ class StreamProfile(_Strict):
     growth_basis: Literal["chunk", "audio"] = "chunk"
     carry_vocoder_state: bool = False
     slow_stream_growth: float = Field(default=0.0, ge=0.0)
+    lookahead_step_tokens: int = Field(default=0, ge=0)
 
     def schedule(self) -> ChunkSchedule:
         """The profile's chunk schedule; with ``carry_vocoder_state`` the BLS door's vocoder
@@ -152,7 +155,8 @@ class StreamProfile(_Strict):
                              self.left_context_tokens, self.lookahead_tokens, self.crossfade_samples,
                              self.first_lookahead_tokens, self.rate_planned_chunks, self.chunk_margin_s,
                              self.min_planned_chunk_tokens, self.growth_basis,
-                             slow_growth=self.slow_stream_growth, carried=self.carry_vocoder_state).validate()
+                             slow_growth=self.slow_stream_growth, lookahead_step=self.lookahead_step_tokens,
+                             carried=self.carry_vocoder_state).validate()
 
 
 class EntryProfile(_Strict):

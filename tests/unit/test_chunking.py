@@ -443,7 +443,7 @@ def test_answering_at_every_ready_point_lowers_the_start_buffer(rtf: float) -> N
     client needs a start buffer at every rate here. Answered at every ready point, each window
     is vocoded as soon as it can be: less is needed, none at RTF 0.55 and below (the same
     first chunk at the same time)."""
-    s = replace(_shipped_schedules()[0], slow_growth=0.0)
+    s = replace(_shipped_schedules()[0], slow_growth=0.0, lookahead_step=0)
     n = 100
     points = ready_points(s, n, 64)
     first_only = _needed_buffer_with_points(s, rtf, n, 4, points[:1])
@@ -451,3 +451,37 @@ def test_answering_at_every_ready_point_lowers_the_start_buffer(rtf: float) -> N
     assert every < first_only, (every, first_only)  # simulated: 14.6 / 23.1 / 31.6 / 40.2 ms against 0 / 0 / 6.0 / 12.4
     if rtf <= 0.55:
         assert every == 0.0
+
+
+def test_the_lookahead_grows_by_its_step_after_the_first_window() -> None:
+    """The cpu schedule's windows: lookahead 4 for the first chunk, then 6, then 8 from the
+    third on (its step of 2); without a step, 8 from the second on. A window's lookahead is
+    what it vocodes past its chunk and the crossfade's edge."""
+    edge = 1  # 512 / 2 samples of crossfade: one token
+    for step, expected in ((2, [4, 6, 8, 8, 8]), (0, [4, 8, 8, 8, 8]), (1, [4, 5, 6, 7, 8]), (9, [4, 8, 8, 8, 8])):
+        s = replace(_shipped_schedules()[0], slow_growth=0.0, lookahead_step=step)
+        ch, got = StreamChunker(s), []
+        for avail in range(1, 200):
+            while (w := ch.next_window(avail, False)) is not None:
+                got.append(w.end - w.chunk_end - edge)
+                ch.emit(w, np.zeros(contract.samples_for_tokens(w.end - w.start), np.float32))
+        assert got[:5] == expected, (step, got[:5])
+    with pytest.raises(ValueError, match="lookahead_step"):
+        replace(_shipped_schedules()[0], lookahead_step=-1).validate()
+
+
+@pytest.mark.parametrize("rtf", [0.6, 0.64, 0.68])
+def test_a_lookahead_that_grows_lowers_the_start_buffer(rtf: float) -> None:
+    """Answered at every ready point, the cpu schedule with its lookahead jumping from 4 to 8
+    still needs a start buffer from RTF 0.6 (its second window waits for 15 tokens while 3.5
+    tokens of audio play); growing 4, 6, 8 its second window needs 13 and less is needed at
+    every rate, none below RTF 0.66, at the same first chunk."""
+    n = 100
+    step2 = replace(_shipped_schedules()[0], slow_growth=0.0)
+    assert step2.lookahead_step == 2
+    jump = replace(step2, lookahead_step=0)
+    jumping = _needed_buffer_with_points(jump, rtf, n, 4, ready_points(jump, n, 64))
+    growing = _needed_buffer_with_points(step2, rtf, n, 4, ready_points(step2, n, 64))
+    assert growing < jumping, (growing, jumping)  # simulated: 0 / 0 / 4.8 ms against 6.0 / 11.2 / 16.3 ms
+    if rtf < 0.66:
+        assert growing == 0.0
