@@ -79,7 +79,7 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-        return state.error_response(request.url.path, _validation_api_error(exc))
+        return state.error_response(request.url.path, _validation_api_error(exc, request.headers.get("content-type")))
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
@@ -96,11 +96,16 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
     return app
 
 
-def _validation_api_error(exc: RequestValidationError) -> ApiError:
+def _validation_api_error(exc: RequestValidationError, content_type: str | None = None) -> ApiError:
     """The 400 for a body that is not JSON or does not match :class:`SpeechRequest` (its first
-    problem; ``param`` is the field)."""
+    problem; ``param`` is the field). A whole body that is no object under a ``content_type``
+    other than JSON (``curl -d`` sends form data's) says that the body must be sent as JSON."""
     errors = exc.errors()
     first = errors[0] if errors else {}
+    media = (content_type or "").split(";")[0].strip().lower()
+    if tuple(first.get("loc", ())) == ("body",) and media != "application/json" and not media.endswith("+json"):
+        return ApiError(400, f"the body must be a JSON object sent with Content-Type: application/json "
+                             f"(got {media or 'no Content-Type'})", INVALID_REQUEST, code="invalid_json")
     if first.get("type") == "json_invalid":
         reason = (first.get("ctx") or {}).get("error", "")
         return ApiError(400, f"the body is not valid JSON{': ' + str(reason) if reason else ''}", INVALID_REQUEST,

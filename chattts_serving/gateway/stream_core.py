@@ -194,6 +194,9 @@ class StreamCore:
         """Sentences of the utterance sent so far."""
         self.audio_started = False
         """Whether any audio frame has been sent (errors after it count as ``mid_stream``)."""
+        self.sent_at = time.monotonic()
+        """``time.monotonic()`` of the last message sent to the client: a client that sends
+        nothing while it is still being sent audio is not idle."""
         self.spoken: list[str] = []
         """The utterance's sentences wholly sent (passed over: dropped or refused), in order."""
         self.cutting: Sentence | None = None
@@ -310,6 +313,7 @@ class StreamCore:
         try:
             with anyio.fail_after(self.cfg.ws_send_timeout_s):
                 await send()
+            self.sent_at = time.monotonic()
         except TimeoutError:
             raise StreamEnd(Close.POLICY, ApiError(
                 408, f"the client took no audio for {self.cfg.ws_send_timeout_s:g} s: stream cancelled",

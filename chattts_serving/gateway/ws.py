@@ -313,6 +313,8 @@ class SpeechStream(StreamCore):
                 if pending:  # the text held so far is a sentence now (a no-op when none is held)
                     self._file(turn, {"type": "flush"})
                     continue
+                if time.monotonic() - self.sent_at < self.cfg.stream_idle_timeout_s:
+                    continue  # still being sent its audio (a long first text): not idle
                 raise self._idle_timeout() from None
             if msg["type"] == "interrupt":
                 await self._interrupt()
@@ -363,7 +365,8 @@ class SpeechStream(StreamCore):
 
     def _idle_timeout(self) -> StreamEnd:
         return StreamEnd(Close.POLICY, ApiError(
-            408, f"no message for {self.cfg.stream_idle_timeout_s:g} s before end", INVALID_REQUEST,
+            408, f"no message from the client and no audio to it for {self.cfg.stream_idle_timeout_s:g} s "
+            "before end", INVALID_REQUEST,
             code="idle_timeout", kind=ErrorKind.DEADLINE))
 
     # --- synthesis ------------------------------------------------------------------------

@@ -362,6 +362,23 @@ def test_a_silent_client_is_closed_after_the_idle_timeout(triton_server: Server)
     assert quiet.types()[0] == "started" and quiet.events[-1]["code"] == "idle_timeout"
 
 
+def test_a_client_being_sent_audio_is_not_idle(triton_server: Server) -> None:
+    """An audiobook client sends a long first text in ``start`` and nothing more: while its
+    audio is still being sent it is not idle (every sentence comes, though the audio takes
+    longer than the idle timeout: 3200 tokens and their vocoding, one sentence at a time, take
+    seconds on any CPU); once everything is sent and no ``end`` came, the idle timeout ends the
+    connection."""
+    settings = GatewaySettings(triton_url=triton_server.grpc_url, stream_idle_timeout_s=1.0, ws_lookahead=0)
+    sentences = [f"第{i}句话。" for i in range(8)]
+    long_start = {**START, "max_new_tokens": 400, "min_new_tokens": 400, "input": "".join(sentences)}
+    with running_gateway(settings) as url:
+        conv = asyncio.run(_converse(url, [long_start], key=None))
+    starts = [e for e in conv.events if e["type"] == "sentence_start"]
+    assert [e["text"] for e in starts] == sentences, conv.types()
+    assert conv.types().count("sentence_done") == len(sentences)
+    assert conv.events[-1]["code"] == "idle_timeout" and conv.close_code == Close.POLICY
+
+
 def test_the_key_is_accepted_as_a_subprotocol(gateway_url: str) -> None:
     async def main() -> tuple[str | None, dict[str, Any]]:
         async with websockets.connect(_ws_url(gateway_url), subprotocols=["chattts.v1", f"bearer.{API_KEY}"]) as ws:

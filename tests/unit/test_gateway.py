@@ -5,6 +5,7 @@ and the docs. The real gateway over a real tritonserver: tests/server/test_gatew
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -110,6 +111,24 @@ def test_without_triton_speech_is_503_with_retry_after_and_auth_is_still_checked
         r = offline_client.post("/v1/audio/speech", json=body, headers=headers)
         assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
         assert r.headers["www-authenticate"] == "Bearer"
+
+
+@pytest.mark.parametrize("content_type", ["text/plain", "application/x-www-form-urlencoded", None])
+def test_a_json_body_sent_as_another_media_type_is_told_to_send_json(offline_client: TestClient,
+                                                                     content_type: str | None) -> None:
+    """``curl -d '{...}'`` sends form data's media type: the 400 says to send the body as JSON
+    with its Content-Type (pydantic's "valid dictionary" said nothing of why); a JSON body that
+    is no object keeps the field's message."""
+    body = json.dumps({"model": "tts-1", "input": "hi", "voice": "alloy"})
+    headers = {**AUTH, **({"Content-Type": content_type} if content_type else {})}
+    r = offline_client.post("/v1/audio/speech", content=body.encode(), headers=headers)
+    error = r.json()["error"]
+    assert r.status_code == 400 and error["code"] == "invalid_json", r.text
+    assert "Content-Type: application/json" in error["message"] and (content_type or "no Content-Type") in \
+        error["message"]
+    json_type = {**AUTH, "Content-Type": "application/json"}
+    listed = offline_client.post("/v1/audio/speech", content=b"[1]", headers=json_type)
+    assert listed.status_code == 400 and "Content-Type" not in listed.json()["error"]["message"]
 
 
 def test_models_health_and_metrics_without_triton(offline_client: TestClient) -> None:
