@@ -14,9 +14,23 @@ from .numbers import en_int, en_ordinal, takes_liang, zh_int
 from .vocabulary import words
 
 
+def _split(a: int, b: int) -> bool:
+    """``a/b`` that is a split of a hundred (50/50, 60/40, 30/70): two shares, not a fraction."""
+    return a + b == 100 and a % 5 == 0 and b % 5 == 0 and a > 0 and b > 0
+
+
 def fraction_words(lang: Lang, a: int, b: int) -> str:
+    """``a/b`` read as a fraction (三分之二, two thirds), except what is no fraction when
+    written so: a split of a hundred (50/50: fifty fifty, 五十比五十), 20/20 (twenty twenty), a
+    whole score (10/10, 5/5: ten out of ten) and a score above ten (11/10)."""
+    if _split(a, b):
+        return f"{zh_int(a)}比{zh_int(b)}" if lang == "zh" else f"{en_int(a)} {en_int(b)}"
     if lang == "zh":
         return f"{zh_int(b)}分之{zh_int(a)}"
+    if a == b == 20:
+        return "twenty twenty"
+    if (a == b and b >= 3) or (a > b == 10):
+        return f"{en_int(a)} out of {en_int(b)}"
     if b == 0:
         return f"{en_int(a)} over zero"
     if b == 2:
@@ -146,5 +160,6 @@ MONTH_DAY_RANGE: Final = Kind(
 FRACTION: Final = Kind(
     "fraction",
     rf"(?P<fr_sign>{SIGN})?(?<![\d/.])(?P<fr_a>\d+)/(?P<fr_b>\d+)(?![\d/])",
-    _read_fraction, library=True, library_may_read=lambda g, before, after: not g("fr_sign"),
+    _read_fraction, library=True,
+    library_may_read=lambda g, before, after: not g("fr_sign") and not _split(int(g("fr_a")), int(g("fr_b"))),
     library_fits=_library_fits_fraction, first=r"[-+−\d]")

@@ -13,6 +13,7 @@ from typing import Final
 from .base import CONTROL_TOKEN, LAST_SPOKEN_CJK, Lang, Segment, is_cjk, is_latin, script
 from .context import Context
 from .tables import BETWEEN_NUMBERS, COMMA_MARKS, END_MARKS, GREEK_NAMES, SILENT_MARKS, SYMBOL_WORDS
+from .vocabulary import words
 
 
 @dataclass
@@ -55,6 +56,29 @@ def _range_mark(text: str, i: int) -> bool:
     if nxt.isdigit() and is_cjk(prev):
         return any(ch.isdigit() for ch in text[max(0, i - 4):i])
     return bool(_WEEKDAY.search(text[max(0, i - 3):i]) and _WEEKDAY.match(text, i + 1))
+
+
+APPROXIMATELY_BEFORE: Final = words("approximately_before")
+"""Words that already say "about" (约, 大约, about, roughly, ...): a tilde right after one of
+them (大约~50公斤, about ~50 people) is not read again."""
+
+
+def _said_approximately(text: str, i: int) -> bool:
+    """Whether one of :data:`APPROXIMATELY_BEFORE` ends right before position ``i`` (spaces
+    between allowed; an English word must start there)."""
+    head = text[:i].rstrip()
+    folded = head.lower()
+    for w in APPROXIMATELY_BEFORE:
+        if folded.endswith(w) and (not w.isascii() or not head[:-len(w)][-1:].isalpha()):
+            return True
+    return False
+
+
+def _sharp(text: str, i: int) -> bool:
+    """A ``#`` right after a lone note letter A to G (C#, F#, G#m, C#小调): read "sharp"."""
+    before = text[i - 2:i - 1]
+    return (i >= 1 and text[i - 1] in "ABCDEFG" and not (before.isascii() and before.isalnum())
+            and not text[i + 1:i + 2].isdigit() and text[i + 1:i + 2] != "#")
 
 
 def _after_myriad(text: str, i: int) -> bool:
@@ -108,8 +132,9 @@ def plain(ctx: Context, start: int, end: int, out: Out) -> None:
             lang = ctx.lang(i, i + 1)
             out.words(lang, "到" if lang == "zh" else "to")
         elif c == "~" and _neighbour(text, i + 1, 1).isdigit() and not _neighbour(text, i - 1, -1).isdigit():
-            lang = ctx.lang(i, i + 1)
-            out.words(lang, "约" if lang == "zh" else "about")  # ~100人: about
+            if not _said_approximately(text, i):  # about ~50: one "about"
+                lang = ctx.lang(i, i + 1)
+                out.words(lang, "约" if lang == "zh" else "about")  # ~100人: about
         elif c == "/" and _per_unit(text, i):
             out.words("zh", "每")
         elif c == "+" and _after_myriad(text, i):
@@ -122,6 +147,8 @@ def plain(ctx: Context, start: int, end: int, out: Out) -> None:
             if _neighbour(text, i + 1, 1).isdigit():
                 lang = ctx.lang(i, i + 1)
                 out.words(lang, "井号" if lang == "zh" else "number")
+            elif _sharp(text, i):
+                out.words("en", "sharp")  # C#, F# (the languages), C# minor, G#: a note's sharp
             # elsewhere (#话题#) silent
         elif c in SYMBOL_WORDS or c in GREEK_NAMES:
             lang = ctx.lang(i, i + 1)

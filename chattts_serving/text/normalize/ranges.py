@@ -77,6 +77,8 @@ def _range_words(lang: Lang, a: str, b: str, pa: str | None, ua: str | None, suf
         if unit is None and takes_liang(after):  # 2-3个 -> 两到三个, 1-2天 -> 一到两天
             left, right = liang(left, after), liang(right, after)
         return f"{sa}{left}{to}{sb}{right}" + (unit.zh if unit else "")
+    if unit_a is not None:  # 5km~10km: five kilometers to ten kilometers
+        return f"{sa}{unit_reading(lang, unit_a, a)} to {sb}{unit_reading(lang, unit or unit_a, b)}"
     out = f"{sa}{_range_side(lang, a, year)} to {sb}{_range_side(lang, b, year)}"
     if pct:
         return out + (" percent" if sym == "%" else " per mille")
@@ -86,7 +88,9 @@ def _range_words(lang: Lang, a: str, b: str, pa: str | None, ua: str | None, suf
 RANGE: Final = Kind(
     "range",
     rf"(?P<r_sign>(?<![A-Za-z0-9.])[-−])?(?<![\d.])(?P<r_a>{NUM})(?P<r_pa>[%‰])?"
-    rf"(?P<r_ua>(?:{alt(UNITS)})(?=\s?[~–—-]\s?[-−]?\d))?"
+    # a unit before the separator where the tilde or dash is spaced alike on both sides (5km~10km,
+    # 5km ~ 10km) or the same unit follows (5km ~10km): 100km/h ~50kg is a quantity, then about another
+    rf"(?:(?P<r_ua>{alt(UNITS)})(?=(?:\s[~–—]\s|[~–—-])[-−]?\d|\s?[~–—]\s?[-−]?{NUM}(?P=r_ua)(?![A-Za-z/²³])))?"
     rf"(?P<r_sep>\s?[~–—]\s?|-|\s?[至到]\s?(?=[-−]\d))(?P<r_bsign>[-−])?(?P<r_b>{NUM})(?![\d])"
     rf"(?P<r_suf>\s?[%‰]|\s?(?:{alt(UNITS)})(?![A-Za-z0-9])|(?:{alt(GLUED_UNITS)})(?![A-Za-z0-9]))?",
     _read_range, first=r"[-−\d]")

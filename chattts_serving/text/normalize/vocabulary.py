@@ -52,6 +52,7 @@ COLUMNS: Final[dict[str, tuple[str, ...]]] = {
     "date_after": WORD,
     "date_adverbs": WORD,
     "fraction_before": WORD,
+    "approximately_before": WORD,
     "duration_before": WORD,
     "pace_before": WORD,
     "countdown_before": WORD,
