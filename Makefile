@@ -1,7 +1,9 @@
 # ChatTTS on Triton: every entry point of the project. `make help` lists them.
 PY        ?= .venv/bin/python
 PROFILE   ?= cpu
-ARTIFACTS ?= artifacts/small
+# the small generated artifacts where exported (make export, the tests), else the full ones
+# make demo exports (a fresh clone after make demo: make serve serves those)
+ARTIFACTS ?= $(if $(wildcard artifacts/small/manifest.json),artifacts/small,artifacts/full)
 ASSETS    ?=
 SIZE      ?= full
 HTTP_PORT ?= 8000
