@@ -102,3 +102,18 @@ def test_a_note_letters_sharp_is_read(library: bool) -> None:
     assert "sharp" in normalize("用C#写的程序。", library=library).text
     for text in ("#话题#", "AB# x", "xC# y", "issue #12"):
         assert "sharp" not in normalize(text, library=library).text, text
+
+
+@LIBRARY
+def test_a_word_in_greek_is_unspoken_whole_and_lone_letters_are_named(library: bool) -> None:
+    """Ελληνικά read 兰姆达兰姆达 (its two λ named, the rest reported unspoken): a run of Greek
+    letters holding one with no name (accented, final sigma) is a word in Greek, reported
+    whole; a lone letter or a run of nameable ones (αβγ, Δx, π) is still read by name."""
+    for word in ("Ελληνικά", "λόγος", "καλημέρα", "Αθήνα"):
+        for text in (f"{word} test.", f"希腊语{word}很难。"):
+            r = normalize(text, library=library)
+            assert set(word) <= set(r.dropped), (text, r.dropped)
+            assert not re.search("兰姆达|lambda|alpha|阿尔法", r.text), r.text
+    assert normalize("αβγ test", library=library).text == "alpha beta gamma test"
+    assert normalize("the λ value", library=library).text == "the lambda value"
+    assert normalize("π ≈ 3.14", library=library).text.startswith("派")

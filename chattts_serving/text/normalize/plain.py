@@ -74,6 +74,23 @@ def _said_approximately(text: str, i: int) -> bool:
     return False
 
 
+def _greek(c: str) -> bool:
+    return unicodedata.name(c, "").startswith("GREEK")
+
+
+def _in_greek_word(text: str, i: int) -> bool:
+    """Whether the Greek letter at ``i`` is part of a run of Greek letters (a word in Greek)
+    that holds one with no name to read (an accented letter, a final sigma, a capital not in
+    the table): the whole run is then text in Greek, which ChatTTS cannot speak (αβγ, whose
+    letters all have names, is read letter by letter)."""
+    lo, hi = i, i + 1
+    while lo > 0 and _greek(text[lo - 1]):
+        lo -= 1
+    while hi < len(text) and _greek(text[hi]):
+        hi += 1
+    return any(ch not in GREEK_NAMES for ch in text[lo:hi])
+
+
 def _sharp(text: str, i: int) -> bool:
     """A ``#`` right after a lone note letter A to G (C#, F#, G#m, C#小调): read "sharp"."""
     before = text[i - 2:i - 1]
@@ -150,6 +167,9 @@ def plain(ctx: Context, start: int, end: int, out: Out) -> None:
             elif _sharp(text, i):
                 out.words("en", "sharp")  # C#, F# (the languages), C# minor, G#: a note's sharp
             # elsewhere (#话题#) silent
+        elif c in GREEK_NAMES and _in_greek_word(text, i):
+            out.drop(c)  # Ελληνικά: a word in Greek, not letters named one by one; unspoken like its others
+            out.pieces.append(" ")
         elif c in SYMBOL_WORDS or c in GREEK_NAMES:
             lang = ctx.lang(i, i + 1)
             zh, en = SYMBOL_WORDS.get(c) or GREEK_NAMES[c]
