@@ -117,3 +117,28 @@ def test_a_word_in_greek_is_unspoken_whole_and_lone_letters_are_named(library: b
     assert normalize("αβγ test", library=library).text == "alpha beta gamma test"
     assert normalize("the λ value", library=library).text == "the lambda value"
     assert normalize("π ≈ 3.14", library=library).text.startswith("派")
+
+
+@LIBRARY
+def test_a_letter_prefixed_code_after_an_identifier_word_is_read_part_by_part(library: bool) -> None:
+    """编号A-1023 read 'A one thousand and twenty three' (English in a Chinese sentence): after a
+    word that introduces an identifier, letters, a hyphen and digits are a code (A杠幺零二三;
+    English: CA one zero two three); elsewhere the letters and the number in the sentence's
+    language (F-16: F sixteen, 型号是X-100型: 一百)."""
+    rng = random.Random("prefixed-codes")
+    for _ in range(30):
+        letters = "".join(rng.choice("ABCDEFGHKMNPRSTXYZ") for _ in range(rng.randint(1, 2)))
+        num = str(rng.randint(100, 99999))
+        zh = normalize(f"您的{rng.choice(['编号', '订单号', '房间', '航班', '工号'])}是{letters}-{num}。",
+                       library=library).text
+        _spoken(zh)
+        assert f"{letters}杠" in zh and not re.search("[十百千万]|[a-z]", zh), zh
+        en = normalize(f"Your {rng.choice(['flight', 'room', 'order', 'ticket'])} is {letters}-{num}.",
+                       library=library).text
+        _spoken(en)
+        assert not re.search(r"\b(?:hundred|thousand)\b", en), en
+        plain = normalize(f"它在{letters}-{num}号楼。", library=library).text
+        _spoken(plain)
+        assert not re.search(r"[a-z]{3,}", plain), plain  # never English words in a Chinese sentence
+    assert normalize("The F-16 flew.", library=library).text == "The F sixteen flew."
+    assert normalize("编号A-1023。", library=library).text == "编号A杠幺零二三。"

@@ -8,10 +8,10 @@ from typing import Final
 
 from .base import Lang
 from .context import (
-    EN_IDENTIFIER_BEFORE,
     IDENTIFIER_AFTER,
     IDENTIFIER_BEFORE,
     RANGE_UNITS,
+    en_identifier,
     ends_with,
     said_below,
     temperature_degrees,
@@ -66,17 +66,10 @@ def _read_number(lang: Lang, g: Groups, before: str, after: str) -> str:
     if not sign and len(num) == 4 and num.isdigit() and 1100 <= int(num) <= 2099 and _year_context(before):
         return en_year(int(num))
     if num.isdigit() and (len(num) >= LONG_IDENTIFIER_DIGITS or (len(num) >= 3 and before[-1:].isupper())
-                          or (len(num) >= 3 and not sign and _en_identifier(before))):
+                          or (len(num) >= 3 and not sign and en_identifier(before))):
         return read_groups(lang, digit_groups(num))  # a card number, CA981, call 911
     words = en_number(num)
     return ("minus " if sign == "-" else "plus " if sign == "+" else "") + words + (" plus" if plus else "")
-
-
-def _en_identifier(before: str) -> bool:
-    """English: a number right after a word of :data:`.context.EN_IDENTIFIER_BEFORE` (a ``#``,
-    ``:`` or ``.`` between allowed) is an identifier (call 911, room 305, gate B12's 12 is not)."""
-    m = re.search(r"([A-Za-z]+)\.?(?:\s+(?:is|was|number|no\.?))?[\s:#]*$", before)
-    return m is not None and (m.group(1) in EN_IDENTIFIER_BEFORE or m.group(1).lower() in EN_IDENTIFIER_BEFORE)
 
 
 def _zh_count(num: str, before: str, after: str) -> str:

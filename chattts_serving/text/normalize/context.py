@@ -166,6 +166,13 @@ def ends_with(before: str, words: tuple[str, ...], skip: str = " ") -> bool:
     return before.rstrip(skip).endswith(words)
 
 
+def en_identifier(before: str) -> bool:
+    """English: a number right after a word of :data:`EN_IDENTIFIER_BEFORE` (a ``#``, ``:`` or
+    ``.`` between allowed) is an identifier (call 911, room 305, gate B12's 12 is not)."""
+    m = re.search(r"([A-Za-z]+)\.?(?:\s+(?:is|was|number|no\.?))?[\s:#]*$", before)
+    return m is not None and (m.group(1) in EN_IDENTIFIER_BEFORE or m.group(1).lower() in EN_IDENTIFIER_BEFORE)
+
+
 def score_near(before: str, after: str) -> bool:
     """A score word right before (比分, 以, 首局 ...) or right after (获胜, 领先 ...)."""
     return ends_with(before, SCORE_BEFORE, " 为是:") or after.lstrip().startswith(SCORE_AFTER)

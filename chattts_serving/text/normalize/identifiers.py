@@ -7,6 +7,7 @@ import re
 from typing import Final
 
 from .base import Lang
+from .context import IDENTIFIER_BEFORE, en_identifier, ends_with
 from .kind import Groups, Kind
 from .numbers import digit_groups, en_digits, en_number, read_groups, zh_digits, zh_number
 from .vocabulary import words
@@ -58,6 +59,27 @@ def code_words(lang: Lang, parts: list[str]) -> str:
 
 def _read_hyphenated_code(lang: Lang, g: Groups, before: str, after: str) -> str:
     return code_words(lang, g("code").split("-"))
+
+
+def _read_prefixed_code(lang: Lang, g: Groups, before: str, after: str) -> str:
+    """Capital letters, a hyphen and a number (A-1023, CA-1023, B-203): after a word that
+    introduces an identifier (编号, 房间, 航班: :data:`.context.IDENTIFIER_BEFORE`; flight, room:
+    :func:`.context.en_identifier`) a code read part by part (编号A-1023 -> 编号A杠幺零二三,
+    Flight CA-1023 -> Flight CA one zero two three); elsewhere the letters and the
+    number (F-16 -> F sixteen, 型号X-100 -> 型号X一百), in the language of the words around
+    (the letters alone do not make a Chinese sentence's number English)."""
+    letters, num = g("px_letters"), g("px_num")
+    if lang == "zh" and ends_with(before, IDENTIFIER_BEFORE, " :：是为#"):
+        return code_words(lang, [letters, num])
+    if lang == "en" and en_identifier(before):
+        return f"{letters} {en_digits(num)}"  # as flight CA981 reads
+    return f"{letters} {zh_number(num) if lang == 'zh' else en_number(num)}"
+
+
+PREFIXED_CODE: Final = Kind(
+    "prefixed_code",
+    r"(?<![A-Za-z0-9.+-])(?P<px_letters>[A-Z]{1,3})-(?P<px_num>\d{2,6})(?![A-Za-z0-9-]|[.,]\d)",
+    _read_prefixed_code, first=r"[A-Z]", letters_neutral=True)
 
 
 _KEY_NAMES: Final = {"*": ("星号", "star"), "#": ("井号", "pound")}
