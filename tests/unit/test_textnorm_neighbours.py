@@ -21,10 +21,10 @@ from chattts_serving.text import normalize as textnorm
 from chattts_serving.text.normalize import NormalizedText, normalize
 from chattts_serving.text.normalize.letters import REGNAL_NAMES
 from chattts_serving.text.normalize_report import load_corpus
+from tests.support.readings import SPOKEN, assert_read
 
 SEED = 32
 VARIANTS = 60
-SPOKEN = re.compile(r"[\u4e00-\u9fa5A-Za-z，。、,. ]*")
 ZH_CARDINAL = re.compile(r"[十百千万亿]")
 EN_CARDINAL = re.compile(r"\b(?:hundred|thousand|million|and)\b")
 
@@ -65,13 +65,6 @@ def test_corpus_has_the_new_categories_in_both_languages() -> None:
         texts = [r.text for r in rows if r.category == c]
         assert any(re.search("[\u4e00-\u9fff]", t) for t in texts), f"{c}: no Chinese sentence"
         assert any(not re.search("[\u4e00-\u9fff]", t) for t in texts), f"{c}: no English sentence"
-
-
-def assert_read(text: str, result: NormalizedText) -> None:
-    """Only speakable characters left, nothing dropped."""
-    spoken = textnorm.CONTROL_TOKEN.sub("", result.text)
-    assert SPOKEN.fullmatch(spoken), f"unread in {text!r}: {result.text!r}"
-    assert result.dropped == (), f"{text!r} dropped {result.dropped}"
 
 
 Check = Callable[[str, NormalizedText], None]
