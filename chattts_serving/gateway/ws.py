@@ -300,22 +300,27 @@ class SpeechStream(StreamCore):
         if first:
             self._file(self.turn, {"type": "text", "text": first})
         await self.turns.put(self.turn)
+        idle_s = self.cfg.stream_idle_timeout_s
+        idle_wait: float | None = None  # what is left of the idle time after the last audio sent
         while True:
             turn = self.turn
             while turn.inbox_chars >= MAX_INBOX_CHARS:  # back-pressure: stop reading the socket
                 turn.changed.clear()
                 await turn.changed.wait()
             pending = turn.flush_due
-            timeout = None if turn.ended else (self.cfg.ws_idle_flush_s if pending else self.cfg.stream_idle_timeout_s)
+            timeout = None if turn.ended else (self.cfg.ws_idle_flush_s if pending else idle_wait or idle_s)
             try:
                 msg = await self._receive_message(timeout)
             except TimeoutError:
                 if pending:  # the text held so far is a sentence now (a no-op when none is held)
                     self._file(turn, {"type": "flush"})
                     continue
-                if time.monotonic() - self.sent_at < self.cfg.stream_idle_timeout_s:
-                    continue  # still being sent its audio (a long first text): not idle
+                quiet_s = time.monotonic() - self.sent_at
+                if quiet_s < idle_s:  # still being sent its audio (a long first text): not idle
+                    idle_wait = idle_s - quiet_s
+                    continue
                 raise self._idle_timeout() from None
+            idle_wait = None
             if msg["type"] == "interrupt":
                 await self._interrupt()
                 continue
