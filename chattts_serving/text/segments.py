@@ -17,6 +17,7 @@ import re
 from dataclasses import dataclass
 from typing import Final
 
+from .normalize.context import NUMBER_MARKS
 from .normalize.letters import NO_SENTENCE_END, TITLES
 
 SENTENCE_END_MARKS: Final = "。！？!?；;\n"
@@ -39,6 +40,16 @@ _WORD_BEFORE_DOT: Final = re.compile(r"(?<![A-Za-z.])([A-Za-z]+(?:\.[A-Za-z]+)*)
 _INLINE_MARKER: Final = re.compile(r"(?<=[：:；;，,])\s*\d{1,2}[.．]\s*$")
 """An inline list's number written at the end of the clause that introduces the list
 (``我们一起看看：1.``): the ``. `` after it is no sentence end, the number is the next item's."""
+
+
+_NUMBER_MARK_DOT: Final = re.compile(rf"(?<![A-Za-z.])(?:{'|'.join(NUMBER_MARKS)})[.]\s*$")
+
+
+def number_mark_end(text: str) -> bool:
+    """Whether ``text`` ends with the full stop of a mark written before a number (``No.``,
+    ``p.``, ``pp.``): no sentence end when a digit follows (``Symphony No. 5``), else one
+    (``I said no. Then``)."""
+    return _NUMBER_MARK_DOT.search(text) is not None
 
 
 def abbreviation_end(text: str) -> bool:
@@ -80,15 +91,17 @@ def split_segments(text: str, rules: SegmentRules = SegmentRules()) -> list[str]
     list marker or other decoration alone (:func:`markup_only`: ``1.`` before its item), also
     one written inline at the end of the clause before it (``看看：1. 打开设置。``,
     :func:`inline_marker_start`), starts the segment after it instead of ending the one before,
-    so its language is its item's; an abbreviation's full stop (``Mr. Smith``) ends nothing.
+    so its language is its item's; an abbreviation's full stop (``Mr. Smith``) ends nothing,
+    nor does a number mark's before a number (``No. 5``, ``p. 12``).
     Returns ``[text]`` when no segment has anything but white space."""
     pieces: list[str] = []
     held = ""  # list or markdown decoration alone ("1.", "-"), "Mr.": it goes with the words after it
-    for p in _SENTENCE_END.split(text):
-        if not p:
-            continue
+    parts = [p for p in _SENTENCE_END.split(text) if p]
+    for i, p in enumerate(parts):
         piece = held + p
-        if piece.strip() and (markup_only(piece) or abbreviation_end(piece)):
+        before_number = i + 1 < len(parts) and parts[i + 1].lstrip()[:1].isdigit()
+        if piece.strip() and (markup_only(piece) or abbreviation_end(piece)
+                              or (before_number and number_mark_end(piece))):
             held = piece
             continue
         cut = inline_marker_start(piece)

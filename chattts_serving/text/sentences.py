@@ -12,7 +12,14 @@ from __future__ import annotations
 import unicodedata
 from typing import Final
 
-from .segments import NO_BREAK_ABBREVIATIONS, SENTENCE_END_MARKS, abbreviation_end, inline_marker_start, markup_only
+from .segments import (
+    NO_BREAK_ABBREVIATIONS,
+    SENTENCE_END_MARKS,
+    abbreviation_end,
+    inline_marker_start,
+    markup_only,
+    number_mark_end,
+)
 
 CLOSING_MARKS: Final = "\"'”’」』）)】]》〉*_~"
 """Closing quotes, brackets and markdown emphasis that stay with the sentence end they follow
@@ -43,7 +50,8 @@ class SentenceSplitter:
       right after it (``好的！😀``: the front end reports them unspoken with their sentence;
       after a space they start the next one, and alone they are a fragment with nothing to
       speak, which the WebSocket stream reports as dropped);
-    * the full stop of an abbreviation (:data:`ABBREVIATIONS`) does not end one;
+    * the full stop of an abbreviation (:data:`ABBREVIATIONS`) does not end one, nor does that
+      of a mark written before a number when a digit follows (``No. 5``, ``p. 12``);
     * an inline list's number written after the clause that introduces it (``看看：1. 打开``)
       starts the next sentence, with its item, instead of ending this one;
     * a fragment of list or markdown decoration alone (:func:`markup_only`: ``1.``, ``2)``,
@@ -69,7 +77,7 @@ class SentenceSplitter:
             raise ValueError(f"max_chars must be >= 8, got {max_chars}")
         self.max_chars = max_chars
         self._cur: list[str] = []
-        self._state = "text"  # text | end (after end marks) | dot (after a full stop)
+        self._state = "text"  # text | end (after end marks) | dot (after a full stop) | mark (after "No. ")
         self._code = False  # inside a `code span`
 
     @property
@@ -135,10 +143,21 @@ class SentenceSplitter:
                     self._cur = [*held[cut:], " "]
                     self._state = "text"
                     return
+                if number_mark_end(held[-16:]):  # No. 5: the next character decides
+                    self._cur.append(ch)
+                    self._state = "mark"
+                    return
                 if not abbreviation_end(held[-16:]):
                     self._release(out, spaced=True)
                     return
             self._state = "text"
+        elif state == "mark":
+            if ch.isspace():
+                self._cur.append(ch)
+                return
+            self._state = "text"
+            if not ch.isdigit():  # I said no. Then: the sentence ended at the space
+                self._release(out, spaced=True)
         if not self._cur and ch.isspace():
             return  # white space between sentences belongs to neither
         self._cur.append(ch)

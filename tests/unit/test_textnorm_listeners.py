@@ -32,6 +32,27 @@ def test_a_sentence_end_after_a_title_like_word_still_ends_one() -> None:
                                                                                       " Mr. Smith left."]
 
 
+NUMBER_MARKS = ["Beethoven's Symphony No. 5 is the one she played.", "See p. 12 for the whole plan of the day.",
+                "Read pp. 45-67 before the lesson tomorrow.", "Call ext. 204 or Tel. 5551234 for the office."]
+
+
+@pytest.mark.parametrize("text", NUMBER_MARKS)
+def test_a_mark_before_a_number_ends_no_segment_nor_sentence(text: str) -> None:
+    """``Symphony No.`` was a segment of its own and ``5 is ...`` the next: No. spoken apart and
+    five read as a count; the streaming splitter, fed a character at a time, agrees."""
+    assert split_segments(text, SegmentRules(merge_chars=0)) == [text]
+    assert split_sentences(text) == [text]
+    splitter = SentenceSplitter()
+    assert [s for ch in text for s in splitter.feed(ch)] + splitter.end() == [text]
+
+
+def test_a_mark_before_a_word_still_ends_a_sentence() -> None:
+    for text, sentences in (("I said no. Then I left.", ["I said no.", "Then I left."]),
+                            ("Read it. No. Not that one.", ["Read it.", "No.", "Not that one."])):
+        assert split_sentences(text) == sentences
+        assert [s.strip() for s in split_segments(text, SegmentRules(merge_chars=0))] == sentences
+
+
 def test_english_segments_are_joined_with_a_space_chinese_without() -> None:
     assert join_normalized(["Mister Smith agreed,", "Doctor Brown too."]) == "Mister Smith agreed, Doctor Brown too."
     assert join_normalized(["你好。", "再见。"]) == "你好。再见。"

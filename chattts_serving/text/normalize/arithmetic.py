@@ -14,8 +14,8 @@ from .numbers import en_number, zh_number
 
 _OPERATORS: Final = {"+": ("加", "plus"), "-": ("减", "minus"), "−": ("减", "minus"), "×": ("乘以", "times"),
                      "*": ("乘以", "times"), "/": ("除以", "divided by"), "÷": ("除以", "divided by"),
-                     "=": ("等于", "equals")}
-_TOKEN: Final = re.compile(rf"(?P<num>(?<![\d.])[-−]?{NUM})|(?P<op>[-−+×*/÷=])")
+                     "=": ("等于", "equals"), "x": ("乘以", "times")}
+_TOKEN: Final = re.compile(rf"(?P<num>(?<![\d.])[-−]?{NUM})|(?P<op>[-−+×*/÷=]|(?<= )x(?= ))")
 
 
 def _read_arithmetic(lang: Lang, g: Groups, before: str, after: str) -> str:
@@ -40,7 +40,7 @@ def _read_arithmetic(lang: Lang, g: Groups, before: str, after: str) -> str:
 
 ARITHMETIC: Final = Kind(
     "arithmetic",
-    rf"(?P<arith>(?<![\d.A-Za-z])[-−]?{NUM}(?:\s*[-−+×*/÷]\s*[-−]?{NUM})+\s*=\s*(?:[-−]?{NUM}(?![\d.]))?)",
+    rf"(?P<arith>(?<![\d.A-Za-z])[-−]?{NUM}(?:(?:\s*[-−+×*/÷]\s*| x )[-−]?{NUM})+\s*=\s*(?:[-−]?{NUM}(?![\d.]))?)",
     _read_arithmetic, first=r"[-−\d]")
 
 
@@ -57,7 +57,8 @@ _RELATIONS: Final = {"=": ("等于", "equals"), "≠": ("不等于", "is not equ
                      ">": ("大于", "is greater than"), "≈": ("约等于", "is approximately")}
 _FORMULA_OPS: Final = {**{k: v for k, v in _OPERATORS.items() if k != "="}, "±": ("正负", "plus or minus")}
 
-_SUP: Final = r"(?:⁻?[⁰¹²³⁴⁵⁶⁷⁸⁹]+|ⁿ)"
+_SUP: Final = r"(?:⁻?[⁰¹²³⁴⁵⁶⁷⁸⁹]+|ⁿ|\^[-−]?\d{1,3}(?![\d.])|\^n(?![A-Za-z]))"
+"""An exponent: superscript digits, or a caret and the power (10^6, 2^-3, x^n)."""
 _VAR: Final = r"(?<![A-Za-z\d.])[A-Za-z](?![A-Za-z\d])"
 """A variable: one Latin letter that is no part of a word (a, x), not glued to a number's end."""
 _NUMV: Final = rf"{NUM}(?:(?!(?:[cdkm]?m)[²³])[A-Za-z]{{1,2}}(?![A-Za-z]))?"
@@ -66,7 +67,11 @@ _OP: Final = r"\s?[-+×*/÷±]\s?"
 _REL: Final = r"\s?[=≠≤≥<>≈]\s?"
 _ROOT: Final = r"[√∛∜]"
 _INNER: Final = rf"{_ROOT}?(?:{_NUMV}|{_VAR}){_SUP}?"
-_PLAIN: Final = rf"(?:{_NUMV}|{_VAR}|\([-±]?{_INNER}(?:{_OP}{_INNER})*\))"
+_VARS: Final = rf"(?<![A-Za-z\d.])(?!(?:[cdkm]?m|ft|in|mi|yd)[²³])[A-Za-z]{{2}}(?={_SUP})"
+"""Two variables under one exponent (E = mc²); km², cm³ and ft² are units."""
+_FUNC: Final = rf"(?<![A-Za-z\d.])[a-z]\((?:[A-Za-z]|{NUM})\)"
+"""A function of one argument: f(x), g(2)."""
+_PLAIN: Final = rf"(?:{_FUNC}|{_NUMV}|{_VAR}|{_VARS}|\([-±]?{_INNER}(?:{_OP}{_INNER})*\))"
 _ATOM: Final = rf"{_ROOT}?{_PLAIN}{_SUP}?"
 _SPECIAL: Final = rf"(?:{_ROOT}{_PLAIN}{_SUP}?|{_PLAIN}{_SUP})"
 """An operand with a root or an exponent: what makes a run of letters and numbers a formula."""
@@ -74,10 +79,11 @@ _OPREL: Final = rf"(?:{_OP}|{_REL})"
 _REST: Final = rf"(?:{_OPREL}[-±]?{_ATOM})*"
 _FORMULA: Final = (rf"[-±]?(?:{_ATOM}{_OPREL})*?{_SPECIAL}{_REST}"
                    rf"|[-±]?(?:{_ATOM}{_OP})*?{_VAR}{_SUP}?{_REL}[-±]?{_ATOM}{_REST}"
-                   rf"|[-±]?(?:{_ATOM}{_OP})*?{_ATOM}{_REL}[-±]?{_VAR}{_REST}")
+                   rf"|[-±]?(?:{_ATOM}{_OP})*?{_ATOM}{_REL}[-±]?{_VAR}{_REST}"
+                   rf"|{_FUNC}{_REST}")
 """A formula: operands and operators with a root or an exponent somewhere (a²-b²=0, √3, 2³),
 or a variable on one side of a relation (x=5, a≤b, 3<x)."""
-_FTOKEN: Final = re.compile(rf"(?P<num>{NUM})|(?P<var>[A-Za-z])|(?P<sup>{_SUP})|(?P<root>{_ROOT})|(?P<open>\()"
+_FTOKEN: Final = re.compile(rf"(?P<num>{NUM})|(?P<sup>{_SUP})|(?P<var>[A-Za-z])|(?P<root>{_ROOT})|(?P<open>\()"
                             r"|(?P<close>\))|(?P<rel>[=≠≤≥<>≈])|(?P<op>[-+×*/÷±])")
 
 
@@ -88,9 +94,11 @@ _RESULT_OF: Final = {"+": "的和", "-": "的差", "×": "的积", "*": "的积"
 
 def _power(lang: Lang, sup: str) -> str:
     """²: 的平方 / squared; ³: 的立方 / cubed; ⁿ: 的n次方 / to the n; ⁻³: 的负三次方 / to the power of minus three."""
-    exp = "".join(_SUPERSCRIPTS[c] for c in sup)
-    if lang == "zh":
-        return {"2": "的平方", "3": "的立方"}.get(exp) or "的" + (exp if exp == "n" else zh_number(exp)) + "次方"
+    caret = sup.startswith("^")
+    exp = sup[1:].replace("−", "-") if caret else "".join(_SUPERSCRIPTS[c] for c in sup)
+    if lang == "zh":  # 10^3米 is 十的三次方米: 的立方 before 米 would say cubic metres
+        return ({"2": "的平方"} if caret else {"2": "的平方", "3": "的立方"}).get(exp) or "的" + (
+            exp if exp == "n" else zh_number(exp)) + "次方"
     return {"2": "squared", "3": "cubed", "n": "to the n"}.get(exp) or "to the power of " + en_number(exp)
 
 
@@ -116,6 +124,8 @@ def _read_formula(lang: Lang, g: Groups, before: str, after: str) -> str:
         elif kind == "root":
             words.append(_ROOTS[tok][not zh] + ("下" if zh and m.end() < len(g("formula"))
                                                  and g("formula")[m.end()] == "(" else ""))
+        elif kind == "open" and m.start() > 0 and formula[m.start() - 1].isalpha():
+            words.append("" if zh else "of")  # f(x): f of x
         elif kind == "open":
             words.append("" if zh else "the quantity")
             expect, group_ops = True, []
@@ -137,5 +147,5 @@ def _read_formula(lang: Lang, g: Groups, before: str, after: str) -> str:
 
 FORMULA: Final = Kind(
     "formula",
-    rf"(?P<formula>(?<![\dA-Za-z.])(?:{_FORMULA})(?![\dA-Za-z]))",
+    rf"(?P<formula>(?<![\dA-Za-z.^])(?:{_FORMULA})(?![\dA-Za-z^]))",
     _read_formula, first=r"[-±\dA-Za-z(√∛∜]", letters_neutral=True)

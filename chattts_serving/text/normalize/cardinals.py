@@ -62,8 +62,11 @@ def _read_number(lang: Lang, g: Groups, before: str, after: str) -> str:
             return words  # 零下-3度
         if sign == "-" and temperature_degrees(lang, before, after):
             return "零下" + words  # 温度-3.5度
+        if sign == "+" and ends_with(before, IDENTIFIER_BEFORE, " :是为"):
+            return read_groups(lang, [num], plus=True)  # 国际区号+1: a country code, as phones read it
         return ("负" if sign == "-" else "正" if sign == "+" else "") + words + ("多" if plus else "")
-    if not sign and len(num) == 4 and num.isdigit() and 1100 <= int(num) <= 2099 and _year_context(before):
+    if not sign and len(num) == 4 and num.isdigit() and 1100 <= int(num) <= 2099 and (
+            _year_context(before) or _bracketed_year(before, after)):
         return en_year(int(num))
     if num.isdigit() and (len(num) >= LONG_IDENTIFIER_DIGITS or (len(num) >= 3 and before[-1:].isupper())
                           or (len(num) >= 3 and not sign and en_identifier(before))):
@@ -90,26 +93,42 @@ def _zh_count(num: str, before: str, after: str) -> str:
         return zh_digits(num, one="幺")  # 5号楼2306, A座1203: a flat's number
     if digits and (len(num) >= LONG_IDENTIFIER_DIGITS or (len(num) >= 4 and before[-1:].isupper())
                    or (len(num) >= 3 and not takes_liang(after) and not after.startswith(RANGE_UNITS)
-                       and ends_with(before.rstrip("ABCDEFGHIJKLMNOPQRSTUVWXYZ"), IDENTIFIER_BEFORE, " :是为"))):
+                       and ends_with(before.rstrip("ABCDEFGHIJKLMNOPQRSTUVWXYZ"), IDENTIFIER_BEFORE, " :是为#"))):
         return "，".join(zh_digits(grp, one="幺") for grp in digit_groups(num))
     if digits and after.startswith("年") and (
             (len(num) == 4 and 1100 <= int(num) <= 2199) or (len(num) == 2 and re.match(r"年\s?\d", after))
             or (len(num) <= 4 and before.rstrip().endswith(("公元", "公元前")))):
         return zh_digits(num)
-    if digits and len(num) == 4 and 1900 <= int(num) <= 2099 and after.startswith(_YEAR_LABELS):
-        return zh_digits(num)  # 2024赛季, 2024款, 2024版
+    if digits and len(num) == 4 and 1900 <= int(num) <= 2099 and (after.startswith(_YEAR_LABELS)
+                                                                  or _PERIOD_BEFORE.search(before)
+                                                                  or _bracketed_year(before, after)):
+        return zh_digits(num)  # 2024赛季, 2024款, 2024版, Q3 2024, 会议（2024）
     if digits and len(num) == 2 and re.match(r"后(?![悔来面边续期天年果退])", after):
         return zh_digits(num)  # 80后, 95后, 00后: generations
     if digits and num.startswith("0") and len(num) <= 2 and after.startswith(_DATE_WORDS):
         num = num.lstrip("0") or "0"  # 03月05日
-    if before.rstrip().endswith(("第", "分之")):
-        return zh_number(num)  # 第2名 (an ordinal), 3分之2个 (a numerator): never 两
+    if digits and len(num) <= 2 and re.search(r"\d米$", before) and not takes_liang(after):
+        return zh_digits(num)  # 身高1米75: 一米七五, a height's centimetres
+    if before.rstrip().endswith(("第", "分之")) or (before[-1:].isascii() and before[-1:].isalpha()):
+        return zh_number(num)  # 第2名 (an ordinal), 3分之2个 (a numerator), CO2排放 (a name): never 两
     return liang(zh_number(num), after)
 
 
 _BUILDING: Final = re.compile(r"[\dA-Z一二三四五六七八九十](?:号楼|栋|幢|单元|座|号院)\s?$")
 """A building, block or entrance with its number (5号楼, 3栋, 2单元, A座) right before a number
 of three or four digits: that number is a flat's, read digit by digit (5号楼2306 -> 五号楼二三零六)."""
+
+
+_PERIOD_BEFORE: Final = re.compile(r"(?<![A-Za-z])(?:Q[1-4],?\s|H[12],?\s|FY\s?|CY\s?)$")
+"""A quarter, a half or a fiscal year right before a four-digit number (Q1 2024, H2 2023,
+FY2024): the number is its year."""
+
+
+def _bracketed_year(before: str, after: str) -> bool:
+    """A number alone in brackets right after a title or a cited name (《流浪地球》（2019）,
+    Smith (2020)): the year it was made or published. After a Chinese word it stays a count
+    (员工（2000）人, 人数（2000）)."""
+    return re.search(r"[A-Za-z》”\"'] ?\($", before) is not None and after.startswith(")")
 
 
 _YEAR_LABELS: Final = words("year_labels")
@@ -123,6 +142,8 @@ def _year_context(before: str) -> bool:
     """English: a 4-digit number after 'in', 'since', a month name, ... is a year, and so is
     the second of 'from 2010 to 2020' / 'between 2010 and 2020'."""
     if re.search(r"\b(?:from|between)\s+\d{4}\s+(?:to|and|until|till)\s*$", before, re.IGNORECASE):
+        return True
+    if _PERIOD_BEFORE.search(before):
         return True
     words = re.findall(r"[A-Za-z]+", before)
     return bool(words) and before.rstrip(" ,").endswith(words[-1]) and (

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from .base import Lang, is_cjk, is_latin, script
-from .vocabulary import words
+from .vocabulary import rows, words, yes
 
 SCORE_BEFORE: Final = words("score_before")
 """Written right before ``a-b`` or ``a:b`` (spaces, 为/是 between allowed), they make it a score
@@ -37,7 +37,16 @@ EN_IDENTIFIER_BEFORE: Final = words("identifier_before_en")
 read digit by digit (call 911 -> nine one one, room 305 -> three zero five)."""
 TEMPERATURE_BEFORE: Final = words("temperature_before")
 """Before ``-N度`` in the same clause, they make it a temperature: 零下 N 度."""
-SENTENCE_END: Final = re.compile(r"[。！？!?\n]|\.(?=\s|$)")
+NO_END_ABBREVIATIONS: Final = tuple(sorted({*words("titles"), *(a for a, _, ends in rows("abbreviations")
+                                                                 if not yes(ends))}))
+"""Titles and abbreviations whose dot ends no sentence (Mr. Smith, ext. 204)."""
+NUMBER_MARKS: Final = ("No", "no", "pp", "p")
+"""Written with a dot before a number (No. 5, p. 12): that dot ends no sentence when a number
+follows (``I said no. Then`` it does)."""
+_NO_END_BEFORE: Final = "".join(rf"(?<!\b{re.escape(a)})" for a in NO_END_ABBREVIATIONS)
+_NUMBER_MARK_BEFORE: Final = "".join(rf"(?<!\b{a})" for a in NUMBER_MARKS)
+SENTENCE_END: Final = re.compile(
+    rf"[。！？!?\n]|{_NO_END_BEFORE}(?:{_NUMBER_MARK_BEFORE}\.(?=\s|$)|\.(?=$|\s+[^\s\d]))")
 
 
 @dataclass
@@ -115,6 +124,11 @@ def context_language(text: str, start: int, end: int, default: Lang, counts: boo
         while 0 <= pos < len(text) and gap < CONTEXT_CHARS:
             c = text[pos]
             s = script(c)
+            if s == "en" and _glued_to_number(text, pos):
+                while 0 <= pos < len(text) and is_latin(text[pos]):  # a unit or a suffix (12GB, 3m)
+                    gap += 1
+                    pos += step
+                continue
             if s is not None:
                 return s, gap, crossed
             if c in _CLAUSE_BREAKS and not (c == "." and 0 < pos < len(text) - 1
@@ -144,6 +158,16 @@ def context_language(text: str, start: int, end: int, default: Lang, counts: boo
     if anywhere:
         return min(anywhere)[2]
     return default
+
+
+def _glued_to_number(text: str, pos: int) -> bool:
+    """Whether the Latin run through ``text[pos]`` follows a digit or a degree sign (the unit of
+    ``12GB``, the ``m`` of ``2m``, the ``N`` of ``31°N``): a unit says nothing of the language
+    around it (内存12GB+256GB, 2m×3m的地毯)."""
+    i = pos
+    while i > 0 and is_latin(text[i - 1]):
+        i -= 1
+    return i > 0 and (text[i - 1].isdigit() or text[i - 1] == "°")
 
 
 NEAR_CHARS: Final = 40

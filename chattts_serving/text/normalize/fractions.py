@@ -108,11 +108,26 @@ def _read_fraction(lang: Lang, g: Groups, before: str, after: str) -> str:
     """``a/b``: a fraction (五分之三) or, as its context says, a month and day (US order in
     English: on 3/5; 截止12/31 in Chinese, see :func:`zh_slash_date`)."""
     a, b, sign = g("fr_a"), g("fr_b"), (g("fr_sign") or "").replace("−", "-")
+    if g("fr_whole") and int(a) < int(b):  # 1 1/2 cups: a mixed number
+        return mixed_number(lang, g("fr_whole"), int(a), int(b))
+    if g("fr_whole"):  # 5 3/2: two numbers
+        return (zh_int if lang == "zh" else en_int)(int(g("fr_whole"))) + " " + fraction_words(lang, int(a), int(b))
     if sign:  # -1/3: a signed fraction, never a date
         return {"-": ("负", "minus "), "+": ("正", "plus ")}[sign][lang == "en"] + fraction_words(lang, int(a), int(b))
     if zh_slash_date(a, b, before, after) if lang == "zh" else _en_slash_date(a, b, before):
         return zh_date(None, int(a), int(b)) if lang == "zh" else en_date(None, int(a), int(b))
     return fraction_words(lang, int(a), int(b))
+
+
+def mixed_number(lang: Lang, whole: str, a: int, b: int) -> str:
+    """A whole number and a proper fraction (1 1/2, 2 3/4): 一又二分之一 / one and a half,
+    two and three quarters, never two numbers in a row."""
+    if lang == "zh":
+        return f"{zh_int(int(whole))}又{fraction_words(lang, a, b)}"
+    part = fraction_words(lang, a, b)
+    if a == 1:
+        part = "a " + part.removeprefix("one ")
+    return f"{en_int(int(whole))} and {part}"
 
 
 def _read_month_day_range(lang: Lang, g: Groups, before: str, after: str) -> str:
@@ -159,7 +174,9 @@ MONTH_DAY_RANGE: Final = Kind(
 
 FRACTION: Final = Kind(
     "fraction",
+    r"(?:(?<![\d/.,])(?P<fr_whole>\d{1,3}) (?=[1-9]/(?:[2-9]|1[0-6])(?![\d/])))?"
     rf"(?P<fr_sign>{SIGN})?(?<![\d/.])(?P<fr_a>\d+)/(?P<fr_b>\d+)(?![\d/])",
     _read_fraction, library=True,
-    library_may_read=lambda g, before, after: not g("fr_sign") and not _split(int(g("fr_a")), int(g("fr_b"))),
+    library_may_read=lambda g, before, after: not g("fr_sign") and not g("fr_whole") and not _split(
+        int(g("fr_a")), int(g("fr_b"))),
     library_fits=_library_fits_fraction, first=r"[-+−\d]")

@@ -22,6 +22,9 @@ def _phone(lang: Lang, raw: str) -> str:
         sep = "，" if lang == "zh" else ", "
         return sep.join([read_groups(lang, [head]), mask, read_groups(lang, [tail])])
     groups = [g for g in re.split(r"[^\d]+", raw) if g]
+    word = re.search(r"[A-Z]{3,}$", raw)
+    if word:  # 1-800-FLOWERS: the number's word is said as written
+        return read_groups(lang, groups) + ("，" if lang == "zh" else ", ") + word.group(0)
     if len(groups) == 1:
         groups = digit_groups(groups[0])
     elif len(groups) == 2 and groups[0] == "86" and len(groups[1]) == 11:
@@ -106,9 +109,11 @@ KEYPAD_KEY: Final = Kind(
 
 HYPHENATED_CODE: Final = Kind(
     "hyphenated_code",
-    r"(?=[A-Z\d])(?<![A-Za-z0-9.+-])(?P<code>[A-Z]{0,3}\d{1,6}(?:-\d{1,6}){2,}|[A-Z]{1,3}\d{1,3}-\d{1,6})"
+    r"(?=[A-Z\d])(?<![A-Za-z0-9.+-])(?P<code>[A-Z]{0,3}\d{1,6}(?:-\d{1,6}){2,}|[A-Z]{1,3}\d{1,3}-\d{1,6}"
+    r"|[A-Z]{2,4}(?:-\d{1,8}){2,})"
     r"(?![A-Za-z0-9-]|\.\d)",
     _read_hyphenated_code)
+"""Also capitals and two or more numbers (SKU-2024-001, INV-2023-0042): a code, never a range."""
 
 
 PHONE: Final = Kind(
@@ -122,7 +127,8 @@ PHONE: Final = Kind(
     r"|(?<![\d*])\d{3}\*{3,4}\d{4}(?![\d*])"
     r"|(?<![\d+])(?:\+?1[-.\s])?(?:\(\d{3}\)\s?|\d{3}[-.])\d{3}[-.]\d{4}(?!\d)"
     r"|\+\d{1,3}(?:[-\s]\d{1,4}){2,5}(?!\d)"
-    r"|\+\d{1,3}[-\s]\d{1,4}[-\s]\d{5,8}(?!\d))",
+    r"|\+\d{1,3}[-\s]\d{1,4}[-\s]\d{5,8}(?!\d)"
+    r"|(?<![\d+-])1-8\d\d-[A-Z]{3,}(?![A-Za-z]))",
     _read_phone, first=r"[+(\d]")
 
 
@@ -171,5 +177,5 @@ TICKER: Final = Kind(
 
 NUMERO: Final = Kind(
     "numero",
-    r"(?<![A-Za-z])(?:No|NO|no)\.\s?(?P<no_num>\d+)(?![\d.])",
+    r"(?<![A-Za-z])(?:No|NO|no)\.\s?(?P<no_num>\d+)(?!\d|\.\d)",
     _read_numero, first=r"[Nn]")

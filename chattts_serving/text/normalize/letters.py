@@ -92,9 +92,12 @@ def _read_abbreviation(lang: Lang, g: Groups, before: str, after: str) -> str:
 ABBREVIATION: Final = Kind(
     "abbreviation",
     rf"(?=[A-Za-z])(?<![A-Za-z.])(?P<ab>{alt_words(TITLES)}|{alt_words(ABBREVIATIONS)})(?P<ab_dot>\.)"
-    r"|(?=v)(?<![A-Za-z.])(?P<ab_vs>vs)(?![A-Za-z])(?=\s)",
-    lambda lang, g, before, after: "versus" if g("ab_vs") else _read_abbreviation(lang, g, before, after),
+    r"|(?=v)(?<![A-Za-z.])(?P<ab_vs>vs)(?![A-Za-z])(?=\s)"
+    r"|(?=p)(?<![A-Za-z.])(?P<ab_page>pp?)\.(?=\s?\d)",
+    lambda lang, g, before, after: ("versus" if g("ab_vs") else {"p": "page", "pp": "pages"}[g("ab_page")]
+                                    if g("ab_page") else _read_abbreviation(lang, g, before, after)),
     lang="en")
+"""``p.`` and ``pp.`` are pages only before a number (p. 12, pp. 45-67): never in ``p.m.``."""
 
 
 ROMAN_NUMERAL: Final = Kind(

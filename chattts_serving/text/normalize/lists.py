@@ -5,15 +5,19 @@ inline (``我们一起看看：1. 打开设置。2. 点击保存。``): read as 
 
 from __future__ import annotations
 
+import re
 import unicodedata
 from typing import Final
 
 from .base import Lang
+from .context import NO_END_ABBREVIATIONS, NUMBER_MARKS
 from .kind import Groups, Kind
 from .numbers import en_number, zh_number
 
-_BOUNDARY: Final = r"(?:(?<![\s\S])|(?<=[。!?;:,\n、])|(?<=[。!?;:,\n] )|(?<=\. ))"
-"""The start of the text or of a clause (full-width marks are folded to ASCII before this)."""
+_NOT_ABBREVIATION: Final = "".join(rf"(?<!\b{re.escape(a)}\. )" for a in (*NO_END_ABBREVIATIONS, *NUMBER_MARKS))
+_BOUNDARY: Final = rf"(?:(?<![\s\S])|(?<=[。!?;:,\n、])|(?<=[。!?;:,\n] )|(?<=\. ){_NOT_ABBREVIATION})"
+"""The start of the text or of a clause (full-width marks are folded to ASCII before this); an
+abbreviation's dot (p. 12, ext. 12) starts none."""
 CIRCLED: Final = "\u2460-\u249b"
 """Circled, parenthesised and dotted numbers ①..⑳, ⑴..⒇, ⒈..⒛: always a list item's number."""
 

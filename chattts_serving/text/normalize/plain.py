@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from .base import CONTROL_TOKEN, LAST_SPOKEN_CJK, Lang, Segment, is_cjk, is_latin, script
-from .context import Context
+from .context import IDENTIFIER_BEFORE, Context, ends_with
 from .tables import BETWEEN_NUMBERS, COMMA_MARKS, END_MARKS, GREEK_NAMES, SILENT_MARKS, SYMBOL_WORDS
 from .vocabulary import words
 
@@ -46,15 +46,22 @@ def _neighbour(text: str, pos: int, step: int) -> str:
 
 
 _RANGE_MARKS: Final = "-~–—"
+_DOT_NAME: Final = re.compile(r"(?:[A-Z]{2,}|com|net|org|io|cn|ai|app|dev)(?![A-Za-z])")
+"""What a dot written before a word names (.NET, .com): capitals or a web suffix; any other word
+after a dot starts a sentence (我很好.Thanks)."""
 _WEEKDAY: Final = re.compile(r"(?:周|星期|礼拜)[一二三四五六日天]")
+_AM_PM_END: Final = re.compile(r"\d\s?[AaPp]\.?[Mm]\.?\s?$")
+"""A time with am/pm right before a dash (9am-5pm, 9:00 a.m. – 5:00 p.m.)."""
 
 
 def _range_mark(text: str, i: int) -> bool:
     """A dash or tilde that joins two quantities written with Chinese units (5月1日-5月5日,
-    2020年-2024年) or two weekdays (周一～周五): read 到."""
+    2020年-2024年), two weekdays (周一～周五) or two times with am/pm (9am–5pm): read 到."""
     prev, nxt = _neighbour(text, i - 1, -1), _neighbour(text, i + 1, 1)
     if nxt.isdigit() and is_cjk(prev):
         return any(ch.isdigit() for ch in text[max(0, i - 4):i])
+    if nxt.isdigit() and _AM_PM_END.search(text, max(0, i - 12), i):
+        return True
     return bool(_WEEKDAY.search(text[max(0, i - 3):i]) and _WEEKDAY.match(text, i + 1))
 
 
@@ -161,6 +168,8 @@ def plain(ctx: Context, start: int, end: int, out: Out) -> None:
         elif c in ("-", "_") and 0 < i < len(text) - 1 and text[i - 1].isalnum() and text[i + 1].isalnum():
             out.pieces.append(" ")  # e-mail, snake_case: a word break
         elif c == "#":
+            if text[i + 1:i + 2].isdigit() and ends_with(text[max(0, i - 8):i], IDENTIFIER_BEFORE, " :：是为"):
+                continue  # 订单号#12345: the number is the identifier, the sign is not said
             if _neighbour(text, i + 1, 1).isdigit():
                 lang = ctx.lang(i, i + 1)
                 out.words(lang, "井号" if lang == "zh" else "number")
@@ -174,6 +183,8 @@ def plain(ctx: Context, start: int, end: int, out: Out) -> None:
             lang = ctx.lang(i, i + 1)
             zh, en = SYMBOL_WORDS.get(c) or GREEK_NAMES[c]
             out.words(lang, zh if lang == "zh" else en)
+        elif c == "." and (i == 0 or text[i - 1].isspace() or is_cjk(text[i - 1])) and _DOT_NAME.match(text, i + 1):
+            out.words("en", "dot")  # .NET, .com: a name's dot, no sentence end
         elif c in END_MARKS:
             out.pieces.append("。" if _mark_lang(ctx, i, out) == "zh" else ".")
         elif c in COMMA_MARKS:

@@ -32,7 +32,7 @@ from .kind import Kind
 PRECEDENCE: Final[tuple[Kind, ...]] = (
     web.EMAIL, web.URL, web.FILE_NAME,
     identifiers.KEYPAD_KEY, identifiers.LICENCE_PLATE, identifiers.TICKER, lists.LIST_ITEM,
-    arithmetic.ARITHMETIC, arithmetic.FORMULA, quantities.BLOOD_PRESSURE,
+    arithmetic.ARITHMETIC, arithmetic.FORMULA, quantities.BLOOD_PRESSURE, quantities.ANGLE, quantities.FEET_INCHES,
     dates.DATE_RANGE, fractions.MONTH_DAY_RANGE, dates.YEAR_MONTH_DAY, dates.MONTH_DAY_YEAR,
     dates.ENGLISH_DATE_RANGE, dates.WEEKDAY_RANGE, dates.MONTH_NAME_DAY, dates.DAY_MONTH_NAME,
     dates.DOTTED_MONTH_DAY,
@@ -40,7 +40,8 @@ PRECEDENCE: Final[tuple[Kind, ...]] = (
     identifiers.PHONE, identifiers.HYPHENATED_CODE, identifiers.PREFIXED_CODE, identifiers.DIGIT_GROUPS,
     times.HOURS_AND_MINUTES,
     money.MONEY, money.YUAN, money.AMOUNT_BEFORE_CODE,
-    quantities.FACTOR, quantities.TWENTY_FOUR_SEVEN, quantities.PER_UNIT, quantities.DECADE, quantities.SCALE_SUFFIX,
+    quantities.FACTOR, quantities.RESOLUTION, quantities.TWENTY_FOUR_SEVEN, quantities.PER_UNIT, quantities.DECADE,
+    quantities.SCALE_SUFFIX,
     ranges.RANGE, quantities.PERCENT, quantities.UNIT, fractions.FRACTION,
     cardinals.ORDINAL, identifiers.NUMERO, cardinals.DOTTED_NUMBER, cardinals.NUMBER,
     letters.ROMAN_NUMERAL, letters.ABBREVIATION,

@@ -193,3 +193,70 @@ BLOOD_PRESSURE: Final = Kind(
     rf"(?:{_PRESSURE_LEAD})(?P<bp_a>\d{{2,3}})/(?P<bp_b>\d{{2,3}})(?:\s?(?P<bp_unit>mmHg)(?![A-Za-z]))?(?![\d/])"
     r"|(?<![\d/.])(?P<bp_a2>\d{2,3})/(?P<bp_b2>\d{2,3})\s?(?P<bp_unit2>mmHg)(?![A-Za-z])",
     _read_blood_pressure, first=r"\d")
+
+
+_HEMISPHERES: Final = {"N": ("北纬", "north"), "S": ("南纬", "south"), "E": ("东经", "east"), "W": ("西经", "west")}
+
+
+def _read_angle(lang: Lang, g: Groups, before: str, after: str) -> str:
+    """39°54′, 31.2304°N, 40°26'46"N: degrees, minutes and seconds of arc, and the hemisphere
+    (北纬三十九度五十四分 / thirty nine degrees fifty four minutes north); ′ and ″ are no
+    unspeakable marks after a degree."""
+    deg, mins, secs, side = g("an_deg"), g("an_min"), g("an_sec"), g("an_side") or g("an_side2")
+    if lang == "zh":
+        head = _HEMISPHERES[side][0] if side and not before.rstrip().endswith(("经", "纬")) else ""
+        return (head + zh_number(deg) + "度" + (zh_number(mins) + "分" if mins else "")
+                + (zh_number(secs) + "秒" if secs else ""))
+    words = [en_number(deg) + (" degree" if to_decimal(deg) == 1 else " degrees")]
+    for num, one in ((mins, "minute"), (secs, "second")):
+        if num:
+            words.append(en_number(num) + f" {one}" + ("" if to_decimal(num) == 1 else "s"))
+    return " ".join(words) + (f" {_HEMISPHERES[side][1]}" if side else "")
+
+
+ANGLE: Final = Kind(
+    "angle",
+    rf"(?<![\d.])(?P<an_deg>{NUM})°(?:\s?(?P<an_min>\d{{1,2}}(?:\.\d+)?)[′']"
+    r"(?:\s?(?P<an_sec>\d{1,2}(?:\.\d+)?)[″\"])?(?:\s?(?P<an_side>[NSEW]))?|\s?(?P<an_side2>[NSEW]))(?![A-Za-z])",
+    _read_angle, first=r"\d")
+"""Needs minutes or a hemisphere: a bare 45° stays a unit."""
+
+
+def _read_feet_inches(lang: Lang, g: Groups, before: str, after: str) -> str:
+    """5'6", 6′2″: feet and inches in English (five feet six inches); 5'30'', 6′10″ with seconds
+    past 11, and every such mark in Chinese: minutes and seconds (配速五分三十秒, as a pace or a
+    race time is written there), but feet and inches after 高 (身高6′2″)."""
+    big, small = (g("fi_ft"), g("fi_in")) if g("fi_ft") else (g("ms_m"), g("ms_s"))
+    if lang == "zh" and g("fi_ft") and "高" in before[-4:]:
+        return zh_number(big) + "英尺" + zh_number(small) + "英寸"  # 身高6′2″: a height
+    if lang == "zh":
+        return zh_number(big) + "分" + zh_number(small.lstrip("0") or "0") + "秒"
+    if g("fi_ft"):
+        return (f"{en_number(big)} {'foot' if big == '1' else 'feet'} "
+                f"{en_number(small)} {'inch' if small == '1' else 'inches'}")
+    return (f"{en_number(big)} {'minute' if big == '1' else 'minutes'} "
+            f"{en_number(small.lstrip('0') or '0')} {'second' if small in ('1', '01') else 'seconds'}")
+
+
+FEET_INCHES: Final = Kind(
+    "feet_inches",
+    r"(?<![\d.°'′])(?:(?P<fi_ft>[1-9])['′](?P<fi_in>1[01]|\d)(?:\"|″|''|′′)?(?![\d'′])"
+    r"|(?P<ms_m>\d{1,2})['′](?P<ms_s>[0-5]\d)(?:\"|″|''|′′)(?![\d'′]))",
+    _read_feet_inches, first=r"\d")
+"""Feet and inches, or minutes and seconds (the seconds need their mark)."""
+
+
+def _read_resolution(lang: Lang, g: Groups, before: str, after: str) -> str:
+    """1080p, 720P, 4320p: a video resolution, named by its digits (一零八零P / ten eighty p),
+    never a count (一千零八十p)."""
+    num, letter = g("rs_num"), g("rs_p")
+    if lang == "zh":
+        return zh_digits(num) + letter.upper()
+    head, tail = num[:-2], num[-2:]
+    return f"{en_int(int(head))} {en_int(int(tail))} {letter.lower()}"
+
+
+RESOLUTION: Final = Kind(
+    "resolution",
+    r"(?<![\d.])(?P<rs_num>480|576|720|1080|1440|2160|4320)(?P<rs_p>[pPiI])(?![A-Za-z0-9])",
+    _read_resolution, first=r"[12457]")

@@ -189,7 +189,7 @@ def _read_dotted_time(lang: Lang, g: Groups, before: str, after: str) -> str:
 
 _DAY_WORDS: Final = words("day_words")
 _DOT_TIME_BEFORE: Final = "|".join(f"(?<={re.escape(w)})" for w in (*DAY_PARTS, *_DAY_WORDS, "at ", "At ", "by "))
-_AP: Final = r"\.?[Mm](?:\.(?=\S| [a-z]))?(?![A-Za-z])"
+_AP: Final = r"\.?[Mm](?:\.(?=\S| [a-z]| [-–—~] ?\d))?(?![A-Za-z])"
 """The rest of am/pm after its first letter."""
 
 
@@ -201,7 +201,7 @@ TIME_RANGE: Final = Kind(
 
 TIME: Final = Kind(
     "time",
-    _time_re("t") + r"(?:\s?(?P<t_ap>[AaPp])\.?[Mm](?:\.(?=\S| [a-z]))?(?![A-Za-z]))?"
+    _time_re("t") + r"(?:\s?(?P<t_ap>[AaPp])\.?[Mm](?:\.(?=\S| [a-z]| [-–—~] ?\d))?(?![A-Za-z]))?"
     r"(?P<t_unit>分(?![钟别享析之配为成组批])|秒|整|点钟|点(?![名评击赞菜餐燃亮播头数滴]))?",
     _read_time, first=r"\d")
 
@@ -214,7 +214,7 @@ RATIO: Final = Kind(
 
 HOUR_AM_PM: Final = Kind(
     "hour_am_pm",
-    r"(?<![\d:.])(?P<hap_h>1[0-2]|0?[1-9])\s?(?P<hap_ap>[AaPp])\.?[Mm](?:\.(?=\S| [a-z]))?(?![A-Za-z])",
+    r"(?<![\d:.])(?P<hap_h>1[0-2]|0?[1-9])\s?(?P<hap_ap>[AaPp])\.?[Mm](?:\.(?=\S| [a-z]| [-–—~] ?\d))?(?![A-Za-z])",
     _read_hour_am_pm, first=r"\d")
 
 
