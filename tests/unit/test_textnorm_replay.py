@@ -2,7 +2,9 @@
 beside units and medical or cooking units, angles, feet and inches, powers and functions in a
 formula, codes after identifier words, 两 where no count is said, English abbreviations before
 a number, video resolutions, mixed numbers, years after a quarter or in brackets, am/pm ranges
-and a dot before a name. Each case is read with and without WeTextProcessing."""
+and a dot before a name; ratings, scientific notation, model and house numbers, spaced units, numbers
+that name a day or a service, sections and doses, race times and day.month.year dates. Each case is read
+with and without WeTextProcessing."""
 
 from __future__ import annotations
 
@@ -184,8 +186,131 @@ NAME_DOTS = [
 ]
 
 
+# A rating out of 5, 10 or 100 after a rating word or before a star; a plain a/b stays a fraction.
+RATINGS = [
+    ('Rated 4.5/5 stars.', 'Rated four point five out of five stars.'),
+    ("I'd give it 9/10.", 'Id give it nine out of ten.'),
+    ('评分4.8/5分。', '评分四点八分，满分五分。'),
+    ('这家店评分为4.6/5。', '这家店评分为四点六分，满分五分。'),
+    ('用户评分4.5/5星。', '用户评分四点五星，满分五星。'),
+    ('评分3/5。', '评分三分，满分五分。'),
+    ('The ratio is 4/5.', 'The ratio is four fifths.'),
+    ('2/5的人同意。', '五分之二的人同意。'),
+    ('大约3/4的人同意。', '大约四分之三的人同意。'),
+]
+
+# Scientific notation: one digit before the point, E read as times ten to a power; a hash stays letters.
+SCIENTIFIC = [
+    ('The population is 1e6.', 'The population is one times ten to the power of six.'),
+    ('误差是1.5e-3。', '误差是一点五乘以十的负三次方。'),
+    ('光速约为3E8米每秒。', '光速约为三乘以十的八次方米每秒。'),
+    ('Speed of light is 3E8 m/s.', 'Speed of light is three times ten to the power of eight meters per second.'),
+    ('阿伏伽德罗常数是6.02×10²³。', '阿伏伽德罗常数是六点零二乘以十的二十三次方。'),
+    ('2e5f是一个哈希。', '二e五f是一个哈希。'),
+]
+
+# Model numbers after a maker or series word, an Airbus family's capital, a CPU's family; counts stay counts.
+MODEL_NUMBERS = [
+    ('I flew on a Boeing 747.', 'I flew on a Boeing seven forty seven.'),
+    ('I bought an RTX 4090.', 'I bought an RTX forty ninety.'),
+    ('He bought a GTX 1080 Ti.', 'He bought a GTX ten eighty Ti.'),
+    ('The A320 is popular.', 'The A three twenty is popular.'),
+    ('I have an iPhone 15.', 'I have an iPhone fifteen.'),
+    ('我坐的是波音747。', '我坐的是波音七四七。'),
+    ('这是空客A320。', '这是空客A三二零。'),
+    ('显卡是RTX-4090。', '显卡是RTX 四零九零。'),
+    ('CPU是i7-13700K。', 'CPU是i七一三七零零K。'),
+    ('The i9-13900K is fast.', 'The i nine thirteen nine hundred K is fast.'),
+    ('I use GPT-4o every day.', 'I use GPT four o every day.'),
+    ('I have 747 apples.', 'I have seven hundred and forty seven apples.'),
+    ('波音公司今年交付了747架飞机。', '波音公司今年交付了七百四十七架飞机。'),
+    ('Room A101.', 'Room A one zero one.'),
+]
+
+# A house number before a street's name in pairs, a ZIP code after a state digit by digit.
+ADDRESSES = [
+    ('He lives at 221B Baker Street.', 'He lives at two twenty one B Baker Street.'),
+    ('1600 Pennsylvania Avenue NW, Washington, DC 20500.',
+     'sixteen hundred Pennsylvania Avenue NW, Washington, DC two zero five zero zero.'),
+    ('Apt 4B, 350 Fifth Avenue, New York, NY 10118.',
+     'Apt four B, three fifty Fifth Avenue, New York, NY one zero one one eight.'),
+    ('He lives at 10 Downing Street.', 'He lives at ten Downing Street.'),
+    ('I scored 900 on the test.', 'I scored nine hundred on the test.'),
+    ('In 2024, US 20000 jobs were added.', 'In twenty twenty four, US twenty thousand jobs were added.'),
+]
+
+# Units written with a space or in words where the words around say so: feet and inches, metres, amperes, basis
+# points (base pairs beside DNA), barrels.
+SPACED_UNITS = [
+    ('He is 5 ft 10 in tall.', 'He is five feet ten inches tall.'),
+    ('He is 6 ft tall.', 'He is six feet tall.'),
+    ('He arrived at 10 in the morning.', 'He arrived at ten in the morning.'),
+    ('Everest is 8,849 m high.', 'Everest is eight thousand eight hundred and forty nine meters high.'),
+    ('I drove 5 m.', 'I drove five m.'),
+    ('电流10A。', '电流十安。'),
+    ('The charger outputs 10 A.', 'The charger outputs ten amps.'),
+    ('5A景区。', '五A景区。'),
+    ('He got 10 A grades.', 'He got ten A grades.'),
+    ('美联储加息25bp。', '美联储加息二十五个基点。'),
+    ('The Fed raised rates by 25 bp.', 'The Fed raised rates by twenty five basis points.'),
+    ('DNA片段长500bp。', 'DNA片段长五百个碱基对。'),
+    ('原油期货报$78.5/bbl。', '原油期货报七十八点五美元每桶。'),
+]
+
+# Numbers that name a day, a service or an event: digit by digit (双 for the same month and day); amounts stay.
+NAMED_NUMBERS = [
+    ('3.15晚会曝光了很多问题。', '三一五晚会曝光了很多问题。'),
+    ('11.11购物节。', '双十一购物节。'),
+    ('双11快到了。', '双十一快到了。'),
+    ('618大促开始了。', '六一八大促开始了。'),
+    ('520表白日。', '五二零表白日。'),
+    ('12306网站。', '幺二三零六网站。'),
+    ('我买了618个苹果。', '我买了六百一十八个苹果。'),
+    ('我有520元。', '我有五百二十元。'),
+    ('3.15元。', '三元一角五分。'),
+    ('We visited the 9/11 memorial.', 'We visited the nine eleven memorial.'),
+    ('9/11事件震惊世界。', '九一一事件震惊世界。'),
+    ('We met on 9/11.', 'We met on September eleventh.'),
+    ('He lost 9/11 games.', 'He lost nine elevenths games.'),
+]
+
+# Identifiers: a flight's number after its airline's code, a train's number before 次, an account's letters.
+IDENTIFIERS = [
+    ('Flight UA 857 is delayed.', 'Flight UA eight five seven is delayed.'),
+    ('乘坐D301次动车。', '乘坐D三零幺次动车。'),
+    ('G7次高铁。', 'G七次高铁。'),
+    ('我的微信号是abc123。', '我的微信号是abc幺二三。'),
+]
+
+# Sections, articles and paragraphs, and how often a dose is taken; the words alone stay words.
+LEGAL_AND_DOSES = [
+    ('See § 5 of the contract.', 'See section five of the contract.'),
+    ('详见§5。', '详见第五节。'),
+    ('See Art. 5 and Para. 3.', 'See Article five and Paragraph three.'),
+    ('Art is fun. I love Art.', 'Art is fun. I love Art.'),
+    ('q8h静脉滴注。', '每八小时一次静脉滴注。'),
+    ('Take 2 tablets q8h.', 'Take two tablets every eight hours.'),
+    ('Take 1 tablet bid.', 'Take one tablet twice a day.'),
+    ('I made a bid of $5.', 'I made a bid of five dollars.'),
+]
+
+# Race times with tenths, time ranges with a day part on both sides, dates written day.month.year.
+TIMES_AND_DATES = [
+    ('She won the 1500m in 3:55.2.',
+     'She won the one thousand five hundred meters in three minutes fifty five point two seconds.'),
+    ('他的成绩是3:55.21。', '他的成绩是三分五十五点二一秒。'),
+    ('The meeting is at 3:55.', 'The meeting is at three fifty five.'),
+    ('上午9:00-下午5:30', '上午九点到下午五点三十分'),
+    ('早上8:00到晚上10:00营业。', '早上八点到晚上十点营业。'),
+    ('05.03.2024开会。', '二零二四年三月五日开会。'),
+    ('31.12.2024', '二零二四年十二月三十一日'),
+    ('My IP is 1.2.3.4.', 'My IP is one dot two dot three dot four.'),
+]
+
+
 CASES = [*UNITS_BESIDE_UNITS, *MORE_UNITS, *ANGLES, *FEET_INCHES, *POWERS, *CODES, *NO_LIANG, *ENGLISH_ABBREVIATIONS,
-         *RESOLUTIONS, *MIXED_NUMBERS, *YEARS, *AM_PM_RANGES, *NAME_DOTS, *SPACED_TIMES]
+         *RESOLUTIONS, *MIXED_NUMBERS, *YEARS, *AM_PM_RANGES, *NAME_DOTS, *SPACED_TIMES, *RATINGS, *SCIENTIFIC,
+         *MODEL_NUMBERS, *ADDRESSES, *SPACED_UNITS, *NAMED_NUMBERS, *IDENTIFIERS, *LEGAL_AND_DOSES, *TIMES_AND_DATES]
 
 
 @pytest.mark.parametrize("library", [True, False])

@@ -9,8 +9,9 @@ import re
 from typing import Final
 
 from .base import Lang
-from .kind import NUM, Groups, Kind
+from .kind import NUM, Groups, Kind, alt
 from .numbers import en_number, zh_number
+from .tables import UNITS
 
 _OPERATORS: Final = {"+": ("加", "plus"), "-": ("减", "minus"), "−": ("减", "minus"), "×": ("乘以", "times"),
                      "*": ("乘以", "times"), "/": ("除以", "divided by"), "÷": ("除以", "divided by"),
@@ -149,3 +150,21 @@ FORMULA: Final = Kind(
     "formula",
     rf"(?P<formula>(?<![\dA-Za-z.^])(?:{_FORMULA})(?![\dA-Za-z^]))",
     _read_formula, first=r"[-±\dA-Za-z(√∛∜]", letters_neutral=True)
+
+
+def _read_scientific(lang: Lang, g: Groups, before: str, after: str) -> str:
+    """Scientific notation, the E read as times ten to a power: 1.5e-3 -> 一点五乘以十的负三次方 / one
+    point five times ten to the power of minus three (as 1.5×10⁻³ reads), never the letter."""
+    mantissa, power = g("sc_m"), _power(lang, "^" + g("sc_x").lstrip("+"))
+    unit = UNITS[g("sc_unit")] if g("sc_unit") else None
+    if lang == "zh":
+        return f"{zh_number(mantissa)}乘以十{power}" + (unit.zh if unit else "")
+    return f"{en_number(mantissa)} times ten {power}" + (f" {unit.en_many}" if unit else "")
+
+
+SCIENTIFIC: Final = Kind(
+    "scientific",
+    r"(?<![A-Za-z0-9.#-])(?P<sc_m>\d(?:\.\d+)?)[eE](?P<sc_x>[-+−]?\d{1,3})"
+    rf"(?:\s?(?P<sc_unit>{alt(UNITS)}))?(?![A-Za-z0-9]|\.\d)",
+    _read_scientific, first=r"\d")
+"""One digit before the point, as the notation writes it (1e6, 6.02e23, 3E8): 12E5 and 0x3E8 are no such numbers."""

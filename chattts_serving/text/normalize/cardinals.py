@@ -4,6 +4,7 @@ after context words, ordinals (``21st``), dotted numbers and IPv4 addresses."""
 from __future__ import annotations
 
 import re
+import string
 from typing import Final
 
 from .base import Lang
@@ -81,6 +82,11 @@ def _zh_count(num: str, before: str, after: str) -> str:
     year (2024年, 24年3月, 公元前221年) or a generation (80后) digit by digit; a date part
     without its leading zero (03月); else a cardinal, with 两 before a measure word."""
     digits = num.isdigit()
+    named = _named_day(num, after)
+    if named:
+        return named
+    if digits and len(num) == 5 and num[0] in "19" and after.startswith(SERVICE_AFTER):
+        return zh_digits(num, one="幺")  # 12306网站, 10086客服: a service's number
     listed = re.search(r"\d{3,}\s*(?:或者|或是|或|和|及|、|/)\s*$", before)  # 拨打12345或12315
     if listed and len(num) >= 3 and ends_with(before[:listed.start() + 1], IDENTIFIER_BEFORE, " :是为0123456789"):
         return "，".join(zh_digits(grp, one="幺") for grp in digit_groups(num))
@@ -92,8 +98,9 @@ def _zh_count(num: str, before: str, after: str) -> str:
             and not after.startswith(RANGE_UNITS)):
         return zh_digits(num, one="幺")  # 5号楼2306, A座1203: a flat's number
     if digits and (len(num) >= LONG_IDENTIFIER_DIGITS or (len(num) >= 4 and before[-1:].isupper())
+                   or (len(num) >= 3 and before[-1:].isupper() and after.startswith("次"))  # D301次: a train
                    or (len(num) >= 3 and not takes_liang(after) and not after.startswith(RANGE_UNITS)
-                       and ends_with(before.rstrip("ABCDEFGHIJKLMNOPQRSTUVWXYZ"), IDENTIFIER_BEFORE, " :是为#"))):
+                       and ends_with(before.rstrip(string.ascii_letters), IDENTIFIER_BEFORE, " :是为#"))):
         return "，".join(zh_digits(grp, one="幺") for grp in digit_groups(num))
     if digits and after.startswith("年") and (
             (len(num) == 4 and 1100 <= int(num) <= 2199) or (len(num) == 2 and re.match(r"年\s?\d", after))
@@ -112,6 +119,26 @@ def _zh_count(num: str, before: str, after: str) -> str:
     if before.rstrip().endswith(("第", "分之")) or (before[-1:].isascii() and before[-1:].isalpha()):
         return zh_number(num)  # 第2名 (an ordinal), 3分之2个 (a numerator), CO2排放 (a name): never 两
     return liang(zh_number(num), after)
+
+
+NAMED_DAY_AFTER: Final = words("named_day_after")
+"""Written right after a month and day without a slash (618, 520, 3.15, 11.11), they make it the
+name of a day read digit by digit (618大促 -> 六一八大促, 3.15晚会 -> 三一五晚会, 520表白 ->
+五二零表白); the same month and day twice is 双 (11.11购物节 -> 双十一购物节)."""
+SERVICE_AFTER: Final = words("service_after")
+"""Written right after five digits starting with 1 or 9, they make them a service's number read
+digit by digit (12306网站, 10086客服, 95588热线)."""
+
+
+def _named_day(num: str, after: str) -> str | None:
+    if not after.startswith(NAMED_DAY_AFTER):
+        return None
+    m = re.fullmatch(r"(1[0-2]|[1-9])\.?(\d{2})", num)
+    if m is None or not 1 <= int(m.group(2)) <= 31:
+        return None
+    if m.group(1) == m.group(2):
+        return "双" + zh_number(m.group(1))  # 11.11, 1212
+    return zh_digits(num)
 
 
 _BUILDING: Final = re.compile(r"[\dA-Z一二三四五六七八九十](?:号楼|栋|幢|单元|座|号院)\s?$")

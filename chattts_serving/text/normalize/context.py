@@ -40,8 +40,8 @@ TEMPERATURE_BEFORE: Final = words("temperature_before")
 NO_END_ABBREVIATIONS: Final = tuple(sorted({*words("titles"), *(a for a, _, ends in rows("abbreviations")
                                                                  if not yes(ends))}))
 """Titles and abbreviations whose dot ends no sentence (Mr. Smith, ext. 204)."""
-NUMBER_MARKS: Final = ("No", "no", "pp", "p")
-"""Written with a dot before a number (No. 5, p. 12): that dot ends no sentence when a number
+NUMBER_MARKS: Final = ("No", "no", "pp", "p", "Arts", "Art", "Para", "para")
+"""Written with a dot before a number (No. 5, p. 12, Art. 12): that dot ends no sentence when a number
 follows (``I said no. Then`` it does)."""
 _NO_END_BEFORE: Final = "".join(rf"(?<!\b{re.escape(a)})" for a in NO_END_ABBREVIATIONS)
 _NUMBER_MARK_BEFORE: Final = "".join(rf"(?<!\b{a})" for a in NUMBER_MARKS)
@@ -89,8 +89,8 @@ CONTEXT_CHARS: Final = 80
 _CLAUSE_BREAKS: Final = set(",;:!?。，；：！？\n") | {"."}
 
 
-_MODEL_NAME: Final = re.compile(r"(?<![A-Za-z])[A-Za-z]*[A-Z][A-Za-z]* ?$")
-"""A Latin word with a capital letter right before a number (one space allowed)."""
+_MODEL_NAME: Final = re.compile(r"(?<![A-Za-z])[A-Za-z]*[A-Z][A-Za-z]*[ -]?$")
+"""A Latin word with a capital letter right before a number (one space or hyphen allowed: RTX-4090)."""
 
 
 def context_language(text: str, start: int, end: int, default: Lang, counts: bool = False) -> Lang:
@@ -192,8 +192,9 @@ def ends_with(before: str, words: tuple[str, ...], skip: str = " ") -> bool:
 
 def en_identifier(before: str) -> bool:
     """English: a number right after a word of :data:`EN_IDENTIFIER_BEFORE` (a ``#``, ``:`` or
-    ``.`` between allowed) is an identifier (call 911, room 305, gate B12's 12 is not)."""
-    m = re.search(r"([A-Za-z]+)\.?(?:\s+(?:is|was|number|no\.?))?[\s:#]*$", before)
+    ``.`` between allowed, and an airline's code: flight UA 857) is an identifier (call 911, room 305,
+    gate B12's 12 is not)."""
+    m = re.search(r"([A-Za-z]+)\.?(?:\s+(?:is|was|number|no\.?))?(?:\s+(?:[A-Z][A-Z\d]|\d[A-Z]))?[\s:#]*$", before)
     return m is not None and (m.group(1) in EN_IDENTIFIER_BEFORE or m.group(1).lower() in EN_IDENTIFIER_BEFORE)
 
 

@@ -47,6 +47,11 @@ def _read_month_day_year(lang: Lang, g: Groups, before: str, after: str) -> str:
     return zh_date(y, mo, d) if lang == "zh" else en_date(y, mo, d)
 
 
+def _read_day_month_year(lang: Lang, g: Groups, before: str, after: str) -> str:
+    y, mo, d = g("dmy_y"), int(g("dmy_m")), int(g("dmy_d"))
+    return zh_date(y, mo, d) if lang == "zh" else en_date(y, mo, d)
+
+
 def _read_month_name_day(lang: Lang, g: Groups, before: str, after: str) -> str:
     return en_date(g("md_y"), month_number(g("md_mon")), int(g("md_d")))
 
@@ -158,6 +163,15 @@ MONTH_DAY_YEAR: Final = Kind(
     "month_day_year",
     r"(?<![\d/])(?P<mdy_m>1[0-2]|0?[1-9])/(?P<mdy_d>3[01]|[12]\d|0?[1-9])/(?P<mdy_y>\d{4})(?![\d/])",
     _read_month_day_year, first=r"\d")
+
+
+DAY_MONTH_YEAR: Final = Kind(
+    "day_month_year",
+    r"(?<![\d.vV])(?<!版本)(?<!版本号)(?<!ersion )(?P<dmy_d>3[01]|[12]\d|0?[1-9])\.(?P<dmy_m>1[0-2]|0?[1-9])"
+    r"\.(?P<dmy_y>(?:19|20)\d\d)(?!\d|\.\d)",
+    _read_day_month_year, first=r"\d")
+"""05.03.2024: day, month and year with dots, as Europe writes them (2024年3月5日, March fifth), never
+a dotted number (零五点零三点两千零二十四); after v, 版本 or version it stays a version."""
 
 
 MONTH_NAME_DAY: Final = Kind(

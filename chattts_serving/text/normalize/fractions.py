@@ -10,7 +10,7 @@ from .base import Lang
 from .context import ends_with
 from .dates import en_date, zh_date
 from .kind import SIGN, Groups, Kind
-from .numbers import en_int, en_ordinal, takes_liang, zh_int
+from .numbers import en_int, en_number, en_ordinal, liang, takes_liang, zh_digits, zh_int, zh_number
 from .vocabulary import words
 
 
@@ -112,11 +112,22 @@ def _read_fraction(lang: Lang, g: Groups, before: str, after: str) -> str:
         return mixed_number(lang, g("fr_whole"), int(a), int(b))
     if g("fr_whole"):  # 5 3/2: two numbers
         return (zh_int if lang == "zh" else en_int)(int(g("fr_whole"))) + " " + fraction_words(lang, int(a), int(b))
+    if _event(a, b, after):  # the 9/11 memorial, 9/11事件: a day that names an event
+        return f"{en_int(int(a))} {en_int(int(b))}" if lang == "en" else zh_digits(a + b)
     if sign:  # -1/3: a signed fraction, never a date
         return {"-": ("负", "minus "), "+": ("正", "plus ")}[sign][lang == "en"] + fraction_words(lang, int(a), int(b))
     if zh_slash_date(a, b, before, after) if lang == "zh" else _en_slash_date(a, b, before):
         return zh_date(None, int(a), int(b)) if lang == "zh" else en_date(None, int(a), int(b))
     return fraction_words(lang, int(a), int(b))
+
+
+EVENT_AFTER: Final = words("event_after")
+"""Written right after m/d, they make it the name of an event, read as two numbers (the 9/11
+memorial: nine eleven; 9/11事件: 九一一事件), never a fraction or a date."""
+
+
+def _event(a: str, b: str, after: str) -> bool:
+    return 1 <= int(a) <= 12 and 1 <= int(b) <= 31 and after.lstrip().startswith(EVENT_AFTER)
 
 
 def mixed_number(lang: Lang, whole: str, a: int, b: int) -> str:
@@ -178,5 +189,30 @@ FRACTION: Final = Kind(
     rf"(?P<fr_sign>{SIGN})?(?<![\d/.])(?P<fr_a>\d+)/(?P<fr_b>\d+)(?![\d/])",
     _read_fraction, library=True,
     library_may_read=lambda g, before, after: not g("fr_sign") and not g("fr_whole") and not _split(
-        int(g("fr_a")), int(g("fr_b"))),
+        int(g("fr_a")), int(g("fr_b"))) and not _event(g("fr_a"), g("fr_b"), after),
     library_fits=_library_fits_fraction, first=r"[-+−\d]")
+
+
+RATING_BEFORE: Final = words("rating_before")
+"""Written right before ``a/b`` (为/是/:/of/is and spaces between allowed), they make it a rating out of
+b (评分4.8/5, rated 4.5/5, give it 9/10), as a star word after it does (4.5/5星, 4/5 stars)."""
+_RATING_LEAD: Final = "|".join(f"(?<={re.escape(w + sep)})" for w in RATING_BEFORE
+                               for sep in ("", " ", "为", "是", ":", ": ", " of ", " is ", " was "))
+
+
+def _read_rating(lang: Lang, g: Groups, before: str, after: str) -> str:
+    """A rating: 四点八分，满分五分 (the unit written after it, 分 or 星, said on both sides) / four
+    point five out of five; never a fraction (五分之四点八) nor a quotient (四点八除以五)."""
+    a, b = g("rt_a"), g("rt_b")
+    if lang == "zh":
+        unit = g("rt_unit") or "分"
+        return f"{liang(zh_number(a), unit)}{unit}，满分{zh_number(b)}{unit}"
+    return f"{en_number(a)} out of {en_number(b)}"
+
+
+RATING: Final = Kind(
+    "rating",
+    rf"(?:{_RATING_LEAD}|(?=\d(?:\.\d)?/(?:5|10)\s?(?:stars?\b|星|颗星)))(?<![\d/.])"
+    r"(?P<rt_a>\d{1,3}(?:\.\d{1,2})?)/(?P<rt_b>5|10|100)(?![\d/]|\.\d)(?P<rt_unit>颗星|星|分(?![钟之]))?",
+    _read_rating, first=r"\d")
+"""A rating out of 5, 10 or 100 after a rating word or before a star: 评分4.8/5分, Rated 4.5/5 stars."""

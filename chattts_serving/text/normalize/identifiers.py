@@ -8,7 +8,7 @@ from typing import Final
 
 from .base import Lang
 from .context import IDENTIFIER_BEFORE, en_identifier, ends_with
-from .kind import Groups, Kind
+from .kind import Groups, Kind, alt_words
 from .numbers import digit_groups, en_digits, en_number, read_groups, zh_digits, zh_number
 from .vocabulary import words
 
@@ -81,7 +81,8 @@ def _read_prefixed_code(lang: Lang, g: Groups, before: str, after: str) -> str:
 
 PREFIXED_CODE: Final = Kind(
     "prefixed_code",
-    r"(?<![A-Za-z0-9.+-])(?P<px_letters>[A-Z]{1,3})-(?P<px_num>\d{2,6})(?![A-Za-z0-9-]|[.,]\d)",
+    rf"(?<![A-Za-z0-9.+-])(?!(?:{alt_words(words('model_before'))})-\d{{3}})"
+    r"(?P<px_letters>[A-Z]{1,3})-(?P<px_num>\d{2,6})(?![A-Za-z0-9-]|[.,]\d)",
     _read_prefixed_code, first=r"[A-Z]", letters_neutral=True)
 
 

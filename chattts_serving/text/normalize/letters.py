@@ -89,15 +89,22 @@ def _read_abbreviation(lang: Lang, g: Groups, before: str, after: str) -> str:
     return word
 
 
+_BEFORE_NUMBER: Final = {"p": "page", "pp": "pages", "Art": "Article", "Arts": "Articles", "Para": "Paragraph",
+                          "para": "paragraph"}
+"""Abbreviations read as words only before a number (:data:`.context.NUMBER_MARKS` keeps their dot
+from ending a sentence)."""
+
+
 ABBREVIATION: Final = Kind(
     "abbreviation",
     rf"(?=[A-Za-z])(?<![A-Za-z.])(?P<ab>{alt_words(TITLES)}|{alt_words(ABBREVIATIONS)})(?P<ab_dot>\.)"
     r"|(?=v)(?<![A-Za-z.])(?P<ab_vs>vs)(?![A-Za-z])(?=\s)"
-    r"|(?=p)(?<![A-Za-z.])(?P<ab_page>pp?)\.(?=\s?\d)",
-    lambda lang, g, before, after: ("versus" if g("ab_vs") else {"p": "page", "pp": "pages"}[g("ab_page")]
+    rf"|(?=[pAP])(?<![A-Za-z.])(?P<ab_page>{alt_words(_BEFORE_NUMBER)})\.(?=\s?\d)",
+    lambda lang, g, before, after: ("versus" if g("ab_vs") else _BEFORE_NUMBER[g("ab_page")]
                                     if g("ab_page") else _read_abbreviation(lang, g, before, after)),
     lang="en")
-"""``p.`` and ``pp.`` are pages only before a number (p. 12, pp. 45-67): never in ``p.m.``."""
+"""``p.``, ``pp.``, ``Art.`` and ``Para.`` are pages, articles and paragraphs only before a number
+(p. 12, pp. 45-67, Art. 12): never in ``p.m.`` nor for the word Art at a sentence's end."""
 
 
 ROMAN_NUMERAL: Final = Kind(
@@ -107,3 +114,43 @@ ROMAN_NUMERAL: Final = Kind(
     r"(?![A-Za-z])"
     rf"|(?=[IVX])(?<![A-Za-z])(?P<rm_zh>[IVX]{{1,4}})(?=[{ROMAN_COUNTERS_ZH}])|(?=[IVXLC])(?<=第)(?P<rm_zh2>[IVXLC]+)(?![A-Za-z])",
     _read_roman_numeral)
+
+
+def _read_section(lang: Lang, g: Groups, before: str, after: str) -> str:
+    """§5 -> section five / 第五节, §§ 5-7 -> sections; the sign is never left unread."""
+    num, many = g("sec_num"), g("sec_sign") == "§§"
+    if lang == "zh":
+        return "第" + zh_number(num) + "节"
+    return ("sections " if many else "section ") + " point ".join(en_int(int(p)) for p in num.split("."))
+
+
+SECTION: Final = Kind(
+    "section",
+    r"(?P<sec_sign>§§?)\s?(?P<sec_num>\d+(?:\.\d+)?)(?![\d.]|\.\d)",
+    _read_section, first="§")
+
+
+DOSE_FREQUENCIES: Final = {abbr: (zh, en) for abbr, zh, en in rows("dose_frequencies")}
+"""How often a dose is taken, as prescriptions abbreviate it (bid: 每日两次 / twice a day)."""
+DOSE_BEFORE: Final = words("dose_before")
+"""Written right before bid, tid, ... (one space between), they make it a dose's frequency (1 tablet bid,
+500mg tid); bid alone is a word."""
+_DOSE_LEAD: Final = "|".join(f"(?<={re.escape(w)} )" for w in DOSE_BEFORE)
+
+
+def _read_dose_frequency(lang: Lang, g: Groups, before: str, after: str) -> str:
+    """q8h -> 每八小时一次 / every eight hours; bid after a dose -> 每日两次 / twice a day."""
+    if g("q_hours"):
+        h = g("q_hours")
+        return f"每{zh_number(h)}小时一次" if lang == "zh" else f"every {en_int(int(h))} hours"
+    zh, en = DOSE_FREQUENCIES[g("q_abbr").lower()]
+    return zh if lang == "zh" else en
+
+
+DOSE_FREQUENCY: Final = Kind(
+    "dose_frequency",
+    r"(?<![A-Za-z0-9])[qQ](?P<q_hours>\d{1,2})[hH](?![A-Za-z0-9])"
+    rf"|(?:{_DOSE_LEAD})(?P<q_abbr>{alt_words([*DOSE_FREQUENCIES, *(a.upper() for a in DOSE_FREQUENCIES)])})"
+    r"(?![A-Za-z0-9])",
+    _read_dose_frequency)
+"""Where the Chinese of a prescription writes q8h, bid, it is read in Chinese: 每八小时一次."""

@@ -8,7 +8,7 @@ from typing import Final
 
 from .base import Lang
 from .context import clause, said_below
-from .kind import NUM, SIGN, Groups, Kind, alt
+from .kind import NUM, SIGN, Groups, Kind, alt, alt_words
 from .numbers import en_int, en_number, en_year, liang, plain_decimal, to_decimal, zh_digits, zh_number
 from .tables import GLUED_UNITS, TEMPERATURE_UNITS, UNITS, unit_reading
 from .vocabulary import words
@@ -109,7 +109,7 @@ def _read_percent(lang: Lang, g: Groups, before: str, after: str) -> str:
 def _read_unit(lang: Lang, g: Groups, before: str, after: str) -> str:
     sign = (g("u_sign") or "").replace("−", "-")
     symbol = g("u_unit")
-    unit = UNITS[symbol] if symbol else GLUED_UNITS[g("u_glued")]
+    unit = UNITS[symbol] if symbol else GLUED_UNITS[g("u_glued") or g("u_spaced")]
     words = unit_reading(lang, unit, g("u_num"))
     if sign == "-" and lang == "zh" and said_below(before):
         pass  # 零下-3℃: 零下 is written, the sign is not read again
@@ -164,10 +164,15 @@ PERCENT: Final = Kind(
     _read_percent, library=True, library_may_read=_library_may_read_percent, first=r"[-+−\d]")
 
 
+METRE_AFTER_EN: Final = words("metre_after_en")
+"""English words after ``N m`` (a space between) that make the m metres (8,849 m high, 5 m away):
+a one-letter unit is read after a space only there."""
+
+
 UNIT: Final = Kind(
     "unit",
     rf"(?P<u_sign>{SIGN})?(?P<u_num>{NUM})(?:\s?(?P<u_unit>{alt(UNITS)})"
-    rf"|(?P<u_glued>{alt(GLUED_UNITS)}))(?![A-Za-z0-9])",
+    rf"|(?P<u_glued>{alt(GLUED_UNITS)})|\s(?P<u_spaced>m)(?=\s(?:{alt_words(METRE_AFTER_EN)})\b))(?![A-Za-z0-9])",
     _read_unit, first=r"[-+−\d]")
 
 
@@ -226,12 +231,13 @@ def _read_feet_inches(lang: Lang, g: Groups, before: str, after: str) -> str:
     """5'6", 6′2″: feet and inches in English (five feet six inches); 5'30'', 6′10″ with seconds
     past 11, and every such mark in Chinese: minutes and seconds (配速五分三十秒, as a pace or a
     race time is written there), but feet and inches after 高 (身高6′2″)."""
-    big, small = (g("fi_ft"), g("fi_in")) if g("fi_ft") else (g("ms_m"), g("ms_s"))
-    if lang == "zh" and g("fi_ft") and "高" in before[-4:]:
-        return zh_number(big) + "英尺" + zh_number(small) + "英寸"  # 身高6′2″: a height
+    feet = g("fi_ft") or g("fw_ft")
+    big, small = (feet, g("fi_in") or g("fw_in")) if feet else (g("ms_m"), g("ms_s"))
+    if lang == "zh" and feet and ("高" in before[-4:] or g("fw_ft")):
+        return zh_number(big) + "英尺" + zh_number(small) + "英寸"  # 身高6′2″, 5 ft 10 in: a height
     if lang == "zh":
         return zh_number(big) + "分" + zh_number(small.lstrip("0") or "0") + "秒"
-    if g("fi_ft"):
+    if feet:
         return (f"{en_number(big)} {'foot' if big == '1' else 'feet'} "
                 f"{en_number(small)} {'inch' if small == '1' else 'inches'}")
     return (f"{en_number(big)} {'minute' if big == '1' else 'minutes'} "
@@ -241,9 +247,11 @@ def _read_feet_inches(lang: Lang, g: Groups, before: str, after: str) -> str:
 FEET_INCHES: Final = Kind(
     "feet_inches",
     r"(?<![\d.°'′])(?:(?P<fi_ft>[1-9])['′](?P<fi_in>1[01]|\d)(?:\"|″|''|′′)?(?![\d'′])"
-    r"|(?P<ms_m>\d{1,2})['′](?P<ms_s>[0-5]\d)(?:\"|″|''|′′)(?![\d'′]))",
+    r"|(?P<ms_m>\d{1,2})['′](?P<ms_s>[0-5]\d)(?:\"|″|''|′′)(?![\d'′])"
+    r"|(?P<fw_ft>[1-9])\s?(?:ft|feet|foot)\.?\s(?P<fw_in>1[01]|\d)\s?(?:in|inches|inch)\b(?!\s(?:the|a|an)\b))",
     _read_feet_inches, first=r"\d")
-"""Feet and inches, or minutes and seconds (the seconds need their mark)."""
+"""Feet and inches, or minutes and seconds (the seconds need their mark); feet and inches also
+written with their units (5 ft 10 in), where ``in`` after the inches is no preposition."""
 
 
 def _read_resolution(lang: Lang, g: Groups, before: str, after: str) -> str:
@@ -260,3 +268,54 @@ RESOLUTION: Final = Kind(
     "resolution",
     r"(?<![\d.])(?P<rs_num>480|576|720|1080|1440|2160|4320)(?P<rs_p>[pPiI])(?![A-Za-z0-9])",
     _read_resolution, first=r"[12457]")
+
+
+AMPERE_BEFORE: Final = words("ampere_before")
+"""Written right before ``NA`` (为/是/:/达 and spaces between allowed), they make the A amperes
+(电流10A -> 十安, outputs 10 A); elsewhere A is a letter (5A景区, 3A游戏, 10 A students)."""
+_AMPERE_LEAD: Final = "|".join(f"(?<={re.escape(w + sep)})" for w in AMPERE_BEFORE
+                               for sep in ("", " ", "为", "是", ":", ": ", "达", "约"))
+
+
+def _read_ampere(lang: Lang, g: Groups, before: str, after: str) -> str:
+    num = g("amp_num") or g("amp_num2")
+    if lang == "zh":
+        return liang(zh_number(num), "个") + "安"
+    return en_number(num) + (" amp" if to_decimal(num) == 1 else " amps")
+
+
+AMPERE: Final = Kind(
+    "ampere",
+    rf"(?:{_AMPERE_LEAD})(?P<amp_num>{NUM})\s?A(?![A-Za-z0-9])"
+    rf"|(?<![A-Za-z0-9.])(?P<amp_num2>{NUM})\s?A(?=\s(?:fuse|breaker|circuit|charger)\b)",
+    _read_ampere, first=r"\d")
+"""Amperes only where an electrical word says so: the letter A after a number is a grade or a class
+far more often."""
+
+
+BASE_PAIR_SENTENCE: Final = words("base_pair_sentence")
+"""In the sentence of ``N bp``, they make bp base pairs (DNA片段500bp)."""
+BIT_RATE_SENTENCE: Final = words("bit_rate_sentence")
+"""In the sentence of ``N bps``, they make bps bits per second (a 9600 bps modem)."""
+
+
+def _read_basis_points(lang: Lang, g: Groups, before: str, after: str) -> str:
+    """25bp, 50 bps: basis points in finance (加息25bp -> 加息二十五个基点, twenty five basis points),
+    base pairs where the sentence speaks of DNA, bits per second beside a modem."""
+    num, symbol = g("bps_num"), g("bps_u")
+    sentence = before + after
+    if any(w in sentence for w in BASE_PAIR_SENTENCE):
+        zh, one, many = "个碱基对", "base pair", "base pairs"
+    elif symbol == "bps" and any(w in sentence for w in BIT_RATE_SENTENCE):
+        zh, one, many = "比特每秒", "bit per second", "bits per second"
+    else:
+        zh, one, many = "个基点", "basis point", "basis points"
+    if lang == "zh":
+        return liang(zh_number(num), "个") + zh
+    return f"{en_number(num)} {one if to_decimal(num) == 1 else many}"
+
+
+BASIS_POINTS: Final = Kind(
+    "basis_points",
+    rf"(?<![A-Za-z0-9.])(?P<bps_num>{NUM})\s?(?P<bps_u>bps?)(?![A-Za-z0-9])",
+    _read_basis_points, first=r"\d")

@@ -8,7 +8,7 @@ from typing import Final
 
 from .base import Lang
 from .context import ends_with, score_near
-from .kind import Groups, Kind
+from .kind import Groups, Kind, alt_words
 from .numbers import en_int, en_number, liang, score, zh_int, zh_number
 from .vocabulary import words
 
@@ -136,10 +136,20 @@ def _read_time_range(lang: Lang, g: Groups, before: str, after: str) -> str:
     for p in ("ta", "tb"):
         sec = g(f"{p}_s")
         sides.append(clock(lang, int(g(f"{p}_h")), int(g(f"{p}_m")), int(sec) if sec else None, None, whole=False))
-    sep = g("tr_sep").strip()
-    if lang == "zh":
-        return sides[0] + ("至" if sep == "至" else "到") + sides[1]
+    sep, part = g("tr_sep").strip(), g("tr_part") or ""
+    if lang == "zh" or part:  # 上午9:00-下午5:30: the second time's day part is said after 到
+        return sides[0] + ("至" if sep == "至" else "到") + part + sides[1]
     return f"{sides[0]} to {sides[1]}"
+
+
+def _read_race_time(lang: Lang, g: Groups, before: str, after: str) -> str:
+    """3:55.2, a race time with tenths: 三分五十五点二秒 / three minutes fifty five point two seconds,
+    never a clock time and a decimal (three fifty five. two)."""
+    m, s = g("rc_m"), g("rc_s").lstrip("0") + "." + g("rc_f")
+    s = s if not s.startswith(".") else "0" + s
+    if lang == "zh":
+        return zh_number(m) + "分" + zh_number(s) + "秒"
+    return f"{en_number(m)} {'minute' if m == '1' else 'minutes'} {en_number(s)} seconds"
 
 
 def _read_ratio(lang: Lang, g: Groups, before: str, after: str) -> str:
@@ -195,8 +205,15 @@ _AP: Final = r"\.?[Mm](?:\.(?=\S| [a-z]| [-–—~] ?\d))?(?![A-Za-z])"
 
 TIME_RANGE: Final = Kind(
     "time_range",
-    _time_re("ta") + r"(?P<tr_sep>\s?[-~–—]\s?|至|到)" + _time_re("tb"),
+    _time_re("ta") + rf"(?P<tr_sep>\s?[-~–—]\s?|至|到)(?P<tr_part>{alt_words(DAY_PARTS)})?" + _time_re("tb"),
     _read_time_range, first=r"\d")
+
+
+RACE_TIME: Final = Kind(
+    "race_time",
+    r"(?<![\d.:])(?P<rc_m>\d{1,2}):(?P<rc_s>[0-5]\d)\.(?P<rc_f>\d{1,3})(?![\d:]|\.\d)",
+    _read_race_time, first=r"\d")
+"""Minutes, seconds and their decimals: a clock never writes tenths."""
 
 
 TIME: Final = Kind(

@@ -67,6 +67,20 @@ COLUMNS: Final[dict[str, tuple[str, ...]]] = {
     "date_words": WORD,
     "roman_after_words": WORD,
     "regnal_names": WORD,
+    "rating_before": WORD,
+    "event_after": WORD,
+    "model_before": WORD,
+    "model_families": ("prefix", "first_digit"),
+    "street_words_en": WORD,
+    "us_states": WORD,
+    "named_day_after": WORD,
+    "service_after": WORD,
+    "ampere_before": WORD,
+    "base_pair_sentence": WORD,
+    "bit_rate_sentence": WORD,
+    "dose_before": WORD,
+    "metre_after_en": WORD,
+    "dose_frequencies": ("abbreviation", "chinese", "english"),
 }
 """Every vocabulary file (``data/<name>.tsv``) and its columns, as its header line names them."""
 
