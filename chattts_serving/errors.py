@@ -152,10 +152,27 @@ STOP_ERROR_PREFIX: Final = "error:"
 """Start of the GPT engine's stop reason for a failed sequence: ``error:<kind>:<message>``."""
 
 
+MAX_MESSAGE_CHARS: Final = 2000
+"""The longest error message a model sends (:func:`encode` cuts the rest): a gRPC status
+message travels in a trailer, and past gRPC's 16 KB metadata limit the client gets
+RESOURCE_EXHAUSTED ("Stream removed") instead of the error."""
+
+
+def quoted(value: str, limit: int = 64) -> str:
+    """``value`` quoted for an error message, at most ``limit`` characters of it and its length
+    beyond that: a client's 300 KB voice string is not echoed back, nor logged whole."""
+    if len(value) <= limit:
+        return repr(value)
+    return f"{value[:limit]!r}... ({len(value)} characters)"
+
+
 def encode(kind: ErrorKind, message: str, param: str | None = None) -> str:
     """``[kind] message``, or ``[kind:param] message`` for an error about input ``param``:
-    the form in which every model of ours sends an error."""
+    the form in which every model of ours sends an error, the message cut at
+    :data:`MAX_MESSAGE_CHARS`."""
     tag = ErrorKind(kind).value if param is None else f"{ErrorKind(kind).value}:{param}"
+    if len(message) > MAX_MESSAGE_CHARS:
+        message = message[:MAX_MESSAGE_CHARS] + "... (cut)"
     return f"[{tag}] {message}"
 
 

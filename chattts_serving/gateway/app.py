@@ -26,7 +26,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..errors import ErrorKind
 from .errors import INVALID_REQUEST, SERVER_ERROR, ApiError
-from .middleware import AdmissionDoor, OpenAICors
+from .middleware import AdmissionDoor, BodyLimit, OpenAICors
 from .relay import EXPOSED_HEADERS, REQUEST_ID_HEADER
 from .routers import ROUTERS
 from .settings import GatewaySettings
@@ -66,6 +66,7 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
                   summary="OpenAI-compatible text-to-speech over Triton")
     app.state.gateway = state
     app.add_middleware(AdmissionDoor, state=state)  # added first: CORS (below) wraps its answers too
+    app.add_middleware(BodyLimit, state=state, max_bytes=cfg.max_body_bytes)  # around the door: no slot for it
     if cfg.cors_origins:
         app.add_middleware(OpenAICors, allow_origins=list(cfg.cors_origins), allow_methods=list(CORS_METHODS),
                            allow_headers=["Authorization", "Content-Type", REQUEST_ID_HEADER],
@@ -89,9 +90,15 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        code = {400: "invalid_body", 404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+        code = {400: "invalid_body", 404: "not_found", 405: "method_not_allowed",
+                413: "body_too_large"}.get(exc.status_code)
+        detail = str(exc.detail)
+        if exc.status_code == 400 and "parsing the body" in detail:  # FastAPI's words for a body it could not read
+            detail += (f": Content-Encoding {request.headers['content-encoding']!r} is not supported, send the body "
+                       "uncompressed" if request.headers.get("content-encoding")
+                       else ": a JSON object in UTF-8 (or a multipart form for a voice upload) is expected")
         return state.error_response(request.url.path, ApiError(
-            exc.status_code, f"{request.method} {request.url.path}: {exc.detail}", INVALID_REQUEST, code=code))
+            exc.status_code, f"{request.method} {request.url.path}: {detail}", INVALID_REQUEST, code=code))
 
     return app
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response
 from starlette.datastructures import Headers
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .errors import INVALID_REQUEST, ApiError
 from .speech import SPEECH_PATH
@@ -41,6 +42,53 @@ class AdmissionDoor:
             await self.app(scope, receive, send)
         finally:
             slot.release()
+
+
+class BodyTooLarge(HTTPException):
+    """A request body past the gateway's limit, found while it is read: an HTTPException so
+    that FastAPI, which turns any other error inside body parsing into a 400, lets it through."""
+
+    def __init__(self, max_bytes: int) -> None:
+        super().__init__(413, body_too_large_message(max_bytes))
+
+
+def body_too_large_message(max_bytes: int) -> str:
+    return (f"the request body is larger than the gateway's limit of {max_bytes} bytes "
+            "(--max-body-bytes; a recording goes in reference_audio, at most 16 MiB)")
+
+
+class BodyLimit:
+    """Every HTTP request's body at most ``max_bytes``: a larger Content-Length is answered 413
+    before anything is read, and a body that grows past the limit as it is read (chunked, or a
+    Content-Length that lied) ends with 413 there (:class:`BodyTooLarge`), so no request holds
+    more than the limit in the gateway's memory."""
+
+    def __init__(self, app: ASGIApp, state: GatewayState, max_bytes: int) -> None:
+        self.app = app
+        self.state = state
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        length = Headers(scope=scope).get("content-length", "")
+        if length.isdigit() and int(length) > self.max_bytes:
+            refusal = ApiError(413, body_too_large_message(self.max_bytes), INVALID_REQUEST, code="body_too_large")
+            await self.state.error_response(scope["path"], refusal)(scope, receive, send)
+            return
+        seen = 0
+
+        async def counted() -> Message:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.max_bytes:
+                    raise BodyTooLarge(self.max_bytes)
+            return message
+
+        await self.app(scope, counted, send)
 
 
 class OpenAICors(CORSMiddleware):

@@ -113,7 +113,8 @@ async def synthesise(state: GatewayState, body: SpeechRequest, http_request: Req
                   metrics, timings=bool(body.sentence_timings), drain=drain)
     if body.sentence_timings and not relay.sse:
         return await timed_response(relay, info, headers)
-    return RelayResponse(relay, media_type="text/event-stream" if relay.sse else info.media_type, headers=headers)
+    return RelayResponse(relay, cfg.send_timeout_s, media_type="text/event-stream" if relay.sse else info.media_type,
+                         headers=headers)
 
 
 class Relay:
@@ -192,19 +193,39 @@ class Relay:
                 m.duration.observe(time.perf_counter() - self.t0)
 
 
+class ClientStalled(Exception):
+    """The client took no audio for the send timeout: its stream is cancelled and the
+    connection closed without the terminating chunk."""
+
+
 class RelayResponse(StreamingResponse):
     """A streaming response that releases its :class:`Relay` even when the body was never
-    iterated (a client gone before the first byte was sent)."""
+    iterated (a client gone before the first byte was sent), and cuts off a client that takes
+    no audio for ``send_timeout_s``: the server's write waits while the client does not read,
+    and such a client would hold its stream slot, its engine row and the audio Triton buffers
+    for as long as it keeps the connection open."""
 
-    def __init__(self, relay: Relay, **kwargs: Any) -> None:
+    def __init__(self, relay: Relay, send_timeout_s: float, **kwargs: Any) -> None:
         super().__init__(relay.body(), **kwargs)
         self.relay = relay
+        self.send_timeout_s = send_timeout_s
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        async def timed_send(message: Any) -> None:
+            try:
+                with anyio.fail_after(self.send_timeout_s):
+                    await send(message)
+            except TimeoutError:
+                raise ClientStalled() from None
+
         try:
-            await super().__call__(scope, receive, send)
+            await super().__call__(scope, receive, timed_send)
         except StreamCut:
             pass  # logged by the relay; returning unfinished makes the server close the connection
+        except ClientStalled:
+            self.relay.status = "cancelled"
+            log.warning("request %s: the client took no audio for %g s: stream cancelled", self.relay.request_id,
+                        self.send_timeout_s)
         finally:
             with anyio.CancelScope(shield=True):
                 await self.relay.release()

@@ -24,7 +24,7 @@ from starlette.requests import Request
 
 from ..audio.reference import RecordingError, SpkSmpError, check_transcript, decode_spk_smp, encode_spk_smp
 from ..client import AioStreamClient, ClientError
-from ..errors import ErrorKind
+from ..errors import ErrorKind, quoted
 from ..text.voices import MAX_VOICE_SEED, VoiceBook
 from .errors import INVALID_REQUEST, SERVER_ERROR, ApiError, from_client_error
 from .speech import MAX_RECORDING_BYTES, NO_VOICE, Text, decode_recording, recording_bytes
@@ -78,7 +78,7 @@ def _invalid(message: str, param: str) -> ApiError:
 
 
 def _not_found(name: str) -> ApiError:
-    return ApiError(404, f"no saved voice named '{name}'", INVALID_REQUEST, param="name", code="voice_not_found")
+    return ApiError(404, f"no saved voice named {quoted(name)}", INVALID_REQUEST, param="name", code="voice_not_found")
 
 
 def unavailable(exc: StoreUnavailable) -> ApiError:
@@ -281,6 +281,9 @@ async def prepare_voice(upload: VoiceUpload, book: VoiceBook, client: AioStreamC
             field = {"voice": "speaker" if source in ("reference_audio", "spk_smp") else source,
                      "reference_audio": recording_param, "reference_sample_rate_hz": recording_param,
                      "reference_text": "reference_text", "input": "reference_text"}.get(error.param or "", source)
+            if source == "spk_emb" and error.param == "voice":  # the front end's words are about a voice
+                raise _invalid(f"spk_emb {quoted(upload.spk_emb or '')} is not a ChatTTS spk_emb string (a seed "
+                               "goes in seed)", "spk_emb") from None
             raise _invalid(error.message, field) from None
         raise error from None
 

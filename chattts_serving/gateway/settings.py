@@ -78,8 +78,9 @@ def _origins(text: str) -> tuple[str, ...]:
 
 
 _LEAST: Final = {"max_input_chars": 1, "max_streams": 1, "ws_queue_chunks": 1, "ws_lookahead": 0, "retry_after_s": 0,
-                  "ws_max_sentence_chars": 8}
-"""The least value of each whole-number knob (a sentence needs room for a few words)."""
+                  "ws_max_sentence_chars": 8, "max_body_bytes": 65536}
+"""The least value of each whole-number knob (a sentence needs room for a few words; a body
+room for a text of the longest input)."""
 
 _ENVIRONMENT: ContextVar[Mapping[str, str] | None] = ContextVar("gateway_settings_environment", default=None)
 """The environment :meth:`GatewaySettings.from_env` reads (None: settings built from values
@@ -144,6 +145,12 @@ class GatewaySettings(BaseSettings):
         90.0, description="a stream fails when no chunk has come from Triton for this long, s (90)")
     stream_max_s: Annotated[float | None, Env("CHATTTS_GATEWAY_STREAM_MAX_S")] = Field(
         None, description="optional cap on a whole stream, s; 0 or none: no cap (default: none)")
+    send_timeout_s: Annotated[float, Env("CHATTTS_GATEWAY_SEND_TIMEOUT_S")] = Field(
+        30.0, description="HTTP speech: a client that takes no audio for this long is cut off and its synthesis "
+        "cancelled, s (30)")
+    max_body_bytes: Annotated[int, Env("CHATTTS_GATEWAY_MAX_BODY_BYTES")] = Field(
+        32 * 1024 * 1024, description="largest request body, bytes; beyond it 413 before it is read whole (32 MiB: a "
+        "16 MiB recording in base64 and the text)")
     max_streams: Annotated[int, Env("CHATTTS_GATEWAY_MAX_STREAMS")] = Field(
         256, description="streams relayed at once; beyond it: 503 server busy at once (256)")
     admission_watch: Annotated[bool, Env("CHATTTS_GATEWAY_ADMISSION_WATCH")] = Field(
@@ -214,7 +221,7 @@ class GatewaySettings(BaseSettings):
     # --- ranges --------------------------------------------------------------------------------
 
     @field_validator("stream_idle_timeout_s", "health_timeout_s", "stream_max_s", "ws_idle_flush_s",
-                     "ws_send_timeout_s")
+                     "ws_send_timeout_s", "send_timeout_s")
     @classmethod
     def _seconds(cls, value: float | None, info: Any) -> float | None:
         if value is not None and not (math.isfinite(value) and value > 0):

@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from .. import contract
-from ..errors import NOTHING_SPEAKABLE
+from ..errors import NOTHING_SPEAKABLE, quoted
 from ..params import ParamError
 from ..runtime import Artifacts
 from . import normalize as textnorm
@@ -206,7 +206,7 @@ class FrontEnd:
         dropped = tuple(sorted(dict.fromkeys((*norm.dropped, *unknown)),
                                key=lambda d: text.find(d) if d in text else len(text)))
         if not speakable and not keep_unspeakable:
-            what = f": {''.join(dropped)!r}" if dropped else ""
+            what = f": {quoted(''.join(dropped))}" if dropped else ""
             raise FrontendError(f"{NOTHING_SPEAKABLE} (only punctuation, symbols or unsupported characters{what})")
         speed = norm.speed if norm.speed is not None else textnorm.DEFAULT_SPEED
         refine_ids = None

@@ -17,6 +17,7 @@ import re
 from dataclasses import dataclass
 from typing import Final
 
+from .normalize.base import CONTROL_TOKEN
 from .normalize.context import NUMBER_MARKS
 from .normalize.letters import NO_SENTENCE_END, TITLES
 
@@ -92,7 +93,8 @@ def split_segments(text: str, rules: SegmentRules = SegmentRules()) -> list[str]
     one written inline at the end of the clause before it (``看看：1. 打开设置。``,
     :func:`inline_marker_start`), starts the segment after it instead of ending the one before,
     so its language is its item's; an abbreviation's full stop (``Mr. Smith``) ends nothing,
-    nor does a number mark's before a number (``No. 5``, ``p. 12``).
+    nor does a number mark's before a number (``No. 5``, ``p. 12``). A segment with no word in
+    it (``🎉`` after a long sentence) goes with the one before.
     Returns ``[text]`` when no segment has anything but white space."""
     pieces: list[str] = []
     held = ""  # list or markdown decoration alone ("1.", "-"), "Mr.": it goes with the words after it
@@ -121,7 +123,26 @@ def split_segments(text: str, rules: SegmentRules = SegmentRules()) -> list[str]
             out[-1] += piece
         else:
             out.append(piece)
-    return [seg for seg in out if seg.strip()] or [text]
+    return _with_words([seg for seg in out if seg.strip()]) or [text]
+
+
+def _has_words(text: str) -> bool:
+    """Whether ``text`` holds a letter, a digit or a Chinese character outside control tokens."""
+    return any(c.isalnum() for c in CONTROL_TOKEN.sub("", text))
+
+
+def _with_words(segments: list[str]) -> list[str]:
+    """``segments`` with every one that holds no word (``🎉``, ``:)``, a hard cut's run of emoji)
+    joined to the one before it, or to the one after it when it comes first: alone it has
+    nothing to speak and the front end would refuse the request; with its words it is reported
+    unspoken. Only a text with no word anywhere stays one wordless segment."""
+    out: list[str] = []
+    for seg in segments:
+        if out and (not _has_words(seg) or not _has_words(out[-1])):
+            out[-1] += seg
+        else:
+            out.append(seg)
+    return out
 
 
 def join_normalized(parts: list[str]) -> str:

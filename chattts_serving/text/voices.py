@@ -49,6 +49,7 @@ from typing import Any, Final, Literal
 
 import numpy as np
 
+from ..errors import quoted
 from .speaker import SpeakerError, decode_spk_emb, normalize_speaker, speaker_from_seed
 
 MAX_VOICE_SEED: Final = 2**32 - 1
@@ -242,7 +243,7 @@ class VoiceBook:
         if entry is not None:
             return entry
         if _NAME.fullmatch(v):
-            raise VoiceError(f"unknown voice {v!r}: not a seed, not one of the voice names "
+            raise VoiceError(f"unknown voice {quoted(v)}: not a seed, not one of the voice names "
                              f"({', '.join(self.names()[:20])}{', ...' if len(self._book) > 20 else ''})"
                              ", and not a ChatTTS spk_emb string")
         return Voice("spk_emb", spk_emb=v)

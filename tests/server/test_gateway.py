@@ -137,6 +137,17 @@ def test_request_id_and_unspoken_text_come_back_in_headers(client) -> None:
         assert response.read()
 
 
+def test_a_long_reply_ending_in_an_emoji_is_spoken_and_the_emoji_reported(client) -> None:
+    """Past the merge limit the emoji after a sentence end was a segment of its own, with nothing
+    to speak, and the whole request was refused 400 nothing speakable."""
+    with client.audio.speech.with_streaming_response.create(
+            model="chattts", voice="7", input="Thank you very much for calling our line today! 🎉",
+            response_format="pcm", extra_body=dict(EXTRA)) as response:
+        assert response.status_code == 200
+        assert json.loads(response.headers["x-unspoken-text"]) == ["🎉"]
+        assert response.read()
+
+
 def test_characters_the_tokenizer_lacks_come_back_as_unspoken(client) -> None:
     """龟 is [UNK] in the generated tokenizer (tests/server/test_textnorm_unk.py): left out and reported."""
     with client.audio.speech.with_streaming_response.create(
@@ -442,6 +453,70 @@ def test_the_gateways_own_stream_limit_answers_503_with_retry_after(triton_serve
             assert _scrape(url)['tts_gateway_errors_total{kind="busy",phase="before_audio"}'] == 1
         wait_for("the slot to be free", lambda: _scrape(url)["tts_gateway_streams_in_flight"] == 0.0)
         assert httpx.post(url + "/v1/audio/speech", json=SPEECH_BODY, headers=AUTH, timeout=60).status_code == 200
+
+
+def test_a_client_that_reads_no_audio_is_cut_off_and_its_slot_freed(triton_server: Server) -> None:
+    """A client that sends a request and never reads held its stream slot (and its engine row)
+    for as long as it kept the connection open: the gateway's write waited forever. After
+    ``send_timeout_s`` without a byte taken the stream is cancelled and the slot is free while
+    the socket is still open."""
+    import socket
+
+    settings = GatewaySettings(triton_url=triton_server.grpc_url, api_key=API_KEY, max_streams=1,
+                               retry_after_s=RETRY_AFTER_S, send_timeout_s=1.0)
+    with running_gateway(settings) as url:
+        host, port = url.removeprefix("http://").split(":")
+        tokens = 2048  # float32: 4 MB a sentence, more than the socket buffers between the two hold
+        body = json.dumps({**SPEECH_BODY, "input": "第一句话。第二句话。第三句话。", "response_format": "float32",
+                           "max_new_tokens": tokens, "min_new_tokens": tokens}).encode()
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.connect((host, int(port)))
+        try:
+            sock.sendall(b"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                         + f"Authorization: Bearer {API_KEY}\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
+            wait_for("the stream to start", lambda: _scrape(url)["tts_gateway_streams_in_flight"] == 1.0)
+            wait_for("the stalled stream to be cut off", lambda: _scrape(url)["tts_gateway_streams_in_flight"] == 0.0,
+                     timeout_s=120)
+            assert httpx.post(url + "/v1/audio/speech", json=SPEECH_BODY, headers=AUTH, timeout=60).status_code == 200
+        finally:
+            sock.close()
+
+
+def test_a_body_over_the_limit_is_refused_413_whether_its_length_is_told_or_not(gateway_url: str,
+                                                                                  triton_server: Server) -> None:
+    """No limit on the body let a 200 MB request (an unknown field padded) hold 600 MB of the
+    gateway's memory: past ``max_body_bytes`` the answer is 413, before reading when the
+    Content-Length says so, and as soon as a chunked body passes it."""
+    limit = 65536
+    settings = GatewaySettings(triton_url=triton_server.grpc_url, api_key=API_KEY, max_body_bytes=limit)
+    big = json.dumps({**SPEECH_BODY, "pad": "x" * (2 * limit)}).encode()
+    with running_gateway(settings) as url:
+        told = httpx.post(url + "/v1/audio/speech", content=big, headers={**AUTH, "Content-Type": "application/json"},
+                          timeout=60)
+        pieces = iter([big[i:i + 8192] for i in range(0, len(big), 8192)])
+        chunked = httpx.post(url + "/v1/audio/speech", content=pieces,
+                             headers={**AUTH, "Content-Type": "application/json"}, timeout=60)
+        upload = httpx.post(url + "/v1/audio/voices", files={"audio_sample": ("me.wav", b"\0" * (2 * limit))},
+                            data={"name": "me"}, headers=AUTH, timeout=60)
+        for r in (told, chunked, upload):
+            assert r.status_code == 413, r.text
+            assert r.json()["error"]["code"] == "body_too_large" and str(limit) in r.json()["error"]["message"]
+        assert "transfer-encoding" not in told.request.headers and chunked.request.headers["transfer-encoding"]
+        assert httpx.post(url + "/v1/audio/speech", json=SPEECH_BODY, headers=AUTH, timeout=60).status_code == 200
+
+
+def test_a_long_voice_string_is_refused_400_without_being_echoed(gateway_url: str) -> None:
+    """An unknown voice's message quoted the whole string: past gRPC's 16 KB trailer it came back
+    as a retryable 503 backend_unavailable, and below it as a 300 KB error body."""
+    for size in (50_000, 300_000):
+        r = httpx.post(gateway_url + "/v1/audio/speech", json={**SPEECH_BODY, "voice": "x" * size}, headers=AUTH,
+                       timeout=60)
+        assert r.status_code == 400, r.text[:300]
+        error = r.json()["error"]
+        assert error["param"] == "voice" and "unknown voice" in error["message"] and f"{size} characters" in \
+            error["message"]
+        assert len(r.content) < 2000
 
 
 @pytest.fixture(scope="module")

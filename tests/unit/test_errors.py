@@ -22,9 +22,11 @@ from chattts_serving.errors import (
     encode_stop,
     from_message,
     kind_from_status,
+    quoted,
 )
 from chattts_serving.gateway.errors import from_client_error
 from chattts_serving.serving.request import EntryLimits, parse_engine, parse_entry
+from chattts_serving.text.voices import VoiceBook, VoiceError
 
 LIMITS = EntryLimits(max_new_tokens_cap=1024)
 
@@ -199,3 +201,16 @@ def test_the_gateway_reports_the_param_the_server_named(wire: str, field: str | 
     api = from_client_error(error, "127.0.0.1:1")
     assert (api.status, api.param, api.code) == (400, field, "invalid_value")
     assert api.body()["error"]["param"] == field
+
+
+def test_a_long_message_is_cut_to_fit_a_grpc_trailer_and_values_are_quoted_short() -> None:
+    """A 50 KB unknown voice quoted whole passed gRPC's 16 KB trailer limit: the client got
+    RESOURCE_EXHAUSTED instead of the error (and retried a bad request as unavailable)."""
+    wire = encode(ErrorKind.INVALID, "unknown voice " + "x" * 50_000, "voice")
+    assert len(wire) < 2100 and wire.endswith("... (cut)")
+    assert decode_tagged(wire).kind == ErrorKind.INVALID and decode_tagged(wire).param == "voice"
+    assert quoted("alloy") == "'alloy'"
+    assert quoted("x" * 50_000) == repr("x" * 64) + "... (50000 characters)"
+    with pytest.raises(VoiceError) as caught:
+        VoiceBook().resolve("y" * 300_000, 2)
+    assert len(str(caught.value)) < 1000 and "300000 characters" in str(caught.value)

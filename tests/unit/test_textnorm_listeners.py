@@ -33,7 +33,8 @@ def test_a_sentence_end_after_a_title_like_word_still_ends_one() -> None:
 
 
 NUMBER_MARKS = ["Beethoven's Symphony No. 5 is the one she played.", "See p. 12 for the whole plan of the day.",
-                "Read pp. 45-67 before the lesson tomorrow.", "Call ext. 204 or Tel. 5551234 for the office."]
+                "Read pp. 45-67 before the lesson tomorrow.", "Call ext. 204 or Tel. 5551234 for the office.",
+                "Under Art. 12 of the treaty the parties agree.", "See Para. 3 of the contract for the terms."]
 
 
 @pytest.mark.parametrize("text", NUMBER_MARKS)
@@ -51,6 +52,20 @@ def test_a_mark_before_a_word_still_ends_a_sentence() -> None:
                             ("Read it. No. Not that one.", ["Read it.", "No.", "Not that one."])):
         assert split_sentences(text) == sentences
         assert [s.strip() for s in split_segments(text, SegmentRules(merge_chars=0))] == sentences
+
+
+@pytest.mark.parametrize("text", ["Thank you very much for calling our line today! 🎉",
+                                  "Your order has shipped and arrives on Monday morning! :) See you.",
+                                  "hi " + "😀" * 300, "😀" * 300 + " hello there.",
+                                  "好的，我们明天上午十点准时见面！😀😀",
+                                  "This is a sentence long enough to stand alone. [uv_break]"])
+def test_every_segment_has_a_word_when_the_text_has_one(text: str) -> None:
+    """A wordless piece (an emoji after a long sentence, a hard cut's run of emoji) goes with its
+    neighbour: alone the front end would refuse it, and with it the whole request."""
+    segments = split_segments(text)
+    assert "".join(segments) == text
+    assert all(any(c.isalnum() for c in s.replace("[uv_break]", "")) for s in segments), segments
+    assert split_segments("🎉🎉") == ["🎉🎉"]
 
 
 def test_english_segments_are_joined_with_a_space_chinese_without() -> None:
