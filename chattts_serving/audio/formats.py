@@ -123,6 +123,32 @@ def wav_header(data_bytes: int | None = None, sample_rate_hz: int = INPUT_RATE_H
             + b"data" + struct.pack("<I", data))
 
 
+def sealed_wav(data: bytes) -> bytes:
+    """A complete WAV file written as a stream (sizes at their 32-bit maximum, :func:`wav_header`,
+    G.711's ``fact``) with its RIFF, ``fact`` and ``data`` sizes set to what it holds, for a
+    body whose length is known once it is whole. Raises :class:`FormatError` for bytes that
+    are not RIFF/WAVE or have no ``data`` chunk."""
+    if len(data) < 12 or data[:4] != b"RIFF" or data[8:12] != b"WAVE":
+        raise FormatError("not a RIFF/WAVE file")
+    out = bytearray(data)
+    struct.pack_into("<I", out, 4, len(out) - 8)
+    pos, block, fact = 12, 1, None
+    while pos + 8 <= len(out):
+        chunk, size = bytes(out[pos:pos + 4]), struct.unpack_from("<I", out, pos + 4)[0]
+        if chunk == b"fmt ":
+            block = max(1, struct.unpack_from("<H", out, pos + 20)[0])  # nBlockAlign
+        elif chunk == b"fact":
+            fact = pos + 8
+        elif chunk == b"data":
+            length = len(out) - pos - 8
+            struct.pack_into("<I", out, pos + 4, length)
+            if fact is not None:
+                struct.pack_into("<I", out, fact, length // block)
+            return bytes(out)
+        pos += 8 + size + (size & 1)
+    raise FormatError("WAV file without a data chunk")
+
+
 class AudioEncoder(ABC):
     """Incremental encoder of mono float32 audio at ``INPUT_RATE_HZ`` into one format."""
 

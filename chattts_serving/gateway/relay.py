@@ -170,11 +170,20 @@ class Relay:
                 if self.timings:
                     for timing in self.stream.take_sentences():
                         yield sentence_event(timing)
-                yield done_event(self.input_chars, self.stream.audio_tokens)
+                yield done_event(self.input_chars, self.stream.audio_tokens, self.capped_segments)
+            if self.capped_segments:
+                log.warning("request %s: sentences %s ended at max_new_tokens, not at their end", self.request_id,
+                            self.capped_segments)
             self.status = "ok"
         finally:
             with anyio.CancelScope(shield=True):
                 await self.release()
+
+    @property
+    def capped_segments(self) -> list[int]:
+        """The sentences (segment indices) whose audio ended at ``max_new_tokens``: the server's
+        final ``info``, known once the stream has ended."""
+        return [int(i) for i in self.stream.info.get("capped_segments") or []]
 
     async def release(self) -> None:
         """Close the Triton stream (cancelling it if it still runs) and record the request's
@@ -248,9 +257,12 @@ async def timed_response(relay: Relay, info: audio_format.FormatInfo, headers: d
     sentences = [t.as_dict() for t in relay.stream.take_sentences()]
     samples = sum(t["duration_samples"] for t in sentences)
     rate = info.sample_rate_hz
-    body = {"audio": base64.b64encode(b"".join(parts)).decode("ascii"), "response_format": info.name,
+    audio = b"".join(parts)
+    if info.media_type == "audio/wav" and audio:  # whole now: its sizes can be told
+        audio = audio_format.sealed_wav(audio)
+    body = {"audio": base64.b64encode(audio).decode("ascii"), "response_format": info.name,
             "container": "wav" if info.media_type == "audio/wav" else "raw", "media_type": info.media_type,
             "sample_rate_hz": rate, "samples": samples, "duration_s": round(samples / rate, 4),
-            "sentences": sentences}
+            "sentences": sentences, "capped_segments": relay.capped_segments}
     return JSONResponse(body, headers=headers)
 

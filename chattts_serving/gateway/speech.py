@@ -395,13 +395,15 @@ def delta_event(data: bytes) -> bytes:
     return sse_event({"type": "speech.audio.delta", "audio": base64.b64encode(data).decode("ascii")})
 
 
-def done_event(input_chars: int, audio_tokens: int) -> bytes:
+def done_event(input_chars: int, audio_tokens: int, capped_segments: list[int] | None = None) -> bytes:
     """OpenAI's ``speech.audio.done`` event. ``usage.input_tokens`` counts input characters
     (the gateway does not see the model's tokenizer); ``output_tokens`` counts GPT audio tokens
-    (46.875 per second of audio)."""
+    (46.875 per second of audio). ``capped_segments`` (an extension, only when some are): the
+    sentences whose audio ended at ``max_new_tokens``, not at their end."""
+    extra = {"capped_segments": capped_segments} if capped_segments else {}
     return sse_event({"type": "speech.audio.done",
                       "usage": {"input_tokens": input_chars, "output_tokens": audio_tokens,
-                                "total_tokens": input_chars + audio_tokens}})
+                                "total_tokens": input_chars + audio_tokens}, **extra})
 
 
 def sentence_event(timing: SentenceTiming) -> bytes:

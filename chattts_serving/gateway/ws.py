@@ -512,6 +512,6 @@ class SpeechStream(StreamCore):
         self.samples_in += samples
         await self._send_text(event("sentence_done", index=job.index, audio_s=round(audio_s, 4),
                                     first_audio_ms=None if first_audio_ms is None else round(first_audio_ms, 1),
-                                    dropped=dropped, **timing.fields()))
+                                    dropped=dropped, capped=bool(info.get("capped_segments")), **timing.fields()))
 
 

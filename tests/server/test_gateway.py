@@ -182,6 +182,7 @@ def test_sse_stream_carries_base64_deltas_and_done(client) -> None:
     assert pcm16_gap(b"".join(base64.b64decode(e["audio"]) for e in deltas), pcm) <= SAME_PCM16_LSB
     usage = events[-1]["usage"]
     assert usage["output_tokens"] == TOKENS and usage["total_tokens"] == usage["input_tokens"] + TOKENS
+    assert events[-1]["capped_segments"] == [0]  # min_new_tokens = max_new_tokens: it ended at the cap, and says so
 
 
 def test_speed_changes_the_prompt_and_so_the_audio(client) -> None:

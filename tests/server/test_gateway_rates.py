@@ -11,6 +11,8 @@ import base64
 import contextlib
 import io
 import json
+import struct
+import wave
 from collections.abc import Iterator
 from typing import Any
 
@@ -158,6 +160,10 @@ def test_offline_timings_in_a_json_body_match_the_audio(gateway_url: str, triton
     body = r.json()
     audio = base64.b64decode(body["audio"])
     pcm = audio[44:] if fmt["response_format"] == "wav" else audio
+    if fmt["response_format"] == "wav":  # a whole file: its header tells its sizes, not a stream's maxima
+        with wave.open(io.BytesIO(audio)) as w:
+            assert w.getnframes() == len(pcm) // 2 and struct.unpack_from("<I", audio, 4)[0] == len(audio) - 8
+    assert body["capped_segments"] == list(range(len(body["sentences"])))  # min = max_new_tokens: each at its cap
     assert body["sample_rate_hz"] == rate and body["samples"] == len(pcm) // 2 == resampled_length(n24, rate)
     sentences = body["sentences"]
     assert [s["index"] for s in sentences] == list(range(len(starts)))

@@ -204,6 +204,7 @@ def test_an_unspeakable_fragment_is_reported_dropped_and_the_stream_goes_on(gate
     assert [e["dropped"] for e in starts] == [True, False, False, True] == [e["dropped"] for e in dones]
     assert starts[0]["unspoken"] == ["😀"] and starts[2]["unspoken"] == ["😀"] and starts[3]["unspoken"] == ["👍"]
     assert dones[0]["audio_s"] == 0.0 and dones[0]["first_audio_ms"] is None
+    assert [e["capped"] for e in dones] == [False, True, True, False]  # the spoken two end at max_new_tokens
     assert sorted(conv.audio) == [1, 2] and len(conv.audio[1]) == 2 * contract.samples_for_tokens(TOKENS)
     done = conv.events[-1]
     assert done["type"] == "done" and done["dropped_sentences"] == [0, 3] and done["unspoken"] == ["😀", "👍"]

@@ -18,6 +18,7 @@ from chattts_serving.audio.formats import (
     FormatError,
     encode,
     new_encoder,
+    sealed_wav,
     to_pcm16,
     wav_header,
 )
@@ -236,3 +237,26 @@ def test_a_streamed_flac_has_no_padding_block_and_small_frames() -> None:
     assert len(data) < 4096 * 2, len(data)  # no 8 KiB PADDING block before the audio
     whole = encode("flac", _signal())
     assert whole[:4] == b"fLaC"
+
+
+@pytest.mark.parametrize("law", [None, "mulaw"])
+def test_a_streamed_wav_made_whole_tells_its_sizes(law: str | None) -> None:
+    """A streamed WAV's sizes are its 32-bit maxima (its length unknown when the header went out);
+    the gateway's JSON body holds the whole file, whose sizes ``sealed_wav`` sets."""
+    from chattts_serving.audio.rates import g711_wav_header
+
+    body = bytes(range(256)) * 10
+    streamed = (g711_wav_header(law) if law else wav_header()) + body
+    whole = sealed_wav(streamed)
+    assert len(whole) == len(streamed) and whole.endswith(body)
+    assert struct.unpack_from("<I", whole, 4)[0] == len(whole) - 8
+    data = whole.index(b"data")
+    assert struct.unpack_from("<I", whole, data + 4)[0] == len(body)
+    if law:
+        fact = whole.index(b"fact")
+        assert struct.unpack_from("<I", whole, fact + 8)[0] == len(body)  # one byte a sample
+    else:
+        with wave.open(io.BytesIO(whole)) as w:
+            assert w.getnframes() == len(body) // 2
+    with pytest.raises(FormatError):
+        sealed_wav(b"RIFF\0\0\0\0WAVEfmt ")
