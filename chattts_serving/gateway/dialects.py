@@ -74,8 +74,10 @@ def _start_message(message: dict[str, Any]) -> dict[str, Any] | None:
 def _dialect(message: dict[str, Any]) -> str:
     """'omni' when the first message is a ``session.config``, else 'chattts'."""
     text = message.get("text")
-    if not isinstance(text, str) or len(text) > MAX_CONFIG_BYTES:
+    if not isinstance(text, str):
         return "chattts"
+    if len(text) > MAX_CONFIG_BYTES:  # too large to parse: its type is enough to refuse it in its dialect
+        return "omni" if f'"{CONFIG_TYPE}"' in text else "chattts"
     try:
         data = json.loads(text)
     except json.JSONDecodeError:
@@ -105,7 +107,9 @@ async def serve_stream(websocket: WebSocket, state: GatewayState) -> None:
         if first.get("type") == "websocket.disconnect":
             return
         if _dialect(first) == "omni":
-            await OmniStream(websocket, state, json.loads(first["text"])).run()
+            size = len(first["text"].encode("utf-8", "surrogatepass"))
+            config = json.loads(first["text"]) if size <= MAX_CONFIG_BYTES else {"type": CONFIG_TYPE}
+            await OmniStream(websocket, state, config, first_bytes=size).run()
             return
         if (start := _start_message(first)) is not None:
             try:

@@ -157,9 +157,11 @@ class OmniStream(StreamCore):
     one socket; within an utterance, sentences synthesised by :class:`.stream_core.StreamCore`
     and sent in order with this dialect's events."""
 
-    def __init__(self, websocket: WebSocket, state: GatewayState, first: dict[str, Any]) -> None:
+    def __init__(self, websocket: WebSocket, state: GatewayState, first: dict[str, Any], first_bytes: int = 0) -> None:
         super().__init__(websocket, state)
         self.first = first
+        self.first_bytes = first_bytes
+        """The first message's size: past :data:`MAX_CONFIG_BYTES` it is refused unread."""
         self.session: Session | None = None
         self.utterance = 0
         self.delivered = 0
@@ -184,6 +186,8 @@ class OmniStream(StreamCore):
         try:
             if self.drain.draining:
                 raise self._drained()
+            if self.first_bytes > MAX_CONFIG_BYTES:
+                raise _too_large(self.first_bytes)
             session = await self._parse(self.first)
             self._admit()  # the one admission decision, before the server's check awaits
             await self._check(session, self.first)
@@ -216,8 +220,9 @@ class OmniStream(StreamCore):
         if raw is None:
             await self._error(_invalid("binary messages are not understood: send JSON text messages"))
             return None
-        if len(raw.encode("utf-8", "surrogatepass")) > MAX_CONFIG_BYTES:
-            await self._error(_invalid("WebSocket message too large"))
+        size = len(raw.encode("utf-8", "surrogatepass"))
+        if size > MAX_CONFIG_BYTES:
+            await self._error(_too_large(size))
             return None
         try:
             data = json.loads(raw)
@@ -525,6 +530,10 @@ def _error_event(error: ApiError, **extra: Any) -> str:
     return json.dumps({"type": "error", "message": error.message, "code": error.code, "kind": error.kind.value,
                        "param": error.param, "retryable": error.status == 503, **extra}, ensure_ascii=False,
                       separators=(",", ":"))
+
+
+def _too_large(size: int) -> ApiError:
+    return _invalid(f"WebSocket message too large: {size} bytes, the limit is {MAX_CONFIG_BYTES}")
 
 
 def _close_for(error: ApiError) -> Close:

@@ -44,6 +44,9 @@ def length_error(text: str, max_chars: int) -> str | None:
     newline does not count); with control tokens the raw text may be ``RAW_LENGTH_FACTOR``
     times the limit. Used by every entry point and the front end, so all count alike."""
     spoken = len(CONTROL_TOKEN.sub("", text).strip())
-    if spoken > max_chars or len(text) > RAW_LENGTH_FACTOR * max_chars:
+    if spoken > max_chars:
         return f"text has {spoken} characters; the limit is {max_chars}"
+    if len(text) > RAW_LENGTH_FACTOR * max_chars:
+        return (f"text has {len(text)} characters with its control tokens; the limit is "
+                f"{RAW_LENGTH_FACTOR * max_chars} with them ({max_chars} without)")
     return None

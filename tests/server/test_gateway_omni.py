@@ -322,3 +322,16 @@ def test_an_invalid_reconfig_is_refused_and_the_session_keeps_its_config(gateway
     assert b"".join(kept.sentences[0].frames) == _speech(gateway_url, "你好。", response_format="pcm")
     assert b"".join(changed.sentences[0].frames) == _speech(gateway_url, "你好。", response_format="pcm",
                                                             voice="echo")
+
+
+def test_a_first_config_over_the_limit_is_refused_as_too_large(gateway_url: str) -> None:
+    """A session.config past 4 MiB was taken for our own dialect's first message and refused
+    with "the first message must be start": it is the Omni dialect's, refused as too large."""
+    async def script(c: DocClient, ws: Any) -> tuple[list[Any], int | None]:
+        await c.send(**CONFIG, pad="x" * (4 * 1024 * 1024 + 1))
+        return await _until_close(ws), ws.close_code
+
+    messages, code = run(gateway_url, script)
+    assert messages and messages[0]["type"] == "error", messages
+    assert "too large" in messages[0]["message"] and "4194304" in messages[0]["message"], messages[0]
+    assert code is not None and code >= 1007
