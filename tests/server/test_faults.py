@@ -13,8 +13,11 @@ The supervisor's decision logic without a server: tests/unit/test_faults.py.
 
 from __future__ import annotations
 
+import contextlib
+import glob
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -30,7 +33,7 @@ import pytest
 from chattts_serving import contract
 from chattts_serving.client import ClientError, SynthesisRequest, synthesize_stream
 from chattts_serving.deploy.probe import probe
-from chattts_serving.deploy.server import TritonServer
+from chattts_serving.deploy.server import SHM_GLOB, TritonServer, _region_in_use
 from chattts_serving.deploy.supervisor import Supervisor
 from chattts_serving.runtime import Artifacts
 from chattts_serving.serving.profile import PROFILES_DIR, HealthProfile, load_profile
@@ -56,6 +59,18 @@ def _engine_stub_pid(repo: Path) -> int | None:
     out = subprocess.run(["pgrep", "-f", f"{repo}/{contract.MODEL_ENGINE}/1/model.py"], capture_output=True,
                          text=True).stdout.split()
     return int(out[0]) if out else None
+
+
+def _shm_regions(repo: Path) -> set[str]:
+    """The shared-memory files (/dev/shm) the stubs of the server over ``repo`` hold: each
+    stub's command line names its region."""
+    regions: set[str] = set()
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        with contextlib.suppress(OSError):
+            text = cmdline.read_bytes().decode(errors="replace")
+            if str(repo) in text:
+                regions.update(re.findall(r"triton_python_backend_shm_region_[\w-]+", text))
+    return {f"/dev/shm/{r}" for r in regions}
 
 
 def _engine_gauge(srv: TritonServer, name: str) -> float:
@@ -360,6 +375,7 @@ def test_supervised_server_restarts_itself_after_the_engine_dies(small_artifacts
             stdout=subprocess.PIPE, stderr=err, text=True)
     grpc = f"127.0.0.1:{ports[1]}"
     request = SynthesisRequest(text="自动恢复。", max_new_tokens=4, min_new_tokens=4)
+    shm_at_start = set(glob.glob(SHM_GLOB))
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline()
@@ -368,6 +384,8 @@ def test_supervised_server_restarts_itself_after_the_engine_dies(small_artifacts
         assert synthesize_stream(grpc, request, timeout_s=60).audio.size > 0
         pid = _engine_stub_pid((tmp_path / "repo").resolve())
         assert pid is not None
+        first_regions = _shm_regions((tmp_path / "repo").resolve())
+        assert first_regions and all(os.path.exists(f) for f in first_regions)
         os.kill(pid, signal.SIGKILL)
         assert _wait_for(lambda: any(e["event"] == "server_restarted" for e in _events(events)), 300, proc), \
             events.read_text()[-3000:]
@@ -377,6 +395,21 @@ def test_supervised_server_restarts_itself_after_the_engine_dies(small_artifacts
         assert again.audio.size > 0
         new_pid = _engine_stub_pid((tmp_path / "repo").resolve())
         assert new_pid is not None and new_pid != pid
+        leaked = [f for f in first_regions if os.path.exists(f)]
+        assert not leaked, f"the first server's shared memory was left behind: {leaked}"
+        # tritonserver itself SIGKILLed: its stubs die after it, and their regions go with the restart too
+        second_regions = _shm_regions((tmp_path / "repo").resolve())
+        server_pid = subprocess.run(["pgrep", "-f", "--", f"--model-repository={(tmp_path / 'repo').resolve()}"],
+                                    capture_output=True, text=True).stdout.split()
+        assert second_regions and len(server_pid) == 1, server_pid
+        os.kill(int(server_pid[0]), signal.SIGKILL)
+        assert _wait_for(lambda: [e["event"] for e in _events(events)].count("server_restarted") == 2, 300, proc), \
+            events.read_text()[-3000:]
+        assert synthesize_stream(grpc, request, timeout_s=60).audio.size > 0
+        leaked = [f for f in second_regions if os.path.exists(f)]
+        assert not leaked, f"the killed server's shared memory was left behind: {leaked}"
+        orphans = [f for f in set(glob.glob(SHM_GLOB)) - shm_at_start if not _region_in_use(f)]
+        assert not orphans, f"shared memory no process holds: {orphans}"
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(120) == 0
     finally:
@@ -392,4 +425,4 @@ def test_supervised_server_restarts_itself_after_the_engine_dies(small_artifacts
     assert contract.MODEL_ENGINE in log[restarting]["reason"] and contract.MODEL_ENGINE in log[failed]["reason"]
     assert log[restarted]["restarts"] == 1 and "server_restart_failed" not in names
     # the server log keeps both runs (a restart appends)
-    assert (tmp_path / "triton.log").read_text(errors="replace").count("Started GRPCInferenceService") == 2
+    assert (tmp_path / "triton.log").read_text(errors="replace").count("Started GRPCInferenceService") == 3
