@@ -152,6 +152,7 @@ class DrainingServer(uvicorn.Server):
         pausing every request in flight for tens of ms (the gateway's refusals under a burst
         waited for them: docs/performance.md, "The gateway's busy answers")."""
         self._loop = asyncio.get_running_loop()
+        logging.getLogger("uvicorn.error").addFilter(_quiet_cut_responses)
         await super().startup(sockets=sockets)
         gc.collect()
         gc.freeze()
@@ -191,3 +192,11 @@ def _quiet_denials(record: logging.LogRecord) -> bool:
     """Drop uvicorn's error line after each WebSocket handshake the drain refused with its 503
     (uvicorn 0.54's websockets protocol logs it for every denial response)."""
     return record.getMessage() != "ASGI callable returned without completing handshake."
+
+
+def _quiet_cut_responses(record: logging.LogRecord) -> bool:
+    """Drop uvicorn's error line after an audio body the gateway cut on purpose (a failure
+    after the first audio, the drain's expiry, a client that reads nothing): the response
+    returns unfinished so that the client sees a truncated body, and the gateway has logged
+    why already (:class:`.relay.RelayResponse`)."""
+    return record.getMessage() != "ASGI callable returned without completing response."

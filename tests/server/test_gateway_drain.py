@@ -25,7 +25,7 @@ import pytest
 
 from chattts_serving import contract
 from chattts_serving.gateway.ws import WS_PATH, Close
-from tests.support.servers import ROOT, Server, free_port
+from tests.support.servers import ROOT, Server, free_port, wait_until
 
 websockets = pytest.importorskip("websockets")
 
@@ -258,6 +258,8 @@ def test_streams_longer_than_the_drain_timeout_end_with_a_retryable_error(gatewa
 
     http = results["http"]
     assert http["cut"] and 0 < http["bytes"] < full, http  # no terminating chunk: detectably incomplete
+    assert wait_until(lambda: "ended by the drain" in gw.output(), 10)  # the gateway's own line says why ...
+    assert "without completing response" not in gw.output()  # ... and uvicorn's error line is not added
     last = results["sse"]["last"]
     assert results["sse"]["bytes"] < full
     assert last["type"] == "error" and last["retryable"] is True, last
