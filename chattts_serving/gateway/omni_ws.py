@@ -468,6 +468,7 @@ class OmniStream(StreamCore):
             if session.stream_audio else None
         whole: list[np.ndarray] = []
         total_bytes = 0
+        capped = False  # the sentence ended at max_new_tokens (the server's final info)
         samples = 0
         failure: ApiError | None = None
         first_audio: float | None = None
@@ -489,6 +490,7 @@ class OmniStream(StreamCore):
                 break
             if item is None:
                 break
+            capped = capped or bool(item.info and item.info.get("capped_segments"))
             if not item.audio.size:
                 continue
             if first_audio is None:
@@ -516,7 +518,7 @@ class OmniStream(StreamCore):
         self.delivered += timing.duration_samples
         self.audio_s += samples / contract.SAMPLE_RATE_HZ
         await self._send_json(type="audio.done", utterance_index=self.utterance, sentence_index=job.index,
-                              total_bytes=total_bytes, error=failure is not None, **timing.fields())
+                              total_bytes=total_bytes, error=failure is not None, capped=capped, **timing.fields())
 
 
 def _invalid(message: str, param: str | None = None, code: str = "invalid_message") -> ApiError:

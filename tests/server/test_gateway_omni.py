@@ -335,3 +335,14 @@ def test_a_first_config_over_the_limit_is_refused_as_too_large(gateway_url: str)
     assert messages and messages[0]["type"] == "error", messages
     assert "too large" in messages[0]["message"] and "4194304" in messages[0]["message"], messages[0]
     assert code is not None and code >= 1007
+
+
+def test_a_sentence_cut_at_max_new_tokens_says_so_in_audio_done(gateway_url: str) -> None:
+    """Two tokens cannot speak the sentence: its audio ends at the cap, and ``audio.done`` says
+    ``capped`` (it was shortened without a word before)."""
+    async def script(c: DocClient, ws: Any) -> Utterance:
+        await c.send(**{**CONFIG, "max_new_tokens": 2})
+        return await c.utterance(["你好，今天天气很好，我们出去走走吧。"])
+
+    u = run(gateway_url, script)
+    assert not u.errors and [s.done["capped"] for s in u.sentences if s.done] == [True], u.sentences
