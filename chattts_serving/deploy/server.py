@@ -39,6 +39,10 @@ from .gate import GateBuildError, build_gate, sanitizer_runtime
 from .loglevels import cuda_driver_present, filter_command
 
 SHM_GLOB = "/dev/shm/triton_python_backend_shm_region_*"
+SHM_SWEEP_WAIT_S = 5.0
+"""How long a stop waits for the stopped server's stubs to let go of their shared-memory
+regions (a killed stub lives on a moment); regions still held then are left (another
+server's, or a stub that will not die)."""
 STUB_NAME = "triton_python_backend_stub"
 LOOPBACK = "127.0.0.1"
 """The address a server binds by default: reachable from this host only."""
@@ -333,10 +337,16 @@ class TritonServer:
         # group (and their shared-memory regions): end them too.
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.proc.pid, signal.SIGKILL)
-        for f in set(glob.glob(SHM_GLOB)) - self._shm_before:
-            if not _region_in_use(f):
+        left = set(glob.glob(SHM_GLOB)) - self._shm_before
+        deadline = time.monotonic() + SHM_SWEEP_WAIT_S
+        while left:  # a stub just killed may live on a moment with its region mapped: wait for it
+            for f in [f for f in left if not _region_in_use(f)]:
                 with contextlib.suppress(OSError):
                     os.unlink(f)
+                left.discard(f)
+            if not left or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
         self._end_filter()
         if self._log is not None:
             self._log.close()  # type: ignore[attr-defined]
