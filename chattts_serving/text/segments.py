@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from typing import Final
 
 from .normalize.base import CONTROL_TOKEN
-from .normalize.context import NUMBER_MARKS
-from .normalize.letters import NO_SENTENCE_END, TITLES
+from .normalize.context import NO_SENTENCE_END, NUMBER_MARKS
+from .normalize.letters import TITLES
 
 SENTENCE_END_MARKS: Final = "。！？!?；;\n"
 """Characters after which a sentence ends (a ``.`` ends one only before white space)."""

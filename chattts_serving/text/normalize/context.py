@@ -37,10 +37,14 @@ EN_IDENTIFIER_BEFORE: Final = words("identifier_before_en")
 read digit by digit (call 911 -> nine one one, room 305 -> three zero five)."""
 TEMPERATURE_BEFORE: Final = words("temperature_before")
 """Before ``-N度`` in the same clause, they make it a temperature: 零下 N 度."""
-NO_END_ABBREVIATIONS: Final = tuple(sorted({*words("titles"), *(a for a, _, ends in rows("abbreviations")
-                                                                 if not yes(ends))}))
+NO_SENTENCE_END: Final = frozenset(abbr for abbr, _, ends in rows("abbreviations") if not yes(ends))
+"""Abbreviations whose dot never ends a sentence (nor do the titles' dots)."""
+NO_END_ABBREVIATIONS: Final = tuple(sorted({*words("titles"), *NO_SENTENCE_END}))
 """Titles and abbreviations whose dot ends no sentence (Mr. Smith, ext. 204)."""
-NUMBER_MARKS: Final = ("No", "no", "pp", "p", "Arts", "Art", "Para", "para")
+NUMBER_MARK_WORDS: Final = {"p": "page", "pp": "pages", "Art": "Article", "Arts": "Articles", "Para": "Paragraph",
+                            "para": "paragraph"}
+"""Abbreviations read as words only before a number (p. 12, Art. 12; the abbreviation kind)."""
+NUMBER_MARKS: Final = ("No", "no", *NUMBER_MARK_WORDS)
 """Written with a dot before a number (No. 5, p. 12, Art. 12): that dot ends no sentence when a number
 follows (``I said no. Then`` it does)."""
 _NO_END_BEFORE: Final = "".join(rf"(?<!\b{re.escape(a)})" for a in NO_END_ABBREVIATIONS)

@@ -16,16 +16,15 @@ import unicodedata
 from typing import Final
 
 from .base import Lang
+from .context import NO_SENTENCE_END, NUMBER_MARK_WORDS
 from .kind import Groups, Kind, alt_words
 from .numbers import en_int, en_ordinal, zh_number
-from .vocabulary import rows, words, yes
+from .vocabulary import rows, words
 
 TITLES: Final[dict[str, str]] = {title: reading for title, reading in rows("titles")}
 """Titles before a name, read as words; the dot is no sentence end."""
 ABBREVIATIONS: Final = {abbr: reading for abbr, reading, _ in rows("abbreviations")}
 """Other abbreviations written with a dot; at the end of a sentence the dot also ends it."""
-NO_SENTENCE_END: Final = frozenset(abbr for abbr, _, ends in rows("abbreviations") if not yes(ends))
-"""Abbreviations whose dot never ends a sentence (nor do the titles' dots)."""
 
 ROMAN_AFTER_WORDS: Final = words("roman_after_words")
 """English words after which Latin capitals are a Roman numeral read as a cardinal (World War
@@ -89,18 +88,12 @@ def _read_abbreviation(lang: Lang, g: Groups, before: str, after: str) -> str:
     return word
 
 
-_BEFORE_NUMBER: Final = {"p": "page", "pp": "pages", "Art": "Article", "Arts": "Articles", "Para": "Paragraph",
-                          "para": "paragraph"}
-"""Abbreviations read as words only before a number (:data:`.context.NUMBER_MARKS` keeps their dot
-from ending a sentence)."""
-
-
 ABBREVIATION: Final = Kind(
     "abbreviation",
     rf"(?=[A-Za-z])(?<![A-Za-z.])(?P<ab>{alt_words(TITLES)}|{alt_words(ABBREVIATIONS)})(?P<ab_dot>\.)"
     r"|(?=v)(?<![A-Za-z.])(?P<ab_vs>vs)(?![A-Za-z])(?=\s)"
-    rf"|(?=[pAP])(?<![A-Za-z.])(?P<ab_page>{alt_words(_BEFORE_NUMBER)})\.(?=\s?\d)",
-    lambda lang, g, before, after: ("versus" if g("ab_vs") else _BEFORE_NUMBER[g("ab_page")]
+    rf"|(?=[pAP])(?<![A-Za-z.])(?P<ab_page>{alt_words(NUMBER_MARK_WORDS)})\.(?=\s?\d)",
+    lambda lang, g, before, after: ("versus" if g("ab_vs") else NUMBER_MARK_WORDS[g("ab_page")]
                                     if g("ab_page") else _read_abbreviation(lang, g, before, after)),
     lang="en")
 """``p.``, ``pp.``, ``Art.`` and ``Para.`` are pages, articles and paragraphs only before a number
