@@ -129,6 +129,8 @@ DOSE_BEFORE: Final = words("dose_before")
 """Written right before bid, tid, ... (one space between), they make it a dose's frequency (1 tablet bid,
 500mg tid); bid alone is a word."""
 _DOSE_LEAD: Final = "|".join(f"(?<={re.escape(w)} )" for w in DOSE_BEFORE)
+_DOSE_FIRST: Final = "[" + "".join(sorted({c for a in ("q", *DOSE_FREQUENCIES) for c in (a[0], a[0].upper())})) + "]"
+"""The scanner's guard: without it the lead's lookbehinds were tried at every position of every text."""
 
 
 def _read_dose_frequency(lang: Lang, g: Groups, before: str, after: str) -> str:
@@ -145,5 +147,5 @@ DOSE_FREQUENCY: Final = Kind(
     r"(?<![A-Za-z0-9])[qQ](?P<q_hours>\d{1,2})[hH](?![A-Za-z0-9])"
     rf"|(?:{_DOSE_LEAD})(?P<q_abbr>{alt_words([*DOSE_FREQUENCIES, *(a.upper() for a in DOSE_FREQUENCIES)])})"
     r"(?![A-Za-z0-9])",
-    _read_dose_frequency)
+    _read_dose_frequency, first=_DOSE_FIRST)
 """Where the Chinese of a prescription writes q8h, bid, it is read in Chinese: 每八小时一次."""
