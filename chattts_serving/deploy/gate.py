@@ -19,11 +19,10 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
-from collections.abc import Callable
 from pathlib import Path
 
 from .. import contract
+from ..native import compiler, write_atomically
 
 GATE_DIR = Path(__file__).resolve().parents[1] / "gate"
 UNITS = tuple(sorted(p for p in GATE_DIR.glob("*.cc") if not p.name.endswith("_test.cc")))
@@ -44,14 +43,6 @@ class GateBuildError(RuntimeError):
     """The gate cannot be built here (no compiler, or the compiler failed: its output attached)."""
 
 
-def compiler() -> str | None:
-    """The C++ compiler to use: ``$CXX``, else ``g++``, else ``c++`` on PATH; None when none is."""
-    for name in (os.environ.get("CXX"), "g++", "c++"):
-        if name and (path := shutil.which(name)):
-            return path
-    return None
-
-
 def _digest(cxx: str, flags: tuple[str, ...]) -> str:
     h = hashlib.sha256()
     for src in SOURCES:
@@ -64,18 +55,6 @@ def cache_dir() -> Path:
     """Where compiled gates are kept: ``$CHATTTS_GATE_CACHE``, else ``~/.cache/chattts-serving/gate``."""
     env = os.environ.get("CHATTTS_GATE_CACHE")
     return Path(env) if env else Path.home() / ".cache" / "chattts-serving" / "gate"
-
-
-def _write_atomically(dest: Path, write: Callable[[str], object]) -> None:
-    """``write(tmp)`` a temporary file next to ``dest``, then rename it to ``dest`` (removed on failure)."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", dir=dest.parent)
-    os.close(fd)
-    try:
-        write(tmp)
-        os.replace(tmp, dest)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
 
 
 def _compile(cxx: str, flags: tuple[str, ...], out: str) -> None:
@@ -107,8 +86,8 @@ def build_gate(backends_dir: Path, sanitize: bool = False) -> Path:
     cached = cache_dir() / f"{digest}.so"
     if not cached.is_file():
         cached.parent.mkdir(parents=True, exist_ok=True)
-        _write_atomically(cached, lambda tmp: _compile(cxx, flags, tmp))
-    _write_atomically(lib, lambda tmp: shutil.copy2(cached, tmp))
+        write_atomically(cached, lambda tmp: _compile(cxx, flags, tmp))
+    write_atomically(lib, lambda tmp: shutil.copy2(cached, tmp))
     stamp.write_text(digest + "\n")
     return lib
 

@@ -21,10 +21,11 @@ BENCH = ROOT / "bench"
 ROOTS = ("chattts_serving", "bench")
 """Top-level packages whose imports are read: the installed package and the benchmark."""
 
-BASE = {"contract", "errors", "params", "runtime"}
+BASE = {"contract", "errors", "params", "runtime", "native"}
 CORE = BASE | {"text", "engine", "audio"}
 ALLOWED: dict[str, set[str]] = {
     "contract": set(),
+    "native": set(),
     "errors": {"contract"},
     "params": {"contract"},
     "runtime": {"contract"},
