@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from chattts_serving.engine.gpt import GptStepRunner, load_step_graph
-from chattts_serving.engine.kernels import KERNELS, choose_int8_kernel, with_accuracy_level
+from chattts_serving.engine.kernels import choose_int8_kernel, kernel_graph
 from chattts_serving.runtime import Artifacts, OrtOptions, make_session
 
 from .config import positive_int, positive_ints, profile_names
@@ -60,10 +60,11 @@ def profile_steps(art: Artifacts, opts: OrtOptions, batches: Sequence[int], past
     runner = GptStepRunner(art, opts)
     kernel = choose_int8_kernel(runner)  # the kernel the engine would run on this host
     model = load_step_graph(art, runner.graph, runner.kv_precision)
+    library = None
     if kernel is not None:
-        model = with_accuracy_level(model, KERNELS[kernel.chosen])
+        model, library = kernel_graph(model, kernel.chosen)
     workdir.mkdir(parents=True, exist_ok=True)
-    runner.use_session(make_session(model, opts, profile_prefix=str(workdir / "step")))
+    runner.use_session(make_session(model, opts, profile_prefix=str(workdir / "step"), custom_ops=library))
     times = [time_steps(runner, b, past, steps, WARMUP_STEPS) for b in batches]
     trace = json.loads(Path(runner.session.end_profiling()).read_text())
     per_batch = WARMUP_STEPS + steps  # runs of each batch in the trace, in order

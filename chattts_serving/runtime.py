@@ -130,10 +130,13 @@ def graph_path(artifacts: Artifacts, graph: str, precision: Precision | str = Pr
     return artifacts.root / variant
 
 
-def make_session(path: Path | str | bytes, opts: OrtOptions = OrtOptions(), profile_prefix: str | None = None) -> Any:
+def make_session(path: Path | str | bytes, opts: OrtOptions = OrtOptions(), profile_prefix: str | None = None,
+                 custom_ops: Path | None = None) -> Any:
     """An ``onnxruntime.InferenceSession`` for ``path`` (or a serialized model) with ``opts``;
     providers that this onnxruntime build lacks are dropped (CPU is always kept as the fallback).
-    ``profile_prefix``: ONNX Runtime's profiler on, its trace written there (``end_profiling``)."""
+    ``profile_prefix``: ONNX Runtime's profiler on, its trace written there (``end_profiling``).
+    ``custom_ops``: a custom op library the graph needs (our int8 kernel,
+    :func:`chattts_serving.engine.int8_kernel.library`)."""
     import onnxruntime as ort
 
     so = ort.SessionOptions()
@@ -145,6 +148,8 @@ def make_session(path: Path | str | bytes, opts: OrtOptions = OrtOptions(), prof
     if profile_prefix is not None:
         so.enable_profiling = True
         so.profile_file_prefix = profile_prefix
+    if custom_ops is not None:
+        so.register_custom_ops_library(str(custom_ops))
     with_opts = session_providers(opts, ort.get_available_providers())
     model = path if isinstance(path, bytes) else str(path)
     return ort.InferenceSession(model, sess_options=so, providers=with_opts)

@@ -11,6 +11,8 @@
 #   `import torchaudio` (and so `import ChatTTS`) fail, so they are removed there and
 #   torchaudio falls back to pure Python.
 # - ChatTTS imports `requests` without declaring it (listed in pyproject.toml).
+# - Our int8 kernel builds against ONNX Runtime's C API header, which no wheel ships: Debian's
+#   libonnxruntime-dev is unpacked into build/ (scripts/onnxruntime_headers.sh).
 # - The bundled tritonserver's Python backend stub links the system libpython3.11, and the
 #   deployment and observability tests run promtool and a Prometheus server: the Debian
 #   packages are installed when missing (scripts/debian_packages.sh).
@@ -49,5 +51,10 @@ if not have_cuda:
             p.unlink()
             print(f"setup: removed CUDA-only {p.name} (no libcudart on this host)")
 PYEOF
+# Our int8 kernel for the GPT step (chattts_serving/engine/int8_kernel.py): ONNX Runtime's C API
+# headers, which the wheel lacks, then the op compiled once into ~/.cache (both skip quietly
+# where they cannot run; the engine then keeps MatMulNBits).
+bash scripts/onnxruntime_headers.sh
+"$VENV/bin/python" -m chattts_serving.engine.int8_kernel
 "$VENV/bin/python" -c "import ChatTTS, onnxruntime, tritonclient.grpc; print('setup: ok, onnxruntime', onnxruntime.__version__, onnxruntime.get_available_providers())"
 touch "$VENV/.setup-stamp"  # the venv is current: make gateway skips setup until pyproject.toml or this file changes

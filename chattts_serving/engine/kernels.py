@@ -10,7 +10,8 @@ faster depends on the instruction set and the ONNX Runtime build, not on the mod
 than a choice that holds on one CPU, :func:`choose_int8_kernel` times each candidate
 (:data:`KERNELS`) on the host at start-up, on a few ``MatMulNBits`` of the step's own shape,
 and runs the step on the fastest; the choice and the timings are logged (and returned, for the
-benchmark's record).
+benchmark's record). A third candidate is our own kernel (:data:`OWN_KERNEL`,
+:mod:`.int8_kernel`), with level 4's numerics.
 
 :func:`cpu_features` reads the CPU model and the instruction-set flags that decide it (the
 benchmark records them next to its figures).
@@ -29,6 +30,7 @@ import numpy as np
 from .. import contract
 from ..contract import Precision
 from ..runtime import make_session
+from .int8_kernel import KernelUnavailable
 
 if TYPE_CHECKING:
     from .gpt import GptStepRunner
@@ -36,8 +38,11 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 KERNELS: dict[str, int] = {"int8-activations": 4, "fp32-activations": 1}
-"""Candidate kernels of the int8 step: name -> ``MatMulNBits`` ``accuracy_level``. The first is
-what the export writes (and the choice when no candidate could be timed)."""
+"""ONNX Runtime's candidate kernels of the int8 step: name -> ``MatMulNBits`` ``accuracy_level``.
+The first is what the export writes (and the choice when no candidate could be timed)."""
+OWN_KERNEL = "own-vnni"
+"""The candidate that swaps ``MatMulNBits`` for our op (:mod:`.int8_kernel`: the numerics of
+level 4, AVX-512 VNNI), where it builds and this CPU runs it."""
 
 PROBE_BATCHES = (1, 16)
 """Rows the probe multiplies (one stream, a full batch); a candidate's score is the sum of its
@@ -92,6 +97,26 @@ def with_accuracy_level(model: Path | bytes, level: int) -> bytes:
     return bytes(proto.SerializeToString())
 
 
+def accuracy_level(kernel: str) -> int:
+    """The ``MatMulNBits`` level whose numerics ``kernel`` (a :data:`KERNELS` name or
+    :data:`OWN_KERNEL`) has: our kernel rounds as level 4 does."""
+    return KERNELS.get(kernel, KERNELS["int8-activations"])
+
+
+def kernel_graph(model: Path | bytes, kernel: str) -> tuple[bytes, Path | None]:
+    """The serialized graph ``model`` (MatMulNBits as exported) for ``kernel``, and the custom
+    op library its session must load (None for ONNX Runtime's own kernels).
+
+    Raises:
+        KernelUnavailable: ``kernel`` is :data:`OWN_KERNEL` and cannot run on this host.
+    """
+    if kernel == OWN_KERNEL:
+        from .int8_kernel import library, with_own_kernel
+
+        return with_own_kernel(model), library()
+    return with_accuracy_level(model, KERNELS[kernel]), None
+
+
 @dataclass
 class KernelChoice:
     """The probe's outcome: ``chosen`` (a :data:`KERNELS` name), ``probe_ms`` per candidate
@@ -110,7 +135,7 @@ class KernelChoice:
     swap_s: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
-        return {"chosen": self.chosen, "accuracy_level": KERNELS[self.chosen],
+        return {"chosen": self.chosen, "accuracy_level": accuracy_level(self.chosen),
                 "probe_ms": {k: {str(b): round(v, 3) for b, v in d.items()} for k, d in self.probe_ms.items()},
                 "dropped": self.dropped, **self.cpu, "shape": self.shape, "probe_s": round(self.probe_s, 2),
                 "swap_s": round(self.swap_s, 2)}
@@ -163,8 +188,22 @@ def runs_int8(runner: GptStepRunner) -> bool:
     return bool(int8.get(contract.GPT_GRAPH)) and runner.graph.name == int8[contract.GPT_GRAPH]
 
 
+def use_kernel(runner: GptStepRunner, kernel: str) -> float:
+    """Rebuild ``runner``'s session (its int8 step graph as it loaded it, KV cache precision
+    included) on ``kernel`` (:func:`kernel_graph`); returns the seconds it took. Raises what
+    :func:`kernel_graph` or the session raises (the runner keeps its session then)."""
+    from .gpt import load_step_graph
+
+    t = time.perf_counter()
+    model = load_step_graph(runner.art, runner.graph, getattr(runner, "kv_precision", runner.opts.kv_cache))
+    graph, library = kernel_graph(model, kernel)
+    runner.use_session(make_session(graph, runner.opts, custom_ops=library))
+    runner._int8_kernel = kernel  # type: ignore[attr-defined]
+    return time.perf_counter() - t
+
+
 def choose_int8_kernel(runner: GptStepRunner, kernels: dict[str, int] | None = None, *,
-                       steps: int = PROBE_STEPS) -> KernelChoice | None:
+                       steps: int = PROBE_STEPS, own: bool = True) -> KernelChoice | None:
     """Time each of ``kernels`` (default :data:`KERNELS`) on this host and leave ``runner``
     (on the int8 step graph) on the fastest; returns the :class:`KernelChoice` (also logged at
     INFO), or None when the runner does not run the int8 graph (:func:`runs_int8`: nothing to
@@ -175,12 +214,11 @@ def choose_int8_kernel(runner: GptStepRunner, kernels: dict[str, int] | None = N
     probe of the whole step graph would build a second 221 MB session and, for a slow kernel,
     wait seconds for its first step. When the kernel the runner runs wins (the exported one,
     manifest ``precisions.int8.quantization.accuracy_level``) it keeps its session; else its
-    graph (as it loaded it, KV cache precision included) is rebuilt with the winner's
-    ``accuracy_level`` (:func:`with_accuracy_level`). A candidate whose session cannot be made
-    is dropped with a warning, one whose first run takes :data:`PROBE_GIVE_UP` times the best
-    score so far without being timed."""
-    from .gpt import load_step_graph
-
+    graph (as it loaded it, KV cache precision included) is rebuilt for the winner
+    (:func:`kernel_graph`), and where that session fails, for the next fastest. ``own``: our
+    kernel (:data:`OWN_KERNEL`) is a candidate too, where it can run (else dropped, logged at
+    INFO). A candidate whose session cannot be made is dropped with a warning, one whose first
+    run takes :data:`PROBE_GIVE_UP` times the best score so far without being timed."""
     if not runs_int8(runner):
         return None
     kernels = dict(KERNELS if kernels is None else kernels)
@@ -191,9 +229,16 @@ def choose_int8_kernel(runner: GptStepRunner, kernels: dict[str, int] | None = N
     block = int(quant.get("block_size", 32))
     probe_ms: dict[str, dict[int, float]] = {}
     dropped: list[str] = []
-    for name, level in kernels.items():
+    names = list(kernels) + ([OWN_KERNEL] if own else [])
+    for name in names:
         try:
-            session = make_session(probe_graph(k, n, block, level), runner.opts)
+            graph, library = (kernel_graph(probe_graph(k, n, block, accuracy_level(name)), name) if name == OWN_KERNEL
+                              else (probe_graph(k, n, block, kernels[name]), None))
+            session = make_session(graph, runner.opts, custom_ops=library)
+        except KernelUnavailable as exc:  # our kernel on a CPU or host it cannot run on
+            log.info("int8 kernel %s: unavailable (%s)", name, exc)
+            dropped.append(name)
+            continue
         except Exception as exc:  # a kernel this onnxruntime build refuses: not a candidate
             log.warning("int8 kernel %s: no session (%s)", name, exc)
             dropped.append(name)
@@ -210,21 +255,26 @@ def choose_int8_kernel(runner: GptStepRunner, kernels: dict[str, int] | None = N
             times[b] = ms
         else:
             probe_ms[name] = times
-    running = int(getattr(runner, "_int8_kernel_level", quant.get("accuracy_level", KERNELS[next(iter(KERNELS))])))
-    names = list(kernels)
-    chosen = min(probe_ms, key=lambda c: sum(probe_ms[c].values())) if probe_ms else names[0]
+    exported = int(quant.get("accuracy_level", KERNELS[next(iter(KERNELS))]))
+    running = getattr(runner, "_int8_kernel", next((c for c, lv in KERNELS.items() if lv == exported), names[0]))
     probe_s = time.perf_counter() - started
     swap_s = 0.0
-    if kernels[chosen] != running:
-        t = time.perf_counter()
-        model = load_step_graph(runner.art, runner.graph, getattr(runner, "kv_precision", runner.opts.kv_cache))
-        runner.use_session(make_session(with_accuracy_level(model, kernels[chosen]), runner.opts))
-        runner._int8_kernel_level = kernels[chosen]  # type: ignore[attr-defined]
-        swap_s = time.perf_counter() - t
+    for chosen in sorted(probe_ms, key=lambda c: sum(probe_ms[c].values())):
+        if chosen == running:
+            break
+        try:
+            swap_s = use_kernel(runner, chosen)
+            break
+        except Exception as exc:  # the step graph would not build on it: the next fastest
+            log.warning("int8 kernel %s: the step's session failed (%s); trying the next", chosen, exc)
+            dropped.append(chosen)
+    else:
+        chosen = running  # nothing timed, or nothing faster would build: the runner keeps its session
     choice = KernelChoice(chosen, probe_ms, dropped, cpu_features(),
                           {"layers": PROBE_LAYERS, "k": k, "n": n, "block_size": block}, probe_s, swap_s)
-    log.info("int8 GPT kernel: %s (MatMulNBits accuracy_level %d) on %s [%s]; probe ms at 1 / 16 rows %s%s, "
-             "%.2f s%s", chosen, kernels[chosen], choice.cpu["cpu_model"], " ".join(choice.cpu["cpu_flags"]),
+    log.info("int8 GPT kernel: %s (the numerics of MatMulNBits accuracy_level %d) on %s [%s]; probe ms at 1 / 16 "
+             "rows %s%s, %.2f s%s", chosen, accuracy_level(chosen), choice.cpu["cpu_model"],
+             " ".join(choice.cpu["cpu_flags"]),
              {c: [round(v, 2) for v in d.values()] for c, d in probe_ms.items()},
              f", dropped {dropped}" if dropped else "", probe_s,
              f", session rebuilt in {swap_s:.1f} s" if swap_s else "")

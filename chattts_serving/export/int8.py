@@ -314,12 +314,19 @@ def _prompts(art: Artifacts, texts: Sequence[str], voice: str) -> list[np.ndarra
     return out
 
 
-def _runners(art: Artifacts, opts: OrtOptions | None) -> tuple[GptStepRunner, GptStepRunner]:
+def _runners(art: Artifacts, opts: OrtOptions | None, kernel: str | None = None) -> tuple[GptStepRunner, GptStepRunner]:
+    """(fp32, int8) step runners; the int8 one on ``kernel`` (a
+    :func:`~chattts_serving.engine.kernels.kernel_graph` name) where given, else as exported."""
     from dataclasses import replace
 
+    from ..engine.kernels import use_kernel
+
     base = opts or OrtOptions()
-    return (GptStepRunner(art, replace(base, precision=Precision.FP32)),
-            GptStepRunner(art, replace(base, precision=Precision.INT8)))
+    ref, cand = (GptStepRunner(art, replace(base, precision=Precision.FP32)),
+                 GptStepRunner(art, replace(base, precision=Precision.INT8)))
+    if kernel is not None:
+        use_kernel(cand, kernel)
+    return ref, cand
 
 
 def int8_parity(art: Artifacts, opts: OrtOptions | None = None) -> dict[str, Any]:
@@ -380,7 +387,7 @@ def check_int8_parity(parity: dict[str, Any], num_layers: int) -> None:
 
 
 def accuracy_report(root: Path, texts: Sequence[str], steps: int, *, voice: str = ACCURACY_VOICE,
-                    opts: OrtOptions | None = None, progress: Any = None) -> dict[str, Any]:
+                    opts: OrtOptions | None = None, progress: Any = None, kernel: str | None = None) -> dict[str, Any]:
     """int8 against fp32 on the same checkpoint, teacher-forced over ``steps`` tokens of each
     text (see :func:`teacher_forced`; sampling seed = the text's index), then each graph's
     hidden states of the same token stream rendered by the fp32 hidden vocoder (whole
@@ -391,13 +398,15 @@ def accuracy_report(root: Path, texts: Sequence[str], steps: int, *, voice: str 
     energies summed over all texts), ``audio_snr_db_min`` and ``audio_snr_db_per_prompt``;
     ``audio_snr_db_int8_vocoder`` and ``audio_snr_db_int8_vocoder_min`` (int8 GPT and vocoder);
     ``threshold`` (:data:`ACCURACY_THRESHOLD`), ``meets_threshold``, the setup (``voice``,
-    ``steps_per_prompt``, ``sampling``, ``intra_op_threads``) and ``measured_s``.
+    ``steps_per_prompt``, ``sampling``, ``intra_op_threads``) and ``measured_s``. ``kernel``:
+    the int8 step on that kernel (:func:`~chattts_serving.engine.kernels.kernel_graph`; the
+    report's ``kernel``), else on the exported ``MatMulNBits``.
     """
     say = progress or (lambda _msg: None)
     t0 = time.perf_counter()
     art = Artifacts.load(root)
     opts = opts or OrtOptions()
-    ref, cand = _runners(art, opts)
+    ref, cand = _runners(art, opts, kernel)
     vocoder, vocoder_int8 = _vocoders(art, "hidden", opts)
     runs, snrs, snrs_v, sig, noise, noise_v = [], [], [], 0.0, 0.0, 0.0
     for i, e in enumerate(_prompts(art, texts, voice)):
@@ -422,6 +431,7 @@ def accuracy_report(root: Path, texts: Sequence[str], steps: int, *, voice: str 
     out["threshold"] = dict(ACCURACY_THRESHOLD)
     out["meets_threshold"] = meets_threshold(out)
     out.update(voice=voice, steps_per_prompt=steps, intra_op_threads=opts.intra_op_threads,
+               kernel=kernel or "exported",
                sampling="ChatTTS defaults (temperature 0.3, top-p 0.7, top-k 20, repetition penalty 1.05), "
                         "seed = prompt index, tokens sampled from the fp32 logits",
                vocoder="hidden path, whole utterance in one window: fp32 graph (audio_snr_db), "

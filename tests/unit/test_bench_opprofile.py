@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from bench.opprofile import main, op_times
+from chattts_serving.engine.kernels import OWN_KERNEL
 from chattts_serving.runtime import Artifacts
 
 
@@ -37,9 +38,10 @@ def test_the_profile_names_the_ops_of_the_graph_the_profile_runs(small_int8_arti
     assert set(res) == {"1", "2"}
     for r in res.values():
         assert r["ops"]["GroupQueryAttention"] > 0 and r["node_ms_per_step"] >= sum(r["ops"].values()) * 0.999
-        projections = "MatMulNBits" if profile == "cpu-int8" else "MatMul"
+        int8_op = "Int8BlockMatMul" if profile == "cpu-int8" and r["kernel"]["chosen"] == OWN_KERNEL else "MatMulNBits"
+        projections = int8_op if profile == "cpu-int8" else "MatMul"
         assert r["ops"][projections] > 0
-        assert ("MatMulNBits" in r["ops"]) == (profile == "cpu-int8")
+        assert (int8_op in r["ops"]) == (profile == "cpu-int8")
     assert f"| {profile} | 2 | fp32 |" in capsys.readouterr().out
 
 

@@ -1,6 +1,6 @@
 """The int8 step's kernel probe: the CPU flags it reads, the accuracy-level variants it builds
 (the same weights, another kernel: the same tokens within rounding), and its choice on a real
-int8 step graph (small config)."""
+int8 step graph (small config), our own kernel among the candidates."""
 
 from __future__ import annotations
 
@@ -17,6 +17,8 @@ from chattts_serving.contract import Precision
 from chattts_serving.engine.gpt import GptStepRunner
 from chattts_serving.engine.kernels import (
     KERNELS,
+    OWN_KERNEL,
+    accuracy_level,
     choose_int8_kernel,
     cpu_features,
     probe_graph,
@@ -83,14 +85,14 @@ def test_probe_keeps_the_fastest_candidate_and_the_tokens_stay_within_rounding(
     before, _, _ = runner.prefill(embeds, np.array([5, 3]))
     with caplog.at_level(logging.INFO, logger="chattts_serving.engine.kernels"):
         choice = choose_int8_kernel(runner, steps=1)
-    assert choice is not None and choice.chosen in KERNELS
+    assert choice is not None and choice.chosen in {*KERNELS, OWN_KERNEL}
     scores = {k: sum(v.values()) for k, v in choice.probe_ms.items()}
     assert choice.chosen == min(scores, key=scores.__getitem__)
-    assert set(choice.probe_ms) | set(choice.dropped) == set(KERNELS)
+    assert set(choice.probe_ms) | set(choice.dropped) == {*KERNELS, OWN_KERNEL}
     assert f"int8 GPT kernel: {choice.chosen}" in caplog.text
     after, _, _ = runner.prefill(embeds, np.array([5, 3]))
     assert np.allclose(after, before, atol=0.05 * np.abs(before).max())
-    assert choice.as_dict()["accuracy_level"] == KERNELS[choice.chosen]
+    assert choice.as_dict()["accuracy_level"] == accuracy_level(choice.chosen)
     assert choose_int8_kernel(GptStepRunner(art, replace(opts, precision=Precision.FP32))) is None
 
 
@@ -101,13 +103,13 @@ def test_a_kernel_other_than_the_exported_one_rebuilds_the_session(small_int8_ar
     embeds = np.random.default_rng(2).standard_normal((1, 4, small_int8_artifacts.hidden_size), dtype=np.float32)
     exported, _, _ = runner.prefill(embeds, np.array([4]))
     session = runner.session
-    choice = choose_int8_kernel(runner, {"fp32-activations": 1}, steps=1)
+    choice = choose_int8_kernel(runner, {"fp32-activations": 1}, steps=1, own=False)
     assert choice is not None and choice.chosen == "fp32-activations" and choice.swap_s > 0
     assert runner.session is not session
     moved, _, _ = runner.prefill(embeds, np.array([4]))
     assert not np.array_equal(moved, exported) and np.allclose(moved, exported, atol=0.05 * np.abs(exported).max())
-    back = choose_int8_kernel(runner, {"int8-activations": 4}, steps=1)
+    back = choose_int8_kernel(runner, {"int8-activations": 4}, steps=1, own=False)
     assert back is not None and back.swap_s > 0
     np.testing.assert_array_equal(runner.prefill(embeds, np.array([4]))[0], exported)
-    again = choose_int8_kernel(runner, {"int8-activations": 4}, steps=1)
+    again = choose_int8_kernel(runner, {"int8-activations": 4}, steps=1, own=False)
     assert again is not None and again.swap_s == 0.0  # already on it: the session is kept

@@ -1,0 +1,201 @@
+"""Our own int8 kernel for the GPT step: ONNX Runtime custom op ``chattts.Int8BlockMatMul``.
+
+``MatMulNBits`` at ``accuracy_level`` 4 (the exported kernel) reads its 8-bit weights at about
+half the rate the fp32 GEMV reaches on two AVX-512 cores and is compute-bound at 16 rows
+(docs/decode-speed.md, "An int8 kernel of our own"). ``int8_matmul/int8_matmul.cc`` computes
+the same thing (symmetric 8-bit weights in blocks of ``block_size`` along K, activations
+rounded to int8 per block at run time: the same numerics, to float rounding) with AVX-512
+VNNI over a weight layout of 64-column panels, on ONNX Runtime's intra-op threads.
+Everything else in the step graph stays ONNX Runtime's.
+
+- :func:`library` compiles the op (the host's C++ compiler, ONNX Runtime's C API header) into a
+  cache keyed by the source's SHA-256 and returns its path, or raises :class:`KernelUnavailable`
+  saying why (no header, no compiler, a CPU without AVX-512 VNNI).
+- :func:`with_own_kernel` rewrites a graph's 8-bit ``MatMulNBits`` nodes into the op with
+  their weights repacked (:func:`pack`); :func:`~chattts_serving.runtime.make_session` loads
+  the library for such a graph (``custom_ops``).
+
+The header: ``$CHATTTS_ORT_INCLUDE``, else ``build/onnxruntime-include`` (``scripts/setup.sh``
+unpacks Debian's ``libonnxruntime-dev`` there: the wheel ships none), else
+``/usr/include/onnxruntime``. The op is built against that header's API version and loads into
+any ONNX Runtime at least as new.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import hashlib
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+SOURCE = Path(__file__).resolve().parent / "int8_matmul" / "int8_matmul.cc"
+DOMAIN = "chattts"
+OP = "Int8BlockMatMul"
+PANEL = 64
+"""Output columns per weight panel (four AVX-512 registers of fp32); N is padded up to it."""
+FLAGS = ("-std=c++17", "-O3", "-Wall", "-Wextra", "-Werror", "-shared", "-fPIC", "-fvisibility=hidden")
+REPO_INCLUDE = Path(__file__).resolve().parents[2] / "build" / "onnxruntime-include"
+HEADER = "onnxruntime_c_api.h"
+
+
+class KernelUnavailable(RuntimeError):
+    """The op cannot run here; the message says why (and what would make it run)."""
+
+
+def include_dir() -> Path | None:
+    """The directory holding ONNX Runtime's C API header (module docstring), or None."""
+    env = os.environ.get("CHATTTS_ORT_INCLUDE")
+    for d in ([Path(env)] if env else []) + [REPO_INCLUDE, Path("/usr/include/onnxruntime")]:
+        if (d / HEADER).is_file():
+            return d
+    return None
+
+
+def cache_dir() -> Path:
+    """Where built libraries are kept: ``$CHATTTS_KERNEL_CACHE``, else ``~/.cache/chattts-serving/int8``."""
+    env = os.environ.get("CHATTTS_KERNEL_CACHE")
+    return Path(env) if env else Path.home() / ".cache" / "chattts-serving" / "int8"
+
+
+def library() -> Path:
+    """The compiled op for this host (built into :func:`cache_dir` on first use, a few seconds).
+
+    Raises:
+        KernelUnavailable: no header (run ``scripts/setup.sh`` or set ``$CHATTTS_ORT_INCLUDE``),
+            no C++ compiler, the build failed (compiler output attached), or this CPU lacks
+            AVX-512 F/BW/DQ/VL/VNNI.
+    """
+    import subprocess
+
+    from ..native import compiler, write_atomically
+
+    inc = include_dir()
+    if inc is None:
+        raise KernelUnavailable(f"no ONNX Runtime C API header ({HEADER}): run scripts/setup.sh, which unpacks "
+                                f"Debian's libonnxruntime-dev into {REPO_INCLUDE}, or set $CHATTTS_ORT_INCLUDE")
+    cxx = compiler()
+    if cxx is None:
+        raise KernelUnavailable("no C++ compiler (g++ or $CXX) to build the int8 kernel")
+    h = hashlib.sha256(SOURCE.read_bytes())
+    h.update((inc / HEADER).read_bytes())
+    h.update(" ".join((cxx, *FLAGS)).encode())
+    lib = cache_dir() / f"int8_matmul-{h.hexdigest()[:24]}.so"
+    if not lib.is_file():
+        lib.parent.mkdir(parents=True, exist_ok=True)
+
+        def build(tmp: str) -> None:
+            run = subprocess.run([cxx, *FLAGS, f"-I{inc}", str(SOURCE), "-o", tmp],
+                                 capture_output=True, text=True, check=False)
+            if run.returncode != 0:
+                raise KernelUnavailable(f"building the int8 kernel failed ({cxx}, exit {run.returncode}):\n"
+                                        f"{run.stderr.strip()[-4000:]}")
+
+        write_atomically(lib, build)
+    if not ctypes.CDLL(str(lib)).chattts_int8_supported():
+        raise KernelUnavailable("this CPU lacks AVX-512 F/BW/DQ/VL/VNNI, which the int8 kernel needs")
+    return lib
+
+
+def pack(q: np.ndarray, scales: np.ndarray, k: int, n: int, block: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The op's weight inputs (W int8 [P, K/4, 64, 4], S float32 [P, K/block, 64], Z int32
+    [P, K/block, 64]; P = ceil(N/64), columns past N zero) from ``MatMulNBits``' symmetric 8-bit
+    weights ``q`` (uint8, N x K/block x block, the weight plus 128) and their ``scales`` (N x
+    K/block, any shape of that size)."""
+    nb = k // block
+    w = (q.reshape(n, k).astype(np.int16) - 128).astype(np.int8)
+    s = scales.reshape(n, nb).astype(np.float32)
+    z = (-128 * w.reshape(n, nb, block).astype(np.int32).sum(-1)).astype(np.int32)
+    panels = -(-n // PANEL)
+    pad = panels * PANEL - n
+    if pad:
+        w = np.concatenate([w, np.zeros((pad, k), np.int8)])
+        s = np.concatenate([s, np.zeros((pad, nb), np.float32)])
+        z = np.concatenate([z, np.zeros((pad, nb), np.int32)])
+    wp = np.ascontiguousarray(w.reshape(panels, PANEL, k // 4, 4).transpose(0, 2, 1, 3))
+    sp = np.ascontiguousarray(s.reshape(panels, PANEL, nb).transpose(0, 2, 1))
+    zp = np.ascontiguousarray(z.reshape(panels, PANEL, nb).transpose(0, 2, 1))
+    return wp, sp, zp
+
+
+def _attrs(node: Any) -> dict[str, Any]:
+    import onnx
+
+    return {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+
+
+def convertible(node: Any) -> bool:
+    """Whether ``node`` is a ``MatMulNBits`` the op computes: 8 bits, no zero points, group
+    index or bias, block size a multiple of 4 dividing K."""
+    if node.op_type != "MatMulNBits":
+        return False
+    a = _attrs(node)
+    extra = [name for name in node.input[3:] if name]
+    block, k = int(a.get("block_size", 0)), int(a.get("K", 0))
+    return int(a.get("bits", 4)) == 8 and not extra and block > 0 and block % 4 == 0 and k % block == 0
+
+
+def with_own_kernel(model: Path | str | bytes | Any) -> bytes:
+    """The serialized ONNX ``model`` (a file, bytes or a ModelProto) with every convertible
+    ``MatMulNBits`` node (:func:`convertible`) replaced by ``chattts.Int8BlockMatMul`` over its
+    repacked weights. Raises ValueError when no node converts."""
+    import onnx
+    from onnx import numpy_helper
+
+    if isinstance(model, (str, Path)):
+        proto = onnx.load(str(model))
+    elif isinstance(model, bytes):
+        proto = onnx.load_from_string(model)
+    else:
+        proto = model
+    inits = {t.name: t for t in proto.graph.initializer}
+    done = 0
+    for node in proto.graph.node:
+        if not convertible(node) or node.input[1] not in inits or node.input[2] not in inits:
+            continue
+        a = _attrs(node)
+        k, n, block = int(a["K"]), int(a["N"]), int(a["block_size"])
+        wp, sp, zp = pack(numpy_helper.to_array(inits[node.input[1]]), numpy_helper.to_array(inits[node.input[2]]),
+                          k, n, block)
+        names = [f"{node.name or node.output[0]}.{part}" for part in ("w_panels", "scales_panels", "offset_panels")]
+        proto.graph.initializer.extend(numpy_helper.from_array(arr, nm) for arr, nm in zip((wp, sp, zp), names))
+        inputs = [node.input[0], *names]
+        del node.input[:]
+        node.input.extend(inputs)
+        del node.attribute[:]
+        node.attribute.extend([onnx.helper.make_attribute("K", k), onnx.helper.make_attribute("N", n),
+                               onnx.helper.make_attribute("block_size", block)])
+        node.op_type, node.domain = OP, DOMAIN
+        done += 1
+    if not done:
+        raise ValueError("the graph has no 8-bit MatMulNBits node the int8 kernel computes")
+    used = {name for node in proto.graph.node for name in node.input}
+    keep = [t for t in proto.graph.initializer if t.name in used]
+    del proto.graph.initializer[:]
+    proto.graph.initializer.extend(keep)
+    if not any(o.domain == DOMAIN for o in proto.opset_import):
+        proto.opset_import.append(onnx.helper.make_opsetid(DOMAIN, 1))
+    return bytes(proto.SerializeToString())
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m chattts_serving.engine.int8_kernel``: build the op (setup runs this) and say
+    where it is, or why it cannot run here (exit 0 either way: the engine then keeps
+    ``MatMulNBits``; ``--require`` makes that exit 1)."""
+    ap = argparse.ArgumentParser(description=main.__doc__)
+    ap.add_argument("--require", action="store_true", help="exit 1 when the kernel cannot run here")
+    args = ap.parse_args(argv)
+    try:
+        print(f"int8 kernel: {library()}")
+    except KernelUnavailable as exc:
+        print(f"int8 kernel: unavailable: {exc}", file=sys.stderr)
+        return 1 if args.require else 0
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,125 @@
+"""Our int8 kernel (``chattts.Int8BlockMatMul``, chattts_serving/engine/int8_kernel.py): its
+weight layout, its agreement with ONNX Runtime's ``MatMulNBits`` at accuracy level 4 (the same
+numerics: agreement to float rounding, far tighter than int8 rounding) over the shapes the step
+and the vocoders have and their edges, and the step graph on it (small config) giving the
+exported kernel's logits and tokens.
+
+Where the kernel cannot run (no ONNX Runtime header, no compiler, a CPU without AVX-512 VNNI)
+these tests skip, naming why; under CI they fail instead (the CI machines have all three)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+from chattts_serving.contract import Precision
+from chattts_serving.engine import int8_kernel
+from chattts_serving.engine.gpt import GptStepRunner
+from chattts_serving.engine.int8_kernel import KernelUnavailable, convertible, pack, with_own_kernel
+from chattts_serving.engine.kernels import OWN_KERNEL, choose_int8_kernel, probe_graph
+from chattts_serving.runtime import Artifacts, OrtOptions, make_session
+
+
+@pytest.fixture(scope="module")
+def library() -> Path:
+    try:
+        return int8_kernel.library()
+    except KernelUnavailable as exc:
+        if os.environ.get("CI"):
+            pytest.fail(f"the int8 kernel must run on CI machines: {exc}")
+        pytest.skip(str(exc))
+
+
+def test_pack_lays_each_panel_out_as_the_kernel_reads_it() -> None:
+    """W[p, k//4, c, k%4] is weight (column 64p + c, input k) minus 128; S and Z per block and
+    column; the padded columns are zero."""
+    rng = np.random.default_rng(0)
+    n, k, block = 70, 64, 32
+    q = rng.integers(0, 256, (n, k // block, block), dtype=np.uint8)
+    scales = rng.random((n, k // block), dtype=np.float32)
+    w, s, z = pack(q, scales, k, n, block)
+    assert w.shape == (2, k // 4, 64, 4) and w.dtype == np.int8
+    assert s.shape == z.shape == (2, k // block, 64) and z.dtype == np.int32
+    signed = q.reshape(n, k).astype(np.int32) - 128
+    for col, kk in [(0, 0), (5, 7), (63, 63), (64, 1), (69, 40)]:
+        assert w[col // 64, kk // 4, col % 64, kk % 4] == signed[col, kk]
+        assert s[col // 64, kk // block, col % 64] == scales[col, kk // block]
+        assert z[col // 64, kk // block, col % 64] == -128 * signed[col, (kk // block) * block:][:block].sum()
+    assert not w[1, :, 6:].any() and not s[1, :, 6:].any() and not z[1, :, 6:].any()
+
+
+def test_only_8_bit_weights_without_zero_points_convert() -> None:
+    node = onnx.helper.make_node("MatMulNBits", ["x", "w", "s"], ["y"], domain="com.microsoft", K=64, N=8, bits=8,
+                                 block_size=32)
+    assert convertible(node)
+    assert not convertible(onnx.helper.make_node("MatMulNBits", ["x", "w", "s"], ["y"], domain="com.microsoft",
+                                                 K=64, N=8, bits=4, block_size=32))
+    assert not convertible(onnx.helper.make_node("MatMulNBits", ["x", "w", "s", "zp"], ["y"],
+                                                 domain="com.microsoft", K=64, N=8, bits=8, block_size=32))
+    assert not convertible(onnx.helper.make_node("MatMul", ["x", "w"], ["y"]))
+    with pytest.raises(ValueError, match="no 8-bit MatMulNBits"):
+        with_own_kernel(onnx.helper.make_model(onnx.helper.make_graph([], "g", [], [])))
+
+
+@pytest.mark.parametrize(("k", "n", "block"), [(768, 2304, 32), (96, 200, 32), (512, 130, 256), (64, 64, 32)])
+def test_the_kernel_multiplies_as_matmulnbits_level_4(library: Path, k: int, n: int, block: int) -> None:
+    """Same weights, same activation rounding: the outputs agree to float summation order, for
+    one row, the row counts of each tile (3, 2, 1 left over), a prefill's many rows, padded
+    columns (N not a multiple of 64) and the vocoders' block of 256."""
+    graph = probe_graph(k, n, block, 4, layers=2)
+    ref = make_session(graph, OrtOptions(2, False))
+    own = make_session(with_own_kernel(graph), OrtOptions(2, False), custom_ops=library)
+    rng = np.random.default_rng(k + n)
+    for rows in (1, 2, 3, 4, 5, 16, 37):
+        x = rng.standard_normal((rows, k), dtype=np.float32)
+        x[0, :block] = 0.0  # a block of zeros: scale 0, no division by it
+        for a, b in zip(ref.run(None, {"x": x}), own.run(None, {"x": x})):
+            assert b.shape == (rows, n)
+            np.testing.assert_allclose(b, a, rtol=0, atol=2e-5 * np.abs(a).max())
+
+
+def test_the_kernel_keeps_leading_dimensions(library: Path) -> None:
+    """A [B, T, K] input (the step's layout) comes out [B, T, N], each row as when alone."""
+    from onnx import TensorProto, helper
+
+    graph = onnx.load_from_string(probe_graph(64, 96, 32, 4, layers=1))
+    graph.graph.input[0].CopyFrom(helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", "t", 64]))
+    graph.graph.output[0].CopyFrom(helper.make_tensor_value_info("y0", TensorProto.FLOAT, ["b", "t", 96]))
+    own = make_session(with_own_kernel(graph), OrtOptions(1, False), custom_ops=library)
+    x = np.random.default_rng(3).standard_normal((2, 3, 64), dtype=np.float32)
+    (y,) = own.run(None, {"x": x})
+    assert y.shape == (2, 3, 96)
+    (row,) = own.run(None, {"x": x[1:2, 2:3]})
+    np.testing.assert_array_equal(y[1, 2], row[0, 0])
+
+
+def test_no_header_says_where_to_get_one(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("CHATTTS_ORT_INCLUDE", str(tmp_path))
+    monkeypatch.setattr(int8_kernel, "REPO_INCLUDE", tmp_path / "none")
+    if Path("/usr/include/onnxruntime", int8_kernel.HEADER).is_file():
+        pytest.skip("this machine has the header system-wide")
+    with pytest.raises(KernelUnavailable, match=r"scripts/setup\.sh"):
+        int8_kernel.library()
+
+
+def test_the_step_on_our_kernel_gives_the_exported_kernels_logits(library: Path,
+                                                                   small_int8_artifacts: Artifacts) -> None:
+    """Offered only our kernel, the probe moves the int8 step onto it: prefill and decode logits
+    within float rounding of MatMulNBits level 4's (far inside int8 rounding), greedy tokens equal."""
+    art = small_int8_artifacts
+    runner = GptStepRunner(art, OrtOptions(2, False, precision=Precision.INT8))
+    rng = np.random.default_rng(5)
+    embeds = rng.standard_normal((3, 6, art.hidden_size), dtype=np.float32)
+    lengths = np.array([6, 4, 1])
+    exported = runner.prefill(embeds, lengths)
+    choice = choose_int8_kernel(runner, {}, steps=1, own=True)
+    assert choice is not None and choice.chosen == OWN_KERNEL and choice.swap_s > 0
+    assert choice.as_dict()["accuracy_level"] == 4
+    ours = runner.prefill(embeds, lengths)
+    scale = np.abs(exported[0]).max()
+    np.testing.assert_allclose(ours[0], exported[0], rtol=0, atol=1e-4 * scale)
+    assert (ours[0].argmax(-1) == exported[0].argmax(-1)).all()
