@@ -1,6 +1,6 @@
 """Building the project's C++ parts on the host: the compiler to use, and library files
 written so that no process ever loads a half-written one. Used by the admission gate
-(:mod:`chattts_serving.deploy.gate`) and our int8 kernel (:mod:`chattts_serving.engine.int8_kernel`)."""
+(:mod:`chattts_serving.deploy.gate`) and our int8 kernel (:mod:`chattts_serving.int8_kernel`)."""
 
 from __future__ import annotations
 

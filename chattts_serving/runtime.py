@@ -136,7 +136,7 @@ def make_session(path: Path | str | bytes, opts: OrtOptions = OrtOptions(), prof
     providers that this onnxruntime build lacks are dropped (CPU is always kept as the fallback).
     ``profile_prefix``: ONNX Runtime's profiler on, its trace written there (``end_profiling``).
     ``custom_ops``: a custom op library the graph needs (our int8 kernel,
-    :func:`chattts_serving.engine.int8_kernel.library`)."""
+    :func:`chattts_serving.int8_kernel.library`)."""
     import onnxruntime as ort
 
     so = ort.SessionOptions()

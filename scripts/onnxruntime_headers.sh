@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# ONNX Runtime's C API headers, for building our int8 kernel (chattts_serving/engine/int8_kernel.py):
+# ONNX Runtime's C API headers, for building our int8 kernel (chattts_serving/int8_kernel.py):
 # the onnxruntime wheel ships none, so they are unpacked from Debian's libonnxruntime-dev
 # (Debian 13 "trixie"; its API version 21 loads into any newer onnxruntime) into
 # build/onnxruntime-include. Nothing is installed: the package is downloaded with a private apt

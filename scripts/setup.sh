@@ -51,10 +51,10 @@ if not have_cuda:
             p.unlink()
             print(f"setup: removed CUDA-only {p.name} (no libcudart on this host)")
 PYEOF
-# Our int8 kernel for the GPT step (chattts_serving/engine/int8_kernel.py): ONNX Runtime's C API
+# Our int8 kernel for the GPT step (chattts_serving/int8_kernel.py): ONNX Runtime's C API
 # headers, which the wheel lacks, then the op compiled once into ~/.cache (both skip quietly
 # where they cannot run; the engine then keeps MatMulNBits).
 bash scripts/onnxruntime_headers.sh
-"$VENV/bin/python" -m chattts_serving.engine.int8_kernel
+"$VENV/bin/python" -m chattts_serving.int8_kernel
 "$VENV/bin/python" -c "import ChatTTS, onnxruntime, tritonclient.grpc; print('setup: ok, onnxruntime', onnxruntime.__version__, onnxruntime.get_available_providers())"
 touch "$VENV/.setup-stamp"  # the venv is current: make gateway skips setup until pyproject.toml or this file changes

@@ -6,12 +6,25 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
 from .. import contract
 from ..contract import Precision, VocoderPath
+from ..int8_kernel import EXPORTED, fastest_session
 from ..runtime import Artifacts, OrtOptions, graph_path, make_session, resolve_precision
+
+PROBE_TOKENS = 26
+"""Tokens in the window that times an int8 vocoder's kernels at start-up (a mid-stream chunk
+with its lookahead)."""
+
+
+def _probe_window(path: VocoderPath, hidden_size: int, tokens: int) -> np.ndarray:
+    """A window (T, H) float32 of random hidden states or (T, 4) int32 of codes (all 0) of ``path``."""
+    if path is VocoderPath.HIDDEN:
+        return np.random.default_rng(0).standard_normal((tokens, hidden_size), dtype=np.float32)
+    return np.zeros((tokens, contract.NUM_VQ), np.int32)
 
 
 def _path_names(path: VocoderPath | str) -> tuple[VocoderPath, str, str]:
@@ -39,7 +52,14 @@ class VocoderRunner:
         """The path; its graph's ``contract.*_GRAPH`` name (the fp32 file); the graph's input."""
         self.graph = graph_path(artifacts, self.source, opts.precision)
         """The graph file this runner runs (its precision's variant; ``auto`` resolved)."""
-        self.session = make_session(self.graph, opts)
+        self.kernel = EXPORTED
+        """The int8 kernel it runs on (:func:`~chattts_serving.int8_kernel.fastest_session`)."""
+        if resolve_precision(artifacts, opts.precision, self.source) is Precision.INT8:
+            window = _probe_window(self.path, artifacts.hidden_size, PROBE_TOKENS)[None]
+            self.session, self.kernel, _ = fastest_session(
+                self.graph, opts, lambda s: s.run(["audio"], {self.input_name: window}))
+        else:
+            self.session = make_session(self.graph, opts)
 
     def warm_up(self, hidden_size: int, lengths: tuple[int, ...] = (17, 48, 96)) -> None:
         """Decode one window of each length before serving (first-run allocations)."""
@@ -89,7 +109,18 @@ class StreamingVocoderRunner:
         window = np.hanning(n_fft + 1)[:-1]  # periodic Hann, torch.hann_window's
         self.win_sq_blocks = (window ** 2).astype(np.float32).reshape(n_fft // self.hop, self.hop)
         """The squared window in hop-sized blocks: the iSTFT's envelope is their overlap-add."""
-        self.session = make_session(self.graph, opts)
+        self.kernel = EXPORTED
+        """The int8 kernel it runs on (:func:`~chattts_serving.int8_kernel.fastest_session`)."""
+        if self.precision is Precision.INT8:
+            probe = _probe_window(self.path, artifacts.hidden_size, PROBE_TOKENS)
+
+            def one_stream(session: Any) -> None:
+                self.session = session
+                self.open().vocode(probe, 0, final=True)
+
+            self.session, self.kernel, _ = fastest_session(self.graph, opts, one_stream)
+        else:
+            self.session = make_session(self.graph, opts)
 
     def open(self) -> VocoderStream:
         """A fresh stream's state (nothing committed)."""

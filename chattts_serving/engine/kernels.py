@@ -11,7 +11,7 @@ than a choice that holds on one CPU, :func:`choose_int8_kernel` times each candi
 (:data:`KERNELS`) on the host at start-up, on a few ``MatMulNBits`` of the step's own shape,
 and runs the step on the fastest; the choice and the timings are logged (and returned, for the
 benchmark's record). A third candidate is our own kernel (:data:`OWN_KERNEL`,
-:mod:`.int8_kernel`), with level 4's numerics.
+:mod:`chattts_serving.int8_kernel`), with level 4's numerics.
 
 :func:`cpu_features` reads the CPU model and the instruction-set flags that decide it (the
 benchmark records them next to its figures).
@@ -29,8 +29,9 @@ import numpy as np
 
 from .. import contract
 from ..contract import Precision
+from ..int8_kernel import NAME as OWN_KERNEL_NAME
+from ..int8_kernel import KernelUnavailable
 from ..runtime import make_session
-from .int8_kernel import KernelUnavailable
 
 if TYPE_CHECKING:
     from .gpt import GptStepRunner
@@ -40,8 +41,8 @@ log = logging.getLogger(__name__)
 KERNELS: dict[str, int] = {"int8-activations": 4, "fp32-activations": 1}
 """ONNX Runtime's candidate kernels of the int8 step: name -> ``MatMulNBits`` ``accuracy_level``.
 The first is what the export writes (and the choice when no candidate could be timed)."""
-OWN_KERNEL = "own-vnni"
-"""The candidate that swaps ``MatMulNBits`` for our op (:mod:`.int8_kernel`: the numerics of
+OWN_KERNEL = OWN_KERNEL_NAME
+"""The candidate that swaps ``MatMulNBits`` for our op (:mod:`chattts_serving.int8_kernel`: the numerics of
 level 4, AVX-512 VNNI), where it builds and this CPU runs it."""
 
 PROBE_BATCHES = (1, 16)
@@ -111,7 +112,7 @@ def kernel_graph(model: Path | bytes, kernel: str) -> tuple[bytes, Path | None]:
         KernelUnavailable: ``kernel`` is :data:`OWN_KERNEL` and cannot run on this host.
     """
     if kernel == OWN_KERNEL:
-        from .int8_kernel import library, with_own_kernel
+        from ..int8_kernel import library, with_own_kernel
 
         return with_own_kernel(model), library()
     return with_accuracy_level(model, KERNELS[kernel]), None
@@ -119,12 +120,11 @@ def kernel_graph(model: Path | bytes, kernel: str) -> tuple[bytes, Path | None]:
 
 @dataclass
 class KernelChoice:
-    """The probe's outcome: ``chosen`` (a :data:`KERNELS` name), ``probe_ms`` per candidate
-    {name: {rows: median ms}} (none for one whose session failed or that was far slower than the
-    best at its first run: ``dropped``), the ``cpu``
-    features, the probe's shape {"layers", "k", "n", "block_size"} and its wall time (s), and
-    ``swap_s``: the time to rebuild the runner's session on the chosen kernel (0 when the
-    exported kernel won)."""
+    """The probe's outcome: ``chosen`` (a :data:`KERNELS` name or :data:`OWN_KERNEL`),
+    ``probe_ms`` per candidate {name: {rows: median ms}} (none for one whose session failed or
+    that was far slower than the best at its first run: ``dropped``), the ``cpu`` features, the
+    probe's shape {"layers", "k", "n", "block_size"} and its wall time (s), and ``swap_s``: the
+    time to rebuild the runner's session on the chosen kernel (0 when the exported kernel won)."""
 
     chosen: str
     probe_ms: dict[str, dict[int, float]] = field(default_factory=dict)

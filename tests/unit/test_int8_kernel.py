@@ -1,4 +1,4 @@
-"""Our int8 kernel (``chattts.Int8BlockMatMul``, chattts_serving/engine/int8_kernel.py): its
+"""Our int8 kernel (``chattts.Int8BlockMatMul``, chattts_serving/int8_kernel.py): its
 weight layout, its agreement with ONNX Runtime's ``MatMulNBits`` at accuracy level 4 (the same
 numerics: agreement to float rounding, far tighter than int8 rounding) over the shapes the step
 and the vocoders have and their edges, and the step graph on it (small config) giving the
@@ -16,11 +16,11 @@ import numpy as np
 import onnx
 import pytest
 
+from chattts_serving import int8_kernel
 from chattts_serving.contract import Precision
-from chattts_serving.engine import int8_kernel
 from chattts_serving.engine.gpt import GptStepRunner
-from chattts_serving.engine.int8_kernel import KernelUnavailable, convertible, pack, with_own_kernel
 from chattts_serving.engine.kernels import OWN_KERNEL, choose_int8_kernel, probe_graph
+from chattts_serving.int8_kernel import KernelUnavailable, convertible, pack, with_own_kernel
 from chattts_serving.runtime import Artifacts, OrtOptions, make_session
 
 
@@ -123,3 +123,33 @@ def test_the_step_on_our_kernel_gives_the_exported_kernels_logits(library: Path,
     scale = np.abs(exported[0]).max()
     np.testing.assert_allclose(ours[0], exported[0], rtol=0, atol=1e-4 * scale)
     assert (ours[0].argmax(-1) == exported[0].argmax(-1)).all()
+
+
+@pytest.mark.parametrize("path", ["hidden", "codes"])
+def test_an_int8_vocoder_runs_on_the_faster_kernel_with_the_same_numerics(
+        library: Path, small_int8_artifacts: Artifacts, path: str, caplog: pytest.LogCaptureFixture) -> None:
+    """Both vocoder runners time the exported MatMulNBits and our op on a window at start-up and
+    keep the faster (logged); on our op a window's audio is within int8 rounding of the exported
+    kernel's (blocks of 256: a rounding flip of one activation moves the audio, not the level)."""
+    import logging
+
+    from chattts_serving.audio.vocoder import StreamingVocoderRunner, VocoderRunner
+    from chattts_serving.export.int8 import snr_db
+    from chattts_serving.int8_kernel import EXPORTED, NAME, fastest_session
+
+    art = small_int8_artifacts
+    opts = OrtOptions(1, False, precision=Precision.INT8)
+    with caplog.at_level(logging.INFO, logger="chattts_serving.int8_kernel"):
+        offline = VocoderRunner(art, path, opts)
+        streaming = StreamingVocoderRunner(art, path, opts)
+    assert offline.kernel in {EXPORTED, NAME} and streaming.kernel in {EXPORTED, NAME}
+    assert caplog.text.count("int8 kernel") >= 2
+    rng = np.random.default_rng(7)
+    window = (rng.standard_normal((1, 40, art.hidden_size), dtype=np.float32) if path == "hidden"
+              else rng.integers(0, 600, (1, 40, 4)).astype(np.int32))
+    feed = {offline.input_name: window}
+    exported = make_session(offline.graph, opts).run(["audio"], feed)[0]
+    _, name, ms = fastest_session(offline.graph, opts, lambda s: None)
+    assert set(ms) == {EXPORTED, NAME} and name in ms
+    own = make_session(with_own_kernel(offline.graph), opts, custom_ops=library).run(["audio"], feed)[0]
+    assert own.shape == exported.shape and snr_db(exported, own) > 25.0

@@ -1,4 +1,4 @@
-"""Our own int8 kernel for the GPT step: ONNX Runtime custom op ``chattts.Int8BlockMatMul``.
+"""Our own int8 kernel for the GPT step and the vocoders: ONNX Runtime custom op ``chattts.Int8BlockMatMul``.
 
 ``MatMulNBits`` at ``accuracy_level`` 4 (the exported kernel) reads its 8-bit weights at about
 half the rate the fp32 GEMV reaches on two AVX-512 cores and is compute-bound at 16 rows
@@ -14,6 +14,8 @@ Everything else in the step graph stays ONNX Runtime's.
 - :func:`with_own_kernel` rewrites a graph's 8-bit ``MatMulNBits`` nodes into the op with
   their weights repacked (:func:`pack`); :func:`~chattts_serving.runtime.make_session` loads
   the library for such a graph (``custom_ops``).
+- :func:`fastest_session` times a graph on ``MatMulNBits`` and on the op and keeps the faster
+  (the vocoders; the GPT step has its own probe, :mod:`chattts_serving.engine.kernels`).
 
 The header: ``$CHATTTS_ORT_INCLUDE``, else ``build/onnxruntime-include`` (``scripts/setup.sh``
 unpacks Debian's ``libonnxruntime-dev`` there: the wheel ships none), else
@@ -26,20 +28,28 @@ from __future__ import annotations
 import argparse
 import ctypes
 import hashlib
+import logging
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+log = logging.getLogger(__name__)
+
 SOURCE = Path(__file__).resolve().parent / "int8_matmul" / "int8_matmul.cc"
+NAME = "own-vnni"
+"""This kernel's name where a choice among kernels is logged or recorded."""
+EXPORTED = "matmulnbits"
+"""The name of ONNX Runtime's ``MatMulNBits`` as exported, in :func:`fastest_session`'s record."""
 DOMAIN = "chattts"
 OP = "Int8BlockMatMul"
 PANEL = 64
 """Output columns per weight panel (four AVX-512 registers of fp32); N is padded up to it."""
 FLAGS = ("-std=c++17", "-O3", "-Wall", "-Wextra", "-Werror", "-shared", "-fPIC", "-fvisibility=hidden")
-REPO_INCLUDE = Path(__file__).resolve().parents[2] / "build" / "onnxruntime-include"
+REPO_INCLUDE = Path(__file__).resolve().parents[1] / "build" / "onnxruntime-include"
 HEADER = "onnxruntime_c_api.h"
 
 
@@ -72,7 +82,7 @@ def library() -> Path:
     """
     import subprocess
 
-    from ..native import compiler, write_atomically
+    from .native import compiler, write_atomically
 
     inc = include_dir()
     if inc is None:
@@ -182,8 +192,40 @@ def with_own_kernel(model: Path | str | bytes | Any) -> bytes:
     return bytes(proto.SerializeToString())
 
 
+def fastest_session(model: Path, opts: Any, probe: Callable[[Any], object], *,
+                    rounds: int = 3) -> tuple[Any, str, dict[str, float]]:
+    """A session of the int8 graph ``model`` with ``opts``
+    (:class:`~chattts_serving.runtime.OrtOptions`) on whichever of ``MatMulNBits`` and our op
+    runs ``probe(session)`` faster here (median ms of ``rounds`` calls after one untimed), its
+    kernel name (:data:`EXPORTED` or :data:`NAME`) and the ms per kernel timed. Where our op
+    cannot run here, or the graph has nothing it computes, the exported session without timing
+    (the reason logged at INFO)."""
+    import time
+
+    from .runtime import make_session
+
+    sessions = {EXPORTED: make_session(model, opts)}
+    try:
+        sessions[NAME] = make_session(with_own_kernel(model), opts, custom_ops=library())
+    except (KernelUnavailable, ValueError) as exc:
+        log.info("%s: int8 kernel %s not a candidate (%s)", Path(model).name, NAME, exc)
+        return sessions[EXPORTED], EXPORTED, {}
+    ms: dict[str, float] = {}
+    for name, session in sessions.items():
+        probe(session)
+        times = []
+        for _ in range(rounds):
+            t = time.perf_counter()
+            probe(session)
+            times.append(time.perf_counter() - t)
+        ms[name] = float(np.median(times)) * 1e3
+    chosen = min(ms, key=ms.__getitem__)
+    log.info("%s: int8 kernel %s (probe ms %s)", Path(model).name, chosen, {k: round(v, 2) for k, v in ms.items()})
+    return sessions[chosen], chosen, ms
+
+
 def main(argv: list[str] | None = None) -> int:
-    """``python -m chattts_serving.engine.int8_kernel``: build the op (setup runs this) and say
+    """``python -m chattts_serving.int8_kernel``: build the op (setup runs this) and say
     where it is, or why it cannot run here (exit 0 either way: the engine then keeps
     ``MatMulNBits``; ``--require`` makes that exit 1)."""
     ap = argparse.ArgumentParser(description=main.__doc__)

@@ -5,7 +5,7 @@
 // AVX-512 VNNI. Why it exists and what it measures: docs/decode-speed.md, "An int8 kernel of
 // our own".
 //
-// Inputs (the weights packed by chattts_serving/engine/int8_kernel.py):
+// Inputs (the weights packed by chattts_serving/int8_kernel.py):
 //   A   float32 [..., K]
 //   W   int8    [P, K/4, 64, 4]   column panels of 64 outputs; per group of 4 k, the 4 int8 of
 //                                 each of the panel's 64 columns (the weight minus 128)
@@ -224,15 +224,20 @@ OrtStatus* ORT_API_CALL compute(void* op_kernel, OrtKernelContext* ctx) {
   const Kernel& kn = *static_cast<Kernel*>(op_kernel);
   const OrtValue* in[4];
   for (size_t i = 0; i < 4; ++i) RETURN_IF(g_api->KernelContext_GetInput(ctx, i, &in[i]));
-  std::vector<int64_t> adims, wdims;
-  size_t acount = 0, wcount = 0;
+  std::vector<int64_t> adims, wdims, sdims, zdims;
+  size_t acount = 0, wcount = 0, scount = 0, zcount = 0;
   RETURN_IF(dims_of(in[0], adims, acount));
   RETURN_IF(dims_of(in[1], wdims, wcount));
+  RETURN_IF(dims_of(in[2], sdims, scount));
+  RETURN_IF(dims_of(in[3], zdims, zcount));
   const int64_t panels = (kn.n + kPanel - 1) / kPanel;
   if (adims.empty() || adims.back() != kn.k)
     return error("Int8BlockMatMul: A's last dimension must be K=" + std::to_string(kn.k));
   if (wdims.size() != 4 || wdims[0] != panels || wdims[1] != kn.k / 4 || wdims[2] != kPanel || wdims[3] != 4)
     return error("Int8BlockMatMul: W is not packed as [ceil(N/64), K/4, 64, 4]");
+  const size_t per_block = static_cast<size_t>(panels * (kn.k / kn.block) * kPanel);
+  if (scount != per_block || zcount != per_block)
+    return error("Int8BlockMatMul: S and Z must hold [ceil(N/64), K/block_size, 64] values");
   Job j{};
   j.m = static_cast<int64_t>(acount) / kn.k;
   j.k = kn.k;
