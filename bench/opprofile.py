@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from bench.stats import projections_ms
 from chattts_serving.engine.gpt import GptStepRunner, load_step_graph
 from chattts_serving.engine.kernels import choose_int8_kernel, kernel_graph
 from chattts_serving.runtime import Artifacts, OrtOptions, make_session
@@ -80,12 +81,12 @@ def profile_steps(art: Artifacts, opts: OrtOptions, batches: Sequence[int], past
 
 def table(result: dict[str, Any]) -> str:
     """Markdown: per profile and batch, the step, its node time and the three largest op types."""
-    lines = ["| profile | B | KV cache | step ms (profiled) | MatMulNBits | GroupQueryAttention | other ops |",
+    lines = ["| profile | B | KV cache | step ms (profiled) | projections | GroupQueryAttention | other ops |",
              "|---|---|---|---|---|---|---|"]
     for name, per_batch in result["profiles"].items():
         for b, r in per_batch.items():
             ops = r["ops"]
-            mm, gqa = ops.get("MatMulNBits", 0.0) + ops.get("MatMul", 0.0), ops.get("GroupQueryAttention", 0.0)
+            mm, gqa = projections_ms(ops), ops.get("GroupQueryAttention", 0.0)
             rest = r["node_ms_per_step"] - mm - gqa
             lines.append(f"| {name} | {b} | {r['kv_cache']} | {r['step_ms_p50']:.1f} | {mm:.1f} | {gqa:.1f} | "
                          f"{rest:.1f} |")

@@ -272,3 +272,13 @@ def cdf(values: Iterable[float]) -> tuple[np.ndarray, np.ndarray]:
     """(sorted values, cumulative fraction in (0, 1]) for an empirical CDF plot."""
     v = np.sort(np.asarray(list(values), dtype=np.float64))
     return v, np.arange(1, v.size + 1, dtype=np.float64) / max(1, v.size)
+
+
+PROJECTION_OPS = ("MatMulNBits", "Int8BlockMatMul", "MatMul")
+"""The op types of the step's projections: ONNX Runtime's 8-bit kernel, ours
+(:mod:`chattts_serving.int8_kernel`), fp32."""
+
+
+def projections_ms(ops: Mapping[str, float]) -> float:
+    """The projections' ms in an op-type breakdown (:data:`PROJECTION_OPS` summed)."""
+    return sum(ops.get(op, 0.0) for op in PROJECTION_OPS)

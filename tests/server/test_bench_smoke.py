@@ -34,6 +34,7 @@ from bench.openloop import BUDGET_SCALES
 from bench.stats import diff_samples, engine_batches, model_stats
 from bench.wsload import WS_FIGURES
 from chattts_serving import contract
+from chattts_serving.engine.kernels import OWN_KERNEL
 from chattts_serving.serving.profile import load_profile
 from tests.support.servers import running_gateway
 
@@ -161,8 +162,9 @@ def test_bench_smoke_writes_report(small_weights: Path, small_int8_artifacts, tm
             assert 1.0 <= p[name] < 5.0  # every generated token is vocoded at least once
     for p in (prof, int8):  # where each raw step's time goes, by op type, at each raw batch
         assert set(p["op_profile"]) == {"1", "4", "16"}
-        projections = "MatMulNBits" if p is int8 else "MatMul"
         for r in p["op_profile"].values():
+            own = r["kernel"] is not None and r["kernel"]["chosen"] == OWN_KERNEL
+            projections = ("Int8BlockMatMul" if own else "MatMulNBits") if p is int8 else "MatMul"
             assert r["ops"][projections] > 0 and r["ops"]["GroupQueryAttention"] > 0
     assert int8["floor"]["graph"] == "gpt_step.int8.onnx" and prof["floor"]["graph"] == "gpt_step.onnx"
     assert int8["floor"]["weight_bytes"] < 0.6 * prof["floor"]["weight_bytes"]  # 8-bit weights (the small

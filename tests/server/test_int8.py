@@ -28,5 +28,6 @@ def test_cpu_int8_profile_serves_a_stream_from_the_int8_graphs(int8_artifacts: A
     for graph in (contract.VOCODER_HIDDEN_GRAPH, contract.VOCODER_CODES_GRAPH):
         assert f"vocoder graph {contract.INT8_GRAPH_FILES[graph]} (precision int8)" in text
     # the engine chose the int8 step's kernel on this CPU at start-up and said which and why
-    kernel = r"int8 GPT kernel: [\w-]+ \(MatMulNBits accuracy_level \d\) on .*probe ms at 1 / 16 rows \{"
+    kernel = (r"int8 GPT kernel: [\w-]+ \(the numerics of MatMulNBits accuracy_level \d\) on "
+              r".*probe ms at 1 / 16 rows \{")
     assert re.search(kernel, text), text[-3000:]

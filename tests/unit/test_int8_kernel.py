@@ -97,6 +97,18 @@ def test_the_kernel_keeps_leading_dimensions(library: Path) -> None:
     np.testing.assert_array_equal(y[1, 2], row[0, 0])
 
 
+def test_weights_packed_for_another_shape_are_refused_not_read(library: Path) -> None:
+    """A graph whose packed scales do not fit K, N and block_size fails its run with the op's
+    message instead of reading past the buffer."""
+    graph = onnx.load_from_string(with_own_kernel(probe_graph(64, 96, 32, 4, layers=1)))
+    scales = next(t for t in graph.graph.initializer if t.name.endswith("scales_panels"))
+    short = onnx.numpy_helper.to_array(scales)[:, :1].copy()
+    scales.CopyFrom(onnx.numpy_helper.from_array(short, scales.name))
+    own = make_session(graph.SerializeToString(), OrtOptions(1, False), custom_ops=library)
+    with pytest.raises(Exception, match="S and Z must hold"):
+        own.run(None, {"x": np.ones((1, 64), np.float32)})
+
+
 def test_no_header_says_where_to_get_one(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("CHATTTS_ORT_INCLUDE", str(tmp_path))
     monkeypatch.setattr(int8_kernel, "REPO_INCLUDE", tmp_path / "none")
