@@ -117,23 +117,30 @@ class ProcessWatch:
     def __init__(self, pids: list[int]) -> None:
         self._poll = select.poll()
         self._fds: list[int] = []
+        self._pid_of: dict[int, int] = {}
+        self.exited: list[list[int]] = []
+        """The watched processes seen exiting, one list per wake in the order of the wakes
+        (processes in one list exited too close together to order)."""
         for pid in pids:
             try:
                 fd = os.pidfd_open(pid)
             except (OSError, AttributeError):
                 continue
             self._fds.append(fd)
+            self._pid_of[fd] = pid
             self._poll.register(fd, select.POLLIN)
 
     def wait(self, timeout_s: float) -> bool:
         """Sleep up to ``timeout_s``; True when a watched process exited meanwhile (it is then
-        watched no more)."""
+        watched no more, and recorded in :attr:`exited`)."""
         if not self._fds:
             time.sleep(timeout_s)
             return False
         fired = self._poll.poll(max(0, int(timeout_s * 1000)))
         for fd, _ in fired:
             self._poll.unregister(fd)
+        if fired:
+            self.exited.append([self._pid_of[fd] for fd, _ in fired])
         return bool(fired)
 
     def close(self) -> None:
@@ -183,6 +190,7 @@ class Supervisor:
         self.expected: Counter[str] = Counter()
         self.restarts = 0
         self.log = LogScanner(server.log_path)
+        self._stub_models: dict[int, str] = {}
         self._watch = ProcessWatch([])
 
     def baseline(self) -> None:
@@ -196,6 +204,7 @@ class Supervisor:
         """Expect and watch the server's stub processes as they are now."""
         self.expected = self.server.stub_counts()
         pids = self.server.stub_pids()
+        self._stub_models = dict(pids)
         self._watch.close()
         proc = self.server.proc
         self._watch = ProcessWatch([*pids, *([proc.pid] if proc is not None and proc.pid else [])])
@@ -210,6 +219,16 @@ class Supervisor:
             return missing
         return Counter({model: n for model, n in missing.items() if states.get(model, "READY") == "READY"})
 
+    def _first_dead_models(self) -> str:
+        """The models (comma-separated) whose watched processes were the first to exit, seen
+        exiting before the server itself; empty when the server went first or with them."""
+        if not self._watch.exited:
+            return ""
+        first = self._watch.exited[0]
+        if any(pid not in self._stub_models for pid in first):
+            return ""
+        return ", ".join(sorted({self._stub_models[pid] for pid in first}))
+
     def check(self, with_probe: bool) -> CheckResult:
         """The server process runs, every expected stub is alive and, ``with_probe``, the
         deep probe passes."""
@@ -218,6 +237,10 @@ class Supervisor:
         if proc is None or proc.poll() is not None:
             code = None if proc is None else proc.returncode
             why = f"; its log: {signs[0][:200]}" if signs else ""
+            first = self._first_dead_models()
+            if first:  # Triton can abort when a model process dies under it: name the cause
+                return CheckResult(False, f"model process(es) died: {first}, then tritonserver exited "
+                                          f"(exit code {code}){why}", fatal=True)
             return CheckResult(False, f"tritonserver is not running (exit code {code}){why}", fatal=True)
         if signs:
             return CheckResult(False, f"the server log shows a crash: {signs[0][:200]}", fatal=True)

@@ -273,3 +273,26 @@ def test_health_table_is_validated_and_unknown_keys_fail(tmp_path: Path) -> None
     for name in ("cpu", "gpu"):
         h = load_profile(name).health
         assert h.failures >= 1 and h.interval_s > 0 and h.probe_timeout_s > 0
+
+
+def test_the_process_watch_records_which_process_exited_first() -> None:
+    """A model process killed while tritonserver lives on wakes the watch alone, so that a
+    server that aborts just after can be reported with its cause (Supervisor.check)."""
+    from chattts_serving.deploy.supervisor import ProcessWatch
+
+    procs = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]) for _ in range(2)]
+    try:
+        watch = ProcessWatch([p.pid for p in procs])
+        procs[0].kill()
+        procs[0].wait()
+        assert watch.wait(10.0)
+        assert watch.exited == [[procs[0].pid]]
+        assert not watch.wait(0.05) and watch.exited == [[procs[0].pid]]
+        procs[1].kill()
+        procs[1].wait()
+        assert watch.wait(10.0) and watch.exited == [[procs[0].pid], [procs[1].pid]]
+        watch.close()
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
