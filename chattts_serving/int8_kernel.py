@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import functools
 import hashlib
 import logging
 import os
@@ -68,8 +69,9 @@ def include_dir() -> Path | None:
 
 def cache_dir() -> Path:
     """Where built libraries are kept: ``$CHATTTS_KERNEL_CACHE``, else ``~/.cache/chattts-serving/int8``."""
-    env = os.environ.get("CHATTTS_KERNEL_CACHE")
-    return Path(env) if env else Path.home() / ".cache" / "chattts-serving" / "int8"
+    from .native import cache_dir as native_cache_dir
+
+    return native_cache_dir("CHATTTS_KERNEL_CACHE", "int8")
 
 
 def library() -> Path:
@@ -200,8 +202,7 @@ def fastest_session(model: Path, opts: Any, probe: Callable[[Any], object], *,
     kernel name (:data:`EXPORTED` or :data:`NAME`) and the ms per kernel timed. Where our op
     cannot run here, or the graph has nothing it computes, the exported session without timing
     (the reason logged at INFO)."""
-    import time
-
+    from .native import median_ms
     from .runtime import make_session
 
     sessions = {EXPORTED: make_session(model, opts)}
@@ -213,12 +214,7 @@ def fastest_session(model: Path, opts: Any, probe: Callable[[Any], object], *,
     ms: dict[str, float] = {}
     for name, session in sessions.items():
         probe(session)
-        times = []
-        for _ in range(rounds):
-            t = time.perf_counter()
-            probe(session)
-            times.append(time.perf_counter() - t)
-        ms[name] = float(np.median(times)) * 1e3
+        ms[name] = median_ms(functools.partial(probe, session), rounds)
     chosen = min(ms, key=ms.__getitem__)
     log.info("%s: int8 kernel %s (probe ms %s)", Path(model).name, chosen, {k: round(v, 2) for k, v in ms.items()})
     return sessions[chosen], chosen, ms

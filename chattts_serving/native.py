@@ -29,3 +29,25 @@ def write_atomically(dest: Path, write: Callable[[str], object]) -> None:
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def cache_dir(env: str, name: str) -> Path:
+    """Where compiled libraries of one kind are kept: ``$<env>`` when set, else
+    ``~/.cache/chattts-serving/<name>``."""
+    value = os.environ.get(env)
+    return Path(value) if value else Path.home() / ".cache" / "chattts-serving" / name
+
+
+def median_ms(call: Callable[[], object], runs: int) -> float:
+    """Median wall time in ms of ``runs`` calls of ``call`` (no untimed call first: the
+    caller warms up as it needs)."""
+    import time
+
+    import numpy as np
+
+    times = []
+    for _ in range(runs):
+        t = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - t)
+    return float(np.median(times)) * 1e3

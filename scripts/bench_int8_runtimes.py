@@ -35,7 +35,6 @@ import argparse
 import json
 import sys
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -43,6 +42,7 @@ from typing import Any
 import numpy as np
 
 from chattts_serving.engine.kernels import KERNELS, cpu_features, probe_graph
+from chattts_serving.native import median_ms
 from chattts_serving.runtime import OrtOptions, make_session
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/ sits at the repository root, not installed
@@ -55,12 +55,7 @@ ROWS = (1, 4, 16)
 
 def _median_ms(run: Callable[[np.ndarray], Any], x: np.ndarray, steps: int) -> float:
     run(x)
-    times = []
-    for _ in range(steps):
-        t = time.perf_counter()
-        run(x)
-        times.append(time.perf_counter() - t)
-    return float(np.median(times)) * 1e3
+    return median_ms(lambda: run(x), steps)
 
 
 def _ort_run(session: Any) -> Callable[[np.ndarray], Any]:

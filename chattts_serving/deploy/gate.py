@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 
 from .. import contract
+from ..native import cache_dir as native_cache_dir
 from ..native import compiler, write_atomically
 
 GATE_DIR = Path(__file__).resolve().parents[1] / "gate"
@@ -53,8 +54,7 @@ def _digest(cxx: str, flags: tuple[str, ...]) -> str:
 
 def cache_dir() -> Path:
     """Where compiled gates are kept: ``$CHATTTS_GATE_CACHE``, else ``~/.cache/chattts-serving/gate``."""
-    env = os.environ.get("CHATTTS_GATE_CACHE")
-    return Path(env) if env else Path.home() / ".cache" / "chattts-serving" / "gate"
+    return native_cache_dir("CHATTTS_GATE_CACHE", "gate")
 
 
 def _compile(cxx: str, flags: tuple[str, ...], out: str) -> None:

@@ -29,8 +29,8 @@ import numpy as np
 
 from .. import contract
 from ..contract import Precision
-from ..int8_kernel import NAME as OWN_KERNEL_NAME
-from ..int8_kernel import KernelUnavailable
+from ..int8_kernel import NAME, KernelUnavailable
+from ..native import median_ms
 from ..runtime import make_session
 
 if TYPE_CHECKING:
@@ -41,7 +41,7 @@ log = logging.getLogger(__name__)
 KERNELS: dict[str, int] = {"int8-activations": 4, "fp32-activations": 1}
 """ONNX Runtime's candidate kernels of the int8 step: name -> ``MatMulNBits`` ``accuracy_level``.
 The first is what the export writes (and the choice when no candidate could be timed)."""
-OWN_KERNEL = OWN_KERNEL_NAME
+OWN_KERNEL = NAME
 """The candidate that swaps ``MatMulNBits`` for our op (:mod:`chattts_serving.int8_kernel`: the numerics of
 level 4, AVX-512 VNNI), where it builds and this CPU runs it."""
 
@@ -174,12 +174,7 @@ def _probe_ms(session: Any, k: int, rows: int, steps: int, give_up_ms: float | N
     session.run(None, {"x": x})
     if give_up_ms is not None and (time.perf_counter() - t) * 1e3 > give_up_ms:
         return None
-    times = []
-    for _ in range(steps):
-        t = time.perf_counter()
-        session.run(None, {"x": x})
-        times.append(time.perf_counter() - t)
-    return float(np.median(times)) * 1e3
+    return median_ms(lambda: session.run(None, {"x": x}), steps)
 
 
 def runs_int8(runner: GptStepRunner) -> bool:
