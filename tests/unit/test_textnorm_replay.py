@@ -189,7 +189,7 @@ NAME_DOTS = [
 # A rating out of 5, 10 or 100 after a rating word or before a star; a plain a/b stays a fraction.
 RATINGS = [
     ('Rated 4.5/5 stars.', 'Rated four point five out of five stars.'),
-    ("I'd give it 9/10.", 'Id give it nine out of ten.'),
+    ("I'd give it 9/10.", 'I would give it nine out of ten.'),
     ('评分4.8/5分。', '评分四点八分，满分五分。'),
     ('这家店评分为4.6/5。', '这家店评分为四点六分，满分五分。'),
     ('用户评分4.5/5星。', '用户评分四点五星，满分五星。'),

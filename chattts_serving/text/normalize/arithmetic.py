@@ -9,7 +9,7 @@ import re
 from typing import Final
 
 from .base import Lang
-from .kind import NUM, Groups, Kind, alt
+from .kind import NUM, Groups, Kind, alt, alt_words
 from .numbers import en_number, zh_number
 from .tables import UNITS
 
@@ -168,3 +168,42 @@ SCIENTIFIC: Final = Kind(
     rf"(?:\s?(?P<sc_unit>{alt(UNITS)}))?(?![A-Za-z0-9]|\.\d)",
     _read_scientific, first=r"\d")
 """One digit before the point, as the notation writes it (1e6, 6.02e23, 3E8): 12E5 and 0x3E8 are no such numbers."""
+
+
+# --- named functions: sin(30°), log(100), sqrt(16) -------------------------------------
+
+_FUNCTIONS: Final = {"sin": ("正弦", "sine of"), "cos": ("余弦", "cosine of"), "tan": ("正切", "tangent of"),
+                     "cot": ("余切", "cotangent of"), "sec": ("正割", "secant of"), "csc": ("余割", "cosecant of"),
+                     "arcsin": ("反正弦", "arcsine of"), "arccos": ("反余弦", "arccosine of"),
+                     "arctan": ("反正切", "arctangent of"), "log": ("对数", "log of"), "lg": ("常用对数", "log of"),
+                     "ln": ("自然对数", "natural log of"), "exp": ("e的指数", "e to the power of"),
+                     "sqrt": ("根号", "the square root of")}
+"""A function's name said as its word (the letters sin, cos and tan are no English words to
+read: "sin" would be the word sin), Chinese / English."""
+_TRIG: Final = ("sin", "cos", "tan", "cot", "sec", "csc")
+
+
+def _read_math_function(lang: Lang, g: Groups, before: str, after: str) -> str:
+    """sin(30°), cos 45°, log(100), ln(x), sqrt(16): the function's word and its argument
+    (正弦三十度 / sine of thirty degrees), no pause for the brackets."""
+    name = g("mf_name") or g("mf_trig")
+    arg = g("mf_arg") if g("mf_name") else g("mf_deg")
+    zh = lang == "zh"
+    sign, num = ("负" if zh else "minus ") if arg[:1] in "-−" else "", arg.lstrip("-−").rstrip("°")
+    if num.isalpha():
+        words = num
+    else:
+        words = zh_number(num) if zh else en_number(num)
+        if arg.endswith("°"):
+            words += "度" if zh else (" degree" if num == "1" else " degrees")
+    word = _FUNCTIONS[name][not zh]
+    return f"{word}{sign}{words}" if zh else f"{word} {sign}{words}"
+
+
+MATH_FUNCTION: Final = Kind(
+    "math_function",
+    rf"(?<![A-Za-z])(?:(?P<mf_name>{alt_words(_FUNCTIONS)})\((?P<mf_arg>[-−]?(?:{NUM}°?|[A-Za-z]))\)"
+    rf"|(?P<mf_trig>{alt_words(_TRIG)}) ?(?P<mf_deg>[-−]?{NUM}°))(?![A-Za-z0-9])",
+    _read_math_function, first=r"[acelst]", letters_neutral=True)
+"""A named function of one number or variable in brackets, or a trigonometric one of degrees
+without them (sin30°, cos 45°): sine, never the word sin."""

@@ -96,6 +96,8 @@ def _entity(ctx: Context, name: str, m: re.Match[str], out: Out) -> None:
             words = None
     if words is None:
         words = kind.read(lang, g, before, after)
+    if lang == "zh" and _RUNS_ON.match(words) and _WEEKDAY_END.search(ctx.view[max(0, m.start() - 4):m.start()]):
+        out.pieces.append("，")  # 周三15:00: 周三，十五点, never 周三十五点
     out.words(lang, words)
 
 
@@ -123,6 +125,12 @@ def _tag(ctx: Context, m: re.Match[str], out: Out) -> None:
     # not a ChatTTS token: brackets are pauses, the word inside is read
     plain(ctx, m.start(), m.end(), out)
 
+
+_WEEKDAY_END: Final = re.compile(r"(?:周|星期|礼拜)[一二三四五六] ?$")
+"""A Chinese weekday named by a numeral, right before an entity."""
+_RUNS_ON: Final = re.compile(r"十|[一二三四五六七八九两][十百千]")
+"""The start of a reading that would run into such a weekday's numeral (周三十五点 heard as
+week thirty-five o'clock, 周一十点 as 一十): a pause parts them. 周二三月五日 and 周三三次 need none."""
 
 _AFTER_QUANTITY: Final = re.compile(r"\d[\u4e00-\u9fa5]{1,3} *$")
 """The end of a quantity written with a Chinese unit (5月1日, 2020年): a dash after it is a range."""

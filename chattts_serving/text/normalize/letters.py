@@ -149,3 +149,42 @@ DOSE_FREQUENCY: Final = Kind(
     r"(?![A-Za-z0-9])",
     _read_dose_frequency, first=_DOSE_FIRST)
 """Where the Chinese of a prescription writes q8h, bid, it is read in Chinese: 每八小时一次."""
+
+
+# --- English contractions whose letters alone are another word ----------------------------
+
+_CONTRACTION_WORDS: Final = {"re": "are", "ll": "will", "ve": "have", "m": "am"}
+_HAD_NEXT: Final = re.compile(r"\s+(?:been|better|had|done|gone|seen|known|got|gotten|made|taken|given|said|told|left|"
+                              r"heard|come|become|begun|written|spoken|eaten|forgotten|[a-z]+ed)\b", re.IGNORECASE)
+"""A word after 'd that makes it had (I'd been, she'd left, we'd better), not would."""
+_S_PRONOUNS: Final = ("he", "she", "who", "here", "where")
+"""Words whose 's the apostrophe's loss misreads (hes, shes, whos, heres): read is or has. Other
+'s (it's, that's, the dog's) read alike without the apostrophe and keep it dropped."""
+_HAS_NEXT: Final = re.compile(r"\s+(?:been|got|gotten|had|done|gone|seen|made|taken|given|[a-z]+ed)\b", re.IGNORECASE)
+
+
+def _read_contraction(lang: Lang, g: Groups, before: str, after: str) -> str:
+    """We're, he'll, I'd, I'm, you've, he's: the word and its verb in full (we are, he will, I
+    would or had), where the letters without the apostrophe are another word (were, hell, Id)
+    that ChatTTS would read."""
+    word = g("ct_word") or g("ct_i") or g("ct_s_word")
+    tail = (g("ct_tail") or g("ct_m") or g("ct_s")).lower()
+    if tail == "d":
+        verb = "had" if _HAD_NEXT.match(after) else "would"
+    elif tail == "s":
+        verb = "has" if _HAS_NEXT.match(after) else "is"
+    else:
+        verb = _CONTRACTION_WORDS[tail]
+    return f"{word} {verb.upper() if word.isupper() and len(word) > 1 else verb}"
+
+
+CONTRACTION: Final = Kind(
+    "contraction",
+    r"(?=[A-Za-z])(?<![A-Za-z'’])"
+    r"(?:(?P<ct_word>[A-Za-z]+)['’](?P<ct_tail>re|ll|ve|d|RE|LL|VE|D)"
+    r"|(?P<ct_i>[Ii])['’](?P<ct_m>m)"
+    rf"|(?P<ct_s_word>(?i:{'|'.join(_S_PRONOUNS)}))['’](?P<ct_s>s))(?![A-Za-z'’])",
+    _read_contraction, lang="en", first=r"[A-Za-z]")
+"""The apostrophe is no character ChatTTS reads (its own normaliser drops it too): we're would
+be were, he'll hell, she'd shed, I'm Im."""
+

@@ -73,9 +73,9 @@ def _read_money(lang: Lang, g: Groups, before: str, after: str) -> str:
     currency once, after the second amount). A currency word written after it that the
     reading already says (¥100元, €1.2亿元, $5亿美元) is read once."""
     code = CURRENCY_OF[g("mp_cur").strip()]
-    amount, unit = g("mp_amt"), g("mp_unit")
+    amount, unit = _decimal_comma(g("mp_amt")), g("mp_unit")
     if g("mp_amt2"):
-        words = _money_range(lang, bool(g("mp_neg")), code, amount, g("mp_amt2"), g("mp_mult"))
+        words = _money_range(lang, bool(g("mp_neg")), code, amount, _decimal_comma(g("mp_amt2")), g("mp_mult"))
     elif lang == "zh" and code == "CNY" and "." in amount and not g("mp_mult") and after.lstrip().startswith("/"):
         words = zh_number(amount) + "元"  # ¥7.5/升: a price per unit reads the decimal
     else:
@@ -84,6 +84,13 @@ def _read_money(lang: Lang, g: Groups, before: str, after: str) -> str:
     if unit and unit not in cur.written and not (unit in ("元", "块") and cur.zh.endswith("元")):
         words += unit  # not the currency's own word: keep it
     return words  # ¥100元: the unit is written twice, read once
+
+
+def _decimal_comma(amount: str) -> str:
+    """€3,50 -> 3.50: a comma before exactly two digits ends an amount's whole part (a thousands
+    separator is followed by three)."""
+    whole, comma, cents = amount.rpartition(",")
+    return f"{whole}.{cents}" if comma and len(cents) == 2 and "," not in whole and "." not in amount else amount
 
 
 def _money_range(lang: Lang, neg: bool, code: str, a: str, b: str, mult: str | None) -> str:
@@ -114,11 +121,13 @@ def _read_yuan(lang: Lang, g: Groups, before: str, after: str) -> str:
 
 
 def _read_amount_before_code(lang: Lang, g: Groups, before: str, after: str) -> str:
-    """100 USD, 500 RMB: an amount before its currency code."""
-    return _money(lang, False, CURRENCY_OF[g("cd_code")], g("cd_amt"), None)
+    """100 USD, 500 RMB, 12,50 €: an amount before its currency code or sign."""
+    return _money(lang, False, CURRENCY_OF[g("cd_code")], _decimal_comma(g("cd_amt")), None)
 
 
 _SIGNS: Final = alt_words(CURRENCY_SIGNS)
+_COMMA_CENTS: Final = r"\d+,\d\d(?![\d,])"
+"""An amount with a decimal comma (3,50 in €3,50 and 12,50 €): :func:`_decimal_comma`."""
 _CODES: Final = alt_words(CURRENCY_CODES)
 _WRITTEN: Final = alt_words({w for c in CURRENCIES.values() for w in c.written if w not in ("元", "块")})
 
@@ -126,7 +135,7 @@ MONEY: Final = Kind(
     "money",
     r"(?P<mp_neg>(?<![A-Za-z0-9.])-)?"
     rf"(?P<mp_cur>{_SIGNS}|(?<![A-Za-z])(?:{_CODES})\s?)"
-    rf"(?P<mp_amt>{NUM})(?:\s?[-~–—]\s?(?:{_SIGNS})?(?P<mp_amt2>{NUM}))?"
+    rf"(?P<mp_amt>{_COMMA_CENTS}|{NUM})(?:\s?[-~–—]\s?(?:{_SIGNS})?(?P<mp_amt2>{_COMMA_CENTS}|{NUM}))?"
     r"(?:\s?(?P<mp_mult>万|亿|(?:thousand|million|billion|trillion)(?![A-Za-z])"
     r"|(?:[kKmMbBtT]|[mMbBtT]n)(?![A-Za-z])))?"
     rf"(?P<mp_unit>元(?![素旦首宵件老气帅])|块(?![头状])|{_WRITTEN})?",
@@ -141,6 +150,7 @@ YUAN: Final = Kind(
 
 AMOUNT_BEFORE_CODE: Final = Kind(
     "amount_before_code",
-    rf"(?P<cd_amt>{NUM})\s?(?P<cd_code>{alt_words({c for c in CURRENCY_CODES if c.isalpha() and len(c) == 3})})"
-    r"(?![A-Za-z])",
+    rf"(?P<cd_amt>{_COMMA_CENTS}|{NUM})\s?"
+    rf"(?P<cd_code>{alt_words({c for c in CURRENCY_CODES if c.isalpha() and len(c) == 3})}|{_SIGNS})"
+    r"(?![A-Za-z0-9])",
     _read_amount_before_code, first=r"\d")

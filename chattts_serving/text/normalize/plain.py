@@ -112,6 +112,13 @@ def _after_myriad(text: str, i: int) -> bool:
             and not _neighbour(text, i + 1, 1).isdigit())
 
 
+def _name_apostrophe(text: str, i: int) -> bool:
+    """The apostrophe of a name's prefix: one capital O, D or L starting a word, a capital after
+    it (O'Brien, D'Angelo, L'Oréal)."""
+    return (0 < i < len(text) - 1 and text[i - 1] in "ODL" and (i == 1 or not is_latin(text[i - 2]))
+            and text[i + 1].isupper())
+
+
 def _per_unit(text: str, i: int) -> bool:
     """A slash between a unit after a number and another unit (7.5元/升, 80次/分钟): read 每."""
     prev, nxt = _neighbour(text, i - 1, -1), _neighbour(text, i + 1, 1)
@@ -147,6 +154,8 @@ def plain(ctx: Context, start: int, end: int, out: Out) -> None:
             out.pieces.append(" ")
         elif c == "》" and text[i + 1:i + 2] == "《":
             out.pieces.append("、")  # 《红楼梦》《西游记》: a list of titles
+        elif c in "'’" and _name_apostrophe(text, i):
+            out.pieces.append(" ")  # O'Brien, D'Angelo: O Brien, not OBrien
         elif c in SILENT_MARKS:
             continue
         elif c in BETWEEN_NUMBERS and _neighbour(text, i - 1, -1).isdigit() and _neighbour(text, i + 1, 1).isdigit():
@@ -161,6 +170,8 @@ def plain(ctx: Context, start: int, end: int, out: Out) -> None:
                 out.words(lang, "约" if lang == "zh" else "about")  # ~100人: about
         elif c == "/" and _per_unit(text, i):
             out.words("zh", "每")
+        elif c == "/" and 0 < i < len(text) - 1 and is_latin(text[i - 1]) and is_latin(text[i + 1]):
+            out.pieces.append(" ")  # P/E, A/B, I/O, TCP/IP, and/or: one name, no pause
         elif c == "+" and _after_myriad(text, i):
             out.words("zh", "多")  # 1万+人: 一万多人, as 6000+ reads 六千多
         elif c in "-+" and text.startswith(("百分之", "千分之"), i + 1) and not _neighbour(text, i - 1, -1).isdigit():

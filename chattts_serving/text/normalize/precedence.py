@@ -34,7 +34,8 @@ PRECEDENCE: Final[tuple[Kind, ...]] = (
     web.EMAIL, web.URL, web.FILE_NAME,
     identifiers.KEYPAD_KEY, identifiers.LICENCE_PLATE, identifiers.TICKER, lists.LIST_ITEM,
     names.MODEL_NUMBER, names.ADDRESS_NUMBER, arithmetic.SCIENTIFIC,
-    arithmetic.ARITHMETIC, arithmetic.FORMULA, quantities.BLOOD_PRESSURE, fractions.RATING, quantities.ANGLE,
+    arithmetic.ARITHMETIC, quantities.SIZE, arithmetic.MATH_FUNCTION, arithmetic.FORMULA,
+    quantities.BLOOD_PRESSURE, fractions.RATING, quantities.ANGLE,
     quantities.FEET_INCHES,
     dates.DATE_RANGE, fractions.MONTH_DAY_RANGE, dates.YEAR_MONTH_DAY, dates.MONTH_DAY_YEAR, dates.DAY_MONTH_YEAR,
     dates.ENGLISH_DATE_RANGE, dates.WEEKDAY_RANGE, dates.MONTH_NAME_DAY, dates.DAY_MONTH_NAME,
@@ -48,7 +49,7 @@ PRECEDENCE: Final[tuple[Kind, ...]] = (
     quantities.AMPERE, quantities.BASIS_POINTS,
     ranges.RANGE, quantities.PERCENT, quantities.UNIT, fractions.FRACTION,
     cardinals.ORDINAL, identifiers.NUMERO, cardinals.DOTTED_NUMBER, cardinals.NUMBER,
-    letters.ROMAN_NUMERAL, letters.ABBREVIATION, letters.SECTION, letters.DOSE_FREQUENCY,
+    letters.ROMAN_NUMERAL, letters.ABBREVIATION, letters.SECTION, letters.DOSE_FREQUENCY, letters.CONTRACTION,
 )
 """Every entity kind, first tried first."""
 KINDS: Final[dict[str, Kind]] = {k.name: k for k in PRECEDENCE}

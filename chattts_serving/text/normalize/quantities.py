@@ -1,5 +1,5 @@
-"""Quantities: units (``5km``, ``-3℃``), percentages, ``3x``, ``24/7``, ``/m²``, decades and
-thousands written with k or w (``8k``, ``2w``)."""
+"""Quantities: units (``5km``, ``-3℃``), percentages, ``3x``, sizes (``1920x1080``, ``3 x 500ml``),
+``24/7``, ``/m²``, decades and thousands written with k or w (``8k``, ``2w``)."""
 
 from __future__ import annotations
 
@@ -106,11 +106,16 @@ def _read_percent(lang: Lang, g: Groups, before: str, after: str) -> str:
     return ("minus " if sign == "-" else "plus " if sign == "+" else "") + en_number(num) + tail
 
 
+_ARTICLE_BEFORE: Final = re.compile(r"(?:^|[^A-Za-z])(?:a|an|A|An)\s+$")
+"""An English indefinite article right before a quantity: the quantity describes one thing
+(a 5km run, a 500ml bottle, a 50MP camera), its unit is read in the singular."""
+
+
 def _read_unit(lang: Lang, g: Groups, before: str, after: str) -> str:
     sign = (g("u_sign") or "").replace("−", "-")
     symbol = g("u_unit")
     unit = UNITS[symbol] if symbol else GLUED_UNITS[g("u_glued") or g("u_spaced")]
-    words = unit_reading(lang, unit, g("u_num"))
+    words = unit_reading(lang, unit, g("u_num"), singular=bool(_ARTICLE_BEFORE.search(before)))
     if sign == "-" and lang == "zh" and said_below(before):
         pass  # 零下-3℃: 零下 is written, the sign is not read again
     elif sign == "-":
@@ -130,6 +135,27 @@ FACTOR: Final = Kind(
     "factor",
     rf"(?<![A-Za-z0-9.])(?P<x_num>{NUM})[x×](?![A-Za-z0-9])",
     _read_factor, first=r"\d")
+
+
+def _read_size(lang: Lang, g: Groups, before: str, after: str) -> str:
+    """1920x1080, 2 x 4, 10×20×30cm, 3 x 500ml: a size or a pack, 乘以 / by between the numbers,
+    never the letter x; a unit after the last number is read with it."""
+    nums = [n for n in (g("sz_a"), g("sz_b"), g("sz_c")) if n]
+    symbol = g("sz_unit") or g("sz_glued")
+    read = zh_number if lang == "zh" else en_number
+    parts = [read(n) for n in nums[:-1]]
+    unit = UNITS.get(symbol) or GLUED_UNITS.get(symbol) if symbol else None
+    parts.append(unit_reading(lang, unit, nums[-1], singular=bool(_ARTICLE_BEFORE.search(before)))
+                 if unit is not None else read(nums[-1]))
+    return "乘以".join(parts) if lang == "zh" else " by ".join(parts)
+
+
+_TIMES: Final = r"(?: ?[x×] ?)"
+SIZE: Final = Kind(
+    "size",
+    rf"(?<![A-Za-z0-9.#])(?!0x)(?P<sz_a>{NUM}){_TIMES}(?P<sz_b>{NUM})(?:{_TIMES}(?P<sz_c>{NUM}))?"
+    rf"(?:\s?(?P<sz_unit>{alt(UNITS)})|(?P<sz_glued>{alt(GLUED_UNITS)}))?(?![A-Za-z0-9^⁰¹²³⁴⁵⁶⁷⁸⁹⁻])",
+    _read_size, first=r"\d", letters_neutral=True)
 
 
 TWENTY_FOUR_SEVEN: Final = Kind(

@@ -104,12 +104,14 @@ def month_number(name: str) -> int:
     return MONTH_ABBR[name]
 
 
-def unit_reading(lang: Lang, unit: Unit, num: str) -> str:
+def unit_reading(lang: Lang, unit: Unit, num: str, singular: bool = False) -> str:
+    """``num`` with ``unit``: 五公里 / five kilometers. ``singular``: the English unit in the
+    singular whatever the number, as a quantity before a noun is said (a five kilometer run)."""
     if lang == "zh":
         words = zh_number(num)
         return (liang(words, "个") if unit.liang else words) + unit.zh
     value = to_decimal(num)
-    return f"{en_number(num)} {unit.en_one if value == 1 else unit.en_many}"
+    return f"{en_number(num)} {unit.en_one if value == 1 or singular else unit.en_many}"
 
 
 TEMPERATURE_UNITS: Final = tuple(symbol for symbol, unit in UNITS.items() if unit.en_one.startswith("degree "))
