@@ -31,12 +31,15 @@ import functools
 import hashlib
 import logging
 import os
+import shutil
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from .native import write_atomically
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +55,10 @@ PANEL = 64
 FLAGS = ("-std=c++17", "-O3", "-Wall", "-Wextra", "-Werror", "-shared", "-fPIC", "-fvisibility=hidden")
 REPO_INCLUDE = Path(__file__).resolve().parents[1] / "build" / "onnxruntime-include"
 HEADER = "onnxruntime_c_api.h"
+PREBUILT_ENV = "CHATTTS_INT8_KERNEL"
+"""The environment variable naming a library built beforehand (:func:`library`)."""
+OUT_NAME = "int8_matmul.so"
+"""The library's file name under ``--out`` (:func:`main`)."""
 
 
 class KernelUnavailable(RuntimeError):
@@ -74,17 +81,17 @@ def cache_dir() -> Path:
     return native_cache_dir("CHATTTS_KERNEL_CACHE", "int8")
 
 
-def library() -> Path:
-    """The compiled op for this host (built into :func:`cache_dir` on first use, a few seconds).
+def build() -> Path:
+    """The op compiled for x86-64 with AVX-512 by function attribute (built into
+    :func:`cache_dir` on first use, a few seconds), whatever this CPU is.
 
     Raises:
         KernelUnavailable: no header (run ``scripts/setup.sh`` or set ``$CHATTTS_ORT_INCLUDE``),
-            no C++ compiler, the build failed (compiler output attached), or this CPU lacks
-            AVX-512 F/BW/DQ/VL/VNNI.
+            no C++ compiler, or the build failed (compiler output attached).
     """
     import subprocess
 
-    from .native import compiler, write_atomically
+    from .native import compiler
 
     inc = include_dir()
     if inc is None:
@@ -100,14 +107,34 @@ def library() -> Path:
     if not lib.is_file():
         lib.parent.mkdir(parents=True, exist_ok=True)
 
-        def build(tmp: str) -> None:
+        def compile_to(tmp: str) -> None:
             run = subprocess.run([cxx, *FLAGS, f"-I{inc}", str(SOURCE), "-o", tmp],
                                  capture_output=True, text=True, check=False)
             if run.returncode != 0:
                 raise KernelUnavailable(f"building the int8 kernel failed ({cxx}, exit {run.returncode}):\n"
                                         f"{run.stderr.strip()[-4000:]}")
 
-        write_atomically(lib, build)
+        write_atomically(lib, compile_to)
+    return lib
+
+
+def library() -> Path:
+    """The op for this host: the library ``$CHATTTS_INT8_KERNEL`` names where it is set (built
+    elsewhere, e.g. in the image's build stage, which has the compiler and header the served
+    image lacks: ``python -m chattts_serving.int8_kernel --out DIR``), else :func:`build`'s.
+
+    Raises:
+        KernelUnavailable: what :func:`build` raises, a ``$CHATTTS_INT8_KERNEL`` that names no
+            file, or a CPU without AVX-512 F/BW/DQ/VL/VNNI.
+    """
+    prebuilt = os.environ.get(PREBUILT_ENV)
+    if prebuilt:
+        lib = Path(prebuilt)
+        if not lib.is_file():
+            raise KernelUnavailable(f"${PREBUILT_ENV} names {lib}, which does not exist (the image was built "
+                                    "without the kernel: no header or compiler in its build stage)")
+    else:
+        lib = build()
     if not ctypes.CDLL(str(lib)).chattts_int8_supported():
         raise KernelUnavailable("this CPU lacks AVX-512 F/BW/DQ/VL/VNNI, which the int8 kernel needs")
     return lib
@@ -223,12 +250,21 @@ def fastest_session(model: Path, opts: Any, probe: Callable[[Any], object], *,
 def main(argv: list[str] | None = None) -> int:
     """``python -m chattts_serving.int8_kernel``: build the op (setup runs this) and say
     where it is, or why it cannot run here (exit 0 either way: the engine then keeps
-    ``MatMulNBits``; ``--require`` makes that exit 1)."""
+    ``MatMulNBits``; ``--require`` makes that exit 1). ``--out DIR``: build it for another
+    host (this CPU is not asked) and copy it to ``DIR/int8_matmul.so``, the file
+    ``$CHATTTS_INT8_KERNEL`` names there (the image's build stage); DIR is made either way."""
     ap = argparse.ArgumentParser(description=main.__doc__)
     ap.add_argument("--require", action="store_true", help="exit 1 when the kernel cannot run here")
+    ap.add_argument("--out", type=Path, help="copy the built library to DIR/int8_matmul.so")
     args = ap.parse_args(argv)
     try:
-        print(f"int8 kernel: {library()}")
+        if args.out is not None:
+            args.out.mkdir(parents=True, exist_ok=True)
+            lib = build()
+            write_atomically(args.out / OUT_NAME, lambda tmp: shutil.copyfile(lib, tmp))
+            print(f"int8 kernel: {args.out / OUT_NAME}")
+        else:
+            print(f"int8 kernel: {library()}")
     except KernelUnavailable as exc:
         print(f"int8 kernel: unavailable: {exc}", file=sys.stderr)
         return 1 if args.require else 0

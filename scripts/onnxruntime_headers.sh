@@ -6,12 +6,13 @@
 # list and unpacked with dpkg -x.
 #
 #   scripts/onnxruntime_headers.sh     fetch when build/onnxruntime-include lacks them
+#   ORT_HEADERS_DEST=/tmp/ort scripts/onnxruntime_headers.sh    into another directory (the image's build stage)
 #
 # Without network or apt it says so and exits 0: the engine then keeps ONNX Runtime's own
 # int8 kernel (MatMulNBits), and the kernel's tests skip (fail under CI).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-DEST=build/onnxruntime-include
+DEST=${ORT_HEADERS_DEST:-build/onnxruntime-include}
 SUITE=${ORT_HEADERS_SUITE:-trixie}
 if [ -f "$DEST/onnxruntime_c_api.h" ]; then
   exit 0

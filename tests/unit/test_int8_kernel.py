@@ -165,3 +165,47 @@ def test_an_int8_vocoder_runs_on_the_faster_kernel_with_the_same_numerics(
     assert set(ms) == {EXPORTED, NAME} and name in ms
     own = make_session(with_own_kernel(offline.graph), opts, custom_ops=library).run(["audio"], feed)[0]
     assert own.shape == exported.shape and snr_db(exported, own) > 25.0
+
+
+def test_a_library_built_for_another_image_runs_without_header_or_compiler(
+        library: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--out DIR`` (the image's build stage) leaves DIR/int8_matmul.so; where
+    ``$CHATTTS_INT8_KERNEL`` names it, :func:`int8_kernel.library` loads it with no compiler
+    on PATH and no header (the served image has neither), and the op computes as built here."""
+    out = tmp_path / "kernel"
+    assert int8_kernel.main(["--out", str(out)]) == 0
+    built = out / int8_kernel.OUT_NAME
+    assert built.read_bytes() == int8_kernel.build().read_bytes()
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    monkeypatch.setenv("PATH", str(empty))
+    monkeypatch.delenv("CXX", raising=False)
+    monkeypatch.setenv("CHATTTS_ORT_INCLUDE", str(empty))
+    monkeypatch.setattr(int8_kernel, "REPO_INCLUDE", empty)
+    with pytest.raises(KernelUnavailable):
+        int8_kernel.build()  # what the served image would hit without the prebuilt library
+    monkeypatch.setenv(int8_kernel.PREBUILT_ENV, str(built))
+    assert int8_kernel.library() == built
+    graph = probe_graph(64, 96, 32, 4, layers=1)
+    x = np.random.default_rng(3).standard_normal((2, 64), dtype=np.float32)
+    ours = make_session(with_own_kernel(graph), OrtOptions(1, False), custom_ops=built).run(None, {"x": x})[0]
+    ref = make_session(graph, OrtOptions(1, False)).run(None, {"x": x})[0]
+    np.testing.assert_allclose(ours, ref, rtol=1e-5, atol=1e-4)
+
+
+def test_a_prebuilt_library_that_is_missing_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An image whose build stage could not build the kernel leaves the variable naming no file:
+    the error says which, and the engine keeps ONNX Runtime's kernel (KernelUnavailable)."""
+    monkeypatch.setenv(int8_kernel.PREBUILT_ENV, str(tmp_path / "int8_matmul.so"))
+    with pytest.raises(KernelUnavailable, match=r"CHATTTS_INT8_KERNEL names .*int8_matmul.so, which does not exist"):
+        int8_kernel.library()
+
+
+def test_out_makes_its_directory_even_where_nothing_can_be_built(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """The image's COPY of the kernel directory needs it to exist when the build stage had no
+    header: ``--out`` makes it, says why it is empty and exits 0 (1 with ``--require``)."""
+    monkeypatch.setattr(int8_kernel, "include_dir", lambda: None)  # no header in this build stage
+    assert int8_kernel.main(["--out", str(tmp_path / "k")]) == 0
+    assert (tmp_path / "k").is_dir() and not any((tmp_path / "k").iterdir())
+    assert int8_kernel.main(["--out", str(tmp_path / "k"), "--require"]) == 1
