@@ -1,9 +1,11 @@
 """Kinds still misread before 2026-12-07, each with seeded neighbours in both languages, with and
 without WeTextProcessing: a size or a pack written with x (1920x1080, 3 x 500ml), a named
 function (sin(30°), log(100)), megapixels, a unit after an indefinite article (a 5km run), a
-slash inside a name (P/E, I/O), a number read after a weekday named by a numeral (周三15:00)
-and an amount with a decimal comma (€3,50, 12,50 €). The checks are properties (what must be
-said, what must not), with one whole reading per kind."""
+slash inside a name (P/E, I/O), a number read after a weekday named by a numeral (周三15:00),
+an amount with a decimal comma (€3,50, 12,50 €), contractions (we're, he'll); and from a
+listener's trial: m/d without "on" (arrives 5/22), codes after passcode/OTP and long hyphenated
+numbers, prices per month, markdown headings, inline Chinese lists, 1.2M. The checks are
+properties (what must be said, what must not), with one whole reading per kind."""
 
 from __future__ import annotations
 
@@ -140,3 +142,78 @@ def test_a_contraction_whose_letters_are_another_word_is_said_in_full(library: b
     for text, said in cases.items():
         assert normalize(text, library=library).text == said, text
     assert normalize("我觉得we're ready。", library=library).text.count("we are") == 1
+
+
+@LIBRARY
+def test_a_month_and_day_without_on_is_a_date_where_no_fraction_is_said(library: bool) -> None:
+    """Delivery and billing write m/d after a verb (arrives 5/22, delivered 11/28, the deadline
+    is 3/4): a date. A second number of 13 to 31 is no denominator one says either, unless a
+    unit or "of" follows (5/16 inch, 5/16 of it); 3/4 cup and 2/3 of people stay fractions."""
+    rng = random.Random("slash-dates")
+    months = ("January", "February", "March", "April", "May", "June", "July", "August", "September", "October",
+              "November", "December")
+    for _ in range(40):
+        m, d = rng.randint(1, 12), rng.randint(13, 28)
+        lead = rng.choice(["It will arrive", "Delivered", "Expected", "Your plan renews", "Payment due", "Ships"])
+        said = _read(f"{lead} {m}/{d}.", library)
+        assert months[m - 1] in said, said
+        assert months[m - 1] not in _read(f"Drill a {m}/{d} inch hole.", library)
+    assert normalize("The deadline is 3/4.", library=library).text == "The deadline is March fourth."
+    assert normalize("Add 3/4 cup sugar.", library=library).text == "Add three quarters cup sugar."
+    assert normalize("About 2/3 of people.", library=library).text == "About two thirds of people."
+    assert normalize("Mason 3/4 cup", library=library).text == "Mason three quarters cup"  # on inside a word
+
+
+@LIBRARY
+def test_a_number_after_a_code_word_and_a_long_hyphenated_number_are_read_digit_by_digit(library: bool) -> None:
+    rng = random.Random("codes")
+    for _ in range(30):
+        code = str(rng.randint(100000, 999999))
+        lead = rng.choice(["Your one-time passcode is", "Your OTP is", "Card ending in", "Last four digits", "SKU"])
+        said = _read(f"{lead} {code}.", library)
+        assert "thousand" not in said and "hundred" not in said, said
+        a, b, c = rng.randint(100, 999), rng.randint(1000000, 9999999), rng.randint(1000000, 9999999)
+        order = _read(f"Order number: {a}-{b}-{c}", library)
+        assert order.count("dash") == 2 and " to " not in order and "million" not in order, order
+        zh = _read(f"订单编号：DD{rng.randint(20200101, 20291231)}-{rng.randint(1, 999):04d}", library)
+        assert "杠" in zh and "到" not in zh and "万" not in zh, zh
+    assert normalize("POL-889-221-A", library=library).text == "POL dash eight eight nine dash two two one dash A"
+    # ranges stay ranges, a local phone number stays one
+    assert normalize("月薪10000-15000元", library=library).text == "月薪一万到一万五千元"
+    assert normalize("pages 10-20", library=library).text == "pages ten to twenty"
+    assert normalize("Call me at 555-0123.", library=library).text == "Call me at five five five, zero one two three."
+
+
+@LIBRARY
+def test_a_price_per_period_says_a_month_never_a_pause(library: bool) -> None:
+    cases = {"$5/month or $50/yr": "five dollars a month or fifty dollars a year",
+             "$9.99/mo": "nine dollars and ninety nine cents a month",
+             "Tickets are $20/person.": "Tickets are twenty dollars per person.",
+             "¥7.5/升": "七点五元每升"}
+    for text, said in cases.items():
+        assert normalize(text, library=library).text == said, text
+    assert "每月" in _read("价格$5/month", library)
+
+
+@LIBRARY
+def test_a_markdown_headings_marks_are_silent_and_an_inline_chinese_list_pauses_between_items(
+        library: bool) -> None:
+    assert normalize("### 3. Results", library=library).text == "three. Results"
+    assert "number" not in _read("## 2. Setup\nRun it.", library)
+    assert normalize("See #3 and # 4", library=library).text == "See number three and number four"
+    assert normalize("1）打开设置 2）点击通用 3）选择关于", library=library).text == \
+        "一，打开设置，二，点击通用，三，选择关于"
+    assert normalize("①准备材料 ②开始制作", library=library).text == "一，准备材料，二，开始制作"
+    assert normalize("见注①。", library=library).text == "见注一。"
+    assert normalize("共 5. 还有", library=library).text == "共五。还有"
+
+
+@LIBRARY
+def test_millions_and_billions_written_with_a_letter_are_said(library: bool) -> None:
+    cases = {"Users: 1.2M": "Users, one point two million", "5M views": "five million views",
+             "3B parameters": "three billion parameters", "a 1.5B model": "a one point five billion model",
+             "1.2M播放量": "一百二十万播放量"}
+    for text, said in cases.items():
+        assert normalize(text, library=library).text == said, text
+    for text in ("Apt 3B", "seat 12B", "221B Baker Street"):  # a number and a letter
+        assert "billion" not in normalize(text, library=library).text, text

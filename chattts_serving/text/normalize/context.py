@@ -196,9 +196,10 @@ def ends_with(before: str, words: tuple[str, ...], skip: str = " ") -> bool:
 
 def en_identifier(before: str) -> bool:
     """English: a number right after a word of :data:`EN_IDENTIFIER_BEFORE` (a ``#``, ``:`` or
-    ``.`` between allowed, and an airline's code: flight UA 857) is an identifier (call 911, room 305,
-    gate B12's 12 is not)."""
-    m = re.search(r"([A-Za-z]+)\.?(?:\s+(?:is|was|number|no\.?))?(?:\s+(?:[A-Z][A-Z\d]|\d[A-Z]))?[\s:#]*$", before)
+    ``.`` between allowed, is/was/number/in/with between too (card ending in 4242), and an
+    airline's code: flight UA 857) is an identifier (call 911, room 305, gate B12's 12 is not)."""
+    m = re.search(r"([A-Za-z]+)\.?(?:\s+(?:is|was|number|no\.?|in|with))?(?:\s+(?:[A-Z][A-Z\d]|\d[A-Z]))?[\s:#]*$",
+                  before)
     return m is not None and (m.group(1) in EN_IDENTIFIER_BEFORE or m.group(1).lower() in EN_IDENTIFIER_BEFORE)
 
 

@@ -9,7 +9,7 @@ from typing import Final, Literal
 from .base import Lang
 from .context import ends_with
 from .dates import en_date, zh_date
-from .kind import SIGN, Groups, Kind
+from .kind import SIGN, Groups, Kind, alt_words
 from .numbers import en_int, en_number, en_ordinal, liang, takes_liang, zh_digits, zh_int, zh_number
 from .vocabulary import words
 
@@ -43,6 +43,8 @@ def fraction_words(lang: Lang, a: int, b: int) -> str:
 
 
 EN_DATE_BEFORE: Final = words("date_before_en")
+_EN_DATE_BEFORE_END: Final = re.compile(rf"(?<![A-Za-z])(?:{alt_words(EN_DATE_BEFORE)})\s*$")
+"""One of :data:`EN_DATE_BEFORE` as a whole word at the end of the text before (Mason 3/4 is no date)."""
 
 
 FRACTION_BEFORE: Final = words("fraction_before")
@@ -98,10 +100,19 @@ def zh_slash_date(a: str, b: str, before: str, after: str) -> bool:
     return a.startswith("0") or b.startswith("0") or int(b) > 12 or int(a) >= int(b)
 
 
-def _en_slash_date(a: str, b: str, before: str) -> bool:
-    """English: m/d is a date when zero-padded (03/05) or after on/by/until/... (on 3/5)."""
-    return 1 <= int(a) <= 12 and 1 <= int(b) <= 31 and (
-        a.startswith("0") or b.startswith("0") or ends_with(before.lower(), EN_DATE_BEFORE))
+_EN_FRACTION_AFTER: Final = re.compile(r"\s*(?:[-\"″%]|of\b|an?\b|(?:inch|inches|in|cups?|teaspoons?|tsp|"
+                                       r"tablespoons?|tbsp|miles?|mi|pounds?|lbs?|oz|ounces?|th|ths)\b)", re.IGNORECASE)
+"""Written right after ``a/b``, they make it a quantity's fraction (5/16 inch, 3/32", 7/16 of)."""
+
+
+def _en_slash_date(a: str, b: str, before: str, after: str) -> bool:
+    """English: m/d is a date when zero-padded (03/05), after on/by/until/arrives/... (on 3/5,
+    arrives 5/22), or when its second number is no denominator one says (13 to 31: 5/22,
+    11/28) and no unit or "of" follows it (5/16 inch stays a fraction)."""
+    if not (1 <= int(a) <= 12 and 1 <= int(b) <= 31):
+        return False
+    return (a.startswith("0") or b.startswith("0") or _EN_DATE_BEFORE_END.search(before.lower()) is not None
+            or (int(b) >= 13 and not _EN_FRACTION_AFTER.match(after)))
 
 
 def _read_fraction(lang: Lang, g: Groups, before: str, after: str) -> str:
@@ -116,7 +127,7 @@ def _read_fraction(lang: Lang, g: Groups, before: str, after: str) -> str:
         return f"{en_int(int(a))} {en_int(int(b))}" if lang == "en" else zh_digits(a + b)
     if sign:  # -1/3: a signed fraction, never a date
         return {"-": ("负", "minus "), "+": ("正", "plus ")}[sign][lang == "en"] + fraction_words(lang, int(a), int(b))
-    if zh_slash_date(a, b, before, after) if lang == "zh" else _en_slash_date(a, b, before):
+    if zh_slash_date(a, b, before, after) if lang == "zh" else _en_slash_date(a, b, before, after):
         return zh_date(None, int(a), int(b)) if lang == "zh" else en_date(None, int(a), int(b))
     return fraction_words(lang, int(a), int(b))
 
@@ -158,7 +169,7 @@ def _read_month_day_range(lang: Lang, g: Groups, before: str, after: str) -> str
         date = kind == "date" or (kind == "either" and (
             forward or zh_slash_date(a1, b1, "", "") or zh_slash_date(a2, b2, "", "")))
     else:
-        date = valid and (_en_slash_date(a1, b1, before) or forward)
+        date = valid and (_en_slash_date(a1, b1, before, after) or forward)
     if date:
         sides = [zh_date(None, int(m), int(d)) if lang == "zh" else en_date(None, int(m), int(d))
                  for m, d in ((a1, b1), (a2, b2))]

@@ -110,11 +110,15 @@ KEYPAD_KEY: Final = Kind(
 
 HYPHENATED_CODE: Final = Kind(
     "hyphenated_code",
-    r"(?=[A-Z\d])(?<![A-Za-z0-9.+-])(?P<code>[A-Z]{0,3}\d{1,6}(?:-\d{1,6}){2,}|[A-Z]{1,3}\d{1,3}-\d{1,6}"
-    r"|[A-Z]{2,4}(?:-\d{1,8}){2,})"
+    r"(?=[A-Z\d])(?<![A-Za-z0-9.+-])(?P<code>(?:[A-Z]{0,3}\d{1,10}(?:-\d{1,10}){2,}|[A-Z]{1,3}\d{1,3}-\d{1,6}"
+    r"|[A-Z]{2,4}(?:-\d{1,8}){2,}|[A-Z]{0,3}\d{7,}-\d{1,10}|[A-Z]{0,3}\d{1,10}-\d{7,}|[A-Z]{1,3}\d{5,}-\d{1,10}"
+    r"|[A-Z]{0,3}\d{4,10}-0\d{2,9})(?:-[A-Z]{1,3})?)"
     r"(?![A-Za-z0-9-]|\.\d)",
     _read_hyphenated_code)
-"""Also capitals and two or more numbers (SKU-2024-001, INV-2023-0042): a code, never a range."""
+"""Also capitals and two or more numbers (SKU-2024-001, INV-2023-0042, POL-889-221-A): a code,
+never a range; and two numbers where no range is meant: one of seven digits or more
+(112-4567890-1234567), capitals glued to five digits or more (DD20240520-0001), a zero-led
+second number after four digits or more (5012-0001; 555-0123 stays a phone number)."""
 
 
 PHONE: Final = Kind(

@@ -83,6 +83,9 @@ def _read_money(lang: Lang, g: Groups, before: str, after: str) -> str:
     cur = CURRENCIES[code]
     if unit and unit not in cur.written and not (unit in ("元", "块") and cur.zh.endswith("元")):
         words += unit  # not the currency's own word: keep it
+    if g("mp_per"):
+        zh, en = _PER[g("mp_per")]
+        words = words + zh if lang == "zh" else f"{words} {en}"
     return words  # ¥100元: the unit is written twice, read once
 
 
@@ -125,6 +128,11 @@ def _read_amount_before_code(lang: Lang, g: Groups, before: str, after: str) -> 
     return _money(lang, False, CURRENCY_OF[g("cd_code")], _decimal_comma(g("cd_amt")), None)
 
 
+_PER: Final = {"month": ("每月", "a month"), "mo": ("每月", "a month"), "year": ("每年", "a year"),
+               "yr": ("每年", "a year"), "week": ("每周", "a week"), "wk": ("每周", "a week"), "day": ("每天", "a day"),
+               "night": ("每晚", "a night"), "hour": ("每小时", "an hour"), "hr": ("每小时", "an hour"),
+               "person": ("每人", "per person"), "user": ("每个用户", "per user"), "seat": ("每个席位", "per seat")}
+"""A period or a head after a price's slash ($5/month, $9.99/mo, $20/person): 每月 / a month."""
 _SIGNS: Final = alt_words(CURRENCY_SIGNS)
 _COMMA_CENTS: Final = r"\d+,\d\d(?![\d,])"
 """An amount with a decimal comma (3,50 in €3,50 and 12,50 €): :func:`_decimal_comma`."""
@@ -138,7 +146,8 @@ MONEY: Final = Kind(
     rf"(?P<mp_amt>{_COMMA_CENTS}|{NUM})(?:\s?[-~–—]\s?(?:{_SIGNS})?(?P<mp_amt2>{_COMMA_CENTS}|{NUM}))?"
     r"(?:\s?(?P<mp_mult>万|亿|(?:thousand|million|billion|trillion)(?![A-Za-z])"
     r"|(?:[kKmMbBtT]|[mMbBtT]n)(?![A-Za-z])))?"
-    rf"(?P<mp_unit>元(?![素旦首宵件老气帅])|块(?![头状])|{_WRITTEN})?",
+    rf"(?P<mp_unit>元(?![素旦首宵件老气帅])|块(?![头状])|{_WRITTEN})?"
+    rf"(?:/(?P<mp_per>{alt_words(_PER)})(?![A-Za-z]))?",
     _read_money, first=r"[^\s\d\u4e00-\u9fff]")
 
 

@@ -112,6 +112,17 @@ def _after_myriad(text: str, i: int) -> bool:
             and not _neighbour(text, i + 1, 1).isdigit())
 
 
+def _heading_mark(text: str, i: int) -> bool:
+    """Whether the ``#`` at ``i`` is one of the one to six that start a markdown heading: at a
+    line's start (spaces before allowed), a space after the run."""
+    start = text.rfind("\n", 0, i) + 1
+    end = i
+    while end < len(text) and text[end] == "#":
+        end += 1
+    run = text[start:end].lstrip(" ")
+    return 0 < len(run) <= 6 and set(run) == {"#"} and text[end:end + 1] == " "
+
+
 def _name_apostrophe(text: str, i: int) -> bool:
     """The apostrophe of a name's prefix: one capital O, D or L starting a word, a capital after
     it (O'Brien, D'Angelo, L'Oréal)."""
@@ -178,6 +189,8 @@ def plain(ctx: Context, start: int, end: int, out: Out) -> None:
             out.words("zh", "负" if c == "-" else "正")  # -百分之5: 负百分之五, as -5% reads
         elif c in ("-", "_") and 0 < i < len(text) - 1 and text[i - 1].isalnum() and text[i + 1].isalnum():
             out.pieces.append(" ")  # e-mail, snake_case: a word break
+        elif c == "#" and _heading_mark(text, i):
+            out.pieces.append(" ")  # ### 3. Results: a markdown heading's marks, no "number"
         elif c == "#":
             if text[i + 1:i + 2].isdigit() and ends_with(text[max(0, i - 8):i], IDENTIFIER_BEFORE, " :：是为"):
                 continue  # 订单号#12345: the number is the identifier, the sign is not said

@@ -45,7 +45,7 @@ PRECEDENCE: Final[tuple[Kind, ...]] = (
     times.HOURS_AND_MINUTES,
     money.MONEY, money.YUAN, money.AMOUNT_BEFORE_CODE,
     quantities.FACTOR, quantities.RESOLUTION, quantities.TWENTY_FOUR_SEVEN, quantities.PER_UNIT, quantities.DECADE,
-    quantities.SCALE_SUFFIX,
+    quantities.SCALE_SUFFIX, quantities.MILLION,
     quantities.AMPERE, quantities.BASIS_POINTS,
     ranges.RANGE, quantities.PERCENT, quantities.UNIT, fractions.FRACTION,
     cardinals.ORDINAL, identifiers.NUMERO, cardinals.DOTTED_NUMBER, cardinals.NUMBER,

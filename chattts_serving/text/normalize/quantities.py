@@ -184,6 +184,29 @@ SCALE_SUFFIX: Final = Kind(
     _read_scale_suffix, first=r"\d")
 
 
+_BILLION_NOUNS: Final = (r"(?:parameters|params|users|people|views|downloads|tokens|subscribers|followers|"
+                         r"streams|plays|visits|visitors|devices|years|stars|records|rows)")
+
+
+def _read_million(lang: Lang, g: Groups, before: str, after: str) -> str:
+    """1.2M, 5M views, 1.5B parameters, 3bn: millions and billions without a currency sign
+    (one point two million; 一百二十万), never the letter."""
+    num = g("mm_num") or g("mm_dnum")
+    billion = g("mm_s") != "M" and g("mm_s") != "mn"
+    if lang == "zh":
+        return zh_number(plain_decimal(to_decimal(num) * (10 ** 9 if billion else 10 ** 6)))
+    return f"{en_number(num)} {'billion' if billion else 'million'}"
+
+
+MILLION: Final = Kind(
+    "million",
+    rf"(?<![A-Za-z0-9.#$])(?:(?P<mm_num>{NUM})(?P<mm_s>M|mn|bn|B(?=\s{_BILLION_NOUNS}\b))"
+    r"|(?P<mm_dnum>\d+\.\d+)(?P<mm_ds>B))(?![A-Za-z0-9])",
+    _read_million, first=r"\d")
+"""A B is a billion only with a decimal point (1.5B) or before what is counted (3B parameters):
+Apt 3B, seat 12B and 221B Baker Street stay a number and a letter."""
+
+
 PERCENT: Final = Kind(
     "percent",
     rf"(?P<pc_sign>{SIGN})?(?P<pc_num>{NUM})\s?(?P<pc_sym>[%‰])",
