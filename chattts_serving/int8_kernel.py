@@ -247,6 +247,13 @@ def fastest_session(model: Path, opts: Any, probe: Callable[[Any], object], *,
     return sessions[chosen], chosen, ms
 
 
+def _copy_readable(src: Path, dest: str) -> None:
+    """``src`` copied to ``dest``, readable by every user (the image serves as another user
+    than the one that built it; a temporary file is made owner-only)."""
+    shutil.copyfile(src, dest)
+    os.chmod(dest, 0o755)
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m chattts_serving.int8_kernel``: build the op (setup runs this) and say
     where it is, or why it cannot run here (exit 0 either way: the engine then keeps
@@ -261,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.out is not None:
             args.out.mkdir(parents=True, exist_ok=True)
             lib = build()
-            write_atomically(args.out / OUT_NAME, lambda tmp: shutil.copyfile(lib, tmp))
+            write_atomically(args.out / OUT_NAME, functools.partial(_copy_readable, lib))
             print(f"int8 kernel: {args.out / OUT_NAME}")
         else:
             print(f"int8 kernel: {library()}")

@@ -6,6 +6,7 @@ Used by the engine, the parity checks of the exporter and the raw-step benchmark
 
 from __future__ import annotations
 
+import logging
 import threading
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,9 @@ import numpy as np
 
 from .. import contract
 from ..contract import KvPrecision
-from ..runtime import Artifacts, OrtOptions, graph_path, make_session, resolve_kv_precision
+from ..runtime import Artifacts, OrtOptions, graph_path, kv_precision, make_session, resolve_kv_precision
+
+log = logging.getLogger(__name__)
 
 
 class Embeddings:
@@ -192,9 +195,15 @@ class GptStepRunner:
                 raise
             import onnxruntime
 
-            raise RuntimeError(f"onnxruntime {onnxruntime.__version__} cannot load {self.graph.name} with a "
-                               f"{self.kv_precision} KV cache (its GroupQueryAttention kernels for this provider take "
-                               f"no such cache): {exc}") from exc
+            why = (f"onnxruntime {onnxruntime.__version__} cannot load {self.graph.name} with a "
+                   f"{self.kv_precision} KV cache (its GroupQueryAttention kernels for this provider take "
+                   f"no such cache): {exc}")
+            if kv_precision(opts.kv_cache) is not KvPrecision.AUTO:
+                raise RuntimeError(why) from exc
+            # auto chose the cache the artifacts measured; this onnxruntime cannot run it
+            log.warning("%s; running the fp32 KV cache instead", why)
+            self.kv_precision = KvPrecision.FP32
+            self.session = make_session(load_step_graph(artifacts, self.graph, self.kv_precision), opts)
         self.layers = artifacts.num_layers
         self._past = [n for i in range(self.layers) for n in contract.past_names(i)]
         self._present = [n for i in range(self.layers) for n in contract.present_names(i)]

@@ -176,6 +176,7 @@ def test_a_library_built_for_another_image_runs_without_header_or_compiler(
     assert int8_kernel.main(["--out", str(out)]) == 0
     built = out / int8_kernel.OUT_NAME
     assert built.read_bytes() == int8_kernel.build().read_bytes()
+    assert built.stat().st_mode & 0o755 == 0o755  # the image serves it as another user
     empty = tmp_path / "empty"
     empty.mkdir()
     monkeypatch.setenv("PATH", str(empty))
@@ -209,3 +210,13 @@ def test_out_makes_its_directory_even_where_nothing_can_be_built(tmp_path: Path,
     assert int8_kernel.main(["--out", str(tmp_path / "k")]) == 0
     assert (tmp_path / "k").is_dir() and not any((tmp_path / "k").iterdir())
     assert int8_kernel.main(["--out", str(tmp_path / "k"), "--require"]) == 1
+
+
+def test_the_probe_graph_loads_where_the_exported_graphs_load() -> None:
+    """The start-up probe's graph carries the exported graphs' IR version (onnx's default is
+    newer than some onnxruntime builds read, 1.23's in the image: every candidate would then be
+    dropped and the choice silently skipped)."""
+    from chattts_serving.export.fused import IR_VERSION
+
+    probe = onnx.load_from_string(probe_graph(64, 96, 32, 4, layers=1))
+    assert probe.ir_version == IR_VERSION == 8

@@ -251,6 +251,34 @@ def test_auto_takes_int8_only_where_measured_accurate_with_the_weights_in_use(kv
     assert runner.kv_precision is KvPrecision.INT8 and runner.kv_dtype is np.int8
 
 
+def test_auto_falls_back_to_the_fp32_cache_where_onnxruntime_cannot_run_int8(
+        kv_artifacts: Artifacts, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """An onnxruntime whose GroupQueryAttention takes no int8 cache (1.23, NVIDIA's and older
+    images) refuses the rewritten graph: with ``auto`` the runner says so and serves the fp32
+    cache, where a pinned ``int8`` is an error naming the version."""
+    from chattts_serving.engine import gpt
+
+    m = json.loads(json.dumps(kv_artifacts.manifest))
+    m["kv_cache"]["int8"]["accuracy"] = {"fp32": {"meets_threshold": True}}
+    art = Artifacts(kv_artifacts.root, m)
+    real = gpt.make_session
+
+    def old_onnxruntime(model: object, opts: OrtOptions, **kw: object) -> object:
+        if isinstance(model, bytes) and b"kv_cache_bit_width" in model:  # as 1.23 refuses it
+            raise RuntimeError("GroupQueryAttention has input size 14 not in range [min=7, max=12]")
+        return real(model, opts, **kw)
+
+    monkeypatch.setattr(gpt, "make_session", old_onnxruntime)
+    with caplog.at_level("WARNING", logger="chattts_serving.engine.gpt"):
+        runner = GptStepRunner(art, OrtOptions(kv_cache=KvPrecision.AUTO))
+    assert runner.kv_precision is KvPrecision.FP32 and runner.kv_dtype is np.float32
+    assert "running the fp32 KV cache instead" in caplog.text
+    x = np.random.default_rng(0).normal(size=(1, 5, art.hidden_size)).astype(np.float32)
+    assert np.isfinite(runner.prefill(x, np.array([5]))[0]).all()
+    with pytest.raises(RuntimeError, match=r"onnxruntime .* cannot load .* int8 KV cache"):
+        GptStepRunner(art, OrtOptions(kv_cache=KvPrecision.INT8))
+
+
 def test_the_accuracy_against_fp32_throughout_counts_the_weights_error_too(small_int8_artifacts: Artifacts) -> None:
     """``reference_weights``: int8 weights with an fp16 cache against fp32 weights and cache
     carries the weights' rounding as well, so it differs more than against the int8 weights
