@@ -182,10 +182,16 @@ class Degrader:
 
     def record_ttfa(self, seconds: float) -> None:
         """Record one request's load TTFA (s): its time to first audio less the work it asked
-        for (see :class:`DegradeThresholds`)."""
+        for (see :class:`DegradeThresholds`). A request that arrived before the last switch
+        describes the load of the mode before it and is not counted: a burst's last requests,
+        getting their first audio after the mode went off, would otherwise switch an idle
+        server back on (and its next users onto the cheaper path) until their samples age out."""
         now = self.clock()
+        seconds = max(0.0, seconds)
         with self._lock:
-            self._ttfa.append((now, max(0.0, seconds)))
+            if now - seconds < self._last_switch:
+                return
+            self._ttfa.append((now, seconds))
 
     def recent_ttfa_s(self) -> list[float]:
         """The load TTFA samples (s) recorded, oldest first (at most ``window``)."""

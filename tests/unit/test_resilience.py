@@ -83,6 +83,31 @@ def test_degrader_switches_on_load_and_back_with_hysteresis() -> None:
     assert switches == [True, False, True, False]
 
 
+def test_a_bursts_last_first_audios_do_not_switch_an_idle_server_back_on() -> None:
+    """After a burst the mode goes off once occupancy and queueing fall; the burst's last
+    requests then get their first audio, late. They arrived under the degraded mode and are not
+    counted: the idle server stays in normal mode for its next users. A request that arrives
+    after the switch and is slow still counts."""
+    clock = Clock()
+    switches: list[bool] = []
+    d = Degrader(DegradeThresholds(live_high=100, live_low=50, queued_high=8, queued_low=2, ttfa_p95_high_s=2.0,
+                                   ttfa_p95_low_s=1.0, min_samples=20, min_dwell_s=5.0),
+                 on_switch=switches.append, clock=clock)
+    assert d.update(live=40, queued=30) is True  # the burst
+    clock.t = 10.0
+    assert d.update(live=3, queued=0) is False  # it has drained
+    for i in range(25):  # stragglers admitted at about t=1, first audio now
+        clock.t = 10.0 + 0.1 * i
+        d.record_ttfa(8.4)
+    clock.t = 16.0
+    assert d.ttfa_p95_s() == 0.0 and d.update(live=0, queued=0) is False
+    for _ in range(20):  # slow requests that arrived after the switch: the load now
+        clock.t += 3.0
+        d.record_ttfa(2.5)
+    assert d.update(live=0, queued=0) is True
+    assert switches == [True, False, True]
+
+
 def test_the_queueing_signal_switches_on_and_needs_to_fall_below_its_low_mark() -> None:
     clock = Clock()
     d = Degrader(DegradeThresholds(live_high=100, live_low=50, queued_high=8, queued_low=2, min_dwell_s=0.0),
