@@ -25,7 +25,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..errors import ErrorKind
-from .errors import INVALID_REQUEST, SERVER_ERROR, ApiError
+from .errors import INVALID_REQUEST, SERVER_ERROR, ApiError, client_request_id
 from .middleware import AdmissionDoor, BodyLimit, OpenAICors
 from .relay import EXPOSED_HEADERS, REQUEST_ID_HEADER
 from .routers import ROUTERS
@@ -74,19 +74,25 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
     for router in ROUTERS:
         app.include_router(router)
 
+    def request_id(request: Request) -> str | None:
+        """The id the speech route gave the request, else the client's valid X-Request-Id."""
+        return getattr(request.state, "request_id", None) or client_request_id(request.headers)
+
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
-        return state.error_response(request.url.path, exc)
+        return state.error_response(request.url.path, exc, request_id(request))
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-        return state.error_response(request.url.path, _validation_api_error(exc, request.headers.get("content-type")))
+        return state.error_response(request.url.path, _validation_api_error(exc, request.headers.get("content-type")),
+                                    request_id(request))
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unexpected error in %s %s", request.method, request.url.path)
         return state.error_response(request.url.path, ApiError(
-            500, f"internal error: {type(exc).__name__}", SERVER_ERROR, code="internal_error", kind=ErrorKind.INTERNAL))
+            500, f"internal error: {type(exc).__name__}", SERVER_ERROR, code="internal_error", kind=ErrorKind.INTERNAL),
+            request_id(request))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -98,7 +104,8 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
                        "uncompressed" if request.headers.get("content-encoding")
                        else ": a JSON object in UTF-8 (or a multipart form for a voice upload) is expected")
         return state.error_response(request.url.path, ApiError(
-            exc.status_code, f"{request.method} {request.url.path}: {detail}", INVALID_REQUEST, code=code))
+            exc.status_code, f"{request.method} {request.url.path}: {detail}", INVALID_REQUEST, code=code),
+            request_id(request))
 
     return app
 

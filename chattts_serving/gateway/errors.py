@@ -7,6 +7,8 @@ Every error the gateway returns has OpenAI's shape::
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping
 from typing import Any, Final
 
 from .. import contract
@@ -91,3 +93,17 @@ def busy_refusal(streams: int, max_streams: int, watch: AdmissionWatch | None) -
         return ApiError(503, "server busy: every stream slot of the speech server is taken", SERVER_ERROR,
                         code="server_busy", kind=ErrorKind.BUSY)
     return None
+
+
+REQUEST_ID_HEADER: Final = "X-Request-Id"
+"""Taken from the client when it is a plain token (letters, digits, ``-_.:``, at most 128),
+otherwise generated; passed to Triton as the request id and returned on the response, an
+error's included."""
+_REQUEST_ID: Final = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+
+
+def client_request_id(headers: Mapping[str, str]) -> str | None:
+    """The client's ``X-Request-Id`` where it is a valid one, else None (the gateway then makes
+    its own for a speech request)."""
+    value = headers.get(REQUEST_ID_HEADER, "")
+    return value if _REQUEST_ID.fullmatch(value) else None

@@ -9,7 +9,7 @@ from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from .errors import INVALID_REQUEST, ApiError
+from .errors import INVALID_REQUEST, ApiError, client_request_id
 from .speech import SPEECH_PATH
 from .state import GatewayState
 
@@ -36,7 +36,8 @@ class AdmissionDoor:
         try:
             slot = self.state.admit()
         except ApiError as refusal:
-            await self.state.error_response(SPEECH_PATH, refusal)(scope, receive, send)
+            refused = self.state.error_response(SPEECH_PATH, refusal, client_request_id(Headers(scope=scope)))
+            await refused(scope, receive, send)
             return
         try:
             await self.app(scope, receive, send)
@@ -72,10 +73,17 @@ class BodyLimit:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        length = Headers(scope=scope).get("content-length", "")
+        headers = Headers(scope=scope)
+        length = headers.get("content-length", "")
+        encoding = headers.get("content-encoding", "identity").strip().lower()
+        refusal = None
         if length.isdigit() and int(length) > self.max_bytes:
             refusal = ApiError(413, body_too_large_message(self.max_bytes), INVALID_REQUEST, code="body_too_large")
-            await self.state.error_response(scope["path"], refusal)(scope, receive, send)
+        elif encoding not in ("", "identity"):  # refused whether or not the body happens to parse
+            refusal = ApiError(400, f"{scope['method']} {scope['path']}: Content-Encoding {encoding!r} is not "
+                               "supported, send the body uncompressed", INVALID_REQUEST, code="invalid_body")
+        if refusal is not None:
+            await self.state.error_response(scope["path"], refusal, client_request_id(headers))(scope, receive, send)
             return
         seen = 0
 

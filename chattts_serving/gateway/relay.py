@@ -15,7 +15,6 @@ import base64
 import dataclasses
 import json
 import logging
-import re
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -29,7 +28,7 @@ from ..audio import formats as audio_format
 from ..client import ClientError
 from ..errors import ErrorKind
 from .drain import Drain, shutting_down
-from .errors import SERVER_ERROR, ApiError, from_client_error
+from .errors import REQUEST_ID_HEADER, SERVER_ERROR, ApiError, client_request_id, from_client_error
 from .metrics import GatewayMetrics
 from .speech import (
     EncodedStream,
@@ -48,9 +47,6 @@ log = logging.getLogger("chattts_serving.gateway")
 
 SAMPLE_RATE_HEADER: Final = "X-Sample-Rate"
 """Response header stating the sample rate of the audio, in Hz."""
-REQUEST_ID_HEADER: Final = "X-Request-Id"
-"""Taken from the client when it is a plain token (letters, digits, ``-_.:``, at most 128),
-otherwise generated; passed to Triton as the request id and returned on the response."""
 DROPPED_HEADER: Final = "X-Unspoken-Text"
 """JSON list (ASCII, \\u escapes) of the characters the front end could not speak; absent when none."""
 DEGRADED_HEADER: Final = "X-Degraded"
@@ -59,7 +55,6 @@ vocoder, larger chunks, no refine-text; never less of the text); absent otherwis
 EXPOSED_HEADERS: Final = (REQUEST_ID_HEADER, SAMPLE_RATE_HEADER, DROPPED_HEADER, DEGRADED_HEADER, "X-Audio-Format",
                           "Retry-After")
 """Response headers a browser script may read on a cross-origin response (CORS)."""
-_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 
 
 class StreamCut(Exception):
@@ -74,9 +69,8 @@ async def synthesise(state: GatewayState, body: SpeechRequest, http_request: Req
     (:func:`timed_response`). Raises ApiError for a request refused before its audio began."""
     cfg, saved, metrics, drain = state.settings, state.saved, state.metrics, state.drain
     t0 = time.perf_counter()
-    request_id = http_request.headers.get(REQUEST_ID_HEADER, "")
-    if not _REQUEST_ID.fullmatch(request_id):
-        request_id = uuid.uuid4().hex
+    request_id = client_request_id(http_request.headers) or uuid.uuid4().hex
+    http_request.state.request_id = request_id  # an error answer after this point carries it too
     fields = body.model_dump(exclude_none=True)
     if (resolved := await saved.resolve(fields)) is not fields:  # a saved voice's name
         body = SpeechRequest.model_validate(resolved)

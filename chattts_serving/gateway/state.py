@@ -24,7 +24,7 @@ from ..client import AioStreamClient
 from ..client.admission_watch import AdmissionWatch
 from ..text.voices import OPENAI_VOICES, VoiceBook
 from .drain import Drain, shutting_down
-from .errors import AUTHENTICATION, ApiError, busy_refusal
+from .errors import AUTHENTICATION, REQUEST_ID_HEADER, ApiError, busy_refusal
 from .metrics import GatewayMetrics
 from .saved_voices import SavedVoices
 from .settings import GatewaySettings
@@ -135,12 +135,13 @@ class GatewayState:
         scheme, _, token = headers.get("authorization", "").partition(" ")
         return self.accepts_key(token.strip() if scheme.lower() == "bearer" else None)
 
-    def error_response(self, path: str, exc: ApiError) -> JSONResponse:
+    def error_response(self, path: str, exc: ApiError, request_id: str | None = None) -> JSONResponse:
         """The JSON answer of ``exc`` (OpenAI's error body; ``WWW-Authenticate`` on a 401,
-        ``Retry-After`` on a 503), counted as an error before audio on the speech path."""
+        ``Retry-After`` on a 503, ``X-Request-Id`` where the request has one: the client's, or
+        the one the gateway gave it), counted as an error before audio on the speech path."""
         if path == SPEECH_PATH:
             self.metrics.error(exc.kind, "before_audio")
-        headers = {}
+        headers = {REQUEST_ID_HEADER: request_id} if request_id else {}
         if exc.status == 401:
             headers["WWW-Authenticate"] = "Bearer"
         if exc.status == 503:

@@ -275,13 +275,30 @@ def _body(change: bytes | dict[str, Any]) -> bytes:
 def test_every_client_mistake_is_a_4xx_openai_error(gateway_url: str, case: str, change: bytes | dict[str, Any],
                                                      status: int, code: str, param: str | None) -> None:
     r = httpx.post(f"{gateway_url}/v1/audio/speech", content=_body(change), timeout=60,
-                   headers={**AUTH, "Content-Type": "application/json"})
+                   headers={**AUTH, "Content-Type": "application/json", "X-Request-Id": "mistake-7"})
     assert r.status_code == status, r.text
     assert r.headers["content-type"] == "application/json"
+    assert r.headers.get("x-request-id") == "mistake-7"  # an error is traced by the id the client sent
     error = r.json()["error"]
     assert set(error) == {"message", "type", "param", "code"}
     assert (error["type"], error["code"], error["param"]) == ("invalid_request_error", code, param), error
     assert error["message"] and "Traceback" not in error["message"] and not error["message"].startswith("[")
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "br", "deflate"])
+def test_a_body_declared_compressed_is_refused_even_where_it_is_plain_json(gateway_url: str, encoding: str) -> None:
+    """The gateway reads no compressed body: one declared compressed is a 400 naming the
+    encoding, whether or not its bytes happen to parse as JSON (they were ignored before)."""
+    r = httpx.post(f"{gateway_url}/v1/audio/speech", content=_body({}), timeout=60,
+                   headers={**AUTH, "Content-Type": "application/json", "Content-Encoding": encoding,
+                            "X-Request-Id": "zipped-1"})
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["code"] == "invalid_body" and encoding in error["message"], error
+    assert r.headers.get("x-request-id") == "zipped-1"
+    ok = httpx.post(f"{gateway_url}/v1/audio/speech", content=_body({}), timeout=60,
+                    headers={**AUTH, "Content-Type": "application/json", "Content-Encoding": "identity"})
+    assert ok.status_code == 200, ok.text
 
 
 def test_wrong_routes_and_methods_are_openai_errors_too(gateway_url: str) -> None:
