@@ -8,6 +8,9 @@ from typing import Final
 from .units import HOP_SAMPLES, N_FFT
 
 # --- ONNX graphs ---------------------------------------------------------------------------
+ONNX_IR_VERSION: Final = 8
+"""The ONNX IR version of the graphs the project writes itself (the fused step, the kernel
+probe): onnx's default is newer than the onnxruntime builds of NVIDIA's image read."""
 GPT_GRAPH: Final = "gpt_step.onnx"
 VOCODER_HIDDEN_GRAPH: Final = "vocoder_hidden.onnx"
 VOCODER_CODES_GRAPH: Final = "vocoder_codes.onnx"

@@ -149,8 +149,6 @@ def probe_graph(k: int, n: int, block_size: int, level: int, layers: int = PROBE
     import onnx
     from onnx import TensorProto, helper
 
-    from ..export.fused import IR_VERSION
-
     rng = np.random.default_rng(seed)
     blocks = -(-k // block_size)
     inits, nodes, outs = [], [], []
@@ -165,7 +163,7 @@ def probe_graph(k: int, n: int, block_size: int, level: int, layers: int = PROBE
     graph = helper.make_graph(nodes, "int8_kernel_probe", [x], outs, inits)
     opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
     model = helper.make_model(graph, opset_imports=opsets)
-    model.ir_version = IR_VERSION  # as the exported graphs (onnx's default is too new for the image's onnxruntime)
+    model.ir_version = contract.ONNX_IR_VERSION  # as the exported graphs: onnx's default is too new for some
     return bytes(model.SerializeToString())
 
 

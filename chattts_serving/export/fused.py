@@ -49,9 +49,6 @@ from .. import contract
 
 MS_DOMAIN = "com.microsoft"
 FUSED_OPSET = 17
-IR_VERSION = 8
-"""The ONNX IR version the project's own graphs carry: onnx's default is newer than the
-onnxruntime builds in NVIDIA's and the CPU image (1.23) read."""
 """ONNX opset of the fused graph (plus the ``com.microsoft`` contrib domain, version 1)."""
 FUSED_LAYOUT = 1
 """Recorded in manifest.json (``graphs.gpt_step.layout``): the fused graph's IO as described in
@@ -193,7 +190,7 @@ def build_fused_graph(w: dict[str, Any]) -> Any:
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", FUSED_OPSET),
                                                      helper.make_opsetid(MS_DOMAIN, 1)],
                               producer_name="chattts_serving")
-    model.ir_version = IR_VERSION
+    model.ir_version = contract.ONNX_IR_VERSION
     return model
 
 

@@ -214,9 +214,9 @@ def test_out_makes_its_directory_even_where_nothing_can_be_built(tmp_path: Path,
 
 def test_the_probe_graph_loads_where_the_exported_graphs_load() -> None:
     """The start-up probe's graph carries the exported graphs' IR version (onnx's default is
-    newer than some onnxruntime builds read, 1.23's in the image: every candidate would then be
-    dropped and the choice silently skipped)."""
-    from chattts_serving.export.fused import IR_VERSION
+    newer than some onnxruntime builds read, 1.23's in NVIDIA's image: every candidate would
+    then be dropped and the choice silently skipped)."""
+    from chattts_serving import contract
 
     probe = onnx.load_from_string(probe_graph(64, 96, 32, 4, layers=1))
-    assert probe.ir_version == IR_VERSION == 8
+    assert probe.ir_version == contract.ONNX_IR_VERSION == 8
