@@ -217,3 +217,31 @@ def test_millions_and_billions_written_with_a_letter_are_said(library: bool) -> 
         assert normalize(text, library=library).text == said, text
     for text in ("Apt 3B", "seat 12B", "221B Baker Street"):  # a number and a letter
         assert "billion" not in normalize(text, library=library).text, text
+
+
+@LIBRARY
+def test_a_weekday_abbreviated_before_a_date_or_a_time_or_with_its_dot_is_named(library: bool) -> None:
+    days = {"Mon": "Monday", "Tue": "Tuesday", "Wed": "Wednesday", "Thu": "Thursday", "Fri": "Friday",
+            "Sat": "Saturday", "Sun": "Sunday"}
+    rng = random.Random("weekday-abbr")
+    for _ in range(30):
+        abbr = rng.choice(list(days))
+        after = rng.choice([", Mar 8", " 9am-1pm", " 14:00", ", 3/5", "."])
+        said = _read(f"See you {abbr}{after}", library)
+        assert days[abbr] in said, said
+    assert normalize("See you Wed.", library=library).text == "See you Wednesday."
+    assert normalize("Sat. and Sun.", library=library).text == "Saturday and Sunday."
+    for text in ("The sun is out.", "We sat 3 hours.", "Sun and sea."):  # alone they are words
+        assert not any(d in normalize(text, library=library).text for d in days.values()), text
+
+
+@LIBRARY
+def test_a_version_after_what_it_versions_says_each_part_as_a_number(library: bool) -> None:
+    cases = {"Python 3.10": "Python three point ten", "Go 1.21": "Go one point twenty one",
+             "version 2.10": "version two point ten", "Node v20.11.0": "Node version twenty point eleven point zero",
+             "Chrome 124.0.6367.91": "Chrome one twenty four point zero point sixty three sixty seven point ninety one"}
+    for text, said in cases.items():
+        assert normalize(text, library=library).text == said, text
+    assert normalize("It costs 3.10 dollars", library=library).text == "It costs three point one zero dollars"
+    # in Chinese the digits after a point, as a decimal's
+    assert normalize("安装Python 3.12版本。", library=library).text == "安装Python 三点一二版本。"

@@ -10,7 +10,7 @@ from .context import IDENTIFIER_BEFORE, ends_with
 from .identifiers import code_words
 from .kind import Groups, Kind
 from .numbers import en_number, en_ordinal, en_year, zh_digits, zh_int
-from .tables import MONTH_RE, MONTHS_EN, WEEKDAY_RE, month_number, weekday_name
+from .tables import MONTH_RE, MONTHS_EN, WEEKDAY_ABBREVIATIONS, WEEKDAY_RE, month_number, weekday_name
 
 
 def zh_date(y: str | None, m: int, d: int | None) -> str:
@@ -134,6 +134,29 @@ WEEKDAY_RANGE: Final = Kind(
     rf"(?=[A-Z])(?<![A-Za-z])(?P<wr_a>{WEEKDAY_RE})\.?(?P<wr_sep>\s?[-–—~]\s?|\s+(?:to|through|thru|until|till)\s+)"
     rf"(?P<wr_b>{WEEKDAY_RE})(?:\.(?=\s+[\da-z]))?(?![A-Za-z])",
     _read_weekday_range)
+
+
+_WEEKDAY_ABBREVIATIONS: Final = "|".join(sorted(WEEKDAY_ABBREVIATIONS, key=len, reverse=True))
+_TIME_OR_DATE_AFTER: Final = (rf",?\s+(?:{MONTH_RE}|\d{{1,2}}/\d{{1,2}}\b"
+                              r"|\d{1,2}(?::\d\d)?\s?(?:[ap]\.?m\b|[AP]\.?M\b)|\d{1,2}:\d\d\b)")
+
+
+def _read_weekday_abbreviation(lang: Lang, g: Groups, before: str, after: str) -> str:
+    """Fri, Mar 8 / Sat 9am / See you Wed.: the weekday's name (Friday; 周五 in Chinese context)."""
+    name, index = weekday_name(g("wd_abbr"))
+    if lang == "zh":
+        return f"周{'一二三四五六日'[index]}"
+    ends = g("wd_dot") and (not after.strip() or re.match(r"\s+[A-Z]", after) is not None)
+    return name + "." if ends else name  # See you Wed. Bye: the dot also ends the sentence
+
+
+WEEKDAY_ABBREVIATION: Final = Kind(
+    "weekday_abbreviation",
+    rf"(?=[A-Z])(?<![A-Za-z])(?P<wd_abbr>{_WEEKDAY_ABBREVIATIONS})"
+    rf"(?:(?P<wd_dot>\.)|(?={_TIME_OR_DATE_AFTER}))(?![A-Za-z])",
+    _read_weekday_abbreviation, lang="en")
+"""A weekday abbreviated without its range: before a date or a time (Fri, Mar 8; Sat 9am-1pm;
+Tue 14:00) or with its dot (See you Wed.). Alone, Sun, Sat and Wed are words."""
 
 
 DOTTED_MONTH_DAY: Final = Kind(

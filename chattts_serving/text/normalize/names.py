@@ -11,7 +11,7 @@ from typing import Final
 
 from .base import Lang
 from .kind import Groups, Kind, alt_words
-from .numbers import en_digits, en_int, zh_digits
+from .numbers import en_digits, en_int, zh_digits, zh_number
 from .vocabulary import rows, words
 
 
@@ -95,3 +95,40 @@ ADDRESS_NUMBER: Final = Kind(
     rf"|(?:{_STATES})(?P<zip>\d{{5}})(?:-(?P<zip4>\d{{4}}))?(?![\d-])",
     _read_address_number, lang="en", first=r"\d")
 """English only: a Chinese address's 号 says its numbers as counts."""
+
+
+
+_VERSIONED: Final = ("Python", "Node", "Node.js", "Java", "Go", "Rust", "Ruby", "PHP", "Perl", "Kotlin", "Swift",
+                     "Scala", "Julia", "TypeScript", "iOS", "iPadOS", "macOS", "watchOS", "Android", "Ubuntu", "Debian",
+                     "Fedora", "Windows", "Chrome", "Firefox", "Safari", "Edge", "Kubernetes", "Docker", "PostgreSQL",
+                     "MySQL", "Redis", "React", "Angular", "Vue", "Django", "Rails", "Spring", "version", "Version",
+                     "release", "Release")
+"""Words whose next number is a version (Python 3.10, version 2.10, iOS 17.2)."""
+_AFTER_VERSIONED: Final = "|".join(f"(?<={re.escape(w)} )" for w in _VERSIONED)
+
+
+def _read_version(lang: Lang, g: Groups, before: str, after: str) -> str:
+    """Python 3.10, Node v20.11.0: each part of a version as its own number in English (three
+    point ten, never a decimal: three point one zero is 3.1), a part of three digits or more as a name's
+    number is said; in Chinese the digits after each point, as a decimal's (三点一二); a v before
+    it is version (V in Chinese)."""
+    def part(p: str) -> str:
+        if len(p) > 1 and p[0] == "0":  # 1.05: the digits as written
+            return en_digits(p)
+        return en_int(int(p)) if len(p) < 3 else en_model(p)  # Chrome 124.0.6367: one twenty four, ...
+
+    parts = g("vn_num").split(".")
+    if lang == "zh":  # as Chinese reads a decimal's digits: 三点一二, 二点零点一
+        said = "点".join(zh_number(p) if i == 0 else zh_digits(p) for i, p in enumerate(parts))
+    else:
+        said = " point ".join(part(p) for p in parts)
+    v = g("vn_v") or g("vn_v2")
+    return (v.upper() if lang == "zh" else "version ") + said if v else said  # 升级到v2.10版本: V二点十版本
+
+
+VERSION: Final = Kind(
+    "version",
+    rf"(?:(?:{_AFTER_VERSIONED})(?P<vn_v>[vV])?|(?<![A-Za-z0-9.])(?P<vn_v2>[vV]))"
+    r"(?P<vn_num>\d{1,3}(?:\.\d{1,4}){1,3})(?![\d.]|[A-Za-z])",
+    _read_version, first=r"[vV\d]")
+"""A version after the name of what it versions, or after a v (v2.10): its parts as numbers."""

@@ -22,6 +22,8 @@ MONTH_RE: Final = ("(?:" + "|".join(sorted([*MONTHS_EN, *MONTH_ABBR], key=len, r
 WEEKDAYS_EN: Final = tuple(name for _, name, _ in sorted(rows("weekdays"), key=lambda r: int(r[0])))
 """English weekday names, Monday first (``weekdays.tsv``)."""
 _WEEKDAY_ABBR: Final = {a: int(n) - 1 for n, _, abbr in rows("weekdays") for a in abbr.split()}
+WEEKDAY_ABBREVIATIONS: Final = tuple(_WEEKDAY_ABBR)
+"""The abbreviated weekday names of ``weekdays.tsv`` (Mon, Tues, Thurs)."""
 WEEKDAY_RE: Final = "(?:" + "|".join(sorted([*WEEKDAYS_EN, *_WEEKDAY_ABBR], key=len, reverse=True)) + r")\b"
 """An English weekday, written out or abbreviated (Mon, Tues, Thurs)."""
 
