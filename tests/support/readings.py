@@ -18,3 +18,11 @@ def assert_read(text: str, result: NormalizedText) -> None:
     spoken = textnorm.CONTROL_TOKEN.sub("", result.text)
     assert SPOKEN.fullmatch(spoken), f"unread in {text!r}: {result.text!r}"
     assert result.dropped == (), f"{text!r} dropped {result.dropped}"
+
+
+def read(text: str, library: bool) -> str:
+    """``text``'s reading (with or without WeTextProcessing), which holds nothing unread and
+    drops nothing (:func:`assert_read`)."""
+    result = textnorm.normalize(text, library=library)
+    assert_read(text, result)
+    return result.text

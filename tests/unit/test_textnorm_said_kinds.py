@@ -14,16 +14,9 @@ import random
 import pytest
 
 from chattts_serving.text.normalize import normalize
-from tests.support.readings import assert_read
+from tests.support.readings import read as _read
 
 LIBRARY = pytest.mark.parametrize("library", [True, False], ids=["shipped", "ours"])
-
-
-def _read(text: str, library: bool) -> str:
-    """``text``'s reading, which holds nothing unread and drops nothing (:func:`assert_read`)."""
-    result = normalize(text, library=library)
-    assert_read(text, result)
-    return result.text
 
 
 @LIBRARY

@@ -13,19 +13,12 @@ import re
 import pytest
 
 from chattts_serving.text.normalize import normalize
-from tests.support.readings import assert_read
+from tests.support.readings import read as _read
 
 LIBRARY = pytest.mark.parametrize("library", [True, False], ids=["shipped", "ours"])
 EN_APPROX = ("about", "approximately", "around", "roughly", "nearly", "almost")
 ZH_APPROX = ("约", "大约", "大概", "将近", "接近", "差不多")
 EN_UNITS = {"kg": "kilograms", "km": "kilometers", "cm": "centimeters", "km/h": "kilometers per hour"}
-
-
-def _read(text: str, library: bool) -> str:
-    """``text``'s reading, which holds nothing unread and drops nothing (:func:`assert_read`)."""
-    result = normalize(text, library=library)
-    assert_read(text, result)
-    return result.text
 
 
 @LIBRARY
