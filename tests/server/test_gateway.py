@@ -10,6 +10,7 @@ import base64
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -274,11 +275,12 @@ def _body(change: bytes | dict[str, Any]) -> bytes:
 @pytest.mark.parametrize("case, change, status, code, param", MISTAKES, ids=[m[0] for m in MISTAKES])
 def test_every_client_mistake_is_a_4xx_openai_error(gateway_url: str, case: str, change: bytes | dict[str, Any],
                                                      status: int, code: str, param: str | None) -> None:
+    request_id = "mistake-" + re.sub(r"[^A-Za-z0-9]+", "-", case)  # unique: the server log's ids never repeat
     r = httpx.post(f"{gateway_url}/v1/audio/speech", content=_body(change), timeout=60,
-                   headers={**AUTH, "Content-Type": "application/json", "X-Request-Id": "mistake-7"})
+                   headers={**AUTH, "Content-Type": "application/json", "X-Request-Id": request_id})
     assert r.status_code == status, r.text
     assert r.headers["content-type"] == "application/json"
-    assert r.headers.get("x-request-id") == "mistake-7"  # an error is traced by the id the client sent
+    assert r.headers.get("x-request-id") == request_id  # an error is traced by the id the client sent
     error = r.json()["error"]
     assert set(error) == {"message", "type", "param", "code"}
     assert (error["type"], error["code"], error["param"]) == ("invalid_request_error", code, param), error
@@ -291,11 +293,11 @@ def test_a_body_declared_compressed_is_refused_even_where_it_is_plain_json(gatew
     encoding, whether or not its bytes happen to parse as JSON (they were ignored before)."""
     r = httpx.post(f"{gateway_url}/v1/audio/speech", content=_body({}), timeout=60,
                    headers={**AUTH, "Content-Type": "application/json", "Content-Encoding": encoding,
-                            "X-Request-Id": "zipped-1"})
+                            "X-Request-Id": f"zipped-{encoding}"})
     assert r.status_code == 400, r.text
     error = r.json()["error"]
     assert error["code"] == "invalid_body" and encoding in error["message"], error
-    assert r.headers.get("x-request-id") == "zipped-1"
+    assert r.headers.get("x-request-id") == f"zipped-{encoding}"
     ok = httpx.post(f"{gateway_url}/v1/audio/speech", content=_body({}), timeout=60,
                     headers={**AUTH, "Content-Type": "application/json", "Content-Encoding": "identity"})
     assert ok.status_code == 200, ok.text
