@@ -291,9 +291,10 @@ class Probes:
             return False
         if r.status_code == 200 and r.content:
             return True
-        code = r.json()["error"]["code"] if r.headers.get("content-type", "").startswith("application/json") else ""
-        self._record("gateway", f"{r.status_code} {code}",
-                     r.status_code == 503 and code in RETRYABLE_CODES and "retry-after" in r.headers)
+        error = r.json()["error"] if r.headers.get("content-type", "").startswith("application/json") else {}
+        code = error.get("code", "")
+        said = f"{r.status_code} {code}" if r.status_code == 503 else f"{r.status_code} {code}: {error.get('message')}"
+        self._record("gateway", said, r.status_code == 503 and code in RETRYABLE_CODES and "retry-after" in r.headers)
         return False
 
     def _record(self, door: str, said: str, retryable: bool) -> None:
