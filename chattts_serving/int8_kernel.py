@@ -8,9 +8,10 @@ rounded to int8 per block at run time: the same numerics, to float rounding) wit
 VNNI over a weight layout of 64-column panels, on ONNX Runtime's intra-op threads.
 Everything else in the step graph stays ONNX Runtime's.
 
-- :func:`library` compiles the op (the host's C++ compiler, ONNX Runtime's C API header) into a
-  cache keyed by the source's SHA-256 and returns its path, or raises :class:`KernelUnavailable`
-  saying why (no header, no compiler, a CPU without AVX-512 VNNI).
+- :func:`build` compiles the op (the host's C++ compiler, ONNX Runtime's C API header) into a
+  cache keyed by the source's SHA-256; :func:`library` returns it, or the library
+  ``$CHATTTS_INT8_KERNEL`` names (built in the image's build stage), for this CPU, or raises
+  :class:`KernelUnavailable` saying why (no header, no compiler, a CPU without AVX-512 VNNI).
 - :func:`with_own_kernel` rewrites a graph's 8-bit ``MatMulNBits`` nodes into the op with
   their weights repacked (:func:`pack`); :func:`~chattts_serving.runtime.make_session` loads
   the library for such a graph (``custom_ops``).
@@ -39,7 +40,8 @@ from typing import Any
 
 import numpy as np
 
-from .native import write_atomically
+from .native import cache_dir as native_cache_dir
+from .native import compiler, write_atomically
 
 log = logging.getLogger(__name__)
 
@@ -76,8 +78,6 @@ def include_dir() -> Path | None:
 
 def cache_dir() -> Path:
     """Where built libraries are kept: ``$CHATTTS_KERNEL_CACHE``, else ``~/.cache/chattts-serving/int8``."""
-    from .native import cache_dir as native_cache_dir
-
     return native_cache_dir("CHATTTS_KERNEL_CACHE", "int8")
 
 
@@ -90,8 +90,6 @@ def build() -> Path:
             no C++ compiler, or the build failed (compiler output attached).
     """
     import subprocess
-
-    from .native import compiler
 
     inc = include_dir()
     if inc is None:

@@ -8,7 +8,7 @@ from typing import Final
 from .base import Lang
 from .context import IDENTIFIER_BEFORE, ends_with
 from .identifiers import code_words
-from .kind import Groups, Kind
+from .kind import Groups, Kind, alt_words
 from .numbers import en_number, en_ordinal, en_year, zh_digits, zh_int
 from .tables import MONTH_RE, MONTHS_EN, WEEKDAY_ABBREVIATIONS, WEEKDAY_RE, month_number, weekday_name
 
@@ -136,7 +136,6 @@ WEEKDAY_RANGE: Final = Kind(
     _read_weekday_range)
 
 
-_WEEKDAY_ABBREVIATIONS: Final = "|".join(sorted(WEEKDAY_ABBREVIATIONS, key=len, reverse=True))
 _TIME_OR_DATE_AFTER: Final = (rf",?\s+(?:{MONTH_RE}|\d{{1,2}}/\d{{1,2}}\b"
                               r"|\d{1,2}(?::\d\d)?\s?(?:[ap]\.?m\b|[AP]\.?M\b)|\d{1,2}:\d\d\b)")
 
@@ -152,7 +151,7 @@ def _read_weekday_abbreviation(lang: Lang, g: Groups, before: str, after: str) -
 
 WEEKDAY_ABBREVIATION: Final = Kind(
     "weekday_abbreviation",
-    rf"(?=[A-Z])(?<![A-Za-z])(?P<wd_abbr>{_WEEKDAY_ABBREVIATIONS})"
+    rf"(?=[A-Z])(?<![A-Za-z])(?P<wd_abbr>{alt_words(WEEKDAY_ABBREVIATIONS)})"
     rf"(?:(?P<wd_dot>\.)|(?={_TIME_OR_DATE_AFTER}))(?![A-Za-z])",
     _read_weekday_abbreviation, lang="en")
 """A weekday abbreviated without its range: before a date or a time (Fri, Mar 8; Sat 9am-1pm;

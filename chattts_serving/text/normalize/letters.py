@@ -187,4 +187,3 @@ CONTRACTION: Final = Kind(
     _read_contraction, lang="en", first=r"[A-Za-z]")
 """The apostrophe is no character ChatTTS reads (its own normaliser drops it too): we're would
 be were, he'll hell, she'd shed, I'm Im."""
-

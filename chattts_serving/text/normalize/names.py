@@ -97,7 +97,6 @@ ADDRESS_NUMBER: Final = Kind(
 """English only: a Chinese address's 号 says its numbers as counts."""
 
 
-
 _VERSIONED: Final = ("Python", "Node", "Node.js", "Java", "Go", "Rust", "Ruby", "PHP", "Perl", "Kotlin", "Swift",
                      "Scala", "Julia", "TypeScript", "iOS", "iPadOS", "macOS", "watchOS", "Android", "Ubuntu", "Debian",
                      "Fedora", "Windows", "Chrome", "Firefox", "Safari", "Edge", "Kubernetes", "Docker", "PostgreSQL",

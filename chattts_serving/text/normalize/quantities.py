@@ -141,10 +141,9 @@ def _read_size(lang: Lang, g: Groups, before: str, after: str) -> str:
     """1920x1080, 2 x 4, 10×20×30cm, 3 x 500ml: a size or a pack, 乘以 / by between the numbers,
     never the letter x; a unit after the last number is read with it."""
     nums = [n for n in (g("sz_a"), g("sz_b"), g("sz_c")) if n]
-    symbol = g("sz_unit") or g("sz_glued")
     read = zh_number if lang == "zh" else en_number
     parts = [read(n) for n in nums[:-1]]
-    unit = UNITS.get(symbol) or GLUED_UNITS.get(symbol) if symbol else None
+    unit = UNITS[g("sz_unit")] if g("sz_unit") else GLUED_UNITS[g("sz_glued")] if g("sz_glued") else None
     parts.append(unit_reading(lang, unit, nums[-1], singular=bool(_ARTICLE_BEFORE.search(before)))
                  if unit is not None else read(nums[-1]))
     return "乘以".join(parts) if lang == "zh" else " by ".join(parts)
@@ -192,7 +191,7 @@ def _read_million(lang: Lang, g: Groups, before: str, after: str) -> str:
     """1.2M, 5M views, 1.5B parameters, 3bn: millions and billions without a currency sign
     (one point two million; 一百二十万), never the letter."""
     num = g("mm_num") or g("mm_dnum")
-    billion = g("mm_s") != "M" and g("mm_s") != "mn"
+    billion = g("mm_s") not in ("M", "mn")  # bn, B before a count, or 1.5B (no mm_s)
     if lang == "zh":
         return zh_number(plain_decimal(to_decimal(num) * (10 ** 9 if billion else 10 ** 6)))
     return f"{en_number(num)} {'billion' if billion else 'million'}"
@@ -201,7 +200,7 @@ def _read_million(lang: Lang, g: Groups, before: str, after: str) -> str:
 MILLION: Final = Kind(
     "million",
     rf"(?<![A-Za-z0-9.#$])(?:(?P<mm_num>{NUM})(?P<mm_s>M|mn|bn|B(?=\s{_BILLION_NOUNS}\b))"
-    r"|(?P<mm_dnum>\d+\.\d+)(?P<mm_ds>B))(?![A-Za-z0-9])",
+    r"|(?P<mm_dnum>\d+\.\d+)B)(?![A-Za-z0-9])",
     _read_million, first=r"\d")
 """A B is a billion only with a decimal point (1.5B) or before what is counted (3B parameters):
 Apt 3B, seat 12B and 221B Baker Street stay a number and a letter."""
