@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Final
+from typing import Any, Final
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -30,6 +30,7 @@ from .middleware import AdmissionDoor, BodyLimit, OpenAICors
 from .relay import EXPOSED_HEADERS, REQUEST_ID_HEADER
 from .routers import ROUTERS
 from .settings import GatewaySettings
+from .speech import VoiceRef
 from .state import GatewayState
 
 log = logging.getLogger("chattts_serving.gateway")
@@ -127,5 +128,30 @@ def _validation_api_error(exc: RequestValidationError, content_type: str | None 
     loc = [str(p) for p in first.get("loc", ()) if p != "body"]
     param = loc[0] if loc else None  # the request field (deeper parts name pydantic's union branches)
     msg = str(first.get("msg", "invalid request"))
+    branches = [e for e in errors if [str(p) for p in e.get("loc", ()) if p != "body"][:1] == [param]]
+    if param is not None and len(branches) > 1:  # a union field (voice): every form it takes, and what came
+        forms = list(dict.fromkeys(_expected_form(e) for e in branches))
+        msg = f"expected {', '.join(forms[:-1])} or {forms[-1]}, got {_json_type(first.get('input'))}"
     return ApiError(400, f"{param or 'body'}: {msg}", INVALID_REQUEST, param=param, code="invalid_value")
+
+
+_FORMS = {"string_type": "a string", "int_type": "an integer", "float_type": "a number", "bool_type": "true or false"}
+
+
+def _expected_form(error: Any) -> str:
+    """What one branch of a union field takes, from pydantic's error for it: a scalar type, or
+    an object with the field the branch missed (``{"id": ...}``)."""
+    loc = [str(p) for p in error.get("loc", ()) if p != "body"]
+    if len(loc) > 1 and loc[1] == VoiceRef.__name__:  # the object branch, whatever it missed
+        return "an object " + "{" + ", ".join(f'"{name}": "..."' for name in VoiceRef.model_fields) + "}"
+    return _FORMS.get(str(error.get("type")), "another type")
+
+
+def _json_type(value: Any) -> str:
+    """The JSON type of ``value`` as a reader of the request knows it."""
+    if isinstance(value, bool):
+        return f"a boolean ({str(value).lower()})"
+    if isinstance(value, (int, float)):
+        return f"a number ({value!r})"
+    return {dict: "an object", list: "an array", str: "a string", type(None): "null"}.get(type(value), "another type")
 

@@ -52,8 +52,11 @@ DROPPED_HEADER: Final = "X-Unspoken-Text"
 DEGRADED_HEADER: Final = "X-Degraded"
 """``true`` on a response the server made in its degraded mode (under overload: the codes
 vocoder, larger chunks, no refine-text; never less of the text); absent otherwise."""
-EXPOSED_HEADERS: Final = (REQUEST_ID_HEADER, SAMPLE_RATE_HEADER, DROPPED_HEADER, DEGRADED_HEADER, "X-Audio-Format",
-                          "Retry-After")
+IGNORED_FIELDS_HEADER: Final = "X-Ignored-Fields"
+"""The request body's fields this server does not know and ignored (comma-separated, ASCII,
+\\u escapes); absent when none."""
+EXPOSED_HEADERS: Final = (REQUEST_ID_HEADER, SAMPLE_RATE_HEADER, DROPPED_HEADER, DEGRADED_HEADER,
+                          IGNORED_FIELDS_HEADER, "X-Audio-Format", "Retry-After")
 """Response headers a browser script may read on a cross-origin response (CORS)."""
 
 
@@ -71,6 +74,9 @@ async def synthesise(state: GatewayState, body: SpeechRequest, http_request: Req
     t0 = time.perf_counter()
     request_id = client_request_id(http_request.headers) or uuid.uuid4().hex
     http_request.state.request_id = request_id  # an error answer after this point carries it too
+    ignored = body.ignored_fields
+    if ignored:
+        log.warning("request %s: ignored unknown fields %s", request_id, ignored)
     fields = body.model_dump(exclude_none=True)
     if (resolved := await saved.resolve(fields)) is not fields:  # a saved voice's name
         body = SpeechRequest.model_validate(resolved)
@@ -100,6 +106,8 @@ async def synthesise(state: GatewayState, body: SpeechRequest, http_request: Req
                "Cache-Control": "no-store", REQUEST_ID_HEADER: request_id}
     if stream.info.get("dropped"):
         headers[DROPPED_HEADER] = json.dumps(stream.info["dropped"])
+    if ignored:
+        headers[IGNORED_FIELDS_HEADER] = ", ".join(json.dumps(f)[1:-1] for f in ignored)
     if stream.info.get("degraded"):
         headers[DEGRADED_HEADER] = "true"
         metrics.degraded.labels(door="speech").inc()

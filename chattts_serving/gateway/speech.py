@@ -173,10 +173,11 @@ class SpeechRequest(BaseModel):
     ``speech.sentence`` events with ``stream_format`` 'sse', else a JSON body with the audio).
     ``voice`` is required, except with ``reference_audio`` or ``spk_smp``: omitted (or null, or
     :data:`NO_VOICE`) there, the prompt has no speaker vector (ChatTTS' zero-shot use).
-    Unknown fields are ignored, as OpenAI's clients may send newer ones.
+    Unknown fields are ignored, as OpenAI's clients may send newer ones, and named
+    (:attr:`ignored_fields`): a misspelt extension is not silently taken for its default.
     """
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="allow")
 
     model: Text
     input: Text
@@ -204,6 +205,11 @@ class SpeechRequest(BaseModel):
     spk_smp: Text | None = None
     language: Text | None = None
     sentence_timings: StrictBool | None = None
+
+    @property
+    def ignored_fields(self) -> list[str]:
+        """The body's fields this server does not know (kept only to be named), sorted."""
+        return sorted(self.model_extra or ())
 
     @property
     def voice_string(self) -> str | None:

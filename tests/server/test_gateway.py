@@ -287,6 +287,30 @@ def test_every_client_mistake_is_a_4xx_openai_error(gateway_url: str, case: str,
     assert error["message"] and "Traceback" not in error["message"] and not error["message"].startswith("[")
 
 
+@pytest.mark.parametrize("voice, got", [(1.5, "a number (1.5)"), (True, "a boolean (true)"), ([7], "an array"),
+                                         ({"name": "alloy"}, "an object")])
+def test_a_voice_of_no_form_it_takes_is_told_every_form(gateway_url: str, voice: Any, got: str) -> None:
+    """``voice`` is a string, a seed or ``{"id": ...}``: a value of none of them is told all
+    three and what it was, not only the first form's complaint."""
+    r = httpx.post(f"{gateway_url}/v1/audio/speech", json={**SPEECH_BODY, "voice": voice}, headers=AUTH, timeout=60)
+    assert r.status_code == 400, r.text
+    message = r.json()["error"]["message"]
+    assert message == f'voice: expected a string, an integer or an object {{"id": "..."}}, got {got}', message
+
+
+def test_unknown_fields_are_ignored_and_named(gateway_url: str) -> None:
+    """A field this server does not know (a newer OpenAI field, a misspelt extension) does not
+    refuse the request, and the response names it; a request without one has no such header."""
+    with httpx.stream("POST", f"{gateway_url}/v1/audio/speech", headers=AUTH, timeout=120,
+                      json={**SPEECH_BODY, "temprature": 0.1, "stream": True, "top_k": 20}) as r:
+        assert r.status_code == 200, r.read()
+        assert r.headers["x-ignored-fields"] == "stream, temprature"
+        assert b"".join(r.iter_bytes())
+    with httpx.stream("POST", f"{gateway_url}/v1/audio/speech", json=SPEECH_BODY, headers=AUTH, timeout=120) as r:
+        assert r.status_code == 200 and "x-ignored-fields" not in r.headers
+        r.read()
+
+
 @pytest.mark.parametrize("encoding", ["gzip", "br", "deflate"])
 def test_a_body_declared_compressed_is_refused_even_where_it_is_plain_json(gateway_url: str, encoding: str) -> None:
     """The gateway reads no compressed body: one declared compressed is a 400 naming the
