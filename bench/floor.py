@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     import json
 
     from chattts_serving.engine.gpt import GptStepRunner
-    from chattts_serving.engine.kernels import choose_int8_kernel
+    from chattts_serving.engine.kernels import choose_kernels
     from chattts_serving.serving.profile import load_profile
 
     from .rawstep import time_steps
@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     bw = stream_bandwidth(profiles[names[0]].ort("engine"))
     runners = {n: GptStepRunner(art, p.ort("engine")) for n, p in profiles.items()}
     for r in runners.values():
-        choose_int8_kernel(r)  # as the engine does at start-up
+        choose_kernels(r)  # as the engine does at start-up
     rounds: dict[str, dict[int, list[float]]] = {n: {b: [] for b in batches} for n in names}
     rng = np.random.default_rng(0)
     for _ in range(args.rounds):

@@ -25,10 +25,10 @@ from typing import Any
 
 import numpy as np
 
-from bench.stats import projections_ms
-from chattts_serving.engine.gpt import GptStepRunner, load_step_graph
-from chattts_serving.engine.kernels import choose_int8_kernel, kernel_graph
-from chattts_serving.runtime import Artifacts, OrtOptions, make_session
+from bench.stats import attention_ms, projections_ms
+from chattts_serving.engine.gpt import GptStepRunner
+from chattts_serving.engine.kernels import choose_kernels, use_kernel
+from chattts_serving.runtime import Artifacts, OrtOptions
 
 from .config import positive_int, positive_ints, profile_names
 from .rawstep import time_steps
@@ -59,13 +59,9 @@ def profile_steps(art: Artifacts, opts: OrtOptions, batches: Sequence[int], past
     {"step_ms_p50", "node_ms_per_step", "ops": {op type: ms per step}, "kv_cache", "graph",
     "kernel"}, ops largest first."""
     runner = GptStepRunner(art, opts)
-    kernel = choose_int8_kernel(runner)  # the kernel the engine would run on this host
-    model = load_step_graph(art, runner.graph, runner.kv_precision)
-    library = None
-    if kernel is not None:
-        model, library = kernel_graph(model, kernel.chosen)
+    kernel, attention = choose_kernels(runner)  # the kernels the engine would run on this host
     workdir.mkdir(parents=True, exist_ok=True)
-    runner.use_session(make_session(model, opts, profile_prefix=str(workdir / "step"), custom_ops=library))
+    use_kernel(runner, profile_prefix=str(workdir / "step"))  # the same graph, with the profiler on
     times = [time_steps(runner, b, past, steps, WARMUP_STEPS) for b in batches]
     trace = json.loads(Path(runner.session.end_profiling()).read_text())
     per_batch = WARMUP_STEPS + steps  # runs of each batch in the trace, in order
@@ -75,18 +71,19 @@ def profile_steps(art: Artifacts, opts: OrtOptions, batches: Sequence[int], past
         ops = {k: v / steps for k, v in sorted(op_times(trace, runs).items(), key=lambda kv: -kv[1])}
         out[str(b)] = {"graph": runner.graph.name, "kv_cache": str(runner.kv_precision),
                        "kernel": kernel.as_dict() if kernel is not None else None,
+                       "attention": attention.as_dict() if attention is not None else None,
                        "step_ms_p50": statistics.median(t) * 1e3, "node_ms_per_step": sum(ops.values()), "ops": ops}
     return out
 
 
 def table(result: dict[str, Any]) -> str:
     """Markdown: per profile and batch, the step, its node time and the three largest op types."""
-    lines = ["| profile | B | KV cache | step ms (profiled) | projections | GroupQueryAttention | other ops |",
+    lines = ["| profile | B | KV cache | step ms (profiled) | projections | attention | other ops |",
              "|---|---|---|---|---|---|---|"]
     for name, per_batch in result["profiles"].items():
         for b, r in per_batch.items():
             ops = r["ops"]
-            mm, gqa = projections_ms(ops), ops.get("GroupQueryAttention", 0.0)
+            mm, gqa = projections_ms(ops), attention_ms(ops)
             rest = r["node_ms_per_step"] - mm - gqa
             lines.append(f"| {name} | {b} | {r['kv_cache']} | {r['step_ms_p50']:.1f} | {mm:.1f} | {gqa:.1f} | "
                          f"{rest:.1f} |")

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from chattts_serving.engine.gpt import GptStepRunner
-from chattts_serving.engine.kernels import choose_int8_kernel
+from chattts_serving.engine.kernels import choose_kernels
 from chattts_serving.runtime import Artifacts, OrtOptions
 
 
@@ -28,13 +28,15 @@ def measure_raw_step(artifacts_dir: Path, opts: OrtOptions, batches: Sequence[in
     of ``rounds`` rounds times ``repeats`` steps per batch size (after ``warmup`` untimed ones);
     the figure is the median of the rounds' medians. Returns {"past_tokens",
     "intra_op_threads", "allow_spinning", "precision", "repeats", "rounds", "batches": {str(B):
-    {"step_ms_p50", "step_ms_min", "tokens_per_s", "round_step_ms_p50": [per round]}}, "kernel"}
+    {"step_ms_p50", "step_ms_min", "tokens_per_s", "round_step_ms_p50": [per round]}}, "kernel",
+    "attention"}
     (tokens_per_s = B / median step seconds; kernel: the int8 kernel the start-up probe chose,
-    :meth:`~chattts_serving.engine.kernels.KernelChoice.as_dict`, None for an fp32 or fp16 graph).
+    :meth:`~chattts_serving.engine.kernels.KernelChoice.as_dict`, None for an fp32 or fp16 graph;
+    attention: the attention over an int8 cache it chose, None for another cache).
     """
     art = Artifacts.load(artifacts_dir)
     runner = GptStepRunner(art, opts)
-    kernel = choose_int8_kernel(runner)  # the kernel the engine would choose on this host
+    kernel, attention = choose_kernels(runner)  # the kernels the engine would choose on this host
     rng = np.random.default_rng(seed)
     per_round: dict[int, list[list[float]]] = {b: [] for b in batches}
     for _ in range(rounds):
@@ -48,7 +50,8 @@ def measure_raw_step(artifacts_dir: Path, opts: OrtOptions, batches: Sequence[in
                        "tokens_per_s": b / med, "round_step_ms_p50": [m * 1e3 for m in medians]}
     return {"past_tokens": past_tokens, "intra_op_threads": opts.intra_op_threads,
             "allow_spinning": opts.allow_spinning, "precision": str(opts.precision), "repeats": repeats,
-            "rounds": rounds, "batches": out, "kernel": kernel.as_dict() if kernel is not None else None}
+            "rounds": rounds, "batches": out, "kernel": kernel.as_dict() if kernel is not None else None,
+            "attention": attention.as_dict() if attention is not None else None}
 
 
 def time_steps(runner: GptStepRunner, batch: int, past_tokens: int, repeats: int, warmup: int = 3,

@@ -23,7 +23,7 @@ from .figures import (
 from .gatewayload import gateway_markdown
 from .modes import modes_markdown
 from .plots import PLOTS
-from .stats import fmt, projections_ms, ratio
+from .stats import attention_ms, fmt, projections_ms, ratio
 from .wsload import ws_markdown
 
 
@@ -145,11 +145,11 @@ def _where_it_goes(prof: Mapping[str, Any]) -> list[str]:
     if ops:
         lines += ["The same step by op type (ONNX Runtime's profiler, ms of kernel time per step; "
                   "`python -m bench.opprofile`):", "",
-                  "| batch | KV cache | step ms (profiled) | projections | GroupQueryAttention | other ops |",
+                  "| batch | KV cache | step ms (profiled) | projections | attention | other ops |",
                   "|---|---|---|---|---|---|"]
         for b, r in ops.items():
             mm = projections_ms(r["ops"])
-            gqa = r["ops"].get("GroupQueryAttention", 0.0)
+            gqa = attention_ms(r["ops"])
             lines.append(f"| {b} | {r['kv_cache']} | {fmt(r['step_ms_p50'], 1)} | {fmt(mm, 1)} | {fmt(gqa, 1)} | "
                          f"{fmt(r['node_ms_per_step'] - mm - gqa, 1)} |")
         lines.append("")

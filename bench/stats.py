@@ -282,3 +282,13 @@ PROJECTION_OPS = ("MatMulNBits", "Int8BlockMatMul", "MatMul")
 def projections_ms(ops: Mapping[str, float]) -> float:
     """The projections' ms in an op-type breakdown (:data:`PROJECTION_OPS` summed)."""
     return sum(ops.get(op, 0.0) for op in PROJECTION_OPS)
+
+
+ATTENTION_OPS = ("GroupQueryAttention", "Int8KvAttention")
+"""The op types of the step's attention: ONNX Runtime's, ours over the int8 cache
+(:mod:`chattts_serving.int8_kernel`)."""
+
+
+def attention_ms(ops: Mapping[str, float]) -> float:
+    """The attention's ms in an op-type breakdown (:data:`ATTENTION_OPS` summed)."""
+    return sum(ops.get(op, 0.0) for op in ATTENTION_OPS)

@@ -17,6 +17,11 @@ Everything else in the step graph stays ONNX Runtime's.
   the library for such a graph (``custom_ops``).
 - :func:`fastest_session` times a graph on ``MatMulNBits`` and on the op and keeps the faster
   (the vocoders; the GPT step has its own probe, :mod:`chattts_serving.engine.kernels`).
+- The same library holds ``chattts.Int8KvAttention`` (``int8_matmul/int8_attention.cc``): the
+  step's attention over the int8 KV cache, read as int8 where ONNX Runtime's
+  ``GroupQueryAttention`` dequantizes it first; :func:`with_own_attention` rewrites the graph's
+  nodes, and the engine's start-up probe chooses between the two
+  (:func:`chattts_serving.engine.kernels.choose_attention`).
 
 The header: ``$CHATTTS_ORT_INCLUDE``, else ``build/onnxruntime-include`` (``scripts/setup.sh``
 unpacks Debian's ``libonnxruntime-dev`` there: the wheel ships none), else
@@ -45,7 +50,10 @@ from .native import compiler, write_atomically
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).resolve().parent / "int8_matmul" / "int8_matmul.cc"
+SOURCES = (Path(__file__).resolve().parent / "int8_matmul" / "int8_matmul.cc",
+           Path(__file__).resolve().parent / "int8_matmul" / "int8_attention.cc")
+"""The library's sources: the int8 MatMul and the attention over the int8 KV cache
+(:func:`with_own_attention`), one domain, one library."""
 NAME = "own-vnni"
 """This kernel's name where a choice among kernels is logged or recorded."""
 EXPORTED = "matmulnbits"
@@ -98,7 +106,7 @@ def build() -> Path:
     cxx = compiler()
     if cxx is None:
         raise KernelUnavailable("no C++ compiler (g++ or $CXX) to build the int8 kernel")
-    h = hashlib.sha256(SOURCE.read_bytes())
+    h = hashlib.sha256(b"".join(src.read_bytes() for src in SOURCES))
     h.update((inc / HEADER).read_bytes())
     h.update(" ".join((cxx, *FLAGS)).encode())
     lib = cache_dir() / f"int8_matmul-{h.hexdigest()[:24]}.so"
@@ -106,7 +114,7 @@ def build() -> Path:
         lib.parent.mkdir(parents=True, exist_ok=True)
 
         def compile_to(tmp: str) -> None:
-            run = subprocess.run([cxx, *FLAGS, f"-I{inc}", str(SOURCE), "-o", tmp],
+            run = subprocess.run([cxx, *FLAGS, f"-I{inc}", *map(str, SOURCES), "-o", tmp],
                                  capture_output=True, text=True, check=False)
             if run.returncode != 0:
                 raise KernelUnavailable(f"building the int8 kernel failed ({cxx}, exit {run.returncode}):\n"
@@ -214,6 +222,71 @@ def with_own_kernel(model: Path | str | bytes | Any) -> bytes:
     keep = [t for t in proto.graph.initializer if t.name in used]
     del proto.graph.initializer[:]
     proto.graph.initializer.extend(keep)
+    if not any(o.domain == DOMAIN for o in proto.opset_import):
+        proto.opset_import.append(onnx.helper.make_opsetid(DOMAIN, 1))
+    return bytes(proto.SerializeToString())
+
+
+ATTENTION_OP = "Int8KvAttention"
+ATTENTION_NAME = "own-attention"
+"""Our attention over the int8 KV cache, where a choice between it and ONNX Runtime's
+``GroupQueryAttention`` is logged or recorded."""
+GQA_OP = "GroupQueryAttention"
+_GQA_KEPT = ("do_rotary", "rotary_interleaved", "num_heads", "kv_num_heads", "scale", "kv_cache_bit_width",
+             "k_quant_type", "v_quant_type")
+"""The attributes a GroupQueryAttention node may carry for :func:`attention_convertible` (any
+other, a soft cap or a local window, is something our op does not compute)."""
+
+
+def attention_convertible(node: Any) -> bool:
+    """Whether ``node`` is a ``GroupQueryAttention`` our ``Int8KvAttention`` computes: the fused
+    step's over an int8 cache (rotate-half rotary inside, as many KV heads as query heads, 8-bit
+    per-channel K and V with their scales), packed QKV, no position ids, bias or head sink."""
+    if node.op_type != GQA_OP or node.domain != "com.microsoft":
+        return False
+    a = _attrs(node)
+    inputs = list(node.input) + [""] * (14 - len(node.input))
+    rotary = int(a.get("do_rotary", 0)) == 1 and int(a.get("rotary_interleaved", 0)) == 0
+    heads = int(a.get("kv_num_heads", 0)) == int(a.get("num_heads", -1))
+    int8 = int(a.get("kv_cache_bit_width", 0)) == 8 and all(
+        _str(a.get(q)) == "PER_CHANNEL" for q in ("k_quant_type", "v_quant_type"))
+    wired = (len(node.input) == 14 and not any(inputs[i] for i in (1, 2, 9, 10, 11))
+             and all(inputs[i] for i in (0, 3, 4, 5, 6, 7, 8, 12, 13)))
+    return set(a) <= set(_GQA_KEPT) and "scale" in a and rotary and heads and int8 and wired
+
+
+def _str(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def with_own_attention(model: Path | str | bytes | Any) -> bytes:
+    """The serialized ONNX ``model`` (a file, bytes or a ModelProto: the fused step over an int8
+    KV cache) with every ``GroupQueryAttention`` node our op computes
+    (:func:`attention_convertible`) replaced by ``chattts.Int8KvAttention`` on the same inputs
+    and outputs. Raises ValueError when no node converts (an fp32 or fp16 cache)."""
+    import onnx
+
+    if isinstance(model, (str, Path)):
+        proto = onnx.load(str(model))
+    elif isinstance(model, bytes):
+        proto = onnx.load_from_string(model)
+    else:
+        proto = model
+    done = 0
+    for node in proto.graph.node:
+        if not attention_convertible(node):
+            continue
+        a = _attrs(node)
+        inputs = [node.input[i] for i in (0, 3, 4, 5, 6, 7, 8, 12, 13)]
+        del node.input[:]
+        node.input.extend(inputs)
+        del node.attribute[:]
+        node.attribute.extend([onnx.helper.make_attribute("num_heads", int(a["num_heads"])),
+                               onnx.helper.make_attribute("scale", float(a["scale"]))])
+        node.op_type, node.domain = ATTENTION_OP, DOMAIN
+        done += 1
+    if not done:
+        raise ValueError("the graph has no GroupQueryAttention over an int8 KV cache that our attention computes")
     if not any(o.domain == DOMAIN for o in proto.opset_import):
         proto.opset_import.append(onnx.helper.make_opsetid(DOMAIN, 1))
     return bytes(proto.SerializeToString())

@@ -142,6 +142,19 @@ def small_int8_artifacts(small_artifacts: Artifacts, small_weights: Path,
 
 
 @pytest.fixture(scope="session")
+def small_kv_artifacts(small_artifacts: Artifacts, tmp_path_factory: pytest.TempPathFactory) -> Artifacts:
+    """A copy of the small artifacts with calibrated int8 KV scales."""
+    import shutil
+
+    from chattts_serving.export.kvcache import calibrate_scales, write_scales
+
+    root = tmp_path_factory.mktemp("kv") / "artifacts"
+    shutil.copytree(small_artifacts.root, root)
+    write_scales(root, calibrate_scales(root, steps=40), {"test": True})
+    return Artifacts.load(root)
+
+
+@pytest.fixture(scope="session")
 def small_chat(small_weights: Path):  # type: ignore[no-untyped-def]
     """The small checkpoint loaded through ChatTTS itself (the reference)."""
     from chattts_serving.export.weights import load_chat

@@ -13,6 +13,10 @@ and runs the step on the fastest; the choice and the timings are logged (and ret
 benchmark's record). A third candidate is our own kernel (:data:`OWN_KERNEL`,
 :mod:`chattts_serving.int8_kernel`), with level 4's numerics.
 
+Over an int8 KV cache the attention is chosen the same way (:func:`choose_attention`): ONNX
+Runtime's ``GroupQueryAttention`` or ours (``chattts.Int8KvAttention``), timed on a few nodes of
+the step's shape; :func:`choose_kernels` makes both choices, as the engine does at start-up.
+
 :func:`cpu_features` reads the CPU model and the instruction-set flags that decide it (the
 benchmark records them next to its figures).
 """
@@ -29,7 +33,7 @@ import numpy as np
 
 from .. import contract
 from ..contract import Precision
-from ..int8_kernel import NAME, KernelUnavailable
+from ..int8_kernel import ATTENTION_NAME, NAME, KernelUnavailable
 from ..native import median_ms
 from ..runtime import make_session
 
@@ -184,17 +188,31 @@ def runs_int8(runner: GptStepRunner) -> bool:
     return bool(int8.get(contract.GPT_GRAPH)) and runner.graph.name == int8[contract.GPT_GRAPH]
 
 
-def use_kernel(runner: GptStepRunner, kernel: str) -> float:
-    """Rebuild ``runner``'s session (its int8 step graph as it loaded it, KV cache precision
-    included) on ``kernel`` (:func:`kernel_graph`); returns the seconds it took. Raises what
-    :func:`kernel_graph` or the session raises (the runner keeps its session then)."""
+def use_kernel(runner: GptStepRunner, kernel: str | None = None, attention: str | None = None,
+               profile_prefix: str | None = None) -> float:
+    """Rebuild ``runner``'s session (its step graph as it loaded it, KV cache precision
+    included) on int8 ``kernel`` (:func:`kernel_graph`; None: the one it runs, if any) and
+    ``attention`` (:data:`ATTENTION_KERNELS`; None: the one it runs), with ONNX Runtime's
+    profiler on where ``profile_prefix`` is given; returns the seconds it took. Raises what
+    :func:`kernel_graph`, the attention's rewrite or the session raises (the runner keeps its
+    session then)."""
+    from ..int8_kernel import library as own_library
+    from ..int8_kernel import with_own_attention
     from .gpt import load_step_graph
 
     t = time.perf_counter()
-    model = load_step_graph(runner.art, runner.graph, getattr(runner, "kv_precision", runner.opts.kv_cache))
-    graph, library = kernel_graph(model, kernel)
-    runner.use_session(make_session(graph, runner.opts, custom_ops=library))
+    kernel = kernel if kernel is not None else getattr(runner, "_int8_kernel", None)
+    attention = attention if attention is not None else getattr(runner, "_attention", GQA_ATTENTION)
+    graph: Path | bytes = load_step_graph(runner.art, runner.graph, getattr(runner, "kv_precision",
+                                                                            runner.opts.kv_cache))
+    library = None
+    if kernel is not None:
+        graph, library = kernel_graph(graph, kernel)
+    if attention == OWN_ATTENTION:
+        graph, library = with_own_attention(graph), own_library()
+    runner.use_session(make_session(graph, runner.opts, profile_prefix=profile_prefix, custom_ops=library))
     runner._int8_kernel = kernel  # type: ignore[attr-defined]
+    runner._attention = attention  # type: ignore[attr-defined]
     return time.perf_counter() - t
 
 
@@ -275,3 +293,156 @@ def choose_int8_kernel(runner: GptStepRunner, kernels: dict[str, int] | None = N
              f", dropped {dropped}" if dropped else "", probe_s,
              f", session rebuilt in {swap_s:.1f} s" if swap_s else "")
     return choice
+
+
+# --- attention over the int8 KV cache ------------------------------------------------------
+
+GQA_ATTENTION = "group-query-attention"
+"""ONNX Runtime's ``GroupQueryAttention`` over the int8 cache, as the graph has it."""
+OWN_ATTENTION = ATTENTION_NAME
+"""Our ``Int8KvAttention`` (:func:`chattts_serving.int8_kernel.with_own_attention`): the same
+attention, reading the int8 cache without dequantizing it into a copy first."""
+ATTENTION_KERNELS = (GQA_ATTENTION, OWN_ATTENTION)
+ATTENTION_PROBE_PAST = 300
+"""Positions each probe row holds (a sentence's worth of codes after its prompt)."""
+
+
+@dataclass
+class AttentionChoice:
+    """The attention probe's outcome, as :class:`KernelChoice`'s: ``chosen`` (one of
+    :data:`ATTENTION_KERNELS`), ``probe_ms`` {name: {rows: median ms}}, ``dropped``, the probe's
+    ``shape`` and wall time (s), ``swap_s`` (0 when the graph's own attention won)."""
+
+    chosen: str
+    probe_ms: dict[str, dict[int, float]] = field(default_factory=dict)
+    dropped: list[str] = field(default_factory=list)
+    shape: dict[str, int] = field(default_factory=dict)
+    probe_s: float = 0.0
+    swap_s: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"chosen": self.chosen,
+                "probe_ms": {k: {str(b): round(v, 3) for b, v in d.items()} for k, d in self.probe_ms.items()},
+                "dropped": self.dropped, "shape": self.shape, "probe_s": round(self.probe_s, 2),
+                "swap_s": round(self.swap_s, 2)}
+
+
+def attention_probe_graph(heads: int, head_dim: int, positions: int, layers: int = PROBE_LAYERS,
+                          seed: int = 0) -> bytes:
+    """A serialized ONNX graph of ``layers`` ``GroupQueryAttention`` nodes as the fused step has
+    them over an int8 cache (rotary inside, per-channel scales: random), each on the query
+    ``qkv`` (B, 1, 3 x heads x head_dim) float32 and its own cache ``pk<i>``/``pv<i>`` (B, heads,
+    C, head_dim) int8, presents ``ok<i>``/``ov<i>``: the step's attention in small."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(seed)
+    angle = np.arange(positions)[:, None] * (1.0 / 10000 ** (np.arange(0, head_dim, 2) / head_dim))[None]
+    inits = [numpy_helper.from_array(np.cos(angle).astype(np.float32), "cos"),
+             numpy_helper.from_array(np.sin(angle).astype(np.float32), "sin")]
+    inputs = [helper.make_tensor_value_info("qkv", TensorProto.FLOAT, ["b", 1, 3 * heads * head_dim]),
+              helper.make_tensor_value_info("seqlens", TensorProto.INT32, ["b"]),
+              helper.make_tensor_value_info("total", TensorProto.INT32, [1])]
+    outputs, nodes = [], []
+    for i in range(layers):
+        for kind in ("k", "v"):
+            inits.append(numpy_helper.from_array((rng.random((heads, 1, head_dim)) * 0.02 + 0.01).astype(np.float32),
+                                                 f"{kind}s{i}"))
+            inputs.append(helper.make_tensor_value_info(f"p{kind}{i}", TensorProto.INT8, ["b", heads, "c", head_dim]))
+            outputs.append(helper.make_tensor_value_info(f"o{kind}{i}", TensorProto.INT8, ["b", heads, "c", head_dim]))
+        outputs.append(helper.make_tensor_value_info(f"o{i}", TensorProto.FLOAT, ["b", 1, heads * head_dim]))
+        nodes.append(helper.make_node(
+            "GroupQueryAttention", ["qkv", "", "", f"pk{i}", f"pv{i}", "seqlens", "total", "cos", "sin", "", "", "",
+                                    f"ks{i}", f"vs{i}"], [f"o{i}", f"ok{i}", f"ov{i}"], domain="com.microsoft",
+            num_heads=heads, kv_num_heads=heads, do_rotary=1, rotary_interleaved=0, scale=float(head_dim) ** -0.5,
+            kv_cache_bit_width=8, k_quant_type="PER_CHANNEL", v_quant_type="PER_CHANNEL"))
+    graph = helper.make_graph(nodes, "attention_probe", inputs, outputs, inits)
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+    model = helper.make_model(graph, opset_imports=opsets)
+    model.ir_version = contract.ONNX_IR_VERSION
+    return bytes(model.SerializeToString())
+
+
+def _attention_probe_ms(session: Any, heads: int, head_dim: int, rows: int, past: int, layers: int,
+                        steps: int) -> float:
+    """Median ms of ``steps`` decode runs of an :func:`attention_probe_graph` session on
+    ``rows`` rows of ``past`` positions, each cache bound to its past and present (as the
+    engine binds its cache), after one untimed run."""
+    import onnxruntime as ort
+
+    rng = np.random.default_rng(rows)
+    io = session.io_binding()
+    io.bind_cpu_input("qkv", rng.standard_normal((rows, 1, 3 * heads * head_dim), dtype=np.float32))
+    io.bind_cpu_input("seqlens", np.full(rows, past, np.int32))
+    io.bind_cpu_input("total", np.array([past + 1], np.int32))
+    caches = []
+    for i in range(layers):
+        for kind in ("k", "v"):
+            cache = ort.OrtValue.ortvalue_from_numpy(rng.integers(-127, 128, (rows, heads, past + 1, head_dim),
+                                                                  dtype=np.int8))
+            caches.append(cache)
+            io.bind_ortvalue_input(f"p{kind}{i}", cache)
+            io.bind_ortvalue_output(f"o{kind}{i}", cache)
+        io.bind_output(f"o{i}")
+    session.run_with_iobinding(io)
+    return median_ms(lambda: session.run_with_iobinding(io), steps)
+
+
+def choose_attention(runner: GptStepRunner, *, steps: int = PROBE_STEPS,
+                     candidates: tuple[str, ...] = ATTENTION_KERNELS) -> AttentionChoice | None:
+    """Time each of ``candidates`` on a few attention nodes of the step's shape over an int8
+    cache (:func:`attention_probe_graph`, :data:`ATTENTION_PROBE_PAST` positions, 1 and 16
+    rows, the runner's threads) and leave ``runner`` on the fastest: its session is rebuilt
+    (:func:`use_kernel`, its int8 kernel kept) when our attention wins, and where that fails it
+    keeps ONNX Runtime's. Returns the :class:`AttentionChoice` (logged at INFO), or None when
+    the runner's KV cache is not int8 (nothing to choose). Our attention is dropped where its
+    library cannot run here (logged at INFO)."""
+    from ..contract import KvPrecision
+    from ..int8_kernel import library as own_library
+    from ..int8_kernel import with_own_attention
+
+    if getattr(runner, "kv_precision", None) is not KvPrecision.INT8:
+        return None
+    started = time.perf_counter()
+    heads, head_dim = runner.art.num_heads, runner.art.head_dim
+    probe = attention_probe_graph(heads, head_dim, ATTENTION_PROBE_PAST + 1)
+    probe_ms: dict[str, dict[int, float]] = {}
+    dropped: list[str] = []
+    for name in candidates:
+        try:
+            session = (make_session(with_own_attention(probe), runner.opts, custom_ops=own_library())
+                       if name == OWN_ATTENTION else make_session(probe, runner.opts))
+        except KernelUnavailable as exc:
+            log.info("attention %s: unavailable (%s)", name, exc)
+            dropped.append(name)
+            continue
+        except Exception as exc:  # an onnxruntime that refuses the node: not a candidate
+            log.warning("attention %s: no session (%s)", name, exc)
+            dropped.append(name)
+            continue
+        probe_ms[name] = {b: _attention_probe_ms(session, heads, head_dim, b, ATTENTION_PROBE_PAST, PROBE_LAYERS, steps)
+                          for b in PROBE_BATCHES}
+    running = getattr(runner, "_attention", GQA_ATTENTION)
+    probe_s = time.perf_counter() - started
+    swap_s = 0.0
+    chosen = min(probe_ms, key=lambda c: sum(probe_ms[c].values()), default=running)
+    if chosen != running:
+        try:
+            swap_s = use_kernel(runner, attention=chosen)
+        except Exception as exc:  # the step graph would not build on it: the runner keeps its session
+            log.warning("attention %s: the step's session failed (%s); keeping %s", chosen, exc, running)
+            dropped.append(chosen)
+            chosen = running
+    choice = AttentionChoice(chosen, probe_ms, dropped, {"layers": PROBE_LAYERS, "heads": heads, "head_dim": head_dim,
+                                                         "past": ATTENTION_PROBE_PAST}, probe_s, swap_s)
+    log.info("int8 KV attention: %s; probe ms at 1 / 16 rows %s%s, %.2f s%s", chosen,
+             {c: [round(v, 2) for v in d.values()] for c, d in probe_ms.items()},
+             f", dropped {dropped}" if dropped else "", probe_s,
+             f", session rebuilt in {swap_s:.1f} s" if swap_s else "")
+    return choice
+
+
+def choose_kernels(runner: GptStepRunner) -> tuple[KernelChoice | None, AttentionChoice | None]:
+    """What the engine does at start-up: the int8 MatMul kernel (:func:`choose_int8_kernel`),
+    then the attention over an int8 cache (:func:`choose_attention`), each None where there is
+    nothing to choose."""
+    return choose_int8_kernel(runner), choose_attention(runner)

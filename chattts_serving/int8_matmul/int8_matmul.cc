@@ -323,6 +323,9 @@ const OrtCustomOp g_op = make_op();
 
 }  // namespace
 
+// int8_attention.cc: chattts.Int8KvAttention, registered in the same domain.
+const OrtCustomOp* chattts_attention_op(const OrtApi* api);
+
 extern "C" {
 
 // Returns non-zero when this CPU runs the kernels (AVX-512 F, BW, VNNI).
@@ -333,8 +336,8 @@ __attribute__((visibility("default"))) int chattts_int8_supported() {
          __builtin_cpu_supports("avx512vnni");
 }
 
-// ONNX Runtime's entry point for SessionOptions.register_custom_ops_library: the op in domain
-// "chattts", or an error naming the missing instructions.
+// ONNX Runtime's entry point for SessionOptions.register_custom_ops_library: the ops in domain
+// "chattts" (Int8BlockMatMul, Int8KvAttention), or an error naming the missing instructions.
 __attribute__((visibility("default"))) OrtStatus* ORT_API_CALL RegisterCustomOps(OrtSessionOptions* options,
                                                                               const OrtApiBase* base) {
   g_api = base->GetApi(ORT_API_VERSION);
@@ -344,6 +347,7 @@ __attribute__((visibility("default"))) OrtStatus* ORT_API_CALL RegisterCustomOps
   OrtCustomOpDomain* domain = nullptr;
   RETURN_IF(g_api->CreateCustomOpDomain("chattts", &domain));
   RETURN_IF(g_api->CustomOpDomain_Add(domain, &g_op));
+  RETURN_IF(g_api->CustomOpDomain_Add(domain, chattts_attention_op(g_api)));
   return g_api->AddCustomOpDomain(options, domain);
 }
 

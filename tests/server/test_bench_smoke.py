@@ -34,7 +34,7 @@ from bench.openloop import BUDGET_SCALES
 from bench.stats import diff_samples, engine_batches, model_stats
 from bench.wsload import WS_FIGURES
 from chattts_serving import contract
-from chattts_serving.engine.kernels import OWN_KERNEL
+from chattts_serving.engine.kernels import OWN_ATTENTION, OWN_KERNEL
 from chattts_serving.serving.profile import load_profile
 from tests.support.servers import running_gateway
 
@@ -165,7 +165,8 @@ def test_bench_smoke_writes_report(small_weights: Path, small_int8_artifacts, tm
         for r in p["op_profile"].values():
             own = r["kernel"] is not None and r["kernel"]["chosen"] == OWN_KERNEL
             projections = ("Int8BlockMatMul" if own else "MatMulNBits") if p is int8 else "MatMul"
-            assert r["ops"][projections] > 0 and r["ops"]["GroupQueryAttention"] > 0
+            ours = r.get("attention") is not None and r["attention"]["chosen"] == OWN_ATTENTION
+            assert r["ops"][projections] > 0 and r["ops"]["Int8KvAttention" if ours else "GroupQueryAttention"] > 0
     assert int8["floor"]["graph"] == "gpt_step.int8.onnx" and prof["floor"]["graph"] == "gpt_step.onnx"
     assert int8["floor"]["weight_bytes"] < 0.6 * prof["floor"]["weight_bytes"]  # 8-bit weights (the small
     # config's fp32 code heads, 256 x 2504, are a fifth of its projections' bytes)

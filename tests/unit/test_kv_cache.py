@@ -22,21 +22,11 @@ from chattts_serving.engine.scheduler import Engine, EngineConfig
 from chattts_serving.engine.sequence import make_sequence
 from chattts_serving.engine.sinks import CollectingSink
 from chattts_serving.export.int8 import ACCURACY_THRESHOLD, _prompts, compare_runs, teacher_forced
-from chattts_serving.export.kvcache import calibrate_scales, write_scales
 from chattts_serving.params import SamplingParams
 from chattts_serving.runtime import Artifacts, OrtOptions
 from chattts_serving.serving.profile import ProfileError, load_profile, profile_from_json
 
 TEXTS = ("今天天气很好，我们去公园散步吧。", "请把这段文字读出来。", "语音合成服务正在运行。")
-
-
-@pytest.fixture(scope="module")
-def kv_artifacts(small_artifacts: Artifacts, tmp_path_factory: pytest.TempPathFactory) -> Artifacts:
-    """A copy of the small artifacts with calibrated int8 KV scales."""
-    root = tmp_path_factory.mktemp("kv") / "artifacts"
-    shutil.copytree(small_artifacts.root, root)
-    write_scales(root, calibrate_scales(root, steps=40), {"test": True})
-    return Artifacts.load(root)
 
 
 def _engine_codes(art: Artifacts, kv: KvPrecision, steps: int) -> list[np.ndarray]:
@@ -83,12 +73,13 @@ def test_the_fp16_cache_engine_samples_the_fp32_cache_engines_tokens(small_artif
 
 
 @pytest.mark.parametrize("kv", [KvPrecision.FP16, KvPrecision.INT8])
-def test_a_reduced_cache_agrees_with_the_fp32_cache_teacher_forced(kv_artifacts: Artifacts, kv: KvPrecision) -> None:
+def test_a_reduced_cache_agrees_with_the_fp32_cache_teacher_forced(small_kv_artifacts: Artifacts,
+                                                                     kv: KvPrecision) -> None:
     """Teacher-forced over 3 prompts x 60 steps: top-1 agreement of every code head at least
     the project's threshold (0.95), and the hidden states within a few percent."""
-    ref = GptStepRunner(kv_artifacts, OrtOptions())
-    cand = GptStepRunner(kv_artifacts, OrtOptions(kv_cache=kv))
-    runs = [teacher_forced(ref, cand, e, 60, seed=i) for i, e in enumerate(_prompts(kv_artifacts, TEXTS, "2"))]
+    ref = GptStepRunner(small_kv_artifacts, OrtOptions())
+    cand = GptStepRunner(small_kv_artifacts, OrtOptions(kv_cache=kv))
+    runs = [teacher_forced(ref, cand, e, 60, seed=i) for i, e in enumerate(_prompts(small_kv_artifacts, TEXTS, "2"))]
     acc = compare_runs(runs)
     assert acc["decode_steps"] == 3 * 59
     assert acc["top1_agreement_min"] >= ACCURACY_THRESHOLD["top1_agreement_min"], acc["top1_agreement"]
@@ -99,15 +90,15 @@ def test_a_reduced_cache_agrees_with_the_fp32_cache_teacher_forced(kv_artifacts:
 @pytest.mark.parametrize(("kv", "dtype", "itemsize"), [(KvPrecision.FP32, np.float32, 4),
                                                       (KvPrecision.FP16, np.float16, 2),
                                                       (KvPrecision.INT8, np.int8, 1)])
-def test_the_engines_preallocated_cache_holds_the_cache_dtype(kv_artifacts: Artifacts, kv: KvPrecision,
+def test_the_engines_preallocated_cache_holds_the_cache_dtype(small_kv_artifacts: Artifacts, kv: KvPrecision,
                                                              dtype: type, itemsize: int) -> None:
     """The runner's buffers (and the prefill's) are of the cache's dtype: an fp16 cache is
     half the bytes of the fp32 one, an int8 cache a quarter; the graph's IO says the same."""
-    r = GptStepRunner(kv_artifacts, OrtOptions(kv_cache=kv))
+    r = GptStepRunner(small_kv_artifacts, OrtOptions(kv_cache=kv))
     assert r.kv_dtype is dtype
     cache = r.new_cache(2, 32)
     assert all(b.dtype == dtype for b in cache.buffers)
-    a = kv_artifacts
+    a = small_kv_artifacts
     assert sum(b.nbytes for b in cache.buffers) == 2 * a.num_layers * 2 * a.num_heads * 32 * a.head_dim * itemsize
     types = {i.name: i.type for i in r.session.get_inputs()}
     assert types[contract.past_names(0)[0]] == {1: "tensor(int8)", 2: "tensor(float16)", 4: "tensor(float)"}[itemsize]
@@ -227,21 +218,21 @@ def test_the_accuracy_command_and_the_benchmark_write_their_numbers_and_the_mani
         assert acc["kv_cache"] == kv and acc["weights"] == "fp32"
 
 
-def test_auto_takes_int8_only_where_measured_accurate_with_the_weights_in_use(kv_artifacts: Artifacts) -> None:
+def test_auto_takes_int8_only_where_measured_accurate_with_the_weights_in_use(small_kv_artifacts: Artifacts) -> None:
     """``kv_cache = "auto"``: int8 when the scales exist and the int8 cache's accuracy measured
     with the weights in use meets the threshold; fp32 without a measurement, with one below
     the threshold, with one of other weights, or without the scales file."""
     from chattts_serving.runtime import resolve_kv_precision
 
     def art(accuracy: dict, scales: bool = True) -> Artifacts:
-        m = json.loads(json.dumps(kv_artifacts.manifest))
+        m = json.loads(json.dumps(small_kv_artifacts.manifest))
         m["kv_cache"]["int8"]["accuracy"] = accuracy
         if not scales:
             m["kv_cache"]["int8"]["file"] = "missing.npz"
-        return Artifacts(kv_artifacts.root, m)
+        return Artifacts(small_kv_artifacts.root, m)
 
     ok, low = {"meets_threshold": True}, {"meets_threshold": False}
-    assert resolve_kv_precision(kv_artifacts, "auto") is KvPrecision.FP32  # scales, no measurement
+    assert resolve_kv_precision(small_kv_artifacts, "auto") is KvPrecision.FP32  # scales, no measurement
     assert resolve_kv_precision(art({"fp32": ok}), "auto") is KvPrecision.INT8
     assert resolve_kv_precision(art({"fp32": ok}), "auto", "int8") is KvPrecision.FP32  # measured with fp32 weights
     assert resolve_kv_precision(art({"fp32": low}), "auto") is KvPrecision.FP32
@@ -252,15 +243,15 @@ def test_auto_takes_int8_only_where_measured_accurate_with_the_weights_in_use(kv
 
 
 def test_auto_falls_back_to_the_fp32_cache_where_onnxruntime_cannot_run_int8(
-        kv_artifacts: Artifacts, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+        small_kv_artifacts: Artifacts, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     """An onnxruntime whose GroupQueryAttention takes no int8 cache (1.23, NVIDIA's and older
     images) refuses the rewritten graph: with ``auto`` the runner says so and serves the fp32
     cache, where a pinned ``int8`` is an error naming the version."""
     from chattts_serving.engine import gpt
 
-    m = json.loads(json.dumps(kv_artifacts.manifest))
+    m = json.loads(json.dumps(small_kv_artifacts.manifest))
     m["kv_cache"]["int8"]["accuracy"] = {"fp32": {"meets_threshold": True}}
-    art = Artifacts(kv_artifacts.root, m)
+    art = Artifacts(small_kv_artifacts.root, m)
     real = gpt.make_session
 
     def old_onnxruntime(model: object, opts: OrtOptions, **kw: object) -> object:

@@ -13,7 +13,7 @@ import numpy as np
 
 from ... import contract
 from ...engine.gpt import Embeddings, GptStepRunner
-from ...engine.kernels import choose_int8_kernel
+from ...engine.kernels import choose_kernels
 from ...engine.request import SequenceRequest
 from ...engine.scheduler import Engine
 from ...engine.sequence import Sequence
@@ -67,7 +67,7 @@ class EngineModel(DecoupledModel):
         log.info("%s: GPT step graph %s (precision %s), KV cache %s", setup.name, runner.graph.name,
                  precision_label(setup, runner.opts.precision, contract.GPT_GRAPH),
                  runner.kv_precision if runner.kv_precision is kv else f"{kv}: {runner.kv_precision}")
-        choose_int8_kernel(runner)  # the int8 step's fastest MatMulNBits kernel on this CPU (logged)
+        choose_kernels(runner)  # the fastest int8 MatMul kernel and int8-cache attention on this CPU (logged)
         self.metrics = self.hooks.owns(EngineMetrics(self.pb, setup.name, ep.max_batch_size * ep.max_context_tokens,
                                                      MemoryGauges(self.pb, setup.name, setup.gpu_index)))
         self.engine = Engine(runner, Embeddings(setup.artifacts), ep.engine_config(), self.metrics)
