@@ -50,10 +50,10 @@ from .native import compiler, write_atomically
 
 log = logging.getLogger(__name__)
 
-SOURCES = (Path(__file__).resolve().parent / "int8_matmul" / "int8_matmul.cc",
-           Path(__file__).resolve().parent / "int8_matmul" / "int8_attention.cc")
+SOURCE_DIR = Path(__file__).resolve().parent / "int8_matmul"
+SOURCES = (SOURCE_DIR / "int8_matmul.cc", SOURCE_DIR / "int8_attention.cc")
 """The library's sources: the int8 MatMul and the attention over the int8 KV cache
-(:func:`with_own_attention`), one domain, one library."""
+(:func:`with_own_attention`), one domain, one library; they include ``vector_math.h``."""
 NAME = "own-vnni"
 """This kernel's name where a choice among kernels is logged or recorded."""
 EXPORTED = "matmulnbits"
@@ -106,7 +106,7 @@ def build() -> Path:
     cxx = compiler()
     if cxx is None:
         raise KernelUnavailable("no C++ compiler (g++ or $CXX) to build the int8 kernel")
-    h = hashlib.sha256(b"".join(src.read_bytes() for src in SOURCES))
+    h = hashlib.sha256(b"".join(src.read_bytes() for src in (*SOURCES, SOURCE_DIR / "vector_math.h")))
     h.update((inc / HEADER).read_bytes())
     h.update(" ".join((cxx, *FLAGS)).encode())
     lib = cache_dir() / f"int8_matmul-{h.hexdigest()[:24]}.so"
@@ -187,7 +187,8 @@ def convertible(node: Any) -> bool:
 def with_own_kernel(model: Path | str | bytes | Any) -> bytes:
     """The serialized ONNX ``model`` (a file, bytes or a ModelProto) with every convertible
     ``MatMulNBits`` node (:func:`convertible`) replaced by ``chattts.Int8BlockMatMul`` over its
-    repacked weights. Raises ValueError when no node converts."""
+    repacked weights, and each MLP gate before a down projection folded into it
+    (:func:`_fold_gates`). Raises ValueError when no node converts."""
     import onnx
     from onnx import numpy_helper
 
@@ -218,6 +219,7 @@ def with_own_kernel(model: Path | str | bytes | Any) -> bytes:
         done += 1
     if not done:
         raise ValueError("the graph has no 8-bit MatMulNBits node the int8 kernel computes")
+    _fold_gates(proto)
     used = {name for node in proto.graph.node for name in node.input}
     keep = [t for t in proto.graph.initializer if t.name in used]
     del proto.graph.initializer[:]
@@ -290,6 +292,58 @@ def with_own_attention(model: Path | str | bytes | Any) -> bytes:
     if not any(o.domain == DOMAIN for o in proto.opset_import):
         proto.opset_import.append(onnx.helper.make_opsetid(DOMAIN, 1))
     return bytes(proto.SerializeToString())
+
+
+def _fold_gates(proto: Any) -> int:
+    """Fold each LLaMA MLP gate before a converted down projection into it, in place: ``Split``
+    of the packed gate | up output into halves, ``QuickGelu`` (alpha 1: SiLU) of the gate,
+    ``Mul`` by the up half, consumed by that projection alone, become its ``gated`` mode (the
+    op reads the packed output and multiplies silu(gate) * up as it rounds the activations).
+    Returns how many it folded."""
+    import onnx
+    from onnx import numpy_helper
+
+    g = proto.graph
+    producer = {out: n for n in g.node for out in n.output}
+    consumers: dict[str, int] = {}
+    for n in g.node:
+        for name in n.input:
+            consumers[name] = consumers.get(name, 0) + 1
+    graph_outputs = {o.name for o in g.output}
+    inits = {t.name: t for t in g.initializer}
+    gone: set[int] = set()
+    folded = 0
+    for down in g.node:
+        if down.op_type != OP or down.domain != DOMAIN or int(_attrs(down).get("gated", 0)):
+            continue
+        mul = producer.get(down.input[0])
+        if mul is None or mul.op_type != "Mul" or len(mul.input) != 2:
+            continue
+        pairs = [(a, u) for a, u in (tuple(mul.input), tuple(reversed(mul.input)))
+                 if a in producer and producer[a].op_type == "QuickGelu"]
+        if not pairs:
+            continue
+        act_name, up_name = pairs[0]
+        act = producer[act_name]
+        split = producer.get(act.input[0])
+        if (float(_attrs(act).get("alpha", 1.702)) != 1.0 or split is None or split.op_type != "Split"
+                or list(split.output) != [act.input[0], up_name] or int(_attrs(split).get("axis", 0)) != -1
+                or len(split.input) < 2 or split.input[1] not in inits):
+            continue
+        k = int(_attrs(down)["K"])
+        if numpy_helper.to_array(inits[split.input[1]]).tolist() != [k, k]:
+            continue
+        inner = [mul.output[0], act.output[0], *split.output]
+        if any(consumers.get(name, 0) != 1 or name in graph_outputs for name in inner):
+            continue
+        down.input[0] = split.input[0]
+        down.attribute.append(onnx.helper.make_attribute("gated", 1))
+        gone.update(id(n) for n in (mul, act, split))
+        folded += 1
+    keep = [n for n in g.node if id(n) not in gone]
+    del g.node[:]
+    g.node.extend(keep)
+    return folded
 
 
 def fastest_session(model: Path, opts: Any, probe: Callable[[Any], object], *,

@@ -46,6 +46,8 @@
 #include <string>
 #include <vector>
 
+#include "vector_math.h"
+
 #define CHATTTS_AVX512 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl")))
 
 namespace chattts_attention {
@@ -71,25 +73,6 @@ struct Job {
   int64_t b, s, heads, d, past_cap, cap;
   float scale;
 };
-
-// e^x for x <= 0 (softmax after the maximum is taken off): 2^n e^r with |r| <= ln2/2, e^r by its
-// Taylor series to r^7 (relative error below 1e-8 there), 2^n by scalef. Inputs below -87 give 0.
-CHATTTS_AVX512 inline __m512 exp_ps(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187e-06f), r);
-  __m512 p = _mm512_set1_ps(1.0f / 5040);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  return _mm512_scalef_ps(p, n);
-}
 
 // The 16 sums of a[0..15]'s lanes, lane i holding a[i]'s: pairs added through unpacks, then
 // 128-bit lanes through shuffles (45 operations where 16 horizontal sums take about 130).
@@ -181,13 +164,13 @@ CHATTTS_AVX512 void attend(const Job& j, int64_t task) {
     const __m512 vm = _mm512_set1_ps(m);
     __m512 sum = _mm512_setzero_ps();
     for (t = 0; t + 16 <= n; t += 16) {
-      const __m512 e = exp_ps(_mm512_sub_ps(_mm512_loadu_ps(sc + t), vm));
+      const __m512 e = chattts_math::exp_ps(_mm512_sub_ps(_mm512_loadu_ps(sc + t), vm));
       _mm512_storeu_ps(sc + t, e);
       sum = _mm512_add_ps(sum, e);
     }
     if (t < n) {
       const __mmask16 mask = static_cast<__mmask16>((1u << (n - t)) - 1);
-      const __m512 e = exp_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(mask, sc + t), vm));
+      const __m512 e = chattts_math::exp_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(mask, sc + t), vm));
       _mm512_mask_storeu_ps(sc + t, mask, e);
       sum = _mm512_add_ps(sum, _mm512_maskz_mov_ps(mask, e));
     }

@@ -14,6 +14,9 @@
 //                                 correction for the activations' offset (VNNI multiplies u8 by s8)
 // Output: Y float32 [..., N]; attributes K, N, block_size. Columns past N in the last panel are
 // zero padding and are not written.
+// Attribute gated (default 0): 1 takes A as [..., 2K], the packed gate | up projection of a
+// LLaMA MLP, and multiplies silu(gate) * up (SiLU = x * sigmoid(x), QuickGelu with alpha 1), the
+// Split, QuickGelu and Mul nodes before the down projection folded into its activation rounding.
 //
 // Per block: q = round(a * 127 / max|a|) in [-127, 127], stored as q + 128 (u8); the block's
 // integer dot product is sum (q + 128) w - 128 sum w; Y += (max|a| / 127) * scale * dot.
@@ -35,6 +38,8 @@
 #include <string>
 #include <vector>
 
+#include "vector_math.h"
+
 namespace {
 
 #define CHATTTS_AVX512 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")))
@@ -44,6 +49,7 @@ constexpr int kPanel = 64;  // output columns per panel: 4 zmm of 16 fp32
 
 struct Job {
   const float* a;
+  float* gated;  // per row, silu(gate) * up (gated mode), else null
   uint8_t* qa;
   float* sa;
   const int8_t* w;
@@ -189,14 +195,32 @@ CHATTTS_AVX512 void one_panel(const Job& j, int64_t p) {
 
 void run_panel(void* data, size_t p) { one_panel(*static_cast<Job*>(data), static_cast<int64_t>(p)); }
 
+// silu(g) * u for K values: g / (1 + e^-g) * u.
+CHATTTS_AVX512 void gate_row(const float* g, const float* u, int64_t k, float* out) {
+  const __m512 one = _mm512_set1_ps(1.0f);
+  int64_t i = 0;
+  for (; i + 16 <= k; i += 16) {
+    const __m512 x = _mm512_loadu_ps(g + i);
+    const __m512 e = chattts_math::exp_ps(_mm512_sub_ps(_mm512_setzero_ps(), x));
+    _mm512_storeu_ps(out + i, _mm512_mul_ps(_mm512_div_ps(x, _mm512_add_ps(one, e)), _mm512_loadu_ps(u + i)));
+  }
+  for (; i < k; ++i) out[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+}
+
 void run_quantize(void* data, size_t row) {
   const Job& j = *static_cast<Job*>(data);
   const int64_t r = static_cast<int64_t>(row);
-  quantize_row(j.a + r * j.k, j.k, j.block, j.qa + r * j.k, j.sa + r * (j.k / j.block));
+  const float* a = j.a + r * j.k;
+  if (j.gated != nullptr) {
+    float* x = j.gated + r * j.k;
+    gate_row(j.a + r * 2 * j.k, j.a + r * 2 * j.k + j.k, j.k, x);
+    a = x;
+  }
+  quantize_row(a, j.k, j.block, j.qa + r * j.k, j.sa + r * (j.k / j.block));
 }
 
 struct Kernel {
-  int64_t k = 0, n = 0, block = 0;
+  int64_t k = 0, n = 0, block = 0, gated = 0;
 };
 
 OrtStatus* error(const std::string& msg) { return g_api->CreateStatus(ORT_INVALID_ARGUMENT, msg.c_str()); }
@@ -231,15 +255,17 @@ OrtStatus* ORT_API_CALL compute(void* op_kernel, OrtKernelContext* ctx) {
   RETURN_IF(dims_of(in[2], sdims, scount));
   RETURN_IF(dims_of(in[3], zdims, zcount));
   const int64_t panels = (kn.n + kPanel - 1) / kPanel;
-  if (adims.empty() || adims.back() != kn.k)
-    return error("Int8BlockMatMul: A's last dimension must be K=" + std::to_string(kn.k));
+  const int64_t a_width = kn.gated ? 2 * kn.k : kn.k;
+  if (adims.empty() || adims.back() != a_width)
+    return error("Int8BlockMatMul: A's last dimension must be " + std::string(kn.gated ? "2K=" : "K=") +
+                 std::to_string(a_width));
   if (wdims.size() != 4 || wdims[0] != panels || wdims[1] != kn.k / 4 || wdims[2] != kPanel || wdims[3] != 4)
     return error("Int8BlockMatMul: W is not packed as [ceil(N/64), K/4, 64, 4]");
   const size_t per_block = static_cast<size_t>(panels * (kn.k / kn.block) * kPanel);
   if (scount != per_block || zcount != per_block)
     return error("Int8BlockMatMul: S and Z must hold [ceil(N/64), K/block_size, 64] values");
   Job j{};
-  j.m = static_cast<int64_t>(acount) / kn.k;
+  j.m = static_cast<int64_t>(acount) / a_width;
   j.k = kn.k;
   j.n = kn.n;
   j.block = kn.block;
@@ -261,11 +287,15 @@ OrtStatus* ORT_API_CALL compute(void* op_kernel, OrtKernelContext* ctx) {
   j.y = static_cast<float*>(p);
   if (j.m == 0) return nullptr;
   thread_local std::vector<uint8_t> qa;
-  thread_local std::vector<float> sa;
+  thread_local std::vector<float> sa, gated;
   qa.resize(static_cast<size_t>(j.m * j.k));
   sa.resize(static_cast<size_t>(j.m * (j.k / j.block)));
   j.qa = qa.data();
   j.sa = sa.data();
+  if (kn.gated) {
+    gated.resize(static_cast<size_t>(j.m * j.k));
+    j.gated = gated.data();
+  }
   // A few rows quantize in microseconds on this thread: handing them to the pool would cost a
   // second wake-up of its threads.
   if (j.m <= 4)
@@ -280,6 +310,12 @@ OrtStatus* ORT_API_CALL create(const OrtCustomOp*, const OrtApi*, const OrtKerne
   OrtStatus* st = g_api->KernelInfoGetAttribute_int64(info, "K", &kn->k);
   if (!st) st = g_api->KernelInfoGetAttribute_int64(info, "N", &kn->n);
   if (!st) st = g_api->KernelInfoGetAttribute_int64(info, "block_size", &kn->block);
+  if (!st) {  // optional: absent is 0
+    if (OrtStatus* absent = g_api->KernelInfoGetAttribute_int64(info, "gated", &kn->gated)) {
+      g_api->ReleaseStatus(absent);
+      kn->gated = 0;
+    }
+  }
   if (!st && (kn->k <= 0 || kn->n <= 0 || kn->block <= 0 || kn->block % 4 != 0 || kn->k % kn->block != 0))
     st = error("Int8BlockMatMul: K, N and block_size must be positive, block_size a multiple of 4 dividing K");
   if (st) {

@@ -220,3 +220,51 @@ def test_the_probe_graph_loads_where_the_exported_graphs_load() -> None:
 
     probe = onnx.load_from_string(probe_graph(64, 96, 32, 4, layers=1))
     assert probe.ir_version == contract.ONNX_IR_VERSION == 8
+
+
+def _mlp_graph(alpha: float = 1.0, extra_use: bool = False) -> onnx.ModelProto:
+    """x -> gate|up MatMulNBits -> Split -> QuickGelu(gate) * up -> down MatMulNBits -> y, as the
+    fused step's MLP (K = 64 hidden, F = 96); ``extra_use``: the product is a graph output too."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(9)
+
+    def weights(name: str, k: int, n: int) -> list[onnx.TensorProto]:
+        return [numpy_helper.from_array(rng.integers(0, 256, (n, k // 32, 32), dtype=np.uint8), f"{name}.q"),
+                numpy_helper.from_array((rng.random((n, k // 32)) * 0.02 + 0.001).astype(np.float32), f"{name}.s")]
+
+    nodes = [helper.make_node("MatMulNBits", ["x", "gu.q", "gu.s"], ["gu"], domain="com.microsoft", K=64, N=192,
+                              bits=8, block_size=32, accuracy_level=4),
+             helper.make_node("Split", ["gu", "halves"], ["gate", "up"], axis=-1),
+             helper.make_node("QuickGelu", ["gate"], ["silu"], domain="com.microsoft", alpha=alpha),
+             helper.make_node("Mul", ["silu", "up"], ["act"]),
+             helper.make_node("MatMulNBits", ["act", "down.q", "down.s"], ["y"], domain="com.microsoft", K=96, N=64,
+                              bits=8, block_size=32, accuracy_level=4)]
+    outputs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["m", 64])]
+    if extra_use:
+        outputs.append(helper.make_tensor_value_info("act", TensorProto.FLOAT, ["m", 96]))
+    inits = [*weights("gu", 64, 192), *weights("down", 96, 64),
+             numpy_helper.from_array(np.array([96, 96], np.int64), "halves")]
+    graph = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["m", 64])],
+                              outputs, inits)
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+    model = helper.make_model(graph, opset_imports=opsets)
+    model.ir_version = 8
+    return model
+
+
+def test_the_mlp_gate_folds_into_the_down_projection_with_the_same_numerics(library: Path) -> None:
+    """Split, SiLU and Mul before the down projection become its gated mode: the same output as
+    ONNX Runtime's nodes to float rounding, at 1 to 17 rows; a QuickGelu of another alpha, or a
+    product read elsewhere too, is left as it is."""
+    folded = onnx.load_from_string(with_own_kernel(_mlp_graph()))
+    assert [n.op_type for n in folded.graph.node] == ["Int8BlockMatMul", "Int8BlockMatMul"]
+    ours = make_session(folded.SerializeToString(), OrtOptions(2, False), custom_ops=library)
+    ref = make_session(_mlp_graph().SerializeToString(), OrtOptions(2, False))
+    for rows in (1, 3, 17):
+        x = np.random.default_rng(rows).standard_normal((rows, 64), dtype=np.float32)
+        expected = ref.run(None, {"x": x})[0]
+        np.testing.assert_allclose(ours.run(None, {"x": x})[0], expected, rtol=0, atol=1e-5 * np.abs(expected).max())
+    for kept in (_mlp_graph(alpha=1.702), _mlp_graph(extra_use=True)):
+        ops = [n.op_type for n in onnx.load_from_string(with_own_kernel(kept)).graph.node]
+        assert ops == ["Int8BlockMatMul", "Split", "QuickGelu", "Mul", "Int8BlockMatMul"], ops
