@@ -21,7 +21,7 @@ UNITS_BESIDE_UNITS = [
     ('2m×3m的地毯。', '两米乘以三米的地毯。'),
     ('长宽高为10×20×30cm。', '长宽高为十乘以二十乘以三十厘米。'),
     ('电池5000mAh和65W快充。', '电池五千毫安时和六十五瓦快充。'),
-    ('30cm×40cm', 'thirty centimeters times forty centimeters'),
+    ('30cm×40cm', 'thirty centimeters by forty centimeters'),
     ('He weighs 80kg and is 1.8m tall.', 'He weighs eighty kilograms and is one point eight meters tall.'),
 ]
 
@@ -233,7 +233,7 @@ ADDRESSES = [
     ('1600 Pennsylvania Avenue NW, Washington, DC 20500.',
      'sixteen hundred Pennsylvania Avenue NW, Washington, DC two zero five zero zero.'),
     ('Apt 4B, 350 Fifth Avenue, New York, NY 10118.',
-     'Apt four B, three fifty Fifth Avenue, New York, NY one zero one one eight.'),
+     'Apartment four B, three fifty Fifth Avenue, New York, NY one zero one one eight.'),
     ('He lives at 10 Downing Street.', 'He lives at ten Downing Street.'),
     ('I scored 900 on the test.', 'I scored nine hundred on the test.'),
     ('In 2024, US 20000 jobs were added.', 'In twenty twenty four, US twenty thousand jobs were added.'),

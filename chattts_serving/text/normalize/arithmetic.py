@@ -207,3 +207,23 @@ MATH_FUNCTION: Final = Kind(
     _read_math_function, first=r"[acelst]", letters_neutral=True)
 """A named function of one number or variable in brackets, or a trigonometric one of degrees
 without them (sin30°, cos 45°): sine, never the word sin."""
+
+
+# --- factorials: 5! in a calculation -------------------------------------------------------
+
+
+def _read_factorial(lang: Lang, g: Groups, before: str, after: str) -> str:
+    """5! = 120, 3! times 2: 五的阶乘 / five factorial, never a number and an exclamation."""
+    num = g("fc_num") or g("fc_num2")
+    return f"{zh_number(num)}的阶乘" if lang == "zh" else f"{en_number(num)} factorial"
+
+
+_FACTORIAL_NEXT: Final = (r"\s*(?:[-−+×*/÷=]\s*[\d(]|(?:equals|is|times|plus|minus|divided|over)\s+\d"
+                          r"|(?:equals|times|divided by)\b|等于|乘|除以|加|减)")
+FACTORIAL: Final = Kind(
+    "factorial",
+    rf"(?<![A-Za-z0-9.!])(?P<fc_num>\d{{1,3}})!(?![!=])(?={_FACTORIAL_NEXT})"
+    r"|(?:(?<==)|(?<== )|(?<=equals )|(?<=等于))(?P<fc_num2>\d{1,3})!(?![!=])",
+    _read_factorial, first=r"\d")
+"""Only in a calculation (an operator, equals or times after it, or an equals sign before it):
+I got 5! at a sentence's end is an exclamation."""

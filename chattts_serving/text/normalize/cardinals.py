@@ -23,6 +23,7 @@ from .numbers import (
     LONG_IDENTIFIER_DIGITS,
     digit_groups,
     en_digits,
+    en_int,
     en_number,
     en_ordinal,
     en_year,
@@ -67,8 +68,10 @@ def _read_number(lang: Lang, g: Groups, before: str, after: str) -> str:
             return read_groups(lang, [num], plus=True)  # 国际区号+1: a country code, as phones read it
         return ("负" if sign == "-" else "正" if sign == "+" else "") + words + ("多" if plus else "")
     if not sign and len(num) == 4 and num.isdigit() and 1100 <= int(num) <= 2099 and (
-            _year_context(before) or _bracketed_year(before, after)):
+            _year_context(before) or _bracketed_year(before, after) or _ERA_AFTER.match(after)):
         return en_year(int(num))
+    if not sign and len(num) == 4 and num.isdigit() and 1000 <= int(num) < 1100 and _early_year(before, after):
+        return early_year(int(num))
     if num.isdigit() and (len(num) >= LONG_IDENTIFIER_DIGITS or (len(num) >= 3 and before[-1:].isupper())
                           or (len(num) >= 3 and not sign and en_identifier(before))):
         return read_groups(lang, digit_groups(num))  # a card number, CA981, call 911
@@ -175,6 +178,30 @@ def _year_context(before: str) -> bool:
     words = re.findall(r"[A-Za-z]+", before)
     return bool(words) and before.rstrip(" ,").endswith(words[-1]) and (
         words[-1] in _YEAR_WORDS or words[-1].lower() in _YEAR_WORDS)
+
+
+_ERA_AFTER: Final = re.compile(r"\s?(?:AD|BC|BCE|CE|A\.D\.|B\.C\.)(?![A-Za-z])")
+"""An era after a number: the number is a year (1066 AD, 1200 BC)."""
+_EARLY_YEAR_BEFORE: Final = re.compile(r"\b(?:[Ii]n|[Ss]ince|[Yy]ear|[Uu]ntil|[Tt]ill|[Ff]rom|[Bb]efore|[Aa]fter|"
+                                       r"[Cc]irca|[Aa]round|AD|c\.)\s*$")
+_EARLY_YEAR_AFTER: Final = re.compile(r"\s*(?:$|[,.;:!?)]|(?:the|when|and|he|she|they|it|we|there|during|as|a|an)\b"
+                                      r"|[A-Z])")
+"""What may follow a year: punctuation, a clause's first word, a name (in 1066 the Normans, in
+1066, William); a noun after the number makes it a count (in 1024 bytes)."""
+
+
+def _early_year(before: str, after: str) -> bool:
+    """A number from 1000 to 1099 is a year only after in, since, year, AD, ... with no noun after it
+    (in 1066, the year 1066), or before an era (1066 AD): 1 in 1000 people stays a count."""
+    return _ERA_AFTER.match(after) is not None or (
+        _EARLY_YEAR_BEFORE.search(before) is not None and _EARLY_YEAR_AFTER.match(after) is not None)
+
+
+def early_year(y: int) -> str:
+    """A year from 1000 to 1099 as it is said: ten sixty six, ten oh five (1000: one thousand)."""
+    if 1000 < y < 1010:
+        return f"ten oh {en_int(y - 1000)}"
+    return en_year(y)
 
 
 ORDINAL: Final = Kind(

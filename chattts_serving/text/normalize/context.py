@@ -23,6 +23,10 @@ SCORE_SENTENCE: Final = (*SCORE_AFTER, *words("score_sentence"))
 """Anywhere in the sentence, they make a hyphen between two integers a score rather than a
 range (他4-0获胜，从0-3追到3-3), unless a unit or measure word follows it (比赛还剩3-5分钟)."""
 
+SCORE_WORDS_EN: Final = re.compile(rf"\b(?:{'|'.join(re.escape(w) for w in words('score_words_en'))})\b", re.IGNORECASE)
+"""English words of a match in the sentence of ``a - b`` written with spaces (the final score was
+3 - 1, they won 2 - 0): a score, read to; without them a spaced dash is a range or a minus."""
+
 
 IDENTIFIER_BEFORE: Final = words("identifier_before")
 """Written right before a number of three or more digits (spaces, ``:``, 是/为 between

@@ -209,3 +209,24 @@ DAY_MONTH_NAME: Final = Kind(
     r"(?:(?<=\b[A-Z][a-z]{2})\.(?!\s*$)|(?<=Sept)\.)?"
     r"(?:,?\s+(?P<dm_y>\d{4})(?!\d))?",
     _read_day_month_name, lang="en", first=r"\d")
+
+
+def _read_card_expiry(lang: Lang, g: Groups, before: str, after: str) -> str:
+    """A card's expiry, month and two-digit year: Exp 09/27 -> expiry September twenty twenty
+    seven, valid thru 03/29 -> valid thru March twenty twenty nine; never a day of the month."""
+    written = g("ce_y")
+    year = int(written) + 2000 if len(written) == 2 else int(written)
+    said = f"{MONTHS_EN[int(g('ce_m')) - 1]} {en_year(year)}"
+    return f"expiry {said}" if g("ce_exp") else said
+
+
+_EXPIRY_LEAD: Final = "|".join(f"(?<={w}{sep})" for w in (
+    "Expiry", "expiry", "EXPIRY", "Expires", "expires", "Expiration", "expiration", "Expiry date", "expiry date",
+    "Expiration date", "expiration date", "valid thru", "Valid thru", "VALID THRU", "valid through", "Valid through",
+    "good thru", "Good thru") for sep in (" ", ": "))
+CARD_EXPIRY: Final = Kind(
+    "card_expiry",
+    rf"(?:(?<![A-Za-z])(?P<ce_exp>(?:Exp|exp|EXP)\.?(?: [Dd]ate)?:? ?)|{_EXPIRY_LEAD})"
+    r"(?P<ce_m>0?[1-9]|1[0-2])/(?P<ce_y>\d{2}|20\d{2})(?![\d/])",
+    _read_card_expiry, lang="en", first=r"[\dEe]")
+"""MM/YY after an expiry word (Exp, expires, valid thru): the month and the year a card runs to."""

@@ -108,6 +108,34 @@ KEYPAD_KEY: Final = Kind(
     _read_keypad_key)
 
 
+def _read_star_code(lang: Lang, g: Groups, before: str, after: str) -> str:
+    """A dial code of stars, hashes and digits: *67 -> star sixty seven / 星号六七, *#06# -> star
+    hash zero six hash / 星号井号零六井号; two digits after a lone star are said as a number in English
+    (star sixty nine), any other digits one by one."""
+    code = g("star")
+    out: list[str] = []
+    for part in re.findall(r"\d+|[*#]", code):
+        if part in "*#":
+            out.append(_KEY_NAMES[part][0] if lang == "zh" else ("star" if part == "*" else "hash"))
+        elif lang == "zh":
+            out.append(zh_digits(part))
+        else:
+            pair = len(part) == 2 and not part.startswith("0") and code == "*" + part
+            out.append(en_number(part) if pair else en_digits(part))
+    return "".join(out) if lang == "zh" else " ".join(out)
+
+
+STAR_CODE: Final = Kind(
+    "star_code",
+    r"(?<![A-Za-z0-9*#])(?![^\n]*?[^\s*]\*(?![\d#]))"
+    r"(?P<star>\*(?!\*)(?:[#\d]|\*(?!\*))*\d(?:[#\d]|\*(?!\*))*|#(?:\*|\d)*\*(?:[#\d]|\*(?!\*))*|#\d{1,4}#)"
+    r"(?![A-Za-z0-9*])",
+    _read_star_code, first=r"[*#]")
+"""A code dialled on a phone's keypad (*67, *#06#, #31#, *69): the star is never dropped. A star
+that a later one closes on its line (*5* stars, *5 items*) is markdown emphasis, left to the plain
+pass."""
+
+
 HYPHENATED_CODE: Final = Kind(
     "hyphenated_code",
     r"(?=[A-Z\d])(?<![A-Za-z0-9.+-])(?P<code>(?:[A-Z]{0,3}\d{1,10}(?:-\d{1,10}){2,}|[A-Z]{1,3}\d{1,3}-\d{1,6}"
@@ -184,3 +212,21 @@ NUMERO: Final = Kind(
     "numero",
     r"(?<![A-Za-z])(?:No|NO|no)\.\s?(?P<no_num>\d+)(?!\d|\.\d)",
     _read_numero, first=r"[Nn]")
+
+
+def _read_hash_number(lang: Lang, g: Groups, before: str, after: str) -> str:
+    """#1234 inside Chinese (PR #1234的修改, 第#3的): 一二三四号, 三号, never the English word
+    number; after an identifier word (订单号#12345) the number alone, digit by digit."""
+    num = g("hs_num")
+    if lang == "en":
+        return "number " + (en_digits(num) if en_identifier(before) else en_number(num))
+    if ends_with(before, IDENTIFIER_BEFORE, " :：是为"):
+        return "，".join(zh_digits(grp, one="幺") for grp in digit_groups(num))
+    return (zh_digits(num) if len(num) >= 3 else zh_number(num)) + ("" if after.lstrip().startswith("号") else "号")
+
+
+HASH_NUMBER: Final = Kind(
+    "hash_number",
+    r"(?<![A-Za-z0-9#&])#(?P<hs_num>\d+)(?=\s?[\u4e00-\u9fa5])",
+    _read_hash_number, counts=True, first="#")
+"""A number after # with Chinese right after it: a Chinese sentence's numbered item."""

@@ -66,13 +66,14 @@ def _read_roman_numeral(lang: Lang, g: Groups, before: str, after: str) -> str:
 
 def _read_abbreviation(lang: Lang, g: Groups, before: str, after: str) -> str:
     """A title or abbreviation as its word. St. is Saint before a name (St. Louis) unless a name
-    precedes it, else Street (Main St.); Dr. right after a name is Drive (on Elm Dr.), else
-    Doctor (a name counts when a lowercase word comes before it: the first word of a sentence
-    is no street name). An abbreviation other than a title at the end of a sentence (etc. then
-    a capital, or the text's end) also ends it."""
+    precedes it, else Street (Main St.); Dr. right after a name is Drive (on Elm Dr., 5 Elm Dr.),
+    else Doctor (a name counts when a lowercase word or a house number comes before it: the first
+    word of a sentence is no street name). An abbreviation other than a title at the end of a
+    sentence (etc. then a capital, or the text's end) also ends it."""
     abbr = g("ab")
     # a name right before it, not the sentence's first word (Elm Dr., 5th St.; not Visit St. Louis)
-    prev_name = re.search(r"(?:\b[a-z]+\s+[A-Z][a-z]+|\d(?:st|nd|rd|th))\s*$", before) is not None
+    prev_name = re.search(r"(?:\b[a-z]+\s+[A-Z][a-z]+|\d(?:st|nd|rd|th)|\b\d+[A-Z]?(?:\s+[A-Z][a-z]+)+)\s*$",
+                          before) is not None
     next_name = re.match(r"\s+[A-Z]", after) is not None
     if abbr == "St":
         word = "Saint" if next_name and not prev_name else "Street"
@@ -98,6 +99,45 @@ ABBREVIATION: Final = Kind(
     lang="en")
 """``p.``, ``pp.``, ``Art.`` and ``Para.`` are pages, articles and paragraphs only before a number
 (p. 12, pp. 45-67, Art. 12): never in ``p.m.`` nor for the word Art at a sentence's end."""
+
+
+_STREETS: Final = {"St": "Street", "Ave": "Avenue", "Rd": "Road", "Blvd": "Boulevard", "Dr": "Drive", "Ln": "Lane",
+                   "Ct": "Court", "Pl": "Place", "Hwy": "Highway", "Pkwy": "Parkway", "Sq": "Square"}
+"""The last word of a street's name as addresses abbreviate it without a dot."""
+_TWO_WAY: Final = ("St", "Dr", "Ct", "Pl", "Sq")
+"""Street abbreviations that are also another word's (St Louis, Dr Smith): a street's only with an
+address around them."""
+_ADDRESS_UNITS: Final = {"Apt": "Apartment", "Ste": "Suite", "Bldg": "Building", "ext": "extension",
+                         "Ext": "extension", "EXT": "extension"}
+"""Abbreviations before a number in an address or a phone number (Apt 4, Ste 200, ext 204)."""
+_HOUSE_NUMBER_BEFORE: Final = re.compile(r"\b\d+[A-Z]?(?:\s+[A-Z][a-z]+){1,3}\s+$")
+_ADDRESS_GOES_ON: Final = re.compile(r"\s*(?:[,;]|$|\n|(?:Apt|Suite|Ste|Unit|Bldg|Fl|Floor)\b|#)")
+
+
+def _read_address_abbreviation(lang: Lang, g: Groups, before: str, after: str) -> str:
+    """An address's abbreviations written without a dot: 12 Main Ave, Apt 4 -> Avenue,
+    Apartment; Ste 200 -> Suite; ext 204 -> extension; PO Box -> P O Box. A street word counts
+    after a capitalised name; St, Dr and the like only with a house number before the name
+    (12 Main St) or a comma, the end or a flat after it (Elm St, Apt 4): Ask Dr Smith and St
+    Louis stay as written."""
+    if g("aa_po"):
+        return "P O"
+    if g("aa_unit"):
+        return _ADDRESS_UNITS[g("aa_unit")]
+    abbr = g("aa_street")
+    if not re.search(r"\b[A-Z][a-z]+\s$", before):
+        return abbr  # after no name (go to the St): no street
+    if abbr not in _TWO_WAY or _HOUSE_NUMBER_BEFORE.search(before) or _ADDRESS_GOES_ON.match(after):
+        return _STREETS[abbr]
+    return abbr
+
+
+ADDRESS_ABBREVIATION: Final = Kind(
+    "address_abbreviation",
+    rf"(?<=[a-z] )(?P<aa_street>{alt_words(_STREETS)})(?![A-Za-z.'’-])"
+    rf"|(?<![A-Za-z.])(?:(?P<aa_unit>{alt_words(_ADDRESS_UNITS)})(?=\s?#?\d)|(?P<aa_po>P\.?O\.?)(?=\s+Box\b))",
+    _read_address_abbreviation, lang="en", first=r"[A-Za-z]")
+"""Where the abbreviation has its dot it is the abbreviation kind's (Main St., Apt. 4)."""
 
 
 ROMAN_NUMERAL: Final = Kind(
@@ -187,3 +227,29 @@ CONTRACTION: Final = Kind(
     _read_contraction, lang="en", first=r"[A-Za-z]")
 """The apostrophe is no character ChatTTS reads (its own normaliser drops it too): we're would
 be were, he'll hell, she'd shed, I'm Im."""
+
+
+# --- abbreviations written with a slash ------------------------------------------------
+
+_SLASHED: Final = {"w/o": "without", "w/": "with", "c/o": "care of", "n/a": "not applicable", "a/c": "account"}
+"""Abbreviations whose slash stands for missing letters (w/ milk, w/o sugar, c/o the hotel, n/a,
+a/c no. 12): their word, never the letters one by one."""
+
+
+def _read_slash_abbreviation(lang: Lang, g: Groups, before: str, after: str) -> str:
+    """w/ milk -> with milk, w/o sugar -> without sugar, c/o -> care of, N/A -> not applicable,
+    a/c before a number -> account; a 35 y/o man -> year old (before the noun it describes),
+    he is 35 y/o -> years old."""
+    if g("sl_yo"):
+        return "year old" if re.match(r"\s+[a-z]", after) and not re.match(r"\s+(?:and|or|but)\b", after) \
+            else "years old"
+    return _SLASHED[g("sl_abbr").lower()]
+
+
+SLASH_ABBREVIATION: Final = Kind(
+    "slash_abbreviation",
+    r"(?<![A-Za-z/])(?:(?P<sl_abbr>[wW]/[oO](?![A-Za-z/])|[wW]/(?=\s[A-Za-z]|[a-z]{2})|[cC]/[oO](?=\s)"
+    r"|[nN]/[aA](?![A-Za-z/])|[aA]/[cC](?=\s?(?:[Nn]o\b|number\b|#|\d)))"
+    r"|(?<=\d )(?P<sl_yo>[yY]/[oO])(?![A-Za-z/]))",
+    _read_slash_abbreviation, lang="en", first=r"[wWcCnNaAyY]")
+"""A slash inside another pair of letters (I/O, A/B, P/E) stays a name's, read as the letters."""

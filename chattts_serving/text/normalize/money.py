@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Final
 
 from .base import Lang
@@ -91,7 +92,10 @@ def _read_money(lang: Lang, g: Groups, before: str, after: str) -> str:
 
 def _decimal_comma(amount: str) -> str:
     """€3,50 -> 3.50: a comma before exactly two digits ends an amount's whole part (a thousands
-    separator is followed by three)."""
+    separator is followed by three); €1.200,00 -> 1200.00: dots between thousands, as much of
+    Europe writes them (:data:`_DOT_THOUSANDS`)."""
+    if re.fullmatch(_DOT_THOUSANDS, amount):
+        return amount.replace(".", "").replace(",", ".")
     whole, comma, cents = amount.rpartition(",")
     return f"{whole}.{cents}" if comma and len(cents) == 2 and "," not in whole and "." not in amount else amount
 
@@ -136,6 +140,13 @@ _PER: Final = {"month": ("每月", "a month"), "mo": ("每月", "a month"), "yea
 _SIGNS: Final = alt_words(CURRENCY_SIGNS)
 _COMMA_CENTS: Final = r"\d+,\d\d(?![\d,])"
 """An amount with a decimal comma (3,50 in €3,50 and 12,50 €): :func:`_decimal_comma`."""
+_DOT_THOUSANDS: Final = r"\d{1,3}(?:\.\d{3})+,\d\d(?![\d,])|\d{1,3}(?:\.\d{3}){2,}(?![\d.]|,\d)"
+"""An amount with dots between thousands and a decimal comma (1.200,00; 1.234.567,89) or two dots
+or more (1.234.567): never a decimal. 1.200 alone stays one point two."""
+_INDIAN: Final = r"\d{1,2}(?:,\d\d)+,\d{3}(?![\d,])(?:\.\d\d)?"
+"""An amount grouped the Indian way, in lakhs and crores (1,50,000; 12,34,567; 1,00,00,000):
+the commas are only separators."""
+_AMOUNT: Final = rf"{_DOT_THOUSANDS}|{_INDIAN}|{_COMMA_CENTS}|{NUM}"
 _CODES: Final = alt_words(CURRENCY_CODES)
 _WRITTEN: Final = alt_words({w for c in CURRENCIES.values() for w in c.written if w not in ("元", "块")})
 
@@ -143,7 +154,7 @@ MONEY: Final = Kind(
     "money",
     r"(?P<mp_neg>(?<![A-Za-z0-9.])-)?"
     rf"(?P<mp_cur>{_SIGNS}|(?<![A-Za-z])(?:{_CODES})\s?)"
-    rf"(?P<mp_amt>{_COMMA_CENTS}|{NUM})(?:\s?[-~–—]\s?(?:{_SIGNS})?(?P<mp_amt2>{_COMMA_CENTS}|{NUM}))?"
+    rf"(?P<mp_amt>{_AMOUNT})(?:\s?[-~–—]\s?(?:{_SIGNS})?(?P<mp_amt2>{_AMOUNT}))?"
     r"(?:\s?(?P<mp_mult>万|亿|(?:thousand|million|billion|trillion)(?![A-Za-z])"
     r"|(?:[kKmMbBtT]|[mMbBtT]n)(?![A-Za-z])))?"
     rf"(?P<mp_unit>元(?![素旦首宵件老气帅])|块(?![头状])|{_WRITTEN})?"
@@ -159,7 +170,7 @@ YUAN: Final = Kind(
 
 AMOUNT_BEFORE_CODE: Final = Kind(
     "amount_before_code",
-    rf"(?P<cd_amt>{_COMMA_CENTS}|{NUM})\s?"
+    rf"(?P<cd_amt>{_AMOUNT})\s?"
     rf"(?P<cd_code>{alt_words({c for c in CURRENCY_CODES if c.isalpha() and len(c) == 3})}|{_SIGNS})"
     r"(?![A-Za-z0-9])",
     _read_amount_before_code, first=r"\d")

@@ -49,6 +49,11 @@ maker (A320, A380: Airbus)."""
 def _read_model_number(lang: Lang, g: Groups, before: str, after: str) -> str:
     """Boeing 747 -> Boeing seven forty seven, RTX 4090 -> forty ninety, A320 -> A three twenty,
     i7-13700K -> i seven thirteen seven hundred K; 波音七四七, 空客A三二零, i七 一三七零零K."""
+    if g("gl_num"):  # 7950X, 13900K, 5800X3D: the suffix's letters and digits one by one
+        suffix = g("gl_suf")
+        if lang == "zh":
+            return zh_digits(g("gl_num")) + re.sub(r"\d", lambda d: zh_digits(d.group(0)), suffix)
+        return en_model(g("gl_num")) + " " + " ".join(en_int(int(c)) if c.isdigit() else c for c in suffix)
     if g("cpu_fam"):
         fam, num, suffix = g("cpu_fam"), g("cpu_num"), g("cpu_suf") or ""
         head = fam[0] + (zh_digits(fam[1:]) if lang == "zh" else " " + en_int(int(fam[1:])))
@@ -64,10 +69,14 @@ MODEL_NUMBER: Final = Kind(
     rf"(?:{_MODEL_LEAD})(?P<mn_pre>[A-Z]{{1,2}}(?=\d))?(?P<mn_num>\d{{3,4}})"
     r"(?P<mn_suf>[A-Za-z]{1,2})?(?![A-Za-z0-9]|[.,]\d)"
     rf"|(?<![A-Za-z0-9])(?P<mn_pre2>{MODEL_FAMILIES})(?P<mn_num2>\d{{3}})(?![A-Za-z0-9]|[.,]\d|\s?[室号])"
-    r"|(?<![A-Za-z0-9])(?P<cpu_fam>[iI][3579]|R[3579])-(?P<cpu_num>\d{4,5})(?P<cpu_suf>[A-Z]{1,2})?(?![A-Za-z0-9])",
+    r"|(?<![A-Za-z0-9])(?P<cpu_fam>[iI][3579]|R[3579])[- ](?P<cpu_num>\d{4,5})(?P<cpu_suf>[A-Z]{1,2})?(?![A-Za-z0-9])"
+    r"|(?<![A-Za-z0-9.,])(?P<gl_num>\d{4,5}(?=X)|\d{5}(?=[KFHU])|\d{4}(?=H))"
+    r"(?P<gl_suf>X3D|XTX|XT|X|KF|KS|K|F|HX|HS|H|U)(?![A-Za-z0-9])",
     _read_model_number, counts=True, first=r"[\dAiIR]")
 """After a maker or series word, a family's capital (A320) or a CPU's family (i7-13700K): never a
-range (i7到一万三千七百) or a count."""
+range (i7到一万三千七百) or a count. A chip's number with its capitals glued is one too (7950X,
+13900K, 5800X3D), where the capitals are no unit's: a K after four digits stays kelvin (6500K) and
+an X after fewer is a letter."""
 
 
 STREET_WORDS: Final = words("street_words_en")
@@ -131,3 +140,18 @@ VERSION: Final = Kind(
     r"(?P<vn_num>\d{1,3}(?:\.\d{1,4}){1,3})(?![\d.]|[A-Za-z])",
     _read_version, first=r"[vV\d]")
 """A version after the name of what it versions, or after a v (v2.10): its parts as numbers."""
+
+
+def _read_episode(lang: Lang, g: Groups, before: str, after: str) -> str:
+    """S02E04: 第二季第四集 / season two episode four, never the letters and zero two."""
+    season, episode = int(g("ep_s")), int(g("ep_e"))
+    if lang == "zh":
+        return f"第{zh_number(str(season))}季第{zh_number(str(episode))}集"
+    return f"season {en_int(season)} episode {en_int(episode)}"
+
+
+EPISODE: Final = Kind(
+    "episode",
+    r"(?<![A-Za-z0-9])[Ss](?P<ep_s>\d{1,2}) ?[Ee](?P<ep_e>\d{1,3})(?![A-Za-z0-9])",
+    _read_episode, first=r"[Ss]")
+"""A season and an episode as a series' fans write them (S02E04, s1e10)."""

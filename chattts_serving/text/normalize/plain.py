@@ -52,16 +52,22 @@ after a dot starts a sentence (我很好.Thanks)."""
 _WEEKDAY: Final = re.compile(r"(?:周|星期|礼拜)[一二三四五六日天]")
 _AM_PM_END: Final = re.compile(r"\d\s?[AaPp]\.?[Mm]\.?\s?$")
 """A time with am/pm right before a dash (9am-5pm, 9:00 a.m. – 5:00 p.m.)."""
+_PERIOD_END: Final = re.compile(r"(?<![A-Za-z])[QH][1-4] ?$")
+_PERIOD: Final = re.compile(r" ?[QH][1-4](?![A-Za-z0-9])")
+"""A quarter or a half of a year (Q1, H2), each side of a dash."""
 
 
 def _range_mark(text: str, i: int) -> bool:
     """A dash or tilde that joins two quantities written with Chinese units (5月1日-5月5日,
-    2020年-2024年), two weekdays (周一～周五) or two times with am/pm (9am–5pm): read 到."""
+    2020年-2024年), two weekdays (周一～周五), two times with am/pm (9am–5pm) or two quarters
+    (Q1-Q4): read 到."""
     prev, nxt = _neighbour(text, i - 1, -1), _neighbour(text, i + 1, 1)
     if nxt.isdigit() and is_cjk(prev):
         return any(ch.isdigit() for ch in text[max(0, i - 4):i])
     if nxt.isdigit() and _AM_PM_END.search(text, max(0, i - 12), i):
         return True
+    if _PERIOD_END.search(text, max(0, i - 3), i) and _PERIOD.match(text, i + 1):
+        return True  # Q1-Q4, H1-H2: a span of quarters
     return bool(_WEEKDAY.search(text[max(0, i - 3):i]) and _WEEKDAY.match(text, i + 1))
 
 

@@ -20,6 +20,7 @@ from . import (
     identifiers,
     letters,
     lists,
+    marks,
     money,
     names,
     quantities,
@@ -32,16 +33,19 @@ from .kind import Kind
 
 PRECEDENCE: Final[tuple[Kind, ...]] = (
     web.EMAIL, web.URL, web.FILE_NAME,
-    identifiers.KEYPAD_KEY, identifiers.LICENCE_PLATE, identifiers.TICKER, lists.LIST_ITEM,
-    names.MODEL_NUMBER, names.VERSION, names.ADDRESS_NUMBER, arithmetic.SCIENTIFIC,
+    identifiers.KEYPAD_KEY, identifiers.STAR_CODE, identifiers.LICENCE_PLATE, identifiers.TICKER, lists.LIST_ITEM,
+    names.MODEL_NUMBER, names.EPISODE, identifiers.HASH_NUMBER, names.VERSION, names.ADDRESS_NUMBER,
+    arithmetic.SCIENTIFIC, arithmetic.FACTORIAL,
     arithmetic.ARITHMETIC, quantities.SIZE, arithmetic.MATH_FUNCTION, arithmetic.FORMULA,
-    quantities.BLOOD_PRESSURE, fractions.RATING, quantities.ANGLE,
-    quantities.FEET_INCHES,
+    quantities.BLOOD_PRESSURE, fractions.RATING, marks.ANGLE,
+    marks.FEET_INCHES, marks.INCHES,
+    dates.CARD_EXPIRY, ranges.YEAR_SPAN,
     dates.DATE_RANGE, fractions.MONTH_DAY_RANGE, dates.YEAR_MONTH_DAY, dates.MONTH_DAY_YEAR, dates.DAY_MONTH_YEAR,
     dates.ENGLISH_DATE_RANGE, dates.WEEKDAY_RANGE, dates.WEEKDAY_ABBREVIATION, dates.MONTH_NAME_DAY,
     dates.DAY_MONTH_NAME,
     dates.DOTTED_MONTH_DAY,
-    times.RACE_TIME, times.TIME_RANGE, times.TIME, times.DOTTED_TIME, times.RATIO, times.HOUR_AM_PM,
+    times.RACE_TIME, times.HOUR_H_MINUTES, times.MILITARY_TIME,
+    times.TIME_RANGE, times.TIME, times.DOTTED_TIME, times.RATIO, times.HOUR_AM_PM,
     identifiers.PHONE, identifiers.HYPHENATED_CODE, identifiers.PREFIXED_CODE, identifiers.DIGIT_GROUPS,
     times.HOURS_AND_MINUTES,
     money.MONEY, money.YUAN, money.AMOUNT_BEFORE_CODE,
@@ -50,7 +54,8 @@ PRECEDENCE: Final[tuple[Kind, ...]] = (
     quantities.AMPERE, quantities.BASIS_POINTS,
     ranges.RANGE, quantities.PERCENT, quantities.UNIT, fractions.FRACTION,
     cardinals.ORDINAL, identifiers.NUMERO, cardinals.DOTTED_NUMBER, cardinals.NUMBER,
-    letters.ROMAN_NUMERAL, letters.ABBREVIATION, letters.SECTION, letters.DOSE_FREQUENCY, letters.CONTRACTION,
+    letters.ROMAN_NUMERAL, letters.ABBREVIATION, letters.ADDRESS_ABBREVIATION, letters.SECTION,
+    letters.DOSE_FREQUENCY, letters.CONTRACTION, letters.SLASH_ABBREVIATION,
 )
 """Every entity kind, first tried first."""
 KINDS: Final[dict[str, Kind]] = {k.name: k for k in PRECEDENCE}

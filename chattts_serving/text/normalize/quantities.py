@@ -1,5 +1,5 @@
 """Quantities: units (``5km``, ``-3℃``), percentages, ``3x``, sizes (``1920x1080``, ``3 x 500ml``),
-``24/7``, ``/m²``, decades and thousands written with k or w (``8k``, ``2w``)."""
+``24/7``, ``/m²``, decades (``1980s``, ``1950s-60s``) and thousands written with k or w (``8k``, ``2w``)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from .base import Lang
 from .context import clause, said_below
 from .kind import NUM, SIGN, Groups, Kind, alt, alt_words
 from .numbers import en_int, en_number, en_year, liang, plain_decimal, to_decimal, zh_digits, zh_number
-from .tables import GLUED_UNITS, TEMPERATURE_UNITS, UNITS, unit_reading
+from .tables import GLUED_UNITS, TEMPERATURE_UNITS, UNITS, Unit, unit_reading
 from .vocabulary import words
 
 
@@ -59,6 +59,8 @@ def _read_decade(lang: Lang, g: Groups, before: str, after: str) -> str:
     if short and (lang == "zh" or re.search(rf"\b(?:{'|'.join(SECONDS_BEFORE)})\s*$", before.lower())
                   or re.search(r"\d\s?(?:h|hrs?|m|mins?)\s*$", before) or SECONDS_AFTER.match(after)):
         return unit_reading(lang, GLUED_UNITS["s"], short)  # 倒计时30s, wait 30s: seconds
+    if g("dec_b"):  # the 1950s-60s: 一九五零年代到六十年代 / nineteen fifties to sixties
+        return _decade(lang, g("dec")) + ("到" if lang == "zh" else " to ") + _decade(lang, g("dec_b"))
     return _decade(lang, g("dec") or g("dec2") or short)
 
 
@@ -111,10 +113,17 @@ _ARTICLE_BEFORE: Final = re.compile(r"(?:^|[^A-Za-z])(?:a|an|A|An)\s+$")
 (a 5km run, a 500ml bottle, a 50MP camera), its unit is read in the singular."""
 
 
+_MILES_BEFORE: Final = re.compile(r"\b(?:drive|drives|drove|driven|driving|ride|rode|ridden|riding|flew|flown)\s+$",
+                                  re.IGNORECASE)
+"""A vehicle's verb right before ``N m``: the m may be miles as well as metres, and stays a letter."""
+
+
 def _read_unit(lang: Lang, g: Groups, before: str, after: str) -> str:
     sign = (g("u_sign") or "").replace("−", "-")
     symbol = g("u_unit")
-    unit = UNITS[symbol] if symbol else GLUED_UNITS[g("u_glued") or g("u_spaced")]
+    if g("u_letter") == "m" and _MILES_BEFORE.search(before):  # I drove 5 m.: miles, minutes or metres
+        return (zh_number if lang == "zh" else en_number)(g("u_num")) + ("m" if lang == "zh" else " m")
+    unit = UNITS[symbol] if symbol else GLUED_UNITS[g("u_glued") or g("u_spaced") or g("u_letter")]
     words = unit_reading(lang, unit, g("u_num"), singular=bool(_ARTICLE_BEFORE.search(before)))
     if sign == "-" and lang == "zh" and said_below(before):
         pass  # 零下-3℃: 零下 is written, the sign is not read again
@@ -139,7 +148,13 @@ FACTOR: Final = Kind(
 
 def _read_size(lang: Lang, g: Groups, before: str, after: str) -> str:
     """1920x1080, 2 x 4, 10×20×30cm, 3 x 500ml: a size or a pack, 乘以 / by between the numbers,
-    never the letter x; a unit after the last number is read with it."""
+    never the letter x; a unit after the last number is read with it, and a unit after each
+    (12 ft x 15 ft, 3 m × 4 m) with each."""
+    if g("su_a"):  # 12 ft x 15 ft, 3 m × 4 m: each number with its unit
+        sides = [(g(f"su_{p}"), g(f"su_u{p}").strip()) for p in "abc" if g(f"su_{p}")]
+        one = bool(_ARTICLE_BEFORE.search(before))
+        said = [unit_reading(lang, UNITS.get(u) or GLUED_UNITS.get(u) or _INCH, n, singular=one) for n, u in sides]
+        return "乘以".join(said) if lang == "zh" else " by ".join(said)
     nums = [n for n in (g("sz_a"), g("sz_b"), g("sz_c")) if n]
     read = zh_number if lang == "zh" else en_number
     parts = [read(n) for n in nums[:-1]]
@@ -150,9 +165,14 @@ def _read_size(lang: Lang, g: Groups, before: str, after: str) -> str:
 
 
 _TIMES: Final = r"(?: ?[x×] ?)"
+_SIDE_UNIT: Final = rf"\s?(?:{alt(UNITS)}|{alt(GLUED_UNITS)})(?![A-Za-z0-9^⁰¹²³⁴⁵⁶⁷⁸⁹⁻])|[\"″]"
+_INCH: Final = Unit("英寸", "inch", "inches")
+"""The inch mark's unit (12" x 18")."""
 SIZE: Final = Kind(
     "size",
-    rf"(?<![A-Za-z0-9.#])(?!0x)(?P<sz_a>{NUM}){_TIMES}(?P<sz_b>{NUM})(?:{_TIMES}(?P<sz_c>{NUM}))?"
+    rf"(?<![A-Za-z0-9.#])(?P<su_a>{NUM})(?P<su_ua>{_SIDE_UNIT}){_TIMES}(?P<su_b>{NUM})(?P<su_ub>{_SIDE_UNIT})"
+    rf"(?:{_TIMES}(?P<su_c>{NUM})(?P<su_uc>{_SIDE_UNIT}))?"
+    rf"|(?<![A-Za-z0-9.#])(?!0x)(?P<sz_a>{NUM}){_TIMES}(?P<sz_b>{NUM})(?:{_TIMES}(?P<sz_c>{NUM}))?"
     rf"(?:\s?(?P<sz_unit>{alt(UNITS)})|(?P<sz_glued>{alt(GLUED_UNITS)}))?(?![A-Za-z0-9^⁰¹²³⁴⁵⁶⁷⁸⁹⁻])",
     _read_size, first=r"\d", letters_neutral=True)
 
@@ -171,7 +191,7 @@ PER_UNIT: Final = Kind(
 
 DECADE: Final = Kind(
     "decade",
-    r"(?<![\d.])(?P<dec>\d{3}0)s(?![A-Za-z])|(?<![A-Za-z0-9])'(?P<dec2>\d0)s(?![A-Za-z])"
+    r"(?<![\d.])(?P<dec>\d{3}0)s(?:[-–—~](?P<dec_b>(?:\d\d)?\d0)s)?(?![A-Za-z])|(?<![A-Za-z0-9])'(?P<dec2>\d0)s(?![A-Za-z])"
     r"|(?<![A-Za-z0-9.'])(?P<dec3>[1-9]0)s(?![A-Za-z])",
     _read_decade, first=r"[\d']")
 
@@ -213,15 +233,18 @@ PERCENT: Final = Kind(
 
 
 METRE_AFTER_EN: Final = words("metre_after_en")
-"""English words after ``N m`` (a space between) that make the m metres (8,849 m high, 5 m away):
-a one-letter unit is read after a space only there."""
+"""English words after ``N m`` (a space between) that make the m metres (8,849 m high, 5 m away)."""
 
 
 UNIT: Final = Kind(
     "unit",
     rf"(?P<u_sign>{SIGN})?(?P<u_num>{NUM})(?:\s?(?P<u_unit>{alt(UNITS)})"
-    rf"|(?P<u_glued>{alt(GLUED_UNITS)})|\s(?P<u_spaced>m)(?=\s(?:{alt_words(METRE_AFTER_EN)})\b))(?![A-Za-z0-9])",
+    rf"|(?P<u_glued>{alt(GLUED_UNITS)})|\s(?P<u_spaced>m)(?=\s(?:{alt_words(METRE_AFTER_EN)})\b)"
+    r"|\s(?P<u_letter>[mgsLh])(?=[.,;:!?)。，；：！？]|\s+of\b|\s*$))(?![A-Za-z0-9])",
     _read_unit, first=r"[-+−\d]")
+"""A one-letter unit (m, g, s, L, h) after a space only where it cannot be a letter: before a
+measured word (5 m away), a pause or the end (ran 300 m. Then, for 10 s, then) or of (5 g of
+salt); grade 5 A, at 5 p.m. and a name's initial stay letters."""
 
 
 PRESSURE_BEFORE: Final = words("blood_pressure_before")
@@ -246,60 +269,6 @@ BLOOD_PRESSURE: Final = Kind(
     rf"(?:{_PRESSURE_LEAD})(?P<bp_a>\d{{2,3}})/(?P<bp_b>\d{{2,3}})(?:\s?(?P<bp_unit>mmHg)(?![A-Za-z]))?(?![\d/])"
     r"|(?<![\d/.])(?P<bp_a2>\d{2,3})/(?P<bp_b2>\d{2,3})\s?(?P<bp_unit2>mmHg)(?![A-Za-z])",
     _read_blood_pressure, first=r"\d")
-
-
-_HEMISPHERES: Final = {"N": ("北纬", "north"), "S": ("南纬", "south"), "E": ("东经", "east"), "W": ("西经", "west")}
-
-
-def _read_angle(lang: Lang, g: Groups, before: str, after: str) -> str:
-    """39°54′, 31.2304°N, 40°26'46"N: degrees, minutes and seconds of arc, and the hemisphere
-    (北纬三十九度五十四分 / thirty nine degrees fifty four minutes north); ′ and ″ are no
-    unspeakable marks after a degree."""
-    deg, mins, secs, side = g("an_deg"), g("an_min"), g("an_sec"), g("an_side") or g("an_side2")
-    if lang == "zh":
-        head = _HEMISPHERES[side][0] if side and not before.rstrip().endswith(("经", "纬")) else ""
-        return (head + zh_number(deg) + "度" + (zh_number(mins) + "分" if mins else "")
-                + (zh_number(secs) + "秒" if secs else ""))
-    words = [en_number(deg) + (" degree" if to_decimal(deg) == 1 else " degrees")]
-    for num, one in ((mins, "minute"), (secs, "second")):
-        if num:
-            words.append(en_number(num) + f" {one}" + ("" if to_decimal(num) == 1 else "s"))
-    return " ".join(words) + (f" {_HEMISPHERES[side][1]}" if side else "")
-
-
-ANGLE: Final = Kind(
-    "angle",
-    rf"(?<![\d.])(?P<an_deg>{NUM})°(?:\s?(?P<an_min>\d{{1,2}}(?:\.\d+)?)[′']"
-    r"(?:\s?(?P<an_sec>\d{1,2}(?:\.\d+)?)[″\"])?(?:\s?(?P<an_side>[NSEW]))?|\s?(?P<an_side2>[NSEW]))(?![A-Za-z])",
-    _read_angle, first=r"\d")
-"""Needs minutes or a hemisphere: a bare 45° stays a unit."""
-
-
-def _read_feet_inches(lang: Lang, g: Groups, before: str, after: str) -> str:
-    """5'6", 6′2″: feet and inches in English (five feet six inches); 5'30'', 6′10″ with seconds
-    past 11, and every such mark in Chinese: minutes and seconds (配速五分三十秒, as a pace or a
-    race time is written there), but feet and inches after 高 (身高6′2″)."""
-    feet = g("fi_ft") or g("fw_ft")
-    big, small = (feet, g("fi_in") or g("fw_in")) if feet else (g("ms_m"), g("ms_s"))
-    if lang == "zh" and feet and ("高" in before[-4:] or g("fw_ft")):
-        return zh_number(big) + "英尺" + zh_number(small) + "英寸"  # 身高6′2″, 5 ft 10 in: a height
-    if lang == "zh":
-        return zh_number(big) + "分" + zh_number(small.lstrip("0") or "0") + "秒"
-    if feet:
-        return (f"{en_number(big)} {'foot' if big == '1' else 'feet'} "
-                f"{en_number(small)} {'inch' if small == '1' else 'inches'}")
-    return (f"{en_number(big)} {'minute' if big == '1' else 'minutes'} "
-            f"{en_number(small.lstrip('0') or '0')} {'second' if small in ('1', '01') else 'seconds'}")
-
-
-FEET_INCHES: Final = Kind(
-    "feet_inches",
-    r"(?<![\d.°'′])(?:(?P<fi_ft>[1-9])['′](?P<fi_in>1[01]|\d)(?:\"|″|''|′′)?(?![\d'′])"
-    r"|(?P<ms_m>\d{1,2})['′](?P<ms_s>[0-5]\d)(?:\"|″|''|′′)(?![\d'′])"
-    r"|(?P<fw_ft>[1-9])\s?(?:ft|feet|foot)\.?\s(?P<fw_in>1[01]|\d)\s?(?:in|inches|inch)\b(?!\s(?:the|a|an)\b))",
-    _read_feet_inches, first=r"\d")
-"""Feet and inches, or minutes and seconds (the seconds need their mark); feet and inches also
-written with their units (5 ft 10 in), where ``in`` after the inches is no preposition."""
 
 
 def _read_resolution(lang: Lang, g: Groups, before: str, after: str) -> str:

@@ -20,6 +20,8 @@ COUNTDOWN_BEFORE: Final = words("countdown_before")
 """Written right before ``mm:ss``, they make it a countdown read as minutes and seconds
 (倒计时05:00 -> 五分钟, 剩余时间01:30 -> 一分三十秒). 还有 does so only before ``00:ss``
 (距开赛还有00:30 -> 三十秒): 还有10:30的航班 is a clock time."""
+NEXT_DAY: Final = ("次日", "翌日", "第二天", "隔天", "次晨")
+"""Written before a range's second time (18:30-次日2:00): it falls on the next day, said after 到."""
 DAY_PARTS: Final = words("day_parts")
 """Written right before a time with am/pm (下午2:30pm), they already say which half of the
 day it is: am/pm is not read a second time."""
@@ -65,7 +67,7 @@ def clock(lang: Lang, h: int, m: int, s: int | None, ap: str | None, whole: bool
 
 
 def _duration(lang: Lang, h: int, m: int, s: int | None) -> str:
-    """h:mm:ss as a duration: 两小时零三分四十五秒 / two hours three minutes forty five seconds."""
+    """h:mm:ss as a duration: 两小时零三分四十五秒 / two hours three minutes and forty five seconds."""
     if lang == "zh":
         out = liang(zh_int(h), "个") + "小时"
         out += ("零" if 0 < m < 10 else "") + (zh_int(m) + "分" if m else "")
@@ -76,7 +78,7 @@ def _duration(lang: Lang, h: int, m: int, s: int | None) -> str:
     if m:
         parts.append(f"{en_int(m)} {'minute' if m == 1 else 'minutes'}")
     if s:
-        parts.append(f"{en_int(s)} {'second' if s == 1 else 'seconds'}")
+        parts.append(f"and {en_int(s)} {'second' if s == 1 else 'seconds'}")
     return " ".join(parts)
 
 
@@ -205,7 +207,8 @@ _AP: Final = r"\.?[Mm](?:\.(?=\S| [a-z]| [-–—~] ?\d))?(?![A-Za-z])"
 
 TIME_RANGE: Final = Kind(
     "time_range",
-    _time_re("ta") + rf"(?P<tr_sep>\s?[-~–—]\s?|至|到)(?P<tr_part>{alt_words(DAY_PARTS)})?" + _time_re("tb"),
+    _time_re("ta") + r"(?P<tr_sep>\s?[-~–—]\s?|至|到)"
+    + rf"(?P<tr_part>(?:{alt_words(NEXT_DAY)})?(?:{alt_words(DAY_PARTS)})?)" + _time_re("tb"),
     _read_time_range, first=r"\d")
 
 
@@ -246,3 +249,47 @@ DOTTED_TIME: Final = Kind(
     rf"(?=\s?\d{{1,2}}\.\d)(?:{_DOT_TIME_BEFORE})\s?(?P<dt_h>[01]?\d|2[0-3])\.(?P<dt_m>[0-5]\d)(?![\d%‰]|\.\d)(?:\s?(?P<dt_ap>[AaPp]){_AP})?"
     rf"|(?=\d)(?<![\d.])(?P<dt_h2>1[0-2]|0?\d)\.(?P<dt_m2>[0-5]\d)\s?(?P<dt_ap2>[AaPp]){_AP}",
     _read_dotted_time)
+
+
+def _read_hour_h_minutes(lang: Lang, g: Groups, before: str, after: str) -> str:
+    """14h30, as French and much of Europe write a clock time: 十四点三十分 / fourteen thirty,
+    never the letter h; after a duration word (took 1h30, 用时1h30) hours and minutes."""
+    h, m = int(g("fh_h")), int(g("fh_m"))
+    if ends_with(before, DURATION_BEFORE, " :") or _EN_DURATION_BEFORE.search(before):
+        if lang == "zh":
+            return liang(zh_int(h), "个") + "小时" + (zh_int(m) + "分钟" if m else "")
+        return f"{en_int(h)} {'hour' if h == 1 else 'hours'}" + (
+            f" {en_int(m)} {'minute' if m == 1 else 'minutes'}" if m else "")
+    return clock(lang, h, m, None, None)
+
+
+_EN_DURATION_BEFORE: Final = re.compile(r"\b(?:for|took|takes|lasts|lasted|runs|ran|in|within)\s*$")
+"""English words before 1h30 that make it a duration (took 1h30, in 2h15)."""
+
+
+HOUR_H_MINUTES: Final = Kind(
+    "hour_h_minutes",
+    r"(?<![\d.A-Za-z])(?P<fh_h>[01]?\d|2[0-3])h(?P<fh_m>[0-5]\d)(?![\dA-Za-z])",
+    _read_hour_h_minutes, first=r"\d")
+"""Hours, h and two digits of minutes with nothing after (1h30min is hours and minutes)."""
+
+
+def _read_military_time(lang: Lang, g: Groups, before: str, after: str) -> str:
+    """0900 hours, 1730 hours: a 24-hour time said in hundreds (oh nine hundred, seventeen thirty),
+    the word hours read after it as written; in Chinese the clock time (九点整)."""
+    h, m = int(g("mil_h")), int(g("mil_m"))
+    if lang == "zh":
+        return clock(lang, h, m, None, None)
+    head = "zero" if h == 0 else f"oh {en_int(h)}" if h < 10 else en_int(h)
+    tail = "hundred" if m == 0 else f"oh {en_int(m)}" if m < 10 else en_int(m)
+    return f"{head} {tail}"
+
+
+_MILITARY_LEAD: Final = "|".join(f"(?<={w} )" for w in ("at", "At", "by", "By", "until", "till", "from", "From",
+                                                        "before", "after", "since", "around", "to"))
+MILITARY_TIME: Final = Kind(
+    "military_time",
+    rf"(?:(?=0)|{_MILITARY_LEAD})(?<![\d.,:])(?P<mil_h>[01]\d|2[0-3])(?P<mil_m>[0-5]\d)(?=\s?(?:hours|hrs)\b)",
+    _read_military_time, first=r"\d")
+"""Four digits before hours are a time when zero-led (0900 hours) or after at, by, until, ...
+(at 1730 hours); 1200 hours of work stays a count."""

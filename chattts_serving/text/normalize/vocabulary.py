@@ -41,6 +41,7 @@ COLUMNS: Final[dict[str, tuple[str, ...]]] = {
     "score_before": WORD,
     "score_after": WORD,
     "score_sentence": WORD,
+    "score_words_en": WORD,
     "identifier_before": WORD,
     "identifier_after": WORD,
     "identifier_before_en": WORD,

@@ -9,7 +9,7 @@ from .base import Lang
 from .kind import Groups, Kind
 from .numbers import en_digits, zh_digits
 
-_TLD: Final = "com|net|org|cn|io|ai|edu|gov|info|co|uk|de|jp|me|tv|cc|app|dev"
+_TLD: Final = "com|net|org|cn|io|ai|edu|gov|info|co|uk|de|jp|me|tv|cc|app|dev|ly|be|gl|gg|fm"
 _URL_TAIL: Final = r"[A-Za-z0-9\-._~/?#=&%+:]*[A-Za-z0-9/]"
 _FILE_EXT: Final = ("pdf|docx?|xlsx?|pptx?|txt|csv|json|ya?ml|xml|html?|md|py|js|java|cpp|log|ini|toml|cfg|zip|tar|"
                     "gz|rar|exe|dmg|apk|png|jpe?g|gif|svg|webp|mp3|wav|mp4|mov|avi|mkv|flac|ogg|onnx|sql|ipynb|css|php")
