@@ -184,10 +184,10 @@ def convertible(node: Any) -> bool:
     return int(a.get("bits", 4)) == 8 and not extra and block > 0 and block % 4 == 0 and k % block == 0
 
 
-def with_own_kernel(model: Path | str | bytes | Any) -> bytes:
+def with_own_kernel(model: Path | str | bytes | Any, fold_gates: bool = True) -> bytes:
     """The serialized ONNX ``model`` (a file, bytes or a ModelProto) with every convertible
     ``MatMulNBits`` node (:func:`convertible`) replaced by ``chattts.Int8BlockMatMul`` over its
-    repacked weights, and each MLP gate before a down projection folded into it
+    repacked weights, and (``fold_gates``) each MLP gate before a down projection folded into it
     (:func:`_fold_gates`). Raises ValueError when no node converts."""
     import onnx
     from onnx import numpy_helper
@@ -219,7 +219,8 @@ def with_own_kernel(model: Path | str | bytes | Any) -> bytes:
         done += 1
     if not done:
         raise ValueError("the graph has no 8-bit MatMulNBits node the int8 kernel computes")
-    _fold_gates(proto)
+    if fold_gates:
+        _fold_gates(proto)
     used = {name for node in proto.graph.node for name in node.input}
     keep = [t for t in proto.graph.initializer if t.name in used]
     del proto.graph.initializer[:]
