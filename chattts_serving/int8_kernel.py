@@ -53,7 +53,8 @@ log = logging.getLogger(__name__)
 SOURCE_DIR = Path(__file__).resolve().parent / "int8_matmul"
 SOURCES = (SOURCE_DIR / "int8_matmul.cc", SOURCE_DIR / "int8_attention.cc")
 """The library's sources: the int8 MatMul and the attention over the int8 KV cache
-(:func:`with_own_attention`), one domain, one library; they include ``vector_math.h``."""
+(:func:`with_own_attention`), one domain, one library; they include the headers beside them
+(``ort_op.h``, ``vector_math.h``)."""
 NAME = "own-vnni"
 """This kernel's name where a choice among kernels is logged or recorded."""
 EXPORTED = "matmulnbits"
@@ -106,7 +107,7 @@ def build() -> Path:
     cxx = compiler()
     if cxx is None:
         raise KernelUnavailable("no C++ compiler (g++ or $CXX) to build the int8 kernel")
-    h = hashlib.sha256(b"".join(src.read_bytes() for src in (*SOURCES, SOURCE_DIR / "vector_math.h")))
+    h = hashlib.sha256(b"".join(src.read_bytes() for src in (*SOURCES, *sorted(SOURCE_DIR.glob("*.h")))))
     h.update((inc / HEADER).read_bytes())
     h.update(" ".join((cxx, *FLAGS)).encode())
     lib = cache_dir() / f"int8_matmul-{h.hexdigest()[:24]}.so"
@@ -173,6 +174,18 @@ def _attrs(node: Any) -> dict[str, Any]:
     return {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
 
 
+def _model_proto(model: Path | str | bytes | Any) -> Any:
+    """``model`` as an ``onnx.ModelProto``: loaded from a file or bytes, or itself (then
+    changed in place by the rewrite that asked)."""
+    import onnx
+
+    if isinstance(model, (str, Path)):
+        return onnx.load(str(model))
+    if isinstance(model, bytes):
+        return onnx.load_from_string(model)
+    return model
+
+
 def convertible(node: Any) -> bool:
     """Whether ``node`` is a ``MatMulNBits`` the op computes: 8 bits, no zero points, group
     index or bias, block size a multiple of 4 dividing K."""
@@ -192,12 +205,7 @@ def with_own_kernel(model: Path | str | bytes | Any, fold_gates: bool = True) ->
     import onnx
     from onnx import numpy_helper
 
-    if isinstance(model, (str, Path)):
-        proto = onnx.load(str(model))
-    elif isinstance(model, bytes):
-        proto = onnx.load_from_string(model)
-    else:
-        proto = model
+    proto = _model_proto(model)
     inits = {t.name: t for t in proto.graph.initializer}
     done = 0
     for node in proto.graph.node:
@@ -269,12 +277,7 @@ def with_own_attention(model: Path | str | bytes | Any) -> bytes:
     and outputs. Raises ValueError when no node converts (an fp32 or fp16 cache)."""
     import onnx
 
-    if isinstance(model, (str, Path)):
-        proto = onnx.load(str(model))
-    elif isinstance(model, bytes):
-        proto = onnx.load_from_string(model)
-    else:
-        proto = model
+    proto = _model_proto(model)
     done = 0
     for node in proto.graph.node:
         if not attention_convertible(node):

@@ -7,6 +7,7 @@ repository with the ``cpu`` profile and starts the bundled tritonserver on free 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Generator, Iterator
 from pathlib import Path
 from typing import Any
@@ -139,6 +140,21 @@ def small_int8_artifacts(small_artifacts: Artifacts, small_weights: Path,
     shutil.copytree(small_artifacts.root, root)
     assert ensure_precision(root, small_weights, "int8")
     return Artifacts.load(root)
+
+
+@pytest.fixture(scope="session")
+def int8_library() -> Path:
+    """Our int8 kernels' library (chattts_serving/int8_kernel.py). Where it cannot run here (no
+    ONNX Runtime header, no compiler, a CPU without AVX-512 VNNI) the test skips, naming why;
+    under CI it fails instead (the CI machines have all three)."""
+    from chattts_serving import int8_kernel
+
+    try:
+        return int8_kernel.library()
+    except int8_kernel.KernelUnavailable as exc:
+        if os.environ.get("CI"):
+            pytest.fail(f"the int8 kernels must run on CI machines: {exc}")
+        pytest.skip(str(exc))
 
 
 @pytest.fixture(scope="session")

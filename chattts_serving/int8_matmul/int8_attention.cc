@@ -46,13 +46,16 @@
 #include <string>
 #include <vector>
 
+#include "ort_op.h"
 #include "vector_math.h"
 
 #define CHATTTS_AVX512 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl")))
 
 namespace chattts_attention {
 
-const OrtApi* g_api = nullptr;
+using chattts_ort::api;
+using chattts_ort::data_of;
+using chattts_ort::dims_of;
 constexpr int64_t kMaxChunks = 16;  // head_dim up to 256, in chunks of 16 fp32
 constexpr int64_t kInlineWork = 4096;
 // Below this many (row, head, position) reads per call the op runs on the calling thread: a call
@@ -204,48 +207,20 @@ struct Kernel {
   float scale = 0.0f;
 };
 
-OrtStatus* error(const std::string& msg) {
-  return g_api->CreateStatus(ORT_INVALID_ARGUMENT, ("Int8KvAttention: " + msg).c_str());
-}
-
-#define RETURN_IF(expr)                      \
-  do {                                       \
-    if (OrtStatus* st_ = (expr)) return st_; \
-  } while (0)
-
-OrtStatus* dims_of(const OrtValue* v, std::vector<int64_t>& dims) {
-  OrtTensorTypeAndShapeInfo* info = nullptr;
-  RETURN_IF(g_api->GetTensorTypeAndShape(v, &info));
-  size_t nd = 0;
-  OrtStatus* st = g_api->GetDimensionsCount(info, &nd);
-  if (!st) {
-    dims.resize(nd);
-    st = g_api->GetDimensions(info, dims.data(), nd);
-  }
-  g_api->ReleaseTensorTypeAndShapeInfo(info);
-  return st;
-}
-
-template <typename T>
-OrtStatus* data_of(const OrtValue* v, T*& out) {
-  void* p = nullptr;
-  RETURN_IF(g_api->GetTensorMutableData(const_cast<OrtValue*>(v), &p));
-  out = static_cast<T*>(p);
-  return nullptr;
-}
+OrtStatus* error(const std::string& msg) { return chattts_ort::invalid("Int8KvAttention: " + msg); }
 
 OrtStatus* ORT_API_CALL compute(void* op_kernel, OrtKernelContext* ctx) {
   const Kernel& kn = *static_cast<Kernel*>(op_kernel);
   const OrtValue* in[9];
-  for (size_t i = 0; i < 9; ++i) RETURN_IF(g_api->KernelContext_GetInput(ctx, i, &in[i]));
+  for (size_t i = 0; i < 9; ++i) CHATTTS_RETURN_IF(api()->KernelContext_GetInput(ctx, i, &in[i]));
   std::vector<int64_t> qd, kd, vd, sd, cd, ksd, vsd;
-  RETURN_IF(dims_of(in[0], qd));
-  RETURN_IF(dims_of(in[1], kd));
-  RETURN_IF(dims_of(in[2], vd));
-  RETURN_IF(dims_of(in[3], sd));
-  RETURN_IF(dims_of(in[5], cd));
-  RETURN_IF(dims_of(in[7], ksd));
-  RETURN_IF(dims_of(in[8], vsd));
+  CHATTTS_RETURN_IF(dims_of(in[0], qd));
+  CHATTTS_RETURN_IF(dims_of(in[1], kd));
+  CHATTTS_RETURN_IF(dims_of(in[2], vd));
+  CHATTTS_RETURN_IF(dims_of(in[3], sd));
+  CHATTTS_RETURN_IF(dims_of(in[5], cd));
+  CHATTTS_RETURN_IF(dims_of(in[7], ksd));
+  CHATTTS_RETURN_IF(dims_of(in[8], vsd));
   if (qd.size() != 3 || qd[2] % (3 * kn.heads) != 0) return error("qkv must be [B, S, 3 x num_heads x head_dim]");
   Job j{};
   j.b = qd[0];
@@ -263,8 +238,8 @@ OrtStatus* ORT_API_CALL compute(void* op_kernel, OrtKernelContext* ctx) {
   j.past_cap = kd[2];
   const int32_t* seqlens = nullptr;
   const int32_t* total_p = nullptr;
-  RETURN_IF(data_of(in[3], seqlens));
-  RETURN_IF(data_of(in[4], total_p));
+  CHATTTS_RETURN_IF(data_of(in[3], seqlens));
+  CHATTTS_RETURN_IF(data_of(in[4], total_p));
   const int64_t total = total_p[0];
   const bool first_prompt = j.past_cap == 0 || total == j.s;
   std::vector<int64_t> start(static_cast<size_t>(j.b));
@@ -282,19 +257,19 @@ OrtStatus* ORT_API_CALL compute(void* op_kernel, OrtKernelContext* ctx) {
   j.start = start.data();
   const std::vector<int64_t> out_dims{j.b, j.s, j.heads * j.d}, cache_dims{j.b, j.heads, j.cap, j.d};
   OrtValue *out = nullptr, *pk = nullptr, *pv = nullptr;
-  RETURN_IF(g_api->KernelContext_GetOutput(ctx, 0, out_dims.data(), out_dims.size(), &out));
-  RETURN_IF(g_api->KernelContext_GetOutput(ctx, 1, cache_dims.data(), cache_dims.size(), &pk));
-  RETURN_IF(g_api->KernelContext_GetOutput(ctx, 2, cache_dims.data(), cache_dims.size(), &pv));
-  RETURN_IF(data_of(in[0], j.qkv));
-  RETURN_IF(data_of(in[1], j.past_k));
-  RETURN_IF(data_of(in[2], j.past_v));
-  RETURN_IF(data_of(in[5], j.cos));
-  RETURN_IF(data_of(in[6], j.sin));
-  RETURN_IF(data_of(in[7], j.ks));
-  RETURN_IF(data_of(in[8], j.vs));
-  RETURN_IF(data_of(out, j.out));
-  RETURN_IF(data_of(pk, j.k));
-  RETURN_IF(data_of(pv, j.v));
+  CHATTTS_RETURN_IF(api()->KernelContext_GetOutput(ctx, 0, out_dims.data(), out_dims.size(), &out));
+  CHATTTS_RETURN_IF(api()->KernelContext_GetOutput(ctx, 1, cache_dims.data(), cache_dims.size(), &pk));
+  CHATTTS_RETURN_IF(api()->KernelContext_GetOutput(ctx, 2, cache_dims.data(), cache_dims.size(), &pv));
+  CHATTTS_RETURN_IF(data_of(in[0], j.qkv));
+  CHATTTS_RETURN_IF(data_of(in[1], j.past_k));
+  CHATTTS_RETURN_IF(data_of(in[2], j.past_v));
+  CHATTTS_RETURN_IF(data_of(in[5], j.cos));
+  CHATTTS_RETURN_IF(data_of(in[6], j.sin));
+  CHATTTS_RETURN_IF(data_of(in[7], j.ks));
+  CHATTTS_RETURN_IF(data_of(in[8], j.vs));
+  CHATTTS_RETURN_IF(data_of(out, j.out));
+  CHATTTS_RETURN_IF(data_of(pk, j.k));
+  CHATTTS_RETURN_IF(data_of(pv, j.v));
   if ((j.k == j.past_k) != (j.v == j.past_v)) return error("bind both or neither of the caches to their past");
   const int64_t tasks = j.b * j.heads;
   if (tasks == 0 || j.s == 0) return nullptr;
@@ -302,13 +277,13 @@ OrtStatus* ORT_API_CALL compute(void* op_kernel, OrtKernelContext* ctx) {
     for (int64_t t = 0; t < tasks; ++t) attend(j, t);
     return nullptr;
   }
-  return g_api->KernelContext_ParallelFor(ctx, run_task, static_cast<size_t>(tasks), 0, &j);
+  return api()->KernelContext_ParallelFor(ctx, run_task, static_cast<size_t>(tasks), 0, &j);
 }
 
 OrtStatus* ORT_API_CALL create(const OrtCustomOp*, const OrtApi*, const OrtKernelInfo* info, void** kernel) {
   auto* kn = new Kernel();
-  OrtStatus* st = g_api->KernelInfoGetAttribute_int64(info, "num_heads", &kn->heads);
-  if (!st) st = g_api->KernelInfoGetAttribute_float(info, "scale", &kn->scale);
+  OrtStatus* st = api()->KernelInfoGetAttribute_int64(info, "num_heads", &kn->heads);
+  if (!st) st = api()->KernelInfoGetAttribute_float(info, "scale", &kn->scale);
   if (!st && (kn->heads <= 0 || !(kn->scale > 0.0f))) st = error("num_heads and scale must be positive");
   if (st) {
     delete kn;
@@ -318,44 +293,22 @@ OrtStatus* ORT_API_CALL create(const OrtCustomOp*, const OrtApi*, const OrtKerne
   return nullptr;
 }
 
-const ONNXTensorElementDataType kInputTypes[9] = {
-    ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, ONNX_TENSOR_ELEMENT_DATA_TYPE_INT8,  ONNX_TENSOR_ELEMENT_DATA_TYPE_INT8,
-    ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32, ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT,
-    ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT};
-const ONNXTensorElementDataType kOutputTypes[3] = {
-    ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, ONNX_TENSOR_ELEMENT_DATA_TYPE_INT8, ONNX_TENSOR_ELEMENT_DATA_TYPE_INT8};
+struct Op {
+  static constexpr const char* kName = "Int8KvAttention";
+  static constexpr ONNXTensorElementDataType kInputs[9] = {
+      ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, ONNX_TENSOR_ELEMENT_DATA_TYPE_INT8,  ONNX_TENSOR_ELEMENT_DATA_TYPE_INT8,
+      ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32, ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT,
+      ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT};
+  static constexpr ONNXTensorElementDataType kOutputs[3] = {
+      ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, ONNX_TENSOR_ELEMENT_DATA_TYPE_INT8, ONNX_TENSOR_ELEMENT_DATA_TYPE_INT8};
+  static constexpr auto create = chattts_attention::create;
+  static constexpr auto compute = chattts_attention::compute;
+  static void destroy(void* k) { delete static_cast<Kernel*>(k); }
+};
 
-OrtCustomOp make_op() {
-  OrtCustomOp op;
-  std::memset(&op, 0, sizeof(op));
-  op.version = ORT_API_VERSION;
-  op.GetName = [](const OrtCustomOp*) { return "Int8KvAttention"; };
-  op.GetExecutionProviderType = [](const OrtCustomOp*) { return "CPUExecutionProvider"; };
-  op.GetInputType = [](const OrtCustomOp*, size_t i) { return kInputTypes[i]; };
-  op.GetInputTypeCount = [](const OrtCustomOp*) -> size_t { return 9; };
-  op.GetOutputType = [](const OrtCustomOp*, size_t i) { return kOutputTypes[i]; };
-  op.GetOutputTypeCount = [](const OrtCustomOp*) -> size_t { return 3; };
-  op.KernelDestroy = [](void* k) { delete static_cast<Kernel*>(k); };
-  op.GetInputCharacteristic = [](const OrtCustomOp*, size_t) { return INPUT_OUTPUT_REQUIRED; };
-  op.GetOutputCharacteristic = [](const OrtCustomOp*, size_t) { return INPUT_OUTPUT_REQUIRED; };
-  op.GetInputMemoryType = [](const OrtCustomOp*, size_t) { return OrtMemTypeDefault; };
-  op.GetVariadicInputMinArity = [](const OrtCustomOp*) { return 1; };
-  op.GetVariadicInputHomogeneity = [](const OrtCustomOp*) { return 1; };
-  op.GetVariadicOutputMinArity = [](const OrtCustomOp*) { return 1; };
-  op.GetVariadicOutputHomogeneity = [](const OrtCustomOp*) { return 1; };
-  op.CreateKernelV2 = create;
-  op.KernelComputeV2 = compute;
-  op.GetStartVersion = [](const OrtCustomOp*) { return 1; };
-  op.GetEndVersion = [](const OrtCustomOp*) { return INT_MAX; };
-  return op;
-}
-
-const OrtCustomOp g_op = make_op();
+const OrtCustomOp g_op = chattts_ort::make_op<Op>();
 
 }  // namespace chattts_attention
 
 // The op, for int8_matmul.cc's RegisterCustomOps (one library, one domain).
-const OrtCustomOp* chattts_attention_op(const OrtApi* api) {
-  chattts_attention::g_api = api;
-  return &chattts_attention::g_op;
-}
+const OrtCustomOp* chattts_attention_op() { return &chattts_attention::g_op; }

@@ -38,13 +38,16 @@
 #include <string>
 #include <vector>
 
+#include "ort_op.h"
 #include "vector_math.h"
 
 namespace {
 
 #define CHATTTS_AVX512 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")))
 
-const OrtApi* g_api = nullptr;
+using chattts_ort::api;
+using chattts_ort::data_of;
+using chattts_ort::dims_of;
 constexpr int kPanel = 64;  // output columns per panel: 4 zmm of 16 fp32
 
 struct Job {
@@ -223,47 +226,28 @@ struct Kernel {
   int64_t k = 0, n = 0, block = 0, gated = 0;
 };
 
-OrtStatus* error(const std::string& msg) { return g_api->CreateStatus(ORT_INVALID_ARGUMENT, msg.c_str()); }
-
-#define RETURN_IF(expr)                 \
-  do {                                  \
-    if (OrtStatus* st_ = (expr)) return st_; \
-  } while (0)
-
-OrtStatus* dims_of(const OrtValue* v, std::vector<int64_t>& dims, size_t& count) {
-  OrtTensorTypeAndShapeInfo* info = nullptr;
-  RETURN_IF(g_api->GetTensorTypeAndShape(v, &info));
-  size_t nd = 0;
-  OrtStatus* st = g_api->GetDimensionsCount(info, &nd);
-  if (!st) {
-    dims.resize(nd);
-    st = g_api->GetDimensions(info, dims.data(), nd);
-  }
-  if (!st) st = g_api->GetTensorShapeElementCount(info, &count);
-  g_api->ReleaseTensorTypeAndShapeInfo(info);
-  return st;
-}
+OrtStatus* error(const std::string& msg) { return chattts_ort::invalid("Int8BlockMatMul: " + msg); }
 
 OrtStatus* ORT_API_CALL compute(void* op_kernel, OrtKernelContext* ctx) {
   const Kernel& kn = *static_cast<Kernel*>(op_kernel);
   const OrtValue* in[4];
-  for (size_t i = 0; i < 4; ++i) RETURN_IF(g_api->KernelContext_GetInput(ctx, i, &in[i]));
+  for (size_t i = 0; i < 4; ++i) CHATTTS_RETURN_IF(api()->KernelContext_GetInput(ctx, i, &in[i]));
   std::vector<int64_t> adims, wdims, sdims, zdims;
   size_t acount = 0, wcount = 0, scount = 0, zcount = 0;
-  RETURN_IF(dims_of(in[0], adims, acount));
-  RETURN_IF(dims_of(in[1], wdims, wcount));
-  RETURN_IF(dims_of(in[2], sdims, scount));
-  RETURN_IF(dims_of(in[3], zdims, zcount));
+  CHATTTS_RETURN_IF(dims_of(in[0], adims, &acount));
+  CHATTTS_RETURN_IF(dims_of(in[1], wdims, &wcount));
+  CHATTTS_RETURN_IF(dims_of(in[2], sdims, &scount));
+  CHATTTS_RETURN_IF(dims_of(in[3], zdims, &zcount));
   const int64_t panels = (kn.n + kPanel - 1) / kPanel;
   const int64_t a_width = kn.gated ? 2 * kn.k : kn.k;
   if (adims.empty() || adims.back() != a_width)
-    return error("Int8BlockMatMul: A's last dimension must be " + std::string(kn.gated ? "2K=" : "K=") +
+    return error("A's last dimension must be " + std::string(kn.gated ? "2K=" : "K=") +
                  std::to_string(a_width));
   if (wdims.size() != 4 || wdims[0] != panels || wdims[1] != kn.k / 4 || wdims[2] != kPanel || wdims[3] != 4)
-    return error("Int8BlockMatMul: W is not packed as [ceil(N/64), K/4, 64, 4]");
+    return error("W is not packed as [ceil(N/64), K/4, 64, 4]");
   const size_t per_block = static_cast<size_t>(panels * (kn.k / kn.block) * kPanel);
   if (scount != per_block || zcount != per_block)
-    return error("Int8BlockMatMul: S and Z must hold [ceil(N/64), K/block_size, 64] values");
+    return error("S and Z must hold [ceil(N/64), K/block_size, 64] values");
   Job j{};
   j.m = static_cast<int64_t>(acount) / a_width;
   j.k = kn.k;
@@ -273,18 +257,12 @@ OrtStatus* ORT_API_CALL compute(void* op_kernel, OrtKernelContext* ctx) {
   std::vector<int64_t> ydims = adims;
   ydims.back() = kn.n;
   OrtValue* out = nullptr;
-  RETURN_IF(g_api->KernelContext_GetOutput(ctx, 0, ydims.data(), ydims.size(), &out));
-  void* p = nullptr;
-  RETURN_IF(g_api->GetTensorMutableData(const_cast<OrtValue*>(in[0]), &p));
-  j.a = static_cast<const float*>(p);
-  RETURN_IF(g_api->GetTensorMutableData(const_cast<OrtValue*>(in[1]), &p));
-  j.w = static_cast<const int8_t*>(p);
-  RETURN_IF(g_api->GetTensorMutableData(const_cast<OrtValue*>(in[2]), &p));
-  j.s = static_cast<const float*>(p);
-  RETURN_IF(g_api->GetTensorMutableData(const_cast<OrtValue*>(in[3]), &p));
-  j.z = static_cast<const int32_t*>(p);
-  RETURN_IF(g_api->GetTensorMutableData(out, &p));
-  j.y = static_cast<float*>(p);
+  CHATTTS_RETURN_IF(api()->KernelContext_GetOutput(ctx, 0, ydims.data(), ydims.size(), &out));
+  CHATTTS_RETURN_IF(data_of(in[0], j.a));
+  CHATTTS_RETURN_IF(data_of(in[1], j.w));
+  CHATTTS_RETURN_IF(data_of(in[2], j.s));
+  CHATTTS_RETURN_IF(data_of(in[3], j.z));
+  CHATTTS_RETURN_IF(data_of(out, j.y));
   if (j.m == 0) return nullptr;
   thread_local std::vector<uint8_t> qa;
   thread_local std::vector<float> sa, gated;
@@ -301,23 +279,23 @@ OrtStatus* ORT_API_CALL compute(void* op_kernel, OrtKernelContext* ctx) {
   if (j.m <= 4)
     for (int64_t r = 0; r < j.m; ++r) run_quantize(&j, static_cast<size_t>(r));
   else
-    RETURN_IF(g_api->KernelContext_ParallelFor(ctx, run_quantize, static_cast<size_t>(j.m), 0, &j));
-  return g_api->KernelContext_ParallelFor(ctx, run_panel, static_cast<size_t>(panels), 0, &j);
+    CHATTTS_RETURN_IF(api()->KernelContext_ParallelFor(ctx, run_quantize, static_cast<size_t>(j.m), 0, &j));
+  return api()->KernelContext_ParallelFor(ctx, run_panel, static_cast<size_t>(panels), 0, &j);
 }
 
 OrtStatus* ORT_API_CALL create(const OrtCustomOp*, const OrtApi*, const OrtKernelInfo* info, void** kernel) {
   auto* kn = new Kernel();
-  OrtStatus* st = g_api->KernelInfoGetAttribute_int64(info, "K", &kn->k);
-  if (!st) st = g_api->KernelInfoGetAttribute_int64(info, "N", &kn->n);
-  if (!st) st = g_api->KernelInfoGetAttribute_int64(info, "block_size", &kn->block);
+  OrtStatus* st = api()->KernelInfoGetAttribute_int64(info, "K", &kn->k);
+  if (!st) st = api()->KernelInfoGetAttribute_int64(info, "N", &kn->n);
+  if (!st) st = api()->KernelInfoGetAttribute_int64(info, "block_size", &kn->block);
   if (!st) {  // optional: absent is 0
-    if (OrtStatus* absent = g_api->KernelInfoGetAttribute_int64(info, "gated", &kn->gated)) {
-      g_api->ReleaseStatus(absent);
+    if (OrtStatus* absent = api()->KernelInfoGetAttribute_int64(info, "gated", &kn->gated)) {
+      api()->ReleaseStatus(absent);
       kn->gated = 0;
     }
   }
   if (!st && (kn->k <= 0 || kn->n <= 0 || kn->block <= 0 || kn->block % 4 != 0 || kn->k % kn->block != 0))
-    st = error("Int8BlockMatMul: K, N and block_size must be positive, block_size a multiple of 4 dividing K");
+    st = error("K, N and block_size must be positive, block_size a multiple of 4 dividing K");
   if (st) {
     delete kn;
     return st;
@@ -326,41 +304,23 @@ OrtStatus* ORT_API_CALL create(const OrtCustomOp*, const OrtApi*, const OrtKerne
   return nullptr;
 }
 
-const ONNXTensorElementDataType kInputTypes[4] = {ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, ONNX_TENSOR_ELEMENT_DATA_TYPE_INT8,
-                                                  ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32};
+struct Op {
+  static constexpr const char* kName = "Int8BlockMatMul";
+  static constexpr ONNXTensorElementDataType kInputs[4] = {
+      ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, ONNX_TENSOR_ELEMENT_DATA_TYPE_INT8, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT,
+      ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32};
+  static constexpr ONNXTensorElementDataType kOutputs[1] = {ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT};
+  static constexpr auto create = ::create;
+  static constexpr auto compute = ::compute;
+  static void destroy(void* k) { delete static_cast<Kernel*>(k); }
+};
 
-OrtCustomOp make_op() {
-  OrtCustomOp op;
-  std::memset(&op, 0, sizeof(op));
-  op.version = ORT_API_VERSION;
-  op.GetName = [](const OrtCustomOp*) { return "Int8BlockMatMul"; };
-  op.GetExecutionProviderType = [](const OrtCustomOp*) { return "CPUExecutionProvider"; };
-  op.GetInputType = [](const OrtCustomOp*, size_t i) { return kInputTypes[i]; };
-  op.GetInputTypeCount = [](const OrtCustomOp*) -> size_t { return 4; };
-  op.GetOutputType = [](const OrtCustomOp*, size_t) { return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT; };
-  op.GetOutputTypeCount = [](const OrtCustomOp*) -> size_t { return 1; };
-  op.KernelDestroy = [](void* k) { delete static_cast<Kernel*>(k); };
-  op.GetInputCharacteristic = [](const OrtCustomOp*, size_t) { return INPUT_OUTPUT_REQUIRED; };
-  op.GetOutputCharacteristic = [](const OrtCustomOp*, size_t) { return INPUT_OUTPUT_REQUIRED; };
-  op.GetInputMemoryType = [](const OrtCustomOp*, size_t) { return OrtMemTypeDefault; };
-  op.GetVariadicInputMinArity = [](const OrtCustomOp*) { return 1; };
-  op.GetVariadicInputHomogeneity = [](const OrtCustomOp*) { return 1; };
-  op.GetVariadicOutputMinArity = [](const OrtCustomOp*) { return 1; };
-  op.GetVariadicOutputHomogeneity = [](const OrtCustomOp*) { return 1; };
-  op.CreateKernelV2 = create;
-  op.KernelComputeV2 = compute;
-  // No InferOutputShapeFn: ONNX Runtime's optimizer leaves this step graph the same without one.
-  op.GetStartVersion = [](const OrtCustomOp*) { return 1; };
-  op.GetEndVersion = [](const OrtCustomOp*) { return INT_MAX; };
-  return op;
-}
-
-const OrtCustomOp g_op = make_op();
+const OrtCustomOp g_op = chattts_ort::make_op<Op>();
 
 }  // namespace
 
 // int8_attention.cc: chattts.Int8KvAttention, registered in the same domain.
-const OrtCustomOp* chattts_attention_op(const OrtApi* api);
+const OrtCustomOp* chattts_attention_op();
 
 extern "C" {
 
@@ -376,15 +336,15 @@ __attribute__((visibility("default"))) int chattts_int8_supported() {
 // "chattts" (Int8BlockMatMul, Int8KvAttention), or an error naming the missing instructions.
 __attribute__((visibility("default"))) OrtStatus* ORT_API_CALL RegisterCustomOps(OrtSessionOptions* options,
                                                                               const OrtApiBase* base) {
-  g_api = base->GetApi(ORT_API_VERSION);
-  if (g_api == nullptr) return nullptr;  // cannot even report: onnxruntime older than the header
+  api() = base->GetApi(ORT_API_VERSION);
+  if (api() == nullptr) return nullptr;  // cannot even report: onnxruntime older than the header
   if (!chattts_int8_supported())
-    return g_api->CreateStatus(ORT_NOT_IMPLEMENTED, "Int8BlockMatMul needs AVX-512 F, BW, DQ, VL and VNNI");
+    return api()->CreateStatus(ORT_NOT_IMPLEMENTED, "Int8BlockMatMul needs AVX-512 F, BW, DQ, VL and VNNI");
   OrtCustomOpDomain* domain = nullptr;
-  RETURN_IF(g_api->CreateCustomOpDomain("chattts", &domain));
-  RETURN_IF(g_api->CustomOpDomain_Add(domain, &g_op));
-  RETURN_IF(g_api->CustomOpDomain_Add(domain, chattts_attention_op(g_api)));
-  return g_api->AddCustomOpDomain(options, domain);
+  CHATTTS_RETURN_IF(api()->CreateCustomOpDomain("chattts", &domain));
+  CHATTTS_RETURN_IF(api()->CustomOpDomain_Add(domain, &g_op));
+  CHATTTS_RETURN_IF(api()->CustomOpDomain_Add(domain, chattts_attention_op()));
+  return api()->AddCustomOpDomain(options, domain);
 }
 
 }  // extern "C"

@@ -8,7 +8,6 @@ Where the library cannot run these tests skip, naming why; under CI they fail in
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -18,23 +17,17 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from chattts_serving import int8_kernel
 from chattts_serving.contract import KvPrecision
 from chattts_serving.engine.gpt import GptStepRunner
-from chattts_serving.int8_kernel import KernelUnavailable, attention_convertible, with_own_attention
+from chattts_serving.int8_kernel import attention_convertible, with_own_attention
 from chattts_serving.runtime import Artifacts, OrtOptions, make_session
 
 HEADS, D, POSITIONS = 4, 64, 512
 
 
 @pytest.fixture(scope="module")
-def library() -> Path:
-    try:
-        return int8_kernel.library()
-    except KernelUnavailable as exc:
-        if os.environ.get("CI"):
-            pytest.fail(f"the int8 kernels must run on CI machines: {exc}")
-        pytest.skip(str(exc))
+def library(int8_library: Path) -> Path:
+    return int8_library
 
 
 def _gqa_graph(seed: int = 0, **extra: Any) -> onnx.ModelProto:

@@ -9,7 +9,6 @@ these tests skip, naming why; under CI they fail instead (the CI machines have a
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
@@ -25,13 +24,8 @@ from chattts_serving.runtime import Artifacts, OrtOptions, make_session
 
 
 @pytest.fixture(scope="module")
-def library() -> Path:
-    try:
-        return int8_kernel.library()
-    except KernelUnavailable as exc:
-        if os.environ.get("CI"):
-            pytest.fail(f"the int8 kernel must run on CI machines: {exc}")
-        pytest.skip(str(exc))
+def library(int8_library: Path) -> Path:
+    return int8_library
 
 
 def test_pack_lays_each_panel_out_as_the_kernel_reads_it() -> None:
