@@ -23,8 +23,10 @@ benchmark records them next to its figures).
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -34,7 +36,6 @@ import numpy as np
 from .. import contract
 from ..contract import Precision
 from ..int8_kernel import ATTENTION_NAME, NAME, KernelUnavailable
-from ..native import median_ms
 from ..runtime import make_session
 
 if TYPE_CHECKING:
@@ -51,11 +52,14 @@ level 4, AVX-512 VNNI), where it builds and this CPU runs it."""
 
 PROBE_BATCHES = (1, 16)
 """Rows the probe multiplies (one stream, a full batch); a candidate's score is the sum of its
-median ms at each."""
-PROBE_STEPS = 5
-"""Timed runs per batch size (after one untimed); the figure is their median."""
+fastest ms at each."""
+PROBE_STEPS = 9
+"""Timed runs per candidate and batch size (after one untimed), the candidates taking turns run
+by run (:func:`race`); the figure is the fastest run. A server's engine probes while its other
+models start on the other core: timed one after the other, a candidate could lose by the load
+it happened to meet (docs/decode-speed.md, "The probe under load")."""
 PROBE_GIVE_UP = 5.0
-"""A candidate whose untimed first run takes this many times the best candidate's score is
+"""A candidate whose untimed first runs take this many times the fastest candidate's are
 dropped without being timed (a kernel 100 times slower would otherwise cost seconds)."""
 PROBE_LAYERS = 4
 """Distinct weight matrices in the probe graph, each a layer's largest (gate and up packed:
@@ -125,8 +129,8 @@ def kernel_graph(model: Path | bytes, kernel: str) -> tuple[bytes, Path | None]:
 @dataclass
 class KernelChoice:
     """The probe's outcome: ``chosen`` (a :data:`KERNELS` name or :data:`OWN_KERNEL`),
-    ``probe_ms`` per candidate {name: {rows: median ms}} (none for one whose session failed or
-    that was far slower than the best at its first run: ``dropped``), the ``cpu`` features, the
+    ``probe_ms`` per candidate {name: {rows: fastest ms}} (none for one whose session failed or
+    that was far slower than the best at its first runs: ``dropped``), the ``cpu`` features, the
     probe's shape {"layers", "k", "n", "block_size"} and its wall time (s), and ``swap_s``: the
     time to rebuild the runner's session on the chosen kernel (0 when the exported kernel won)."""
 
@@ -171,15 +175,33 @@ def probe_graph(k: int, n: int, block_size: int, level: int, layers: int = PROBE
     return bytes(model.SerializeToString())
 
 
-def _probe_ms(session: Any, k: int, rows: int, steps: int, give_up_ms: float | None) -> float | None:
-    """Median ms of ``steps`` runs of a :func:`probe_graph` session on ``rows`` rows, after one
-    untimed run; None when that run took longer than ``give_up_ms``."""
-    x = np.random.default_rng(rows).standard_normal((rows, k), dtype=np.float32)
+def race(calls: dict[str, dict[int, Callable[[], object]]], steps: int) -> dict[str, dict[int, float]]:
+    """Each candidate's fastest of ``steps`` timed calls per batch size, in ms: ``calls``
+    {candidate: {rows: call}}, the candidates taking turns call by call, so that outside load
+    (another model of the server warming up on the other core) slows each alike, and the fastest
+    run leaves out what it added."""
+    best = {name: dict.fromkeys(per, float("inf")) for name, per in calls.items()}
+    for _ in range(steps):
+        for name, per in calls.items():
+            for rows, call in per.items():
+                t = time.perf_counter()
+                call()
+                best[name][rows] = min(best[name][rows], (time.perf_counter() - t) * 1e3)
+    return best
+
+
+def _first_run_ms(calls: dict[int, Callable[[], object]]) -> float:
+    """The untimed first runs' ms summed over the batch sizes (first-run allocations included)."""
     t = time.perf_counter()
-    session.run(None, {"x": x})
-    if give_up_ms is not None and (time.perf_counter() - t) * 1e3 > give_up_ms:
-        return None
-    return median_ms(lambda: session.run(None, {"x": x}), steps)
+    for call in calls.values():
+        call()
+    return (time.perf_counter() - t) * 1e3
+
+
+def _probe_calls(session: Any, k: int) -> dict[int, Callable[[], object]]:
+    """One run of a :func:`probe_graph` session per :data:`PROBE_BATCHES` row count."""
+    feeds = {b: {"x": np.random.default_rng(b).standard_normal((b, k), dtype=np.float32)} for b in PROBE_BATCHES}
+    return {b: functools.partial(session.run, None, feeds[b]) for b in PROBE_BATCHES}
 
 
 def runs_int8(runner: GptStepRunner) -> bool:
@@ -232,7 +254,8 @@ def choose_int8_kernel(runner: GptStepRunner, kernels: dict[str, int] | None = N
     (:func:`kernel_graph`), and where that session fails, for the next fastest. ``own``: our
     kernel (:data:`OWN_KERNEL`) is a candidate too, where it can run (else dropped, logged at
     INFO). A candidate whose session cannot be made is dropped with a warning, one whose first
-    run takes :data:`PROBE_GIVE_UP` times the best score so far without being timed."""
+    runs take :data:`PROBE_GIVE_UP` times the fastest candidate's without being timed; the rest
+    race (:func:`race`)."""
     if not runs_int8(runner):
         return None
     kernels = dict(KERNELS if kernels is None else kernels)
@@ -241,9 +264,10 @@ def choose_int8_kernel(runner: GptStepRunner, kernels: dict[str, int] | None = N
     k = runner.art.hidden_size
     n = 2 * int(runner.art.manifest.get("config", {}).get("intermediate_size", 4 * k))
     block = int(quant.get("block_size", 32))
-    probe_ms: dict[str, dict[int, float]] = {}
     dropped: list[str] = []
     names = list(kernels) + ([OWN_KERNEL] if own else [])
+    calls: dict[str, dict[int, Callable[[], object]]] = {}
+    first_ms: dict[str, float] = {}
     for name in names:
         try:
             graph, library = (kernel_graph(probe_graph(k, n, block, accuracy_level(name)), name) if name == OWN_KERNEL
@@ -257,18 +281,15 @@ def choose_int8_kernel(runner: GptStepRunner, kernels: dict[str, int] | None = N
             log.warning("int8 kernel %s: no session (%s)", name, exc)
             dropped.append(name)
             continue
-        best = min((sum(v.values()) for v in probe_ms.values()), default=None)
-        times: dict[int, float] = {}
-        for b in PROBE_BATCHES:
-            ms = _probe_ms(session, k, b, steps, None if best is None else PROBE_GIVE_UP * best)
-            if ms is None:  # far slower than the best already: no need for its figures
-                log.info("int8 kernel %s: its first run at %d rows took over %.0f x the best; dropped",
-                         name, b, PROBE_GIVE_UP)
-                dropped.append(name)
-                break
-            times[b] = ms
-        else:
-            probe_ms[name] = times
+        calls[name] = _probe_calls(session, k)
+        first_ms[name] = _first_run_ms(calls[name])
+    fastest_first = min(first_ms.values(), default=0.0)
+    for name, ms in first_ms.items():
+        if ms > PROBE_GIVE_UP * fastest_first:  # far slower than the best already: no need for its figures
+            log.info("int8 kernel %s: its first runs took over %.0f x the best; dropped", name, PROBE_GIVE_UP)
+            dropped.append(name)
+            del calls[name]
+    probe_ms = race(calls, steps)
     exported = int(quant.get("accuracy_level", KERNELS[next(iter(KERNELS))]))
     running = getattr(runner, "_int8_kernel", next((c for c, lv in KERNELS.items() if lv == exported), names[0]))
     probe_s = time.perf_counter() - started
@@ -310,7 +331,7 @@ ATTENTION_PROBE_PAST = 300
 @dataclass
 class AttentionChoice:
     """The attention probe's outcome, as :class:`KernelChoice`'s: ``chosen`` (one of
-    :data:`ATTENTION_KERNELS`), ``probe_ms`` {name: {rows: median ms}}, ``dropped``, the probe's
+    :data:`ATTENTION_KERNELS`), ``probe_ms`` {name: {rows: fastest ms}}, ``dropped``, the probe's
     ``shape`` and wall time (s), ``swap_s`` (0 when the graph's own attention won)."""
 
     chosen: str
@@ -362,11 +383,11 @@ def attention_probe_graph(heads: int, head_dim: int, positions: int, layers: int
     return bytes(model.SerializeToString())
 
 
-def _attention_probe_ms(session: Any, heads: int, head_dim: int, rows: int, past: int, layers: int,
-                        steps: int) -> float:
-    """Median ms of ``steps`` decode runs of an :func:`attention_probe_graph` session on
-    ``rows`` rows of ``past`` positions, each cache bound to its past and present (as the
-    engine binds its cache), after one untimed run."""
+def attention_probe_call(session: Any, heads: int, head_dim: int, rows: int, past: int,
+                         layers: int) -> Callable[[], object]:
+    """One decode run of an :func:`attention_probe_graph` session on ``rows`` rows of ``past``
+    positions, each cache bound to its past and present (as the engine binds its cache); the
+    first call is made here, untimed."""
     import onnxruntime as ort
 
     rng = np.random.default_rng(rows)
@@ -384,7 +405,7 @@ def _attention_probe_ms(session: Any, heads: int, head_dim: int, rows: int, past
             io.bind_ortvalue_output(f"o{kind}{i}", cache)
         io.bind_output(f"o{i}")
     session.run_with_iobinding(io)
-    return median_ms(lambda: session.run_with_iobinding(io), steps)
+    return functools.partial(session.run_with_iobinding, io)
 
 
 def choose_attention(runner: GptStepRunner, *, steps: int = PROBE_STEPS,
@@ -405,7 +426,7 @@ def choose_attention(runner: GptStepRunner, *, steps: int = PROBE_STEPS,
     started = time.perf_counter()
     heads, head_dim = runner.art.num_heads, runner.art.head_dim
     probe = attention_probe_graph(heads, head_dim, ATTENTION_PROBE_PAST + 1)
-    probe_ms: dict[str, dict[int, float]] = {}
+    calls: dict[str, dict[int, Callable[[], object]]] = {}
     dropped: list[str] = []
     for name in candidates:
         try:
@@ -419,8 +440,9 @@ def choose_attention(runner: GptStepRunner, *, steps: int = PROBE_STEPS,
             log.warning("attention %s: no session (%s)", name, exc)
             dropped.append(name)
             continue
-        probe_ms[name] = {b: _attention_probe_ms(session, heads, head_dim, b, ATTENTION_PROBE_PAST, PROBE_LAYERS, steps)
-                          for b in PROBE_BATCHES}
+        calls[name] = {b: attention_probe_call(session, heads, head_dim, b, ATTENTION_PROBE_PAST, PROBE_LAYERS)
+                       for b in PROBE_BATCHES}
+    probe_ms = race(calls, steps)
     running = getattr(runner, "_attention", GQA_ATTENTION)
     probe_s = time.perf_counter() - started
     swap_s = 0.0

@@ -22,6 +22,7 @@ from chattts_serving.engine.kernels import (
     choose_int8_kernel,
     cpu_features,
     probe_graph,
+    race,
     runs_int8,
     with_accuracy_level,
 )
@@ -113,3 +114,27 @@ def test_a_kernel_other_than_the_exported_one_rebuilds_the_session(small_int8_ar
     np.testing.assert_array_equal(runner.prefill(embeds, np.array([4]))[0], exported)
     again = choose_int8_kernel(runner, {"int8-activations": 4}, steps=1, own=False)
     assert again is not None and again.swap_s == 0.0  # already on it: the session is kept
+
+
+def test_the_probe_races_candidates_call_by_call_and_keeps_each_ones_fastest(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Outside load that lands on one candidate's runs (here: the first round of "ours", three
+    times its own cost) does not decide the race: the candidates take turns call by call and
+    each keeps its fastest run. On a clock the calls advance, so the figures are exact."""
+    from chattts_serving.engine import kernels
+
+    clock = [0.0]
+    order: list[str] = []
+    monkeypatch.setattr(kernels.time, "perf_counter", lambda: clock[0])
+
+    def call(name: str, rows: int, ms: float, loaded_rounds: int = 0) -> object:
+        def run() -> None:
+            order.append(f"{name}{rows}")
+            loaded = order.count(f"{name}{rows}") <= loaded_rounds
+            clock[0] += (3 * ms if loaded else ms) / 1e3
+        return run
+
+    times = race({"theirs": {1: call("theirs", 1, 0.8), 16: call("theirs", 16, 5.0)},
+                  "ours": {1: call("ours", 1, 0.4, loaded_rounds=1), 16: call("ours", 16, 3.0, loaded_rounds=1)}}, 3)
+    assert order[:4] == ["theirs1", "theirs16", "ours1", "ours16"] and len(order) == 12
+    assert times == {"theirs": {1: pytest.approx(0.8), 16: pytest.approx(5.0)},
+                     "ours": {1: pytest.approx(0.4), 16: pytest.approx(3.0)}}
