@@ -233,7 +233,8 @@ def use_kernel(runner: GptStepRunner, kernel: str | None = None, attention: str 
     if attention == OWN_ATTENTION:
         graph, library = with_own_attention(graph), own_library()
     runner.use_session(make_session(graph, runner.opts, profile_prefix=profile_prefix, custom_ops=library))
-    runner._int8_kernel = kernel  # type: ignore[attr-defined]
+    if kernel is not None:  # None: the exported kernel, which the probe reads from the manifest
+        runner._int8_kernel = kernel  # type: ignore[attr-defined]
     runner._attention = attention  # type: ignore[attr-defined]
     return time.perf_counter() - t
 
