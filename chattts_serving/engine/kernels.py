@@ -190,6 +190,20 @@ def race(calls: dict[str, dict[int, Callable[[], object]]], steps: int) -> dict[
     return best
 
 
+def _candidate_session(what: str, name: str, build: Callable[[], Any], dropped: list[str]) -> Any | None:
+    """``build()``'s probe session for candidate ``name``, or None with ``name`` appended to
+    ``dropped``: logged at INFO where our library cannot run here (KernelUnavailable), as a
+    warning where this onnxruntime build refuses the graph."""
+    try:
+        return build()
+    except KernelUnavailable as exc:
+        log.info("%s %s: unavailable (%s)", what, name, exc)
+    except Exception as exc:  # a node this onnxruntime build refuses: not a candidate
+        log.warning("%s %s: no session (%s)", what, name, exc)
+    dropped.append(name)
+    return None
+
+
 def _first_run_ms(calls: dict[int, Callable[[], object]]) -> float:
     """The untimed first runs' ms summed over the batch sizes (first-run allocations included)."""
     t = time.perf_counter()
@@ -270,17 +284,12 @@ def choose_int8_kernel(runner: GptStepRunner, kernels: dict[str, int] | None = N
     calls: dict[str, dict[int, Callable[[], object]]] = {}
     first_ms: dict[str, float] = {}
     for name in names:
-        try:
+        def build(name: str = name) -> Any:
             graph, library = (kernel_graph(probe_graph(k, n, block, accuracy_level(name)), name) if name == OWN_KERNEL
                               else (probe_graph(k, n, block, kernels[name]), None))
-            session = make_session(graph, runner.opts, custom_ops=library)
-        except KernelUnavailable as exc:  # our kernel on a CPU or host it cannot run on
-            log.info("int8 kernel %s: unavailable (%s)", name, exc)
-            dropped.append(name)
-            continue
-        except Exception as exc:  # a kernel this onnxruntime build refuses: not a candidate
-            log.warning("int8 kernel %s: no session (%s)", name, exc)
-            dropped.append(name)
+            return make_session(graph, runner.opts, custom_ops=library)
+        session = _candidate_session("int8 kernel", name, build, dropped)
+        if session is None:
             continue
         calls[name] = _probe_calls(session, k)
         first_ms[name] = _first_run_ms(calls[name])
@@ -430,16 +439,12 @@ def choose_attention(runner: GptStepRunner, *, steps: int = PROBE_STEPS,
     calls: dict[str, dict[int, Callable[[], object]]] = {}
     dropped: list[str] = []
     for name in candidates:
-        try:
-            session = (make_session(with_own_attention(probe), runner.opts, custom_ops=own_library())
-                       if name == OWN_ATTENTION else make_session(probe, runner.opts))
-        except KernelUnavailable as exc:
-            log.info("attention %s: unavailable (%s)", name, exc)
-            dropped.append(name)
-            continue
-        except Exception as exc:  # an onnxruntime that refuses the node: not a candidate
-            log.warning("attention %s: no session (%s)", name, exc)
-            dropped.append(name)
+        def build(name: str = name) -> Any:
+            if name == OWN_ATTENTION:
+                return make_session(with_own_attention(probe), runner.opts, custom_ops=own_library())
+            return make_session(probe, runner.opts)
+        session = _candidate_session("attention", name, build, dropped)
+        if session is None:
             continue
         calls[name] = {b: attention_probe_call(session, heads, head_dim, b, ATTENTION_PROBE_PAST, PROBE_LAYERS)
                        for b in PROBE_BATCHES}
